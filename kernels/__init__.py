@@ -1,0 +1,1 @@
+"""Linear-recurrence kernels with state in and state out (Triton, with pure-PyTorch references)."""

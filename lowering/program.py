@@ -1,0 +1,227 @@
+"""The lowered schedule: what the front end hands to every later pass.
+
+[Note: program contract]
+A :class:`ScheduleProgram` is built only by the front end's semantic pass
+(``schedlang.semantics``), after every value has been checked: types, ranges,
+divisibility and chunk boundaries. Later passes may therefore assume:
+
+* ``model.layers`` is non-empty; ``model.heads * model.head_dim`` is the width
+  of every mixing layer's q/k/v projections;
+* ``stage_layers`` partitions ``range(len(model.layers))`` into
+  ``mesh.pipeline`` contiguous, non-empty, increasing runs;
+* ``sequence.boundaries`` starts at 0, ends at ``sequence.length`` and is
+  strictly increasing; every inner boundary is a multiple of
+  ``sequence.kernel_chunk`` (the last chunk may be ragged only when the length
+  itself is not a multiple);
+* for ``OrderKind.EXPLICIT`` the orders are *as written*: they have been parsed
+  but not checked for completeness or legality; that is the legality pass's job,
+  so it can report every violation with the span of the offending token.
+
+Everything here is a frozen dataclass or an enum so programs hash, compare and
+print, and so passes cannot mutate what they are given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from schedlang.lowering.source import Span
+from schedlang.lowering.tasks import TaskId
+
+
+class LayerKind(str, Enum):
+    """Token-mixing layer kinds; the recurrent ones carry state across chunks."""
+
+    GLA = "gla"
+    SIMPLE_GLA = "simple_gla"
+    GDN = "gdn"
+    ATTN = "attn"
+
+    @property
+    def is_recurrent(self) -> bool:
+        return self is not LayerKind.ATTN
+
+
+class MlpKind(str, Enum):
+    SWIGLU = "swiglu"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class MlpSpec:
+    kind: MlpKind = MlpKind.SWIGLU
+    ratio: float = 4.0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    vocab: int
+    d_model: int
+    layers: tuple[LayerKind, ...]
+    heads: int
+    head_dim: int
+    mlp: MlpSpec = MlpSpec()
+
+
+@dataclass(frozen=True)
+class MeshSpec:
+    """Sizes of the device mesh; world size is their product."""
+
+    pipeline: int = 1
+    sequence: int = 1
+    data: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.pipeline * self.sequence * self.data
+
+
+class SequenceParallel(str, Enum):
+    """How ranks of the sequence-parallel group pass recurrent state."""
+
+    ALLSCAN = "allscan"  # ZeCO All-Scan: pipelined scan over blocks of state rows
+    RING = "ring"  # LASP: state passed rank to rank around a ring
+    ALLGATHER = "allgather"  # LASP-2: all-gather of local states, prefix combined locally
+
+
+class PartitionKind(str, Enum):
+    UNIFORM = "uniform"
+    BALANCED = "balanced"  # StateFlow Eq. 9-11
+    EXPLICIT = "explicit"
+
+
+@dataclass(frozen=True)
+class SequenceSpec:
+    length: int
+    boundaries: tuple[int, ...]  # c_0 = 0 < c_1 < ... < c_N = length
+    kernel_chunk: int = 64
+    partition: PartitionKind = PartitionKind.UNIFORM
+    balance_alpha: float | None = None  # set for PartitionKind.BALANCED
+    parallel: SequenceParallel = SequenceParallel.ALLSCAN
+    scan_blocks: int = 1  # All-Scan pipeline depth (blocks of state rows)
+
+    @property
+    def n_chunks(self) -> int:
+        return len(self.boundaries) - 1
+
+    def chunk_length(self, chunk: int) -> int:
+        return self.boundaries[chunk + 1] - self.boundaries[chunk]
+
+
+class OrderKind(str, Enum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    EXPLICIT = "explicit"
+
+
+@dataclass(frozen=True)
+class TaskToken:
+    """One task of an explicit order, with where it was written."""
+
+    task: TaskId
+    span: Span | None = None
+
+
+@dataclass(frozen=True)
+class StageOrder:
+    """An explicit ``stage r: ...`` line."""
+
+    stage: int
+    tasks: tuple[TaskToken, ...]
+    span: Span | None = None
+
+
+class Recompute(str, Enum):
+    NONE = "none"
+    FULL = "full"  # recompute a chunk's forward inside its backward
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    microbatches: int
+    order: OrderKind = OrderKind.ONE_F_ONE_B
+    explicit_orders: tuple[StageOrder, ...] = ()  # only for OrderKind.EXPLICIT
+    microbatch_size: int = 1  # sequences per microbatch
+    recompute: Recompute = Recompute.NONE
+    cuda_graphs: bool = False
+
+
+class OptimizerKind(str, Enum):
+    ADAMW = "adamw"
+    SGD = "sgd"
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    kind: OptimizerKind = OptimizerKind.ADAMW
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    momentum: float = 0.0  # SGD only
+
+
+class DataKind(str, Enum):
+    SYNTHETIC = "synthetic"
+    BYTES = "bytes"
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    kind: DataKind = DataKind.SYNTHETIC
+    seed: int = 0
+    path: str | None = None  # for DataKind.BYTES; None means the default corpus
+
+
+class DType(str, Enum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP64 = "fp64"
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    directory: str
+    every: int
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    steps: int = 10
+    optimizer: OptimizerSpec = OptimizerSpec()
+    dtype: DType = DType.FP32
+    data: DataSpec = DataSpec()
+    seed: int = 0  # parameter initialisation seed
+    grad_clip: float | None = None
+    checkpoint: CheckpointSpec | None = None
+    log_every: int = 1
+
+
+@dataclass(frozen=True)
+class ScheduleProgram:
+    """A checked schedule; see [Note: program contract]."""
+
+    name: str
+    model: ModelSpec
+    mesh: MeshSpec
+    sequence: SequenceSpec
+    pipeline: PipelineSpec
+    train: TrainSpec
+    stage_layers: tuple[tuple[int, ...], ...]  # layer indices owned by each stage
+    source_file: str = "<memory>"
+    spans: dict[str, Span] = field(default_factory=dict, compare=False, hash=False)
+    """Where each key was written, by dotted path (``"pipeline.order"``), for
+    diagnostics raised after the front end."""
+
+    @property
+    def n_stages(self) -> int:
+        return self.mesh.pipeline
+
+    @property
+    def n_microbatches(self) -> int:
+        return self.pipeline.microbatches
+
+    @property
+    def n_chunks(self) -> int:
+        return self.sequence.n_chunks
