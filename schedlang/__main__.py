@@ -1,0 +1,5 @@
+import sys
+
+from schedlang.cli import main
+
+sys.exit(main())

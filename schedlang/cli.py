@@ -1,0 +1,48 @@
+"""The ``schedlang`` command line: one subcommand per module in ``schedlang.commands``.
+
+Each command module exposes ``HELP`` (one line), ``add_arguments(parser)`` and
+``run(args) -> int`` (the exit status). Errors in the user's schedule arrive as
+:class:`schedlang.diagnostics.ScheduleError` and are printed as
+``file:line:col: error: ...`` with the source line and a caret; they never
+surface as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMAND_NAMES = ("check", "simulate", "viz", "export", "compile", "run")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="schedlang",
+        description="Compile, check, simulate and visualize pipeline schedules for linear-recurrence models.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_NAMES:
+        module = importlib.import_module(f"schedlang.commands.{name}")
+        sub = subparsers.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(sub)
+        sub.set_defaults(handler=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from schedlang.diagnostics import ScheduleError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except ScheduleError as error:
+        print(error.render(), file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"schedlang: error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
