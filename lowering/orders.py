@@ -1,0 +1,118 @@
+"""Per-stage program orders: the sequence of tasks each pipeline stage runs.
+
+The scheduling unit is one chunk of one microbatch, ``(microbatch, chunk)``;
+units are numbered microbatch-major, ``(0, 0), (0, 1), ..., (1, 0), ...``, so
+with one chunk per microbatch the orders are the classic full-sequence ones.
+
+* GPipe: every forward in unit order, then every backward, microbatches in
+  increasing order and, inside a microbatch, chunks from last to first (the
+  state gradient flows from chunk ``i + 1`` to chunk ``i``, Eq. 8). Running
+  the backwards in increasing microbatch order matches torch's
+  ``ScheduleGPipe`` and frees the oldest activations first.
+* 1F1B (StateFlow Figure 1b): stage ``r`` runs ``min(M N, N + P - r - 1)``
+  forwards as warm-up (one whole microbatch plus the downstream pipeline
+  delay, Eq. 13), then alternates one backward and one forward; when the
+  forwards run out the remaining backwards follow. Backwards of a microbatch
+  run from its last chunk to its first.
+* Explicit: the tasks as written in the schedule file, in the stage of their
+  ``stage r:`` line.
+
+The generated orders are legal and deadlock free by construction; the
+legality pass checks explicit orders (``schedlang.lowering.legality``).
+"""
+
+from __future__ import annotations
+
+from schedlang.lowering.program import OrderKind, ScheduleProgram
+from schedlang.lowering.tasks import TaskId
+
+StageOrders = tuple[tuple[TaskId, ...], ...]
+"""One tuple of tasks per stage, indexed by stage."""
+
+
+def _forward_units(n_microbatches: int, n_chunks: int) -> list[tuple[int, int]]:
+    return [(microbatch, chunk) for microbatch in range(n_microbatches) for chunk in range(n_chunks)]
+
+
+def _backward_units(n_microbatches: int, n_chunks: int) -> list[tuple[int, int]]:
+    return [
+        (microbatch, chunk)
+        for microbatch in range(n_microbatches)
+        for chunk in reversed(range(n_chunks))
+    ]
+
+
+def _check_dimensions(n_stages: int, n_microbatches: int, n_chunks: int) -> None:
+    for name, value in (("n_stages", n_stages), ("n_microbatches", n_microbatches), ("n_chunks", n_chunks)):
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+
+
+def gpipe_orders(n_stages: int, n_microbatches: int, n_chunks: int) -> StageOrders:
+    """All forwards in unit order, then all backwards (microbatches in order, chunks reversed)."""
+    _check_dimensions(n_stages, n_microbatches, n_chunks)
+    forwards = _forward_units(n_microbatches, n_chunks)
+    backwards = _backward_units(n_microbatches, n_chunks)
+    return tuple(
+        tuple(TaskId.forward(stage, microbatch, chunk) for microbatch, chunk in forwards)
+        + tuple(TaskId.backward(stage, microbatch, chunk) for microbatch, chunk in backwards)
+        for stage in range(n_stages)
+    )
+
+
+def one_f_one_b_warmup(n_stages: int, n_microbatches: int, n_chunks: int, stage: int) -> int:
+    """How many forwards stage ``stage`` runs before its first backward: ``min(MN, N + P - r - 1)``."""
+    return min(n_microbatches * n_chunks, n_chunks + n_stages - stage - 1)
+
+
+def one_f_one_b_orders(n_stages: int, n_microbatches: int, n_chunks: int) -> StageOrders:
+    """StateFlow's chunk-level 1F1B: warm-up forwards, then one backward, one forward, ..."""
+    _check_dimensions(n_stages, n_microbatches, n_chunks)
+    forwards = _forward_units(n_microbatches, n_chunks)
+    backwards = _backward_units(n_microbatches, n_chunks)
+    orders = []
+    for stage in range(n_stages):
+        warmup = one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, stage)
+        order = [TaskId.forward(stage, microbatch, chunk) for microbatch, chunk in forwards[:warmup]]
+        next_forward = warmup
+        for microbatch, chunk in backwards:
+            order.append(TaskId.backward(stage, microbatch, chunk))
+            if next_forward < len(forwards):
+                forward_microbatch, forward_chunk = forwards[next_forward]
+                order.append(TaskId.forward(stage, forward_microbatch, forward_chunk))
+                next_forward += 1
+        orders.append(tuple(order))
+    return tuple(orders)
+
+
+def explicit_orders(program: ScheduleProgram) -> StageOrders:
+    """The explicit ``stage r:`` lines as tasks, with each task's stage set to its line's.
+
+    Several lines for one stage are concatenated in file order; a stage with no
+    line gets an empty order (the legality pass reports its tasks as missing).
+    Raises ``ValueError`` for a line naming a stage outside the pipeline: such
+    a program has not passed the legality pass, which reports it with its span.
+    """
+    per_stage: list[list[TaskId]] = [[] for _ in range(program.n_stages)]
+    for stage_order in program.pipeline.explicit_orders:
+        if not 0 <= stage_order.stage < program.n_stages:
+            raise ValueError(
+                f"explicit order names stage {stage_order.stage} but the pipeline has "
+                f"{program.n_stages} stages; run the legality pass first"
+            )
+        per_stage[stage_order.stage].extend(
+            token.task._replace(stage=stage_order.stage) for token in stage_order.tasks
+        )
+    return tuple(tuple(order) for order in per_stage)
+
+
+def stage_orders(program: ScheduleProgram) -> StageOrders:
+    """The per-stage program orders the program's ``pipeline.order`` asks for."""
+    kind = program.pipeline.order
+    if kind is OrderKind.GPIPE:
+        return gpipe_orders(program.n_stages, program.n_microbatches, program.n_chunks)
+    if kind is OrderKind.ONE_F_ONE_B:
+        return one_f_one_b_orders(program.n_stages, program.n_microbatches, program.n_chunks)
+    if kind is OrderKind.EXPLICIT:
+        return explicit_orders(program)
+    raise ValueError(f"unknown pipeline order {kind!r}")
