@@ -1,0 +1,166 @@
+"""Task graph -> Graphviz DOT text.
+
+Input: a NetworkX DiGraph whose nodes are :class:`TaskId` and whose edges are
+dependencies of Eq. 8 (as built by ``schedlang.lowering.graph``), and
+optionally each stage's program order. Output: DOT text with one
+``subgraph cluster_stage_<r>`` per stage, nodes labelled in local form
+(``F0.1``), forward and backward nodes filled apart, and edges styled by the
+constraint they encode: stage edges solid, state edges (``STATE_FORWARD``,
+``STATE_BACKWARD``) dashed and coloured apart. Nothing here runs Graphviz.
+
+An edge without a ``"dependency"`` attribute (a hand-built graph) is
+classified from its endpoints, which determine the Eq. 8 constraint; an edge
+that is no constraint of Eq. 8 is drawn bold red so it stands out.
+
+The text is deterministic: nodes and edges are sorted, so it can be diffed
+against a golden file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from enum import Enum
+
+import networkx as nx
+
+from schedlang.lowering.graph import Dependency
+from schedlang.lowering.tasks import TaskId, TaskKind
+
+
+class ProgramOrderEdges(str, Enum):
+    """How each stage's program order is drawn, when orders are given."""
+
+    NONE = "none"
+    INVISIBLE = "invisible"  # only steers the layout: each stage reads left to right
+    DOTTED = "dotted"
+
+
+_EDGE_STYLES: dict[Dependency | None, str] = {
+    Dependency.STAGE_FORWARD: 'color="#1f5fa8"',
+    Dependency.STAGE_BACKWARD: 'color="#b35806"',
+    Dependency.STATE_FORWARD: 'color="#2e8b57", style=dashed, penwidth=1.6',
+    Dependency.STATE_BACKWARD: 'color="#8b2e6b", style=dashed, penwidth=1.6',
+    Dependency.FORWARD_BACKWARD: 'color="#777777"',
+    None: 'color="#cc0000", style=bold',  # an edge that is no constraint of Eq. 8
+}
+
+_NODE_FILL: dict[TaskKind, str] = {
+    TaskKind.FORWARD: "#cfe2f3",
+    TaskKind.BACKWARD: "#fce5cd",
+}
+
+_KIND_RANK = {TaskKind.FORWARD: 0, TaskKind.BACKWARD: 1}
+
+
+def classify_edge(source: TaskId, destination: TaskId) -> Dependency | None:
+    """The Eq. 8 constraint that an edge ``source -> destination`` encodes, or None if it is none."""
+    if source.microbatch != destination.microbatch:
+        return None
+    same_kind = source.kind is destination.kind
+    if same_kind and source.chunk == destination.chunk:
+        if source.kind is TaskKind.FORWARD and destination.stage == source.stage + 1:
+            return Dependency.STAGE_FORWARD
+        if source.kind is TaskKind.BACKWARD and destination.stage == source.stage - 1:
+            return Dependency.STAGE_BACKWARD
+    if same_kind and source.stage == destination.stage:
+        if source.kind is TaskKind.FORWARD and destination.chunk == source.chunk + 1:
+            return Dependency.STATE_FORWARD
+        if source.kind is TaskKind.BACKWARD and destination.chunk == source.chunk - 1:
+            return Dependency.STATE_BACKWARD
+    if (
+        source.kind is TaskKind.FORWARD
+        and destination.kind is TaskKind.BACKWARD
+        and source.stage == destination.stage
+        and source.chunk == destination.chunk
+    ):
+        return Dependency.FORWARD_BACKWARD
+    return None
+
+
+def task_sort_key(task: TaskId) -> tuple[int, int, int, int]:
+    """Stage, then forwards before backwards, then microbatch, then chunk."""
+    return (task.stage, _KIND_RANK[task.kind], task.microbatch, task.chunk)
+
+
+def _quoted(task: TaskId) -> str:
+    return f'"{task}"'
+
+
+def _node_line(task: TaskId) -> str:
+    return f'{_quoted(task)} [label="{task.local_form()}", fillcolor="{_NODE_FILL[task.kind]}"];'
+
+
+def _stage_node_order(
+    stage: int, tasks: Iterable[TaskId], orders: Sequence[Sequence[TaskId]] | None
+) -> list[TaskId]:
+    """The stage's tasks in program order when known (so the file reads like the schedule)."""
+    remaining = sorted(tasks, key=task_sort_key)
+    if orders is None or stage >= len(orders):
+        return remaining
+    known_tasks = set(remaining)
+    in_order = [task for task in dict.fromkeys(orders[stage]) if task in known_tasks]
+    placed = set(in_order)
+    return in_order + [task for task in remaining if task not in placed]
+
+
+def task_graph_to_dot(
+    graph: nx.DiGraph,
+    *,
+    orders: Sequence[Sequence[TaskId]] | None = None,
+    program_order_edges: ProgramOrderEdges = ProgramOrderEdges.INVISIBLE,
+    name: str = "schedule",
+) -> str:
+    """Render ``graph`` as DOT text; see the module docstring for the contract.
+
+    Args:
+        graph: nodes are :class:`TaskId`; edges are Eq. 8 dependencies.
+        orders: ``orders[r]`` is stage r's program order; used to list each
+            cluster's nodes in that order and, unless ``program_order_edges`` is
+            ``NONE``, to chain consecutive tasks so Graphviz lays each stage out
+            left to right in the order it runs.
+        program_order_edges: how those chains are drawn.
+        name: the graph's name (quoted, so any text is accepted).
+    """
+    tasks = list(graph.nodes)
+    for task in tasks:
+        if not isinstance(task, TaskId):
+            raise TypeError(f"task graph node {task!r} is not a TaskId")
+    stages = sorted({task.stage for task in tasks} | set(range(len(orders or ()))))
+    escaped_name = name.replace("\\", "\\\\").replace('"', '\\"')
+
+    lines = [
+        f'digraph "{escaped_name}" {{',
+        "  rankdir=LR;",
+        "  newrank=true;",
+        '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=11];',
+        '  edge [fontname="Helvetica", fontsize=9, arrowsize=0.7];',
+    ]
+    for stage in stages:
+        stage_tasks = [task for task in tasks if task.stage == stage]
+        lines.append(f"  subgraph cluster_stage_{stage} {{")
+        lines.append(f'    label="stage {stage}";')
+        lines.append('    style=rounded; color="#999999";')
+        for task in _stage_node_order(stage, stage_tasks, orders):
+            lines.append(f"    {_node_line(task)}")
+        lines.append("  }")
+
+    dependency_edges = sorted(
+        graph.edges, key=lambda edge: (task_sort_key(edge[0]), task_sort_key(edge[1]))
+    )
+    for source, destination in dependency_edges:
+        dependency = graph.edges[source, destination].get("dependency") or classify_edge(source, destination)
+        lines.append(f"  {_quoted(source)} -> {_quoted(destination)} [{_EDGE_STYLES[dependency]}];")
+
+    if orders and program_order_edges is not ProgramOrderEdges.NONE:
+        if program_order_edges is ProgramOrderEdges.INVISIBLE:
+            style = "style=invis"
+        else:
+            style = 'style=dotted, color="#bbbbbb"'
+        known_tasks = set(tasks)
+        for stage_order in orders:
+            # Tasks the graph lacks are the legality checker's to report, not ours to draw.
+            unique_order = [task for task in dict.fromkeys(stage_order) if task in known_tasks]
+            for earlier, later in zip(unique_order, unique_order[1:]):
+                lines.append(f"  {_quoted(earlier)} -> {_quoted(later)} [{style}, weight=10];")
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,188 @@
+"""Per-stage orders <-> the CSV that torch.distributed.pipelining's schedule runtime loads.
+
+torch's ``_PipelineScheduleRuntime._load_csv`` (``format="compute_only"``)
+reads one row per pipeline rank; each cell is parsed by ``_Action.from_str``:
+``<stage><F|B><microbatch>`` such as ``0F1``, and an empty cell is ``None``, an
+idle step. Columns are lockstep time steps: in the schedules torch generates,
+rank ``r`` leaves a cell empty while the task it runs next is still waiting
+for its inputs, so reading a column shows what every rank does at that step.
+
+Contract of :func:`torch_csv_rows`: input is one program order per stage
+(stage ``r`` runs on rank ``r``, as everywhere in schedlang) with exactly one
+chunk per microbatch; output is the step grid, each rank's tasks in their
+program order with ``None`` where a lockstep simulation (every task takes one
+step and may start once its Eq. 8 dependencies finished in earlier steps)
+makes the rank wait. :func:`load_torch_csv` is its inverse: it drops the idle
+cells and returns the orders.
+
+Chunked schedules cannot be written: a torch action is the forward or backward
+of a whole microbatch, with no field for a sequence chunk (see
+:class:`ChunkedScheduleError`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from schedlang.lowering.graph import task_predecessors
+from schedlang.lowering.tasks import TaskId, TaskKind
+
+StepGrid = tuple[tuple[TaskId | None, ...], ...]
+
+_TORCH_COMPUTE_ACTION = re.compile(r"^(\d+)([FB])(\d+)$")
+_TORCH_ANY_ACTION = re.compile(r"^(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$")
+
+
+class TorchCsvError(ValueError):
+    """A schedule that cannot be written as, or a file that cannot be read as, a torch schedule CSV."""
+
+
+class ChunkedScheduleError(TorchCsvError):
+    """The schedule splits microbatches into sequence chunks, which torch's actions cannot express."""
+
+    def __init__(self, n_chunks: int):
+        super().__init__(
+            f"cannot export a schedule with {n_chunks} sequence chunks per microbatch to torch's schedule CSV: "
+            "torch.distributed.pipelining's actions (e.g. 0F1, 1B0) are the forward or backward of a whole "
+            "microbatch and have no notion of sequence chunks, so a chunked StateFlow schedule, whose units "
+            "are chunks of microbatches linked by recurrent-state dependencies, cannot be expressed; "
+            "set `chunks = 1` in the sequence block to export the microbatch-level order"
+        )
+        self.n_chunks = n_chunks
+
+
+def torch_action_text(task: TaskId) -> str:
+    """The torch action for a one-chunk task: ``1F0.0`` -> ``1F0``."""
+    return f"{task.stage}{task.kind.value}{task.microbatch}"
+
+
+def _dependencies(task: TaskId, n_stages: int) -> list[TaskId]:
+    """Eq. 8 with one chunk: no state edges remain, only stage-to-stage and F before B."""
+    return [predecessor for predecessor, _ in task_predecessors(task, n_stages, 1)]
+
+
+def _check_exportable(orders: Sequence[Sequence[TaskId]], n_chunks: int) -> None:
+    if n_chunks != 1:
+        raise ChunkedScheduleError(n_chunks)
+    for stage, order in enumerate(orders):
+        for task in order:
+            if task.chunk != 0:
+                raise TorchCsvError(f"task {task} names chunk {task.chunk} but the schedule has one chunk")
+            if task.stage != stage:
+                raise TorchCsvError(
+                    f"task {task} is in stage {stage}'s order; each stage may only run its own tasks"
+                )
+
+
+def torch_csv_rows(orders: Sequence[Sequence[TaskId]], n_chunks: int = 1) -> StepGrid:
+    """Lay the orders out on a lockstep step grid (see the module docstring).
+
+    Raises :class:`ChunkedScheduleError` when ``n_chunks != 1`` or a task names
+    another chunk, and :class:`TorchCsvError` when some rank can never make
+    progress (the order deadlocks or waits for a task no stage runs).
+    """
+    _check_exportable(orders, n_chunks)
+    n_stages = len(orders)
+    next_position = [0] * n_stages
+    finished_step: dict[TaskId, int] = {}
+    rows: list[list[TaskId | None]] = [[] for _ in range(n_stages)]
+    step = 0
+    while any(next_position[stage] < len(orders[stage]) for stage in range(n_stages)):
+        started: list[TaskId] = []
+        for stage in range(n_stages):
+            if next_position[stage] >= len(orders[stage]):
+                rows[stage].append(None)
+                continue
+            task = orders[stage][next_position[stage]]
+            ready = all(finished_step.get(dependency, step) < step for dependency in _dependencies(task, n_stages))
+            rows[stage].append(task if ready else None)
+            if ready:
+                started.append(task)
+                next_position[stage] += 1
+        if not started:
+            raise TorchCsvError(_stuck_message(orders, next_position, finished_step, n_stages, step))
+        for task in started:
+            finished_step[task] = step
+        step += 1
+    return tuple(tuple(row) for row in rows)
+
+
+def _stuck_message(
+    orders: Sequence[Sequence[TaskId]],
+    next_position: list[int],
+    finished_step: dict[TaskId, int],
+    n_stages: int,
+    step: int,
+) -> str:
+    waiting = []
+    for stage, order in enumerate(orders):
+        if next_position[stage] < len(order):
+            task = order[next_position[stage]]
+            missing = [str(dependency) for dependency in _dependencies(task, n_stages) if dependency not in finished_step]
+            waiting.append(f"rank {stage} waits to run {task} for {', '.join(missing)}")
+    return (
+        f"the orders cannot be laid out on torch's step grid: at step {step} no rank can make progress "
+        f"({'; '.join(waiting)}); run `schedlang check` for the full diagnosis"
+    )
+
+
+def torch_csv_text(orders: Sequence[Sequence[TaskId]], n_chunks: int = 1) -> str:
+    """The CSV text: one row per rank, one column per step, empty cells idle."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    for row in torch_csv_rows(orders, n_chunks):
+        writer.writerow(["" if task is None else torch_action_text(task) for task in row])
+    return buffer.getvalue()
+
+
+def write_torch_csv(orders: Sequence[Sequence[TaskId]], path: str | Path, n_chunks: int = 1) -> None:
+    Path(path).write_text(torch_csv_text(orders, n_chunks))
+
+
+def _parse_cell(text: str, rank: int, location: str) -> TaskId:
+    match = _TORCH_COMPUTE_ACTION.match(text)
+    if match is None:
+        any_action = _TORCH_ANY_ACTION.match(text)
+        if any_action is not None and any_action.group(2) in ("I", "W"):
+            reason = (
+                "it is a split backward (I = input gradient, W = weight gradient), which schedlang does not "
+                "model; use full backwards (B)"
+            )
+        elif any_action is not None:
+            reason = (
+                "it is a communication or sharding action; load a compute_only CSV (cells F and B only), "
+                "schedlang places communication itself"
+            )
+        else:
+            reason = "expected <stage><F|B><microbatch>, e.g. 0F1"
+        raise TorchCsvError(f"{location}: error: cannot read action {text!r}: {reason}")
+    stage, kind, microbatch = match.groups()
+    if int(stage) != rank:
+        raise TorchCsvError(
+            f"{location}: error: action {text!r} runs stage {stage} on rank {rank}; schedlang runs stage r "
+            "on rank r (one stage per rank), so torch's interleaved or looped schedules, which put several "
+            "virtual stages on a rank, cannot be imported"
+        )
+    return TaskId(TaskKind(kind), rank, int(microbatch), 0)
+
+
+def parse_torch_csv(text: str, source_name: str = "<csv>") -> tuple[tuple[TaskId, ...], ...]:
+    """Per-stage orders from CSV text; the inverse of :func:`torch_csv_text`."""
+    orders = []
+    for rank, row in enumerate(csv.reader(io.StringIO(text))):
+        order = []
+        for column, cell in enumerate(row):
+            cell_text = cell.strip()
+            if cell_text:
+                order.append(_parse_cell(cell_text, rank, f"{source_name}:{rank + 1}: cell {column + 1}"))
+        orders.append(tuple(order))
+    return tuple(orders)
+
+
+def load_torch_csv(path: str | Path) -> tuple[tuple[TaskId, ...], ...]:
+    """Per-stage orders (one chunk per microbatch) from a torch schedule CSV file."""
+    return parse_torch_csv(Path(path).read_text(), str(path))
