@@ -1,0 +1,608 @@
+"""The legality pass: are the per-stage program orders a legal, deadlock-free schedule?
+
+Input: the dimensions (stages P, microbatches M, chunks N) and one order per
+stage, either a program's own orders (explicit ``stage r:`` lines keep the span
+of every task token) or orders given by the caller. Nothing about the orders is
+assumed: they may name tasks outside the graph, repeat or omit tasks, and
+contradict Eq. 8.
+
+Output: a :class:`LegalityReport` listing every violation found, in this order:
+
+1. ``UNKNOWN_TASK``: a microbatch or chunk out of range, a task listed on
+   another stage's order, or an order for a stage that does not exist. Such
+   tasks are dropped before the later checks.
+2. ``DUPLICATE_TASK``: a task listed twice on its stage; only the first
+   occurrence is kept.
+3. ``MISSING_TASK``: a task of the graph that no order runs.
+4. ``ORDER_VIOLATION``: on one stage, a task placed before one of its
+   same-stage Eq. 8 predecessors (STATE_FORWARD, FORWARD_BACKWARD,
+   STATE_BACKWARD); the cross-stage constraints can only be broken through a
+   cycle, which step 5 reports.
+5. ``DEADLOCK``: the orders plus the dependency edges form a cycle. Found by
+   running the per-stage queues (each stage's next task runs once its
+   predecessors are done) in O(tasks + edges); a cycle of waiting tasks is
+   extracted only when every unfinished stage is stuck. So that one mistake is
+   reported once, this run ignores the edges already reported as order
+   violations and lets a missing task run as soon as its predecessors are done,
+   on no stage.
+
+Tasks are numbered arithmetically (``kind, stage, microbatch, chunk`` in
+mixed radix) and predecessors computed from the number, so the check of a
+262,144-task schedule never builds the NetworkX graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from schedlang.lowering.graph import Dependency
+from schedlang.lowering.orders import stage_orders
+from schedlang.lowering.program import OrderKind, ScheduleProgram
+from schedlang.lowering.source import Span
+from schedlang.lowering.tasks import TaskId, TaskKind
+
+
+class ViolationKind(str, Enum):
+    MISSING_TASK = "missing_task"
+    DUPLICATE_TASK = "duplicate_task"
+    UNKNOWN_TASK = "unknown_task"
+    ORDER_VIOLATION = "order_violation"
+    DEADLOCK = "deadlock"
+
+
+@dataclass(frozen=True)
+class DeadlockWait:
+    """One link of a deadlock cycle.
+
+    Stage ``stage`` is stuck at ``stuck_task`` (its ``step``-th task), which
+    needs its predecessor ``waits_for`` (through ``dependency``). That chain of
+    waits ends at ``next_task``, which ``next_stage`` runs at ``next_step``,
+    after the task it is itself stuck at. When ``waits_for`` is in no order,
+    ``through_missing`` lists the missing tasks between it and ``next_task``
+    (``waits_for`` first); otherwise ``waits_for`` is ``next_task``.
+    """
+
+    stage: int
+    step: int
+    stuck_task: TaskId
+    waits_for: TaskId
+    dependency: Dependency
+    next_stage: int
+    next_task: TaskId
+    next_step: int
+    through_missing: tuple[TaskId, ...] = ()
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: ViolationKind
+    tasks: tuple[TaskId, ...]
+    message: str
+    span: Span | None = None
+    dependency: Dependency | None = None  # ORDER_VIOLATION: the Eq. 8 constraint broken
+    cycle: tuple[DeadlockWait, ...] = ()  # DEADLOCK: the cycle, stage by stage
+    details: tuple[str, ...] = ()  # lines printed under the message (DEADLOCK: cycle and grid)
+
+
+@dataclass(frozen=True)
+class LegalityReport:
+    n_stages: int
+    n_microbatches: int
+    n_chunks: int
+    violations: tuple[Violation, ...]
+
+    @property
+    def is_legal(self) -> bool:
+        return not self.violations
+
+    @property
+    def n_tasks(self) -> int:
+        return 2 * self.n_stages * self.n_microbatches * self.n_chunks
+
+    def of_kind(self, kind: ViolationKind) -> tuple[Violation, ...]:
+        return tuple(violation for violation in self.violations if violation.kind is kind)
+
+    def summary(self) -> str:
+        dimensions = ", ".join(
+            _plural(value, singular, plural)
+            for value, singular, plural in (
+                (self.n_stages, "stage", "stages"),
+                (self.n_microbatches, "microbatch", "microbatches"),
+                (self.n_chunks, "chunk", "chunks"),
+                (self.n_tasks, "task", "tasks"),
+            )
+        )
+        if self.is_legal:
+            return f"legal: {dimensions}"
+        count = len(self.violations)
+        return f"illegal: {count} violation{'s' if count != 1 else ''} ({dimensions})"
+
+
+def _plural(value: int, singular: str, plural: str) -> str:
+    return f"{value} {singular if value == 1 else plural}"
+
+
+class IllegalScheduleError(ValueError):
+    """Raised by passes that need a legal schedule (the simulator) when given an illegal one."""
+
+    def __init__(self, report: LegalityReport) -> None:
+        super().__init__("; ".join(violation.message for violation in report.violations[:3]))
+        self.report = report
+
+
+@dataclass(frozen=True)
+class _Dimensions:
+    n_stages: int
+    n_microbatches: int
+    n_chunks: int
+
+
+class _TaskNumbering:
+    """Tasks as integers: ``kind * PMN + stage * MN + microbatch * N + chunk``."""
+
+    def __init__(self, dimensions: _Dimensions) -> None:
+        self.n_stages = dimensions.n_stages
+        self.n_microbatches = dimensions.n_microbatches
+        self.n_chunks = dimensions.n_chunks
+        self.per_stage = dimensions.n_microbatches * dimensions.n_chunks
+        self.per_kind = dimensions.n_stages * self.per_stage
+        self.total = 2 * self.per_kind
+
+    def number(self, task: TaskId) -> int:
+        kind = 0 if task.kind is TaskKind.FORWARD else 1
+        return kind * self.per_kind + task.stage * self.per_stage + task.microbatch * self.n_chunks + task.chunk
+
+    def task(self, number: int) -> TaskId:
+        kind, rest = divmod(number, self.per_kind)
+        stage, rest = divmod(rest, self.per_stage)
+        microbatch, chunk = divmod(rest, self.n_chunks)
+        return TaskId(TaskKind.FORWARD if kind == 0 else TaskKind.BACKWARD, stage, microbatch, chunk)
+
+    def predecessors(self, number: int) -> list[tuple[int, Dependency]]:
+        """Eq. 8 predecessors, computed from the number alone (see schedlang.lowering.graph)."""
+        per_kind, per_stage, n_chunks = self.per_kind, self.per_stage, self.n_chunks
+        stage = (number % per_kind) // per_stage
+        chunk = number % n_chunks
+        result = []
+        if number < per_kind:
+            if stage > 0:
+                result.append((number - per_stage, Dependency.STAGE_FORWARD))
+            if chunk > 0:
+                result.append((number - 1, Dependency.STATE_FORWARD))
+        else:
+            result.append((number - per_kind, Dependency.FORWARD_BACKWARD))
+            if stage < self.n_stages - 1:
+                result.append((number + per_stage, Dependency.STAGE_BACKWARD))
+            if chunk < n_chunks - 1:
+                result.append((number + 1, Dependency.STATE_BACKWARD))
+        return result
+
+
+def _describe(task: TaskId) -> str:
+    kind = "forward" if task.kind is TaskKind.FORWARD else "backward"
+    return f"the {kind} of microbatch {task.microbatch}, chunk {task.chunk}"
+
+
+def _range_text(value: int, singular: str, plural: str) -> str:
+    """``4 chunks (0 to 3)``, ``1 stage (only 0)``."""
+    return f"{value} {plural} (0 to {value - 1})" if value > 1 else f"{value} {singular} (only 0)"
+
+
+def _resolve(
+    program_or_dims: ScheduleProgram | tuple[int, int, int],
+    orders: Sequence[Sequence[TaskId]] | None,
+) -> tuple[_Dimensions, list[tuple[int, list[TaskId], list[Span | None] | None, Span | None]], Span | None]:
+    """Dimensions and the orders as ``(stage, tasks, token spans, line span)`` rows, in file order."""
+    if isinstance(program_or_dims, ScheduleProgram):
+        program = program_or_dims
+        dimensions = _Dimensions(program.n_stages, program.n_microbatches, program.n_chunks)
+        order_span = program.spans.get("pipeline.order")
+        if orders is None and program.pipeline.order is OrderKind.EXPLICIT:
+            rows = [
+                (
+                    line.stage,
+                    [token.task._replace(stage=line.stage) for token in line.tasks],
+                    [token.span for token in line.tasks],
+                    line.span,
+                )
+                for line in program.pipeline.explicit_orders
+            ]
+            return dimensions, rows, order_span
+        if orders is None:
+            orders = stage_orders(program)
+    else:
+        n_stages, n_microbatches, n_chunks = program_or_dims
+        dimensions = _Dimensions(n_stages, n_microbatches, n_chunks)
+        order_span = None
+        if orders is None:
+            raise ValueError("check_orders needs orders when given dimensions instead of a program")
+    for name, value in vars(dimensions).items():
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    return dimensions, [(stage, list(order), None, None) for stage, order in enumerate(orders)], order_span
+
+
+def check_orders(
+    program_or_dims: ScheduleProgram | tuple[int, int, int],
+    orders: Sequence[Sequence[TaskId]] | None = None,
+) -> LegalityReport:
+    """Check per-stage orders against Eq. 8 and for deadlock; see the module docstring.
+
+    ``program_or_dims`` is a program or ``(n_stages, n_microbatches, n_chunks)``.
+    ``orders`` defaults to the program's own orders; ``orders[r]`` is what stage
+    ``r`` runs, first to last.
+    """
+    dimensions, rows, order_span = _resolve(program_or_dims, orders)
+    numbering = _TaskNumbering(dimensions)
+    violations: list[Violation] = []
+
+    kept_orders, kept_spans, line_spans = _keep_known_unique(dimensions, numbering, rows, violations)
+    position = [-1] * numbering.total
+    for order in kept_orders:
+        for step, number in enumerate(order):
+            position[number] = step
+
+    for number in range(numbering.total):
+        if position[number] == -1:
+            task = numbering.task(number)
+            violations.append(
+                Violation(
+                    ViolationKind.MISSING_TASK,
+                    (task,),
+                    f"stage {task.stage} never runs {task.local_form()} ({_describe(task)})",
+                    line_spans[task.stage] or order_span,
+                )
+            )
+
+    violated_edges = _check_stage_orders(numbering, kept_orders, kept_spans, position, violations)
+    stuck = _run_queues(numbering, kept_orders, position, violated_edges).stuck_steps
+    if stuck:
+        violations.append(_deadlock(numbering, kept_orders, kept_spans, position, violated_edges, stuck))
+    return LegalityReport(dimensions.n_stages, dimensions.n_microbatches, dimensions.n_chunks, tuple(violations))
+
+
+def _keep_known_unique(dimensions, numbering, rows, violations):
+    """Steps 1 and 2: drop unknown and repeated tasks, report each; return the kept orders."""
+    n_stages, n_microbatches, n_chunks = dimensions.n_stages, dimensions.n_microbatches, dimensions.n_chunks
+    kept_orders: list[list[int]] = [[] for _ in range(n_stages)]
+    kept_spans: list[list[Span | None] | None] = [None] * n_stages
+    line_spans: list[Span | None] = [None] * n_stages
+    first_step: dict[int, int] = {}
+    for stage, tasks, token_spans, line_span in rows:
+        if not 0 <= stage < n_stages:
+            if tasks or line_span is not None:
+                violations.append(
+                    Violation(
+                        ViolationKind.UNKNOWN_TASK,
+                        tuple(tasks),
+                        f"stage {stage} does not exist: the pipeline has {_range_text(n_stages, 'stage', 'stages')}",
+                        line_span,
+                    )
+                )
+            continue
+        if line_spans[stage] is None:
+            line_spans[stage] = line_span
+        kept = kept_orders[stage]
+        if token_spans is not None and kept_spans[stage] is None:
+            kept_spans[stage] = []
+        spans_out = kept_spans[stage]
+        for index, task in enumerate(tasks):
+            span = None if token_spans is None else token_spans[index]
+            problem = _unknown_reason(task, stage, n_microbatches, n_chunks)
+            if problem is not None:
+                violations.append(Violation(ViolationKind.UNKNOWN_TASK, (task,), problem, span))
+                continue
+            number = numbering.number(task)
+            if number in first_step:
+                violations.append(
+                    Violation(
+                        ViolationKind.DUPLICATE_TASK,
+                        (task,),
+                        f"stage {stage} runs {task.local_form()} twice (first at step {first_step[number]}); "
+                        "remove one",
+                        span,
+                    )
+                )
+                continue
+            first_step[number] = len(kept)
+            kept.append(number)
+            if spans_out is not None:
+                spans_out.append(span)
+    return kept_orders, kept_spans, line_spans
+
+
+def _unknown_reason(task: TaskId, stage: int, n_microbatches: int, n_chunks: int) -> str | None:
+    if not isinstance(task, TaskId) or not isinstance(task.kind, TaskKind):
+        raise TypeError(f"orders must hold TaskId values, got {task!r}")
+    if not 0 <= task.microbatch < n_microbatches:
+        return (
+            f"stage {stage}: {task.local_form()} names microbatch {task.microbatch}, "
+            f"but the pipeline has {_range_text(n_microbatches, 'microbatch', 'microbatches')}"
+        )
+    if not 0 <= task.chunk < n_chunks:
+        return (
+            f"stage {stage}: {task.local_form()} names chunk {task.chunk}, "
+            f"but the sequence has {_range_text(n_chunks, 'chunk', 'chunks')}"
+        )
+    if task.stage != stage:
+        return f"{task} is in the order of stage {stage} but belongs to stage {task.stage}"
+    return None
+
+
+def _check_stage_orders(numbering, kept_orders, kept_spans, position, violations) -> set[int]:
+    """Step 4: same-stage predecessors placed later; returns those edges as ``pred * total + succ``."""
+    violated_edges: set[int] = set()
+    total = numbering.total
+    for stage, order in enumerate(kept_orders):
+        spans = kept_spans[stage]
+        for step, number in enumerate(order):
+            for predecessor, dependency in numbering.predecessors(number):
+                if not dependency.same_stage:
+                    continue
+                predecessor_step = position[predecessor]
+                if predecessor_step <= step:
+                    continue
+                violated_edges.add(predecessor * total + number)
+                task, before = numbering.task(number), numbering.task(predecessor)
+                violations.append(
+                    Violation(
+                        ViolationKind.ORDER_VIOLATION,
+                        (task, before),
+                        f"stage {stage} runs {task.local_form()} (step {step}) before "
+                        f"{before.local_form()} (step {predecessor_step}), but Eq. 8 requires "
+                        f"{dependency.formula}: {dependency.reason}; move {task.local_form()} "
+                        f"after {before.local_form()}",
+                        None if spans is None else spans[step],
+                        dependency,
+                    )
+                )
+    return violated_edges
+
+
+@dataclass(frozen=True)
+class QueueRun:
+    """The outcome of running the per-stage queues to completion or deadlock."""
+
+    completion_order: tuple[int, ...]  # task numbers in an order that respects every counted edge
+    stuck_steps: tuple[int | None, ...] | None  # per stage, the step it is stuck at (None: finished)
+
+
+def _run_queues(numbering, kept_orders, position, violated_edges) -> QueueRun:
+    """Step 5's simulation: each stage runs its next task once its counted predecessors are done.
+
+    A task not in any order (missing) runs, on no stage, as soon as its
+    predecessors are done. Edges in ``violated_edges`` are not counted.
+    """
+    n_stages, per_kind, per_stage, n_chunks, total = (
+        numbering.n_stages,
+        numbering.per_kind,
+        numbering.per_stage,
+        numbering.n_chunks,
+        numbering.total,
+    )
+    last_stage = n_stages - 1
+    waiting = [0] * total
+    for number in range(per_kind):
+        stage = number // per_stage
+        chunk = number % n_chunks
+        waiting[number] = (stage > 0) + (chunk > 0)
+        waiting[number + per_kind] = 1 + (stage < last_stage) + (chunk < n_chunks - 1)
+    for edge in violated_edges:
+        waiting[edge % total] -= 1
+
+    heads = [0] * n_stages
+    owner = [-1] * total
+    for stage, order in enumerate(kept_orders):
+        for number in order:
+            owner[number] = stage
+    completion: list[int] = []
+    ready_stages = list(range(n_stages))
+    ready_floating = [number for number in range(total) if position[number] == -1 and waiting[number] == 0]
+
+    def finish(number: int) -> None:
+        completion.append(number)
+        if number < per_kind:
+            stage = number // per_stage
+            chunk = number % n_chunks
+            successors = [number + per_kind]
+            if stage < last_stage:
+                successors.append(number + per_stage)
+            if chunk < n_chunks - 1:
+                successors.append(number + 1)
+        else:
+            stage = (number - per_kind) // per_stage
+            chunk = number % n_chunks
+            successors = []
+            if stage > 0:
+                successors.append(number - per_stage)
+            if chunk > 0:
+                successors.append(number - 1)
+        for successor in successors:
+            if violated_edges and number * total + successor in violated_edges:
+                continue
+            waiting[successor] -= 1
+            if waiting[successor] == 0:
+                successor_stage = owner[successor]
+                if successor_stage == -1:
+                    ready_floating.append(successor)
+                elif kept_orders[successor_stage][heads[successor_stage]] == successor:
+                    ready_stages.append(successor_stage)
+
+    while ready_stages or ready_floating:
+        while ready_floating:
+            finish(ready_floating.pop())
+        if not ready_stages:
+            break
+        stage = ready_stages.pop()
+        order = kept_orders[stage]
+        head = heads[stage]
+        while head < len(order) and waiting[order[head]] == 0:
+            heads[stage] = head + 1
+            finish(order[head])
+            head += 1
+        heads[stage] = head
+    stuck = tuple(None if heads[stage] == len(order) else heads[stage] for stage, order in enumerate(kept_orders))
+    return QueueRun(tuple(completion), None if all(step is None for step in stuck) else stuck)
+
+
+def execution_order(
+    program_or_dims: ScheduleProgram | tuple[int, int, int],
+    orders: Sequence[Sequence[TaskId]],
+) -> tuple[TaskId, ...]:
+    """Every task in one global order that respects Eq. 8 and each stage's order.
+
+    The simulator processes tasks in this order. Raises
+    :class:`IllegalScheduleError` unless the orders are legal.
+    """
+    report = check_orders(program_or_dims, orders)
+    if not report.is_legal:
+        raise IllegalScheduleError(report)
+    numbering = _TaskNumbering(_Dimensions(report.n_stages, report.n_microbatches, report.n_chunks))
+    kept_orders = [[numbering.number(task) for task in order] for order in orders]
+    position = [0] * numbering.total
+    run = _run_queues(numbering, kept_orders, position, set())
+    return tuple(numbering.task(number) for number in run.completion_order)
+
+
+def _undone_predecessor(numbering, number, done, violated_edges):
+    for predecessor, dependency in numbering.predecessors(number):
+        if violated_edges and predecessor * numbering.total + number in violated_edges:
+            continue
+        if not done[predecessor]:
+            return predecessor, dependency
+    raise AssertionError(f"task {numbering.task(number)} is stuck but all its predecessors are done")
+
+
+def _deadlock(numbering, kept_orders, kept_spans, position, violated_edges, stuck) -> Violation:
+    """Extract the cycle of waiting tasks from the stuck state, stage by stage."""
+    done = [False] * numbering.total
+    for number in _run_queues(numbering, kept_orders, position, violated_edges).completion_order:
+        done[number] = True
+    owner = {number: stage for stage, order in enumerate(kept_orders) for number in order}
+    first_stuck = next(stage for stage, step in enumerate(stuck) if step is not None)
+    links: list[DeadlockWait] = []
+    seen: dict[int, int] = {}
+    stage = first_stuck
+    while stage not in seen:
+        seen[stage] = len(links)
+        head = kept_orders[stage][stuck[stage]]
+        direct, dependency = _undone_predecessor(numbering, head, done, violated_edges)
+        blocker, through = direct, []
+        while blocker not in owner:
+            through.append(numbering.task(blocker))
+            blocker, _ = _undone_predecessor(numbering, blocker, done, violated_edges)
+        links.append(
+            DeadlockWait(
+                stage,
+                stuck[stage],
+                numbering.task(head),
+                numbering.task(direct),
+                dependency,
+                owner[blocker],
+                numbering.task(blocker),
+                position[blocker],
+                tuple(through),
+            )
+        )
+        stage = owner[blocker]
+    cycle = tuple(links[seen[stage] :])
+    lines = [_describe_wait(link) for link in cycle]
+    lines.append("")
+    lines.extend(format_step_grid(
+        [[numbering.task(number) for number in order] for order in kept_orders], stuck
+    ).splitlines())
+    start = cycle[0]
+    spans = kept_spans[start.stage]
+    stages_text = ", ".join(str(link.stage) for link in cycle)
+    return Violation(
+        ViolationKind.DEADLOCK,
+        tuple(link.stuck_task for link in cycle),
+        f"deadlock: stages {stages_text} wait for each other in a cycle, so none of them can run its next task",
+        None if spans is None else spans[start.step],
+        None,
+        cycle,
+        tuple(lines),
+    )
+
+
+def _describe_wait(link: DeadlockWait) -> str:
+    text = (
+        f"stage {link.stage} is stuck at {link.stuck_task} (step {link.step}): it needs {link.waits_for} "
+        f"({link.dependency.formula})"
+    )
+    for missing, needed in zip(link.through_missing, link.through_missing[1:] + (link.next_task,)):
+        text += f"; {missing} is in no order and needs {needed}"
+    return text + f"; stage {link.next_stage} runs {link.next_task} at step {link.next_step}, after its own stuck task"
+
+
+def format_step_grid(
+    orders: Sequence[Sequence[TaskId]],
+    stuck_steps: Sequence[int | None],
+    context: int = 3,
+) -> str:
+    """One column per stage, one row per step; ``<-- stuck`` marks where each stage waits.
+
+    Like torch's ``_format_pipeline_order(..., error_step_number=...)``, but a
+    deadlock leaves each stage stuck at its own step. Long orders show only the
+    rows within ``context`` steps of a stuck step, with ``...`` for the gaps.
+    """
+    n_rows = max((len(order) for order in orders), default=0)
+    marked = {stage: step for stage, step in enumerate(stuck_steps) if step is not None}
+    if n_rows <= 4 * context + 8:
+        rows = list(range(n_rows))
+    else:
+        wanted = {
+            row
+            for step in marked.values()
+            for row in range(max(step - context, 0), min(step + context + 1, n_rows))
+        }
+        rows = sorted(wanted)
+    cells = [
+        [
+            (str(orders[stage][row]) if row < len(orders[stage]) else "")
+            + (" <-- stuck" if marked.get(stage) == row else "")
+            for stage in range(len(orders))
+        ]
+        for row in rows
+    ]
+    headers = [f"Stage {stage}" for stage in range(len(orders))]
+    widths = [
+        max([len(headers[stage])] + [len(row_cells[stage]) for row_cells in cells]) for stage in range(len(orders))
+    ]
+    step_width = max(len("Step"), len(str(n_rows - 1)) if n_rows else 1)
+    lines = ["Step".ljust(step_width) + "  " + "  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    previous = None
+    for row, row_cells in zip(rows, cells):
+        if previous is not None and row != previous + 1:
+            lines.append("...")
+        lines.append(
+            str(row).ljust(step_width) + "  " + "  ".join(c.ljust(w) for c, w in zip(row_cells, widths)).rstrip()
+        )
+        previous = row
+    return "\n".join(lines)
+
+
+def render_report(
+    report: LegalityReport,
+    sources: Mapping[str, str] | None = None,
+    format_diagnostic=None,
+) -> str:
+    """Every violation as ``file:line:col: error: ...`` with source line and caret, then details.
+
+    ``sources`` maps file names to their text. ``format_diagnostic(span,
+    message, sources)`` replaces :func:`schedlang.lowering.report.format_error`
+    when given (the front end can pass its own formatter).
+    """
+    from schedlang.lowering.report import format_error
+
+    formatter = format_diagnostic or format_error
+    blocks = []
+    for violation in report.violations:
+        text = formatter(violation.span, violation.message, sources)
+        if violation.details:
+            text += "\n" + "\n".join(f"  {line}" if line else "" for line in violation.details)
+        blocks.append(text)
+    blocks.append(report.summary())
+    return "\n".join(blocks)
