@@ -1,0 +1,57 @@
+"""Loading a schedule: read the file, parse it, lower it to a checked program.
+
+This is the entry point every command and later pass uses:
+:func:`load_program` returns a :class:`~schedlang.lowering.program.ScheduleProgram`
+or raises :class:`~schedlang.diagnostics.ScheduleError` listing every problem
+found in the file (or ``OSError`` when the file cannot be opened).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from schedlang.diagnostics import Diagnostic, ScheduleError
+from schedlang.lowering.program import ScheduleProgram
+from schedlang.lowering.source import Span
+
+
+def read_source(path: str | Path) -> str:
+    """The text of a schedule file.
+
+    Raises ``OSError`` with a message naming the file when it is missing or
+    unreadable, and :class:`ScheduleError` pointing at the first byte that is
+    not UTF-8.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"schedule file '{path}' does not exist") from None
+    except IsADirectoryError:
+        raise IsADirectoryError(f"'{path}' is a directory, not a schedule file") from None
+    except OSError as error:
+        raise OSError(f"cannot read schedule file '{path}': {error.strerror or error}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        readable = data[: error.start].decode("utf-8")
+        line = readable.count("\n") + 1
+        column = len(readable) - (readable.rfind("\n") + 1) + 1
+        span = Span(str(path), line, column, line, column + 1)
+        diagnostic = Diagnostic.error(
+            f"byte 0x{data[error.start]:02x} is not valid UTF-8", span, hint="save the file as UTF-8"
+        )
+        raise ScheduleError([diagnostic], {str(path): readable + "\n"}) from None
+
+
+def load_program_text(text: str, filename: str = "<memory>") -> ScheduleProgram:
+    """Parse and check schedule text given in memory."""
+    from schedlang.parser import parse_text
+    from schedlang.semantics import lower_to_program
+
+    return lower_to_program(parse_text(text, filename), text)
+
+
+def load_program(path: str | Path) -> ScheduleProgram:
+    """Read, parse and check a schedule file."""
+    return load_program_text(read_source(path), str(path))
