@@ -1,0 +1,210 @@
+"""Cost models for the simulator: how long each task and each message takes.
+
+Two models, selected by :class:`CostModelKind` (formulas in docs/cost-model.md):
+
+* ``UNIT``: the forward of a chunk of ``s`` tokens costs ``s / T`` (``T`` the
+  sequence length), its backward ``2 s / T``; messages are free. Durations are
+  kept as integer token counts and divided by ``T`` only when the timeline is
+  built, so the simulated times are exact and match Eq. 12-15 to the last bit.
+* ``FLOPS``: per-layer FLOPs of the stage's layers for the chunk (linear
+  recurrence per token, softmax attention by prefix length, dense projections
+  and MLP), divided by a device throughput, plus an alpha-beta time
+  (``alpha + bytes / beta``) for activation messages between stages and for
+  state exchange between sequence-parallel ranks. Seconds.
+
+A cost model answers in its own time unit; :attr:`CostModel.time_divisor`
+turns that unit into the timeline's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from schedlang.lowering.program import (
+    DType,
+    LayerKind,
+    MlpKind,
+    ScheduleProgram,
+    SequenceParallel,
+)
+from schedlang.lowering.tasks import TaskId, TaskKind
+from schedlang.lowering.timeline import MessageKind
+
+
+class CostModelKind(str, Enum):
+    UNIT = "unit"
+    FLOPS = "flops"
+
+
+BACKWARD_TO_FORWARD = 2
+"""Backward costs twice the forward: two matrix products per forward one."""
+
+DTYPE_BYTES = {DType.FP32: 4, DType.BF16: 2, DType.FP16: 2, DType.FP64: 8}
+
+
+class CostModel(Protocol):
+    time_divisor: float
+
+    def task_duration(self, task: TaskId) -> float: ...
+
+    def message_duration(self, kind: MessageKind, source: TaskId, destination: TaskId) -> float: ...
+
+    def message_bytes(self, kind: MessageKind, source: TaskId, destination: TaskId) -> int: ...
+
+
+class UnitCostModel:
+    """Forward ``s_i`` and backward ``2 s_i`` in tokens; the timeline divides by ``T``."""
+
+    def __init__(self, chunk_tokens: tuple[int, ...]) -> None:
+        self.chunk_tokens = chunk_tokens
+        self.time_divisor = sum(chunk_tokens)
+
+    def task_duration(self, task: TaskId) -> int:
+        tokens = self.chunk_tokens[task.chunk]
+        return tokens if task.kind is TaskKind.FORWARD else BACKWARD_TO_FORWARD * tokens
+
+    def message_duration(self, kind: MessageKind, source: TaskId, destination: TaskId) -> int:
+        return 0
+
+    def message_bytes(self, kind: MessageKind, source: TaskId, destination: TaskId) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One device and its links, for the FLOPS model."""
+
+    throughput_flops: float = 400e12  # effective FLOP/s of one device
+    latency_s: float = 10e-6  # alpha: per-message latency
+    bandwidth_bytes_per_s: float = 50e9  # beta: link bandwidth
+
+    def transfer_time(self, n_bytes: float) -> float:
+        return self.latency_s + n_bytes / self.bandwidth_bytes_per_s
+
+
+def mixer_flops_per_token(kind: LayerKind, d_model: int, heads: int, head_dim: int, kernel_chunk: int) -> float:
+    """Forward FLOPs per token of one token-mixing layer, without the attention pair term."""
+    width = heads * head_dim
+    projections = 4 * 2 * d_model * width  # q, k, v, o
+    if kind is LayerKind.ATTN:
+        return projections
+    if kind is LayerKind.GLA:
+        projections += 2 * d_model * width  # per-channel forget gate
+    elif kind is LayerKind.SIMPLE_GLA:
+        projections += 2 * d_model * heads  # one scalar gate per head
+    elif kind is LayerKind.GDN:
+        projections += 2 * d_model * width + 2 * 2 * d_model * heads  # output gate; alpha and beta per head
+    # chunked recurrence: intra-chunk q k^T and (q k^T) v over the kernel chunk, then q S and S += k^T v
+    recurrence = heads * (4 * kernel_chunk * head_dim + 4 * head_dim * head_dim)
+    if kind is LayerKind.GDN:
+        recurrence += heads * (2 * kernel_chunk * head_dim + 2 * head_dim * head_dim)  # delta-rule WY terms
+    return projections + recurrence
+
+
+def attention_pair_flops(heads: int, head_dim: int) -> float:
+    """Forward FLOPs per causal query-key pair of one softmax attention layer: q k and p v."""
+    return 4 * heads * head_dim
+
+
+def mlp_flops_per_token(program: ScheduleProgram) -> float:
+    mlp = program.model.mlp
+    if mlp.kind is MlpKind.NONE:
+        return 0.0
+    hidden = mlp.ratio * program.model.d_model
+    return 3 * 2 * program.model.d_model * hidden  # SwiGLU: gate, up and down projections
+
+
+class FlopsCostModel:
+    """Layer FLOPs over device throughput plus alpha-beta messages; see docs/cost-model.md."""
+
+    time_divisor = 1.0
+
+    def __init__(self, program: ScheduleProgram, hardware: Hardware = Hardware()) -> None:
+        self.program = program
+        self.hardware = hardware
+        model = program.model
+        self.element_bytes = DTYPE_BYTES[program.train.dtype]
+        self.batch = program.pipeline.microbatch_size
+        self.sequence_ranks = program.mesh.sequence
+        self.state_bytes_per_layer = self.batch * model.heads * model.head_dim * model.head_dim * self.element_bytes
+        self.recurrent_layers = [
+            sum(model.layers[layer].is_recurrent for layer in layers) for layers in program.stage_layers
+        ]
+        self.forward_seconds = [
+            [self._stage_chunk_seconds(stage, chunk) for chunk in range(program.n_chunks)]
+            for stage in range(program.n_stages)
+        ]
+
+    def _stage_chunk_seconds(self, stage: int, chunk: int) -> float:
+        program, model, hardware = self.program, self.program.model, self.hardware
+        tokens = program.sequence.chunk_length(chunk)
+        prefix = program.sequence.boundaries[chunk]
+        kernel_chunk = min(program.sequence.kernel_chunk, tokens)
+        per_token = 0.0
+        pairs_flops = 0.0
+        attention_layers = 0
+        for layer in program.stage_layers[stage]:
+            kind = model.layers[layer]
+            per_token += mixer_flops_per_token(kind, model.d_model, model.heads, model.head_dim, kernel_chunk)
+            per_token += mlp_flops_per_token(program)
+            if kind is LayerKind.ATTN:
+                attention_layers += 1
+                pairs_flops += attention_pair_flops(model.heads, model.head_dim) * (prefix * tokens + tokens * tokens / 2)
+        if stage == program.n_stages - 1:
+            per_token += 2 * model.d_model * model.vocab  # language-model head
+        flops = self.batch * (per_token * tokens + pairs_flops) / self.sequence_ranks
+        seconds = flops / hardware.throughput_flops
+        return seconds + self._sequence_parallel_seconds(stage, tokens, attention_layers)
+
+    def _sequence_parallel_seconds(self, stage: int, tokens: int, attention_layers: int) -> float:
+        """State (and K/V) exchange between the sequence-parallel ranks of one chunk."""
+        ranks = self.sequence_ranks
+        if ranks == 1:
+            return 0.0
+        model, hardware = self.program.model, self.hardware
+        state_bytes = self.state_bytes_per_layer
+        method = self.program.sequence.parallel
+        if method is SequenceParallel.RING:
+            per_layer = (ranks - 1) * hardware.transfer_time(state_bytes)
+        elif method is SequenceParallel.ALLGATHER:
+            per_layer = math.ceil(math.log2(ranks)) * hardware.latency_s + (
+                (ranks - 1) * state_bytes / hardware.bandwidth_bytes_per_s
+            )
+        else:
+            blocks = self.program.sequence.scan_blocks
+            per_layer = (ranks - 1 + blocks - 1) * hardware.transfer_time(state_bytes / blocks)
+        key_value_bytes = 2 * self.batch * tokens // ranks * model.heads * model.head_dim * self.element_bytes
+        attention = attention_layers * (ranks - 1) * hardware.transfer_time(key_value_bytes)
+        return self.recurrent_layers[stage] * per_layer + attention
+
+    def task_duration(self, task: TaskId) -> float:
+        seconds = self.forward_seconds[task.stage][task.chunk]
+        return seconds if task.kind is TaskKind.FORWARD else BACKWARD_TO_FORWARD * seconds
+
+    def message_bytes(self, kind: MessageKind, source: TaskId, destination: TaskId) -> int:
+        if kind in (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRADIENT):
+            tokens = self.program.sequence.chunk_length(source.chunk)
+            return self.batch * tokens // self.sequence_ranks * self.program.model.d_model * self.element_bytes
+        return self.recurrent_layers[source.stage] * self.state_bytes_per_layer
+
+    def message_duration(self, kind: MessageKind, source: TaskId, destination: TaskId) -> float:
+        if source.stage == destination.stage:
+            return 0.0  # the state stays on the device
+        return self.hardware.transfer_time(self.message_bytes(kind, source, destination))
+
+
+def make_cost_model(
+    kind: CostModelKind,
+    program: ScheduleProgram,
+    hardware: Hardware = Hardware(),
+) -> CostModel:
+    if kind is CostModelKind.UNIT:
+        return UnitCostModel(
+            tuple(program.sequence.chunk_length(chunk) for chunk in range(program.n_chunks))
+        )
+    if kind is CostModelKind.FLOPS:
+        return FlopsCostModel(program, hardware)
+    raise ValueError(f"unknown cost model {kind!r}")
