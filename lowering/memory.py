@@ -1,0 +1,35 @@
+"""StateFlow's closed-form estimates (Eq. 12-15) for the 1F1B-style schedules.
+
+Units as in the simulator's unit cost model: activations in whole microbatches
+(``A_r = 1``, boundary term ``B_r`` left out), time in full-sequence forwards
+(forward 1, backward 2, so ``t = 3``). The simulator reproduces these exactly
+for uniform chunks; they are printed next to the simulated numbers for
+comparison.
+"""
+
+from __future__ import annotations
+
+FORWARD_BACKWARD_TIME = 3
+"""``t`` of Eq. 14-15 in unit cost: forward 1 plus backward 2."""
+
+
+def one_f_one_b_peak_activations(n_stages: int, n_microbatches: int) -> tuple[float, ...]:
+    """Eq. 12: stage ``r`` holds ``min(M, P - r)`` microbatches."""
+    return tuple(float(min(n_microbatches, n_stages - stage)) for stage in range(n_stages))
+
+
+def stateflow_peak_activations(n_stages: int, n_microbatches: int, n_chunks: int) -> tuple[float, ...]:
+    """Eq. 13 without ``B_r``: stage ``r`` holds ``min(MN, N + P - r - 1) / N`` microbatches."""
+    return tuple(
+        min(n_microbatches * n_chunks, n_chunks + n_stages - stage - 1) / n_chunks for stage in range(n_stages)
+    )
+
+
+def one_f_one_b_makespan(n_stages: int, n_microbatches: int) -> float:
+    """Eq. 14: ``(M + P - 1) t``."""
+    return float((n_microbatches + n_stages - 1) * FORWARD_BACKWARD_TIME)
+
+
+def stateflow_makespan(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
+    """Eq. 15: ``(M N + P - 1) t / N``."""
+    return (n_microbatches * n_chunks + n_stages - 1) * FORWARD_BACKWARD_TIME / n_chunks

@@ -1,0 +1,32 @@
+"""``schedlang check FILE``: is the schedule legal and deadlock free?
+
+Exit status 0 with a one-line summary when it is; 1 with every violation
+(``file:line:col: error: ...`` pointing at the task token for explicit orders,
+plus the cycle and step grid for a deadlock) when it is not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "check that a schedule runs every task once, respects Eq. 8 and cannot deadlock"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="schedule file (.sched)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from schedlang.frontend import load_program, read_source
+    from schedlang.lowering.legality import check_orders, render_report
+
+    program = load_program(args.file)
+    report = check_orders(program)
+    if report.is_legal:
+        print(f"{args.file}: {report.summary()}")
+        return 0
+    text = read_source(args.file)
+    sources = {str(args.file): text, program.source_file: text}
+    print(render_report(report, sources), file=sys.stderr)
+    return 1
