@@ -1,0 +1,58 @@
+"""LASP-2 all-gather: every rank gathers all local terms and combines the prefix itself.
+
+One ``all_gather`` moves every rank's ``(x(p), d(p))`` to every rank: each rank
+receives ``(P - 1)`` states, and the whole exchange finishes after about
+``P * tau(state)`` on a ring all-gather, but all ranks then compute in
+parallel, with no chain of dependent hops. The first rank folds the boundary
+into what it contributes (it sends its ``carry_out`` instead of ``x``), so the
+boundary itself never travels.
+
+Every rank runs the same combines over the same gathered tensors in the same
+order, so the carry leaving the last rank is computed identically everywhere
+and is returned as ``last_carry_out`` without a broadcast.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from schedlang.runtime.scan_common import ScanPosition, ScanResult, combine
+
+
+def allgather_scan(
+    local: torch.Tensor,
+    decay: torch.Tensor,
+    boundary: torch.Tensor | None,
+    position: ScanPosition,
+) -> ScanResult:
+    """Run the decayed scan of ``schedlang.runtime.scan_common`` from one all-gather.
+
+    Args:
+        local: ``[B, H, K, V]`` this rank's local term ``x(p)``.
+        decay: ``[B, H, K, 1]`` or ``[B, H, 1, 1]`` this rank's decay ``d(p)``.
+        boundary: ``[B, H, K, V]`` carry entering the first rank; read only there.
+        position: this rank's place in the scan.
+    """
+    contributed = combine(decay, boundary, local) if position.is_first else local
+    payload = torch.cat([contributed.reshape(-1), decay.reshape(-1)])
+    gathered = [torch.empty_like(payload) for _ in range(position.size)]
+    dist.all_gather(gathered, payload, group=position.group)
+
+    n_state = contributed.numel()
+    carry = None
+    carry_in = carry_out = None
+    for group_rank in position.order:
+        if group_rank == position.rank:
+            carry_in = boundary if position.is_first else carry
+        if group_rank == position.first_rank:
+            carry = gathered[group_rank][:n_state].view_as(local)
+        else:
+            rank_local = gathered[group_rank][:n_state].view_as(local)
+            rank_decay = gathered[group_rank][n_state:].view_as(decay)
+            carry = combine(rank_decay, carry, rank_local)
+        if group_rank == position.rank:
+            carry_out = carry
+    if carry_in is None:
+        carry_in = torch.zeros_like(local)
+    return ScanResult(carry_in=carry_in, carry_out=carry_out, last_carry_out=carry)

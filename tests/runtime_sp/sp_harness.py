@@ -1,0 +1,32 @@
+"""Spawn a gloo process group on 127.0.0.1 (file store) and run one worker function on every rank."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _entry(rank: int, world_size: int, init_file: str, worker, worker_args: tuple) -> None:
+    torch.set_num_threads(1)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
+    )
+    try:
+        worker(rank, world_size, *worker_args)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_on_ranks(world_size: int, worker, *worker_args) -> None:
+    """Run ``worker(rank, world_size, *worker_args)`` in ``world_size`` processes.
+
+    An exception on any rank fails the call with that rank's traceback.
+    """
+    with tempfile.TemporaryDirectory() as directory:
+        init_file = os.path.join(directory, "store")
+        mp.spawn(_entry, args=(world_size, init_file, worker, worker_args), nprocs=world_size, join=True)

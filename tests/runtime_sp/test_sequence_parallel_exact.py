@@ -1,0 +1,243 @@
+"""Sequence-parallel GLA on 2 and 4 gloo ranks equals the single-device recurrence.
+
+Every case checks, on every rank: the output slice, the final state (and that
+it is bit-identical on all ranks), and the gradients of q, k, v, g and
+initial_state, against a float64 token-by-token reference run on the whole span.
+The loss gives each rank its own weights for the final state, so the
+sum-over-ranks rule for its gradient is exercised too. Spawning is slow, so
+each spawned world runs many cases and reports every failing one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from schedlang.lowering.program import SequenceParallel
+from schedlang.runtime.sequence_parallel import (
+    GateKind,
+    SequenceParallelMethod,
+    sequence_parallel_combine,
+)
+from sp_harness import run_on_ranks
+from sp_reference import naive_gla, relative_error
+
+TOLERANCE = 1e-10
+BATCH, HEADS, VALUE_DIM = 2, 2, 5
+
+
+@dataclass(frozen=True)
+class Case:
+    method: SequenceParallelMethod
+    gate: GateKind
+    scan_blocks: int = 1
+    key_dim: int = 8
+    with_initial_state: bool = True
+    output_final_state: bool = True
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        return (
+            f"{self.method.value}-blocks{self.scan_blocks}-{self.gate.value}-K{self.key_dim}"
+            f"-init{int(self.with_initial_state)}-final{int(self.output_final_state)}"
+        )
+
+
+def _cases() -> list[Case]:
+    cases = []
+    seed = 0
+    for gate in GateKind:
+        for blocks in (1, 2, 4):
+            cases.append(Case(SequenceParallelMethod.ALLSCAN, gate, blocks, seed=seed))
+            seed += 1
+        # K not a multiple of the block count: blocks of unequal row counts.
+        cases.append(Case(SequenceParallelMethod.ALLSCAN, gate, 4, key_dim=6, seed=seed))
+        cases.append(Case(SequenceParallelMethod.RING, gate, seed=seed + 1))
+        cases.append(Case(SequenceParallelMethod.ALLGATHER, gate, seed=seed + 2))
+        seed += 3
+    for method in SequenceParallelMethod:
+        cases.append(Case(method, GateKind.VECTOR, 2, with_initial_state=False, output_final_state=False, seed=seed))
+        cases.append(Case(method, GateKind.SCALAR, 2, with_initial_state=False, output_final_state=True, seed=seed + 1))
+        cases.append(Case(method, GateKind.VECTOR, 2, with_initial_state=True, output_final_state=False, seed=seed + 2))
+        seed += 3
+    return cases
+
+
+CASES = _cases()
+
+
+def _uneven_lengths(total: int, parts: int, generator: torch.Generator) -> list[int]:
+    cuts = sorted((torch.randperm(total - 1, generator=generator)[: parts - 1] + 1).tolist())
+    bounds = [0, *cuts, total]
+    return [bounds[i + 1] - bounds[i] for i in range(parts)]
+
+
+def _make_inputs(case: Case, total_length: int, group_size: int) -> dict:
+    """Whole-span inputs, identical on every rank (same seed)."""
+    generator = torch.Generator().manual_seed(1000 + case.seed)
+    lengths = _uneven_lengths(total_length, group_size, generator)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+    gate_shape = (BATCH, total_length, HEADS, case.key_dim) if case.gate is GateKind.VECTOR else (BATCH, total_length, HEADS)
+    # Decay strength changes from one rank's slice to the next: weak, strong, very weak, ...
+    strength_per_rank = [0.3, 1.8, 0.05, 1.0]
+    strength = torch.cat(
+        [torch.full((length,), strength_per_rank[rank % 4], dtype=torch.float64) for rank, length in enumerate(lengths)]
+    )
+    strength = strength.view(1, total_length, *([1] * (len(gate_shape) - 2)))
+    return {
+        "lengths": lengths,
+        "q": randn(BATCH, total_length, HEADS, case.key_dim),
+        "k": randn(BATCH, total_length, HEADS, case.key_dim),
+        "v": randn(BATCH, total_length, HEADS, VALUE_DIM),
+        "g": F.logsigmoid(randn(*gate_shape) + 2.0) * strength,
+        "initial_state": randn(BATCH, HEADS, case.key_dim, VALUE_DIM) if case.with_initial_state else None,
+        "output_weight": randn(BATCH, total_length, HEADS, VALUE_DIM),
+        "final_weights": [randn(BATCH, HEADS, case.key_dim, VALUE_DIM) for _ in range(group_size)],
+    }
+
+
+def _leaf(tensor):
+    return None if tensor is None else tensor.detach().clone().requires_grad_(True)
+
+
+def _reference(case: Case, inputs: dict) -> dict:
+    names = ("q", "k", "v", "g", "initial_state")
+    leaves = {name: _leaf(inputs[name]) for name in names}
+    scale = case.key_dim**-0.5
+    o, final_state = naive_gla(
+        leaves["q"], leaves["k"], leaves["v"], leaves["g"], scale, leaves["initial_state"]
+    )
+    loss = (o * inputs["output_weight"]).sum()
+    if case.output_final_state:
+        loss = loss + (final_state * sum(inputs["final_weights"])).sum()
+    loss.backward()
+    grads = {name: leaf.grad for name, leaf in leaves.items() if leaf is not None}
+    return {"o": o.detach(), "final_state": final_state.detach(), "grads": grads}
+
+
+def _check_case(case: Case, total_length: int, group, failures: list[str], label: str) -> None:
+    group_rank = dist.get_rank(group)
+    group_size = dist.get_world_size(group)
+    inputs = _make_inputs(case, total_length, group_size)
+    expected = _reference(case, inputs)
+
+    start = sum(inputs["lengths"][:group_rank])
+    stop = start + inputs["lengths"][group_rank]
+    local = {name: _leaf(inputs[name][:, start:stop]) for name in ("q", "k", "v", "g")}
+    # Every rank passes an initial state; only group rank 0's may count.
+    initial_state = _leaf(inputs["initial_state"])
+    scale = case.key_dim**-0.5
+    o_local, local_state = naive_gla(local["q"], local["k"], local["v"], local["g"], scale)
+    o, final_state = sequence_parallel_combine(
+        o_local,
+        local_state,
+        local["q"],
+        local["g"],
+        group=group,
+        method=case.method,
+        scan_blocks=case.scan_blocks,
+        scale=scale,
+        gate=case.gate,
+        initial_state=initial_state,
+        output_final_state=case.output_final_state,
+    )
+    loss = (o * inputs["output_weight"][:, start:stop]).sum()
+    if case.output_final_state:
+        loss = loss + (final_state * inputs["final_weights"][group_rank]).sum()
+    loss.backward()
+
+    def expect_close(what, actual, wanted):
+        error = relative_error(actual, wanted)
+        if not error <= TOLERANCE:
+            failures.append(f"{label} {case.name} group rank {group_rank}: {what} relative error {error:.2e}")
+
+    expect_close("o", o, expected["o"][:, start:stop])
+    for name in ("q", "k", "v", "g"):
+        expect_close(f"d{name}", local[name].grad, expected["grads"][name][:, start:stop])
+    if case.with_initial_state:
+        if group_rank == 0:
+            expect_close("d initial_state", initial_state.grad, expected["grads"]["initial_state"])
+        elif initial_state.grad.abs().max().item() != 0.0:
+            failures.append(f"{label} {case.name} group rank {group_rank}: nonzero d initial_state off rank 0")
+    if case.output_final_state:
+        expect_close("final_state", final_state, expected["final_state"])
+        copies = [torch.empty_like(final_state) for _ in range(group_size)]
+        dist.all_gather(copies, final_state.detach().contiguous(), group=group)
+        if not all(torch.equal(copy, copies[0]) for copy in copies):
+            failures.append(f"{label} {case.name}: final_state differs between ranks")
+    else:
+        if final_state is not None:
+            failures.append(f"{label} {case.name}: final_state returned although not requested")
+
+
+def check_cases(rank: int, world_size: int, cases: list[Case], total_length: int, layout) -> None:
+    """Run every case on the group this rank belongs to; ``layout`` lists groups of global ranks."""
+    group = None
+    label = f"world{world_size}"
+    if layout is not None:
+        for ranks in layout:
+            created = dist.new_group(ranks)
+            if rank in ranks:
+                group, label = created, f"world{world_size}-group{ranks}"
+    failures: list[str] = []
+    for case in cases:
+        _check_case(case, total_length, group, failures, label)
+    if failures:
+        raise AssertionError("\n".join(failures))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size, total_length", [(2, 29), (4, 31)], ids=["ranks2", "ranks4"])
+def test_every_method_matches_the_single_device_recurrence(world_size, total_length):
+    run_on_ranks(world_size, check_cases, CASES, total_length, None)
+
+
+@pytest.mark.slow
+def test_subgroups_use_group_ranks_and_a_group_of_one_runs_alone():
+    layout = [[0, 2], [1], [3]]
+    cases = [
+        Case(SequenceParallelMethod.ALLSCAN, GateKind.VECTOR, 2, seed=40),
+        Case(SequenceParallelMethod.RING, GateKind.SCALAR, seed=41),
+        Case(SequenceParallelMethod.ALLGATHER, GateKind.VECTOR, seed=42),
+    ]
+    run_on_ranks(4, check_cases, cases, 17, layout)
+
+
+def test_lowering_enum_and_its_string_value_name_the_same_method():
+    assert SequenceParallelMethod(SequenceParallel.ALLSCAN) is SequenceParallelMethod.ALLSCAN
+    assert {SequenceParallelMethod(member.value) for member in SequenceParallel} == set(SequenceParallelMethod)
+
+
+def _combine_arguments(key_dim=8, gate_dims=4, scan_blocks=2):
+    q = torch.zeros(1, 3, 1, key_dim)
+    g = torch.zeros(1, 3, 1, key_dim) if gate_dims == 4 else torch.zeros(1, 3, 1)
+    return dict(
+        o_local=torch.zeros(1, 3, 1, 2),
+        local_state=torch.zeros(1, 1, key_dim, 2),
+        q=q,
+        g=g,
+        group=None,
+        method="allscan",
+        scan_blocks=scan_blocks,
+        scale=1.0,
+    )
+
+
+def test_gate_kind_must_match_the_shape_of_g():
+    with pytest.raises(ValueError, match=r"gate='scalar' needs g with 3 dims"):
+        sequence_parallel_combine(**_combine_arguments(gate_dims=4), gate="scalar")
+    with pytest.raises(ValueError, match=r"gate='vector' needs g with 4 dims"):
+        sequence_parallel_combine(**_combine_arguments(gate_dims=3), gate="vector")
+
+
+def test_more_scan_blocks_than_state_rows_is_refused():
+    with pytest.raises(ValueError, match=r"allscan\(blocks = 9\) needs 1 <= blocks <= key head dim \(8\)"):
+        sequence_parallel_combine(**_combine_arguments(scan_blocks=9), gate="vector")
