@@ -1,0 +1,200 @@
+"""Where a sequence is cut into pipeline chunks: uniform and StateFlow's balanced cut.
+
+Both functions return boundaries ``c_0 = 0 < c_1 < ... < c_N = length`` whose
+inner values are multiples of ``kernel_chunk`` (the last chunk is ragged only
+when the length is not a multiple), as [Note: program contract] requires; they
+raise ``ValueError`` with the reason when no such cut exists.
+
+[Note: balanced chunking]
+StateFlow section 3.2: the cost of chunk i, of length s_i starting at c_i, is
+
+    Cost_i = (L_lin C_lin + C_dense) s_i + L_soft C_soft (c_i s_i + s_i^2 / 2)     (Eq. 9)
+
+so the cost of the prefix [0, x) is F(x) = a x + b x^2 / 2 with
+a = L_lin C_lin + C_dense and b = L_soft C_soft. Equal costs (Eq. 10) put
+boundary i where F(c_i) = (i / N) F(T), the positive root of a quadratic. The
+boundaries used are blended with equal chunking, c_i(alpha) =
+(1 - alpha) i T / N + alpha c_i^hybrid (Eq. 11), then rounded to the nearest
+multiple of the kernel chunk (the paper rounds to 128, its kernel chunk).
+The per-layer coefficients come from :func:`layer_flop_coefficients`; their
+formulas are listed in docs/language.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from schedlang.lowering.program import MlpKind, ModelSpec
+
+
+def _kernel_blocks(length: int, kernel_chunk: int) -> int:
+    return -(-length // kernel_chunk)
+
+
+def _check_cut(length: int, n_chunks: int, kernel_chunk: int) -> None:
+    if length < 1:
+        raise ValueError(f"the sequence length must be positive, got {length}")
+    if kernel_chunk < 1:
+        raise ValueError(f"the kernel chunk must be positive, got {kernel_chunk}")
+    if n_chunks < 1:
+        raise ValueError(f"the number of chunks must be positive, got {n_chunks}")
+    blocks = _kernel_blocks(length, kernel_chunk)
+    if n_chunks > blocks:
+        raise ValueError(
+            f"cannot cut {length} tokens into {n_chunks} chunks of whole {kernel_chunk}-token kernel"
+            f" chunks: at most {blocks} chunks fit"
+        )
+
+
+def uniform_boundaries(length: int, n_chunks: int, kernel_chunk: int) -> tuple[int, ...]:
+    """Chunks as equal as whole kernel chunks allow.
+
+    Exactly equal when ``length`` is a multiple of ``n_chunks * kernel_chunk``;
+    otherwise the ``ceil(length / kernel_chunk)`` kernel chunks are dealt out as
+    evenly as possible, the later chunks getting the extra ones.
+    """
+    _check_cut(length, n_chunks, kernel_chunk)
+    blocks = _kernel_blocks(length, kernel_chunk)
+    inner = [(index * blocks // n_chunks) * kernel_chunk for index in range(1, n_chunks)]
+    return (0, *inner, length)
+
+
+def _hybrid_boundary(fraction: float, length: int, linear_coefficient: float, quadratic_coefficient: float) -> float:
+    """The x in [0, length] with F(x) = fraction * F(length), F(x) = a x + b x^2 / 2."""
+    a, b = linear_coefficient, quadratic_coefficient
+    target = fraction * (a * length + b * length * length / 2.0)
+    if b == 0.0:
+        return fraction * length
+    # The root (-a + sqrt(a^2 + 2 b target)) / b, written without cancellation.
+    return 2.0 * target / (a + math.sqrt(a * a + 2.0 * b * target))
+
+
+def balanced_boundaries(
+    length: int,
+    n_chunks: int,
+    alpha: float,
+    kernel_chunk: int,
+    n_linear_layers: int,
+    n_softmax_layers: int,
+    linear_cost_per_token: float,
+    dense_cost_per_token: float,
+    softmax_cost_per_pair: float,
+) -> tuple[int, ...]:
+    """StateFlow's FLOP-balanced boundaries blended with equal ones by ``alpha``.
+
+    See [Note: balanced chunking]. ``alpha = 0`` gives equal chunks, ``alpha = 1``
+    equal FLOPs, ``alpha > 1`` overshoots towards shorter late chunks. After
+    rounding to multiples of ``kernel_chunk``, boundaries that collide are moved
+    apart by one kernel chunk (earlier ones down, later ones up), so the result
+    is strictly increasing whenever ``n_chunks`` kernel chunks fit in the length.
+    """
+    _check_cut(length, n_chunks, kernel_chunk)
+    if not math.isfinite(alpha) or alpha < 0:
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
+    for name, value in (
+        ("linear_cost_per_token", linear_cost_per_token),
+        ("dense_cost_per_token", dense_cost_per_token),
+        ("softmax_cost_per_pair", softmax_cost_per_pair),
+    ):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+    if n_linear_layers < 0 or n_softmax_layers < 0:
+        raise ValueError("layer counts must be >= 0")
+    linear_coefficient = n_linear_layers * linear_cost_per_token + dense_cost_per_token
+    quadratic_coefficient = n_softmax_layers * softmax_cost_per_pair
+    if linear_coefficient == 0.0 and quadratic_coefficient == 0.0:
+        raise ValueError("the model has no cost at all; cannot balance chunks by FLOPs")
+
+    # The largest multiple of kernel_chunk strictly inside the sequence.
+    last_inner = (length - 1) // kernel_chunk * kernel_chunk
+    inner = []
+    for index in range(1, n_chunks):
+        equal = index * length / n_chunks
+        hybrid = _hybrid_boundary(index / n_chunks, length, linear_coefficient, quadratic_coefficient)
+        blended = (1.0 - alpha) * equal + alpha * hybrid
+        rounded = int(math.floor(blended / kernel_chunk + 0.5)) * kernel_chunk
+        inner.append(min(max(rounded, kernel_chunk), last_inner))
+
+    # Separate collisions: push forward from the start, then back from the end.
+    for position in range(1, len(inner)):
+        inner[position] = max(inner[position], inner[position - 1] + kernel_chunk)
+    upper = last_inner
+    for position in range(len(inner) - 1, -1, -1):
+        inner[position] = min(inner[position], upper)
+        upper = inner[position] - kernel_chunk
+    boundaries = (0, *inner, length)
+    if any(later <= earlier for earlier, later in zip(boundaries, boundaries[1:])):
+        raise ValueError(
+            f"the balanced boundaries {list(boundaries)} are not strictly increasing after rounding"
+            f" to multiples of {kernel_chunk}"
+        )
+    return boundaries
+
+
+@dataclass(frozen=True)
+class LayerFlopCoefficients:
+    """The per-layer FLOP coefficients of Eq. 9 (forward pass, 2 FLOPs per multiply-add)."""
+
+    n_linear_layers: int
+    n_softmax_layers: int
+    linear_cost_per_token: float  # C_lin: one recurrent layer, per token
+    dense_cost_per_token: float  # C_dense: every token-wise dense FLOP of the whole model, per token
+    softmax_cost_per_pair: float  # C_soft: one attention layer, per query-key pair
+
+
+def layer_flop_coefficients(model: ModelSpec, kernel_chunk: int) -> LayerFlopCoefficients:
+    """Forward FLOP coefficients of ``model`` for Eq. 9 (formulas in docs/language.md).
+
+    With d = d_model, H = heads, D = head_dim, W = H * D, c = kernel_chunk:
+
+    * C_lin = 2 d (5 W) + 4 H D^2 + 2 c W: the q, k, v, gate and output
+      projections; the chunk-form state update (k^T v) and readout (q S); the
+      intra-chunk q k^T and its product with v, averaged over a kernel chunk
+      (c/2 keys per query, two products).
+    * C_soft = 4 W: q . k and the weighted sum of v for one query-key pair.
+    * C_dense = L_soft 2 d (4 W) + L (2 * 3 d m) + 2 d vocab: the projections of
+      the attention layers, the SwiGLU MLPs of hidden size m = ratio d (none
+      when mlp = none) and the LM head.
+    """
+    width = model.heads * model.head_dim
+    n_linear = sum(1 for kind in model.layers if kind.is_recurrent)
+    n_softmax = len(model.layers) - n_linear
+    linear_cost = (
+        2.0 * model.d_model * 5 * width
+        + 4.0 * model.heads * model.head_dim * model.head_dim
+        + 2.0 * kernel_chunk * width
+    )
+    softmax_cost = 4.0 * width
+    mlp_hidden = model.mlp.ratio * model.d_model if model.mlp.kind is MlpKind.SWIGLU else 0.0
+    dense_cost = (
+        n_softmax * 2.0 * model.d_model * 4 * width
+        + len(model.layers) * 2.0 * 3 * model.d_model * mlp_hidden
+        + 2.0 * model.d_model * model.vocab
+    )
+    return LayerFlopCoefficients(n_linear, n_softmax, linear_cost, dense_cost, softmax_cost)
+
+
+def model_balanced_boundaries(model: ModelSpec, length: int, n_chunks: int, alpha: float, kernel_chunk: int) -> tuple[int, ...]:
+    """:func:`balanced_boundaries` with the coefficients of ``model``."""
+    coefficients = layer_flop_coefficients(model, kernel_chunk)
+    return balanced_boundaries(
+        length,
+        n_chunks,
+        alpha,
+        kernel_chunk,
+        coefficients.n_linear_layers,
+        coefficients.n_softmax_layers,
+        coefficients.linear_cost_per_token,
+        coefficients.dense_cost_per_token,
+        coefficients.softmax_cost_per_pair,
+    )
+
+
+__all__ = [
+    "LayerFlopCoefficients",
+    "balanced_boundaries",
+    "layer_flop_coefficients",
+    "model_balanced_boundaries",
+    "uniform_boundaries",
+]
