@@ -1,0 +1,76 @@
+"""Communication placement: per-stage task orders -> per-stage action lists with explicit messages.
+
+Input: one order per pipeline stage, each a sequence of that stage's tasks
+(``TaskId``), already checked by ``schedlang.lowering.legality`` (complete,
+each task once, and the union of the stage sequences with the partial order of
+StateFlow Eq. 8 is acyclic). Recurrent states stay on their stage
+(``mesh.sequence == 1``), so the only messages are activations
+``F(r, a, i) -> F(r + 1, a, i)`` and activation gradients
+``B(r + 1, a, i) -> B(r, a, i)``.
+
+Output: for each stage, a tuple of runtime :class:`Action` s: every task, each
+``F`` followed by ``SEND_F`` (unless last stage), each ``B`` followed by
+``SEND_B`` (unless first stage), and receives placed by this rule:
+
+    before a task that needs message m from peer q, receive every message q
+    sends this stage that has not been received yet, up to and including m,
+    in the order q sends them.
+
+[Note: deadlock freedom]
+Messages between a pair of ranks in one direction are matched first-in,
+first-out (gloo and NCCL both), so receives must be posted in the sender's
+order, which the rule guarantees even when an explicit order runs a
+neighbour's tasks in a different order. Sends are asynchronous and only
+awaited at the end of the step, so a rank can only block in a receive. A
+receive for message m' that precedes m in q's send order waits on the task of
+q that produces m', which q runs before the task producing m; so every wait
+is implied by an edge of the task graph (a dependency of Eq. 8) or by a chain
+of q's own sequence. If a cycle of waiting ranks existed, it would be a cycle
+in the union of the Eq. 8 edges and the stage sequences, which the legality
+check rules out. Hence a legal order never deadlocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from schedlang.lowering.tasks import TaskId, TaskKind
+from schedlang.runtime.actions import Action, ActionKind
+
+
+def _send_order(order: Sequence[TaskId], kind: TaskKind) -> list[tuple[int, int]]:
+    return [(task.microbatch, task.chunk) for task in order if task.kind is kind]
+
+
+def place_stage_actions(orders: Sequence[Sequence[TaskId]]) -> tuple[tuple[Action, ...], ...]:
+    """Expand checked per-stage task orders into per-stage action lists; see the module docstring."""
+    n_stages = len(orders)
+    placed = []
+    for stage, order in enumerate(orders):
+        activations_from_previous = _send_order(orders[stage - 1], TaskKind.FORWARD) if stage > 0 else []
+        gradients_from_next = _send_order(orders[stage + 1], TaskKind.BACKWARD) if stage + 1 < n_stages else []
+        received_activations = 0
+        received_gradients = 0
+        actions: list[Action] = []
+        for task in order:
+            key = (task.microbatch, task.chunk)
+            if task.kind is TaskKind.FORWARD:
+                if stage > 0:
+                    needed = activations_from_previous.index(key, 0) + 1
+                    while received_activations < needed:
+                        actions.append(Action(ActionKind.RECV_ACTIVATION, *activations_from_previous[received_activations]))
+                        received_activations += 1
+                actions.append(Action(ActionKind.FORWARD, *key))
+                if stage + 1 < n_stages:
+                    actions.append(Action(ActionKind.SEND_ACTIVATION, *key))
+            else:
+                if stage + 1 < n_stages:
+                    needed = gradients_from_next.index(key, 0) + 1
+                    while received_gradients < needed:
+                        actions.append(Action(ActionKind.RECV_GRADIENT, *gradients_from_next[received_gradients]))
+                        received_gradients += 1
+                actions.append(Action(ActionKind.BACKWARD, *key))
+                if stage > 0:
+                    actions.append(Action(ActionKind.SEND_GRADIENT, *key))
+        placed.append(tuple(actions))
+    return tuple(placed)

@@ -1,0 +1,53 @@
+"""The per-rank instruction set a generated script lists for each pipeline stage.
+
+An action is one compute task (``F0.1``: forward of microbatch 0, chunk 1;
+``B0.1``: its backward) or one explicit message: ``RECV_F0.1`` receives the
+activation that ``F0.1`` of this stage consumes from the previous stage,
+``SEND_F0.1`` sends the activation ``F0.1`` produced to the next stage,
+``RECV_B0.1`` / ``SEND_B0.1`` do the same for activation gradients in the
+other direction. The text forms parse back exactly with :meth:`Action.parse`.
+Which actions a stage lists, and in which order, is decided by the lowering
+(``schedlang.lowering.placement``); the executor only runs them.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from typing import NamedTuple
+
+
+class ActionKind(str, Enum):
+    FORWARD = "F"
+    BACKWARD = "B"
+    RECV_ACTIVATION = "RECV_F"
+    SEND_ACTIVATION = "SEND_F"
+    RECV_GRADIENT = "RECV_B"
+    SEND_GRADIENT = "SEND_B"
+
+    @property
+    def is_compute(self) -> bool:
+        return self in (ActionKind.FORWARD, ActionKind.BACKWARD)
+
+
+_ACTION_PATTERN = re.compile(r"^(RECV_F|SEND_F|RECV_B|SEND_B|F|B)(\d+)\.(\d+)$")
+
+
+class Action(NamedTuple):
+    kind: ActionKind
+    microbatch: int
+    chunk: int
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}{self.microbatch}.{self.chunk}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Action":
+        match = _ACTION_PATTERN.match(text.strip())
+        if match is None:
+            raise ValueError(
+                f"{text!r} is not a pipeline action; expected F<a>.<i>, B<a>.<i> or "
+                "RECV_F/SEND_F/RECV_B/SEND_B<a>.<i>"
+            )
+        kind, microbatch, chunk = match.groups()
+        return cls(ActionKind(kind), int(microbatch), int(chunk))

@@ -1,0 +1,122 @@
+"""Plain configuration records that generated training scripts fill in with literals.
+
+The runtime never sees the lowering IR: code generation copies every value it
+needs out of the checked ``ScheduleProgram`` into these frozen dataclasses, so
+a generated script reads as a hand-written one and the runtime stays
+independent of the front end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class MixerKind(str, Enum):
+    """Token-mixing layers the runtime can execute chunk by chunk."""
+
+    GLA = "gla"
+    SIMPLE_GLA = "simple_gla"
+
+
+class OptimizerKind(str, Enum):
+    ADAMW = "adamw"
+    SGD = "sgd"
+
+
+class DataKind(str, Enum):
+    SYNTHETIC = "synthetic"
+    BYTES = "bytes"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The language model: embedding, ``layers`` blocks, final RMSNorm, LM head.
+
+    ``mlp_ratio`` is the SwiGLU hidden width over ``d_model``; 0 means blocks
+    without an MLP.
+    """
+
+    vocab: int
+    d_model: int
+    layers: tuple[MixerKind, ...]
+    heads: int
+    head_dim: int
+    mlp_ratio: float = 4.0
+    norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(MixerKind(kind) for kind in self.layers))
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """How one step runs: stages, chunks, microbatches and each stage's action list.
+
+    ``stage_actions[r]`` is the static list of actions of every rank of stage
+    ``r`` in text form (see :mod:`schedlang.runtime.actions`).
+    """
+
+    stage_layers: tuple[tuple[int, ...], ...]
+    chunk_boundaries: tuple[int, ...]
+    microbatches: int
+    microbatch_size: int
+    stage_actions: tuple[tuple[str, ...], ...]
+    data_parallel: int = 1
+    recompute: bool = False
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.stage_layers)
+
+    @property
+    def n_chunks(self) -> int:
+        return len(self.chunk_boundaries) - 1
+
+    @property
+    def sequence_length(self) -> int:
+        return self.chunk_boundaries[-1]
+
+    @property
+    def sequences_per_replica(self) -> int:
+        return self.microbatches * self.microbatch_size
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step, over all data-parallel replicas."""
+        return self.sequences_per_replica * self.data_parallel
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    kind: OptimizerKind = OptimizerKind.ADAMW
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    momentum: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", OptimizerKind(self.kind))
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    kind: DataKind = DataKind.SYNTHETIC
+    seed: int = 0
+    path: str | None = None  # DataKind.BYTES only; None reads the default corpus
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", DataKind(self.kind))
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 10
+    seed: int = 0
+    dtype: str = "fp32"
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    grad_clip: float | None = None
+    checkpoint_directory: str | None = None
+    checkpoint_every: int = 0
+    log_every: int = 1

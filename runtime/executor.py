@@ -1,0 +1,242 @@
+"""Run one rank's static action list for one training step (StateFlow, section 3.1).
+
+``F(a, i)`` (forward of microbatch ``a``, sequence chunk ``i``): take the
+input (token ids on the first stage, the received activation elsewhere, made
+a leaf that requires grad), take the recurrent states left by ``F(a, i - 1)``
+from the state store as leaves that require grad, run the stage, keep the
+chunk's graph, put the final states (detached) into the store for
+``F(a, i + 1)``, and queue the output for ``SEND_F``. On the last stage the
+chunk's loss is its summed cross-entropy divided by the number of tokens in
+the *global* batch, so the sum over chunks, microbatches and data replicas is
+exactly the single-device loss, and so are the gradients.
+
+``B(a, i)``: take the output gradient (the loss itself on the last stage) and
+the gradients of the chunk's final states left by ``B(a, i + 1)``, run one
+``torch.autograd.backward`` over outputs and final states together, put the
+gradients of the chunk's initial-state leaves into the store for
+``B(a, i - 1)``, queue the input gradient for ``SEND_B`` and drop the chunk's
+graph. See [Note: state passing] in :mod:`schedlang.runtime.state_store`.
+
+With full recomputation ``F`` runs under ``no_grad`` keeping only its inputs
+and initial states, and ``B`` reruns the forward with grad before the
+backward; the arithmetic is the same, so the results are identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from schedlang.runtime.actions import Action, ActionKind
+from schedlang.runtime.model import StageModel
+from schedlang.runtime.p2p import StageMessenger
+from schedlang.runtime.state_store import ChunkRecord, StateStore
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """Sizes the executor needs to slice a batch and size its buffers."""
+
+    chunk_boundaries: tuple[int, ...]
+    microbatch_size: int
+    d_model: int
+    global_tokens: int
+    recompute: bool
+
+    @property
+    def n_chunks(self) -> int:
+        return len(self.chunk_boundaries) - 1
+
+
+class StageExecutor:
+    def __init__(
+        self,
+        model: StageModel,
+        shape: StepShape,
+        actions: tuple[Action, ...],
+        messenger: StageMessenger,
+        stage: int,
+        previous_stage_rank: int | None,
+        next_stage_rank: int | None,
+        activation_dtype: torch.dtype,
+    ) -> None:
+        self.model = model
+        self.shape = shape
+        self.actions = actions
+        self.messenger = messenger
+        self.stage = stage
+        self.previous_stage_rank = previous_stage_rank
+        self.next_stage_rank = next_stage_rank
+        self.activation_dtype = activation_dtype
+        self.store = StateStore()
+        self.inbox: dict[tuple[ActionKind, int, int], torch.Tensor] = {}
+        self.outbox: dict[tuple[ActionKind, int, int], torch.Tensor] = {}
+        self.tokens: torch.Tensor | None = None
+        self.loss_sum = torch.zeros((), dtype=torch.float64)
+
+    def task_name(self, kind: ActionKind, microbatch: int, chunk: int) -> str:
+        return f"{self.stage}{kind.value}{microbatch}.{chunk}"
+
+    def chunk_tokens(self, microbatch: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = slice(microbatch * self.shape.microbatch_size, (microbatch + 1) * self.shape.microbatch_size)
+        start, end = self.shape.chunk_boundaries[chunk], self.shape.chunk_boundaries[chunk + 1]
+        return self.tokens[rows, start:end], self.tokens[rows, start + 1 : end + 1]
+
+    def activation_shape(self, chunk: int) -> tuple[int, int, int]:
+        length = self.shape.chunk_boundaries[chunk + 1] - self.shape.chunk_boundaries[chunk]
+        return (self.shape.microbatch_size, length, self.shape.d_model)
+
+    def run_step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Run every action once; returns this rank's share of the loss (0 off the last stage)."""
+        self.tokens = tokens.to(self.model_device)
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.model_device)
+        for action in self.actions:
+            self.run_action(action)
+        self.messenger.finish_sends()
+        if not self.store.is_empty() or self.inbox or self.outbox:
+            raise RuntimeError(
+                f"stage {self.stage} ended the step with unconsumed data: {self.store.describe_leftovers()}"
+                f" inbox={sorted(map(str, self.inbox))} outbox={sorted(map(str, self.outbox))}"
+            )
+        return self.loss_sum
+
+    @property
+    def model_device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def run_action(self, action: Action) -> None:
+        kind, microbatch, chunk = action
+        if kind is ActionKind.FORWARD:
+            self.forward(microbatch, chunk)
+        elif kind is ActionKind.BACKWARD:
+            self.backward(microbatch, chunk)
+        elif kind is ActionKind.RECV_ACTIVATION:
+            self.inbox[(ActionKind.FORWARD, microbatch, chunk)] = self.messenger.receive(
+                self.activation_shape(chunk),
+                self.activation_dtype,
+                self.previous_stage_rank,
+                is_gradient=False,
+                description=f"the activation that task {self.task_name(ActionKind.FORWARD, microbatch, chunk)} needs",
+            )
+        elif kind is ActionKind.RECV_GRADIENT:
+            self.inbox[(ActionKind.BACKWARD, microbatch, chunk)] = self.messenger.receive(
+                self.activation_shape(chunk),
+                self.activation_dtype,
+                self.next_stage_rank,
+                is_gradient=True,
+                description=f"the output gradient that task {self.task_name(ActionKind.BACKWARD, microbatch, chunk)} needs",
+            )
+        elif kind is ActionKind.SEND_ACTIVATION:
+            self.messenger.send(
+                self.outbox.pop((ActionKind.FORWARD, microbatch, chunk)),
+                self.next_stage_rank,
+                is_gradient=False,
+                description=f"the activation of task {self.task_name(ActionKind.FORWARD, microbatch, chunk)}",
+            )
+        elif kind is ActionKind.SEND_GRADIENT:
+            self.messenger.send(
+                self.outbox.pop((ActionKind.BACKWARD, microbatch, chunk)),
+                self.previous_stage_rank,
+                is_gradient=True,
+                description=f"the input gradient of task {self.task_name(ActionKind.BACKWARD, microbatch, chunk)}",
+            )
+
+    def _take_input(self, microbatch: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.model.is_first:
+            inputs, _ = self.chunk_tokens(microbatch, chunk)
+            return inputs, None
+        try:
+            buffer = self.inbox.pop((ActionKind.FORWARD, microbatch, chunk))
+        except KeyError:
+            raise RuntimeError(
+                f"task {self.task_name(ActionKind.FORWARD, microbatch, chunk)} runs before its activation "
+                "was received (no RECV_F precedes it in the action list)"
+            ) from None
+        return buffer, buffer
+
+    def _initial_states(self, microbatch: int, chunk: int) -> list[torch.Tensor | None]:
+        if chunk == 0:
+            return [None] * self.model.n_states
+        return self.store.take_forward_states(microbatch, chunk - 1)
+
+    def _run_model(
+        self, inputs: torch.Tensor, initial_states: list[torch.Tensor | None], microbatch: int, chunk: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor | None], list[torch.Tensor]]:
+        """Forward with grad from fresh leaves; returns (outputs, input leaf, state leaves, final states)."""
+        input_leaf = None
+        if not self.model.is_first:
+            input_leaf = inputs.detach().requires_grad_(True)
+            inputs = input_leaf
+        state_leaves = [None if state is None else state.detach().requires_grad_(True) for state in initial_states]
+        hidden, final_states = self.model(inputs, state_leaves)
+        if self.model.is_last:
+            _, targets = self.chunk_tokens(microbatch, chunk)
+            outputs = self.model.loss(hidden, targets) / self.shape.global_tokens
+        else:
+            outputs = hidden
+        return outputs, input_leaf, state_leaves, final_states
+
+    def forward(self, microbatch: int, chunk: int) -> None:
+        inputs, input_buffer = self._take_input(microbatch, chunk)
+        initial_states = self._initial_states(microbatch, chunk)
+        if self.shape.recompute:
+            with torch.no_grad():
+                outputs, _, _, final_states = self._run_model(inputs, initial_states, microbatch, chunk)
+            record = ChunkRecord(inputs, None, initial_states, None, [], input_buffer)
+        else:
+            with torch.enable_grad():
+                outputs, input_leaf, state_leaves, final_states = self._run_model(
+                    inputs, initial_states, microbatch, chunk
+                )
+            record = ChunkRecord(inputs, input_leaf, state_leaves, outputs, final_states, input_buffer)
+        if chunk + 1 < self.shape.n_chunks:
+            self.store.put_forward_states(microbatch, chunk, [state.detach() for state in final_states])
+        self.store.put_record(microbatch, chunk, record)
+        if self.model.is_last:
+            self.loss_sum += outputs.detach().double()
+        else:
+            self.outbox[(ActionKind.FORWARD, microbatch, chunk)] = outputs.detach()
+
+    def backward(self, microbatch: int, chunk: int) -> None:
+        record = self.store.take_record(microbatch, chunk)
+        if self.shape.recompute:
+            with torch.enable_grad():
+                outputs, input_leaf, state_leaves, final_states = self._run_model(
+                    record.inputs, record.initial_states, microbatch, chunk
+                )
+        else:
+            outputs, input_leaf, state_leaves, final_states = (
+                record.outputs,
+                record.input_leaf,
+                record.initial_states,
+                record.final_states,
+            )
+        tensors, gradients = [outputs], [None]
+        output_gradient = None
+        if not self.model.is_last:
+            try:
+                output_gradient = self.inbox.pop((ActionKind.BACKWARD, microbatch, chunk))
+            except KeyError:
+                raise RuntimeError(
+                    f"task {self.task_name(ActionKind.BACKWARD, microbatch, chunk)} runs before its output "
+                    "gradient was received (no RECV_B precedes it in the action list)"
+                ) from None
+            gradients = [output_gradient]
+        if chunk + 1 < self.shape.n_chunks:
+            for final_state, state_gradient in zip(final_states, self.store.take_state_gradients(microbatch, chunk)):
+                tensors.append(final_state)
+                gradients.append(state_gradient)
+        torch.autograd.backward(tensors, gradients)
+        if chunk > 0:
+            self.store.put_state_gradients(
+                microbatch,
+                chunk - 1,
+                [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in state_leaves],
+            )
+        if not self.model.is_first:
+            self.outbox[(ActionKind.BACKWARD, microbatch, chunk)] = input_leaf.grad
+        if output_gradient is not None:
+            self.messenger.pool.give_back(output_gradient)
+        if record.input_buffer is not None:
+            self.messenger.pool.give_back(record.input_buffer)

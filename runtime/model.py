@@ -1,0 +1,224 @@
+"""The language model, cut into pipeline stages, run one sequence chunk at a time.
+
+Every linear-recurrence layer takes the recurrent state left by the previous
+chunk and returns the state after this one ([Note: state passing] in
+:mod:`schedlang.runtime.executor`). Parameter initialisation depends only on
+the seed and the index of the piece (embedding, layer ``l``, head), drawn from
+a generator of its own, so a model split into any number of stages starts
+from the same weights as the single-device model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from schedlang.runtime.config import MixerKind, ModelConfig
+
+GATE_LOGIT_NORMALIZER = 16.0
+"""GLA divides the log-sigmoid gate by 16 so forget gates start close to 1 (GLA paper, section 4)."""
+
+INIT_STD = 0.02
+
+
+def piece_generator(seed: int, piece_index: int) -> torch.Generator:
+    """The generator for one piece of the model: embedding = 0, layer ``l`` = l + 1, head = n_layers + 1."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + piece_index)
+
+
+def _init_normal(parameter: nn.Parameter, std: float, generator: torch.Generator) -> None:
+    with torch.no_grad():
+        values = torch.empty(parameter.shape, dtype=torch.float32).normal_(0.0, std, generator=generator)
+        parameter.copy_(values)
+
+
+def kernel_backend(device: torch.device) -> str:
+    """Always explicit: "auto" would pick Triton's slow interpreter on CPU machines that set TRITON_INTERPRET."""
+    return "triton" if device.type == "cuda" else "torch"
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, width: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        as_float = hidden.float()
+        normed = as_float * torch.rsqrt(as_float.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * self.weight.float()).to(hidden.dtype)
+
+
+class GatedLinearMixer(nn.Module):
+    """GLA (gate per key channel) or simple GLA (one scalar gate per head).
+
+    q/k/v projections to ``heads * head_dim``, a log-sigmoid forget gate,
+    the chunked kernel with state in and out, and an output projection.
+    """
+
+    def __init__(self, config: ModelConfig, kind: MixerKind) -> None:
+        super().__init__()
+        self.kind = kind
+        self.heads = config.heads
+        self.head_dim = config.head_dim
+        inner = config.heads * config.head_dim
+        self.q_proj = nn.Linear(config.d_model, inner, bias=False)
+        self.k_proj = nn.Linear(config.d_model, inner, bias=False)
+        self.v_proj = nn.Linear(config.d_model, inner, bias=False)
+        gate_width = inner if kind is MixerKind.GLA else config.heads
+        self.gate_proj = nn.Linear(config.d_model, gate_width, bias=True)
+        self.o_proj = nn.Linear(inner, config.d_model, bias=False)
+
+    def reset_parameters(self, generator: torch.Generator, output_std: float) -> None:
+        for projection in (self.q_proj, self.k_proj, self.v_proj, self.gate_proj):
+            _init_normal(projection.weight, INIT_STD, generator)
+        with torch.no_grad():
+            self.gate_proj.bias.zero_()
+        _init_normal(self.o_proj.weight, output_std, generator)
+
+    def forward(
+        self, hidden: torch.Tensor, initial_state: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        from schedlang.kernels import chunk_gla, chunk_simple_gla
+
+        batch, length, _ = hidden.shape
+        shape = (batch, length, self.heads, self.head_dim)
+        q = self.q_proj(hidden).view(shape)
+        k = self.k_proj(hidden).view(shape)
+        v = self.v_proj(hidden).view(shape)
+        gate = F.logsigmoid(self.gate_proj(hidden).float()) / GATE_LOGIT_NORMALIZER
+        kernel = chunk_gla if self.kind is MixerKind.GLA else chunk_simple_gla
+        gate = gate.view(shape) if self.kind is MixerKind.GLA else gate.view(batch, length, self.heads)
+        mixed, final_state = kernel(
+            q,
+            k,
+            v,
+            gate,
+            scale=self.head_dim**-0.5,
+            initial_state=initial_state,
+            output_final_state=True,
+            backend=kernel_backend(hidden.device),
+        )
+        return self.o_proj(mixed.reshape(batch, length, -1).to(hidden.dtype)), final_state
+
+    def state_shape(self, batch: int) -> tuple[int, ...]:
+        return (batch, self.heads, self.head_dim, self.head_dim)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, ratio: float) -> None:
+        super().__init__()
+        hidden = max(1, int(round(d_model * ratio)))
+        self.gate_proj = nn.Linear(d_model, hidden, bias=False)
+        self.up_proj = nn.Linear(d_model, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d_model, bias=False)
+
+    def reset_parameters(self, generator: torch.Generator, output_std: float) -> None:
+        _init_normal(self.gate_proj.weight, INIT_STD, generator)
+        _init_normal(self.up_proj.weight, INIT_STD, generator)
+        _init_normal(self.down_proj.weight, output_std, generator)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(hidden)) * self.up_proj(hidden))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: mixing layer, then SwiGLU MLP (if any)."""
+
+    def __init__(self, config: ModelConfig, kind: MixerKind) -> None:
+        super().__init__()
+        self.mixer_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.mixer = GatedLinearMixer(config, kind)
+        self.mlp_norm = RMSNorm(config.d_model, config.norm_eps) if config.mlp_ratio > 0 else None
+        self.mlp = SwiGLU(config.d_model, config.mlp_ratio) if config.mlp_ratio > 0 else None
+
+    def reset_parameters(self, generator: torch.Generator, n_layers: int) -> None:
+        output_std = INIT_STD / math.sqrt(2 * n_layers)
+        self.mixer.reset_parameters(generator, output_std)
+        if self.mlp is not None:
+            self.mlp.reset_parameters(generator, output_std)
+
+    def forward(
+        self, hidden: torch.Tensor, initial_state: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        mixed, final_state = self.mixer(self.mixer_norm(hidden), initial_state)
+        hidden = hidden + mixed
+        if self.mlp is not None:
+            hidden = hidden + self.mlp(self.mlp_norm(hidden))
+        return hidden, final_state
+
+
+class StageModel(nn.Module):
+    """The layers one pipeline stage owns, plus the embedding (first) and head (last).
+
+    Layers are stored under their global index (``layers.3``), so parameter
+    names, and therefore checkpoints, do not depend on how the model is split.
+    """
+
+    def __init__(self, config: ModelConfig, layer_indices: tuple[int, ...], is_first: bool, is_last: bool) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_indices = tuple(layer_indices)
+        self.is_first = is_first
+        self.is_last = is_last
+        self.embedding = nn.Embedding(config.vocab, config.d_model) if is_first else None
+        self.layers = nn.ModuleDict({str(index): Block(config, config.layers[index]) for index in layer_indices})
+        self.final_norm = RMSNorm(config.d_model, config.norm_eps) if is_last else None
+        self.lm_head = nn.Linear(config.d_model, config.vocab, bias=False) if is_last else None
+
+    def reset_parameters(self, seed: int) -> None:
+        n_layers = len(self.config.layers)
+        if self.embedding is not None:
+            _init_normal(self.embedding.weight, INIT_STD, piece_generator(seed, 0))
+        for index in self.layer_indices:
+            self.layers[str(index)].reset_parameters(piece_generator(seed, index + 1), n_layers)
+        if self.lm_head is not None:
+            _init_normal(self.lm_head.weight, INIT_STD, piece_generator(seed, n_layers + 1))
+
+    @property
+    def n_states(self) -> int:
+        return len(self.layer_indices)
+
+    def forward(
+        self, inputs: torch.Tensor, initial_states: list[torch.Tensor | None]
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Run one chunk: token ids (first stage) or hidden states in, hidden states out.
+
+        Returns the chunk's output and each layer's recurrent state after the
+        chunk, in layer order.
+        """
+        hidden = self.embedding(inputs) if self.embedding is not None else inputs
+        final_states = []
+        for index, initial_state in zip(self.layer_indices, initial_states):
+            hidden, final_state = self.layers[str(index)](hidden, initial_state)
+            final_states.append(final_state)
+        return hidden, final_states
+
+    def loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Summed cross-entropy over the chunk's tokens (the caller normalises by the global count)."""
+        logits = self.lm_head(self.final_norm(hidden)).float()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
+
+
+def build_stage_model(
+    config: ModelConfig,
+    layer_indices: tuple[int, ...],
+    is_first: bool,
+    is_last: bool,
+    seed: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> StageModel:
+    """Build a stage on the meta device, then materialise it with its seed-determined weights."""
+    with torch.device("meta"):
+        model = StageModel(config, layer_indices, is_first, is_last)
+    model.to_empty(device=device)
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            with torch.no_grad():
+                module.weight.fill_(1.0)
+    model.reset_parameters(seed)
+    return model.to(dtype)

@@ -1,0 +1,183 @@
+"""The training loop a generated script runs on every rank.
+
+One step: build the step's global batch (identical on every rank), run this
+rank's action list, all-reduce gradients over the data-parallel group (the
+loss is already normalised by the global token count, so a sum is exact),
+clip by the global norm over all stages if asked, take the optimizer step,
+and report the loss summed over all ranks (only last-stage ranks hold any).
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from schedlang.runtime.actions import Action
+from schedlang.runtime.checkpoint import load_checkpoint, save_checkpoint
+from schedlang.runtime.config import ModelConfig, OptimizerKind, PipelineConfig, TrainConfig
+from schedlang.runtime.data import TokenSource
+from schedlang.runtime.executor import StageExecutor, StepShape
+from schedlang.runtime.mesh import RuntimeMesh, init_mesh
+from schedlang.runtime.model import build_stage_model
+from schedlang.runtime.p2p import StageMessenger
+from schedlang.runtime.progress import StepMetrics, StepReporter
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
+
+
+def build_optimizer(parameters, config: TrainConfig) -> torch.optim.Optimizer:
+    optimizer = config.optimizer
+    if optimizer.kind is OptimizerKind.SGD:
+        return torch.optim.SGD(
+            parameters, lr=optimizer.lr, momentum=optimizer.momentum, weight_decay=optimizer.weight_decay
+        )
+    return torch.optim.AdamW(
+        parameters, lr=optimizer.lr, betas=optimizer.betas, weight_decay=optimizer.weight_decay
+    )
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@dataclass
+class Trainer:
+    model_config: ModelConfig
+    pipeline_config: PipelineConfig
+    train_config: TrainConfig
+    mesh: RuntimeMesh
+
+    def __post_init__(self) -> None:
+        pipeline, mesh = self.pipeline_config, self.mesh
+        self.dtype = DTYPES[self.train_config.dtype]
+        self.model = build_stage_model(
+            self.model_config,
+            pipeline.stage_layers[mesh.stage],
+            is_first=mesh.is_first_stage,
+            is_last=mesh.is_last_stage,
+            seed=self.train_config.seed,
+            device=mesh.device,
+            dtype=self.dtype,
+        )
+        self.optimizer = build_optimizer(self.model.parameters(), self.train_config)
+        self.tokens = TokenSource(
+            self.train_config.data, self.model_config.vocab, pipeline.sequence_length, pipeline.global_batch
+        )
+        world = list(range(mesh.world_size))
+        messenger = StageMessenger(
+            mesh.rank,
+            mesh.device,
+            self.timeout_s,
+            activation_group=dist.new_group(world),
+            gradient_group=dist.new_group(world),
+        )
+        self.executor = StageExecutor(
+            self.model,
+            StepShape(
+                chunk_boundaries=pipeline.chunk_boundaries,
+                microbatch_size=pipeline.microbatch_size,
+                d_model=self.model_config.d_model,
+                global_tokens=pipeline.global_batch * pipeline.sequence_length,
+                recompute=pipeline.recompute,
+            ),
+            tuple(Action.parse(text) for text in pipeline.stage_actions[mesh.stage]),
+            messenger,
+            mesh.stage,
+            mesh.previous_stage_rank,
+            mesh.next_stage_rank,
+            self.dtype,
+        )
+        self.start_step = 0
+
+    timeout_s: float = 300.0
+
+    def forward_backward(self, step: int) -> float:
+        """Run one step's tasks and reduce gradients; the optimizer step is separate so tests can read gradients."""
+        self.optimizer.zero_grad(set_to_none=False)
+        tokens = self.tokens.replica_tokens(step, self.mesh.data_index, self.pipeline_config.sequences_per_replica)
+        loss = self.executor.run_step(tokens)
+        self.reduce_gradients()
+        loss = loss.to(torch.float64)
+        dist.all_reduce(loss)
+        return float(loss)
+
+    def reduce_gradients(self) -> None:
+        gradients = [parameter.grad for parameter in self.model.parameters()]
+        if self.pipeline_config.data_parallel > 1:
+            flat = torch._utils._flatten_dense_tensors(gradients)
+            dist.all_reduce(flat, group=self.mesh.data_group)
+            for gradient, reduced in zip(gradients, torch._utils._unflatten_dense_tensors(flat, gradients)):
+                gradient.copy_(reduced)
+        if self.train_config.grad_clip is not None:
+            squared = torch.stack([gradient.double().pow(2).sum() for gradient in gradients]).sum()
+            dist.all_reduce(squared, group=self.mesh.pipeline_group)
+            scale = min(1.0, self.train_config.grad_clip / (float(squared.sqrt()) + 1e-6))
+            for gradient in gradients:
+                gradient.mul_(scale)
+
+    def named_gradients(self) -> dict[str, torch.Tensor]:
+        return {name: parameter.grad.detach().clone() for name, parameter in self.model.named_parameters()}
+
+    def optimizer_step(self) -> None:
+        self.optimizer.step()
+
+    def resume(self) -> int:
+        if self.train_config.checkpoint_directory:
+            self.start_step = load_checkpoint(self.train_config.checkpoint_directory, self.model, self.optimizer)
+        return self.start_step
+
+    def train(self, steps: int, metrics_path: str | None = None, stop_after: int | None = None) -> list[float]:
+        """Train up to step ``steps`` (counting from 0), resuming from a checkpoint if there is one.
+
+        ``stop_after`` ends the run early after that many steps of this
+        invocation, as a kill would; the tests use it to check resumption.
+        """
+        config = self.train_config
+        reporter = StepReporter(steps, metrics_path) if self.mesh.rank == 0 else None
+        tokens_per_step = self.pipeline_config.global_batch * self.pipeline_config.sequence_length
+        losses = []
+        try:
+            for step in range(self.resume(), steps):
+                started = time.perf_counter()
+                loss = self.forward_backward(step)
+                self.optimizer_step()
+                if self.mesh.device.type == "cuda":
+                    torch.cuda.synchronize(self.mesh.device)
+                elapsed = time.perf_counter() - started
+                losses.append(loss)
+                done = step + 1
+                if config.checkpoint_directory and config.checkpoint_every and done % config.checkpoint_every == 0:
+                    save_checkpoint(config.checkpoint_directory, done, self.model, self.optimizer)
+                if reporter is not None and (done % config.log_every == 0 or done == steps):
+                    reporter.report(
+                        StepMetrics(done, loss, tokens_per_step / elapsed, elapsed, peak_memory_bytes(self.mesh.device))
+                    )
+                if stop_after is not None and len(losses) >= stop_after:
+                    break
+        finally:
+            if reporter is not None:
+                reporter.close()
+        return losses
+
+
+def launch(
+    model_config: ModelConfig,
+    pipeline_config: PipelineConfig,
+    train_config: TrainConfig,
+    mesh_shape: tuple[int, int, int],
+    device_type: str,
+    timeout_s: float = 300.0,
+) -> Trainer:
+    """Join the torchrun job and build this rank's trainer."""
+    mesh = init_mesh(*mesh_shape, device_type=device_type, timeout_s=timeout_s)
+    return Trainer(model_config, pipeline_config, train_config, mesh, timeout_s=timeout_s)
+
+
+__all__ = ["Trainer", "launch", "record"]
