@@ -59,6 +59,7 @@ from enum import Enum
 import torch
 import torch.distributed as dist
 
+from schedlang.kernels import chunk_gla, chunk_simple_gla
 from schedlang.runtime.allgather_scan import allgather_scan
 from schedlang.runtime.allscan import allscan_scan
 from schedlang.runtime.ring import ring_scan
@@ -269,10 +270,10 @@ def sequence_parallel_chunk_gla(
     group: dist.ProcessGroup | None,
     method: SequenceParallelMethod | str,
     scan_blocks: int,
-    backend,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     scale: float | None = None,
+    backend: str = "auto",
     gate: GateKind | str = GateKind.VECTOR,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """GLA (vector gate) or simple GLA (scalar gate) over a span split across ``group``.
@@ -290,7 +291,8 @@ def sequence_parallel_chunk_gla(
         method: :class:`SequenceParallelMethod` (or the lowering enum / its value).
         scan_blocks: All-Scan pipeline depth, ``1 <= scan_blocks <= K``; ignored by
             the other methods.
-        backend: passed to the kernel ("torch" for CPU tensors, "triton" for CUDA).
+        backend: passed to the kernel: "torch" (PyTorch path, any device), "triton"
+            (CUDA, or Triton's interpreter), "auto" (the kernel's choice).
         initial_state: ``[B, H, K, V]`` state before the span, read on group rank 0.
         output_final_state: also return the state after the span, on every rank.
         scale: query scale, default ``K ** -0.5``.
@@ -299,8 +301,6 @@ def sequence_parallel_chunk_gla(
         ``(o, final_state)``: ``o`` ``[B, T_p, H, V]``; ``final_state`` ``[B, H, K, V]``
         float32 (or None when not requested).
     """
-    from schedlang.kernels import chunk_gla, chunk_simple_gla
-
     gate = GateKind(gate)
     if scale is None:
         scale = q.shape[-1] ** -0.5

@@ -1,8 +1,13 @@
-"""Sequence-parallel GLA on 2 and 4 gloo ranks equals the single-device recurrence.
+"""Sequence-parallel GLA on 2 and 4 gloo ranks equals the single-device computation.
 
 Every case checks, on every rank: the output slice, the final state (and that
 it is bit-identical on all ranks), and the gradients of q, k, v, g and
-initial_state, against a float64 token-by-token reference run on the whole span.
+initial_state, against a single-device run on the whole span. Two kinds of
+case: the scan and correction alone, with a float64 token-by-token recurrence
+as the local kernel and as the reference; and the whole
+``sequence_parallel_chunk_gla`` with the PyTorch path of the project's kernels,
+against ``chunk_gla`` / ``chunk_simple_gla`` on one device, in float64 and float32,
+with spans long enough that ranks hold several kernel chunks.
 The loss gives each rank its own weights for the final state, so the
 sum-over-ranks rule for its gradient is exercised too. Spawning is slow, so
 each spawned world runs many cases and reports every failing one.
@@ -18,15 +23,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from schedlang.lowering.program import SequenceParallel
+from schedlang.kernels import chunk_gla, chunk_simple_gla
 from schedlang.runtime.sequence_parallel import (
     GateKind,
     SequenceParallelMethod,
+    sequence_parallel_chunk_gla,
     sequence_parallel_combine,
 )
 from sp_harness import run_on_ranks
 from sp_reference import naive_gla, relative_error
 
-TOLERANCE = 1e-10
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 BATCH, HEADS, VALUE_DIM = 2, 2, 5
 
 
@@ -39,12 +46,16 @@ class Case:
     with_initial_state: bool = True
     output_final_state: bool = True
     seed: int = 0
+    total_length: int = 29
+    via_kernel: bool = False
+    dtype: torch.dtype = torch.float64
 
     @property
     def name(self) -> str:
         return (
             f"{self.method.value}-blocks{self.scan_blocks}-{self.gate.value}-K{self.key_dim}"
-            f"-init{int(self.with_initial_state)}-final{int(self.output_final_state)}"
+            f"-init{int(self.with_initial_state)}-final{int(self.output_final_state)}-T{self.total_length}"
+            f"-{'kernel' if self.via_kernel else 'naive'}-{str(self.dtype).removeprefix('torch.')}"
         )
 
 
@@ -65,6 +76,11 @@ def _cases() -> list[Case]:
         cases.append(Case(method, GateKind.SCALAR, 2, with_initial_state=False, output_final_state=True, seed=seed + 1))
         cases.append(Case(method, GateKind.VECTOR, 2, with_initial_state=True, output_final_state=False, seed=seed + 2))
         seed += 3
+    for method in SequenceParallelMethod:
+        for gate in GateKind:
+            for dtype in (torch.float64, torch.float32):
+                cases.append(Case(method, gate, 4, seed=seed, total_length=157, via_kernel=True, dtype=dtype))
+                seed += 1
     return cases
 
 
@@ -77,19 +93,20 @@ def _uneven_lengths(total: int, parts: int, generator: torch.Generator) -> list[
     return [bounds[i + 1] - bounds[i] for i in range(parts)]
 
 
-def _make_inputs(case: Case, total_length: int, group_size: int) -> dict:
+def _make_inputs(case: Case, group_size: int) -> dict:
     """Whole-span inputs, identical on every rank (same seed)."""
     generator = torch.Generator().manual_seed(1000 + case.seed)
+    total_length = case.total_length
     lengths = _uneven_lengths(total_length, group_size, generator)
 
     def randn(*shape):
-        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+        return torch.randn(*shape, generator=generator, dtype=torch.float64).to(case.dtype)
 
     gate_shape = (BATCH, total_length, HEADS, case.key_dim) if case.gate is GateKind.VECTOR else (BATCH, total_length, HEADS)
     # Decay strength changes from one rank's slice to the next: weak, strong, very weak, ...
     strength_per_rank = [0.3, 1.8, 0.05, 1.0]
     strength = torch.cat(
-        [torch.full((length,), strength_per_rank[rank % 4], dtype=torch.float64) for rank, length in enumerate(lengths)]
+        [torch.full((length,), strength_per_rank[rank % 4], dtype=case.dtype) for rank, length in enumerate(lengths)]
     )
     strength = strength.view(1, total_length, *([1] * (len(gate_shape) - 2)))
     return {
@@ -112,9 +129,16 @@ def _reference(case: Case, inputs: dict) -> dict:
     names = ("q", "k", "v", "g", "initial_state")
     leaves = {name: _leaf(inputs[name]) for name in names}
     scale = case.key_dim**-0.5
-    o, final_state = naive_gla(
-        leaves["q"], leaves["k"], leaves["v"], leaves["g"], scale, leaves["initial_state"]
-    )
+    if case.via_kernel:
+        kernel = chunk_gla if case.gate is GateKind.VECTOR else chunk_simple_gla
+        o, final_state = kernel(
+            leaves["q"], leaves["k"], leaves["v"], leaves["g"], scale=scale,
+            initial_state=leaves["initial_state"], output_final_state=True, backend="torch",
+        )
+    else:
+        o, final_state = naive_gla(
+            leaves["q"], leaves["k"], leaves["v"], leaves["g"], scale, leaves["initial_state"]
+        )
     loss = (o * inputs["output_weight"]).sum()
     if case.output_final_state:
         loss = loss + (final_state * sum(inputs["final_weights"])).sum()
@@ -123,24 +147,9 @@ def _reference(case: Case, inputs: dict) -> dict:
     return {"o": o.detach(), "final_state": final_state.detach(), "grads": grads}
 
 
-def _check_case(case: Case, total_length: int, group, failures: list[str], label: str) -> None:
-    group_rank = dist.get_rank(group)
-    group_size = dist.get_world_size(group)
-    inputs = _make_inputs(case, total_length, group_size)
-    expected = _reference(case, inputs)
-
-    start = sum(inputs["lengths"][:group_rank])
-    stop = start + inputs["lengths"][group_rank]
-    local = {name: _leaf(inputs[name][:, start:stop]) for name in ("q", "k", "v", "g")}
-    # Every rank passes an initial state; only group rank 0's may count.
-    initial_state = _leaf(inputs["initial_state"])
+def _run_sequence_parallel(case: Case, local: dict, initial_state, group):
     scale = case.key_dim**-0.5
-    o_local, local_state = naive_gla(local["q"], local["k"], local["v"], local["g"], scale)
-    o, final_state = sequence_parallel_combine(
-        o_local,
-        local_state,
-        local["q"],
-        local["g"],
+    options = dict(
         group=group,
         method=case.method,
         scan_blocks=case.scan_blocks,
@@ -149,6 +158,24 @@ def _check_case(case: Case, total_length: int, group, failures: list[str], label
         initial_state=initial_state,
         output_final_state=case.output_final_state,
     )
+    if case.via_kernel:
+        return sequence_parallel_chunk_gla(local["q"], local["k"], local["v"], local["g"], backend="torch", **options)
+    o_local, local_state = naive_gla(local["q"], local["k"], local["v"], local["g"], scale)
+    return sequence_parallel_combine(o_local, local_state, local["q"], local["g"], **options)
+
+
+def _check_case(case: Case, group, failures: list[str], label: str) -> None:
+    group_rank = dist.get_rank(group)
+    group_size = dist.get_world_size(group)
+    inputs = _make_inputs(case, group_size)
+    expected = _reference(case, inputs)
+
+    start = sum(inputs["lengths"][:group_rank])
+    stop = start + inputs["lengths"][group_rank]
+    local = {name: _leaf(inputs[name][:, start:stop]) for name in ("q", "k", "v", "g")}
+    # Every rank passes an initial state; only group rank 0's may count.
+    initial_state = _leaf(inputs["initial_state"])
+    o, final_state = _run_sequence_parallel(case, local, initial_state, group)
     loss = (o * inputs["output_weight"][:, start:stop]).sum()
     if case.output_final_state:
         loss = loss + (final_state * inputs["final_weights"][group_rank]).sum()
@@ -156,7 +183,7 @@ def _check_case(case: Case, total_length: int, group, failures: list[str], label
 
     def expect_close(what, actual, wanted):
         error = relative_error(actual, wanted)
-        if not error <= TOLERANCE:
+        if not error <= TOLERANCE[case.dtype]:
             failures.append(f"{label} {case.name} group rank {group_rank}: {what} relative error {error:.2e}")
 
     expect_close("o", o, expected["o"][:, start:stop])
@@ -178,7 +205,7 @@ def _check_case(case: Case, total_length: int, group, failures: list[str], label
             failures.append(f"{label} {case.name}: final_state returned although not requested")
 
 
-def check_cases(rank: int, world_size: int, cases: list[Case], total_length: int, layout) -> None:
+def check_cases(rank: int, world_size: int, cases: list[Case], layout) -> None:
     """Run every case on the group this rank belongs to; ``layout`` lists groups of global ranks."""
     group = None
     label = f"world{world_size}"
@@ -189,26 +216,26 @@ def check_cases(rank: int, world_size: int, cases: list[Case], total_length: int
                 group, label = created, f"world{world_size}-group{ranks}"
     failures: list[str] = []
     for case in cases:
-        _check_case(case, total_length, group, failures, label)
+        _check_case(case, group, failures, label)
     if failures:
         raise AssertionError("\n".join(failures))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world_size, total_length", [(2, 29), (4, 31)], ids=["ranks2", "ranks4"])
-def test_every_method_matches_the_single_device_recurrence(world_size, total_length):
-    run_on_ranks(world_size, check_cases, CASES, total_length, None)
+@pytest.mark.parametrize("world_size", [2, 4], ids=["ranks2", "ranks4"])
+def test_every_method_matches_the_single_device_computation(world_size):
+    run_on_ranks(world_size, check_cases, CASES, None)
 
 
 @pytest.mark.slow
 def test_subgroups_use_group_ranks_and_a_group_of_one_runs_alone():
     layout = [[0, 2], [1], [3]]
     cases = [
-        Case(SequenceParallelMethod.ALLSCAN, GateKind.VECTOR, 2, seed=40),
-        Case(SequenceParallelMethod.RING, GateKind.SCALAR, seed=41),
-        Case(SequenceParallelMethod.ALLGATHER, GateKind.VECTOR, seed=42),
+        Case(SequenceParallelMethod.ALLSCAN, GateKind.VECTOR, 2, seed=40, total_length=17),
+        Case(SequenceParallelMethod.RING, GateKind.SCALAR, seed=41, total_length=17),
+        Case(SequenceParallelMethod.ALLGATHER, GateKind.VECTOR, seed=42, total_length=17),
     ]
-    run_on_ranks(4, check_cases, cases, 17, layout)
+    run_on_ranks(4, check_cases, cases, layout)
 
 
 def test_lowering_enum_and_its_string_value_name_the_same_method():
