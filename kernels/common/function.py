@@ -1,0 +1,46 @@
+"""The autograd.Function shared by the chunked operators, parametrised by an implementation.
+
+An implementation (pure PyTorch or Triton) provides two functions working on plain tensors:
+    forward(q, k, v, g, scale, initial_state) -> (o, final_state)
+    backward(q, k, v, g, scale, initial_state, do, final_state_grad) -> (dq, dk, dv, dg, d_initial_state)
+with final_state_grad possibly None (no gradient flows into the final state). The backward recomputes
+the states instead of keeping them from the forward, so memory stays at the inputs' size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str
+    forward: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    backward: Callable[..., tuple[torch.Tensor, ...]]
+
+
+class ChunkRecurrenceFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, initial_state, scale, implementation):
+        output, final_state = implementation.forward(q, k, v, g, scale, initial_state)
+        ctx.save_for_backward(q, k, v, g, initial_state)
+        ctx.scale = scale
+        ctx.implementation = implementation
+        return output, final_state
+
+    @staticmethod
+    def backward(ctx, output_grad, final_state_grad):
+        q, k, v, g, initial_state = ctx.saved_tensors
+        if output_grad is None:
+            output_grad = torch.zeros_like(v)
+        dq, dk, dv, dg, d_initial = ctx.implementation.backward(
+            q, k, v, g, ctx.scale, initial_state, output_grad.contiguous(), final_state_grad
+        )
+        if initial_state is None:
+            d_initial = None
+        else:
+            d_initial = d_initial.to(initial_state.dtype)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), d_initial, None, None

@@ -1,0 +1,61 @@
+"""The public chunked GLA operator and its pure-PyTorch implementation."""
+
+from __future__ import annotations
+
+import torch
+
+from schedlang.kernels.common import Backend, CHUNK_SIZE, check_recurrence_arguments, resolve_backend
+from schedlang.kernels.common.function import ChunkRecurrenceFunction, Implementation
+from schedlang.kernels.gla import chunk_torch
+
+
+def _torch_forward(q, k, v, g, scale, initial_state):
+    with torch.no_grad():
+        return chunk_torch.chunk_gla_forward(q, k, v, g, scale, initial_state, CHUNK_SIZE)
+
+
+def _torch_backward(q, k, v, g, scale, initial_state, do, final_state_grad):
+    states = chunk_torch.chunk_states(k, v, g, initial_state, CHUNK_SIZE)
+    state_grads = chunk_torch.chunk_state_gradients(q, g, do, scale, final_state_grad, CHUNK_SIZE)
+    dq, dk, dv, dg = chunk_torch.intra_chunk_gradients(q, k, v, g, do, states, state_grads, scale, CHUNK_SIZE)
+    return dq, dk, dv, dg, state_grads[:, :, 0]
+
+
+TORCH_IMPLEMENTATION = Implementation("torch", _torch_forward, _torch_backward)
+
+
+def _triton_implementation() -> Implementation:
+    from schedlang.kernels.gla.chunk_triton import TRITON_IMPLEMENTATION
+
+    return TRITON_IMPLEMENTATION
+
+
+def chunk_gla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunked gated linear attention: S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t, o_t = scale * q_t S_t.
+
+    Args:
+        q, k: [B, T, H, K]. v: [B, T, H, V]. g: [B, T, H, K], log of the forget gate (<= 0).
+        scale: defaults to K ** -0.5.
+        initial_state: [B, H, K, V] (float32) or None for zeros.
+        output_final_state: also return the state after the last token.
+        backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else PyTorch), "triton" or "torch".
+    Returns:
+        o: [B, T, H, V] in v's dtype; final_state: [B, H, K, V] float32, or None.
+    Gradients flow to q, k, v, g and initial_state, and from the final state.
+    """
+    shape = check_recurrence_arguments(q, k, v, g, initial_state, gate_per_key=True)
+    chosen = resolve_backend(backend, q.device)
+    if scale is None:
+        scale = shape.key_dim**-0.5
+    implementation = TORCH_IMPLEMENTATION if chosen is Backend.TORCH else _triton_implementation()
+    output, final_state = ChunkRecurrenceFunction.apply(q, k, v, g, initial_state, float(scale), implementation)
+    return output, (final_state if output_final_state else None)
