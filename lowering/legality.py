@@ -6,25 +6,28 @@ of every task token) or orders given by the caller. Nothing about the orders is
 assumed: they may name tasks outside the graph, repeat or omit tasks, and
 contradict Eq. 8.
 
-Output: a :class:`LegalityReport` listing every violation found, in this order:
+Output: a :class:`LegalityReport` listing every violation found: first the
+unknown and duplicate tasks in the order they were written, then the missing
+tasks, the order violations, and at most one deadlock.
 
-1. ``UNKNOWN_TASK``: a microbatch or chunk out of range, a task listed on
-   another stage's order, or an order for a stage that does not exist. Such
-   tasks are dropped before the later checks.
-2. ``DUPLICATE_TASK``: a task listed twice on its stage; only the first
-   occurrence is kept.
-3. ``MISSING_TASK``: a task of the graph that no order runs.
-4. ``ORDER_VIOLATION``: on one stage, a task placed before one of its
-   same-stage Eq. 8 predecessors (STATE_FORWARD, FORWARD_BACKWARD,
-   STATE_BACKWARD); the cross-stage constraints can only be broken through a
-   cycle, which step 5 reports.
-5. ``DEADLOCK``: the orders plus the dependency edges form a cycle. Found by
-   running the per-stage queues (each stage's next task runs once its
-   predecessors are done) in O(tasks + edges); a cycle of waiting tasks is
-   extracted only when every unfinished stage is stuck. So that one mistake is
-   reported once, this run ignores the edges already reported as order
-   violations and lets a missing task run as soon as its predecessors are done,
-   on no stage.
+* ``UNKNOWN_TASK``: a microbatch or chunk out of range, a task listed on
+  another stage's order, or an order for a stage that does not exist. Such
+  tasks are dropped before the later checks.
+* ``DUPLICATE_TASK``: a task listed twice on its stage; only the first
+  occurrence is kept.
+* ``MISSING_TASK``: a task of the graph that no order runs; it points at its
+  stage's line when there is one.
+* ``ORDER_VIOLATION``: on one stage, a task placed before one of its
+  same-stage Eq. 8 predecessors (STATE_FORWARD, FORWARD_BACKWARD,
+  STATE_BACKWARD); the cross-stage constraints can only be broken through a
+  cycle, which the deadlock check reports.
+* ``DEADLOCK``: the orders plus the dependency edges form a cycle. Found by
+  running the per-stage queues (each stage's next task runs once its
+  predecessors are done) in O(tasks + edges); a cycle of waiting tasks is
+  extracted only when every unfinished stage is stuck. So that one mistake is
+  reported once, this run ignores the edges already reported as order
+  violations and lets a missing task run as soon as its predecessors are done,
+  on no stage.
 
 Tasks are numbered arithmetically (``kind, stage, microbatch, chunk`` in
 mixed radix) and predecessors computed from the number, so the check of a
@@ -264,7 +267,7 @@ def check_orders(
 
 
 def _keep_known_unique(dimensions, numbering, rows, violations):
-    """Steps 1 and 2: drop unknown and repeated tasks, report each; return the kept orders."""
+    """Drop unknown and repeated tasks, report each; return the kept orders."""
     n_stages, n_microbatches, n_chunks = dimensions.n_stages, dimensions.n_microbatches, dimensions.n_chunks
     kept_orders: list[list[int]] = [[] for _ in range(n_stages)]
     kept_spans: list[list[Span | None] | None] = [None] * n_stages
@@ -332,7 +335,7 @@ def _unknown_reason(task: TaskId, stage: int, n_microbatches: int, n_chunks: int
 
 
 def _check_stage_orders(numbering, kept_orders, kept_spans, position, violations) -> set[int]:
-    """Step 4: same-stage predecessors placed later; returns those edges as ``pred * total + succ``."""
+    """Same-stage predecessors placed later; returns those edges as ``pred * total + succ``."""
     violated_edges: set[int] = set()
     total = numbering.total
     for stage, order in enumerate(kept_orders):
@@ -370,7 +373,7 @@ class QueueRun:
 
 
 def _run_queues(numbering, kept_orders, position, violated_edges) -> QueueRun:
-    """Step 5's simulation: each stage runs its next task once its counted predecessors are done.
+    """The deadlock check's simulation: each stage runs its next task once its counted predecessors are done.
 
     A task not in any order (missing) runs, on no stage, as soon as its
     predecessors are done. Edges in ``violated_edges`` are not counted.
