@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from export_programs import tiny_program
+
 GOLDEN_DIRECTORY = Path(__file__).parent / "golden"
 
 
@@ -36,3 +38,9 @@ def assert_matches_golden(name: str, text: str) -> None:
 def golden():
     """``golden(name, text)`` compares ``text`` with ``golden/<name>`` (or rewrites it when updating)."""
     return assert_matches_golden
+
+
+@pytest.fixture
+def tiny():
+    """The tiny schedule of the golden files: 2 stages x 2 microbatches x 2 chunks, 1F1B."""
+    return tiny_program()
