@@ -208,6 +208,38 @@ def _unexpected_token(
     span = _token_span(token, filename)
     inside = open_brackets[-1][0].type if open_brackets else None
 
+    if (
+        previous is not None
+        and previous.type == "NAME"
+        and token.type == "FLOAT"
+        and str(token).startswith(".")
+        and token.start_pos == previous.end_pos
+    ):
+        return Diagnostic.error(
+            f"unexpected '{previous}{token}'; tasks belong on a `stage N:` line inside the pipeline block",
+            Span(filename, previous.line, previous.column, token.end_line, token.end_column),
+        )
+    if token.type == "LBRACE" and inside == "LBRACE" and previous is not None and previous.type == "NAME":
+        opening, block_name = open_brackets[-1]
+        return Diagnostic.error(
+            f"missing '}}' before block '{previous}'",
+            _token_span(previous, filename),
+            hint=f"block '{block_name}' opened at line {opening.line} is not closed",
+        )
+    if (
+        token.type == "EQUAL"
+        and previous is not None
+        and previous.type in {"NAME", "DIGIT_NAME"}
+        and before_previous is not None
+        and before_previous.type == "EQUAL"
+        and len(history) >= 3
+    ):
+        key = history[-3]
+        return Diagnostic.error(
+            f"missing value after '{key} ='",
+            _token_span(before_previous, filename),
+            hint=f"'{previous}' on line {previous.line} was read as the value of '{key}'",
+        )
     if expected == {"EQUAL"} and previous is not None and previous.type == "NAME":
         if before_previous is not None and before_previous.type in {"TASK", "COLON"}:
             return Diagnostic.error(

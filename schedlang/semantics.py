@@ -136,6 +136,7 @@ class _Lowering:
         self.blocks: dict[str, ast.Block] = {}
         self.keys: dict[str, dict[str, ast.Assignment]] = {name: {} for name in BLOCK_KEYS}
         self.stage_lines: list[ast.StageLine] = []
+        self.layer_kinds: tuple[LayerKind, ...] | None = None
 
     def error(self, message: str, span: Span, hint: str | None = None) -> None:
         self.diagnostics.append(Diagnostic.error(message, span, hint))
@@ -429,6 +430,7 @@ class _Lowering:
         heads = self.positive("model", "heads", maximum=4096)
         head_dim = self.positive("model", "head_dim", maximum=MAX_HEAD_DIM)
         layers = self.read("model", "layers", self.layers)
+        self.layer_kinds = layers
         mlp = self.read("model", "mlp", self.mlp, MlpSpec())
         if None in (vocab, d_model, heads, head_dim, layers, mlp):
             return None
@@ -442,17 +444,17 @@ class _Lowering:
             return None
         return MeshSpec(pipeline, sequence, data)
 
-    def stage_layers(self, model: ModelSpec | None, mesh: MeshSpec | None) -> tuple[tuple[int, ...], ...] | None:
+    def stage_layers(self, mesh: MeshSpec | None) -> tuple[tuple[int, ...], ...] | None:
         n_stages = mesh.pipeline if mesh is not None else None
+        n_layers = len(self.layer_kinds) if self.layer_kinds is not None else None
         given = self.read("model", "stages", self.stage_assignment)
         if self.value("model", "stages") is not None:
-            if given is None or model is None or n_stages is None:
+            if given is None or n_layers is None or n_stages is None:
                 return None
             stages, stage_spans = given
-            return self.check_stage_assignment(stages, stage_spans, len(model.layers), n_stages)
-        if model is None or n_stages is None:
+            return self.check_stage_assignment(stages, stage_spans, n_layers, n_stages)
+        if n_layers is None or n_stages is None:
             return None
-        n_layers = len(model.layers)
         if n_layers < n_stages:
             span = self.spans.get("mesh.pipeline") or self.spans.get("model.layers") or self.file_start()
             self.error(
@@ -900,7 +902,7 @@ class _Lowering:
         head_dim_value = self.value("model", "head_dim")
         head_dim = head_dim_value.value if isinstance(head_dim_value, ast.IntLiteral) and head_dim_value.value >= 1 else None
         mesh = self.mesh()
-        stage_layers = self.stage_layers(model, mesh)
+        stage_layers = self.stage_layers(mesh)
         sequence = self.sequence(model, mesh, head_dim)
         pipeline = self.pipeline(mesh, sequence)
         train = self.train()
