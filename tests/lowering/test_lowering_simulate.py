@@ -1,0 +1,145 @@
+"""The simulator: exact unit-cost timelines for tiny cases, activation lifetimes, the FLOPs model."""
+
+from __future__ import annotations
+
+import pytest
+
+from lowering_programs import make_program
+from schedlang.lowering.cost import (
+    CostModelKind,
+    FlopsCostModel,
+    Hardware,
+    UnitCostModel,
+    attention_pair_flops,
+    make_cost_model,
+)
+from schedlang.lowering.legality import IllegalScheduleError
+from schedlang.lowering.program import LayerKind, MeshSpec, SequenceParallel
+from schedlang.lowering.simulate import simulate
+from schedlang.lowering.tasks import TaskId
+from schedlang.lowering.timeline import MessageKind, Stream
+
+
+def compute_intervals(timeline):
+    return {
+        str(interval.task): (interval.start, interval.end)
+        for interval in timeline.tasks
+        if interval.stream is Stream.COMPUTE
+    }
+
+
+def test_unequal_chunks_two_stages_exact_times():
+    # chunks of 1/4 and 3/4 of the sequence; one microbatch; forward s/T, backward 2 s/T
+    program = make_program(2, 1, 2, boundaries=(0, 64, 256))
+    timeline = simulate(program)
+    assert compute_intervals(timeline) == {
+        "0F0.0": (0.0, 0.25),
+        "0F0.1": (0.25, 1.0),
+        "1F0.0": (0.25, 0.5),
+        "1F0.1": (1.0, 1.75),
+        "1B0.1": (1.75, 3.25),
+        "1B0.0": (3.25, 3.75),
+        "0B0.1": (3.25, 4.75),
+        "0B0.0": (4.75, 5.25),
+    }
+    assert timeline.makespan == 5.25
+    assert timeline.peak_activations == (1.0, 1.0)
+    assert timeline.bubble_fraction == pytest.approx(1 - 6 / (2 * 5.25))
+
+
+def test_activation_released_at_the_instant_another_is_allocated_does_not_overlap():
+    # one stage, 1f1b with one chunk: F0 [0,1) B0 [1,3) F1 [3,4) B1 [4,6): never two microbatches live
+    timeline = simulate(make_program(1, 2, 1))
+    assert compute_intervals(timeline)["0F1.0"] == (3.0, 4.0)
+    assert timeline.peak_activations == (1.0,)
+
+
+def test_messages_follow_the_data_carrying_edges():
+    timeline = simulate(make_program(2, 1, 2))
+    kinds = sorted((m.kind.value, str(m.source), str(m.destination)) for m in timeline.messages)
+    assert kinds == [
+        ("activation", "0F0.0", "1F0.0"),
+        ("activation", "0F0.1", "1F0.1"),
+        ("activation_gradient", "1B0.0", "0B0.0"),
+        ("activation_gradient", "1B0.1", "0B0.1"),
+        ("state", "0F0.0", "0F0.1"),
+        ("state", "1F0.0", "1F0.1"),
+        ("state_gradient", "0B0.1", "0B0.0"),
+        ("state_gradient", "1B0.1", "1B0.0"),
+    ]
+    assert all(m.start == m.end for m in timeline.messages)  # unit cost: communication is free
+    assert all(interval.stream is Stream.COMPUTE for interval in timeline.tasks)
+
+
+def test_illegal_orders_are_refused_with_the_report():
+    program = make_program(1, 1, 1)
+    with pytest.raises(IllegalScheduleError) as raised:
+        simulate(program, [[TaskId.parse("0B0.0"), TaskId.parse("0F0.0")]])
+    assert "before" in str(raised.value)
+
+
+def test_unit_model_durations_are_integer_tokens():
+    model = UnitCostModel((64, 192))
+    assert model.time_divisor == 256
+    assert model.task_duration(TaskId.parse("3F0.1")) == 192
+    assert model.task_duration(TaskId.parse("3B0.0")) == 128
+
+
+def test_flops_model_backward_is_twice_forward_and_attention_grows_with_prefix():
+    layers = (LayerKind.GLA, LayerKind.ATTN)
+    program = make_program(1, 1, 4, layers=layers, boundaries=(0, 1024, 2048, 3072, 4096))
+    model = FlopsCostModel(program, Hardware(throughput_flops=1e12))
+    forwards = [model.task_duration(TaskId.parse(f"0F0.{chunk}")) for chunk in range(4)]
+    assert model.task_duration(TaskId.parse("0B0.2")) == 2 * forwards[2]
+    # equal chunks differ only by the attention prefix term c_i s_i
+    pair_seconds = attention_pair_flops(2, 64) * 1024 * 1024 / 1e12
+    for chunk in range(1, 4):
+        assert forwards[chunk] - forwards[chunk - 1] == pytest.approx(pair_seconds)
+
+
+def test_flops_model_messages_use_alpha_beta_between_stages_only():
+    program = make_program(2, 1, 2, boundaries=(0, 512, 1024))
+    hardware = Hardware(throughput_flops=1e12, latency_s=1e-5, bandwidth_bytes_per_s=1e9)
+    model = make_cost_model(CostModelKind.FLOPS, program, hardware)
+    source, destination = TaskId.parse("0F0.0"), TaskId.parse("1F0.0")
+    activation_bytes = 512 * 128 * 4  # tokens x d_model x fp32
+    assert model.message_bytes(MessageKind.ACTIVATION, source, destination) == activation_bytes
+    assert model.message_duration(MessageKind.ACTIVATION, source, destination) == pytest.approx(
+        1e-5 + activation_bytes / 1e9
+    )
+    state = (TaskId.parse("0F0.0"), TaskId.parse("0F0.1"))
+    assert model.message_bytes(MessageKind.STATE, *state) == 2 * 64 * 64 * 4  # heads x Dk x Dv x fp32, 1 layer
+    assert model.message_duration(MessageKind.STATE, *state) == 0.0
+    timeline = simulate(program, cost_model=model)
+    sends = [interval for interval in timeline.tasks if interval.stream is Stream.SEND]
+    receives = [interval for interval in timeline.tasks if interval.stream is Stream.RECV]
+    assert len(sends) == len(receives) == 4  # two activations down, two gradients up
+    starts = compute_intervals(timeline)
+    assert starts["1F0.0"][0] == pytest.approx(starts["0F0.0"][1] + 1e-5 + activation_bytes / 1e9)
+
+
+STATE_BYTES = 2 * 64 * 64 * 4  # heads x Dk x Dv x fp32
+
+
+@pytest.mark.parametrize(
+    ("method", "exchange_seconds"),
+    [
+        (SequenceParallel.RING, 3 * (1e-3 + STATE_BYTES / 1e9)),  # S - 1 hops in sequence
+        (SequenceParallel.ALLGATHER, 2 * 1e-3 + 3 * STATE_BYTES / 1e9),  # log2 S latencies, S - 1 states
+        (SequenceParallel.ALLSCAN, (3 + 3) * (1e-3 + STATE_BYTES / 4 / 1e9)),  # S - 1 + K - 1 block steps
+    ],
+)
+def test_flops_model_sequence_parallel_splits_compute_and_adds_state_exchange(method, exchange_seconds):
+    single = make_program(1, 1, 1, boundaries=(0, 4096))
+    split = make_program(1, 1, 1, boundaries=(0, 4096), mesh=MeshSpec(sequence=4), parallel=method, scan_blocks=4)
+    hardware = Hardware(throughput_flops=1e12, latency_s=1e-3, bandwidth_bytes_per_s=1e9)
+    task = TaskId.parse("0F0.0")
+    one = FlopsCostModel(single, hardware).task_duration(task)
+    four = FlopsCostModel(split, hardware).task_duration(task)
+    assert four == pytest.approx(one / 4 + exchange_seconds)
+
+
+def test_unit_cost_model_via_kind_matches_eq14_on_a_bigger_case():
+    timeline = simulate(make_program(4, 8, 1), cost_model=CostModelKind.UNIT)
+    assert timeline.makespan == (8 + 4 - 1) * 3
+    assert timeline.peak_activations == (4.0, 3.0, 2.0, 1.0)
