@@ -125,7 +125,9 @@ def task_graph_to_dot(
     for task in tasks:
         if not isinstance(task, TaskId):
             raise TypeError(f"task graph node {task!r} is not a TaskId")
-    stages = sorted({task.stage for task in tasks} | set(range(len(orders or ()))))
+    tasks_by_stage: dict[int, list[TaskId]] = {stage: [] for stage in range(len(orders or ()))}
+    for task in tasks:
+        tasks_by_stage.setdefault(task.stage, []).append(task)
     escaped_name = name.replace("\\", "\\\\").replace('"', '\\"')
 
     lines = [
@@ -135,12 +137,11 @@ def task_graph_to_dot(
         '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=11];',
         '  edge [fontname="Helvetica", fontsize=9, arrowsize=0.7];',
     ]
-    for stage in stages:
-        stage_tasks = [task for task in tasks if task.stage == stage]
+    for stage in sorted(tasks_by_stage):
         lines.append(f"  subgraph cluster_stage_{stage} {{")
         lines.append(f'    label="stage {stage}";')
         lines.append('    style=rounded; color="#999999";')
-        for task in _stage_node_order(stage, stage_tasks, orders):
+        for task in _stage_node_order(stage, tasks_by_stage[stage], orders):
             lines.append(f"    {_node_line(task)}")
         lines.append("  }")
 
