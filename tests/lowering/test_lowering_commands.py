@@ -1,0 +1,111 @@
+"""``schedlang check`` and ``schedlang simulate`` on schedule files, through the front end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from schedlang.commands import check, simulate
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+EXPLICIT = """\
+schedule tiny
+
+model {
+  vocab    = 256
+  d_model  = 128
+  layers   = [gla] * 2
+  heads    = 2
+  head_dim = 64
+}
+
+mesh {
+  pipeline = 2
+}
+
+sequence {
+  length       = 1024
+  chunks       = 2
+  kernel_chunk = 64
+}
+
+pipeline {
+  microbatches = 2
+  order = explicit
+  stage 0: STAGE0
+  stage 1: STAGE1
+}
+"""
+
+
+def run_command(module, argv):
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    return module.run(parser.parse_args(argv))
+
+
+def write_schedule(tmp_path, stage0, stage1):
+    path = tmp_path / "tiny.sched"
+    path.write_text(EXPLICIT.replace("STAGE0", stage0).replace("STAGE1", stage1))
+    return str(path)
+
+
+def test_check_legal_file_prints_one_line_summary(capsys):
+    path = str(EXAMPLES / "gla_stateflow.sched")
+    assert run_command(check, [path]) == 0
+    assert capsys.readouterr().out == f"{path}: legal: 2 stages, 4 microbatches, 4 chunks, 64 tasks\n"
+
+
+def test_check_reports_every_violation_at_its_token(tmp_path, capsys):
+    path = write_schedule(tmp_path, "F0.0 F0.1 F1.0 F1.1 B0.0 B0.1 B1.1 B1.1", "F0.0 F0.1 B0.1 B0.0 F1.0 F1.1 B1.1 B1.0")
+    assert run_command(check, [path]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"{path}:24:47: error: stage 0 runs B1.1 twice (first at step 6); remove one",
+        "  stage 0: F0.0 F0.1 F1.0 F1.1 B0.0 B0.1 B1.1 B1.1",
+        "                                              ^~~~",
+        f"{path}:24:3: error: stage 0 never runs B1.0 (the backward of microbatch 1, chunk 0)",
+        "  stage 0: F0.0 F0.1 F1.0 F1.1 B0.0 B0.1 B1.1 B1.1",
+        "  ^~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~",
+        f"{path}:24:32: error: stage 0 runs B0.0 (step 4) before B0.1 (step 5), but Eq. 8 requires "
+        "B[r,a,i+1] before B[r,a,i]: a chunk's backward consumes the state gradient from the next chunk's "
+        "backward; move B0.0 after B0.1",
+        "  stage 0: F0.0 F0.1 F1.0 F1.1 B0.0 B0.1 B1.1 B1.1",
+        "                               ^~~~",
+        "illegal: 3 violations (2 stages, 2 microbatches, 2 chunks, 16 tasks)",
+    ]
+
+
+def test_check_deadlock_points_at_the_first_stuck_task(tmp_path, capsys):
+    path = write_schedule(tmp_path, "F0.0 F0.1 B0.1 B0.0 F1.0 F1.1 B1.1 B1.0", "F0.0 F0.1 F1.0 F1.1 B0.1 B0.0 B1.1 B1.0")
+    assert run_command(check, [path]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == (
+        f"{path}:24:22: error: deadlock: stages 0, 1 wait for each other in a cycle, "
+        "so none of them can run its next task"
+    )
+    assert lines[2] == "                     ^~~~"
+    assert "  2     0B0.1 <-- stuck  1F1.0 <-- stuck" in lines
+
+
+def test_simulate_json_has_the_documented_fields(capsys):
+    assert run_command(simulate, [str(EXAMPLES / "gla_stateflow.sched"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    # 2 stages, 4 microbatches, 4 chunks, 1f1b: Eq. 15 and Eq. 13 exactly
+    assert result["makespan"] == pytest.approx((4 * 4 + 2 - 1) * 3 / 4)
+    assert result["peak_activations"] == [1.25, 1.0]
+    assert result["bubble_fraction"] == pytest.approx(1 - 24 / (2 * 12.75))
+    assert result["busy_time"] == [12.0, 12.0]
+    assert result["n_tasks"] == 64 and result["cost_model"] == "unit"
+
+
+def test_simulate_flops_table_and_illegal_schedule(tmp_path, capsys):
+    assert run_command(simulate, [str(EXAMPLES / "gla_stateflow.sched"), "--cost-model", "flops"]) == 0
+    out = capsys.readouterr().out
+    assert "cost model flops (time in seconds)" in out and "peak activations" in out
+    path = write_schedule(tmp_path, "F0.0 F0.1 B0.1 B0.0 F1.0 F1.1 B1.1 B1.0", "F0.0 F0.1 F1.0 F1.1 B0.1 B0.0 B1.1 B1.0")
+    assert run_command(simulate, [path]) == 1
+    assert "deadlock" in capsys.readouterr().err
