@@ -178,7 +178,9 @@ def _metadata_events(threads_by_process: dict[int, set[int]]) -> list[dict[str, 
         for tid in sorted(threads_by_process[pid]):
             name, sort_index = _thread_name_and_sort_index(tid)
             events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
-            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": sort_index}})
+            events.append(
+                {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": sort_index}}
+            )
     return events
 
 
@@ -227,7 +229,8 @@ def timeline_to_chrome_trace(
 
     flow_events: list[dict[str, Any]] = []
     ordered_messages = sorted(
-        timeline.messages, key=lambda message: (message.start, message.end, str(message.source), str(message.destination))
+        timeline.messages,
+        key=lambda message: (message.start, message.end, str(message.source), str(message.destination)),
     )
     for message in ordered_messages:
         missing = [task for task in (message.source, message.destination) if task not in compute_slices]
@@ -238,7 +241,9 @@ def timeline_to_chrome_trace(
             )
         flow_events.extend(_flow_events(len(flow_events) // 2 + 1, message, compute_slices))
 
-    threads_by_process: dict[int, set[int]] = {_process_id(stage): {_COMPUTE_THREAD_ID} for stage in range(timeline.n_stages)}
+    threads_by_process: dict[int, set[int]] = {
+        _process_id(stage): {_COMPUTE_THREAD_ID} for stage in range(timeline.n_stages)
+    }
     for event in slice_events:
         threads_by_process.setdefault(event["pid"], set()).add(event["tid"])
     events = _metadata_events(threads_by_process)

@@ -122,7 +122,9 @@ def _stuck_message(
     for stage, order in enumerate(orders):
         if next_position[stage] < len(order):
             task = order[next_position[stage]]
-            missing = [str(dependency) for dependency in _dependencies(task, n_stages) if dependency not in finished_step]
+            missing = [
+                str(dependency) for dependency in _dependencies(task, n_stages) if dependency not in finished_step
+            ]
             waiting.append(f"rank {stage} waits to run {task} for {', '.join(missing)}")
     return (
         f"the orders cannot be laid out on torch's step grid: at step {step} no rank can make progress "

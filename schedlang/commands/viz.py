@@ -125,10 +125,11 @@ def run(args: argparse.Namespace) -> int:
     timeline = simulate(program, orders, make_cost_model(kind, program, hardware))
     time_unit_name = "unit" if kind is CostModelKind.UNIT else "s"
     if output_format is VizFormat.CHROME:
+        scale = MICROSECONDS_PER_UNIT_COST if kind is CostModelKind.UNIT else MICROSECONDS_PER_SECOND
         trace = timeline_to_chrome_trace(
             timeline,
             chunk_lengths=chunk_tokens(program),
-            microseconds_per_time_unit=MICROSECONDS_PER_UNIT_COST if kind is CostModelKind.UNIT else MICROSECONDS_PER_SECOND,
+            microseconds_per_time_unit=scale,
             time_unit_name=time_unit_name,
             name=program.name,
         )

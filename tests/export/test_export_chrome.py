@@ -118,8 +118,12 @@ def test_flops_trace_has_send_and_recv_tracks_with_lanes_for_overlaps():
         for event in trace["traceEvents"]
         if event["ph"] == "M" and event["name"] == "thread_name"
     }
-    sends = [event for (pid, tid), track in slices.items() if thread_names[pid, tid].startswith("send") for event in track]
-    receives = [event for (pid, tid), track in slices.items() if thread_names[pid, tid].startswith("recv") for event in track]
+    by_stream = {"send": [], "recv": []}
+    for (pid, tid), track in slices.items():
+        stream = thread_names[pid, tid].split()[0]
+        if stream in by_stream:
+            by_stream[stream].extend(track)
+    sends, receives = by_stream["send"], by_stream["recv"]
     transfers = [interval for interval in timeline.tasks if interval.stream is not Stream.COMPUTE]
     assert len(sends) + len(receives) == len(transfers) > 0
     assert all(event["name"].startswith("send activation") for event in sends if event["pid"] == 1)
@@ -151,7 +155,9 @@ def test_transfers_too_short_to_show_are_left_out_but_keep_their_flow():
 
 def test_time_scale_is_applied():
     trace = timeline_to_chrome_trace(_hand_timeline(1.5), microseconds_per_time_unit=MICROSECONDS_PER_SECOND)
-    second_task = [event for event in trace["traceEvents"] if event["ph"] == "X" and event["pid"] == 2 and event["tid"] == 1]
+    second_task = [
+        event for event in trace["traceEvents"] if event["ph"] == "X" and (event["pid"], event["tid"]) == (2, 1)
+    ]
     assert (second_task[0]["ts"], second_task[0]["dur"]) == (1_500_000.0, 1_000_000.0)
 
 

@@ -62,7 +62,7 @@ def test_viz_refuses_an_illegal_schedule(tmp_path, capsys):
 
 def test_viz_rejects_a_bad_bandwidth(tmp_path):
     with pytest.raises(SystemExit, match="--bandwidth must be positive"):
-        main(["viz", str(SCHEDULES / "tiny.sched"), "--format", "png", "-o", str(tmp_path / "x.png"), "--bandwidth", "0"])
+        main(["viz", str(SCHEDULES / "tiny.sched"), "--format", "png", "-o", str(tmp_path / "x.png"), "--bandwidth=0"])
 
 
 def test_export_torch_csv_round_trips_the_program_order(tmp_path):
@@ -78,7 +78,8 @@ def test_export_of_a_chunked_schedule_points_at_chunks(tmp_path, capsys):
     assert main(["export", str(SCHEDULES / "tiny.sched"), "--format", "torch-csv", "-o", str(output)]) == 1
     error = capsys.readouterr().err
     first_line = error.splitlines()[0]
-    assert first_line.startswith(f"{SCHEDULES / 'tiny.sched'}:18:3: error: cannot export a schedule with 2 sequence chunks")
+    location = f"{SCHEDULES / 'tiny.sched'}:18:3"
+    assert first_line.startswith(f"{location}: error: cannot export a schedule with 2 sequence chunks")
     assert "no notion of sequence chunks" in first_line
     assert error.splitlines()[1] == "  chunks       = 2"
     assert not output.exists()
