@@ -60,7 +60,9 @@ def uniform_boundaries(length: int, n_chunks: int, kernel_chunk: int) -> tuple[i
     return (0, *inner, length)
 
 
-def _hybrid_boundary(fraction: float, length: int, linear_coefficient: float, quadratic_coefficient: float) -> float:
+def _hybrid_boundary(
+    fraction: float, length: int, linear_coefficient: float, quadratic_coefficient: float
+) -> float:
     """The x in [0, length] with F(x) = fraction * F(length), F(x) = a x + b x^2 / 2."""
     a, b = linear_coefficient, quadratic_coefficient
     target = fraction * (a * length + b * length * length / 2.0)
@@ -175,7 +177,9 @@ def layer_flop_coefficients(model: ModelSpec, kernel_chunk: int) -> LayerFlopCoe
     return LayerFlopCoefficients(n_linear, n_softmax, linear_cost, dense_cost, softmax_cost)
 
 
-def model_balanced_boundaries(model: ModelSpec, length: int, n_chunks: int, alpha: float, kernel_chunk: int) -> tuple[int, ...]:
+def model_balanced_boundaries(
+    model: ModelSpec, length: int, n_chunks: int, alpha: float, kernel_chunk: int
+) -> tuple[int, ...]:
     """:func:`balanced_boundaries` with the coefficients of ``model``."""
     coefficients = layer_flop_coefficients(model, kernel_chunk)
     return balanced_boundaries(

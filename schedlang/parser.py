@@ -110,7 +110,9 @@ def _open_brackets(history: list[Token]) -> list[tuple[Token, Token | None]]:
     previous = None
     for token in history:
         if token.type in _CLOSER_OF:
-            open_brackets.append((token, previous if previous is not None and previous.type == "NAME" else None))
+            open_brackets.append(
+                (token, previous if previous is not None and previous.type == "NAME" else None)
+            )
         elif token.type in _CLOSER_OF.values() and open_brackets:
             open_brackets.pop()
         previous = token
@@ -177,7 +179,7 @@ def _unexpected_character(error: UnexpectedCharacters, text: str, filename: str)
     span = Span(filename, line, column, line, column + 1)
     if character == '"':
         return Diagnostic.error(
-            "unterminated string", span, hint='close the string with \'"\' on the same line'
+            "unterminated string", span, hint="close the string with '\"' on the same line"
         )
     if character == "\\":
         return Diagnostic.error("unexpected '\\' outside a string", span)
@@ -201,9 +203,7 @@ def _unexpected_token(
             opening, name_before = open_brackets[-1]
             return _unclosed(opening, name_before, filename)
         span = _token_end_span(previous, filename) if previous else Span(filename, 1, 1, 1, 2)
-        return Diagnostic.error(
-            f"unexpected end of file; expected {_expected_list(expected)}", span
-        )
+        return Diagnostic.error(f"unexpected end of file; expected {_expected_list(expected)}", span)
 
     span = _token_span(token, filename)
     inside = open_brackets[-1][0].type if open_brackets else None
@@ -307,9 +307,7 @@ def _unexpected_token(
             f"expected a block name (model, mesh, sequence, pipeline, train), found {_shown(token)}",
             span,
         )
-    return Diagnostic.error(
-        f"unexpected {_shown(token)}; expected {_expected_list(expected)}", span
-    )
+    return Diagnostic.error(f"unexpected {_shown(token)}; expected {_expected_list(expected)}", span)
 
 
 def _unclosed(opening: Token, name_before: Token | None, filename: str) -> Diagnostic:
@@ -422,4 +420,3 @@ class _AstBuilder:
         name, value = tree.children
         span = self.span_of(tree, fallback)
         return ast.Argument(str(name), self.span_of(name), self.value(value, span), span)
-

@@ -171,7 +171,11 @@ class _Lowering:
                 self.error(
                     f"unknown block '{block.name}' (expected one of {', '.join(BLOCK_KEYS)})",
                     block.name_span,
-                    hint=(f"did you mean '{_suggest(block.name, BLOCK_KEYS)}'?" if _suggest(block.name, BLOCK_KEYS) else None),
+                    hint=(
+                        f"did you mean '{_suggest(block.name, BLOCK_KEYS)}'?"
+                        if _suggest(block.name, BLOCK_KEYS)
+                        else None
+                    ),
                 )
                 continue
             if block.name in self.blocks:
@@ -213,8 +217,14 @@ class _Lowering:
         allowed = BLOCK_KEYS[block_name]
         if assignment.key not in allowed:
             suggestion = _suggest(assignment.key, allowed)
-            hint = f"did you mean '{suggestion}'?" if suggestion else f"keys of '{block_name}': {', '.join(allowed)}"
-            self.error(f"unknown key '{assignment.key}' in block '{block_name}'", assignment.key_span, hint=hint)
+            hint = (
+                f"did you mean '{suggestion}'?"
+                if suggestion
+                else f"keys of '{block_name}': {', '.join(allowed)}"
+            )
+            self.error(
+                f"unknown key '{assignment.key}' in block '{block_name}'", assignment.key_span, hint=hint
+            )
             return
         existing = self.keys[block_name].get(assignment.key)
         if existing is not None:
@@ -268,7 +278,9 @@ class _Lowering:
             return None
         if minimum is not None and (number <= minimum if above else number < minimum):
             relation = ">" if above else ">="
-            self.error(f"'{path}' must be {relation} {minimum:g}, found {self.text_of(value.span)}", value.span)
+            self.error(
+                f"'{path}' must be {relation} {minimum:g}, found {self.text_of(value.span)}", value.span
+            )
             return None
         if below is not None and number >= below:
             self.error(f"'{path}' must be < {below:g}, found {self.text_of(value.span)}", value.span)
@@ -296,7 +308,9 @@ class _Lowering:
         self.error(f"'{path}' must be true or false, found '{self.text_of(value.span)}'", value.span)
         return None
 
-    def call(self, value: ast.Value, path: str, signatures: dict[str, tuple[str, ...]], noun: str) -> _CallValue | None:
+    def call(
+        self, value: ast.Value, path: str, signatures: dict[str, tuple[str, ...]], noun: str
+    ) -> _CallValue | None:
         """A call to one of ``signatures`` (name -> allowed argument names)."""
         if isinstance(value, ast.Identifier):
             value = ast.Call(value.name, value.span, (), value.span)
@@ -308,7 +322,11 @@ class _Lowering:
             )
             return None
         if value.name not in signatures:
-            self.error(f"unknown {noun} '{value.name}'", value.name_span, hint=_choice_hint(value.name, list(signatures)))
+            self.error(
+                f"unknown {noun} '{value.name}'",
+                value.name_span,
+                hint=_choice_hint(value.name, list(signatures)),
+            )
             return None
         allowed = signatures[value.name]
         arguments: dict[str, ast.Argument] = {}
@@ -316,10 +334,16 @@ class _Lowering:
             if argument.name not in allowed:
                 if allowed:
                     suggestion = _suggest(argument.name, allowed)
-                    hint = f"did you mean '{suggestion}'?" if suggestion else f"{value.name} takes {', '.join(allowed)}"
+                    hint = (
+                        f"did you mean '{suggestion}'?"
+                        if suggestion
+                        else f"{value.name} takes {', '.join(allowed)}"
+                    )
                 else:
                     hint = f"write just `{value.name}`"
-                self.error(f"unknown argument '{argument.name}' of {value.name}", argument.name_span, hint=hint)
+                self.error(
+                    f"unknown argument '{argument.name}' of {value.name}", argument.name_span, hint=hint
+                )
                 continue
             if argument.name in arguments:
                 self.error(f"duplicate argument '{argument.name}' of {value.name}", argument.name_span)
@@ -354,7 +378,11 @@ class _Lowering:
         if not ok:
             return None
         if not kinds:
-            self.error(f"'{path}' is empty; a model needs at least one layer", value.span, hint="e.g. `layers = [gla] * 4`")
+            self.error(
+                f"'{path}' is empty; a model needs at least one layer",
+                value.span,
+                hint="e.g. `layers = [gla] * 4`",
+            )
             return None
         return tuple(kinds)
 
@@ -362,7 +390,9 @@ class _Lowering:
         options = [kind.value for kind in LayerKind]
         if isinstance(value, ast.Identifier):
             if value.name not in options:
-                self.error(f"unknown layer kind '{value.name}'", value.span, hint=_choice_hint(value.name, options))
+                self.error(
+                    f"unknown layer kind '{value.name}'", value.span, hint=_choice_hint(value.name, options)
+                )
                 return False
             out.append(LayerKind(value.name))
             return True
@@ -385,7 +415,11 @@ class _Lowering:
                 return False
             out.extend(inner * count)
             return True
-        self.error(f"expected a layer kind, found '{self.text_of(value.span)}'", value.span, hint=f"layer kinds: {', '.join(options)}")
+        self.error(
+            f"expected a layer kind, found '{self.text_of(value.span)}'",
+            value.span,
+            hint=f"layer kinds: {', '.join(options)}",
+        )
         return False
 
     def mlp(self, value: ast.Value, path: str) -> MlpSpec | None:
@@ -401,9 +435,13 @@ class _Lowering:
                 return None
         return MlpSpec(MlpKind.SWIGLU, ratio)
 
-    def stage_assignment(self, value: ast.Value, path: str) -> tuple[tuple[tuple[int, ...], ...], list[Span]] | None:
+    def stage_assignment(
+        self, value: ast.Value, path: str
+    ) -> tuple[tuple[tuple[int, ...], ...], list[Span]] | None:
         """``[[0, 1], [2, 3]]``: the layer indices of each stage, with each stage's span."""
-        if not isinstance(value, ast.ListLiteral) or not all(isinstance(item, ast.ListLiteral) for item in value.items):
+        if not isinstance(value, ast.ListLiteral) or not all(
+            isinstance(item, ast.ListLiteral) for item in value.items
+        ):
             self.error(
                 f"'{path}' must be a list of layer-index lists, one per stage, e.g. [[0, 1], [2, 3]]",
                 value.span,
@@ -485,7 +523,11 @@ class _Lowering:
         expected_next = 0
         for stage, (indices, stage_span) in enumerate(zip(stages, stage_spans)):
             if not indices:
-                self.error(f"stage {stage} has no layers in 'model.stages'", stage_span, hint="each stage needs at least one layer")
+                self.error(
+                    f"stage {stage} has no layers in 'model.stages'",
+                    stage_span,
+                    hint="each stage needs at least one layer",
+                )
                 ok = False
                 continue
             wanted = tuple(range(expected_next, expected_next + len(indices)))
@@ -524,7 +566,9 @@ class _Lowering:
         value = self.value("sequence", "partition")
         if value is None:
             return None
-        call = self.call(value, "sequence.partition", {"uniform": (), "balanced": ("alpha",), "explicit": ()}, "partition")
+        call = self.call(
+            value, "sequence.partition", {"uniform": (), "balanced": ("alpha",), "explicit": ()}, "partition"
+        )
         if call is None:
             return None
         kind = PartitionKind(call.name)
@@ -548,7 +592,12 @@ class _Lowering:
         value = self.value("sequence", "parallel")
         if value is None:
             return SequenceParallel.ALLSCAN, 1
-        call = self.call(value, "sequence.parallel", {"allscan": ("blocks",), "ring": (), "allgather": ()}, "sequence-parallel method")
+        call = self.call(
+            value,
+            "sequence.parallel",
+            {"allscan": ("blocks",), "ring": (), "allgather": ()},
+            "sequence-parallel method",
+        )
         if call is None:
             return None
         method = SequenceParallel(call.name)
@@ -568,7 +617,9 @@ class _Lowering:
                 return None
         return method, blocks
 
-    def sequence(self, model: ModelSpec | None, mesh: MeshSpec | None, head_dim: int | None) -> SequenceSpec | None:
+    def sequence(
+        self, model: ModelSpec | None, mesh: MeshSpec | None, head_dim: int | None
+    ) -> SequenceSpec | None:
         length = self.positive("sequence", "length", maximum=MAX_LENGTH)
         kernel_chunk = self.kernel_chunk()
         partition = self.partition()
@@ -597,7 +648,9 @@ class _Lowering:
             partition = (PartitionKind.EXPLICIT if explicit_list else PartitionKind.UNIFORM, None)
 
         sequence_ranks = mesh.sequence if mesh is not None else None
-        unit = kernel_chunk * sequence_ranks if kernel_chunk is not None and sequence_ranks is not None else None
+        unit = (
+            kernel_chunk * sequence_ranks if kernel_chunk is not None and sequence_ranks is not None else None
+        )
         if length is not None and unit is not None and sequence_ranks > 1 and length % unit:
             self.error(
                 f"with mesh.sequence = {sequence_ranks} the length must be a multiple of"
@@ -630,7 +683,11 @@ class _Lowering:
 
     def computed_boundaries(self, n_chunks, length, unit, partition, model, chunks_value):
         kind, alpha = partition
-        span = chunks_value.span if chunks_value is not None else self.spans.get("sequence.length", self.file_start())
+        span = (
+            chunks_value.span
+            if chunks_value is not None
+            else self.spans.get("sequence.length", self.file_start())
+        )
         try:
             if kind is PartitionKind.BALANCED:
                 if model is None:
@@ -770,9 +827,19 @@ class _Lowering:
 
     def pipeline(self, mesh: MeshSpec | None, sequence: SequenceSpec | None) -> PipelineSpec | None:
         microbatches = self.positive("pipeline", "microbatches", maximum=MAX_MICROBATCHES)
-        order = self.read("pipeline", "order", lambda value, path: self.choice(value, path, OrderKind, "pipeline order"), OrderKind.ONE_F_ONE_B)
+        order = self.read(
+            "pipeline",
+            "order",
+            lambda value, path: self.choice(value, path, OrderKind, "pipeline order"),
+            OrderKind.ONE_F_ONE_B,
+        )
         microbatch_size = self.positive("pipeline", "microbatch_size", 1, 1 << 20)
-        recompute = self.read("pipeline", "recompute", lambda value, path: self.choice(value, path, Recompute, "recompute mode"), Recompute.NONE)
+        recompute = self.read(
+            "pipeline",
+            "recompute",
+            lambda value, path: self.choice(value, path, Recompute, "recompute mode"),
+            Recompute.NONE,
+        )
         cuda_graphs = self.read("pipeline", "cuda_graphs", self.boolean, False)
         explicit_orders: tuple[StageOrder, ...] | None = ()
         if order is OrderKind.EXPLICIT:
@@ -815,9 +882,13 @@ class _Lowering:
         if "lr" in call.arguments:
             fields["lr"] = self.number(call.arguments["lr"].value, f"{path}.lr", 0.0, above=True)
         if "weight_decay" in call.arguments:
-            fields["weight_decay"] = self.number(call.arguments["weight_decay"].value, f"{path}.weight_decay", 0.0)
+            fields["weight_decay"] = self.number(
+                call.arguments["weight_decay"].value, f"{path}.weight_decay", 0.0
+            )
         if "momentum" in call.arguments:
-            fields["momentum"] = self.number(call.arguments["momentum"].value, f"{path}.momentum", 0.0, below=1.0)
+            fields["momentum"] = self.number(
+                call.arguments["momentum"].value, f"{path}.momentum", 0.0, below=1.0
+            )
         if "betas" in call.arguments:
             fields["betas"] = self.betas(call.arguments["betas"].value, f"{path}.betas")
         if any(value is None for value in fields.values()):
@@ -868,7 +939,9 @@ class _Lowering:
         directory = value.value
         every = self.integer(value.every, f"{path} every", 1)
         if not isinstance(directory, ast.StringLiteral) or not directory.value:
-            self.error("the checkpoint directory must be a non-empty string, e.g. \"checkpoints\"", directory.span)
+            self.error(
+                'the checkpoint directory must be a non-empty string, e.g. "checkpoints"', directory.span
+            )
             return None
         if every is None:
             return None
@@ -877,7 +950,9 @@ class _Lowering:
     def train(self) -> TrainSpec | None:
         steps = self.positive("train", "steps", 10, 1 << 40)
         optimizer = self.read("train", "optimizer", self.optimizer, OptimizerSpec())
-        dtype = self.read("train", "dtype", lambda value, path: self.choice(value, path, DType, "dtype"), DType.FP32)
+        dtype = self.read(
+            "train", "dtype", lambda value, path: self.choice(value, path, DType, "dtype"), DType.FP32
+        )
         data = self.read("train", "data", self.data, DataSpec())
         seed = self.read("train", "seed", lambda value, path: self.integer(value, path, 0, (1 << 63) - 1), 0)
         grad_clip = self.read("train", "grad_clip", self.grad_clip, ("none",))
@@ -900,14 +975,20 @@ class _Lowering:
         self.collect()
         model = self.model()
         head_dim_value = self.value("model", "head_dim")
-        head_dim = head_dim_value.value if isinstance(head_dim_value, ast.IntLiteral) and head_dim_value.value >= 1 else None
+        head_dim = (
+            head_dim_value.value
+            if isinstance(head_dim_value, ast.IntLiteral) and head_dim_value.value >= 1
+            else None
+        )
         mesh = self.mesh()
         stage_layers = self.stage_layers(mesh)
         sequence = self.sequence(model, mesh, head_dim)
         pipeline = self.pipeline(mesh, sequence)
         train = self.train()
         if self.diagnostics:
-            ordered = sorted(self.diagnostics, key=lambda diagnostic: (diagnostic.span.line, diagnostic.span.column))
+            ordered = sorted(
+                self.diagnostics, key=lambda diagnostic: (diagnostic.span.line, diagnostic.span.column)
+            )
             raise ScheduleError(ordered, {self.filename: "\n".join(self.source_lines)})
         if None in (model, mesh, stage_layers, sequence, pipeline, train):
             raise RuntimeError("semantic pass left a value unset without reporting why")

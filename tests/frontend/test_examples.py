@@ -121,7 +121,14 @@ def test_explicit_order_example_keeps_tokens_and_spans():
     orders = program.pipeline.explicit_orders
     assert [order.stage for order in orders] == [0, 1]
     assert [str(token.task) for token in orders[1].tasks] == [
-        "1F0.0", "1F0.1", "1B0.1", "1B0.0", "1F1.0", "1F1.1", "1B1.1", "1B1.0"
+        "1F0.0",
+        "1F0.1",
+        "1B0.1",
+        "1B0.0",
+        "1F1.0",
+        "1F1.1",
+        "1B1.1",
+        "1B1.0",
     ]
     lines = (EXAMPLES / "explicit_order.sched").read_text().split("\n")
     for order in orders:
@@ -139,7 +146,9 @@ def test_hybrid_example_is_balanced_towards_short_late_chunks():
     lengths = [sequence.chunk_length(chunk) for chunk in range(sequence.n_chunks)]
     assert lengths == sorted(lengths, reverse=True) and lengths[0] > lengths[-1]
     assert all(boundary % 64 == 0 for boundary in sequence.boundaries)
-    assert program.model.layers == (LayerKind.GLA,) * 3 + (LayerKind.ATTN,) + (LayerKind.GLA,) * 3 + (LayerKind.ATTN,)
+    assert program.model.layers == (LayerKind.GLA,) * 3 + (LayerKind.ATTN,) + (LayerKind.GLA,) * 3 + (
+        LayerKind.ATTN,
+    )
 
 
 def test_other_examples_values():

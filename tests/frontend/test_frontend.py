@@ -37,7 +37,9 @@ def test_load_program_reports_every_error_with_the_file_name(tmp_path):
     with pytest.raises(ScheduleError) as raised:
         load_program(path)
     rendered = raised.value.render()
-    assert rendered.startswith(f"{path}:6:11: error: 'model.heads' must be >= 1, found 0\n  heads = 0\n          ^\n")
+    assert rendered.startswith(
+        f"{path}:6:11: error: 'model.heads' must be >= 1, found 0\n  heads = 0\n          ^\n"
+    )
     assert f"{path}:19:11: error: unknown pipeline order 'zigzag'" in rendered
     assert rendered.endswith("2 errors")
 

@@ -25,7 +25,28 @@ EXAMPLE_TEXTS = [path.read_text() for path in sorted(EXAMPLES.glob("*.sched"))]
 _TOKEN = re.compile(r"\s+|[A-Za-z_][A-Za-z0-9_]*\.[0-9]+|[A-Za-z0-9_.+-]+|\"[^\"\n]*\"|.", re.S)
 VOCABULARY = sorted(
     {token for text in EXAMPLE_TEXTS for token in _TOKEN.findall(text) if not token.isspace()}
-    | {"{", "}", "[", "]", "(", ")", "=", ",", "*", ":", "every", "stage", "#", "//", "\"", "\\", "1e999", "-0", "F", "B0."}
+    | {
+        "{",
+        "}",
+        "[",
+        "]",
+        "(",
+        ")",
+        "=",
+        ",",
+        "*",
+        ":",
+        "every",
+        "stage",
+        "#",
+        "//",
+        '"',
+        "\\",
+        "1e999",
+        "-0",
+        "F",
+        "B0.",
+    }
 )
 
 

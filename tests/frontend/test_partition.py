@@ -20,7 +20,8 @@ def chunk_costs(boundaries, n_linear, n_softmax, linear_cost, dense_cost, softma
     for start, end in zip(boundaries, boundaries[1:]):
         size = end - start
         costs.append(
-            (n_linear * linear_cost + dense_cost) * size + n_softmax * softmax_cost * (start * size + size * size / 2)
+            (n_linear * linear_cost + dense_cost) * size
+            + n_softmax * softmax_cost * (start * size + size * size / 2)
         )
     return costs
 
@@ -68,8 +69,13 @@ def test_attention_only_boundaries_follow_square_root():
 
 
 def test_alpha_blends_linearly_between_equal_and_balanced():
-    arguments = dict(n_linear_layers=2, n_softmax_layers=2, linear_cost_per_token=1.0e3,
-                     dense_cost_per_token=0.0, softmax_cost_per_pair=1.0)
+    arguments = dict(
+        n_linear_layers=2,
+        n_softmax_layers=2,
+        linear_cost_per_token=1.0e3,
+        dense_cost_per_token=0.0,
+        softmax_cost_per_pair=1.0,
+    )
     length = 1 << 20
     equal = balanced_boundaries(length, 4, 0.0, 1, **arguments)
     hybrid = balanced_boundaries(length, 4, 1.0, 1, **arguments)
