@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 
 from export_programs import tiny_program
+from schedlang.frontend import load_program
 from schedlang.lowering.cost import CostModelKind
 from schedlang.lowering.export.chrome import (
     MICROSECONDS_PER_SECOND,
@@ -92,6 +94,16 @@ def test_tiny_unit_trace_matches_golden(golden, tiny):
 @pytest.mark.parametrize(("order", "n_chunks"), [("1f1b", 2), ("gpipe", 3), ("1f1b", 1)])
 def test_simulated_traces_are_well_formed(cost_model, order, n_chunks):
     timeline, trace = _trace_of(tiny_program(order, n_chunks, n_microbatches=3), cost_model)
+    check_trace_structure(trace, timeline)
+
+
+@pytest.mark.parametrize("cost_model", list(CostModelKind))
+@pytest.mark.parametrize(
+    "example", sorted(path.name for path in (Path(__file__).parents[2] / "examples").glob("*.sched"))
+)
+def test_every_example_gives_a_well_formed_trace(cost_model, example):
+    program = load_program(Path(__file__).parents[2] / "examples" / example)
+    timeline, trace = _trace_of(program, cost_model)
     check_trace_structure(trace, timeline)
 
 
