@@ -18,7 +18,6 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from schedlang.runtime.actions import Action
-from schedlang.runtime.checkpoint import load_checkpoint, save_checkpoint
 from schedlang.runtime.config import ModelConfig, OptimizerKind, PipelineConfig, TrainConfig
 from schedlang.runtime.data import TokenSource
 from schedlang.runtime.executor import StageExecutor, StepShape
@@ -53,6 +52,7 @@ class Trainer:
     pipeline_config: PipelineConfig
     train_config: TrainConfig
     mesh: RuntimeMesh
+    timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         pipeline, mesh = self.pipeline_config, self.mesh
@@ -96,8 +96,6 @@ class Trainer:
         )
         self.start_step = 0
 
-    timeout_s: float = 300.0
-
     def forward_backward(self, step: int) -> float:
         """Run one step's tasks and reduce gradients; the optimizer step is separate so tests can read gradients."""
         self.optimizer.zero_grad(set_to_none=False)
@@ -128,8 +126,15 @@ class Trainer:
     def optimizer_step(self) -> None:
         self.optimizer.step()
 
+    def close(self) -> None:
+        """Leave the job cleanly so torchrun sees every rank finish."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
     def resume(self) -> int:
         if self.train_config.checkpoint_directory:
+            from schedlang.runtime.checkpoint import load_checkpoint
+
             self.start_step = load_checkpoint(self.train_config.checkpoint_directory, self.model, self.optimizer)
         return self.start_step
 
@@ -154,6 +159,8 @@ class Trainer:
                 losses.append(loss)
                 done = step + 1
                 if config.checkpoint_directory and config.checkpoint_every and done % config.checkpoint_every == 0:
+                    from schedlang.runtime.checkpoint import save_checkpoint
+
                     save_checkpoint(config.checkpoint_directory, done, self.model, self.optimizer)
                 if reporter is not None and (done % config.log_every == 0 or done == steps):
                     reporter.report(

@@ -1,0 +1,230 @@
+"""Code generation: checked program -> one readable torch.distributed training script.
+
+Input: a :class:`ScheduleProgram` from the front end. This pass first gets
+the per-stage orders (``schedlang.lowering.orders``) and refuses an illegal
+schedule with the legality report (:class:`IllegalScheduleError`); it refuses
+features the runtime cannot execute with :class:`UnsupportedScheduleError`
+carrying the span of the key that asks for them. Then it places the
+communication (``schedlang.lowering.placement``), builds a view model in
+which every value from the schedule file is already a Python literal
+(``repr``), and renders ``templates/train.py.jinja``. The template only
+arranges those literals; user text never becomes code.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from schedlang.lowering.legality import IllegalScheduleError, check_orders
+from schedlang.lowering.orders import stage_orders
+from schedlang.lowering.placement import place_stage_actions
+from schedlang.lowering.program import LayerKind, MlpKind, Recompute, ScheduleProgram
+from schedlang.lowering.source import Span
+
+ACTIONS_PER_LINE = 8
+_SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+RUNTIME_LAYER_KINDS = (LayerKind.GLA, LayerKind.SIMPLE_GLA)
+
+
+class UnsupportedScheduleError(ValueError):
+    """A legal schedule asking for something the runtime does not execute."""
+
+    def __init__(self, message: str, span: Span | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.span = span
+
+
+def make_environment() -> jinja2.Environment:
+    """The one Jinja environment for every template: strict, whitespace-faithful."""
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("schedlang.lowering", "templates"),
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+    )
+
+
+@dataclass(frozen=True)
+class ModelView:
+    vocab: str
+    d_model: str
+    layers: str
+    heads: str
+    head_dim: str
+    mlp_ratio: str
+
+
+@dataclass(frozen=True)
+class StageView:
+    index: int
+    layers_text: str
+    ends_text: str
+    action_lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TrainView:
+    steps: str
+    seed: str
+    dtype: str
+    optimizer_kind: str
+    lr: str
+    weight_decay: str
+    betas: str
+    momentum: str
+    data_kind: str
+    data_seed: str
+    data_path: str
+    grad_clip: str
+    checkpoint_directory: str
+    checkpoint_every: str
+    log_every: str
+
+
+@dataclass(frozen=True)
+class TrainScriptView:
+    title: str
+    source_literal: str
+    script_name: str
+    order_name: str
+    mesh_shape: tuple[int, int, int]
+    mesh_shape_literal: str
+    world_size: int
+    microbatches: int
+    microbatch_size: int
+    sequence_length: int
+    n_chunks: int
+    model: ModelView
+    stages: tuple[StageView, ...]
+    stage_actions_literal: str
+    stage_layers_literal: str
+    chunk_boundaries_literal: str
+    recompute: str
+    train: TrainView
+
+
+def check_supported(program: ScheduleProgram) -> None:
+    """Refuse what the runtime cannot run yet, pointing at the key that asks for it."""
+    unsupported = sorted({kind.value for kind in program.model.layers if kind not in RUNTIME_LAYER_KINDS})
+    if unsupported:
+        raise UnsupportedScheduleError(
+            f"the runtime executes only gla and simple_gla layers; this model has {', '.join(unsupported)}",
+            program.spans.get("model.layers"),
+        )
+    if program.mesh.sequence > 1:
+        raise UnsupportedScheduleError(
+            f"mesh.sequence = {program.mesh.sequence}: generated scripts do not run sequence parallelism yet; "
+            "use sequence = 1 (chunks of one sequence still flow through the pipeline)",
+            program.spans.get("mesh.sequence"),
+        )
+    if program.pipeline.cuda_graphs:
+        raise UnsupportedScheduleError(
+            "pipeline.cuda_graphs is not supported by generated scripts", program.spans.get("pipeline.cuda_graphs")
+        )
+
+
+def _action_lines(actions) -> tuple[str, ...]:
+    texts = [repr(str(action)) + "," for action in actions]
+    return tuple(" ".join(texts[start : start + ACTIONS_PER_LINE]) for start in range(0, len(texts), ACTIONS_PER_LINE))
+
+
+def _tuple_of_names(names: list[str]) -> str:
+    return f"({names[0]},)" if len(names) == 1 else "(" + ", ".join(names) + ")"
+
+
+def _layers_text(layers: tuple[int, ...]) -> str:
+    return f"{layers[0]}-{layers[-1]}" if len(layers) > 1 else str(layers[0])
+
+
+def _resolve_data_path(program: ScheduleProgram) -> str | None:
+    """A relative corpus path is relative to the schedule file, as the user wrote it there."""
+    path = program.train.data.path
+    if path is None or Path(path).is_absolute() or program.source_file.startswith("<"):
+        return path
+    return str((Path(program.source_file).parent / path).resolve())
+
+
+def build_view(program: ScheduleProgram, script_name: str = "train.py") -> TrainScriptView:
+    """Check the schedule and precompute every value the template prints."""
+    check_supported(program)
+    orders = stage_orders(program)
+    report = check_orders(program, orders)
+    if not report.is_legal:
+        raise IllegalScheduleError(report)
+    stage_actions = place_stage_actions(orders)
+    model, train = program.model, program.train
+    n_stages = program.n_stages
+    stages = []
+    for index, layers in enumerate(program.stage_layers):
+        ends = []
+        if index == 0:
+            ends.append("embedding")
+        if index == n_stages - 1:
+            ends.append("final norm, LM head and loss")
+        stages.append(
+            StageView(
+                index=index,
+                layers_text=_layers_text(layers),
+                ends_text=f", plus {' and '.join(ends)}" if ends else "",
+                action_lines=_action_lines(stage_actions[index]),
+            )
+        )
+    mesh_shape = (program.mesh.pipeline, program.mesh.sequence, program.mesh.data)
+    checkpoint = train.checkpoint
+    mlp_ratio = float(model.mlp.ratio) if model.mlp.kind is MlpKind.SWIGLU else 0.0
+    return TrainScriptView(
+        title=f"schedule {program.name}" if _SAFE_NAME.match(program.name) else "a schedule",
+        source_literal=repr(Path(program.source_file).name),
+        script_name=script_name,
+        order_name=program.pipeline.order.value,
+        mesh_shape=mesh_shape,
+        mesh_shape_literal=repr(mesh_shape),
+        world_size=program.mesh.world_size,
+        microbatches=program.n_microbatches,
+        microbatch_size=program.pipeline.microbatch_size,
+        sequence_length=program.sequence.length,
+        n_chunks=program.n_chunks,
+        model=ModelView(
+            vocab=repr(model.vocab),
+            d_model=repr(model.d_model),
+            layers=repr(tuple(kind.value for kind in model.layers)),
+            heads=repr(model.heads),
+            head_dim=repr(model.head_dim),
+            mlp_ratio=repr(mlp_ratio),
+        ),
+        stages=tuple(stages),
+        stage_actions_literal=_tuple_of_names([f"STAGE_{index}_ACTIONS" for index in range(n_stages)]),
+        stage_layers_literal=repr(tuple(tuple(layers) for layers in program.stage_layers)),
+        chunk_boundaries_literal=repr(tuple(program.sequence.boundaries)),
+        recompute=repr(program.pipeline.recompute is Recompute.FULL),
+        train=TrainView(
+            steps=repr(train.steps),
+            seed=repr(train.seed),
+            dtype=repr(train.dtype.value),
+            optimizer_kind=repr(train.optimizer.kind.value),
+            lr=repr(float(train.optimizer.lr)),
+            weight_decay=repr(float(train.optimizer.weight_decay)),
+            betas=repr(tuple(float(beta) for beta in train.optimizer.betas)),
+            momentum=repr(float(train.optimizer.momentum)),
+            data_kind=repr(train.data.kind.value),
+            data_seed=repr(train.data.seed),
+            data_path=repr(_resolve_data_path(program)),
+            grad_clip=repr(None if train.grad_clip is None else float(train.grad_clip)),
+            checkpoint_directory=repr(None if checkpoint is None else checkpoint.directory),
+            checkpoint_every=repr(0 if checkpoint is None else checkpoint.every),
+            log_every=repr(train.log_every),
+        ),
+    )
+
+
+def render_train_script(program: ScheduleProgram, script_name: str = "train.py") -> str:
+    """The training script's text; see the module docstring for what is checked first."""
+    template = make_environment().get_template("train.py.jinja")
+    return template.render(view=build_view(program, script_name))
