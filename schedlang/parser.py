@@ -38,7 +38,7 @@ _TERMINAL_DESCRIPTIONS = {
     "INT": "an integer",
     "FLOAT": "a number",
     "STRING": "a string",
-    "TASK": "a task such as F0.0",
+    "TASK_RUN": "a task such as F0.0",
     "$END": "end of file",
 }
 _VALUE_TERMINALS = frozenset({"INT", "FLOAT", "STRING", "NAME", "DIGIT_NAME", "LSQB"})
@@ -241,7 +241,7 @@ def _unexpected_token(
             hint=f"'{previous}' on line {previous.line} was read as the value of '{key}'",
         )
     if expected == {"EQUAL"} and previous is not None and previous.type == "NAME":
-        if before_previous is not None and before_previous.type in {"TASK", "COLON"}:
+        if before_previous is not None and before_previous.type in {"TASK_RUN", "COLON"}:
             return Diagnostic.error(
                 f"'{previous}' is not a task",
                 _token_span(previous, filename),
@@ -297,7 +297,7 @@ def _unexpected_token(
         )
     if token.type in _CLOSER_OF.values() and (not open_brackets or _CLOSER_OF[inside] != token.type):
         return Diagnostic.error(f"unmatched '{_BRACKET_TEXT[token.type]}'", span)
-    if token.type == "TASK":
+    if token.type == "TASK_RUN":
         return Diagnostic.error(
             f"unexpected {_shown(token)}; tasks belong on a `stage N:` line inside the pipeline block",
             span,
@@ -322,6 +322,7 @@ def _unclosed(opening: Token, name_before: Token | None, filename: str) -> Diagn
     return Diagnostic.error(message, _token_span(opening, filename), hint=f"add the matching '{closer}'")
 
 
+_WORD = re.compile(r"\S+")
 _ESCAPE = re.compile(r"\\(.)")
 _ESCAPED = {"n": "\n", "t": "\t", '"': '"', "\\": "\\"}
 
@@ -373,12 +374,16 @@ class _AstBuilder:
         return ast.Assignment(str(key), self.span_of(key), self.value(value, span), span)
 
     def stage_line(self, tree: Tree) -> ast.StageLine:
-        stage, *tasks = tree.children
-        return ast.StageLine(
-            self.integer(stage),
-            tuple(ast.StageTask(str(task), self.span_of(task)) for task in tasks),
-            self.span_of(tree),
-        )
+        stage, *runs = tree.children
+        tasks = []
+        for run in runs:
+            # A run never crosses a line (see TASK_RUN in the grammar), so each
+            # word's column is the run's column plus its offset.
+            for word in _WORD.finditer(str(run)):
+                column = run.column + word.start()
+                span = Span(self.filename, run.line, column, run.line, column + len(word.group()))
+                tasks.append(ast.StageTask(word.group(), span))
+        return ast.StageLine(self.integer(stage), tuple(tasks), self.span_of(tree))
 
     def integer(self, token: Token) -> ast.IntLiteral:
         span = self.span_of(token)

@@ -95,6 +95,8 @@ MAX_MICROBATCHES = 1 << 20
 MAX_HEAD_DIM = 1024
 
 _TASK_TOKEN = re.compile(r"^([FB])([0-9]+)\.([0-9]+)$")
+# A dict lookup, not TaskKind(letter): explicit orders can hold 10^5 tasks.
+_TASK_KINDS = {kind.value: kind for kind in TaskKind}
 
 EnumType = TypeVar("EnumType", bound=Enum)
 
@@ -823,7 +825,7 @@ class _Lowering:
             ok = False
         if not ok:
             return None
-        return TaskToken(TaskId(TaskKind(kind), stage, microbatch, chunk), word.span)
+        return TaskToken(TaskId(_TASK_KINDS[kind], stage, microbatch, chunk), word.span)
 
     def pipeline(self, mesh: MeshSpec | None, sequence: SequenceSpec | None) -> PipelineSpec | None:
         microbatches = self.positive("pipeline", "microbatches", maximum=MAX_MICROBATCHES)

@@ -139,3 +139,20 @@ def test_huge_integer_is_a_diagnostic():
     with pytest.raises(ScheduleError) as raised:
         parse_text("model { vocab = " + "9" * 5000 + " }", "t.sched")
     assert "too long" in raised.value.diagnostics[0].message
+
+
+def test_stage_line_may_continue_over_lines_and_keeps_each_task_span():
+    tree = parse_text("pipeline {\n  stage 0: F0.0\tF0.1\n           B0.1  B0.0 # done\n}\n", "t.sched")
+    (line,) = tree.blocks[0].items
+    assert [task.text for task in line.tasks] == ["F0.0", "F0.1", "B0.1", "B0.0"]
+    assert [(task.span.line, task.span.column, task.span.end_column) for task in line.tasks] == [
+        (2, 12, 16),
+        (2, 17, 21),
+        (3, 12, 16),
+        (3, 18, 22),
+    ]
+
+
+def test_missing_value_before_closing_brace():
+    line, column, message, _ = syntax_error("model {\n  vocab =\n}\n")
+    assert (line, column, message) == (3, 1, "missing value after '=', found '}'")
