@@ -1,0 +1,143 @@
+"""Triton kernels shared by the chunked operators: the chunk-local gate cumsum and the state scan.
+
+The state pass is split the way ZeCO splits it across devices, here across thread blocks: every chunk's
+contribution U_n is a matrix product that runs in parallel over chunks (the operator's own kernel), and
+only the elementwise scan  S_{n+1} = exp(gamma_n) * S_n + U_n  is sequential. The scan is spread over
+small row blocks of the state so that many programs run it at once.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised kernel output, NaN-filled when SCHEDLANG_KERNELS_POISON_OUTPUTS=1 (tests)."""
+    if os.environ.get("SCHEDLANG_KERNELS_POISON_OUTPUTS") == "1":
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+@triton.jit
+def chunk_local_cumsum_kernel(
+    g, gate_cumsum, chunk_gate, T, NT,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+):
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    p_g = tl.make_block_ptr(g + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0))
+    p_gc = tl.make_block_ptr(
+        gate_cumsum + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0)
+    )
+    # [BT, BK]
+    b_g = tl.load(p_g, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    tl.store(p_gc, tl.cumsum(b_g, axis=0), boundary_check=(0, 1))
+    o_k = i_k * BK + tl.arange(0, BK)
+    tl.store(chunk_gate + (i_bh * NT + i_t) * K + o_k, tl.sum(b_g, axis=0), mask=o_k < K)
+
+
+def chunk_local_cumsum(g: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """g [B, T, H, K] (or [B, T, H]) -> (cumsum inside each chunk, same shape, float32;
+    per-chunk total [B, H, NT, K] (or [B, H, NT]), float32)."""
+    scalar_gate = g.dim() == 3
+    gate = g.unsqueeze(-1) if scalar_gate else g
+    batch, length, heads, key_dim = gate.shape
+    n_chunks = triton.cdiv(length, chunk_size)
+    gate_cumsum = new_output(gate.shape, torch.float32, g.device)
+    chunk_gate = new_output((batch, heads, n_chunks, key_dim), torch.float32, g.device)
+    block_k = min(64, triton.next_power_of_2(key_dim))
+    grid = (triton.cdiv(key_dim, block_k), n_chunks, batch * heads)
+    chunk_local_cumsum_kernel[grid](
+        gate.contiguous(), gate_cumsum, chunk_gate, length, n_chunks, H=heads, K=key_dim, BT=chunk_size, BK=block_k
+    )
+    if scalar_gate:
+        return gate_cumsum.squeeze(-1), chunk_gate.squeeze(-1)
+    return gate_cumsum, chunk_gate
+
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _scan_step(
+    updates, chunk_gate, states, b_state, i_bh, i_n, o_k, i_k, i_v, NT,
+    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALAR_GATE: tl.constexpr,
+):
+    offset = (i_bh * NT + i_n).to(tl.int64) * K * V
+    p_update = tl.make_block_ptr(updates + offset, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+    p_state = tl.make_block_ptr(states + offset, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+    b_update = tl.load(p_update, boundary_check=(0, 1))
+    tl.store(p_state, b_state.to(p_state.dtype.element_ty), boundary_check=(0, 1))
+    if SCALAR_GATE:
+        b_decay = tl.exp(tl.load(chunk_gate + i_bh * NT + i_n))
+        b_state = b_state * b_decay + b_update
+    else:
+        b_decay = tl.exp(tl.load(chunk_gate + (i_bh * NT + i_n) * K + o_k, mask=o_k < K, other=0.0))
+        b_state = b_state * b_decay[:, None] + b_update
+    return b_state
+
+
+@triton.jit
+def chunk_state_scan_kernel(
+    updates, chunk_gate, states, initial_state, final_state, NT,
+    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    SCALAR_GATE: tl.constexpr, REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    # Triton 3.6's interpreter cannot take a run-time loop bound in range() under numpy >= 2.4 (it converts
+    # a one-element array with int()), so interpreted runs loop with while; compiled runs keep range(),
+    # which Triton software-pipelines.
+    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_k = i_k * BK + tl.arange(0, BK)
+    b_state = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_INITIAL:
+        p_initial = tl.make_block_ptr(initial_state + i_bh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+        b_state += tl.load(p_initial, boundary_check=(0, 1)).to(tl.float32)
+    if INTERPRETED:
+        step = 0
+        while step < NT:
+            i_n = NT - 1 - step if REVERSE else step
+            b_state = _scan_step(updates, chunk_gate, states, b_state, i_bh, i_n, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE)
+            step += 1
+    else:
+        for step in range(NT):
+            if REVERSE:
+                i_n = NT - 1 - step
+            else:
+                i_n = step
+            b_state = _scan_step(updates, chunk_gate, states, b_state, i_bh, i_n, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE)
+    p_final = tl.make_block_ptr(final_state + i_bh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+    tl.store(p_final, b_state, boundary_check=(0, 1))
+
+
+def chunk_state_scan(
+    updates: torch.Tensor,
+    chunk_gate: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    states_dtype: torch.dtype,
+    reverse: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scan the per-chunk updates U [B, H, NT, K, V] (float32).
+
+    Forward (reverse=False): states[n] = state entering chunk n, S_{n+1} = exp(gate_n) S_n + U_n, from
+    initial_state. Backward (reverse=True): states[n] = gradient of the state leaving chunk n,
+    dS_n = exp(gate_n) dS_{n+1} + U_n, from initial_state = the final-state gradient. Returns (states in
+    states_dtype, the last value of the scan [B, H, K, V] float32).
+    """
+    batch, heads, n_chunks, key_dim, value_dim = updates.shape
+    states = new_output(updates.shape, states_dtype, updates.device)
+    final_state = new_output((batch, heads, key_dim, value_dim), torch.float32, updates.device)
+    block_k = min(16, triton.next_power_of_2(key_dim))
+    block_v = min(64, triton.next_power_of_2(value_dim))
+    grid = (triton.cdiv(key_dim, block_k), triton.cdiv(value_dim, block_v), batch * heads)
+    chunk_state_scan_kernel[grid](
+        updates, chunk_gate.contiguous(), states,
+        initial_state.contiguous() if initial_state is not None else updates, final_state, n_chunks,
+        K=key_dim, V=value_dim, BK=block_k, BV=block_v,
+        SCALAR_GATE=chunk_gate.dim() == 3, REVERSE=reverse, HAS_INITIAL=initial_state is not None,
+        INTERPRETED=INTERPRETED,
+    )
+    return states, final_state
