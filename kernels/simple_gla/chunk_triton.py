@@ -1,0 +1,246 @@
+"""Triton chunked simple GLA (scalar gate per head and token): kernels, host functions, implementation.
+
+Forward: gate cumsum -> per-chunk state updates -> state scan (kernels/common/triton_scan.py) -> one
+output kernel (intra-chunk scores with the decay matrix, plus the read of the entering state). Backward:
+recomputed states, reverse scan of the state gradients, a dv kernel and a dq/dk/dg kernel. With a scalar
+gate the decay matrix exp(gc_i - gc_j), j <= i, never exceeds 1, so no sub-chunk split is needed.
+Transposed products are formed from operands loaded transposed, never from a transposed accumulator.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from schedlang.kernels.common.function import Implementation
+from schedlang.kernels.common.triton_scan import chunk_local_cumsum, chunk_state_scan, new_output
+
+CHUNK = 64
+
+
+@triton.jit
+def simple_gla_fwd_kernel_chunk_updates(
+    x, y, gate_cumsum, chunk_gate, updates, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    FROM_CHUNK_END: tl.constexpr,
+):
+    # FROM_CHUNK_END: U_n = (k * exp(gl - gc))^T v; else U_n = scale * (q * exp(gc))^T do
+    i_k, i_v, i_nbh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh, i_n = i_nbh // NT, i_nbh % NT
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_n * BT + tl.arange(0, BT)
+    p_xt = tl.make_block_ptr(x + i_b * T * H * K + i_h * K, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
+    p_y = tl.make_block_ptr(y + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+    b_xt = tl.load(p_xt, boundary_check=(0, 1), padding_option="zero")
+    b_y = tl.load(p_y, boundary_check=(0, 1), padding_option="zero")
+    # [BT]
+    b_gc = tl.load(gate_cumsum + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.0)
+    if FROM_CHUNK_END:
+        b_gl = tl.load(chunk_gate + i_bh * NT + i_n)
+        b_xt = (b_xt * tl.exp(b_gl - b_gc)[None, :]).to(b_y.dtype)
+    else:
+        b_xt = (b_xt * (tl.exp(b_gc) * scale)[None, :]).to(b_y.dtype)
+    p_update = tl.make_block_ptr(
+        updates + i_nbh.to(tl.int64) * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0)
+    )
+    tl.store(p_update, tl.dot(b_xt, b_y), boundary_check=(0, 1))
+
+
+@triton.jit
+def simple_gla_fwd_kernel_output(
+    q, k, v, gate_cumsum, states, output, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    state_base = states + (i_bh * NT + i_n).to(tl.int64) * K * V
+    b_inter = tl.zeros([BT, BV], dtype=tl.float32)
+    b_scores = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        p_q = tl.make_block_ptr(q + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+        p_kt = tl.make_block_ptr(k + i_b * T * H * K + i_h * K, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
+        p_h = tl.make_block_ptr(state_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
+        b_kt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero")
+        b_h = tl.load(p_h, boundary_check=(0, 1))
+        b_scores += tl.dot(b_q, b_kt)
+        b_inter += tl.dot(b_q.to(b_h.dtype), b_h)
+    o_i = tl.arange(0, BT)
+    o_t = i_n * BT + o_i
+    b_gc = tl.load(gate_cumsum + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.0)
+    causal = o_i[:, None] >= o_i[None, :]
+    b_decay = tl.exp(tl.where(causal, b_gc[:, None] - b_gc[None, :], float("-inf")))
+    p_v = tl.make_block_ptr(v + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+    b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
+    b_o = b_inter * tl.exp(b_gc)[:, None] + tl.dot((b_scores * b_decay).to(b_v.dtype), b_v)
+    p_o = tl.make_block_ptr(output + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+    tl.store(p_o, (b_o * scale).to(p_o.dtype.element_ty), boundary_check=(0, 1))
+
+
+@triton.jit
+def simple_gla_bwd_kernel_dv(
+    q, k, do, gate_cumsum, chunk_gate, state_grads, dv, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    # dv_j = sum_{i>=j} scale (q_i . k_j) exp(gc_i - gc_j) do_i + k_j exp(gl - gc_j) dS_leaving
+    i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    grad_base = state_grads + (i_bh * NT + i_n).to(tl.int64) * K * V
+    o_i = tl.arange(0, BT)
+    o_t = i_n * BT + o_i
+    b_gc = tl.load(gate_cumsum + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.0)
+    b_gl = tl.load(chunk_gate + i_bh * NT + i_n)
+    # [BT(j), BT(i)]
+    b_scores_t = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dv = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        p_k = tl.make_block_ptr(k + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+        p_qt = tl.make_block_ptr(q + i_b * T * H * K + i_h * K, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
+        p_dh = tl.make_block_ptr(grad_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+        b_qt = tl.load(p_qt, boundary_check=(0, 1), padding_option="zero")
+        b_dh = tl.load(p_dh, boundary_check=(0, 1))
+        b_scores_t += tl.dot(b_k, b_qt)
+        b_dv += tl.dot(b_k.to(b_dh.dtype), b_dh)
+    anticausal = o_i[:, None] <= o_i[None, :]
+    b_decay_t = tl.exp(tl.where(anticausal, b_gc[None, :] - b_gc[:, None], float("-inf")))
+    p_do = tl.make_block_ptr(do + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+    b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
+    b_dv = b_dv * tl.exp(b_gl - b_gc)[:, None] + tl.dot((b_scores_t * b_decay_t * scale).to(b_do.dtype), b_do)
+    p_dv = tl.make_block_ptr(dv + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+    tl.store(p_dv, b_dv.to(p_dv.dtype.element_ty), boundary_check=(0, 1))
+
+
+@triton.jit
+def simple_gla_bwd_kernel_dqkg(
+    q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq, dk, dg, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    # One program per chunk with the whole key dimension (BK >= K), so dg's sum over keys stays in the program.
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    chunk_offset = (i_bh * NT + i_n).to(tl.int64) * K * V
+    b_ds = tl.zeros([BT, BT], dtype=tl.float32)
+    b_ds_t = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_boundary = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        p_do = tl.make_block_ptr(do + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+        p_v = tl.make_block_ptr(v + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+        p_vt = tl.make_block_ptr(v + i_b * T * H * V + i_h * V, (V, T), (1, H * V), (i_v * BV, i_n * BT), (BV, BT), (0, 1))
+        p_dot = tl.make_block_ptr(do + i_b * T * H * V + i_h * V, (V, T), (1, H * V), (i_v * BV, i_n * BT), (BV, BT), (0, 1))
+        p_ht = tl.make_block_ptr(states + chunk_offset, (V, K), (1, V), (i_v * BV, 0), (BV, BK), (0, 1))
+        p_dht = tl.make_block_ptr(state_grads + chunk_offset, (V, K), (1, V), (i_v * BV, 0), (BV, BK), (0, 1))
+        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
+        b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
+        b_vt = tl.load(p_vt, boundary_check=(0, 1), padding_option="zero")
+        b_dot = tl.load(p_dot, boundary_check=(0, 1), padding_option="zero")
+        b_ht = tl.load(p_ht, boundary_check=(0, 1))
+        b_dht = tl.load(p_dht, boundary_check=(0, 1))
+        b_ds += tl.dot(b_do, b_vt)
+        b_ds_t += tl.dot(b_v, b_dot)
+        b_dq += tl.dot(b_do.to(b_ht.dtype), b_ht)
+        b_dk += tl.dot(b_v.to(b_dht.dtype), b_dht)
+        b_boundary += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
+    o_i = tl.arange(0, BT)
+    o_t = i_n * BT + o_i
+    b_gc = tl.load(gate_cumsum + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.0)
+    b_gl = tl.load(chunk_gate + i_bh * NT + i_n)
+    causal = o_i[:, None] >= o_i[None, :]
+    b_decay = tl.exp(tl.where(causal, b_gc[:, None] - b_gc[None, :], float("-inf")))
+    b_decay_t = tl.exp(tl.where(o_i[:, None] <= o_i[None, :], b_gc[None, :] - b_gc[:, None], float("-inf")))
+    base = i_b * T * H * K + i_h * K
+    p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (i_n * BT, 0), (BT, BK), (1, 0))
+    p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (i_n * BT, 0), (BT, BK), (1, 0))
+    b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
+    b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+    b_dq = b_dq * (tl.exp(b_gc) * scale)[:, None] + tl.dot((b_ds * b_decay * scale).to(b_k.dtype), b_k)
+    b_dk_state = b_dk * tl.exp(b_gl - b_gc)[:, None]
+    b_dk = b_dk_state + tl.dot((b_ds_t * b_decay_t * scale).to(b_q.dtype), b_q)
+    b_qf = b_q.to(tl.float32)
+    b_kf = b_k.to(tl.float32)
+    b_boundary_total = tl.sum(b_boundary, axis=0) * tl.exp(b_gl) + tl.sum(b_kf * b_dk_state)
+    b_terms = tl.sum(b_qf * b_dq - b_kf * b_dk, axis=1)
+    b_dg = tl.sum(b_terms, axis=0) - tl.cumsum(b_terms, axis=0) + b_terms + b_boundary_total
+    p_dq = tl.make_block_ptr(dq + base, (T, K), (H * K, 1), (i_n * BT, 0), (BT, BK), (1, 0))
+    p_dk = tl.make_block_ptr(dk + base, (T, K), (H * K, 1), (i_n * BT, 0), (BT, BK), (1, 0))
+    tl.store(p_dq, b_dq.to(p_dq.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(p_dk, b_dk.to(p_dk.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(dg + (i_b * T + o_t) * H + i_h, b_dg.to(dg.dtype.element_ty), mask=o_t < T)
+
+
+def _blocks(dim: int, largest: int) -> int:
+    return max(16, min(largest, triton.next_power_of_2(dim)))
+
+
+def _states_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float32, torch.float64) else dtype
+
+
+def chunk_updates(x, y, gate_cumsum, chunk_gate, scale: float, from_chunk_end: bool) -> torch.Tensor:
+    batch, length, heads, key_dim = x.shape
+    value_dim = y.shape[-1]
+    n_chunks = triton.cdiv(length, CHUNK)
+    updates = new_output((batch, heads, n_chunks, key_dim, value_dim), torch.float32, x.device)
+    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64)
+    grid = (triton.cdiv(key_dim, block_k), triton.cdiv(value_dim, block_v), n_chunks * batch * heads)
+    simple_gla_fwd_kernel_chunk_updates[grid](
+        x, y, gate_cumsum, chunk_gate, updates, scale, length, n_chunks,
+        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v, FROM_CHUNK_END=from_chunk_end,
+    )
+    return updates
+
+
+def _states(k, v, gate_cumsum, chunk_gate, initial_state):
+    updates = chunk_updates(k, v, gate_cumsum, chunk_gate, 1.0, from_chunk_end=True)
+    return chunk_state_scan(updates, chunk_gate, initial_state, _states_dtype(k.dtype), reverse=False)
+
+
+def forward(q, k, v, g, scale, initial_state):
+    q, k, v, g = [tensor.contiguous() for tensor in (q, k, v, g)]
+    batch, length, heads, key_dim = q.shape
+    value_dim = v.shape[-1]
+    n_chunks = triton.cdiv(length, CHUNK)
+    gate_cumsum, chunk_gate = chunk_local_cumsum(g, CHUNK)
+    states, final_state = _states(k, v, gate_cumsum, chunk_gate, initial_state)
+    output = new_output(v.shape, v.dtype, v.device)
+    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64)
+    simple_gla_fwd_kernel_output[(triton.cdiv(value_dim, block_v), n_chunks, batch * heads)](
+        q, k, v, gate_cumsum, states, output, scale, length, n_chunks,
+        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
+    )
+    return output, final_state
+
+
+def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
+    q, k, v, g, do = [tensor.contiguous() for tensor in (q, k, v, g, do)]
+    batch, length, heads, key_dim = q.shape
+    value_dim = v.shape[-1]
+    if key_dim > 256:
+        raise ValueError(f"the Triton simple-GLA backward supports K <= 256, got K = {key_dim}; use backend='torch'")
+    n_chunks = triton.cdiv(length, CHUNK)
+    gate_cumsum, chunk_gate = chunk_local_cumsum(g, CHUNK)
+    states, _ = _states(k, v, gate_cumsum, chunk_gate, initial_state)
+    grad_updates = chunk_updates(q, do, gate_cumsum, chunk_gate, scale, from_chunk_end=False)
+    state_grads, initial_grad = chunk_state_scan(
+        grad_updates, chunk_gate, final_state_grad, _states_dtype(k.dtype), reverse=True
+    )
+    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64)
+    dv = new_output(v.shape, v.dtype, v.device)
+    simple_gla_bwd_kernel_dv[(triton.cdiv(value_dim, block_v), n_chunks, batch * heads)](
+        q, k, do, gate_cumsum, chunk_gate, state_grads, dv, scale, length, n_chunks,
+        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
+    )
+    dq = new_output(q.shape, q.dtype, q.device)
+    dk = new_output(k.shape, k.dtype, k.device)
+    dg = new_output(g.shape, torch.float32, g.device)
+    simple_gla_bwd_kernel_dqkg[(n_chunks, batch * heads)](
+        q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq, dk, dg, scale, length, n_chunks,
+        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=_blocks(key_dim, 256), BV=_blocks(value_dim, 32),
+    )
+    return dq, dk, dv, dg, initial_grad
+
+
+TRITON_IMPLEMENTATION = Implementation("triton", forward, backward)
