@@ -49,6 +49,7 @@ class Case:
     total_length: int = 29
     via_kernel: bool = False
     dtype: torch.dtype = torch.float64
+    chained_spans: bool = False  # two spans, the first's final_state feeding the second
 
     @property
     def name(self) -> str:
@@ -56,6 +57,7 @@ class Case:
             f"{self.method.value}-blocks{self.scan_blocks}-{self.gate.value}-K{self.key_dim}"
             f"-init{int(self.with_initial_state)}-final{int(self.output_final_state)}-T{self.total_length}"
             f"-{'kernel' if self.via_kernel else 'naive'}-{str(self.dtype).removeprefix('torch.')}"
+            f"{'-chained' if self.chained_spans else ''}"
         )
 
 
@@ -81,6 +83,10 @@ def _cases() -> list[Case]:
             for dtype in (torch.float64, torch.float32):
                 cases.append(Case(method, gate, 4, seed=seed, total_length=157, via_kernel=True, dtype=dtype))
                 seed += 1
+    for method in SequenceParallelMethod:
+        cases.append(Case(method, GateKind.VECTOR, 2, seed=seed, total_length=45, via_kernel=True, chained_spans=True))
+        cases.append(Case(method, GateKind.SCALAR, 2, seed=seed + 1, total_length=45, chained_spans=True))
+        seed += 2
     return cases
 
 
@@ -164,7 +170,64 @@ def _run_sequence_parallel(case: Case, local: dict, initial_state, group):
     return sequence_parallel_combine(o_local, local_state, local["q"], local["g"], **options)
 
 
+def _check_chained_spans(case: Case, group, failures: list[str], label: str) -> None:
+    """Two spans chained as the pipeline executor does: span 2 starts from span 1's final state.
+
+    Each rank feeds its own copy of span 1's final state to span 2 as a fresh
+    leaf, and hands that leaf's gradient back to its copy of span 1's final
+    state: only rank 0's is nonzero, and the sum over ranks is the right one.
+    """
+    group_rank = dist.get_rank(group)
+    group_size = dist.get_world_size(group)
+    inputs = _make_inputs(case, group_size)
+    expected = _reference(case, inputs)
+    generator = torch.Generator().manual_seed(2000 + case.seed)
+    first_span_length = case.total_length // 2 + 3
+    span_bounds = [(0, first_span_length), (first_span_length, case.total_length)]
+    rank_slices = []
+    for span_start, span_stop in span_bounds:
+        lengths = _uneven_lengths(span_stop - span_start, group_size, generator)
+        start = span_start + sum(lengths[:group_rank])
+        rank_slices.append(slice(start, start + lengths[group_rank]))
+
+    state = _leaf(inputs["initial_state"])
+    first_initial_state = state
+    spans = []
+    for rank_slice in rank_slices:
+        local = {name: _leaf(inputs[name][:, rank_slice]) for name in ("q", "k", "v", "g")}
+        o, final_state = _run_sequence_parallel(case, local, state, group)
+        spans.append((local, o, final_state, state))
+        state = _leaf(final_state)
+
+    _, last_o, last_final_state, last_initial_state = spans[1]
+    loss = (last_o * inputs["output_weight"][:, rank_slices[1]]).sum()
+    loss = loss + (last_final_state * inputs["final_weights"][group_rank]).sum()
+    loss.backward()
+    _, first_o, first_final_state, _ = spans[0]
+    torch.autograd.backward(
+        [first_o, first_final_state],
+        [inputs["output_weight"][:, rank_slices[0]], last_initial_state.grad],
+    )
+
+    def expect_close(what, actual, wanted):
+        error = relative_error(actual, wanted)
+        if not error <= TOLERANCE[case.dtype]:
+            failures.append(f"{label} {case.name} group rank {group_rank}: {what} relative error {error:.2e}")
+
+    for span_index, (local, o, _, _) in enumerate(spans):
+        rank_slice = rank_slices[span_index]
+        expect_close(f"span {span_index} o", o, expected["o"][:, rank_slice])
+        for name in ("q", "k", "v", "g"):
+            expect_close(f"span {span_index} d{name}", local[name].grad, expected["grads"][name][:, rank_slice])
+    expect_close("final_state", last_final_state, expected["final_state"])
+    if group_rank == 0:
+        expect_close("d initial_state", first_initial_state.grad, expected["grads"]["initial_state"])
+
+
 def _check_case(case: Case, group, failures: list[str], label: str) -> None:
+    if case.chained_spans:
+        _check_chained_spans(case, group, failures, label)
+        return
     group_rank = dist.get_rank(group)
     group_size = dist.get_world_size(group)
     inputs = _make_inputs(case, group_size)
