@@ -90,8 +90,8 @@ def run_with_grads(function, inputs: Inputs, **kwargs) -> dict[str, torch.Tensor
 
 
 def reference(operator: Operator, inputs: Inputs) -> dict[str, torch.Tensor]:
-    """The naive recurrence in float64 on the CPU."""
-    as64 = Inputs(*[None if t is None else t.detach().cpu().double() for t in vars(inputs).values()])
+    """The naive recurrence in float64, on the inputs' device."""
+    as64 = Inputs(*[None if t is None else t.detach().double() for t in vars(inputs).values()])
     return run_with_grads(operator.naive, as64)
 
 

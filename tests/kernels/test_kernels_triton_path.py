@@ -1,0 +1,73 @@
+"""The Triton kernels against the float64 naive recurrence.
+
+On a CPU they run under TRITON_INTERPRET=1 (set by tests/conftest.py) at tiny sizes; on a GPU the same
+tests run at real sizes, in float32 (tf32 matrix products) and bfloat16. Outputs are allocated NaN-filled
+(tests/kernels/conftest.py), so an element a kernel never writes fails the comparison.
+"""
+
+import pytest
+import torch
+
+from kernel_reference_cases import OPERATORS, assert_close, make_inputs, reference, relative_error, run_with_grads
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+
+if ON_GPU:
+    SHAPES = [(2, 63, 2, 32), (1, 1000, 4, 64), (2, 1000, 2, 128), (1, 2048, 4, 128), (3, 300, 3, 64)]
+    DTYPES = {"float32": (torch.float32, 5e-3), "bfloat16": (torch.bfloat16, 3e-2)}
+else:
+    SHAPES = [(1, 63, 2, 32), (2, 130, 1, 16)]
+    DTYPES = {"float32": (torch.float32, 1e-5)}
+
+
+def shape_id(shape):
+    return "B{}-T{}-H{}-D{}".format(*shape)
+
+
+@pytest.mark.parametrize("operator_name", sorted(OPERATORS))
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("decay, random_initial_state", [("weak", False), ("strong", True)], ids=["weak-zero_state", "strong-random_state"])
+@pytest.mark.parametrize("dtype_name", sorted(DTYPES))
+def test_triton_path_matches_naive_recurrence(operator_name, shape, decay, random_initial_state, dtype_name):
+    operator = OPERATORS[operator_name]
+    dtype, tolerance = DTYPES[dtype_name]
+    inputs = make_inputs(operator, *shape, decay, random_initial_state, dtype, DEVICE)
+    expected = reference(operator, inputs)
+    actual = run_with_grads(operator.chunked, inputs, backend="triton")
+    assert actual["o"].dtype == dtype and actual["final_state"].dtype == torch.float32
+    assert_close(actual, expected, tolerance)
+
+
+@pytest.mark.parametrize("operator_name", sorted(OPERATORS))
+def test_triton_path_chained_over_pieces_matches_the_reference(operator_name):
+    operator = OPERATORS[operator_name]
+    length = 1000 if ON_GPU else 150
+    cuts = [100, 513, 640, 900] if ON_GPU else [40, 64, 129]
+    dtype, tolerance = DTYPES["float32"]
+    inputs = make_inputs(operator, 1, length, 2, 32, "strong", True, dtype, DEVICE)
+
+    def pieces(q, k, v, g, initial_state=None, output_final_state=True):
+        outputs, state = [], initial_state
+        bounds = [0, *cuts, length]
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            output, state = operator.chunked(
+                q[:, start:end], k[:, start:end], v[:, start:end], g[:, start:end],
+                initial_state=state, output_final_state=True, backend="triton",
+            )
+            outputs.append(output)
+        return torch.cat(outputs, dim=1), state
+
+    assert_close(run_with_grads(pieces, inputs), reference(operator, inputs), tolerance)
+
+
+@pytest.mark.parametrize("operator_name", sorted(OPERATORS))
+def test_auto_backend_picks_triton_here(operator_name):
+    """With TRITON_INTERPRET=1 on a CPU, or on a GPU, "auto" runs the Triton kernels: same numbers as "triton"."""
+    operator = OPERATORS[operator_name]
+    inputs = make_inputs(operator, 1, 70, 1, 32, "weak", True, torch.float32, DEVICE)
+    automatic, _ = operator.chunked(inputs.q, inputs.k, inputs.v, inputs.g, initial_state=inputs.initial_state)
+    forced, _ = operator.chunked(inputs.q, inputs.k, inputs.v, inputs.g, initial_state=inputs.initial_state, backend="triton")
+    plain, _ = operator.chunked(inputs.q, inputs.k, inputs.v, inputs.g, initial_state=inputs.initial_state, backend="torch")
+    assert torch.equal(automatic, forced)
+    assert relative_error(forced, plain) < (5e-3 if ON_GPU else 1e-5)
