@@ -139,3 +139,19 @@ def test_sequences_of_language_tokens(tokens, separator):
 def test_every_truncation_of_an_example(example, cut):
     text = EXAMPLE_TEXTS[example]
     assert_only_schedule_errors(text[: cut % (len(text) + 1)])
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(range(len(EXAMPLE_TEXTS))),
+    st.integers(min_value=0, max_value=1000),
+    st.lists(st.sampled_from(VOCABULARY), min_size=1, max_size=6),
+)
+def test_random_values_for_each_key(example, which, value_tokens):
+    """A valid file with one key's value replaced by random tokens: reaches the semantic checks."""
+    lines = EXAMPLE_TEXTS[example].split("\n")
+    assignments = [index for index, line in enumerate(lines) if "=" in line and not line.lstrip().startswith("#")]
+    index = assignments[which % len(assignments)]
+    key = lines[index].split("=")[0]
+    lines[index] = key + "= " + " ".join(value_tokens)
+    assert_only_schedule_errors("\n".join(lines))
