@@ -503,14 +503,23 @@ class _Lowering:
                 hint=f"use at most {n_layers} stages or add layers",
             )
             return None
-        base, extra = divmod(n_layers, n_stages)
-        # The first `extra` stages take one more layer: a contiguous, count-balanced split.
-        stages, start = [], 0
-        for stage in range(n_stages):
-            size = base + (1 if stage < extra else 0)
-            stages.append(tuple(range(start, start + size)))
-            start += size
-        return tuple(stages)
+        per_stage, extra = divmod(n_layers, n_stages)
+        if extra:
+            # An uneven split is a choice (which stage carries the extra layer changes the pipeline's
+            # balance), so it must be written down rather than guessed.
+            span = self.spans.get("model.layers") or self.spans.get("mesh.pipeline") or self.file_start()
+            example = [list(range(0, per_stage + 1))] + [
+                list(range(per_stage + 1 + i * per_stage, per_stage + 1 + (i + 1) * per_stage))
+                for i in range(n_stages - 1)
+            ]
+            self.error(
+                f"{n_layers} layers do not divide evenly over {n_stages} pipeline stages",
+                span,
+                hint=f"use a multiple of {n_stages} layers, or give the split in the model block, "
+                f"e.g. stages = {example}".replace("'", ""),
+            )
+            return None
+        return tuple(tuple(range(stage * per_stage, (stage + 1) * per_stage)) for stage in range(n_stages))
 
     def check_stage_assignment(self, stages, stage_spans, n_layers: int, n_stages: int):
         span = self.spans["model.stages"]

@@ -59,6 +59,7 @@ CASES = {
     "mlp_ratio": ({7: "  head_dim = 64  mlp = swiglu(ratio = 0)"}, "", 7, "0", "'model.mlp.ratio' must be > 0, found 0"),
     "stages_shape": ({7: "  head_dim = 64  stages = [0, 1]"}, "", 7, "[0, 1]", "'model.stages' must be a list of layer-index lists, one per stage, e.g. [[0, 1], [2, 3]]"),
     "too_few_layers_for_stages": ({10: "  pipeline = 8"}, "", 10, "pipeline", "4 layers cannot fill 8 pipeline stages: each stage needs at least one layer"),
+    "layers_do_not_divide_stages": ({10: "  pipeline = 3"}, "", 5, "layers", "4 layers do not divide evenly over 3 pipeline stages"),
     "stages_count": ({7: "  head_dim = 64  stages = [[0, 1, 2, 3]]"}, "", 7, "stages", "'model.stages' lists 1 stages but mesh.pipeline = 2"),
     "stage_without_layers": ({7: "  head_dim = 64  stages = [[0, 1, 2, 3], []]"}, "", 7, "[]", "stage 1 has no layers in 'model.stages'"),
     "stage_not_contiguous": ({7: "  head_dim = 64  stages = [[0, 2, 1], [3]]"}, "", 7, "[0, 2, 1]", "stage 0 of 'model.stages' must hold the next contiguous layers [0, 1, 2], found [0, 2, 1]"),
