@@ -1,0 +1,77 @@
+"""One rank of a multi-rank test job: runs generated training scripts in sequence and saves the results.
+
+Started by ``runtime_harness.run_job`` as a plain subprocess with torchrun's
+environment variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so the
+scripts' own ``launch`` joins the job exactly as under torchrun; the process
+group is created once and reused for every script, which keeps a matrix of
+configurations to one start-up per world size.
+
+Usage: rank_worker.py OUT_DIR STEPS SCRIPT [SCRIPT ...]
+Environment knobs for failure tests: SCHEDLANG_TEST_DIE_RANK (that rank exits
+before its first step), SCHEDLANG_TEST_HANG_RANK (that rank sleeps instead),
+SCHEDLANG_TEST_TIMEOUT (seconds a rank waits for a peer), SCHEDLANG_TEST_STOP_AFTER
+(train() stops after that many steps, as a kill would; with a checkpoint directory).
+"""
+
+import importlib.util
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+
+def load_script(path: Path):
+    spec = importlib.util.spec_from_file_location(f"generated_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_script(index: int, path: Path, steps: int, out_dir: Path, rank: int) -> None:
+    from schedlang.runtime.trainer import launch
+
+    script = load_script(path)
+    timeout = float(os.environ.get("SCHEDLANG_TEST_TIMEOUT", "120"))
+    trainer = launch(script.MODEL, script.PIPELINE, script.TRAIN, script.MESH_SHAPE, "cpu", timeout_s=timeout)
+    if os.environ.get("SCHEDLANG_TEST_DIE_RANK") == str(rank):
+        os._exit(3)
+    if os.environ.get("SCHEDLANG_TEST_HANG_RANK") == str(rank):
+        time.sleep(3600)
+    result = {"rank": rank, "stage": trainer.mesh.stage, "data_index": trainer.mesh.data_index}
+    stop_after = os.environ.get("SCHEDLANG_TEST_STOP_AFTER")
+    if stop_after is not None or script.TRAIN.checkpoint_directory:
+        result["losses"] = trainer.train(steps, stop_after=None if stop_after is None else int(stop_after))
+    else:
+        losses, gradients = [], None
+        for step in range(steps):
+            losses.append(trainer.forward_backward(step))
+            if step == 0:
+                gradients = trainer.named_gradients()
+            trainer.optimizer_step()
+        result["losses"] = losses
+        result["gradients"] = gradients
+    torch.save(result, out_dir / f"result-{index}-rank{rank}.pt")
+
+
+def main() -> int:
+    out_dir, steps, scripts = Path(sys.argv[1]), int(sys.argv[2]), [Path(path) for path in sys.argv[3:]]
+    rank = int(os.environ["RANK"])
+    torch.set_num_threads(1)
+    try:
+        for index, path in enumerate(scripts):
+            run_script(index, path, steps, out_dir, rank)
+    except Exception:
+        (out_dir / f"error-rank{rank}.txt").write_text(traceback.format_exc(), encoding="utf-8")
+        return 1
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Helpers for runtime tests: compile schedule text to scripts and run them on several local ranks."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from schedlang.frontend import load_program_text
+from schedlang.lowering.codegen import render_train_script
+
+WORKER = Path(__file__).with_name("rank_worker.py")
+
+
+def compile_schedule(text: str, directory: Path, name: str) -> Path:
+    program = load_program_text(text, f"{name}.sched")
+    path = directory / f"{name}.py"
+    path.write_text(render_train_script(program, path.name), encoding="utf-8")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class JobResult:
+    return_codes: list[int]
+    errors: dict[int, str]
+    results: list[list[dict]] = field(default_factory=list)  # per script, per rank
+    seconds: float = 0.0
+
+    def losses(self, index: int) -> list[float]:
+        return self.results[index][0]["losses"]
+
+    def gradients(self, index: int) -> dict[str, torch.Tensor]:
+        """Gradients after the first step, over all stages of data replica 0."""
+        merged = {}
+        for result in self.results[index]:
+            if result["data_index"] == 0 and result.get("gradients") is not None:
+                merged.update(result["gradients"])
+        return merged
+
+
+def run_job(
+    scripts: list[Path],
+    world_size: int,
+    steps: int,
+    out_dir: Path,
+    extra_env: dict[str, str] | None = None,
+    wall_timeout_s: float = 300.0,
+) -> JobResult:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    environment = dict(os.environ)
+    environment.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        WORLD_SIZE=str(world_size),
+        OMP_NUM_THREADS="1",
+        TORCHELASTIC_ERROR_FILE="",
+    )
+    environment.update(extra_env or {})
+    started = time.perf_counter()
+    processes = []
+    for rank in range(world_size):
+        rank_environment = dict(environment, RANK=str(rank), LOCAL_RANK=str(rank))
+        command = [sys.executable, str(WORKER), str(out_dir), str(steps), *map(str, scripts)]
+        processes.append(subprocess.Popen(command, env=rank_environment))
+    deadline = time.monotonic() + wall_timeout_s
+    return_codes = []
+    for process in processes:
+        try:
+            return_codes.append(process.wait(timeout=max(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return_codes.append(process.wait())
+    errors = {}
+    for rank in range(world_size):
+        error_file = out_dir / f"error-rank{rank}.txt"
+        if error_file.exists():
+            errors[rank] = error_file.read_text(encoding="utf-8")
+    results = []
+    if all(code == 0 for code in return_codes):
+        for index in range(len(scripts)):
+            results.append(
+                [torch.load(out_dir / f"result-{index}-rank{rank}.pt") for rank in range(world_size)]
+            )
+    return JobResult(return_codes, errors, results, time.perf_counter() - started)
+
+
+def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((value.double() - reference.double()).norm() / reference.double().norm().clamp_min(1e-30))
