@@ -109,3 +109,15 @@ def test_simulate_flops_table_and_illegal_schedule(tmp_path, capsys):
     path = write_schedule(tmp_path, "F0.0 F0.1 B0.1 B0.0 F1.0 F1.1 B1.1 B1.0", "F0.0 F0.1 F1.0 F1.1 B0.1 B0.0 B1.1 B1.0")
     assert run_command(simulate, [path]) == 1
     assert "deadlock" in capsys.readouterr().err
+
+
+def test_dispatcher_runs_check_and_simulate(capsys):
+    from schedlang.cli import main
+
+    path = str(EXAMPLES / "explicit_order.sched")
+    assert main(["check", path]) == 0
+    assert capsys.readouterr().out == f"{path}: legal: 2 stages, 2 microbatches, 2 chunks, 16 tasks\n"
+    assert main(["simulate", path, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    # the explicit order: stage 0 runs all four forwards first, stage 1 finishes microbatch 0 first
+    assert result["order"] == "explicit" and result["peak_activations"] == [2.0, 1.0]
