@@ -54,21 +54,27 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_slowest_rank(step, device: torch.device, warmup: int, iterations: int) -> float:
-    """Median over iterations of the slowest rank's milliseconds."""
+def _time_interleaved(steps: dict, device: torch.device, warmup: int, iterations: int) -> dict:
+    """Median over iterations of the slowest rank's milliseconds, for each named step.
+
+    The steps take turns within every iteration, so load that drifts during the
+    run (a shared machine) falls on all of them alike.
+    """
     for _ in range(warmup):
-        step()
-    samples = []
+        for step in steps.values():
+            step()
+    samples = {name: [] for name in steps}
     for _ in range(iterations):
-        dist.barrier()
-        _synchronize(device)
-        start = time.perf_counter()
-        step()
-        _synchronize(device)
-        elapsed = torch.tensor([(time.perf_counter() - start) * 1e3], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        samples.append(elapsed.item())
-    return statistics.median(samples)
+        for name, step in steps.items():
+            dist.barrier()
+            _synchronize(device)
+            start = time.perf_counter()
+            step()
+            _synchronize(device)
+            elapsed = torch.tensor([(time.perf_counter() - start) * 1e3], dtype=torch.float64)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            samples[name].append(elapsed.item())
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def _scan_step(state_shape, method, blocks, device):
@@ -139,23 +145,27 @@ def _worker(rank, world_size, init_file, arguments, result_file):
     backend = "triton" if device.type == "cuda" else "torch"
     rows = []
     for state_shape in arguments.state_shapes:
-        for method, blocks in METHOD_VARIANTS:
-            if blocks > state_shape[2]:
-                continue
-            step = _scan_step(state_shape, method, blocks, device)
-            milliseconds = _time_slowest_rank(step, device, arguments.warmup, arguments.iterations)
+        steps = {
+            (method, blocks): _scan_step(state_shape, method, blocks, device)
+            for method, blocks in METHOD_VARIANTS
+            if blocks <= state_shape[2]
+        }
+        timings = _time_interleaved(steps, device, arguments.warmup, arguments.iterations)
+        for (method, blocks), milliseconds in timings.items():
             rows.append(dict(kind="scan", ranks=world_size, shape=list(state_shape), method=method.value, blocks=blocks, ms=milliseconds))
 
     full_inputs = _layer_inputs(arguments.length, arguments.heads, arguments.head_dim, device, 0)
-    for method, blocks in METHOD_VARIANTS:
-        step = _layer_step(full_inputs, rank, world_size, method, blocks, backend)
-        milliseconds = _time_slowest_rank(step, device, arguments.warmup, arguments.iterations)
-        rows.append(dict(kind="layer", ranks=world_size, shape=[1, arguments.length, arguments.heads, arguments.head_dim], method=method.value, blocks=blocks, ms=milliseconds))
-
+    layer_shape = [1, arguments.length, arguments.heads, arguments.head_dim]
+    steps = {
+        (method.value, blocks): _layer_step(full_inputs, rank, world_size, method, blocks, backend)
+        for method, blocks in METHOD_VARIANTS
+    }
     # The single-device peer: rank 0 runs the whole span while the others wait at the barrier.
-    single_step = _single_device_step(full_inputs, backend) if rank == 0 else (lambda: None)
-    milliseconds = _time_slowest_rank(single_step, device, arguments.warmup, arguments.iterations)
-    rows.append(dict(kind="layer", ranks=1, shape=[1, arguments.length, arguments.heads, arguments.head_dim], method="single-device", blocks=0, ms=milliseconds))
+    steps[("single-device", 0)] = _single_device_step(full_inputs, backend) if rank == 0 else (lambda: None)
+    timings = _time_interleaved(steps, device, arguments.warmup, arguments.iterations)
+    for (method, blocks), milliseconds in timings.items():
+        ranks = 1 if method == "single-device" else world_size
+        rows.append(dict(kind="layer", ranks=ranks, shape=layer_shape, method=method, blocks=blocks, ms=milliseconds))
 
     if rank == 0:
         with open(result_file, "w") as handle:
