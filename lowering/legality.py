@@ -43,6 +43,7 @@ from enum import Enum
 from schedlang.lowering.graph import Dependency
 from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.program import OrderKind, ScheduleProgram
+from schedlang.lowering.report import format_error
 from schedlang.lowering.source import Span
 from schedlang.lowering.tasks import TaskId, TaskKind
 
@@ -193,10 +194,17 @@ def _range_text(value: int, singular: str, plural: str) -> str:
     return f"{value} {plural} (0 to {value - 1})" if value > 1 else f"{value} {singular} (only 0)"
 
 
+_OrderRow = tuple[int, list[TaskId], "list[Span | None] | None", "Span | None"]
+"""One order as written: stage, tasks, each task's span (explicit orders only), the line's span."""
+
+_StageSpans = list["list[Span | None] | None"]
+"""Per stage, the span of each kept task, or None when the orders carry no spans."""
+
+
 def _resolve(
     program_or_dims: ScheduleProgram | tuple[int, int, int],
     orders: Sequence[Sequence[TaskId]] | None,
-) -> tuple[_Dimensions, list[tuple[int, list[TaskId], list[Span | None] | None, Span | None]], Span | None]:
+) -> tuple[_Dimensions, list[_OrderRow], Span | None]:
     """Dimensions and the orders as ``(stage, tasks, token spans, line span)`` rows, in file order."""
     if isinstance(program_or_dims, ScheduleProgram):
         program = program_or_dims
@@ -266,11 +274,16 @@ def check_orders(
     return LegalityReport(dimensions.n_stages, dimensions.n_microbatches, dimensions.n_chunks, tuple(violations))
 
 
-def _keep_known_unique(dimensions, numbering, rows, violations):
+def _keep_known_unique(
+    dimensions: _Dimensions,
+    numbering: _TaskNumbering,
+    rows: list[_OrderRow],
+    violations: list[Violation],
+) -> tuple[list[list[int]], _StageSpans, list[Span | None]]:
     """Drop unknown and repeated tasks, report each; return the kept orders."""
     n_stages, n_microbatches, n_chunks = dimensions.n_stages, dimensions.n_microbatches, dimensions.n_chunks
     kept_orders: list[list[int]] = [[] for _ in range(n_stages)]
-    kept_spans: list[list[Span | None] | None] = [None] * n_stages
+    kept_spans: _StageSpans = [None] * n_stages
     line_spans: list[Span | None] = [None] * n_stages
     first_step: dict[int, int] = {}
     for stage, tasks, token_spans, line_span in rows:
@@ -334,7 +347,13 @@ def _unknown_reason(task: TaskId, stage: int, n_microbatches: int, n_chunks: int
     return None
 
 
-def _check_stage_orders(numbering, kept_orders, kept_spans, position, violations) -> set[int]:
+def _check_stage_orders(
+    numbering: _TaskNumbering,
+    kept_orders: list[list[int]],
+    kept_spans: _StageSpans,
+    position: list[int],
+    violations: list[Violation],
+) -> set[int]:
     """Same-stage predecessors placed later; returns those edges as ``pred * total + succ``."""
     violated_edges: set[int] = set()
     total = numbering.total
@@ -372,7 +391,12 @@ class QueueRun:
     stuck_steps: tuple[int | None, ...] | None  # per stage, the step it is stuck at (None: finished)
 
 
-def _run_queues(numbering, kept_orders, position, violated_edges) -> QueueRun:
+def _run_queues(
+    numbering: _TaskNumbering,
+    kept_orders: list[list[int]],
+    position: list[int],
+    violated_edges: set[int],
+) -> QueueRun:
     """The deadlock check's simulation: each stage runs its next task once its counted predecessors are done.
 
     A task not in any order (missing) runs, on no stage, as soon as its
@@ -469,7 +493,9 @@ def execution_order(
     return tuple(numbering.task(number) for number in run.completion_order)
 
 
-def _undone_predecessor(numbering, number, done, violated_edges):
+def _undone_predecessor(
+    numbering: _TaskNumbering, number: int, done: list[bool], violated_edges: set[int]
+) -> tuple[int, Dependency]:
     for predecessor, dependency in numbering.predecessors(number):
         if violated_edges and predecessor * numbering.total + number in violated_edges:
             continue
@@ -478,7 +504,14 @@ def _undone_predecessor(numbering, number, done, violated_edges):
     raise AssertionError(f"task {numbering.task(number)} is stuck but all its predecessors are done")
 
 
-def _deadlock(numbering, kept_orders, kept_spans, position, violated_edges, stuck) -> Violation:
+def _deadlock(
+    numbering: _TaskNumbering,
+    kept_orders: list[list[int]],
+    kept_spans: _StageSpans,
+    position: list[int],
+    violated_edges: set[int],
+    stuck: tuple[int | None, ...],
+) -> Violation:
     """Extract the cycle of waiting tasks from the stuck state, stage by stage."""
     done = [False] * numbering.total
     for number in _run_queues(numbering, kept_orders, position, violated_edges).completion_order:
@@ -513,9 +546,8 @@ def _deadlock(numbering, kept_orders, kept_spans, position, violated_edges, stuc
     cycle = tuple(links[seen[stage] :])
     lines = [_describe_wait(link) for link in cycle]
     lines.append("")
-    lines.extend(format_step_grid(
-        [[numbering.task(number) for number in order] for order in kept_orders], stuck
-    ).splitlines())
+    grid = format_step_grid([[numbering.task(number) for number in order] for order in kept_orders], stuck)
+    lines.extend(grid.splitlines())
     start = cycle[0]
     spans = kept_spans[start.stage]
     stages_text = ", ".join(str(link.stage) for link in cycle)
@@ -598,8 +630,6 @@ def render_report(
     message, sources)`` replaces :func:`schedlang.lowering.report.format_error`
     when given (the front end can pass its own formatter).
     """
-    from schedlang.lowering.report import format_error
-
     formatter = format_diagnostic or format_error
     blocks = []
     for violation in report.violations:
