@@ -7,6 +7,8 @@ alone:
   schedule file, 1F1B order generation, legality including the deadlock
   check): wall time and peak RSS, plus the RSS of a bare interpreter with the
   same imports, so the check's own footprint is the difference;
+* the same for the schedule written with explicit ``stage r:`` lines (every
+  task token parsed and its span kept), at the full size only;
 * the in-memory path (``one_f_one_b_orders`` + ``check_orders``): wall time,
   and in a second run the tracemalloc peak of the Python objects it allocates;
 * the peer: torch.distributed.pipelining's ``_add_send_recv`` and
@@ -180,6 +182,23 @@ def write_schedule(directory: Path, n_stages: int, n_microbatches: int, n_chunks
     return str(path)
 
 
+def write_explicit_schedule(directory: Path, n_stages: int, n_microbatches: int, n_chunks: int) -> str:
+    """The same 1F1B schedule with every task written out in ``stage r:`` lines (spans kept per task)."""
+    from schedlang.lowering.orders import one_f_one_b_orders
+
+    text = SCHEDULE_TEMPLATE.format(
+        n_stages=n_stages, n_microbatches=n_microbatches, n_chunks=n_chunks, length=64 * n_chunks
+    ).replace("order        = 1f1b", "order        = explicit")
+    lines = "\n".join(
+        f"  stage {stage}: " + " ".join(task.local_form() for task in order)
+        for stage, order in enumerate(one_f_one_b_orders(n_stages, n_microbatches, n_chunks))
+    )
+    text = text.rstrip().removesuffix("}") + lines + "\n}\n"
+    path = directory / f"check_scale_explicit_{n_stages}x{n_microbatches}x{n_chunks}.sched"
+    path.write_text(text)
+    return str(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--torch-limit", type=float, default=600.0, help="seconds allowed to each torch run")
@@ -236,6 +255,14 @@ def main() -> None:
                 print(f"  check command failed: {command['error']}")
             elif not command["legal"]:
                 print(f"  check command found the schedule illegal: {command['summary']}")
+        explicit = run_child(["command", write_explicit_schedule(Path(directory), *FULL_SIZE)])
+        if "seconds" in explicit:
+            print(
+                f"explicit orders, every task written out, {'x'.join(map(str, FULL_SIZE))}: check command "
+                f"{explicit['seconds']:.2f} s, peak RSS {explicit['rss_mib']:.0f} MiB, {explicit['summary']}"
+            )
+        else:
+            print(f"explicit orders: check command failed: {explicit}")
 
 
 if __name__ == "__main__":
