@@ -9,6 +9,7 @@ data-parallel replicas save identical, deduplicated entries.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -51,7 +52,11 @@ def load_checkpoint(directory: str, model: torch.nn.Module, optimizer: torch.opt
     if step is None:
         return 0
     model_state, optimizer_state = get_state_dict(model, optimizer)
+    # Hyperparameters come from the schedule, not the checkpoint: the flattened
+    # param_groups DCP reads back lose tuple-valued entries such as Adam's betas.
+    param_groups = copy.deepcopy(optimizer_state["param_groups"])
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=str(checkpoint_path(directory, step)))
+    state["optimizer"]["param_groups"] = param_groups
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     return step

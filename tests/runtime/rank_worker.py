@@ -39,7 +39,8 @@ def run_script(index: int, path: Path, steps: int, out_dir: Path, rank: int) -> 
     if os.environ.get("SCHEDLANG_TEST_DIE_RANK") == str(rank):
         os._exit(3)
     if os.environ.get("SCHEDLANG_TEST_HANG_RANK") == str(rank):
-        time.sleep(3600)
+        time.sleep(float(os.environ.get("SCHEDLANG_TEST_HANG_SECONDS", "3600")))
+        os._exit(4)
     result = {"rank": rank, "stage": trainer.mesh.stage, "data_index": trainer.mesh.data_index}
     stop_after = os.environ.get("SCHEDLANG_TEST_STOP_AFTER")
     if stop_after is not None or script.TRAIN.checkpoint_directory:
