@@ -155,7 +155,7 @@ def build_view(program: ScheduleProgram, script_name: str = "train.py") -> Train
     """Check the schedule and precompute every value the template prints."""
     check_supported(program)
     orders = stage_orders(program)
-    report = check_orders(program, orders)
+    report = check_orders(program)  # the program's own orders keep the span of every explicit task
     if not report.is_legal:
         raise IllegalScheduleError(report)
     stage_actions = place_stage_actions(orders)

@@ -1,0 +1,118 @@
+"""Generated training scripts: golden files for the examples, refusals, literal-only values.
+
+Set SCHEDLANG_UPDATE_GOLDEN=1 to rewrite the golden files after an intended change.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+from schedlang.cli import main as schedlang_main
+from schedlang.frontend import load_program, load_program_text
+from schedlang.lowering.codegen import UnsupportedScheduleError, render_train_script
+from schedlang.lowering.legality import IllegalScheduleError
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).with_name("golden")
+RUNNABLE_EXAMPLES = ("gla_stateflow", "explicit_order", "simple_gla_gpipe")
+
+
+@pytest.mark.parametrize("name", RUNNABLE_EXAMPLES)
+def test_generated_script_matches_golden(name):
+    script = render_train_script(load_program(ROOT / "examples" / f"{name}.sched"))
+    golden = GOLDEN / f"{name}.train.py"
+    if os.environ.get("SCHEDLANG_UPDATE_GOLDEN") == "1":
+        golden.write_text(script, encoding="utf-8")
+    assert script == golden.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", RUNNABLE_EXAMPLES)
+def test_generated_script_is_tidy_python(name):
+    script = render_train_script(load_program(ROOT / "examples" / f"{name}.sched"))
+    ast.parse(script)
+    assert script.endswith("\n") and not script.endswith("\n\n")
+    for number, line in enumerate(script.splitlines(), 1):
+        assert len(line) <= 120, f"line {number} is {len(line)} characters"
+        assert line == line.rstrip(), f"line {number} has trailing whitespace"
+    assert "\n\n\n\n" not in script
+
+
+TINY = """schedule tiny
+model {{ vocab = 256  d_model = 32  heads = 2  head_dim = 16  layers = {layers} }}
+mesh {{ pipeline = 2  sequence = {sequence} }}
+sequence {{ length = 64  chunks = 2  kernel_chunk = 16 }}
+pipeline {{ microbatches = 2  order = {order} }}
+train {{ steps = 2  data = {data} }}
+"""
+
+
+def tiny(layers="[gla] * 2", sequence=1, order="1f1b", data="synthetic(seed = 0)", extra=""):
+    return TINY.format(layers=layers, sequence=sequence, order=order, data=data) + extra
+
+
+def test_user_strings_appear_only_as_literals(tmp_path):
+    hostile = "x\'\'\'); import os; os.system(\'true\') #"
+    program = load_program_text(tiny(data=f'bytes(path = "{hostile}")'), "t.sched")
+    script = render_train_script(program)
+    tree = ast.parse(script)
+    assigned = {
+        node.targets[0].id: node.value for node in tree.body if isinstance(node, ast.Assign) and len(node.targets) == 1
+    }
+    data_call = next(keyword.value for keyword in assigned["TRAIN"].keywords if keyword.arg == "data")
+    path = next(keyword.value for keyword in data_call.keywords if keyword.arg == "path")
+    assert isinstance(path, ast.Constant) and path.value.endswith(program.train.data.path)
+    assert not any(isinstance(node, ast.Import) and node.names[0].name == "os" for node in tree.body)
+
+
+def test_unsupported_layers_are_refused_at_the_layers_key():
+    text = tiny(layers="[gla, attn]")
+    program = load_program_text(text, "t.sched")
+    with pytest.raises(UnsupportedScheduleError, match="only gla and simple_gla") as error:
+        render_train_script(program)
+    line = text.splitlines()[1]
+    assert (error.value.span.line, error.value.span.column) == (2, line.index("layers") + 1)
+
+
+def test_sequence_parallel_mesh_is_refused_at_its_key():
+    program = load_program_text(tiny(sequence=2), "t.sched")
+    with pytest.raises(UnsupportedScheduleError, match="mesh.sequence = 2") as error:
+        render_train_script(program)
+    assert error.value.span.line == 3
+
+
+ILLEGAL_ORDER = """
+  stage 0: F0.0 F0.1 F1.0 F1.1 B0.0 B0.1 B1.1 B1.0
+  stage 1: F0.0 F0.1 B0.1 B0.0 F1.0 F1.1 B1.1 B1.0
+"""
+
+
+def test_illegal_schedule_is_refused_with_the_legality_report(tmp_path, capsys):
+    text = tiny(order="explicit").replace("order = explicit }", "order = explicit" + ILLEGAL_ORDER + "}")
+    program = load_program_text(text, "t.sched")
+    with pytest.raises(IllegalScheduleError):
+        render_train_script(program)
+    schedule = tmp_path / "illegal.sched"
+    schedule.write_text(text, encoding="utf-8")
+    output = tmp_path / "train.py"
+    assert schedlang_main(["compile", str(schedule), "-o", str(output)]) == 1
+    error = capsys.readouterr().err
+    assert "B0.0" in error and "illegal.sched:" in error and "nothing was generated" in error
+    assert not output.exists()
+
+
+def test_compile_command_writes_the_script(tmp_path):
+    output = tmp_path / "train.py"
+    assert schedlang_main(["compile", str(ROOT / "examples" / "gla_stateflow.sched"), "-o", str(output)]) == 0
+    assert output.read_text(encoding="utf-8") == (GOLDEN / "gla_stateflow.train.py").read_text(encoding="utf-8")
+
+
+def test_unsupported_schedule_is_a_positioned_compile_error(tmp_path, capsys):
+    schedule = tmp_path / "sp.sched"
+    schedule.write_text(tiny(sequence=2), encoding="utf-8")
+    assert schedlang_main(["compile", str(schedule), "-o", str(tmp_path / "train.py")]) == 1
+    error = capsys.readouterr().err
+    assert f"{schedule}:3:" in error and "error: mesh.sequence = 2" in error and "^" in error

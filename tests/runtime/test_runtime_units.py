@@ -1,0 +1,144 @@
+"""Single-process tests of the runtime pieces: actions, placement, model, data, state store."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders
+from schedlang.lowering.placement import place_stage_actions
+from schedlang.lowering.tasks import TaskId
+from schedlang.runtime.actions import Action, ActionKind
+from schedlang.runtime.config import DataConfig, DataKind, MixerKind, ModelConfig
+from schedlang.runtime.data import RECALL_PERIOD, TokenSource, default_corpus_files
+from schedlang.runtime.model import build_stage_model
+from schedlang.runtime.state_store import StateStore
+
+MODEL = ModelConfig(
+    vocab=64, d_model=32, layers=(MixerKind.GLA, MixerKind.SIMPLE_GLA, MixerKind.GLA), heads=2, head_dim=16, mlp_ratio=2.0
+)
+
+
+def test_action_text_round_trips():
+    for kind in ActionKind:
+        action = Action(kind, 3, 12)
+        assert Action.parse(str(action)) == action
+    with pytest.raises(ValueError, match="not a pipeline action"):
+        Action.parse("SEND_X0.1")
+
+
+def simulate_blocking_receives(stage_actions):
+    """Run action lists with asynchronous sends and blocking FIFO receives; return the stuck ranks (if any)."""
+    n_stages = len(stage_actions)
+    channels = {}
+    positions = [0] * n_stages
+    progress = True
+    while progress:
+        progress = False
+        for stage, actions in enumerate(stage_actions):
+            while positions[stage] < len(actions):
+                kind, microbatch, chunk = actions[positions[stage]]
+                if kind is ActionKind.SEND_ACTIVATION:
+                    channels.setdefault((stage, stage + 1), []).append((microbatch, chunk))
+                elif kind is ActionKind.SEND_GRADIENT:
+                    channels.setdefault((stage, stage - 1), []).append((microbatch, chunk))
+                elif kind in (ActionKind.RECV_ACTIVATION, ActionKind.RECV_GRADIENT):
+                    source = stage - 1 if kind is ActionKind.RECV_ACTIVATION else stage + 1
+                    queue = channels.get((source, stage), [])
+                    if not queue:
+                        break
+                    assert queue.pop(0) == (microbatch, chunk), "FIFO receive matched the wrong message"
+                positions[stage] += 1
+                progress = True
+    return [stage for stage in range(n_stages) if positions[stage] < len(stage_actions[stage])]
+
+
+@pytest.mark.parametrize(
+    "n_stages,n_microbatches,n_chunks", list(itertools.product((1, 2, 3, 4), (1, 2, 5), (1, 2, 3)))
+)
+@pytest.mark.parametrize("orders", [gpipe_orders, one_f_one_b_orders], ids=["gpipe", "1f1b"])
+def test_placement_of_generated_orders_never_deadlocks(orders, n_stages, n_microbatches, n_chunks):
+    placed = place_stage_actions(orders(n_stages, n_microbatches, n_chunks))
+    assert simulate_blocking_receives(placed) == []
+    for stage, actions in enumerate(placed):
+        kinds = [action.kind for action in actions]
+        units = n_microbatches * n_chunks
+        assert kinds.count(ActionKind.RECV_ACTIVATION) == (units if stage > 0 else 0)
+        assert kinds.count(ActionKind.SEND_GRADIENT) == (units if stage > 0 else 0)
+        assert kinds.count(ActionKind.SEND_ACTIVATION) == (units if stage < n_stages - 1 else 0)
+        assert kinds.count(ActionKind.RECV_GRADIENT) == (units if stage < n_stages - 1 else 0)
+
+
+def test_placement_receives_in_the_senders_order():
+    forward, backward = TaskId.forward, TaskId.backward
+    stage0 = (forward(0, 0, 0), forward(0, 1, 0), backward(0, 0, 0), backward(0, 1, 0))
+    stage1 = (forward(1, 1, 0), backward(1, 1, 0), forward(1, 0, 0), backward(1, 0, 0))
+    placed = place_stage_actions((stage0, stage1))
+    assert [str(action) for action in placed[1]] == [
+        "RECV_F0.0", "RECV_F1.0", "F1.0", "B1.0", "SEND_B1.0", "F0.0", "B0.0", "SEND_B0.0",
+    ]
+    # Stage 0 must take B1.0's gradient before B0.0 needs B0.0's: it arrives first.
+    assert [str(action) for action in placed[0]][4:] == ["RECV_B1.0", "RECV_B0.0", "B0.0", "B1.0"]
+    assert simulate_blocking_receives(placed) == []
+
+
+def test_stage_split_does_not_change_initial_weights():
+    whole = build_stage_model(MODEL, (0, 1, 2), True, True, 11, torch.device("cpu"), torch.float32)
+    first = build_stage_model(MODEL, (0,), True, False, 11, torch.device("cpu"), torch.float32)
+    last = build_stage_model(MODEL, (1, 2), False, True, 11, torch.device("cpu"), torch.float32)
+    split = {**dict(first.named_parameters()), **dict(last.named_parameters())}
+    assert sorted(split) == sorted(dict(whole.named_parameters()))
+    for name, parameter in whole.named_parameters():
+        assert torch.equal(parameter, split[name]), name
+    other_seed = build_stage_model(MODEL, (0,), True, False, 12, torch.device("cpu"), torch.float32)
+    assert not torch.equal(other_seed.embedding.weight, first.embedding.weight)
+
+
+def test_chunked_forward_with_state_hand_off_equals_the_whole_sequence():
+    torch.manual_seed(0)
+    model = build_stage_model(MODEL, (0, 1, 2), True, True, 3, torch.device("cpu"), torch.float64)
+    tokens = torch.randint(0, MODEL.vocab, (2, 96))
+    whole, whole_states = model(tokens, [None] * 3)
+    pieces, states = [], [None] * 3
+    for start, end in ((0, 16), (16, 80), (80, 96)):
+        hidden, states = model(tokens[:, start:end], states)
+        pieces.append(hidden)
+    torch.testing.assert_close(torch.cat(pieces, 1), whole, rtol=1e-10, atol=1e-10)
+    for state, whole_state in zip(states, whole_states):
+        torch.testing.assert_close(state, whole_state, rtol=1e-10, atol=1e-10)
+    dropped, _ = model(tokens[:, 16:80], [None] * 3)
+    assert not torch.allclose(dropped, whole[:, 16:80], atol=1e-6)
+
+
+def test_synthetic_data_is_deterministic_and_needs_recall():
+    source = TokenSource(DataConfig(DataKind.SYNTHETIC, seed=4), vocab=64, length=100, global_batch=6)
+    batch = source.global_batch_tokens(3)
+    assert batch.shape == (6, 101)
+    assert torch.equal(batch, source.global_batch_tokens(3))
+    assert not torch.equal(batch, source.global_batch_tokens(4))
+    assert torch.equal(batch[:, RECALL_PERIOD:], batch[:, :-RECALL_PERIOD])
+    assert torch.equal(source.replica_tokens(3, 1, 3), batch[3:6])
+
+
+def test_bytes_data_reads_the_standard_library_deterministically():
+    files = default_corpus_files()
+    assert files and files == sorted(files)
+    source = TokenSource(DataConfig(DataKind.BYTES, seed=1), vocab=256, length=64, global_batch=2)
+    batch = source.global_batch_tokens(0)
+    assert batch.shape == (2, 65) and int(batch.max()) < 256
+    assert torch.equal(batch, TokenSource(DataConfig(DataKind.BYTES, seed=1), 256, 64, 2).global_batch_tokens(0))
+    with pytest.raises(ValueError, match="vocabulary of at least 256"):
+        TokenSource(DataConfig(DataKind.BYTES), vocab=64, length=64, global_batch=2)
+
+
+def test_state_store_hands_each_entry_over_once():
+    store = StateStore()
+    store.put_forward_states(0, 1, [torch.ones(1)])
+    assert store.take_forward_states(0, 1)[0].item() == 1
+    assert store.is_empty()
+    with pytest.raises(RuntimeError, match="microbatch 0, chunk 1 is not available"):
+        store.take_forward_states(0, 1)
+    store.put_state_gradients(2, 0, [torch.zeros(1)])
+    assert "state gradients of 2.0" in store.describe_leftovers()
