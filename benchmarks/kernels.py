@@ -1,7 +1,7 @@
 """Time schedlang's chunked GLA / simple-GLA kernels against flash-linear-attention in the same run.
 
     python benchmarks/kernels.py                      # issue 3 shapes: B=1, H=16, D=128, T=16K and 32K, bf16
-    python benchmarks/kernels.py --chunk-calls        # issue 5: per-call times at T=2K/4K/8K with state in/out
+    python benchmarks/kernels.py --chunk-lengths 2048 4096 8192 32768   # issue 5: calls with state in/out
     python benchmarks/kernels.py --json results.json
 
 Needs a CUDA GPU. flash-linear-attention (fla-core 0.6.0) is optional: without it only our times print.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -91,13 +92,17 @@ def time_operator(function, inputs, with_state: bool) -> dict[str, float]:
         loss.backward()
 
     return {
-        "fwd_ms": triton.testing.do_bench(forward, warmup=100, rep=500, return_mode="median"),
-        "fwdbwd_ms": triton.testing.do_bench(forward_backward, warmup=100, rep=500, grad_to_none=[q, k, v, g], return_mode="median"),
+        "fwd_ms": triton.testing.do_bench(forward, warmup=50, rep=200, return_mode="median"),
+        "fwdbwd_ms": triton.testing.do_bench(forward_backward, warmup=50, rep=200, grad_to_none=[q, k, v, g], return_mode="median"),
     }
 
 
-def time_graph_replay(function, inputs, with_state: bool) -> float:
-    """Forward + backward captured once in a CUDA graph, then replayed (issue 5)."""
+def time_graph_replay(function, inputs, with_state: bool) -> tuple[float, float]:
+    """Forward + backward captured once in a CUDA graph, then replayed (issue 5).
+
+    Returns (median replay time in ms, largest relative difference of the replayed gradients from an
+    eager step on the same inputs).
+    """
     q, k, v, g, state = inputs
     leaves = [tensor for tensor in (q, k, v, g, state) if tensor is not None]
     output_grad = torch.randn_like(v)
@@ -107,6 +112,7 @@ def time_graph_replay(function, inputs, with_state: bool) -> float:
         loss = (output * output_grad).sum() + (final_state.sum() if final_state is not None else 0)
         return torch.autograd.grad(loss, leaves)
 
+    eager = step()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -115,8 +121,14 @@ def time_graph_replay(function, inputs, with_state: bool) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        step()
-    return triton.testing.do_bench(graph.replay, warmup=100, rep=500, return_mode="median")
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    difference = max(
+        ((replayed.float() - reference.float()).norm() / reference.float().norm()).item()
+        for replayed, reference in zip(captured, eager)
+    )
+    return triton.testing.do_bench(graph.replay, warmup=50, rep=200, return_mode="median"), difference
 
 
 def agreement(ours, peer, inputs, with_state: bool) -> float:
@@ -127,56 +139,108 @@ def agreement(ours, peer, inputs, with_state: bool) -> float:
     return ((mine.float() - theirs.float()).norm() / theirs.float().norm()).item()
 
 
+def kernel_breakdown(function, inputs) -> list[tuple[str, float]]:
+    """CUDA time per kernel name (ms per forward+backward), from torch.profiler over 10 steps."""
+    q, k, v, g, state = inputs
+    output_grad = torch.randn_like(v)
+
+    def step():
+        output, _ = function(q, k, v, g, initial_state=state)
+        (output * output_grad).sum().backward()
+
+    step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        for _ in range(10):
+            step()
+        torch.cuda.synchronize()
+    totals = {}
+    for event in profiler.key_averages():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.key] = getattr(event, "device_time_total", getattr(event, "cuda_time_total", 0.0)) / 1e3 / 10
+    return sorted(totals.items(), key=lambda item: -item[1])
+
+
+def print_table(rows: list[dict]) -> None:
+    header = "| op | T | state in/out | ours fwd | fla fwd | ratio | ours fwd+bwd | fla fwd+bwd | ratio | fwd+bwd floor bytes / matmul | graph replay fwd+bwd | ns/token fwd+bwd |"
+    print(header)
+    print("|---" * 12 + "|")
+    for row in rows:
+        fla_fwd = row.get("fla_fwd_ms", float("nan"))
+        fla_fb = row.get("fla_fwdbwd_ms", float("nan"))
+        graph = row.get("ours_graph_fwdbwd_ms", float("nan"))
+        print(
+            f"| {row['operator']} | {row['T']} | {row['state_in_out']} | {row['ours_fwd_ms']:.3f} | {fla_fwd:.3f} "
+            f"| {row['ours_fwd_ms'] / fla_fwd:.2f} | {row['ours_fwdbwd_ms']:.3f} | {fla_fb:.3f} "
+            f"| {row['ours_fwdbwd_ms'] / fla_fb:.2f} | {row['fwdbwd_bytes_floor_ms']:.3f} / {row['fwdbwd_matmul_floor_ms']:.3f} "
+            f"| {graph:.3f} | {row['ours_fwdbwd_ms'] * 1e6 / row['T']:.1f} |"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768])
-    parser.add_argument("--chunk-calls", action="store_true", help="issue 5: T=2K/4K/8K with state in/out, graph replay")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768], help="one call per sequence, no state")
+    parser.add_argument("--chunk-lengths", type=int, nargs="*", default=[], help="issue 5: calls with state in/out, plus graph replay")
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--breakdown", action="store_true", help="per-kernel CUDA times at the first --lengths value")
+    parser.add_argument("--peer-deadline", type=float, default=1e9, help="seconds after start past which fla is skipped")
     parser.add_argument("--json", help="write every figure to this file")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU", file=sys.stderr)
         return 2
+    started = time.monotonic()
     peer = load_peer()
     ceilings = measure_ceilings()
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
     print(f"# measured: copy {ceilings['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceilings['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s")
-    lengths = [2048, 4096, 8192, 32768] if args.chunk_calls else args.lengths
     ours = {"gla": chunk_gla, "simple_gla": chunk_simple_gla}
-    rows = []
+    configurations = [(length, False) for length in args.lengths] + [(length, True) for length in args.chunk_lengths]
+    rows, breakdowns = [], {}
     for operator in ("gla", "simple_gla"):
-        for length in lengths:
-            with_state = args.chunk_calls
+        for length, with_state in configurations:
             inputs = make_inputs(operator, length, args.heads, args.dim, with_state)
             row = {"operator": operator, "T": length, "state_in_out": with_state}
             row.update({"ours_" + key: value for key, value in time_operator(ours[operator], inputs, with_state).items()})
             row.update(floors(operator, length, args.heads, args.dim, ceilings))
-            if args.chunk_calls:
-                row["ours_graph_fwdbwd_ms"] = time_graph_replay(ours[operator], inputs, with_state)
-            if peer is not None:
-                row.update({"fla_" + key: value for key, value in time_operator(peer[operator], inputs, with_state).items()})
-                row["output_rel_diff_vs_fla"] = agreement(ours[operator], peer[operator], inputs, with_state)
+            if with_state:
+                try:
+                    replay_ms, replay_difference = time_graph_replay(ours[operator], inputs, with_state)
+                    row["ours_graph_fwdbwd_ms"] = replay_ms
+                    row["graph_replay_rel_diff_vs_eager"] = replay_difference
+                except Exception as error:  # a capture failure is a result to report, not a reason to stop
+                    row["graph_error"] = repr(error)[:300]
             rows.append(row)
             print(json.dumps(row), flush=True)
+        if args.breakdown:
+            inputs = make_inputs(operator, args.lengths[0], args.heads, args.dim, False)
+            try:
+                breakdowns[operator] = kernel_breakdown(ours[operator], inputs)
+            except Exception as error:
+                print(f"# breakdown failed: {error!r}"[:300])
+                breakdowns[operator] = []
+            print(f"# {operator} T={args.lengths[0]} fwd+bwd per kernel (ms):")
+            for name, milliseconds in breakdowns[operator][:14]:
+                print(f"#   {milliseconds:8.3f}  {name[:90]}")
+    if peer is not None:
+        for row in rows:
+            if time.monotonic() - started > args.peer_deadline:
+                print("# peer deadline reached; remaining fla timings skipped", flush=True)
+                break
+            operator, with_state = row["operator"], row["state_in_out"]
+            inputs = make_inputs(operator, row["T"], args.heads, args.dim, with_state)
+            try:
+                row.update({"fla_" + key: value for key, value in time_operator(peer[operator], inputs, with_state).items()})
+                row["output_rel_diff_vs_fla"] = agreement(ours[operator], peer[operator], inputs, with_state)
+            except Exception as error:
+                row["fla_error"] = repr(error)[:300]
+            print(json.dumps(row), flush=True)
     print()
-    header = "| op | T | ours fwd | fla fwd | ratio | ours fwd+bwd | fla fwd+bwd | ratio | fwd+bwd floor (bytes / matmul) | graph fwd+bwd | ns/token fwd+bwd |"
-    print(header)
-    print("|---" * 11 + "|")
-    for row in rows:
-        fla_fwd = row.get("fla_fwd_ms", float("nan"))
-        fla_fb = row.get("fla_fwdbwd_ms", float("nan"))
-        graph = row.get("ours_graph_fwdbwd_ms", float("nan"))
-        tokens = row["T"]
-        print(
-            f"| {row['operator']} | {row['T']} | {row['ours_fwd_ms']:.3f} | {fla_fwd:.3f} | {row['ours_fwd_ms'] / fla_fwd:.2f} "
-            f"| {row['ours_fwdbwd_ms']:.3f} | {fla_fb:.3f} | {row['ours_fwdbwd_ms'] / fla_fb:.2f} "
-            f"| {row['fwdbwd_bytes_floor_ms']:.3f} / {row['fwdbwd_matmul_floor_ms']:.3f} | {graph:.3f} "
-            f"| {row['ours_fwdbwd_ms'] * 1e6 / tokens:.1f} |"
-        )
+    print_table(rows)
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"ceilings": ceilings, "rows": rows}, handle, indent=1)
+            json.dump({"ceilings": ceilings, "rows": rows, "breakdowns": breakdowns}, handle, indent=1)
     return 0
 
 
