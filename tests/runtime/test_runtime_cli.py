@@ -1,0 +1,60 @@
+"""``schedlang run`` end to end through torch.distributed.run on CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+SCHEDULE = """schedule cli_tiny
+model { vocab = 64  d_model = 32  heads = 2  head_dim = 16  layers = [gla] * 2 }
+mesh { pipeline = 2 }
+sequence { length = 64  chunks = 2  kernel_chunk = 16 }
+pipeline { microbatches = 2  order = 1f1b }
+train { steps = 5  optimizer = adamw(lr = 1e-2) }
+"""
+
+
+def run_cli(*arguments, timeout=240):
+    return subprocess.run(
+        [sys.executable, "-m", "schedlang", *arguments], capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.slow
+def test_run_trains_through_torchrun_and_writes_metrics(tmp_path):
+    schedule = tmp_path / "tiny.sched"
+    schedule.write_text(SCHEDULE, encoding="utf-8")
+    metrics = tmp_path / "metrics.jsonl"
+    completed = run_cli("run", str(schedule), "--steps", "2", "--metrics", str(metrics), "--device", "cpu")
+    assert completed.returncode == 0, completed.stderr
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [record["step"] for record in records] == [1, 2]
+    assert all(record["loss"] > 0 and record["tokens_per_second"] > 0 for record in records)
+    assert "step 2/2" in completed.stdout and "tok/s" in completed.stdout and "peak mem" in completed.stdout
+
+
+def test_run_refuses_a_process_count_that_does_not_match_the_mesh(tmp_path):
+    schedule = tmp_path / "tiny.sched"
+    schedule.write_text(SCHEDULE, encoding="utf-8")
+    completed = run_cli("run", str(schedule), "--nproc", "3")
+    assert completed.returncode == 1
+    assert "mesh of 2 ranks" in completed.stderr and "--nproc 3 does not match" in completed.stderr
+
+
+@pytest.mark.slow
+def test_a_failing_rank_fails_the_command_and_shows_its_error(tmp_path):
+    schedule = tmp_path / "broken.sched"
+    missing = tmp_path / "no-such-corpus.txt"
+    schedule.write_text(
+        SCHEDULE.replace("vocab = 64", "vocab = 256").replace(
+            "optimizer = adamw(lr = 1e-2)", f'data = bytes(path = "{missing}")'
+        ),
+        encoding="utf-8",
+    )
+    completed = run_cli("run", str(schedule), "--steps", "1", "--device", "cpu")
+    assert completed.returncode != 0
+    assert "no-such-corpus.txt" in completed.stderr
+    assert "training failed" in completed.stderr
