@@ -11,6 +11,7 @@ from the same weights as the single-device model.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -35,8 +36,18 @@ def _init_normal(parameter: nn.Parameter, std: float, generator: torch.Generator
         parameter.copy_(values)
 
 
+KERNEL_BACKEND_VARIABLE = "SCHEDLANG_KERNEL_BACKEND"
+
+
 def kernel_backend(device: torch.device) -> str:
-    """Always explicit: "auto" would pick Triton's slow interpreter on CPU machines that set TRITON_INTERPRET."""
+    """Always explicit: "auto" would pick Triton's slow interpreter on CPU machines that set TRITON_INTERPRET.
+
+    ``SCHEDLANG_KERNEL_BACKEND=torch`` forces the pure-PyTorch kernels on a GPU
+    (to compare, or where Triton is unavailable).
+    """
+    forced = os.environ.get(KERNEL_BACKEND_VARIABLE)
+    if forced:
+        return forced
     return "triton" if device.type == "cuda" else "torch"
 
 

@@ -80,7 +80,9 @@ CONFIGURATIONS = {
         "p4_n5_uneven": schedule_text(
             "p4_n5_uneven", 4, "[0, 16, 48, 64, 128, 160]", 2, 2, stages="[[0], [1, 2], [3], [4, 5]]"
         ),
-        "p4_n1_gpipe": schedule_text("p4_n1_gpipe", 4, "1", 4, 1, order="gpipe"),
+        "p4_n1_gpipe": schedule_text(
+            "p4_n1_gpipe", 4, "1", 4, 1, order="gpipe", stages="[[0, 1], [2], [3, 4], [5]]"
+        ),
         "p2_d2_n3_gpipe": schedule_text("p2_d2_n3_gpipe", 2, "3", 2, 1, order="gpipe", data=2),
     },
 }

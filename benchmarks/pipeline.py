@@ -1,0 +1,367 @@
+"""StateFlow chunked pipelines vs torch.distributed.pipelining's Schedule1F1B at PP2 (issue 4).
+
+One GLA language model (about 1B parameters at the defaults) is split into two
+stages. schedlang's runtime runs it with each sequence cut into N chunks
+(1F1B over chunks, states handed chunk to chunk); the peer is torch's own
+``Schedule1F1B`` over full-sequence microbatches on the very same stage
+modules, kernels and data. Reported per stage: tokens/s and peak memory
+(total, and activations = peak minus the memory held after a warm-up step:
+weights, gradients, optimizer state). Then each system's longest sequence
+that fits, found by doubling, one step per length, each attempt in a fresh
+torchrun job so an out-of-memory rank cannot wedge the next attempt.
+
+Driver (plain python, launches torchrun jobs):
+    python benchmarks/pipeline.py --out results/ [--device cuda] [--length 32768] [--chunks 1 4 8 16]
+Worker (what the driver launches):
+    torchrun --nproc-per-node 2 benchmarks/pipeline.py --worker --systems torch schedlang:16 --length 32768
+A tiny CPU run of the whole path: python benchmarks/pipeline.py --device cpu --tiny --out /tmp/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+MODEL_DEFAULTS = dict(vocab=32000, d_model=2048, layers=16, heads=16, head_dim=128, mlp_ratio=8 / 3)
+TINY_MODEL = dict(vocab=256, d_model=64, layers=4, heads=2, head_dim=32, mlp_ratio=2.0)
+
+
+def model_config(tiny: bool):
+    from schedlang.runtime.config import ModelConfig
+
+    values = TINY_MODEL if tiny else MODEL_DEFAULTS
+    return ModelConfig(
+        vocab=values["vocab"],
+        d_model=values["d_model"],
+        layers=("gla",) * values["layers"],
+        heads=values["heads"],
+        head_dim=values["head_dim"],
+        mlp_ratio=values["mlp_ratio"],
+    )
+
+
+def stage_layers(n_layers: int) -> tuple[tuple[int, ...], ...]:
+    half = n_layers // 2
+    return (tuple(range(half)), tuple(range(half, n_layers)))
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def memory_now(device: torch.device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device) -> int:
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+
+
+def release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+class SchedlangSystem:
+    """schedlang's runtime: one Trainer with the 1F1B chunk order placed by the lowering."""
+
+    def __init__(self, mesh, config, length: int, n_chunks: int, microbatches: int) -> None:
+        from schedlang.lowering.orders import one_f_one_b_orders
+        from schedlang.lowering.placement import place_stage_actions
+        from schedlang.runtime.config import OptimizerConfig, PipelineConfig, TrainConfig
+        from schedlang.runtime.trainer import Trainer
+
+        boundaries = tuple(length * index // n_chunks for index in range(n_chunks + 1))
+        actions = place_stage_actions(one_f_one_b_orders(2, microbatches, n_chunks))
+        pipeline = PipelineConfig(
+            stage_layers=stage_layers(len(config.layers)),
+            chunk_boundaries=boundaries,
+            microbatches=microbatches,
+            microbatch_size=1,
+            stage_actions=tuple(tuple(str(action) for action in stage) for stage in actions),
+        )
+        dtype = "bf16" if mesh.device.type == "cuda" else "fp32"
+        train = TrainConfig(steps=1, seed=0, dtype=dtype, optimizer=OptimizerConfig(lr=1e-4))
+        self.trainer = Trainer(config, pipeline, train, mesh, timeout_s=600.0)
+        self.step_index = 0
+
+    def step(self) -> None:
+        self.trainer.forward_backward(self.step_index)
+        self.trainer.optimizer_step()
+        self.step_index += 1
+
+    def close(self) -> None:
+        messenger = self.trainer.executor.messenger
+        for group in (messenger.activation_group, messenger.gradient_group):
+            dist.destroy_process_group(group)
+        self.trainer = None
+
+
+class FullSequenceStage(nn.Module):
+    """The same stage module as schedlang's, called once per full-sequence microbatch."""
+
+    def __init__(self, stage) -> None:
+        super().__init__()
+        self.stage = stage
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        hidden, _ = self.stage(inputs, [None] * self.stage.n_states)
+        if self.stage.is_last:
+            return self.stage.lm_head(self.stage.final_norm(hidden))
+        return hidden
+
+
+def full_sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+class TorchSystem:
+    """torch.distributed.pipelining.Schedule1F1B over full-sequence microbatches."""
+
+    def __init__(self, mesh, config, length: int, microbatches: int) -> None:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+        from schedlang.runtime.data import TokenSource
+        from schedlang.runtime.config import DataConfig
+        from schedlang.runtime.model import build_stage_model
+
+        self.mesh = mesh
+        dtype = torch.bfloat16 if mesh.device.type == "cuda" else torch.float32
+        layers = stage_layers(len(config.layers))[mesh.stage]
+        model = build_stage_model(
+            config, layers, mesh.is_first_stage, mesh.is_last_stage, 0, mesh.device, dtype
+        )
+        self.module = FullSequenceStage(model)
+        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=1e-4)
+        stage = PipelineStage(self.module, stage_index=mesh.stage, num_stages=2, device=mesh.device)
+        self.schedule = Schedule1F1B(stage, n_microbatches=microbatches, loss_fn=full_sequence_loss)
+        self.tokens = TokenSource(DataConfig(), config.vocab, length, microbatches)
+        self.step_index = 0
+
+    def step(self) -> None:
+        tokens = self.tokens.global_batch_tokens(self.step_index).to(self.mesh.device)
+        self.optimizer.zero_grad(set_to_none=False)
+        if self.mesh.is_first_stage:
+            self.schedule.step(tokens[:, :-1])
+        else:
+            losses = []
+            self.schedule.step(target=tokens[:, 1:], losses=losses)
+        self.optimizer.step()
+        self.step_index += 1
+
+    def close(self) -> None:
+        self.schedule = None
+
+
+def build_system(name: str, mesh, config, length: int, microbatches: int):
+    if name == "torch":
+        return TorchSystem(mesh, config, length, microbatches)
+    kind, n_chunks = name.split(":")
+    return SchedlangSystem(mesh, config, length, int(n_chunks), microbatches)
+
+
+def measure(name: str, mesh, config, length: int, microbatches: int, warmup: int, steps: int) -> dict:
+    device = mesh.device
+    release(device)
+    reset_peak(device)
+    started_build = time.perf_counter()
+    system = build_system(name, mesh, config, length, microbatches)
+    for _ in range(warmup):
+        system.step()
+    synchronize(device)
+    dist.barrier()
+    resident = memory_now(device)
+    reset_peak(device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        system.step()
+    synchronize(device)
+    dist.barrier()
+    elapsed = time.perf_counter() - started
+    record = {
+        "system": name,
+        "length": length,
+        "stage": mesh.stage,
+        "tokens_per_second": microbatches * length * steps / elapsed,
+        "step_seconds": elapsed / steps,
+        "peak_bytes": peak_memory(device),
+        "resident_bytes": resident,
+        "activation_peak_bytes": peak_memory(device) - resident,
+        "setup_seconds": started - started_build,
+    }
+    system.close()
+    del system
+    release(device)
+    return record
+
+
+def worker(args: argparse.Namespace) -> int:
+    from schedlang.runtime.mesh import init_mesh
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+    mesh = init_mesh(2, 1, 1, args.device, timeout_s=600.0)
+    config = model_config(args.tiny)
+    records = []
+    for name in args.systems:
+        record = measure(name, mesh, config, args.length, args.microbatches, args.warmup, args.steps)
+        gathered = [None, None]
+        dist.all_gather_object(gathered, record)
+        records.extend(gathered)
+        if mesh.rank == 0:
+            print(json.dumps(gathered), flush=True)
+    if mesh.rank == 0 and args.result:
+        Path(args.result).write_text(json.dumps(records, indent=1), encoding="utf-8")
+    dist.destroy_process_group()
+    return 0
+
+
+def launch_worker(args, systems, length, warmup, steps, result: Path, timeout: float) -> tuple[int, list]:
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        str(Path(__file__).resolve()), "--worker", "--device", args.device, "--length", str(length),
+        "--microbatches", str(args.microbatches), "--warmup", str(warmup), "--steps", str(steps),
+        "--result", str(result), "--systems", *systems,
+    ] + (["--tiny"] if args.tiny else [])
+    try:
+        completed = subprocess.run(command, timeout=timeout, capture_output=True, text=True)
+        code, output = completed.returncode, completed.stdout + completed.stderr
+    except subprocess.TimeoutExpired as error:
+        code, output = 124, str(error.stdout or "") + str(error.stderr or "")
+    if code != 0:
+        tail = "\n".join(line for line in output.splitlines() if "Error" in line or "error" in line)[-1500:]
+        print(f"  [{' '.join(systems)} at {length}: exit {code}] {tail}", flush=True)
+    if code == 0 and result.exists():
+        return code, json.loads(result.read_text())
+    # A job cut short still printed every system it finished, one JSON line each.
+    records = []
+    for line in output.splitlines():
+        if line.startswith('[{"system"'):
+            records.extend(json.loads(line))
+    return code, records
+
+
+def kernel_preflight(device: str) -> str:
+    """Use Triton on the GPU if it runs and agrees with the PyTorch path on a bf16 problem; else PyTorch."""
+    if device != "cuda":
+        return "torch"
+    from schedlang.kernels import chunk_gla
+
+    try:
+        generator = torch.Generator(device="cuda").manual_seed(0)
+        shape = (1, 512, 4, 128)
+        q, k, v = (torch.randn(shape, device="cuda", generator=generator, dtype=torch.bfloat16) for _ in range(3))
+        g = F.logsigmoid(torch.randn(shape, device="cuda", generator=generator)) / 16
+        outputs = {}
+        for backend in ("torch", "triton"):
+            o, state = chunk_gla(q, k, v, g, initial_state=None, output_final_state=True, backend=backend)
+            outputs[backend] = (o.float(), state.float())
+        error = max(
+            float((outputs["triton"][i] - outputs["torch"][i]).norm() / outputs["torch"][i].norm()) for i in range(2)
+        )
+        print(f"kernel preflight: triton vs torch relative error {error:.2e}", flush=True)
+        return "triton" if error < 2e-2 else "torch"
+    except Exception as error:
+        print(f"kernel preflight: triton failed ({type(error).__name__}: {error}); using the PyTorch kernels")
+        return "torch"
+
+
+def gib(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:.1f}"
+
+
+def driver(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    backend = kernel_preflight(args.device)
+    os.environ["SCHEDLANG_KERNEL_BACKEND"] = backend
+    systems = [f"schedlang:{n}" for n in args.chunks] + ["torch"]
+    code, records = launch_worker(
+        args, systems, args.length, args.warmup, args.steps, out / "throughput.json", args.throughput_timeout
+    )
+    lines = [
+        f"kernel backend: {backend}; length {args.length}, {args.microbatches} microbatches, PP2",
+        "| system | stage | tokens/s | step (s) | peak (GiB) | activations peak (GiB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for record in records:
+        lines.append(
+            f"| {record['system']} | {record['stage']} | {record['tokens_per_second']:,.0f} | "
+            f"{record['step_seconds']:.2f} | {gib(record['peak_bytes'])} | {gib(record['activation_peak_bytes'])} |"
+        )
+    torch_records = [record for record in records if record["system"] == "torch"]
+    if torch_records:
+        torch_rate = torch_records[0]["tokens_per_second"]
+        torch_activations = max(record["activation_peak_bytes"] for record in torch_records)
+        for name in systems[:-1]:
+            mine = [record for record in records if record["system"] == name]
+            if mine:
+                lines.append(
+                    f"{name}: throughput x{mine[0]['tokens_per_second'] / torch_rate:.2f} of Schedule1F1B, "
+                    f"activation peak x{max(r['activation_peak_bytes'] for r in mine) / max(torch_activations, 1):.2f}"
+                )
+    print("\n".join(lines), flush=True)
+    fits = {}
+    for name in args.search_systems:
+        fits[name] = None
+        for length in args.search_lengths:
+            if time.monotonic() - started > args.budget:
+                print(f"  time budget spent; stopping the search at {name} {length}", flush=True)
+                break
+            code, found = launch_worker(
+                args, [name], length, 0, 1, out / "fit.json", args.search_timeout
+            )
+            if code != 0:
+                break
+            fits[name] = (length, max(record["peak_bytes"] for record in found))
+            print(f"  {name} fits {length} tokens (peak {gib(fits[name][1])} GiB)", flush=True)
+    for name, fit in fits.items():
+        lines.append(f"longest fitting sequence, {name}: {fit[0] if fit else 'none tried fit'}")
+    summary = "\n".join(lines)
+    (out / "summary.md").write_text(summary + "\n", encoding="utf-8")
+    print(summary)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="a tiny model, to check the whole path on CPU")
+    parser.add_argument("--length", type=int, default=32768)
+    parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument("--chunks", type=int, nargs="+", default=[1, 4, 8, 16])
+    parser.add_argument("--systems", nargs="+", default=["torch"])
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--result", default=None)
+    parser.add_argument("--out", default="benchmark-results")
+    parser.add_argument("--search-systems", nargs="+", default=["torch", "schedlang:16"])
+    parser.add_argument("--search-lengths", type=int, nargs="+", default=[65536, 131072, 262144])
+    parser.add_argument("--budget", type=float, default=400.0, help="seconds after which the length search stops")
+    parser.add_argument("--throughput-timeout", type=float, default=300.0)
+    parser.add_argument("--search-timeout", type=float, default=120.0)
+    args = parser.parse_args()
+    return worker(args) if args.worker else driver(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
