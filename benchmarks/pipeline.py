@@ -319,22 +319,23 @@ def driver(args: argparse.Namespace) -> int:
                     f"activation peak x{max(r['activation_peak_bytes'] for r in mine) / max(torch_activations, 1):.2f}"
                 )
     print("\n".join(lines), flush=True)
-    fits = {}
-    for name in args.search_systems:
-        fits[name] = None
-        for length in args.search_lengths:
+    fits = {name: None for name in args.search_systems}
+    alive = list(args.search_systems)
+    for length in args.search_lengths:
+        for name in list(alive):
             if time.monotonic() - started > args.budget:
-                print(f"  time budget spent; stopping the search at {name} {length}", flush=True)
-                break
-            code, found = launch_worker(
-                args, [name], length, 0, 1, out / "fit.json", args.search_timeout
-            )
+                print(f"  time budget spent; not trying {name} at {length}", flush=True)
+                alive.remove(name)
+                continue
+            code, found = launch_worker(args, [name], length, 0, 1, out / "fit.json", args.search_timeout)
             if code != 0:
-                break
+                alive.remove(name)
+                continue
             fits[name] = (length, max(record["peak_bytes"] for record in found))
             print(f"  {name} fits {length} tokens (peak {gib(fits[name][1])} GiB)", flush=True)
     for name, fit in fits.items():
-        lines.append(f"longest fitting sequence, {name}: {fit[0] if fit else 'none tried fit'}")
+        text = f"{fit[0]} tokens (peak {gib(fit[1])} GiB)" if fit else "no tried length fit (or none was tried)"
+        lines.append(f"longest fitting sequence of those tried, {name}: {text}")
     summary = "\n".join(lines)
     (out / "summary.md").write_text(summary + "\n", encoding="utf-8")
     print(summary)
