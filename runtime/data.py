@@ -7,10 +7,12 @@ on any mesh see exactly the same tokens, and a resumed run sees the same
 tokens as an uninterrupted one.
 
 ``synthetic``: each sequence repeats a random pattern of ``RECALL_PERIOD``
-tokens. Predicting a token needs the token one period back, so the first
-period of every sequence chunk can only be predicted through the recurrent
-state handed over from the previous chunk: a broken state hand-off shows up
-as a higher loss.
+tokens drawn from the first ``SYNTHETIC_ALPHABET`` token ids. Predicting a
+token needs the token one period back, so the first period of every sequence
+chunk can only be predicted through the recurrent state handed over from the
+previous chunk: a broken state hand-off shows up as a higher loss. The small
+alphabet gives the loss an early, visible fall (from ln(vocab) towards
+ln(alphabet)) before recall sets in.
 
 ``bytes``: byte-level language modelling over a text file; with no path, the
 Python standard library's own ``.py`` sources, read in sorted order, which
@@ -27,6 +29,7 @@ import torch
 from schedlang.runtime.config import DataConfig, DataKind
 
 RECALL_PERIOD = 24
+SYNTHETIC_ALPHABET = 32
 BYTE_VOCAB = 256
 DEFAULT_CORPUS_LIMIT_BYTES = 16 * 1024 * 1024
 
@@ -80,7 +83,8 @@ class TokenSource:
             starts = torch.randint(0, self.corpus.numel() - self.length - 1, (self.global_batch,), generator=generator)
             offsets = torch.arange(self.length + 1)
             return self.corpus[starts[:, None] + offsets[None, :]]
-        pattern = torch.randint(0, self.vocab, (self.global_batch, RECALL_PERIOD), generator=generator)
+        alphabet = min(self.vocab, SYNTHETIC_ALPHABET)
+        pattern = torch.randint(0, alphabet, (self.global_batch, RECALL_PERIOD), generator=generator)
         repeats = -(-(self.length + 1) // RECALL_PERIOD)
         return pattern.repeat(1, repeats)[:, : self.length + 1]
 
