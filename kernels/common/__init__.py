@@ -1,6 +1,6 @@
 """Helpers shared by every operator: argument checks, backend choice, chunk padding."""
 
-from schedlang.kernels.common.chunking import chunk_count, from_chunks, to_chunks
+from schedlang.kernels.common.chunking import ChunkStates, chunk_count, from_chunks, to_chunks
 from schedlang.kernels.common.arguments import (
     Backend,
     CHUNK_SIZE,
@@ -13,6 +13,7 @@ from schedlang.kernels.common.arguments import (
 __all__ = [
     "Backend",
     "CHUNK_SIZE",
+    "ChunkStates",
     "RecurrenceShape",
     "check_recurrence_arguments",
     "chunk_count",

@@ -7,7 +7,17 @@ log-gate of 0 (no decay), so the state after the last real token equals the stat
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+
+
+class ChunkStates(NamedTuple):
+    """States (or state gradients) at every chunk boundary, [B, H, N + 1, K, V], and the cumulative log
+    decay to each boundary ([B, H, N + 1, K] for GLA, [B, H, N + 1] for simple GLA)."""
+
+    states: torch.Tensor
+    log_decay: torch.Tensor
 
 
 def chunk_count(length: int, chunk_size: int) -> int:

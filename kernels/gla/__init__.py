@@ -5,9 +5,9 @@ local_chunk_states, update_state_rows, chunk_states, intra_chunk_output, output_
 local_chunk_state_gradients, chunk_state_gradients, intra_chunk_gradients.
 """
 
+from schedlang.kernels.common import ChunkStates
 from schedlang.kernels.gla.chunk import chunk_gla
 from schedlang.kernels.gla.chunk_torch import (
-    ChunkStates,
     chunk_state_gradients,
     chunk_states,
     intra_chunk_gradients,

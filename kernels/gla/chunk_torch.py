@@ -8,19 +8,10 @@ state after the last token. kernels/gla/README.md gives the derivations.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
-from schedlang.kernels.common import CHUNK_SIZE, from_chunks, state_dtype_for, to_chunks
+from schedlang.kernels.common import CHUNK_SIZE, ChunkStates, from_chunks, state_dtype_for, to_chunks
 from schedlang.kernels.gla.gated_products import gated_causal_columns, gated_causal_rows, gated_causal_scores
-
-
-class ChunkStates(NamedTuple):
-    """States at every chunk boundary and the cumulative log decay from the sequence start to each one."""
-
-    states: torch.Tensor
-    log_decay: torch.Tensor
 
 
 def _prepared(g: torch.Tensor, chunk_size: int, dtype: torch.dtype) -> torch.Tensor:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from schedlang.kernels.common import CHUNK_SIZE, from_chunks, state_dtype_for, to_chunks
-from schedlang.kernels.gla.chunk_torch import ChunkStates
+from schedlang.kernels.common import CHUNK_SIZE, ChunkStates, from_chunks, state_dtype_for, to_chunks
 
 
 def _prepared(g: torch.Tensor, chunk_size: int, dtype: torch.dtype) -> torch.Tensor:
