@@ -259,9 +259,21 @@ def launch_worker(args, systems, length, warmup, steps, result: Path, timeout: f
 
 
 def kernel_preflight(device: str) -> str:
-    """Use Triton on the GPU if it runs and agrees with the PyTorch path on a bf16 problem; else PyTorch."""
+    """Use Triton on the GPU if it runs and agrees with the PyTorch path on a bf16 problem; else PyTorch.
+
+    Runs in a subprocess so the driver holds no CUDA context while the jobs measure memory.
+    """
     if device != "cuda":
         return "torch"
+    completed = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--preflight"], capture_output=True, text=True, timeout=300
+    )
+    print(completed.stdout.strip(), completed.stderr.strip()[-800:], flush=True)
+    lines = completed.stdout.strip().splitlines()
+    return lines[-1] if completed.returncode == 0 and lines and lines[-1] in ("triton", "torch") else "torch"
+
+
+def preflight() -> int:
     from schedlang.kernels import chunk_gla
 
     try:
@@ -277,10 +289,11 @@ def kernel_preflight(device: str) -> str:
             float((outputs["triton"][i] - outputs["torch"][i]).norm() / outputs["torch"][i].norm()) for i in range(2)
         )
         print(f"kernel preflight: triton vs torch relative error {error:.2e}", flush=True)
-        return "triton" if error < 2e-2 else "torch"
+        print("triton" if error < 2e-2 else "torch")
     except Exception as error:
         print(f"kernel preflight: triton failed ({type(error).__name__}: {error}); using the PyTorch kernels")
-        return "torch"
+        print("torch")
+    return 0
 
 
 def gib(n_bytes: int) -> str:
@@ -345,6 +358,7 @@ def driver(args: argparse.Namespace) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--preflight", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="a tiny model, to check the whole path on CPU")
     parser.add_argument("--length", type=int, default=32768)
@@ -361,6 +375,8 @@ def main() -> int:
     parser.add_argument("--throughput-timeout", type=float, default=300.0)
     parser.add_argument("--search-timeout", type=float, default=120.0)
     args = parser.parse_args()
+    if args.preflight:
+        return preflight()
     return worker(args) if args.worker else driver(args)
 
 
