@@ -281,12 +281,15 @@ def preflight() -> int:
         shape = (1, 512, 4, 128)
         q, k, v = (torch.randn(shape, device="cuda", generator=generator, dtype=torch.bfloat16) for _ in range(3))
         g = F.logsigmoid(torch.randn(shape, device="cuda", generator=generator)) / 16
+        weight = torch.randn(shape, device="cuda", generator=generator)
         outputs = {}
         for backend in ("torch", "triton"):
-            o, state = chunk_gla(q, k, v, g, initial_state=None, output_final_state=True, backend=backend)
-            outputs[backend] = (o.float(), state.float())
+            leaves = [tensor.detach().clone().requires_grad_(True) for tensor in (q, k, v, g)]
+            o, state = chunk_gla(*leaves, initial_state=None, output_final_state=True, backend=backend)
+            ((o.float() * weight).sum() + state.sum()).backward()
+            outputs[backend] = (o.float(), state.float(), *(leaf.grad.float() for leaf in leaves))
         error = max(
-            float((outputs["triton"][i] - outputs["torch"][i]).norm() / outputs["torch"][i].norm()) for i in range(2)
+            float((outputs["triton"][i] - outputs["torch"][i]).norm() / outputs["torch"][i].norm()) for i in range(6)
         )
         print(f"kernel preflight: triton vs torch relative error {error:.2e}", flush=True)
         print("triton" if error < 2e-2 else "torch")
