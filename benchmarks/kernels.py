@@ -3,6 +3,7 @@
     python benchmarks/kernels.py                      # issue 3 shapes: B=1, H=16, D=128, T=16K and 32K, bf16
     python benchmarks/kernels.py --chunk-lengths 2048 4096 8192 32768   # issue 5: calls with state in/out
     python benchmarks/kernels.py --json results.json
+    python benchmarks/kernels.py --cpu-torch-path     # the runtime's CPU path: T=4096, H=2, D=64, float32
 
 Needs a CUDA GPU. flash-linear-attention (fla-core 0.6.0) is optional: without it only our times print.
 fla refuses its gated backward on Hopper with Triton < 3.7.1 (a correctness guard); for timing alone the
@@ -177,6 +178,29 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+def time_cpu_torch_path(length: int = 4096, heads: int = 2, dim: int = 64, repeats: int = 3) -> None:
+    """Median wall time of the pure-PyTorch path (backend="torch") on the CPU, forward and forward+backward."""
+    for name, function in (("gla", chunk_gla), ("simple_gla", chunk_simple_gla)):
+        gate_shape = (1, length, heads, dim) if name == "gla" else (1, length, heads)
+        q, k, v = (torch.randn(1, length, heads, dim, requires_grad=True) for _ in range(3))
+        g = (F.logsigmoid(torch.randn(*gate_shape)) / 16).requires_grad_(True)
+        state = torch.randn(1, heads, dim, dim, requires_grad=True)
+        forward_times, step_times = [], []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            with torch.no_grad():
+                function(q, k, v, g, initial_state=state, output_final_state=True, backend="torch")
+            forward_times.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            output, final_state = function(q, k, v, g, initial_state=state, output_final_state=True, backend="torch")
+            (output.sum() + final_state.sum()).backward()
+            step_times.append(time.perf_counter() - started)
+        print(
+            f"| {name} | {length} | {heads} | {dim} | {sorted(forward_times)[repeats // 2] * 1e3:.0f} "
+            f"| {sorted(step_times)[repeats // 2] * 1e3:.0f} |"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768], help="one call per sequence, no state")
@@ -186,7 +210,14 @@ def main() -> int:
     parser.add_argument("--breakdown", action="store_true", help="per-kernel CUDA times at the first --lengths value")
     parser.add_argument("--peer-deadline", type=float, default=1e9, help="seconds after start past which fla is skipped")
     parser.add_argument("--json", help="write every figure to this file")
+    parser.add_argument("--cpu-torch-path", action="store_true", help="time the pure-PyTorch path on the CPU and stop")
     args = parser.parse_args()
+    if args.cpu_torch_path:
+        print(f"# CPU, {torch.get_num_threads()} threads, torch {torch.__version__}")
+        print("| op | T | H | D | fwd (ms) | fwd+bwd (ms) |")
+        print("|---|---|---|---|---|---|")
+        time_cpu_torch_path()
+        return 0
     if not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU", file=sys.stderr)
         return 2
