@@ -150,3 +150,15 @@ def test_invalid_arguments_raise_value_error(operator_name):
         operator.chunked(q, k, v, g, initial_state=torch.zeros(1, 2, 32, 31))
     with pytest.raises(ValueError, match="q must have shape"):
         operator.chunked(q[0], k[0], v[0], g[0])
+
+
+def test_auto_backend_choice_follows_device_and_interpreter_flag(monkeypatch):
+    from schedlang.kernels.common import Backend, resolve_backend
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert resolve_backend("auto", torch.device("cpu")) is Backend.TORCH
+    assert resolve_backend("auto", torch.device("cuda", 0)) is Backend.TRITON
+    assert resolve_backend("triton", torch.device("cpu")) is Backend.TRITON
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert resolve_backend("auto", torch.device("cpu")) is Backend.TRITON
+    assert resolve_backend("torch", torch.device("cpu")) is Backend.TORCH
