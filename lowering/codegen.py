@@ -107,6 +107,9 @@ class TrainScriptView:
     stage_layers_literal: str
     chunk_boundaries_literal: str
     recompute: str
+    sequence_parallel: str
+    sequence_method: str
+    scan_blocks: str
     train: TrainView
 
 
@@ -117,12 +120,6 @@ def check_supported(program: ScheduleProgram) -> None:
         raise UnsupportedScheduleError(
             f"the runtime executes only gla and simple_gla layers; this model has {', '.join(unsupported)}",
             program.spans.get("model.layers"),
-        )
-    if program.mesh.sequence > 1:
-        raise UnsupportedScheduleError(
-            f"mesh.sequence = {program.mesh.sequence}: generated scripts do not run sequence parallelism yet; "
-            "use sequence = 1 (chunks of one sequence still flow through the pipeline)",
-            program.spans.get("mesh.sequence"),
         )
     if program.pipeline.cuda_graphs:
         raise UnsupportedScheduleError(
@@ -204,6 +201,9 @@ def build_view(program: ScheduleProgram, script_name: str = "train.py") -> Train
         stage_layers_literal=repr(tuple(tuple(layers) for layers in program.stage_layers)),
         chunk_boundaries_literal=repr(tuple(program.sequence.boundaries)),
         recompute=repr(program.pipeline.recompute is Recompute.FULL),
+        sequence_parallel=repr(program.mesh.sequence),
+        sequence_method=repr(program.sequence.parallel.value),
+        scan_blocks=repr(program.sequence.scan_blocks),
         train=TrainView(
             steps=repr(train.steps),
             seed=repr(train.seed),

@@ -64,6 +64,9 @@ class PipelineConfig:
     stage_actions: tuple[tuple[str, ...], ...]
     data_parallel: int = 1
     recompute: bool = False
+    sequence_parallel: int = 1
+    sequence_method: str = "allscan"  # values of schedlang.runtime.sequence_parallel.SequenceParallelMethod
+    scan_blocks: int = 1
 
     @property
     def n_stages(self) -> int:
@@ -76,6 +79,15 @@ class PipelineConfig:
     @property
     def sequence_length(self) -> int:
         return self.chunk_boundaries[-1]
+
+    def local_bounds(self, chunk: int, sequence_index: int) -> tuple[int, int]:
+        """The token range of ``chunk`` that sequence-parallel rank ``sequence_index`` holds (contiguous split)."""
+        start, end = self.chunk_boundaries[chunk], self.chunk_boundaries[chunk + 1]
+        length = end - start
+        return (
+            start + length * sequence_index // self.sequence_parallel,
+            start + length * (sequence_index + 1) // self.sequence_parallel,
+        )
 
     @property
     def sequences_per_replica(self) -> int:

@@ -17,6 +17,17 @@ gradients of the chunk's initial-state leaves into the store for
 ``B(a, i - 1)``, queue the input gradient for ``SEND_B`` and drop the chunk's
 graph. See [Note: state passing] in :mod:`schedlang.runtime.state_store`.
 
+[Note: sequence-parallel chunks]
+With a sequence-parallel group of ``S`` ranks, every rank of a stage runs the
+same action list on its contiguous slice of each chunk (``local_bounds``);
+pipeline messages go between ranks of equal sequence index. The mixing layers
+scan states across the group (``schedlang.runtime.sequence_parallel``): the
+initial state is read on group rank 0 only (the others' leaves get zero
+gradients) and the final state is returned on every rank, its backward
+summing the gradients given on all ranks. Since only rank 0's state-leaf
+gradient is non-zero, handing each rank's own leaf gradient to ``B(a, i - 1)``
+gives the real gradient exactly once, as that contract requires.
+
 With full recomputation ``F`` runs under ``no_grad`` keeping only its inputs
 and initial states, and ``B`` reruns the forward with grad before the
 backward; the arithmetic is the same, so the results are identical.
@@ -39,6 +50,7 @@ class StepShape:
     """Sizes the executor needs to slice a batch and size its buffers."""
 
     chunk_boundaries: tuple[int, ...]
+    local_chunk_bounds: tuple[tuple[int, int], ...]  # this rank's token range of each chunk
     microbatch_size: int
     d_model: int
     global_tokens: int
@@ -80,11 +92,12 @@ class StageExecutor:
 
     def chunk_tokens(self, microbatch: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = slice(microbatch * self.shape.microbatch_size, (microbatch + 1) * self.shape.microbatch_size)
-        start, end = self.shape.chunk_boundaries[chunk], self.shape.chunk_boundaries[chunk + 1]
+        start, end = self.shape.local_chunk_bounds[chunk]
         return self.tokens[rows, start:end], self.tokens[rows, start + 1 : end + 1]
 
     def activation_shape(self, chunk: int) -> tuple[int, int, int]:
-        length = self.shape.chunk_boundaries[chunk + 1] - self.shape.chunk_boundaries[chunk]
+        start, end = self.shape.local_chunk_bounds[chunk]
+        length = end - start
         return (self.shape.microbatch_size, length, self.shape.d_model)
 
     def run_step(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,10 @@ from __future__ import annotations
 import math
 import os
 
+from dataclasses import dataclass
+
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -23,6 +26,15 @@ GATE_LOGIT_NORMALIZER = 16.0
 """GLA divides the log-sigmoid gate by 16 so forget gates start close to 1 (GLA paper, section 4)."""
 
 INIT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class SequenceParallelContext:
+    """Where a mixing layer's tokens are split: the sequence-parallel group and its scan method."""
+
+    group: dist.ProcessGroup
+    method: str
+    scan_blocks: int
 
 
 def piece_generator(seed: int, piece_index: int) -> torch.Generator:
@@ -82,6 +94,7 @@ class GatedLinearMixer(nn.Module):
         gate_width = inner if kind is MixerKind.GLA else config.heads
         self.gate_proj = nn.Linear(config.d_model, gate_width, bias=True)
         self.o_proj = nn.Linear(inner, config.d_model, bias=False)
+        self.sequence_context: SequenceParallelContext | None = None
 
     def reset_parameters(self, generator: torch.Generator, output_std: float) -> None:
         for projection in (self.q_proj, self.k_proj, self.v_proj, self.gate_proj):
@@ -103,17 +116,40 @@ class GatedLinearMixer(nn.Module):
         gate = F.logsigmoid(self.gate_proj(hidden).float()) / GATE_LOGIT_NORMALIZER
         kernel = chunk_gla if self.kind is MixerKind.GLA else chunk_simple_gla
         gate = gate.view(shape) if self.kind is MixerKind.GLA else gate.view(batch, length, self.heads)
-        mixed, final_state = kernel(
+        if self.sequence_context is None:
+            mixed, final_state = kernel(
+                q,
+                k,
+                v,
+                gate,
+                scale=self.head_dim**-0.5,
+                initial_state=initial_state,
+                output_final_state=True,
+                backend=kernel_backend(hidden.device),
+            )
+        else:
+            mixed, final_state = self._sequence_parallel(q, k, v, gate, initial_state)
+        return self.o_proj(mixed.reshape(batch, length, -1).to(hidden.dtype)), final_state
+
+    def _sequence_parallel(self, q, k, v, gate, initial_state):
+        """This rank's slice of the chunk; see [Note: sequence-parallel chunks] in the executor."""
+        from schedlang.runtime.sequence_parallel import GateKind, sequence_parallel_chunk_gla
+
+        context = self.sequence_context
+        return sequence_parallel_chunk_gla(
             q,
             k,
             v,
             gate,
-            scale=self.head_dim**-0.5,
+            group=context.group,
+            method=context.method,
+            scan_blocks=context.scan_blocks,
             initial_state=initial_state,
             output_final_state=True,
-            backend=kernel_backend(hidden.device),
+            scale=self.head_dim**-0.5,
+            backend=kernel_backend(q.device),
+            gate=GateKind.VECTOR if self.kind is MixerKind.GLA else GateKind.SCALAR,
         )
-        return self.o_proj(mixed.reshape(batch, length, -1).to(hidden.dtype)), final_state
 
     def state_shape(self, batch: int) -> tuple[int, ...]:
         return (batch, self.heads, self.head_dim, self.head_dim)
@@ -222,8 +258,13 @@ def build_stage_model(
     seed: int,
     device: torch.device,
     dtype: torch.dtype,
+    sequence_context: SequenceParallelContext | None = None,
 ) -> StageModel:
-    """Build a stage on the meta device, then materialise it with its seed-determined weights."""
+    """Build a stage on the meta device, then materialise it with its seed-determined weights.
+
+    With a ``sequence_context`` every mixing layer runs its slice of each chunk
+    sequence-parallel over that group.
+    """
     with torch.device("meta"):
         model = StageModel(config, layer_indices, is_first, is_last)
     model.to_empty(device=device)
@@ -232,4 +273,7 @@ def build_stage_model(
             with torch.no_grad():
                 module.weight.fill_(1.0)
     model.reset_parameters(seed)
+    for module in model.modules():
+        if isinstance(module, GatedLinearMixer):
+            module.sequence_context = sequence_context
     return model.to(dtype)

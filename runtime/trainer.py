@@ -22,7 +22,7 @@ from schedlang.runtime.config import ModelConfig, OptimizerKind, PipelineConfig,
 from schedlang.runtime.data import TokenSource
 from schedlang.runtime.executor import StageExecutor, StepShape
 from schedlang.runtime.mesh import RuntimeMesh, init_mesh
-from schedlang.runtime.model import build_stage_model
+from schedlang.runtime.model import SequenceParallelContext, build_stage_model
 from schedlang.runtime.p2p import StageMessenger
 from schedlang.runtime.progress import StepMetrics, StepReporter
 
@@ -65,6 +65,11 @@ class Trainer:
             seed=self.train_config.seed,
             device=mesh.device,
             dtype=self.dtype,
+            sequence_context=(
+                SequenceParallelContext(mesh.sequence_group, pipeline.sequence_method, pipeline.scan_blocks)
+                if pipeline.sequence_parallel > 1
+                else None
+            ),
         )
         self.optimizer = build_optimizer(self.model.parameters(), self.train_config)
         self.tokens = TokenSource(
@@ -82,6 +87,9 @@ class Trainer:
             self.model,
             StepShape(
                 chunk_boundaries=pipeline.chunk_boundaries,
+                local_chunk_bounds=tuple(
+                    pipeline.local_bounds(chunk, mesh.sequence_index) for chunk in range(pipeline.n_chunks)
+                ),
                 microbatch_size=pipeline.microbatch_size,
                 d_model=self.model_config.d_model,
                 global_tokens=pipeline.global_batch * pipeline.sequence_length,
@@ -108,9 +116,19 @@ class Trainer:
 
     def reduce_gradients(self) -> None:
         gradients = [parameter.grad for parameter in self.model.parameters()]
-        if self.pipeline_config.data_parallel > 1:
+        # Every sequence-parallel rank and data replica saw different tokens of the global batch.
+        groups = [
+            group
+            for group, size in (
+                (self.mesh.sequence_group, self.pipeline_config.sequence_parallel),
+                (self.mesh.data_group, self.pipeline_config.data_parallel),
+            )
+            if size > 1
+        ]
+        if groups:
             flat = torch._utils._flatten_dense_tensors(gradients)
-            dist.all_reduce(flat, group=self.mesh.data_group)
+            for group in groups:
+                dist.all_reduce(flat, group=group)
             for gradient, reduced in zip(gradients, torch._utils._unflatten_dense_tensors(flat, gradients)):
                 gradient.copy_(reduced)
         if self.train_config.grad_clip is not None:

@@ -18,7 +18,7 @@ from schedlang.lowering.legality import IllegalScheduleError
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).with_name("golden")
-RUNNABLE_EXAMPLES = ("gla_stateflow", "explicit_order", "simple_gla_gpipe")
+RUNNABLE_EXAMPLES = ("gla_stateflow", "explicit_order", "simple_gla_gpipe", "sequence_parallel")
 
 
 @pytest.mark.parametrize("name", RUNNABLE_EXAMPLES)
@@ -77,11 +77,10 @@ def test_unsupported_layers_are_refused_at_the_layers_key():
     assert (error.value.span.line, error.value.span.column) == (2, line.index("layers") + 1)
 
 
-def test_sequence_parallel_mesh_is_refused_at_its_key():
-    program = load_program_text(tiny(sequence=2), "t.sched")
-    with pytest.raises(UnsupportedScheduleError, match="mesh.sequence = 2") as error:
-        render_train_script(program)
-    assert error.value.span.line == 3
+def test_sequence_parallel_mesh_reaches_the_pipeline_config():
+    script = render_train_script(load_program_text(tiny(sequence=2), "t.sched"))
+    assert "MESH_SHAPE = (2, 2, 1)" in script
+    assert "    sequence_parallel=2,\n    sequence_method='allscan',\n    scan_blocks=1,\n" in script
 
 
 ILLEGAL_ORDER = """
@@ -111,8 +110,8 @@ def test_compile_command_writes_the_script(tmp_path):
 
 
 def test_unsupported_schedule_is_a_positioned_compile_error(tmp_path, capsys):
-    schedule = tmp_path / "sp.sched"
-    schedule.write_text(tiny(sequence=2), encoding="utf-8")
+    schedule = tmp_path / "gdn.sched"
+    schedule.write_text(tiny(layers="[gla, gdn]"), encoding="utf-8")
     assert schedlang_main(["compile", str(schedule), "-o", str(tmp_path / "train.py")]) == 1
     error = capsys.readouterr().err
-    assert f"{schedule}:3:" in error and "error: mesh.sequence = 2" in error and "^" in error
+    assert f"{schedule}:2:" in error and "error: the runtime executes only" in error and "^" in error

@@ -5,7 +5,8 @@ gradients after the first step agree within 1e-5 relative (float32) between
 the single-process run (1 stage, 1 chunk, 1 microbatch of 4 sequences) and
 pipelined runs on 2, 3 and 4 CPU ranks (gloo) with 1, 2, 3 and 5 chunks,
 uniform and explicit uneven chunk boundaries and stage splits, gpipe, 1f1b
-and explicit orders, full recomputation and data parallelism. Each world size
+and explicit orders, full recomputation, data parallelism, and sequence
+parallelism inside the pipeline (ZeCO All-Scan, LASP ring, LASP-2 all-gather). Each world size
 is one job that runs all of its configurations (start-up dominates on CPU).
 """
 
@@ -37,11 +38,13 @@ def schedule_text(
     stages: str = "",
     recompute: str = "none",
     explicit: str = "",
+    sequence: int = 1,
+    parallel: str = "allscan",
 ) -> str:
     return f"""schedule {name}
 {MODEL_BLOCK.format(stages=f"stages = {stages}" if stages else "")}
-mesh {{ pipeline = {pipeline}  data = {data} }}
-sequence {{ length = 160  chunks = {chunks}  kernel_chunk = 16 }}
+mesh {{ pipeline = {pipeline}  sequence = {sequence}  data = {data} }}
+sequence {{ length = 160  chunks = {chunks}  kernel_chunk = 16  parallel = {parallel} }}
 pipeline {{
   microbatches = {microbatches}  microbatch_size = {microbatch_size}  order = {order}  recompute = {recompute}
   {explicit}
@@ -61,6 +64,7 @@ CONFIGURATIONS = {
         "p2_n3_uneven_chunks_recompute": schedule_text(
             "p2_n3_uneven_chunks_recompute", 2, "[0, 16, 112, 160]", 2, 2, recompute="full"
         ),
+        "p1_s2_n3_ring": schedule_text("p1_s2_n3_ring", 1, "3", 2, 2, sequence=2, parallel="ring"),
     },
     3: {
         "p3_n3_1f1b": schedule_text("p3_n3_1f1b", 3, "3", 4, 1),
@@ -84,6 +88,12 @@ CONFIGURATIONS = {
             "p4_n1_gpipe", 4, "1", 4, 1, order="gpipe", stages="[[0, 1], [2], [3, 4], [5]]"
         ),
         "p2_d2_n3_gpipe": schedule_text("p2_d2_n3_gpipe", 2, "3", 2, 1, order="gpipe", data=2),
+        "p2_s2_n2_allscan": schedule_text(
+            "p2_s2_n2_allscan", 2, "2", 2, 2, sequence=2, parallel="allscan(blocks = 4)"
+        ),
+        "p2_s2_n5_allgather_1f1b": schedule_text(
+            "p2_s2_n5_allgather_1f1b", 2, "5", 4, 1, sequence=2, parallel="allgather"
+        ),
     },
 }
 

@@ -57,6 +57,9 @@ PIPELINE = PipelineConfig(
     stage_actions=(STAGE_0_ACTIONS, STAGE_1_ACTIONS),
     data_parallel=1,
     recompute=False,
+    sequence_parallel=1,
+    sequence_method='allscan',
+    scan_blocks=1,
 )
 
 TRAIN = TrainConfig(
