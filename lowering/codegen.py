@@ -27,7 +27,7 @@ from schedlang.lowering.source import Span
 
 ACTIONS_PER_LINE = 8
 _SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
-RUNTIME_LAYER_KINDS = (LayerKind.GLA, LayerKind.SIMPLE_GLA)
+RUNTIME_LAYER_KINDS = (LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.ATTN)
 
 
 class UnsupportedScheduleError(ValueError):
@@ -118,8 +118,14 @@ def check_supported(program: ScheduleProgram) -> None:
     unsupported = sorted({kind.value for kind in program.model.layers if kind not in RUNTIME_LAYER_KINDS})
     if unsupported:
         raise UnsupportedScheduleError(
-            f"the runtime executes only gla and simple_gla layers; this model has {', '.join(unsupported)}",
+            f"the runtime executes only gla, simple_gla and attn layers; this model has {', '.join(unsupported)}",
             program.spans.get("model.layers"),
+        )
+    if program.mesh.sequence > 1 and LayerKind.ATTN in program.model.layers:
+        raise UnsupportedScheduleError(
+            f"mesh.sequence = {program.mesh.sequence} with attn layers: sequence-parallel softmax attention is not "
+            "implemented; use sequence = 1 (the pipeline still cuts each sequence into chunks)",
+            program.spans.get("mesh.sequence"),
         )
     if program.pipeline.cuda_graphs:
         raise UnsupportedScheduleError(

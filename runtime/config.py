@@ -17,6 +17,7 @@ class MixerKind(str, Enum):
 
     GLA = "gla"
     SIMPLE_GLA = "simple_gla"
+    ATTN = "attn"  # causal softmax attention; its chunk-to-chunk "state" is the key/value prefix
 
 
 class OptimizerKind(str, Enum):

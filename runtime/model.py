@@ -155,6 +155,60 @@ class GatedLinearMixer(nn.Module):
         return (batch, self.heads, self.head_dim, self.head_dim)
 
 
+class CausalAttentionMixer(nn.Module):
+    """Causal softmax attention, run chunk by chunk.
+
+    Its boundary state is the stacked keys and values of every earlier chunk,
+    ``[2, B, T_prefix, H, D]``: a chunk's queries attend to that prefix and,
+    causally, to their own chunk, and the state after the chunk appends the
+    chunk's keys and values. Gradients reach earlier chunks' keys and values
+    through the same state hand-off as a recurrent layer's
+    ([Note: state passing]), so chunking changes nothing in the arithmetic
+    except its blocking. The prefix grows with the position in the sequence,
+    which is why StateFlow balances hybrid chunks (section 3.2).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.heads = config.heads
+        self.head_dim = config.head_dim
+        inner = config.heads * config.head_dim
+        self.q_proj = nn.Linear(config.d_model, inner, bias=False)
+        self.k_proj = nn.Linear(config.d_model, inner, bias=False)
+        self.v_proj = nn.Linear(config.d_model, inner, bias=False)
+        self.o_proj = nn.Linear(inner, config.d_model, bias=False)
+
+    def reset_parameters(self, generator: torch.Generator, output_std: float) -> None:
+        for projection in (self.q_proj, self.k_proj, self.v_proj):
+            _init_normal(projection.weight, INIT_STD, generator)
+        _init_normal(self.o_proj.weight, output_std, generator)
+
+    def forward(
+        self, hidden: torch.Tensor, initial_state: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, length, _ = hidden.shape
+        shape = (batch, length, self.heads, self.head_dim)
+        q = self.q_proj(hidden).view(shape)
+        k = self.k_proj(hidden).view(shape)
+        v = self.v_proj(hidden).view(shape)
+        if initial_state is not None:
+            k = torch.cat([initial_state[0].to(k.dtype), k], dim=1)
+            v = torch.cat([initial_state[1].to(v.dtype), v], dim=1)
+        prefix = k.shape[1] - length
+        if prefix == 0:
+            mixed = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            )
+        else:
+            positions = torch.arange(k.shape[1], device=hidden.device)
+            allowed = positions[None, :] <= (prefix + torch.arange(length, device=hidden.device))[:, None]
+            mixed = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=allowed
+            )
+        output = self.o_proj(mixed.transpose(1, 2).reshape(batch, length, -1))
+        return output, torch.stack([k, v])
+
+
 class SwiGLU(nn.Module):
     def __init__(self, d_model: int, ratio: float) -> None:
         super().__init__()
@@ -178,7 +232,7 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig, kind: MixerKind) -> None:
         super().__init__()
         self.mixer_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.mixer = GatedLinearMixer(config, kind)
+        self.mixer = CausalAttentionMixer(config) if kind is MixerKind.ATTN else GatedLinearMixer(config, kind)
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps) if config.mlp_ratio > 0 else None
         self.mlp = SwiGLU(config.d_model, config.mlp_ratio) if config.mlp_ratio > 0 else None
 

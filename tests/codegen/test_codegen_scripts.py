@@ -18,7 +18,7 @@ from schedlang.lowering.legality import IllegalScheduleError
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).with_name("golden")
-RUNNABLE_EXAMPLES = ("gla_stateflow", "explicit_order", "simple_gla_gpipe", "sequence_parallel")
+RUNNABLE_EXAMPLES = ("gla_stateflow", "explicit_order", "simple_gla_gpipe", "sequence_parallel", "hybrid_balanced")
 
 
 @pytest.mark.parametrize("name", RUNNABLE_EXAMPLES)
@@ -69,12 +69,19 @@ def test_user_strings_appear_only_as_literals(tmp_path):
 
 
 def test_unsupported_layers_are_refused_at_the_layers_key():
-    text = tiny(layers="[gla, attn]")
+    text = tiny(layers="[gla, gdn]")
     program = load_program_text(text, "t.sched")
-    with pytest.raises(UnsupportedScheduleError, match="only gla and simple_gla") as error:
+    with pytest.raises(UnsupportedScheduleError, match="only gla, simple_gla and attn") as error:
         render_train_script(program)
     line = text.splitlines()[1]
     assert (error.value.span.line, error.value.span.column) == (2, line.index("layers") + 1)
+
+
+def test_sequence_parallel_attention_is_refused_at_the_sequence_key():
+    program = load_program_text(tiny(layers="[gla, attn]", sequence=2), "t.sched")
+    with pytest.raises(UnsupportedScheduleError, match="sequence-parallel softmax attention") as error:
+        render_train_script(program)
+    assert error.value.span.line == 3
 
 
 def test_sequence_parallel_mesh_reaches_the_pipeline_config():

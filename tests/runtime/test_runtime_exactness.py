@@ -21,7 +21,7 @@ TOLERANCE = 1e-5
 
 MODEL_BLOCK = """model {{
   vocab = 64  d_model = 32  heads = 2  head_dim = 16
-  layers = [gla, simple_gla] * 3
+  layers = {layers}
   mlp = swiglu(ratio = 2)
   {stages}
 }}"""
@@ -40,9 +40,10 @@ def schedule_text(
     explicit: str = "",
     sequence: int = 1,
     parallel: str = "allscan",
+    layers: str = "[gla, simple_gla] * 3",
 ) -> str:
     return f"""schedule {name}
-{MODEL_BLOCK.format(stages=f"stages = {stages}" if stages else "")}
+{MODEL_BLOCK.format(stages=f"stages = {stages}" if stages else "", layers=layers)}
 mesh {{ pipeline = {pipeline}  sequence = {sequence}  data = {data} }}
 sequence {{ length = 160  chunks = {chunks}  kernel_chunk = 16  parallel = {parallel} }}
 pipeline {{
@@ -53,7 +54,16 @@ train {{ steps = {STEPS}  seed = 7  optimizer = adamw(lr = 1e-2)  data = synthet
 """
 
 
-REFERENCE = schedule_text("reference", 1, "1", 1, 4)
+HYBRID_LAYERS = "[gla, attn, simple_gla] * 2"
+REFERENCES = {
+    "reference": schedule_text("reference", 1, "1", 1, 4),
+    "reference_hybrid": schedule_text("reference_hybrid", 1, "1", 1, 4, layers=HYBRID_LAYERS),
+}
+
+
+def reference_of(name: str) -> str:
+    return "reference_hybrid" if "hybrid" in name else "reference"
+
 
 CONFIGURATIONS = {
     2: {
@@ -68,6 +78,9 @@ CONFIGURATIONS = {
     },
     3: {
         "p3_n3_1f1b": schedule_text("p3_n3_1f1b", 3, "3", 4, 1),
+        "p3_n3_hybrid_attention": schedule_text(
+            "p3_n3_hybrid_attention", 3, "[0, 32, 96, 160]", 2, 2, layers=HYBRID_LAYERS
+        ),
         "p3_n2_explicit": schedule_text(
             "p3_n2_explicit",
             3,
@@ -103,7 +116,7 @@ def matrix(tmp_path_factory):
     """Run the reference and every configuration; returns name -> (losses, gradients)."""
     directory = tmp_path_factory.mktemp("exactness")
     outcomes = {}
-    jobs = {1: {"reference": REFERENCE}, **CONFIGURATIONS}
+    jobs = {1: REFERENCES, **CONFIGURATIONS}
     for world_size, configurations in jobs.items():
         names = list(configurations)
         scripts = [compile_schedule(configurations[name], directory, name) for name in names]
@@ -120,7 +133,7 @@ ALL_NAMES = [name for configurations in CONFIGURATIONS.values() for name in conf
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ALL_NAMES)
 def test_pipelined_losses_match_single_device(matrix, name):
-    reference_losses, _ = matrix["reference"]
+    reference_losses, _ = matrix[reference_of(name)]
     losses, _ = matrix[name]
     assert len(losses) == STEPS
     for step, (loss, reference) in enumerate(zip(losses, reference_losses)):
@@ -130,7 +143,7 @@ def test_pipelined_losses_match_single_device(matrix, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ALL_NAMES)
 def test_pipelined_gradients_match_single_device(matrix, name):
-    _, reference_gradients = matrix["reference"]
+    _, reference_gradients = matrix[reference_of(name)]
     _, gradients = matrix[name]
     assert sorted(gradients) == sorted(reference_gradients)
     errors = {key: relative_error(gradients[key], reference_gradients[key]) for key in reference_gradients}
