@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +60,23 @@ def test_a_failing_rank_fails_the_command_and_shows_its_error(tmp_path):
     assert completed.returncode != 0
     assert "no-such-corpus.txt" in completed.stderr
     assert "training failed" in completed.stderr
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.sched"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", EXAMPLES, ids=[path.stem for path in EXAMPLES])
+def test_every_example_trains_a_step_through_torchrun(example, tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    completed = subprocess.run(
+        [sys.executable, "-m", "schedlang", "run", str(example), "--steps", "1", "--metrics", str(metrics)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [record["step"] for record in records] == [1]
+    assert math.isfinite(records[0]["loss"]) and records[0]["loss"] > 0
