@@ -3,10 +3,15 @@
 Input: one order per pipeline stage, each a sequence of that stage's tasks
 (``TaskId``), already checked by ``schedlang.lowering.legality`` (complete,
 each task once, and the union of the stage sequences with the partial order of
-StateFlow Eq. 8 is acyclic). Recurrent states stay on their stage
-(``mesh.sequence == 1``), so the only messages are activations
+StateFlow Eq. 8 is acyclic). Chunk-to-chunk states never leave their stage's
+ranks: with ``mesh.sequence == 1`` they stay in the rank's state store; with a
+sequence-parallel group they are also scanned across that group by
+collectives inside the mixing layers (``schedlang.runtime.sequence_parallel``),
+which every rank of the stage issues in the same order because all of them run
+the same action list. So the only placed messages are activations
 ``F(r, a, i) -> F(r + 1, a, i)`` and activation gradients
-``B(r + 1, a, i) -> B(r, a, i)``.
+``B(r + 1, a, i) -> B(r, a, i)``, between ranks of equal sequence and data
+coordinates.
 
 Output: for each stage, a tuple of runtime :class:`Action` s: every task, each
 ``F`` followed by ``SEND_F`` (unless last stage), each ``B`` followed by
@@ -27,7 +32,10 @@ q that produces m', which q runs before the task producing m; so every wait
 is implied by an edge of the task graph (a dependency of Eq. 8) or by a chain
 of q's own sequence. If a cycle of waiting ranks existed, it would be a cycle
 in the union of the Eq. 8 edges and the stage sequences, which the legality
-check rules out. Hence a legal order never deadlocks.
+check rules out. Hence a legal order never deadlocks. A sequence-parallel
+collective inside a task only waits for the same task on the other ranks of
+the stage, which run identical action lists against identical peers, so it
+adds no new wait between different tasks.
 """
 
 from __future__ import annotations
