@@ -143,7 +143,7 @@ def _tuple_of_names(names: list[str]) -> str:
 
 
 def _layers_text(layers: tuple[int, ...]) -> str:
-    return f"{layers[0]}-{layers[-1]}" if len(layers) > 1 else str(layers[0])
+    return f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
 
 
 def _resolve_data_path(program: ScheduleProgram) -> str | None:

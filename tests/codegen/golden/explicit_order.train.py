@@ -37,13 +37,17 @@ MODEL = ModelConfig(
 
 MESH_SHAPE = (2, 1, 1)  # (pipeline, sequence, data)
 
-# Stage 0: layers 0, plus embedding.
+# What every rank of a stage runs, in order: F<a>.<i> / B<a>.<i> is the forward / backward of
+# microbatch a, chunk i; SEND_F / RECV_F move activations to / from the neighbouring stage and
+# SEND_B / RECV_B their gradients. Receives follow the sender's order (schedlang.lowering.placement).
+
+# Stage 0: layer 0, plus embedding.
 STAGE_0_ACTIONS = (
     'F0.0', 'SEND_F0.0', 'F0.1', 'SEND_F0.1', 'F1.0', 'SEND_F1.0', 'F1.1', 'SEND_F1.1',
     'RECV_B0.1', 'B0.1', 'RECV_B0.0', 'B0.0', 'RECV_B1.1', 'B1.1', 'RECV_B1.0', 'B1.0',
 )
 
-# Stage 1: layers 1, plus final norm, LM head and loss.
+# Stage 1: layer 1, plus final norm, LM head and loss.
 STAGE_1_ACTIONS = (
     'RECV_F0.0', 'F0.0', 'RECV_F0.1', 'F0.1', 'B0.1', 'SEND_B0.1', 'B0.0', 'SEND_B0.0',
     'RECV_F1.0', 'F1.0', 'RECV_F1.1', 'F1.1', 'B1.1', 'SEND_B1.1', 'B1.0', 'SEND_B1.0',

@@ -37,6 +37,10 @@ MODEL = ModelConfig(
 
 MESH_SHAPE = (2, 1, 1)  # (pipeline, sequence, data)
 
+# What every rank of a stage runs, in order: F<a>.<i> / B<a>.<i> is the forward / backward of
+# microbatch a, chunk i; SEND_F / RECV_F move activations to / from the neighbouring stage and
+# SEND_B / RECV_B their gradients. Receives follow the sender's order (schedlang.lowering.placement).
+
 # Stage 0: layers 0-1, plus embedding.
 STAGE_0_ACTIONS = (
     'F0.0', 'SEND_F0.0', 'F0.1', 'SEND_F0.1', 'F0.2', 'SEND_F0.2', 'F0.3', 'SEND_F0.3',
