@@ -142,3 +142,14 @@ def test_state_store_hands_each_entry_over_once():
         store.take_forward_states(0, 1)
     store.put_state_gradients(2, 0, [torch.zeros(1)])
     assert "state gradients of 2.0" in store.describe_leftovers()
+
+
+def test_receive_buffers_are_reused_by_shape():
+    from schedlang.runtime.p2p import BufferPool
+
+    pool = BufferPool()
+    first = pool.get((2, 3), torch.float32, torch.device("cpu"))
+    pool.give_back(first)
+    assert pool.get((2, 3), torch.float32, torch.device("cpu")).data_ptr() == first.data_ptr()
+    assert pool.get((2, 3), torch.float32, torch.device("cpu")).data_ptr() != first.data_ptr()
+    assert pool.get((2, 4), torch.float32, torch.device("cpu")).shape == (2, 4)
