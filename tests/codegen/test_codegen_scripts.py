@@ -18,7 +18,7 @@ from schedlang.lowering.legality import IllegalScheduleError
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).with_name("golden")
-RUNNABLE_EXAMPLES = ("gla_stateflow", "explicit_order", "simple_gla_gpipe", "sequence_parallel", "hybrid_balanced")
+RUNNABLE_EXAMPLES = tuple(sorted(path.stem for path in (ROOT / "examples").glob("*.sched")))
 
 
 @pytest.mark.parametrize("name", RUNNABLE_EXAMPLES)
