@@ -5,6 +5,8 @@ tests run at real sizes, in float32 (tf32 matrix products) and bfloat16. Outputs
 (tests/kernels/conftest.py), so an element a kernel never writes fails the comparison.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -59,6 +61,25 @@ def test_triton_path_chained_over_pieces_matches_the_reference(operator_name):
         return torch.cat(outputs, dim=1), state
 
     assert_close(run_with_grads(pieces, inputs), reference(operator, inputs), tolerance)
+
+
+@pytest.mark.parametrize("operator_name", sorted(OPERATORS))
+def test_triton_path_stays_finite_and_exact_under_extreme_gates(operator_name):
+    """Log-gates of -30 on a third of the tokens (or key dimensions) and a padded last chunk: a chunk's decay
+    then spans far more than float32's exponent range, so any factor formed as exp(-gc) or from a padded
+    token's zero gate overflows; the kernels must never form one. The cumulative gate reaches about -300
+    inside a chunk, where float32 keeps it to ~3e-5 absolute: hence the looser bound on the CPU."""
+    operator = OPERATORS[operator_name]
+    dtype, tolerance = DTYPES["float32"]
+    tolerance = max(tolerance, 1e-4)
+    inputs = make_inputs(operator, 1, 100, 2, 32, "strong", True, dtype, DEVICE, generator_seed=7)
+    gate = inputs.g.clone()
+    if operator.gate_per_key:
+        gate[:, ::3, :, ::2] = -30.0
+    else:
+        gate[:, ::3] = -30.0
+    inputs = dataclasses.replace(inputs, g=gate)
+    assert_close(run_with_grads(operator.chunked, inputs, backend="triton"), reference(operator, inputs), tolerance)
 
 
 @pytest.mark.parametrize("operator_name", sorted(OPERATORS))
