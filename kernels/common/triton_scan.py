@@ -11,6 +11,7 @@ launch, side by side.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -137,6 +138,24 @@ def chunk_state_pass_kernel(
         )
 
 
+@functools.lru_cache(maxsize=None)
+def _multiprocessor_count(device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _state_block_v(value_dim: int, programs_per_value_block: int, device: torch.device) -> int:
+    """Columns of the state each pass program owns: 32, unless that needs more programs than the GPU has
+    multiprocessors (each program is a sequential walk holding one multiprocessor's registers, so a second
+    wave would double the pass's time), then 64."""
+    block_v = min(32, max(16, triton.next_power_of_2(value_dim)))
+    multiprocessors = _multiprocessor_count(device)
+    if multiprocessors is not None and programs_per_value_block * triton.cdiv(value_dim, block_v) > multiprocessors:
+        block_v = min(64, max(16, triton.next_power_of_2(value_dim)))
+    return block_v
+
+
 def chunk_state_passes(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -165,16 +184,15 @@ def chunk_state_passes(
     gate_cumsum = new_output(g.shape, torch.float32, device)
     states = new_output((batch, heads, n_chunks, key_dim, value_dim), states_dtype, device)
     final_state = new_output((batch, heads, key_dim, value_dim), torch.float32, device)
+    passes = 1 if reverse_inputs is None else 2
     block_k = min(64, max(16, triton.next_power_of_2(key_dim)))
-    block_v = min(32, max(16, triton.next_power_of_2(value_dim)))
-    passes = 1
+    block_v = _state_block_v(value_dim, passes * batch * heads * triton.cdiv(key_dim, block_k), device)
     q = do = final_state_grad = state_grads = initial_grad = None
     scale = 1.0
     if reverse_inputs is not None:
         q, do, scale, final_state_grad = reverse_inputs
         state_grads = new_output(states.shape, states_dtype, device)
         initial_grad = new_output(final_state.shape, torch.float32, device)
-        passes = 2
     grid = (triton.cdiv(key_dim, block_k), triton.cdiv(value_dim, block_v), passes * batch * heads)
     chunk_state_pass_kernel[grid](
         k, v, q if q is not None else k, do if do is not None else v, g, gate_cumsum, states,
