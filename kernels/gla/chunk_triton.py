@@ -1,21 +1,11 @@
 """Triton chunked GLA: kernels, host functions and the Triton implementation of chunk_gla.
 
-Forward, two kernels: the state pass with the chunk updates and the gate cumsum fused in
-(kernels/common/triton_scan.py), then `gla_fwd_kernel_output`, one program per chunk (and block of value
-columns) that builds the chunk's 64 x 64 gated scores in registers and writes o. Backward, three kernels:
-one launch running the recomputed forward state pass and the reverse state-gradient pass side by side,
-`gla_bwd_kernel_dv` (rebuilds the transposed scores) and `gla_bwd_kernel_dqkg` (score gradients, the gated
-intra-chunk sums for dq and dk, the state terms and dg). kernels/gla/README.md derives every formula.
-
-Gated scores without overflow: for rows in 16-token sub-chunk x and columns in earlier sub-chunks, the
-decay factors around r_x (cumulative gate at x's first row) into exp(gc_i - r_x) <= 1 and exp(r_x - gc_j)
-<= 1, so each sub-chunk's strip is one 64 x 64 matrix product with the other rows and columns masked to
-zero (masks go into the exponent, as -inf, so no factor is ever computed above 1). The 16 x 16 diagonal
-blocks are summed exactly, one column offset at a time, with exp(-|gc_i - gc_j|), which is exp(gc_i - gc_j)
-wherever the pair is causal and stays finite where it is not (those entries are masked or multiplied by a
-masked weight). No kernel feeds a transposed matrix-product accumulator cast to 16 bits into another
-product (Triton 3.4-3.7.0 miscompiles that on Hopper): transposed products are built from operands loaded
-transposed from memory.
+Forward: gate cumsum -> per-chunk state updates (parallel over chunks) -> state scan -> intra-chunk
+scores in 16-token sub-chunks -> output. Backward: the same recomputation of states and scores, then the
+per-chunk state-gradient updates and the reverse scan, dv (with the score gradients), the intra-chunk
+dq/dk, and a last kernel adding the inter-chunk dq/dk and forming dg. kernels/gla/README.md derives every
+formula. No kernel feeds a transposed matrix-product accumulator cast to 16 bits into another product
+(Triton 3.4-3.7.0 miscompiles that on Hopper): every transposed operand is loaded transposed from memory.
 """
 
 from __future__ import annotations
@@ -25,222 +15,295 @@ import triton
 import triton.language as tl
 
 from schedlang.kernels.common.function import Implementation
-from schedlang.kernels.common.triton_scan import chunk_state_passes, new_output
+from schedlang.kernels.common.triton_scan import chunk_local_cumsum, chunk_state_scan, new_output
 
 CHUNK = 64
 SUB_CHUNK = 16
 
 
 @triton.jit
-def gla_fwd_kernel_output(
-    q, k, v, gate_cumsum, states, output, scale, T, NT,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, NC: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
+def gla_fwd_kernel_chunk_updates(
+    x, y, gate_cumsum, chunk_gate, updates, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    FROM_CHUNK_END: tl.constexpr,
 ):
-    # o = scale * (q * exp(gc)) S_n + A v, A_ij = scale * sum_k q_ik k_jk exp(gc_ik - gc_jk) for j <= i.
+    # FROM_CHUNK_END: U_n = (k * exp(gl - gc))^T v  (state pass); else U_n = scale * (q * exp(gc))^T do (gradient pass)
+    i_k, i_v, i_nbh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh, i_n = i_nbh // NT, i_nbh % NT
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    p_xt = tl.make_block_ptr(x + i_b * T * H * K + i_h * K, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
+    p_gct = tl.make_block_ptr(
+        gate_cumsum + i_b * T * H * K + i_h * K, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1)
+    )
+    p_y = tl.make_block_ptr(y + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+    # [BK, BT]
+    b_xt = tl.load(p_xt, boundary_check=(0, 1), padding_option="zero")
+    b_gct = tl.load(p_gct, boundary_check=(0, 1), padding_option="zero")
+    b_y = tl.load(p_y, boundary_check=(0, 1), padding_option="zero")
+    if FROM_CHUNK_END:
+        b_gl = tl.load(chunk_gate + (i_bh * NT + i_n) * K + o_k, mask=o_k < K, other=0.0)
+        b_xt = (b_xt * tl.exp(b_gl[:, None] - b_gct)).to(b_y.dtype)
+    else:
+        b_xt = (b_xt * tl.exp(b_gct) * scale).to(b_y.dtype)
+    # [BK, BV]
+    b_update = tl.dot(b_xt, b_y)
+    p_update = tl.make_block_ptr(
+        updates + i_nbh.to(tl.int64) * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0)
+    )
+    tl.store(p_update, b_update, boundary_check=(0, 1))
+
+
+@triton.jit
+def gla_fwd_kernel_intra_scores(
+    q, k, gate_cumsum, scores, scale, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, NC: tl.constexpr,
+):
+    # One program per (chunk, row sub-chunk x): the [BC, BT] row strip of the scores, blocks y <= x.
+    i_tc, i_bh = tl.program_id(0), tl.program_id(1)
+    i_n, i_x = i_tc // NC, i_tc % NC
+    i_b, i_h = i_bh // H, i_bh % H
+    row0 = i_n * BT + i_x * BC
+    if row0 >= T:
+        return
+    base = i_b * T * H * K + i_h * K
+    score_base = scores + i_b * T * H * BT + i_h * BT
+    o_i = tl.arange(0, BC)
+    i_y = 0
+    while i_y < i_x:
+        b_block = tl.zeros([BC, BC], dtype=tl.float32)
+        for i_k in range(tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+            p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+            p_kt = tl.make_block_ptr(k + base, (K, T), (1, H * K), (i_k * BK, i_n * BT + i_y * BC), (BK, BC), (0, 1))
+            p_gct = tl.make_block_ptr(
+                gate_cumsum + base, (K, T), (1, H * K), (i_k * BK, i_n * BT + i_y * BC), (BK, BC), (0, 1)
+            )
+            # reference: the cumulative gate at the first row of sub-chunk x
+            b_ref = tl.load(gate_cumsum + base + row0 * H * K + o_k, mask=o_k < K, other=0.0)
+            b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
+            b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
+            b_kt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero")
+            b_gct = tl.load(p_gct, boundary_check=(0, 1), padding_option="zero")
+            row_valid = (row0 + o_i < T)[:, None]
+            b_qg = tl.where(row_valid, b_q * tl.exp(b_gc - b_ref[None, :]), 0.0).to(b_q.dtype)
+            b_kg = (b_kt * tl.exp(b_ref[:, None] - b_gct)).to(b_q.dtype)
+            b_block += tl.dot(b_qg, b_kg)
+        p_s = tl.make_block_ptr(score_base, (T, BT), (H * BT, 1), (row0, i_y * BC), (BC, BC), (1, 0))
+        tl.store(p_s, b_block * scale, boundary_check=(0, 1))
+        i_y += 1
+    b_diag = tl.zeros([BC, BC], dtype=tl.float32)
+    causal = (o_i[:, None] >= o_i[None, :])[:, :, None]
+    for i_k in range(tl.cdiv(K, BK)):
+        p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+        p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+        p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
+        # [BC(i), BC(j), BK], exact: exp(gc_i - gc_j) <= 1 wherever j <= i
+        exponent = tl.where(causal, b_gc[:, None, :] - b_gc[None, :, :], float("-inf"))
+        b_diag += tl.sum(b_q[:, None, :] * b_k[None, :, :] * tl.exp(exponent), axis=2)
+    p_s = tl.make_block_ptr(score_base, (T, BT), (H * BT, 1), (row0, i_x * BC), (BC, BC), (1, 0))
+    tl.store(p_s, b_diag * scale, boundary_check=(0, 1))
+
+
+@triton.jit
+def gla_fwd_kernel_output(
+    q, v, gate_cumsum, states, scores, output, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    base = i_b * T * H * K + i_h * K
-    o_i = tl.arange(0, BT)
-    o_t = i_n * BT + o_i
-    row_valid = o_t < T
-    sub_chunk = o_i // BC
     state_base = states + (i_bh * NT + i_n).to(tl.int64) * K * V
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
-    b_a = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        key_valid = o_k < K
-        p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-        p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-        p_kt = tl.make_block_ptr(k + base, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
-        p_gct = tl.make_block_ptr(gate_cumsum + base, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
+        p_q = tl.make_block_ptr(q + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+        p_gc = tl.make_block_ptr(
+            gate_cumsum + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0)
+        )
         p_h = tl.make_block_ptr(state_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
         b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
         b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
-        b_kt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero")
-        b_gct = tl.load(p_gct, boundary_check=(0, 1), padding_option="zero")
         b_h = tl.load(p_h, boundary_check=(0, 1))
         b_o += tl.dot((b_q * tl.exp(b_gc)).to(b_h.dtype), b_h)
-        for x in range(1, NC):
-            ref_row = tl.minimum(i_n * BT + x * BC, T - 1)
-            b_ref = tl.load(gate_cumsum + base + ref_row * H * K + o_k, mask=key_valid, other=0.0)
-            in_x = (sub_chunk == x) & row_valid
-            b_qg = b_q * tl.exp(tl.where(in_x[:, None], b_gc - b_ref[None, :], float("-inf")))
-            b_kg = b_kt * tl.exp(tl.where((o_i < x * BC)[None, :], b_ref[:, None] - b_gct, float("-inf")))
-            b_a += tl.dot(b_qg.to(b_q.dtype), b_kg.to(b_q.dtype))
-        b_qf = b_q.to(tl.float32)
-        for j in range(BC):
-            # column sub_chunk * BC + j of every row's own sub-chunk (a gather from the chunk's rows)
-            o_src = sub_chunk * BC + j
-            t_src = i_n * BT + o_src
-            p_src = base + t_src[:, None] * H * K + o_k[None, :]
-            src_mask = (t_src < T)[:, None] & key_valid[None, :]
-            b_ks = tl.load(k + p_src, mask=src_mask, other=0.0).to(tl.float32)
-            b_gs = tl.load(gate_cumsum + p_src, mask=src_mask, other=0.0)
-            b_d = tl.sum(b_qf * b_ks * tl.exp(-tl.abs(b_gc - b_gs)), axis=1)
-            b_d = tl.where(o_src <= o_i, b_d, 0.0)
-            b_a += tl.where(o_i[None, :] == o_src[:, None], b_d[:, None], 0.0)
+    b_o *= scale
+    o_t = tl.arange(0, BT)
+    p_s = tl.make_block_ptr(scores + i_b * T * H * BT + i_h * BT, (T, BT), (H * BT, 1), (i_n * BT, 0), (BT, BT), (1, 0))
     p_v = tl.make_block_ptr(v + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+    b_s = tl.load(p_s, boundary_check=(0, 1), padding_option="zero")
+    b_s = tl.where(o_t[:, None] >= o_t[None, :], b_s, 0.0)
     b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
-    b_o = b_o * scale + tl.dot((b_a * scale).to(b_v.dtype), b_v)
+    b_o += tl.dot(b_s.to(b_v.dtype), b_v)
     p_o = tl.make_block_ptr(output + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
     tl.store(p_o, b_o.to(p_o.dtype.element_ty), boundary_check=(0, 1))
 
 
 @triton.jit
 def gla_bwd_kernel_dv(
-    q, k, do, gate_cumsum, state_grads, dv, scale, T, NT,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, NC: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
+    k, v, do, gate_cumsum, chunk_gate, scores, state_grads, dv, score_grads, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
-    # dv = A^T do + (k * exp(gl - gc)) dS_{n+1}, with A^T [j, i] built directly (rows j, columns i).
+    # dv = scores^T do + (k * exp(gl - gc)) dS_leaving; the program with i_v == 0 also writes
+    # score_grads = scale * do v^T (causal), used by the intra-chunk dq/dk.
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    base = i_b * T * H * K + i_h * K
-    o_i = tl.arange(0, BT)
-    o_t = i_n * BT + o_i
-    row_valid = o_t < T
-    sub_chunk = o_i // BC
-    last_row = tl.minimum(i_n * BT + BT - 1, T - 1)
+    o_t = tl.arange(0, BT)
+    causal = o_t[:, None] >= o_t[None, :]
+    # [BT(j), BT(i)] = scores[i, j]
+    p_st = tl.make_block_ptr(scores + i_b * T * H * BT + i_h * BT, (BT, T), (1, H * BT), (0, i_n * BT), (BT, BT), (0, 1))
+    b_st = tl.load(p_st, boundary_check=(0, 1), padding_option="zero")
+    b_st = tl.where(o_t[None, :] >= o_t[:, None], b_st, 0.0)
+    p_do = tl.make_block_ptr(do + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+    b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
+    b_dv = tl.dot(b_st.to(b_do.dtype), b_do)
     grad_base = state_grads + (i_bh * NT + i_n).to(tl.int64) * K * V
-    b_dv = tl.zeros([BT, BV], dtype=tl.float32)
-    b_at = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
-        key_valid = o_k < K
-        p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-        p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-        p_qt = tl.make_block_ptr(q + base, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
-        p_gct = tl.make_block_ptr(gate_cumsum + base, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
+        p_k = tl.make_block_ptr(k + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+        p_gc = tl.make_block_ptr(
+            gate_cumsum + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0)
+        )
         p_dh = tl.make_block_ptr(grad_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
         b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
         b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
-        b_qt = tl.load(p_qt, boundary_check=(0, 1), padding_option="zero")
-        b_gct = tl.load(p_gct, boundary_check=(0, 1), padding_option="zero")
+        b_gl = tl.load(chunk_gate + (i_bh * NT + i_n) * K + o_k, mask=o_k < K, other=0.0)
         b_dh = tl.load(p_dh, boundary_check=(0, 1))
-        b_gl = tl.load(gate_cumsum + base + last_row * H * K + o_k, mask=key_valid, other=0.0)
         b_dv += tl.dot((b_k * tl.exp(b_gl[None, :] - b_gc)).to(b_dh.dtype), b_dh)
-        for x in range(1, NC):
-            ref_row = tl.minimum(i_n * BT + x * BC, T - 1)
-            b_ref = tl.load(gate_cumsum + base + ref_row * H * K + o_k, mask=key_valid, other=0.0)
-            in_x = (sub_chunk == x) & row_valid
-            b_kg = b_k * tl.exp(tl.where((o_i < x * BC)[:, None], b_ref[None, :] - b_gc, float("-inf")))
-            b_qg = b_qt * tl.exp(tl.where(in_x[None, :], b_gct - b_ref[:, None], float("-inf")))
-            b_at += tl.dot(b_kg.to(b_k.dtype), b_qg.to(b_k.dtype))
-        b_kf = b_k.to(tl.float32)
-        for j in range(BC):
-            # row sub_chunk * BC + j of every column token's own sub-chunk: the rows i >= j of A^T's diagonal block
-            o_src = sub_chunk * BC + j
-            t_src = i_n * BT + o_src
-            p_src = base + t_src[:, None] * H * K + o_k[None, :]
-            src_mask = (t_src < T)[:, None] & key_valid[None, :]
-            b_qs = tl.load(q + p_src, mask=src_mask, other=0.0).to(tl.float32)
-            b_gs = tl.load(gate_cumsum + p_src, mask=src_mask, other=0.0)
-            b_d = tl.sum(b_kf * b_qs * tl.exp(-tl.abs(b_gs - b_gc)), axis=1)
-            b_d = tl.where(o_src >= o_i, b_d, 0.0)
-            b_at += tl.where(o_i[None, :] == o_src[:, None], b_d[:, None], 0.0)
-    p_do = tl.make_block_ptr(do + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
-    b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
-    b_dv += tl.dot((b_at * scale).to(b_do.dtype), b_do)
     p_dv = tl.make_block_ptr(dv + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
     tl.store(p_dv, b_dv.to(p_dv.dtype.element_ty), boundary_check=(0, 1))
+    if i_v == 0:
+        b_ds = tl.zeros([BT, BT], dtype=tl.float32)
+        for i_v2 in range(tl.cdiv(V, BV)):
+            p_do2 = tl.make_block_ptr(
+                do + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v2 * BV), (BT, BV), (1, 0)
+            )
+            p_vt = tl.make_block_ptr(v + i_b * T * H * V + i_h * V, (V, T), (1, H * V), (i_v2 * BV, i_n * BT), (BV, BT), (0, 1))
+            b_do2 = tl.load(p_do2, boundary_check=(0, 1), padding_option="zero")
+            b_vt = tl.load(p_vt, boundary_check=(0, 1), padding_option="zero")
+            b_ds += tl.dot(b_do2, b_vt)
+        b_ds = tl.where(causal, b_ds * scale, 0.0)
+        p_ds = tl.make_block_ptr(
+            score_grads + i_b * T * H * BT + i_h * BT, (T, BT), (H * BT, 1), (i_n * BT, 0), (BT, BT), (1, 0)
+        )
+        tl.store(p_ds, b_ds, boundary_check=(0, 1))
 
 
 @triton.jit
-def gla_bwd_kernel_dqkg(
-    q, k, v, do, gate_cumsum, states, state_grads, dq, dk, dg, scale, T, NT,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, NC: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
+def gla_bwd_kernel_intra(
+    q, k, gate_cumsum, score_grads, dq_intra, dk_intra, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, NC: tl.constexpr,
 ):
-    # dA = scale * do v^T (causal) and its transpose (built directly), the gated sums
-    #   dq_i += sum_{j <= i} dA_ij k_j exp(gc_i - gc_j),   dk_j += sum_{i >= j} dA_ij q_i exp(gc_i - gc_j),
-    # the state terms, and dg = reverse-cumsum_in_chunk(q dq - k dk) + sum_v(S_{n+1} dS_{n+1}).
+    # dq_i = sum_{j<=i} dS_ij k_j exp(gc_i - gc_j);  dk_j = sum_{i>=j} dS_ij q_i exp(gc_i - gc_j), for the
+    # rows of sub-chunk x and key columns [i_k * BK, (i_k + 1) * BK).
+    i_k, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, i_x = i_tc // NC, i_tc % NC
+    i_b, i_h = i_bh // H, i_bh % H
+    row0 = i_n * BT + i_x * BC
+    if row0 >= T:
+        return
+    base = i_b * T * H * K + i_h * K
+    grad_base = score_grads + i_b * T * H * BT + i_h * BT
+    o_i = tl.arange(0, BC)
+    o_k = i_k * BK + tl.arange(0, BK)
+    key_ok = o_k < K
+    p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+    b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
+    b_first = tl.load(gate_cumsum + base + row0 * H * K + o_k, mask=key_ok, other=0.0)
+    last_row = tl.minimum(row0 + BC, T) - 1
+    b_last = tl.load(gate_cumsum + base + last_row * H * K + o_k, mask=key_ok, other=0.0)
+
+    b_dq = tl.zeros([BC, BK], dtype=tl.float32)
+    i_y = 0
+    while i_y < i_x:
+        p_ds = tl.make_block_ptr(grad_base, (T, BT), (H * BT, 1), (row0, i_y * BC), (BC, BC), (1, 0))
+        p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (i_n * BT + i_y * BC, i_k * BK), (BC, BK), (1, 0))
+        p_gy = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (i_n * BT + i_y * BC, i_k * BK), (BC, BK), (1, 0))
+        b_ds = tl.load(p_ds, boundary_check=(0, 1), padding_option="zero")
+        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+        b_gy = tl.load(p_gy, boundary_check=(0, 1), padding_option="zero")
+        b_kg = (b_k * tl.exp(b_first[None, :] - b_gy)).to(b_k.dtype)
+        b_dq += tl.dot(b_ds.to(b_k.dtype), b_kg)
+        i_y += 1
+    b_dq *= tl.exp(b_gc - b_first[None, :])
+    # the diagonal sub-chunk, exactly: [BC(i), BC(j), BK] with exp(gc_i - gc_j) <= 1 wherever j <= i
+    p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+    p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+    p_dsd = tl.make_block_ptr(grad_base, (T, BT), (H * BT, 1), (row0, i_x * BC), (BC, BC), (1, 0))
+    b_kx = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    b_qx = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    b_dsd = tl.load(p_dsd, boundary_check=(0, 1), padding_option="zero")
+    # a padded row i carries gc_i = 0, so exp(gc_i - gc_j) would overflow under strong decay: mask it out
+    causal = ((o_i[:, None] >= o_i[None, :]) & (row0 + o_i < T)[:, None])[:, :, None]
+    b_decay = tl.exp(tl.where(causal, b_gc[:, None, :] - b_gc[None, :, :], float("-inf")))
+    b_dq += tl.sum(b_dsd[:, :, None] * b_kx[None, :, :] * b_decay, axis=1)
+
+    b_dk = tl.zeros([BC, BK], dtype=tl.float32)
+    n_valid = tl.minimum(NC, tl.cdiv(T - i_n * BT, BC))
+    i_z = i_x + 1
+    while i_z < n_valid:
+        # [BC(j in x), BC(i in z)] = dS[i, j]
+        p_dst = tl.make_block_ptr(grad_base, (BT, T), (1, H * BT), (i_x * BC, i_n * BT + i_z * BC), (BC, BC), (0, 1))
+        p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (i_n * BT + i_z * BC, i_k * BK), (BC, BK), (1, 0))
+        p_gz = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (i_n * BT + i_z * BC, i_k * BK), (BC, BK), (1, 0))
+        b_dst = tl.load(p_dst, boundary_check=(0, 1), padding_option="zero")
+        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
+        b_gz = tl.load(p_gz, boundary_check=(0, 1), padding_option="zero")
+        z_valid = (i_n * BT + i_z * BC + o_i < T)[:, None]
+        b_qg = tl.where(z_valid, b_q * tl.exp(b_gz - b_last[None, :]), 0.0).to(b_q.dtype)
+        b_dk += tl.dot(b_dst.to(b_q.dtype), b_qg)
+        i_z += 1
+    b_dk *= tl.exp(b_last[None, :] - b_gc)
+    b_dk += tl.sum(b_dsd[:, :, None] * b_qx[:, None, :] * b_decay, axis=0)
+
+    p_dq = tl.make_block_ptr(dq_intra + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+    p_dk = tl.make_block_ptr(dk_intra + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+    tl.store(p_dq, b_dq, boundary_check=(0, 1))
+    tl.store(p_dk, b_dk, boundary_check=(0, 1))
+
+
+@triton.jit
+def gla_bwd_kernel_inter(
+    q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq_intra, dk_intra, dq, dk, dg, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    # Adds the state terms to dq/dk and forms dg = reverse-cumsum_in_chunk(q dq - k dk) + sum_v(S_{n+1} dS_{n+1}).
     i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
-    key_valid = o_k < K
-    o_i = tl.arange(0, BT)
-    o_t = i_n * BT + o_i
-    row_valid = o_t < T
-    sub_chunk = o_i // BC
-    last_row = tl.minimum(i_n * BT + BT - 1, T - 1)
     chunk_offset = (i_bh * NT + i_n).to(tl.int64) * K * V
-    b_da = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dat = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dq_state = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dk_state = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_boundary = tl.zeros([BK], dtype=tl.float32)
-    value_base = i_b * T * H * V + i_h * V
     for i_v in range(tl.cdiv(V, BV)):
-        p_do = tl.make_block_ptr(do + value_base, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
-        p_v = tl.make_block_ptr(v + value_base, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
-        p_vt = tl.make_block_ptr(v + value_base, (V, T), (1, H * V), (i_v * BV, i_n * BT), (BV, BT), (0, 1))
-        p_dot = tl.make_block_ptr(do + value_base, (V, T), (1, H * V), (i_v * BV, i_n * BT), (BV, BT), (0, 1))
+        p_do = tl.make_block_ptr(do + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+        p_v = tl.make_block_ptr(v + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
         # [BV, BK] views of the [K, V] state and state gradient
         p_ht = tl.make_block_ptr(states + chunk_offset, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK), (0, 1))
         p_dht = tl.make_block_ptr(state_grads + chunk_offset, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK), (0, 1))
         b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
         b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
-        b_vt = tl.load(p_vt, boundary_check=(0, 1), padding_option="zero")
-        b_dot = tl.load(p_dot, boundary_check=(0, 1), padding_option="zero")
         b_ht = tl.load(p_ht, boundary_check=(0, 1))
         b_dht = tl.load(p_dht, boundary_check=(0, 1))
-        b_da += tl.dot(b_do, b_vt)
-        b_dat += tl.dot(b_v, b_dot)
-        b_dq_state += tl.dot(b_do.to(b_ht.dtype), b_ht)
-        b_dk_state += tl.dot(b_v.to(b_dht.dtype), b_dht)
+        b_dq += tl.dot(b_do.to(b_ht.dtype), b_ht)
+        b_dk += tl.dot(b_v.to(b_dht.dtype), b_dht)
         b_boundary += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
-    b_da = tl.where(o_i[:, None] >= o_i[None, :], b_da * scale, 0.0)
-    b_dat = tl.where(o_i[:, None] <= o_i[None, :], b_dat * scale, 0.0)
     base = i_b * T * H * K + i_h * K
     p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
     p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
     p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-    b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
-    b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+    p_dqi = tl.make_block_ptr(dq_intra + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+    p_dki = tl.make_block_ptr(dk_intra + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+    b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
     b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
-    b_gl = tl.load(gate_cumsum + base + last_row * H * K + o_k, mask=key_valid, other=0.0)
-    b_dq = b_dq_state * scale * tl.exp(b_gc)
-    b_dk_state = b_dk_state * tl.exp(b_gl[None, :] - b_gc)
-    b_dk = b_dk_state
-    for x in range(1, NC):
-        # rows i in sub-chunk x, columns j before it, around r_x = gc at x's first row
-        ref_row = tl.minimum(i_n * BT + x * BC, T - 1)
-        b_ref = tl.load(gate_cumsum + base + ref_row * H * K + o_k, mask=key_valid, other=0.0)
-        in_x = (sub_chunk == x) & row_valid
-        b_kg = b_k * tl.exp(tl.where((o_i < x * BC)[:, None], b_ref[None, :] - b_gc, float("-inf")))
-        b_part = tl.dot(tl.where(in_x[:, None], b_da, 0.0).to(b_k.dtype), b_kg.to(b_k.dtype))
-        b_dq += b_part * tl.exp(tl.where(in_x[:, None], b_gc - b_ref[None, :], float("-inf")))
-    for y in range(NC - 1):
-        # columns j in sub-chunk y, rows i after it, around e_y = gc at y's last row
-        end_row = tl.minimum(i_n * BT + y * BC + BC - 1, T - 1)
-        b_end = tl.load(gate_cumsum + base + end_row * H * K + o_k, mask=key_valid, other=0.0)
-        in_y = (sub_chunk == y) & row_valid
-        after_y = (o_i >= (y + 1) * BC) & row_valid
-        b_qg = b_q * tl.exp(tl.where(after_y[:, None], b_gc - b_end[None, :], float("-inf")))
-        b_part = tl.dot(tl.where(in_y[:, None], b_dat, 0.0).to(b_q.dtype), b_qg.to(b_q.dtype))
-        b_dk += b_part * tl.exp(tl.where(in_y[:, None], b_end[None, :] - b_gc, float("-inf")))
-    for j in range(BC):
-        # the diagonal blocks, exact: partner token sub_chunk * BC + j of every token's own sub-chunk
-        o_src = sub_chunk * BC + j
-        t_src = i_n * BT + o_src
-        p_src = base + t_src[:, None] * H * K + o_k[None, :]
-        src_mask = (t_src < T)[:, None] & key_valid[None, :]
-        b_ks = tl.load(k + p_src, mask=src_mask, other=0.0).to(tl.float32)
-        b_qs = tl.load(q + p_src, mask=src_mask, other=0.0).to(tl.float32)
-        b_gs = tl.load(gate_cumsum + p_src, mask=src_mask, other=0.0)
-        b_decay = tl.exp(-tl.abs(b_gc - b_gs))
-        pick = o_i[None, :] == o_src[:, None]
-        # dA[i, src] is zero for src > i and dA^T[j, src] = dA[src, j] zero for src < j (causal masks above)
-        b_da_column = tl.sum(tl.where(pick, b_da, 0.0), axis=1)
-        b_dat_column = tl.sum(tl.where(pick, b_dat, 0.0), axis=1)
-        b_dq += b_da_column[:, None] * b_ks * b_decay
-        b_dk += b_dat_column[:, None] * b_qs * b_decay
-    b_qf = b_q.to(tl.float32)
-    b_kf = b_k.to(tl.float32)
-    b_boundary = b_boundary * tl.exp(b_gl) + tl.sum(b_kf * b_dk_state, axis=0)
-    b_terms = b_qf * b_dq - b_kf * b_dk
+    b_gl = tl.load(chunk_gate + (i_bh * NT + i_n) * K + o_k, mask=o_k < K, other=0.0)
+    b_dq = tl.load(p_dqi, boundary_check=(0, 1), padding_option="zero") + b_dq * scale * tl.exp(b_gc)
+    b_dk_state = b_dk * tl.exp(b_gl[None, :] - b_gc)
+    b_dk = tl.load(p_dki, boundary_check=(0, 1), padding_option="zero") + b_dk_state
+    b_boundary = b_boundary * tl.exp(b_gl) + tl.sum(b_k * b_dk_state, axis=0)
+    b_terms = b_q * b_dq - b_k * b_dk
     b_dg = tl.sum(b_terms, axis=0)[None, :] - tl.cumsum(b_terms, axis=0) + b_terms + b_boundary[None, :]
     p_dq = tl.make_block_ptr(dq + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
     p_dk = tl.make_block_ptr(dk + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
@@ -258,8 +321,41 @@ def _states_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float32, torch.float64) else dtype
 
 
+def chunk_updates(x, y, gate_cumsum, chunk_gate, scale: float, from_chunk_end: bool) -> torch.Tensor:
+    """Per-chunk state contributions [B, H, NT, K, V] float32, in parallel over chunks."""
+    batch, length, heads, key_dim = x.shape
+    value_dim = y.shape[-1]
+    n_chunks = triton.cdiv(length, CHUNK)
+    updates = new_output((batch, heads, n_chunks, key_dim, value_dim), torch.float32, x.device)
+    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64)
+    grid = (triton.cdiv(key_dim, block_k), triton.cdiv(value_dim, block_v), n_chunks * batch * heads)
+    gla_fwd_kernel_chunk_updates[grid](
+        x, y, gate_cumsum, chunk_gate, updates, scale, length, n_chunks,
+        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v, FROM_CHUNK_END=from_chunk_end,
+    )
+    return updates
+
+
+def intra_scores(q, k, gate_cumsum, scale: float) -> torch.Tensor:
+    """Scaled causal intra-chunk scores [B, T, H, CHUNK] float32 (blocks above the diagonal are not written)."""
+    batch, length, heads, key_dim = q.shape
+    n_chunks = triton.cdiv(length, CHUNK)
+    scores = new_output((batch, length, heads, CHUNK), torch.float32, q.device)
+    n_sub = CHUNK // SUB_CHUNK
+    gla_fwd_kernel_intra_scores[(n_chunks * n_sub, batch * heads)](
+        q, k, gate_cumsum, scores, scale, length,
+        H=heads, K=key_dim, BT=CHUNK, BC=SUB_CHUNK, BK=_blocks(key_dim, 32), NC=n_sub,
+    )
+    return scores
+
+
 def _contiguous(*tensors):
     return [tensor.contiguous() for tensor in tensors]
+
+
+def _states(k, v, gate_cumsum, chunk_gate, initial_state):
+    updates = chunk_updates(k, v, gate_cumsum, chunk_gate, 1.0, from_chunk_end=True)
+    return chunk_state_scan(updates, chunk_gate, initial_state, _states_dtype(k.dtype), reverse=False)
 
 
 def forward(q, k, v, g, scale, initial_state):
@@ -267,13 +363,14 @@ def forward(q, k, v, g, scale, initial_state):
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
     n_chunks = triton.cdiv(length, CHUNK)
-    gate_cumsum, states, final_state, _, _ = chunk_state_passes(k, v, g, initial_state, _states_dtype(k.dtype), CHUNK)
+    gate_cumsum, chunk_gate = chunk_local_cumsum(g, CHUNK)
+    states, final_state = _states(k, v, gate_cumsum, chunk_gate, initial_state)
+    scores = intra_scores(q, k, gate_cumsum, scale)
     output = new_output(v.shape, v.dtype, v.device)
-    block_v = _blocks(value_dim, 128)
+    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64)
     gla_fwd_kernel_output[(triton.cdiv(value_dim, block_v), n_chunks, batch * heads)](
-        q, k, v, gate_cumsum, states, output, scale, length, n_chunks,
-        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BC=SUB_CHUNK, NC=CHUNK // SUB_CHUNK,
-        BK=_blocks(key_dim, 32), BV=block_v, num_warps=8,
+        q, v, gate_cumsum, states, scores, output, scale, length, n_chunks,
+        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
     )
     return output, final_state
 
@@ -283,26 +380,34 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
     n_chunks = triton.cdiv(length, CHUNK)
-    gate_cumsum, states, _, state_grads, initial_grad = chunk_state_passes(
-        k, v, g, initial_state, _states_dtype(k.dtype), CHUNK, reverse_inputs=(q, do, scale, final_state_grad)
+    gate_cumsum, chunk_gate = chunk_local_cumsum(g, CHUNK)
+    states, _ = _states(k, v, gate_cumsum, chunk_gate, initial_state)
+    scores = intra_scores(q, k, gate_cumsum, scale)
+    grad_updates = chunk_updates(q, do, gate_cumsum, chunk_gate, scale, from_chunk_end=False)
+    state_grads, initial_grad = chunk_state_scan(
+        grad_updates, chunk_gate, final_state_grad, _states_dtype(k.dtype), reverse=True
     )
+    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64)
     dv = new_output(v.shape, v.dtype, v.device)
-    block_v = _blocks(value_dim, 128)
+    score_grads = new_output((batch, length, heads, CHUNK), torch.float32, q.device)
     gla_bwd_kernel_dv[(triton.cdiv(value_dim, block_v), n_chunks, batch * heads)](
-        q, k, do, gate_cumsum, state_grads, dv, scale, length, n_chunks,
-        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BC=SUB_CHUNK, NC=CHUNK // SUB_CHUNK,
-        BK=_blocks(key_dim, 32), BV=block_v, num_warps=8,
+        k, v, do, gate_cumsum, chunk_gate, scores, state_grads, dv, score_grads, scale, length, n_chunks,
+        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
+    )
+    dq_intra = new_output(q.shape, torch.float32, q.device)
+    dk_intra = new_output(q.shape, torch.float32, q.device)
+    n_sub = CHUNK // SUB_CHUNK
+    block_intra = _blocks(key_dim, 32)
+    gla_bwd_kernel_intra[(triton.cdiv(key_dim, block_intra), n_chunks * n_sub, batch * heads)](
+        q, k, gate_cumsum, score_grads, dq_intra, dk_intra, length,
+        H=heads, K=key_dim, BT=CHUNK, BC=SUB_CHUNK, BK=block_intra, NC=n_sub,
     )
     dq = new_output(q.shape, q.dtype, q.device)
     dk = new_output(k.shape, k.dtype, k.device)
     dg = new_output(g.shape, torch.float32, g.device)
-    block_k = _blocks(key_dim, 32)
-    gla_bwd_kernel_dqkg[(triton.cdiv(key_dim, block_k), n_chunks, batch * heads)](
-        q, k, v, do, gate_cumsum, states, state_grads, dq, dk, dg, scale, length, n_chunks,
-        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BC=SUB_CHUNK, NC=CHUNK // SUB_CHUNK,
-        BK=block_k, BV=_blocks(value_dim, 64), num_warps=8,
-        # float32 tiles at three pipeline stages come within 3 KB of the 227 KB of shared memory a block may use
-        num_stages=2 if q.dtype == torch.float32 else 3,
+    gla_bwd_kernel_inter[(triton.cdiv(key_dim, block_k), n_chunks, batch * heads)](
+        q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq_intra, dk_intra, dq, dk, dg, scale,
+        length, n_chunks, H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
     )
     return dq, dk, dv, dg, initial_grad
 

@@ -1,9 +1,8 @@
 """Triton chunked simple GLA (scalar gate per head and token): kernels, host functions, implementation.
 
-Forward: the state pass with the chunk updates and the gate cumsum fused in (kernels/common/triton_scan.py)
--> one output kernel (intra-chunk scores with the decay matrix, plus the read of the entering state).
-Backward: one launch recomputing the states and running the reverse state-gradient pass side by side, a dv
-kernel and a dq/dk/dg kernel. With a scalar
+Forward: gate cumsum -> per-chunk state updates -> state scan (kernels/common/triton_scan.py) -> one
+output kernel (intra-chunk scores with the decay matrix, plus the read of the entering state). Backward:
+recomputed states, reverse scan of the state gradients, a dv kernel and a dq/dk/dg kernel. With a scalar
 gate the decay matrix exp(gc_i - gc_j), j <= i, never exceeds 1, so no sub-chunk split is needed.
 Transposed products are formed from operands loaded transposed, never from a transposed accumulator.
 """
@@ -15,9 +14,37 @@ import triton
 import triton.language as tl
 
 from schedlang.kernels.common.function import Implementation
-from schedlang.kernels.common.triton_scan import chunk_state_passes, new_output
+from schedlang.kernels.common.triton_scan import chunk_local_cumsum, chunk_state_scan, new_output
 
 CHUNK = 64
+
+
+@triton.jit
+def simple_gla_fwd_kernel_chunk_updates(
+    x, y, gate_cumsum, chunk_gate, updates, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    FROM_CHUNK_END: tl.constexpr,
+):
+    # FROM_CHUNK_END: U_n = (k * exp(gl - gc))^T v; else U_n = scale * (q * exp(gc))^T do
+    i_k, i_v, i_nbh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh, i_n = i_nbh // NT, i_nbh % NT
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_n * BT + tl.arange(0, BT)
+    p_xt = tl.make_block_ptr(x + i_b * T * H * K + i_h * K, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
+    p_y = tl.make_block_ptr(y + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+    b_xt = tl.load(p_xt, boundary_check=(0, 1), padding_option="zero")
+    b_y = tl.load(p_y, boundary_check=(0, 1), padding_option="zero")
+    # [BT]
+    b_gc = tl.load(gate_cumsum + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.0)
+    if FROM_CHUNK_END:
+        b_gl = tl.load(chunk_gate + i_bh * NT + i_n)
+        b_xt = (b_xt * tl.exp(b_gl - b_gc)[None, :]).to(b_y.dtype)
+    else:
+        b_xt = (b_xt * (tl.exp(b_gc) * scale)[None, :]).to(b_y.dtype)
+    p_update = tl.make_block_ptr(
+        updates + i_nbh.to(tl.int64) * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0)
+    )
+    tl.store(p_update, tl.dot(b_xt, b_y), boundary_check=(0, 1))
 
 
 @triton.jit
@@ -41,9 +68,7 @@ def simple_gla_fwd_kernel_output(
         b_inter += tl.dot(b_q.to(b_h.dtype), b_h)
     o_i = tl.arange(0, BT)
     o_t = i_n * BT + o_i
-    b_gl = tl.load(gate_cumsum + (i_b * T + tl.minimum(i_n * BT + BT - 1, T - 1)) * H + i_h)
     b_gc = tl.load(gate_cumsum + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.0)
-    b_gc = tl.where(o_t < T, b_gc, b_gl)
     causal = o_i[:, None] >= o_i[None, :]
     b_decay = tl.exp(tl.where(causal, b_gc[:, None] - b_gc[None, :], float("-inf")))
     p_v = tl.make_block_ptr(v + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
@@ -55,7 +80,7 @@ def simple_gla_fwd_kernel_output(
 
 @triton.jit
 def simple_gla_bwd_kernel_dv(
-    q, k, do, gate_cumsum, state_grads, dv, scale, T, NT,
+    q, k, do, gate_cumsum, chunk_gate, state_grads, dv, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # dv_j = sum_{i>=j} scale (q_i . k_j) exp(gc_i - gc_j) do_i + k_j exp(gl - gc_j) dS_leaving
@@ -64,9 +89,10 @@ def simple_gla_bwd_kernel_dv(
     grad_base = state_grads + (i_bh * NT + i_n).to(tl.int64) * K * V
     o_i = tl.arange(0, BT)
     o_t = i_n * BT + o_i
-    # padded tokens (g = 0) carry the chunk's last cumulative gate, so no decay factor exceeds 1 there either
-    b_gl = tl.load(gate_cumsum + (i_b * T + tl.minimum(i_n * BT + BT - 1, T - 1)) * H + i_h)
     b_gc = tl.load(gate_cumsum + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.0)
+    b_gl = tl.load(chunk_gate + i_bh * NT + i_n)
+    # padded tokens (g = 0) carry the chunk's last cumulative gate: a zero there would make
+    # exp(gc_pad - gc_j) overflow under strong decay, and 0 * inf poison the sums over tokens
     b_gc = tl.where(o_t < T, b_gc, b_gl)
     # [BT(j), BT(i)]
     b_scores_t = tl.zeros([BT, BT], dtype=tl.float32)
@@ -91,7 +117,7 @@ def simple_gla_bwd_kernel_dv(
 
 @triton.jit
 def simple_gla_bwd_kernel_dqkg(
-    q, k, v, do, gate_cumsum, states, state_grads, dq, dk, dg, scale, T, NT,
+    q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq, dk, dg, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     # One program per chunk with the whole key dimension (BK >= K), so dg's sum over keys stays in the program.
@@ -123,9 +149,10 @@ def simple_gla_bwd_kernel_dqkg(
         b_boundary += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
     o_i = tl.arange(0, BT)
     o_t = i_n * BT + o_i
-    # padded tokens (g = 0) carry the chunk's last cumulative gate, so no decay factor exceeds 1 there either
-    b_gl = tl.load(gate_cumsum + (i_b * T + tl.minimum(i_n * BT + BT - 1, T - 1)) * H + i_h)
     b_gc = tl.load(gate_cumsum + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.0)
+    b_gl = tl.load(chunk_gate + i_bh * NT + i_n)
+    # padded tokens (g = 0) carry the chunk's last cumulative gate: a zero there would make
+    # exp(gc_pad - gc_j) overflow under strong decay, and 0 * inf poison the sums over tokens
     b_gc = tl.where(o_t < T, b_gc, b_gl)
     causal = o_i[:, None] >= o_i[None, :]
     b_decay = tl.exp(tl.where(causal, b_gc[:, None] - b_gc[None, :], float("-inf")))
@@ -158,12 +185,32 @@ def _states_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float32, torch.float64) else dtype
 
 
+def chunk_updates(x, y, gate_cumsum, chunk_gate, scale: float, from_chunk_end: bool) -> torch.Tensor:
+    batch, length, heads, key_dim = x.shape
+    value_dim = y.shape[-1]
+    n_chunks = triton.cdiv(length, CHUNK)
+    updates = new_output((batch, heads, n_chunks, key_dim, value_dim), torch.float32, x.device)
+    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64)
+    grid = (triton.cdiv(key_dim, block_k), triton.cdiv(value_dim, block_v), n_chunks * batch * heads)
+    simple_gla_fwd_kernel_chunk_updates[grid](
+        x, y, gate_cumsum, chunk_gate, updates, scale, length, n_chunks,
+        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v, FROM_CHUNK_END=from_chunk_end,
+    )
+    return updates
+
+
+def _states(k, v, gate_cumsum, chunk_gate, initial_state):
+    updates = chunk_updates(k, v, gate_cumsum, chunk_gate, 1.0, from_chunk_end=True)
+    return chunk_state_scan(updates, chunk_gate, initial_state, _states_dtype(k.dtype), reverse=False)
+
+
 def forward(q, k, v, g, scale, initial_state):
     q, k, v, g = [tensor.contiguous() for tensor in (q, k, v, g)]
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
     n_chunks = triton.cdiv(length, CHUNK)
-    gate_cumsum, states, final_state, _, _ = chunk_state_passes(k, v, g, initial_state, _states_dtype(k.dtype), CHUNK)
+    gate_cumsum, chunk_gate = chunk_local_cumsum(g, CHUNK)
+    states, final_state = _states(k, v, gate_cumsum, chunk_gate, initial_state)
     output = new_output(v.shape, v.dtype, v.device)
     block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64)
     simple_gla_fwd_kernel_output[(triton.cdiv(value_dim, block_v), n_chunks, batch * heads)](
@@ -180,20 +227,23 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     if key_dim > 256:
         raise ValueError(f"the Triton simple-GLA backward supports K <= 256, got K = {key_dim}; use backend='torch'")
     n_chunks = triton.cdiv(length, CHUNK)
-    gate_cumsum, states, _, state_grads, initial_grad = chunk_state_passes(
-        k, v, g, initial_state, _states_dtype(k.dtype), CHUNK, reverse_inputs=(q, do, scale, final_state_grad)
+    gate_cumsum, chunk_gate = chunk_local_cumsum(g, CHUNK)
+    states, _ = _states(k, v, gate_cumsum, chunk_gate, initial_state)
+    grad_updates = chunk_updates(q, do, gate_cumsum, chunk_gate, scale, from_chunk_end=False)
+    state_grads, initial_grad = chunk_state_scan(
+        grad_updates, chunk_gate, final_state_grad, _states_dtype(k.dtype), reverse=True
     )
     block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64)
     dv = new_output(v.shape, v.dtype, v.device)
     simple_gla_bwd_kernel_dv[(triton.cdiv(value_dim, block_v), n_chunks, batch * heads)](
-        q, k, do, gate_cumsum, state_grads, dv, scale, length, n_chunks,
+        q, k, do, gate_cumsum, chunk_gate, state_grads, dv, scale, length, n_chunks,
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
     )
     dq = new_output(q.shape, q.dtype, q.device)
     dk = new_output(k.shape, k.dtype, k.device)
     dg = new_output(g.shape, torch.float32, g.device)
     simple_gla_bwd_kernel_dqkg[(n_chunks, batch * heads)](
-        q, k, v, do, gate_cumsum, states, state_grads, dq, dk, dg, scale, length, n_chunks,
+        q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq, dk, dg, scale, length, n_chunks,
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=_blocks(key_dim, 256), BV=_blocks(value_dim, 32),
     )
     return dq, dk, dv, dg, initial_grad
