@@ -7,15 +7,29 @@ send one way never queues behind a receive the other way. Messages between
 one pair of ranks in one direction are matched in issue order (FIFO); the
 lowering lists every receive in the sender's order
 (``schedlang.lowering.placement``), which is what makes this matching
-correct. Sends are asynchronous and only awaited at the end of a step, so a
-rank blocks only in a receive; a receive that does not complete within the
-timeout raises :class:`PeerTimeoutError` naming this rank, the peer and the
-task that waits.
+correct. Sends are asynchronous and only awaited at the end of a step.
+
+[Note: waiting without draining the GPU]
+On CPU (gloo) a receive blocks the host until the data is there, with a
+timeout: one that does not complete in time raises :class:`PeerTimeoutError`
+naming this rank, the peer and the task that waits. On CUDA (NCCL) a wait with
+a timeout would block the host until the message *and all GPU work queued
+before it* are done, so every message would drain the GPU's queue and the next
+task's kernel launches would run with the GPU idle. There the runtime waits on
+the stream instead (``work.wait()`` without a timeout: later kernels are
+ordered after the message, the host runs ahead) and hands the work to a
+:class:`CompletionWatchdog`, a daemon thread that polls ``is_completed()`` and,
+if a message outlives the timeout, prints the same message and ends the
+process, so a hung peer still cannot hang the job.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
+import sys
+import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -51,6 +65,47 @@ class BufferPool:
         self.free.setdefault((tuple(buffer.shape), buffer.dtype), []).append(buffer)
 
 
+class CompletionWatchdog:
+    """Ends the process when a communication awaited on the stream outlives its deadline.
+
+    See [Note: waiting without draining the GPU]. ``watch`` registers works
+    with what they are for; a daemon thread polls them every ``poll_s``
+    seconds and forgets the completed ones. An overdue one gets
+    ``PeerTimeoutError: <what> and gave up after <timeout>s`` on stderr and
+    exit status 1, which torchrun reports as that rank's failure.
+    """
+
+    def __init__(self, timeout_s: float, poll_s: float = 0.05) -> None:
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self._watched: list[tuple[object, float, str]] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, works: list, what: str) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        with self._lock:
+            self._watched.extend((work, deadline, what) for work in works)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="schedlang-p2p-watchdog", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.poll_s)
+            now = time.monotonic()
+            with self._lock:
+                self._watched = [entry for entry in self._watched if not entry[0].is_completed()]
+                overdue = next((entry for entry in self._watched if entry[1] < now), None)
+            if overdue is not None:
+                print(
+                    f"PeerTimeoutError: {overdue[2]} and gave up after {self.timeout_s:g}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os._exit(1)
+
+
 class StageMessenger:
     """Sends and receives of one rank to its previous and next pipeline stage."""
 
@@ -61,6 +116,7 @@ class StageMessenger:
         timeout_s: float,
         activation_group: dist.ProcessGroup | None,
         gradient_group: dist.ProcessGroup | None,
+        wait_on_stream: bool | None = None,
     ) -> None:
         self.rank = rank
         self.device = device
@@ -69,6 +125,9 @@ class StageMessenger:
         self.gradient_group = gradient_group
         self.pool = BufferPool()
         self.pending: list[PendingSend] = []
+        # [Note: waiting without draining the GPU]; None picks by device.
+        self.wait_on_stream = device.type == "cuda" if wait_on_stream is None else wait_on_stream
+        self.watchdog = CompletionWatchdog(timeout_s) if self.wait_on_stream else None
 
     def _group(self, is_gradient: bool) -> dist.ProcessGroup | None:
         return self.gradient_group if is_gradient else self.activation_group
@@ -88,6 +147,11 @@ class StageMessenger:
         return buffer
 
     def _wait(self, works: list, what: str) -> None:
+        if self.watchdog is not None:
+            self.watchdog.watch(works, what)  # before waiting: on a host-blocking backend the wait may never return
+            for work in works:
+                work.wait()
+            return
         try:
             for work in works:
                 work.wait(self.timeout)
