@@ -3,7 +3,8 @@
 All functions take the user layout (q, k: [B, T, H, K], v: [B, T, H, V], g: [B, T, H, K] log-gate) and
 work in float32 (float64 when the inputs are float64), vectorised over chunks; only the state pass loops,
 once per chunk. States are laid out [B, H, N + 1, K, V]: entry n is the state entering chunk n, entry N the
-state after the last token. kernels/gla/README.md gives the derivations.
+state after the last token. The state passes are shared with simple GLA (kernels/common/chunk_state_passes.py);
+the intra-chunk terms, which need the sub-chunk split, are here. kernels/gla/README.md gives the derivations.
 """
 
 from __future__ import annotations
@@ -11,19 +12,10 @@ from __future__ import annotations
 import torch
 
 from schedlang.kernels.common import CHUNK_SIZE, ChunkStates, from_chunks, state_dtype_for, to_chunks
+from schedlang.kernels.common import chunk_state_passes
+from schedlang.kernels.common.chunk_state_passes import cumulative_gate, decay_to_chunk_end
+from schedlang.kernels.common.gate_layout import PER_KEY_GATE
 from schedlang.kernels.gla.gated_products import gated_causal_columns, gated_causal_rows, gated_causal_scores
-
-
-def _prepared(g: torch.Tensor, chunk_size: int, dtype: torch.dtype) -> torch.Tensor:
-    return to_chunks(g, chunk_size, dtype).cumsum(-2)
-
-
-def _scan_states(chunk_updates: torch.Tensor, chunk_log_decay: torch.Tensor, initial: torch.Tensor) -> torch.Tensor:
-    """S_{n+1} = exp(gamma_n) * S_n + U_n over the chunk axis: [B, H, N + 1, K, V]."""
-    states = [initial]
-    for index in range(chunk_updates.shape[2]):
-        states.append(chunk_log_decay[:, :, index, :, None].exp() * states[-1] + chunk_updates[:, :, index])
-    return torch.stack(states, dim=2)
 
 
 def local_chunk_states(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> ChunkStates:
@@ -32,17 +24,7 @@ def local_chunk_states(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_
     Returns ChunkStates(states [B, H, N + 1, K, V] with states[:, :, 0] = 0, log_decay [B, H, N + 1, K]
     with log_decay[:, :, n] = sum of g over chunks 0..n-1, i.e. log of ZeCO's gamma_tilde).
     """
-    dtype = state_dtype_for(k.dtype)
-    gc = _prepared(g, chunk_size, dtype)
-    keys = to_chunks(k, chunk_size, dtype)
-    values = to_chunks(v, chunk_size, dtype)
-    chunk_log_decay = gc[..., -1, :]
-    updates = (keys * (chunk_log_decay[..., None, :] - gc).exp()).transpose(-1, -2) @ values
-    batch, heads, _, key_dim, value_dim = updates.shape
-    zero = updates.new_zeros(batch, heads, key_dim, value_dim)
-    states = _scan_states(updates, chunk_log_decay, zero)
-    log_decay = torch.cat([chunk_log_decay.new_zeros(batch, heads, 1, key_dim), chunk_log_decay.cumsum(2)], dim=2)
-    return ChunkStates(states, log_decay)
+    return chunk_state_passes.local_chunk_states(PER_KEY_GATE, k, v, g, chunk_size)
 
 
 def update_state_rows(
@@ -57,11 +39,7 @@ def update_state_rows(
     incoming_state: [B, H, K, V]; local_state: [B, H, K, V] or [B, H, M, K, V] (then every boundary is
     updated); log_decay: local_state's shape without V. Returns the updated rows, float32/64.
     """
-    rows = slice(row_start, row_end)
-    if local_state.dim() == 5:
-        incoming_state = incoming_state[:, :, None]
-    incoming_rows = incoming_state[..., rows, :].to(local_state.dtype)
-    return log_decay[..., rows, None].exp() * incoming_rows + local_state[..., rows, :]
+    return chunk_state_passes.update_state_rows(PER_KEY_GATE, incoming_state, local_state, log_decay, row_start, row_end)
 
 
 def chunk_states(
@@ -75,10 +53,7 @@ def chunk_states(
 
     This is also the backward's recomputation of states.
     """
-    local = local_chunk_states(k, v, g, chunk_size)
-    if initial_state is None:
-        return local.states
-    return update_state_rows(initial_state, local.states, local.log_decay)
+    return chunk_state_passes.chunk_states(PER_KEY_GATE, k, v, g, initial_state, chunk_size)
 
 
 def intra_chunk_output(
@@ -86,7 +61,7 @@ def intra_chunk_output(
 ) -> torch.Tensor:
     """The part of the output from tokens of the same chunk (independent of any state): [B, T, H, V]."""
     dtype = state_dtype_for(q.dtype)
-    gc = _prepared(g, chunk_size, dtype)
+    gc = cumulative_gate(g, chunk_size, dtype)
     scores = gated_causal_scores(to_chunks(q, chunk_size, dtype) * scale, to_chunks(k, chunk_size, dtype), gc)
     return from_chunks(scores @ to_chunks(v, chunk_size, dtype), q.shape[1])
 
@@ -95,11 +70,7 @@ def output_from_states(
     q: torch.Tensor, g: torch.Tensor, states: torch.Tensor, scale: float, chunk_size: int = CHUNK_SIZE
 ) -> torch.Tensor:
     """The part of the output read from the state entering each chunk (states[:, :, :N]): [B, T, H, V]."""
-    dtype = states.dtype
-    gc = _prepared(g, chunk_size, dtype)
-    n_chunks = gc.shape[2]
-    queries = to_chunks(q, chunk_size, dtype) * scale * gc.exp()
-    return from_chunks(queries @ states[:, :, :n_chunks], q.shape[1])
+    return chunk_state_passes.output_from_states(PER_KEY_GATE, q, g, states, scale, chunk_size)
 
 
 def chunk_gla_forward(
@@ -126,17 +97,7 @@ def local_chunk_state_gradients(
     state entering each chunk with dS[:, :, N] = 0, and log_decay [B, H, N + 1, K] with entry n the sum of
     g from chunk n to the end). The global gradients are update_state_rows(dS_final, dS, log_decay).
     """
-    dtype = state_dtype_for(q.dtype)
-    gc = _prepared(g, chunk_size, dtype)
-    queries = to_chunks(q, chunk_size, dtype) * scale * gc.exp()
-    updates = queries.transpose(-1, -2) @ to_chunks(do, chunk_size, dtype)
-    chunk_log_decay = gc[..., -1, :]
-    batch, heads, _, key_dim, value_dim = updates.shape
-    zero = updates.new_zeros(batch, heads, key_dim, value_dim)
-    reversed_states = _scan_states(updates.flip(2), chunk_log_decay.flip(2), zero)
-    suffix_decay = chunk_log_decay.flip(2).cumsum(2)
-    log_decay = torch.cat([chunk_log_decay.new_zeros(batch, heads, 1, key_dim), suffix_decay], dim=2).flip(2)
-    return ChunkStates(reversed_states.flip(2), log_decay)
+    return chunk_state_passes.local_chunk_state_gradients(PER_KEY_GATE, q, g, do, scale, chunk_size)
 
 
 def chunk_state_gradients(
@@ -148,10 +109,7 @@ def chunk_state_gradients(
     chunk_size: int = CHUNK_SIZE,
 ) -> torch.Tensor:
     """Gradient with respect to the state at every chunk boundary: [B, H, N + 1, K, V]; entry 0 is d initial_state."""
-    local = local_chunk_state_gradients(q, g, do, scale, chunk_size)
-    if final_state_grad is None:
-        return local.states
-    return update_state_rows(final_state_grad, local.states, local.log_decay)
+    return chunk_state_passes.chunk_state_gradients(PER_KEY_GATE, q, g, do, scale, final_state_grad, chunk_size)
 
 
 def intra_chunk_gradients(
@@ -173,15 +131,14 @@ def intra_chunk_gradients(
     """
     dtype = states.dtype
     length = q.shape[1]
-    gc = _prepared(g, chunk_size, dtype)
+    gc = cumulative_gate(g, chunk_size, dtype)
     queries = to_chunks(q, chunk_size, dtype) * scale
     keys = to_chunks(k, chunk_size, dtype)
     values = to_chunks(v, chunk_size, dtype)
     grads_out = to_chunks(do, chunk_size, dtype)
     entering, leaving = states[:, :, :-1], states[:, :, 1:]
     leaving_grads = state_grads[:, :, 1:]
-    chunk_log_decay = gc[..., -1:, :]
-    key_decay = (chunk_log_decay - gc).exp()
+    key_decay = decay_to_chunk_end(PER_KEY_GATE, gc)
     scores = gated_causal_scores(queries, keys, gc)
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
     score_grads = (grads_out @ values.transpose(-1, -2)).masked_fill(~causal, 0.0)

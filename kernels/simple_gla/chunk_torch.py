@@ -1,7 +1,8 @@
 """Pure-PyTorch chunked simple GLA (scalar gate per head and token): CPU path and schedulable pieces.
 
 Same layout and contracts as schedlang.kernels.gla.chunk_torch, with g: [B, T, H] and the cumulative log
-decay one number per head: [B, H, N + 1]. Because the gate is a scalar, the intra-chunk decay matrix
+decay one number per head: [B, H, N + 1]. The state passes are shared with GLA
+(kernels/common/chunk_state_passes.py). Because the gate is a scalar, the intra-chunk decay matrix
 exp(gc_i - gc_j) (j <= i) is formed directly and is never larger than 1, so no sub-chunk split is needed.
 """
 
@@ -10,10 +11,9 @@ from __future__ import annotations
 import torch
 
 from schedlang.kernels.common import CHUNK_SIZE, ChunkStates, from_chunks, state_dtype_for, to_chunks
-
-
-def _prepared(g: torch.Tensor, chunk_size: int, dtype: torch.dtype) -> torch.Tensor:
-    return to_chunks(g, chunk_size, dtype).cumsum(-1)
+from schedlang.kernels.common import chunk_state_passes
+from schedlang.kernels.common.chunk_state_passes import cumulative_gate, decay_to_chunk_end
+from schedlang.kernels.common.gate_layout import SCALAR_GATE
 
 
 def _decay_matrix(gc: torch.Tensor) -> torch.Tensor:
@@ -22,24 +22,9 @@ def _decay_matrix(gc: torch.Tensor) -> torch.Tensor:
     return torch.where(causal, gc[..., :, None] - gc[..., None, :], float("-inf")).exp()
 
 
-def _scan_states(chunk_updates: torch.Tensor, chunk_log_decay: torch.Tensor, initial: torch.Tensor) -> torch.Tensor:
-    states = [initial]
-    for index in range(chunk_updates.shape[2]):
-        states.append(chunk_log_decay[:, :, index, None, None].exp() * states[-1] + chunk_updates[:, :, index])
-    return torch.stack(states, dim=2)
-
-
 def local_chunk_states(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> ChunkStates:
     """Chunk states from a zero initial state ([B, H, N + 1, K, V]) and cumulative log decay ([B, H, N + 1])."""
-    dtype = state_dtype_for(k.dtype)
-    gc = _prepared(g, chunk_size, dtype)
-    chunk_log_decay = gc[..., -1]
-    keys = to_chunks(k, chunk_size, dtype) * (chunk_log_decay[..., None] - gc).exp()[..., None]
-    updates = keys.transpose(-1, -2) @ to_chunks(v, chunk_size, dtype)
-    batch, heads, _, key_dim, value_dim = updates.shape
-    states = _scan_states(updates, chunk_log_decay, updates.new_zeros(batch, heads, key_dim, value_dim))
-    log_decay = torch.cat([chunk_log_decay.new_zeros(batch, heads, 1), chunk_log_decay.cumsum(2)], dim=2)
-    return ChunkStates(states, log_decay)
+    return chunk_state_passes.local_chunk_states(SCALAR_GATE, k, v, g, chunk_size)
 
 
 def update_state_rows(
@@ -53,11 +38,7 @@ def update_state_rows(
 
     incoming_state: [B, H, K, V]; local_state: [B, H, K, V] or [B, H, M, K, V]; log_decay: [B, H] or [B, H, M].
     """
-    rows = slice(row_start, row_end)
-    if local_state.dim() == 5:
-        incoming_state = incoming_state[:, :, None]
-    incoming_rows = incoming_state[..., rows, :].to(local_state.dtype)
-    return log_decay[..., None, None].exp() * incoming_rows + local_state[..., rows, :]
+    return chunk_state_passes.update_state_rows(SCALAR_GATE, incoming_state, local_state, log_decay, row_start, row_end)
 
 
 def chunk_states(
@@ -68,10 +49,7 @@ def chunk_states(
     chunk_size: int = CHUNK_SIZE,
 ) -> torch.Tensor:
     """States entering every chunk plus the final state: [B, H, N + 1, K, V]."""
-    local = local_chunk_states(k, v, g, chunk_size)
-    if initial_state is None:
-        return local.states
-    return update_state_rows(initial_state, local.states, local.log_decay)
+    return chunk_state_passes.chunk_states(SCALAR_GATE, k, v, g, initial_state, chunk_size)
 
 
 def intra_chunk_output(
@@ -79,7 +57,7 @@ def intra_chunk_output(
 ) -> torch.Tensor:
     """Output from tokens of the same chunk: [B, T, H, V]."""
     dtype = state_dtype_for(q.dtype)
-    gc = _prepared(g, chunk_size, dtype)
+    gc = cumulative_gate(g, chunk_size, dtype)
     queries = to_chunks(q, chunk_size, dtype) * scale
     scores = (queries @ to_chunks(k, chunk_size, dtype).transpose(-1, -2)) * _decay_matrix(gc)
     return from_chunks(scores @ to_chunks(v, chunk_size, dtype), q.shape[1])
@@ -89,10 +67,7 @@ def output_from_states(
     q: torch.Tensor, g: torch.Tensor, states: torch.Tensor, scale: float, chunk_size: int = CHUNK_SIZE
 ) -> torch.Tensor:
     """Output read from the state entering each chunk (states[:, :, :N]): [B, T, H, V]."""
-    dtype = states.dtype
-    gc = _prepared(g, chunk_size, dtype)
-    queries = to_chunks(q, chunk_size, dtype) * scale * gc.exp()[..., None]
-    return from_chunks(queries @ states[:, :, : gc.shape[2]], q.shape[1])
+    return chunk_state_passes.output_from_states(SCALAR_GATE, q, g, states, scale, chunk_size)
 
 
 def chunk_simple_gla_forward(
@@ -114,17 +89,7 @@ def local_chunk_state_gradients(
     q: torch.Tensor, g: torch.Tensor, do: torch.Tensor, scale: float, chunk_size: int = CHUNK_SIZE
 ) -> ChunkStates:
     """State gradients from a zero final-state gradient ([B, H, N + 1, K, V]) and suffix log decay ([B, H, N + 1])."""
-    dtype = state_dtype_for(q.dtype)
-    gc = _prepared(g, chunk_size, dtype)
-    queries = to_chunks(q, chunk_size, dtype) * scale * gc.exp()[..., None]
-    updates = queries.transpose(-1, -2) @ to_chunks(do, chunk_size, dtype)
-    chunk_log_decay = gc[..., -1]
-    batch, heads, _, key_dim, value_dim = updates.shape
-    zero = updates.new_zeros(batch, heads, key_dim, value_dim)
-    reversed_states = _scan_states(updates.flip(2), chunk_log_decay.flip(2), zero)
-    suffix_decay = chunk_log_decay.flip(2).cumsum(2)
-    log_decay = torch.cat([chunk_log_decay.new_zeros(batch, heads, 1), suffix_decay], dim=2).flip(2)
-    return ChunkStates(reversed_states.flip(2), log_decay)
+    return chunk_state_passes.local_chunk_state_gradients(SCALAR_GATE, q, g, do, scale, chunk_size)
 
 
 def chunk_state_gradients(
@@ -136,10 +101,7 @@ def chunk_state_gradients(
     chunk_size: int = CHUNK_SIZE,
 ) -> torch.Tensor:
     """Gradient with respect to the state at every chunk boundary: [B, H, N + 1, K, V]."""
-    local = local_chunk_state_gradients(q, g, do, scale, chunk_size)
-    if final_state_grad is None:
-        return local.states
-    return update_state_rows(final_state_grad, local.states, local.log_decay)
+    return chunk_state_passes.chunk_state_gradients(SCALAR_GATE, q, g, do, scale, final_state_grad, chunk_size)
 
 
 def intra_chunk_gradients(
@@ -156,14 +118,14 @@ def intra_chunk_gradients(
     """dq, dk, dv ([B, T, H, *]) and dg ([B, T, H]) given states and state gradients at every boundary."""
     dtype = states.dtype
     length = q.shape[1]
-    gc = _prepared(g, chunk_size, dtype)
+    gc = cumulative_gate(g, chunk_size, dtype)
     queries = to_chunks(q, chunk_size, dtype) * scale
     keys = to_chunks(k, chunk_size, dtype)
     values = to_chunks(v, chunk_size, dtype)
     grads_out = to_chunks(do, chunk_size, dtype)
     entering, leaving, leaving_grads = states[:, :, :-1], states[:, :, 1:], state_grads[:, :, 1:]
     decay = _decay_matrix(gc)
-    key_decay = (gc[..., -1:] - gc).exp()[..., None]
+    key_decay = decay_to_chunk_end(SCALAR_GATE, gc)
     scores = (queries @ keys.transpose(-1, -2)) * decay
     score_grads = (grads_out @ values.transpose(-1, -2)) * decay
     dv = scores.transpose(-1, -2) @ grads_out + (keys * key_decay) @ leaving_grads
