@@ -52,7 +52,9 @@ def _zero_state(updates: torch.Tensor) -> torch.Tensor:
     return updates.new_zeros(batch, heads, key_dim, value_dim)
 
 
-def local_chunk_states(layout: GateLayout, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int) -> ChunkStates:
+def local_chunk_states(
+    layout: GateLayout, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int
+) -> ChunkStates:
     """ZeCO Algorithm 1, phase 1: chunk states from a zero initial state, and the cumulative log decay.
 
     Returns ChunkStates(states with states[:, :, 0] = 0, log_decay with log_decay[:, :, n] = sum of g

@@ -5,6 +5,7 @@ An implementation (pure PyTorch or Triton) provides two functions working on pla
     backward(q, k, v, g, scale, initial_state, do, final_state_grad) -> (dq, dk, dv, dg, d_initial_state)
 with final_state_grad possibly None (no gradient flows into the final state). The backward recomputes
 the states instead of keeping them from the forward, so memory stays at the inputs' size.
+torch_implementation assembles the pure-PyTorch one from an operator's chunk_torch pieces.
 """
 
 from __future__ import annotations
@@ -14,12 +15,39 @@ from typing import Callable
 
 import torch
 
+from schedlang.kernels.common.arguments import CHUNK_SIZE
+
 
 @dataclass(frozen=True)
 class Implementation:
     name: str
     forward: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     backward: Callable[..., tuple[torch.Tensor, ...]]
+
+
+def torch_implementation(
+    chunk_forward: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    chunk_states: Callable[..., torch.Tensor],
+    chunk_state_gradients: Callable[..., torch.Tensor],
+    intra_chunk_gradients: Callable[..., tuple[torch.Tensor, ...]],
+) -> Implementation:
+    """The pure-PyTorch Implementation from an operator's chunk_torch functions of the same names.
+
+    The forward runs without autograd (the Function supplies the gradients); the backward recomputes the
+    states, runs the backward state pass, then the per-chunk gradients.
+    """
+
+    def forward(q, k, v, g, scale, initial_state):
+        with torch.no_grad():
+            return chunk_forward(q, k, v, g, scale, initial_state, CHUNK_SIZE)
+
+    def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
+        states = chunk_states(k, v, g, initial_state, CHUNK_SIZE)
+        state_grads = chunk_state_gradients(q, g, do, scale, final_state_grad, CHUNK_SIZE)
+        dq, dk, dv, dg = intra_chunk_gradients(q, k, v, g, do, states, state_grads, scale, CHUNK_SIZE)
+        return dq, dk, dv, dg, state_grads[:, :, 0]
+
+    return Implementation("torch", forward, backward)
 
 
 class ChunkRecurrenceFunction(torch.autograd.Function):

@@ -39,7 +39,9 @@ def update_state_rows(
     incoming_state: [B, H, K, V]; local_state: [B, H, K, V] or [B, H, M, K, V] (then every boundary is
     updated); log_decay: local_state's shape without V. Returns the updated rows, float32/64.
     """
-    return chunk_state_passes.update_state_rows(PER_KEY_GATE, incoming_state, local_state, log_decay, row_start, row_end)
+    return chunk_state_passes.update_state_rows(
+        PER_KEY_GATE, incoming_state, local_state, log_decay, row_start, row_end
+    )
 
 
 def chunk_states(

@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from schedlang.kernels.common import Backend, CHUNK_SIZE, check_recurrence_arguments, resolve_backend
-from schedlang.kernels.common.function import ChunkRecurrenceFunction, Implementation
+from schedlang.kernels.common import Backend, check_recurrence_arguments, resolve_backend
+from schedlang.kernels.common.function import ChunkRecurrenceFunction, Implementation, torch_implementation
 from schedlang.kernels.simple_gla import chunk_torch
 
-
-def _torch_forward(q, k, v, g, scale, initial_state):
-    with torch.no_grad():
-        return chunk_torch.chunk_simple_gla_forward(q, k, v, g, scale, initial_state, CHUNK_SIZE)
-
-
-def _torch_backward(q, k, v, g, scale, initial_state, do, final_state_grad):
-    states = chunk_torch.chunk_states(k, v, g, initial_state, CHUNK_SIZE)
-    state_grads = chunk_torch.chunk_state_gradients(q, g, do, scale, final_state_grad, CHUNK_SIZE)
-    dq, dk, dv, dg = chunk_torch.intra_chunk_gradients(q, k, v, g, do, states, state_grads, scale, CHUNK_SIZE)
-    return dq, dk, dv, dg, state_grads[:, :, 0]
-
-
-TORCH_IMPLEMENTATION = Implementation("torch", _torch_forward, _torch_backward)
+TORCH_IMPLEMENTATION = torch_implementation(
+    chunk_torch.chunk_simple_gla_forward,
+    chunk_torch.chunk_states,
+    chunk_torch.chunk_state_gradients,
+    chunk_torch.intra_chunk_gradients,
+)
 
 
 def _triton_implementation() -> Implementation:

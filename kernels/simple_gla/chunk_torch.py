@@ -38,7 +38,9 @@ def update_state_rows(
 
     incoming_state: [B, H, K, V]; local_state: [B, H, K, V] or [B, H, M, K, V]; log_decay: [B, H] or [B, H, M].
     """
-    return chunk_state_passes.update_state_rows(SCALAR_GATE, incoming_state, local_state, log_decay, row_start, row_end)
+    return chunk_state_passes.update_state_rows(
+        SCALAR_GATE, incoming_state, local_state, log_decay, row_start, row_end
+    )
 
 
 def chunk_states(
