@@ -27,6 +27,7 @@ from schedlang.lowering.program import (
     DType,
     LayerKind,
     MlpKind,
+    ModelSpec,
     ScheduleProgram,
     SequenceParallel,
 )
@@ -109,12 +110,17 @@ def attention_pair_flops(heads: int, head_dim: int) -> float:
     return 4 * heads * head_dim
 
 
-def mlp_flops_per_token(program: ScheduleProgram) -> float:
-    mlp = program.model.mlp
+def mlp_flops_per_token(model: ModelSpec) -> float:
+    mlp = model.mlp
     if mlp.kind is MlpKind.NONE:
         return 0.0
-    hidden = mlp.ratio * program.model.d_model
-    return 3 * 2 * program.model.d_model * hidden  # SwiGLU: gate, up and down projections
+    hidden = mlp.ratio * model.d_model
+    return 3 * 2 * model.d_model * hidden  # SwiGLU: gate, up and down projections
+
+
+def head_flops_per_token(model: ModelSpec) -> float:
+    """The language-model head's projection to the vocabulary."""
+    return 2 * model.d_model * model.vocab
 
 
 class FlopsCostModel:
@@ -149,12 +155,12 @@ class FlopsCostModel:
         for layer in program.stage_layers[stage]:
             kind = model.layers[layer]
             per_token += mixer_flops_per_token(kind, model.d_model, model.heads, model.head_dim, kernel_chunk)
-            per_token += mlp_flops_per_token(program)
+            per_token += mlp_flops_per_token(model)
             if kind is LayerKind.ATTN:
                 attention_layers += 1
                 pairs_flops += attention_pair_flops(model.heads, model.head_dim) * (prefix * tokens + tokens * tokens / 2)
         if stage == program.n_stages - 1:
-            per_token += 2 * model.d_model * model.vocab  # language-model head
+            per_token += head_flops_per_token(model)
         flops = self.batch * (per_token * tokens + pairs_flops) / self.sequence_ranks
         seconds = flops / hardware.throughput_flops
         return seconds + self._sequence_parallel_seconds(stage, tokens, attention_layers)

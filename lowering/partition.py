@@ -16,8 +16,8 @@ boundary i where F(c_i) = (i / N) F(T), the positive root of a quadratic. The
 boundaries used are blended with equal chunking, c_i(alpha) =
 (1 - alpha) i T / N + alpha c_i^hybrid (Eq. 11), then rounded to the nearest
 multiple of the kernel chunk (the paper rounds to 128, its kernel chunk).
-The per-layer coefficients come from :func:`layer_flop_coefficients`; their
-formulas are listed in docs/language.md.
+The per-layer coefficients come from :func:`layer_flop_coefficients`, which
+takes them from the ``flops`` cost model so the simulator sees the cut balanced.
 """
 
 from __future__ import annotations
@@ -25,7 +25,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from schedlang.lowering.program import MlpKind, ModelSpec
+from schedlang.lowering.cost import (
+    attention_pair_flops,
+    head_flops_per_token,
+    mixer_flops_per_token,
+    mlp_flops_per_token,
+)
+from schedlang.lowering.program import LayerKind, ModelSpec
 
 
 def _kernel_blocks(length: int, kernel_chunk: int) -> int:
@@ -146,35 +152,32 @@ class LayerFlopCoefficients:
 
 
 def layer_flop_coefficients(model: ModelSpec, kernel_chunk: int) -> LayerFlopCoefficients:
-    """Forward FLOP coefficients of ``model`` for Eq. 9 (formulas in docs/language.md).
+    """Forward FLOP coefficients of ``model`` for Eq. 9, from the simulator's own per-layer counts.
 
-    With d = d_model, H = heads, D = head_dim, W = H * D, c = kernel_chunk:
+    The ``flops`` cost model (:mod:`schedlang.lowering.cost`, formulas in
+    docs/cost-model.md) prices each layer kind; taking the coefficients from the
+    same functions means a FLOP-balanced cut is balanced for the simulator too:
 
-    * C_lin = 2 d (5 W) + 4 H D^2 + 2 c W: the q, k, v, gate and output
-      projections; the chunk-form state update (k^T v) and readout (q S); the
-      intra-chunk q k^T and its product with v, averaged over a kernel chunk
-      (c/2 keys per query, two products).
-    * C_soft = 4 W: q . k and the weighted sum of v for one query-key pair.
-    * C_dense = L_soft 2 d (4 W) + L (2 * 3 d m) + 2 d vocab: the projections of
-      the attention layers, the SwiGLU MLPs of hidden size m = ratio d (none
-      when mlp = none) and the LM head.
+    * L_lin C_lin: the sum over recurrent layers of their mixer FLOPs per token
+      (projections and the chunked recurrence over a ``kernel_chunk``), so
+      C_lin is their mean;
+    * C_soft: one attention layer's FLOPs per causal query-key pair;
+    * C_dense: the attention layers' projections, every layer's MLP and the LM head.
     """
-    width = model.heads * model.head_dim
-    n_linear = sum(1 for kind in model.layers if kind.is_recurrent)
-    n_softmax = len(model.layers) - n_linear
-    linear_cost = (
-        2.0 * model.d_model * 5 * width
-        + 4.0 * model.heads * model.head_dim * model.head_dim
-        + 2.0 * kernel_chunk * width
-    )
-    softmax_cost = 4.0 * width
-    mlp_hidden = model.mlp.ratio * model.d_model if model.mlp.kind is MlpKind.SWIGLU else 0.0
+    recurrent = [kind for kind in model.layers if kind.is_recurrent]
+    n_softmax = len(model.layers) - len(recurrent)
+
+    def mixer(kind: LayerKind) -> float:
+        return mixer_flops_per_token(kind, model.d_model, model.heads, model.head_dim, kernel_chunk)
+
+    linear_cost = sum(mixer(kind) for kind in recurrent) / len(recurrent) if recurrent else 0.0
     dense_cost = (
-        n_softmax * 2.0 * model.d_model * 4 * width
-        + len(model.layers) * 2.0 * 3 * model.d_model * mlp_hidden
-        + 2.0 * model.d_model * model.vocab
+        n_softmax * mixer(LayerKind.ATTN)
+        + len(model.layers) * mlp_flops_per_token(model)
+        + head_flops_per_token(model)
     )
-    return LayerFlopCoefficients(n_linear, n_softmax, linear_cost, dense_cost, softmax_cost)
+    softmax_cost = attention_pair_flops(model.heads, model.head_dim)
+    return LayerFlopCoefficients(len(recurrent), n_softmax, linear_cost, dense_cost, softmax_cost)
 
 
 def model_balanced_boundaries(

@@ -6,12 +6,15 @@ import math
 
 import pytest
 
+from schedlang.frontend import load_program_text
+from schedlang.lowering.cost import CostModelKind, make_cost_model, mixer_flops_per_token
 from schedlang.lowering.partition import (
     balanced_boundaries,
     layer_flop_coefficients,
     uniform_boundaries,
 )
 from schedlang.lowering.program import LayerKind, MlpKind, MlpSpec, ModelSpec
+from schedlang.lowering.tasks import TaskId
 
 
 def chunk_costs(boundaries, n_linear, n_softmax, linear_cost, dense_cost, softmax_cost):
@@ -109,18 +112,45 @@ def test_balanced_rejects_impossible_requests(arguments, match):
         balanced_boundaries(*arguments)
 
 
-def test_layer_flop_coefficients_follow_the_documented_formulas():
+def test_layer_flop_coefficients_come_from_the_flops_cost_model():
     model = ModelSpec(
         vocab=256,
         d_model=128,
-        layers=(LayerKind.GLA, LayerKind.GLA, LayerKind.GLA, LayerKind.ATTN),
+        layers=(LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GLA, LayerKind.ATTN),
         heads=2,
         head_dim=64,
         mlp=MlpSpec(MlpKind.SWIGLU, 4.0),
     )
     coefficients = layer_flop_coefficients(model, kernel_chunk=64)
-    width = 128
+
+    def mixer(kind):
+        return mixer_flops_per_token(kind, 128, 2, 64, 64)
+
     assert coefficients.n_linear_layers == 3 and coefficients.n_softmax_layers == 1
-    assert coefficients.linear_cost_per_token == 2 * 128 * 5 * width + 4 * 2 * 64 * 64 + 2 * 64 * width
-    assert coefficients.softmax_cost_per_pair == 4 * width
-    assert coefficients.dense_cost_per_token == 2 * 128 * 4 * width + 4 * 2 * 3 * 128 * 512 + 2 * 128 * 256
+    assert coefficients.linear_cost_per_token * 3 == pytest.approx(
+        2 * mixer(LayerKind.GLA) + mixer(LayerKind.SIMPLE_GLA)
+    )
+    assert coefficients.softmax_cost_per_pair == 4 * 2 * 64
+    assert coefficients.dense_cost_per_token == mixer(LayerKind.ATTN) + 4 * 2 * 3 * 128 * 512 + 2 * 128 * 256
+
+
+HYBRID = """schedule hybrid
+model {{ vocab = 256  d_model = 256  layers = [gla, gla, gla, attn] * 2  heads = 4  head_dim = 64 }}
+mesh {{ pipeline = 1 }}
+sequence {{ length = 65536  chunks = 8  partition = {partition}  kernel_chunk = 16 }}
+pipeline {{ microbatches = 1  order = 1f1b }}
+train {{ steps = 1 }}
+"""
+
+
+def forward_durations(partition: str) -> list[float]:
+    program = load_program_text(HYBRID.format(partition=partition), "hybrid.sched")
+    cost_model = make_cost_model(CostModelKind.FLOPS, program)
+    return [cost_model.task_duration(TaskId.forward(0, 0, chunk)) for chunk in range(program.n_chunks)]
+
+
+def test_balanced_cut_is_balanced_for_the_simulator():
+    balanced = forward_durations("balanced(alpha = 1)")
+    uniform = forward_durations("uniform")
+    assert max(balanced) / min(balanced) < 1.01
+    assert max(uniform) / min(uniform) > 1.5  # the hybrid's late chunks attend to long prefixes
