@@ -7,7 +7,8 @@ stages. schedlang's runtime runs it with each sequence cut into N chunks
 modules, kernels and data. Reported per stage: tokens/s and peak memory
 (total, and activations = peak minus the memory held after a warm-up step:
 weights, gradients, optimizer state). Then each system's longest sequence
-that fits, found by doubling, one step per length, each attempt in a fresh
+that fits, trying increasing lengths (by default 64K to 128K in 16K steps:
+doubling could not separate the two systems at PP2), one step per length, each attempt in a fresh
 torchrun job so an out-of-memory rank cannot wedge the next attempt.
 
 Driver (plain python, launches torchrun jobs):
@@ -373,7 +374,7 @@ def main() -> int:
     parser.add_argument("--result", default=None)
     parser.add_argument("--out", default="benchmark-results")
     parser.add_argument("--search-systems", nargs="+", default=["torch", "schedlang:16"])
-    parser.add_argument("--search-lengths", type=int, nargs="+", default=[65536, 131072, 262144])
+    parser.add_argument("--search-lengths", type=int, nargs="+", default=[65536, 81920, 98304, 114688, 131072])
     parser.add_argument("--budget", type=float, default=400.0, help="seconds after which the length search stops")
     parser.add_argument("--throughput-timeout", type=float, default=300.0)
     parser.add_argument("--search-timeout", type=float, default=120.0)
