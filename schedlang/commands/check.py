@@ -8,7 +8,8 @@ plus the cycle and step grid for a deadlock) when it is not.
 from __future__ import annotations
 
 import argparse
-import sys
+
+from schedlang.commands.common import print_legality_report
 
 HELP = "check that a schedule runs every task once, respects Eq. 8 and cannot deadlock"
 
@@ -18,15 +19,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from schedlang.frontend import load_program, read_source
-    from schedlang.lowering.legality import check_orders, render_report
+    from schedlang.frontend import load_program
+    from schedlang.lowering.legality import check_orders
 
     program = load_program(args.file)
     report = check_orders(program)
     if report.is_legal:
         print(f"{args.file}: {report.summary()}")
         return 0
-    text = read_source(args.file)
-    sources = {str(args.file): text, program.source_file: text}
-    print(render_report(report, sources), file=sys.stderr)
+    print_legality_report(args.file, program, report)
     return 1

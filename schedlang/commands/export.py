@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from enum import Enum
 
-from schedlang.commands.viz import load_legal_program, write_output
+from schedlang.commands.common import load_legal_program, write_output
 
 HELP = "export the pipeline order, e.g. as the CSV torch.distributed.pipelining loads (one chunk per microbatch)"
 

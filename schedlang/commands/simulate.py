@@ -11,52 +11,36 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+
+from schedlang.commands.common import (
+    add_cost_model_arguments,
+    check_hardware_arguments,
+    cost_model_from_arguments,
+    load_legal_program,
+)
 
 HELP = "simulate the schedule: makespan, bubble fraction and peak activations per stage"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="schedule file (.sched)")
-    parser.add_argument(
-        "--cost-model",
-        choices=("unit", "flops"),
-        default="unit",
-        help="unit: forward of s tokens costs s/T, backward 2s/T, free messages; "
-        "flops: layer FLOPs over device throughput plus alpha-beta messages (docs/cost-model.md)",
-    )
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
-    parser.add_argument("--throughput", type=float, default=400e12, help="flops model: device FLOP/s")
-    parser.add_argument("--latency", type=float, default=10e-6, help="flops model: message latency alpha, s")
-    parser.add_argument("--bandwidth", type=float, default=50e9, help="flops model: link bandwidth beta, B/s")
-
-
-def _positive(name: str, value: float) -> None:
-    if not value > 0:
-        raise SystemExit(f"schedlang simulate: error: --{name} must be positive, got {value}")
+    add_cost_model_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from schedlang.frontend import load_program, read_source
-    from schedlang.lowering.cost import CostModelKind, Hardware, make_cost_model
-    from schedlang.lowering.legality import check_orders, render_report
+    from schedlang.lowering.cost import CostModelKind
     from schedlang.lowering.memory import stateflow_makespan, stateflow_peak_activations
     from schedlang.lowering.simulate import simulate
     from schedlang.lowering.timeline import Stream
 
-    for name in ("throughput", "bandwidth"):
-        _positive(name, getattr(args, name))
-    if args.latency < 0:
-        raise SystemExit(f"schedlang simulate: error: --latency must not be negative, got {args.latency}")
-    program = load_program(args.file)
-    report = check_orders(program)
-    if not report.is_legal:
-        text = read_source(args.file)
-        print(render_report(report, {str(args.file): text, program.source_file: text}), file=sys.stderr)
+    check_hardware_arguments(args, "simulate")
+    loaded = load_legal_program(args.file)
+    if loaded is None:
         return 1
-    kind = CostModelKind(args.cost_model)
-    hardware = Hardware(args.throughput, args.latency, args.bandwidth)
-    timeline = simulate(program, cost_model=make_cost_model(kind, program, hardware))
+    program, orders = loaded
+    kind, cost_model = cost_model_from_arguments(args, program)
+    timeline = simulate(program, orders, cost_model)
     busy = [0.0] * program.n_stages
     for interval in timeline.tasks:
         if interval.stream is Stream.COMPUTE:
@@ -69,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         "n_stages": program.n_stages,
         "n_microbatches": program.n_microbatches,
         "n_chunks": program.n_chunks,
-        "n_tasks": report.n_tasks,
+        "n_tasks": sum(len(order) for order in orders),
         "makespan": timeline.makespan,
         "bubble_fraction": timeline.bubble_fraction,
         "busy_time": busy,

@@ -15,9 +15,15 @@ the exit status is 1. See docs/visualization.md.
 from __future__ import annotations
 
 import argparse
-import sys
 from enum import Enum
-from pathlib import Path
+
+from schedlang.commands.common import (
+    add_cost_model_arguments,
+    check_hardware_arguments,
+    cost_model_from_arguments,
+    load_legal_program,
+    write_output,
+)
 
 HELP = "draw the task graph (DOT) or the simulated timeline (Chrome trace JSON, PNG Gantt chart)"
 
@@ -26,20 +32,6 @@ class VizFormat(str, Enum):
     DOT = "dot"
     CHROME = "chrome"
     PNG = "png"
-
-
-def add_cost_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """The cost model options, as ``schedlang simulate`` spells them."""
-    parser.add_argument(
-        "--cost-model",
-        choices=("unit", "flops"),
-        default="unit",
-        help="unit: forward of s tokens costs s/T, backward 2s/T, free messages; "
-        "flops: layer FLOPs over device throughput plus alpha-beta messages (docs/cost-model.md)",
-    )
-    parser.add_argument("--throughput", type=float, default=400e12, help="flops model: device FLOP/s")
-    parser.add_argument("--latency", type=float, default=10e-6, help="flops model: message latency alpha, s")
-    parser.add_argument("--bandwidth", type=float, default=50e9, help="flops model: link bandwidth beta, B/s")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,43 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_legal_program(path: str):
-    """The checked program and its orders, or None after printing why the schedule is illegal."""
-    from schedlang.frontend import load_program, read_source
-    from schedlang.lowering.legality import check_orders, render_report
-    from schedlang.lowering.orders import stage_orders
-
-    program = load_program(path)
-    report = check_orders(program)
-    if not report.is_legal:
-        text = read_source(path)
-        print(render_report(report, {str(path): text, program.source_file: text}), file=sys.stderr)
-        return None
-    return program, stage_orders(program)
-
-
-def write_output(output: str, content: str | bytes) -> None:
-    if output == "-":
-        if isinstance(content, bytes):
-            raise SystemExit("schedlang: error: a PNG cannot be written to standard output; give -o FILE.png")
-        sys.stdout.write(content)
-        return
-    if isinstance(content, bytes):
-        Path(output).write_bytes(content)
-    else:
-        Path(output).write_text(content, encoding="utf-8")
-
-
-def _check_hardware(args: argparse.Namespace) -> None:
-    for name in ("throughput", "bandwidth"):
-        if not getattr(args, name) > 0:
-            raise SystemExit(f"schedlang viz: error: --{name} must be positive, got {getattr(args, name)}")
-    if args.latency < 0:
-        raise SystemExit(f"schedlang viz: error: --latency must not be negative, got {args.latency}")
-
-
 def run(args: argparse.Namespace) -> int:
-    from schedlang.lowering.cost import CostModelKind, Hardware, make_cost_model
+    from schedlang.lowering.cost import CostModelKind
     from schedlang.lowering.export.chrome import (
         MICROSECONDS_PER_SECOND,
         MICROSECONDS_PER_UNIT_COST,
@@ -104,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from schedlang.lowering.simulate import simulate
 
     output_format = VizFormat(args.format)
-    _check_hardware(args)
+    check_hardware_arguments(args, "viz")
     loaded = load_legal_program(args.file)
     if loaded is None:
         return 1
@@ -120,9 +77,8 @@ def run(args: argparse.Namespace) -> int:
         write_output(args.output, text)
         return 0
 
-    kind = CostModelKind(args.cost_model)
-    hardware = Hardware(args.throughput, args.latency, args.bandwidth)
-    timeline = simulate(program, orders, make_cost_model(kind, program, hardware))
+    kind, cost_model = cost_model_from_arguments(args, program)
+    timeline = simulate(program, orders, cost_model)
     time_unit_name = "unit" if kind is CostModelKind.UNIT else "s"
     if output_format is VizFormat.CHROME:
         scale = MICROSECONDS_PER_UNIT_COST if kind is CostModelKind.UNIT else MICROSECONDS_PER_SECOND
