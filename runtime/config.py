@@ -34,7 +34,8 @@ class DataKind(str, Enum):
 class ModelConfig:
     """The language model: embedding, ``layers`` blocks, final RMSNorm, LM head.
 
-    ``mlp_ratio`` is the SwiGLU hidden width over ``d_model``; 0 means blocks
+    ``mlp_ratio`` is the SwiGLU hidden width over ``d_model`` (the width is
+    rounded up to a multiple of 8, see ``model.swiglu_width``); 0 means blocks
     without an MLP.
     """
 

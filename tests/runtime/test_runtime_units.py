@@ -96,6 +96,14 @@ def test_stage_split_does_not_change_initial_weights():
     assert not torch.equal(other_seed.embedding.weight, first.embedding.weight)
 
 
+@pytest.mark.parametrize("d_model, ratio, width", [(2048, 8 / 3, 5464), (32, 2.0, 64), (100, 1.0, 104), (3, 1.0, 8)])
+def test_swiglu_width_is_rounded_up_to_aligned_rows(d_model, ratio, width):
+    config = ModelConfig(vocab=16, d_model=d_model, layers=(MixerKind.GLA,), heads=1, head_dim=8, mlp_ratio=ratio)
+    block = build_stage_model(config, (0,), True, True, 0, torch.device("cpu"), torch.float32).layers["0"]
+    assert block.mlp.up_proj.weight.shape == (width, d_model)
+    assert block.mlp.down_proj.weight.shape == (d_model, width)
+
+
 def test_chunked_forward_with_state_hand_off_equals_the_whole_sequence():
     torch.manual_seed(0)
     model = build_stage_model(MODEL, (0, 1, 2), True, True, 3, torch.device("cpu"), torch.float64)
