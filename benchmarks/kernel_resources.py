@@ -95,13 +95,15 @@ def main() -> int:
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--num-warps", type=int, help="compile every kernel with this many warps instead (what-if)")
+    parser.add_argument("--num-stages", type=int, help="and with this many software-pipeline stages (what-if)")
+    parser.add_argument("--only", help="only kernels whose name contains this text")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("unset TRITON_INTERPRET: the interpreter never compiles", file=sys.stderr)
         return 2
     dtype = getattr(torch, args.dtype)
     print(f"# sm_90, {args.dtype}, H={args.heads}, K=V={args.dim}; registers per thread, stack bytes, shared bytes")
-    print(f"{'operator':10} {'kernel':36} {'warps':>5} {'regs':>4} {'stack':>6} {'shared':>8}")
+    print(f"{'operator':10} {'kernel':36} {'warps':>5} {'stages':>6} {'regs':>4} {'stack':>6} {'shared':>8}")
     with tempfile.TemporaryDirectory() as workdir:
         for operator in ("gla", "simple_gla"):
             seen = set()
@@ -110,10 +112,14 @@ def main() -> int:
                 if key in seen:
                     continue
                 seen.add(key)
+                if args.only and args.only not in kernel.__name__:
+                    continue
                 if args.num_warps:
                     options = dict(options, num_warps=args.num_warps)
+                if args.num_stages:
+                    options = dict(options, num_stages=args.num_stages)
                 usage = resource_usage(kernel, signature, constexprs, options, workdir)
-                print(f"{operator:10} {kernel.__name__:36} {options.get('num_warps', 4):>5} {usage}", flush=True)
+                print(f"{operator:10} {kernel.__name__:36} {options.get('num_warps', 4):>5} {options.get('num_stages', 3):>6} {usage}", flush=True)
     return 0
 
 

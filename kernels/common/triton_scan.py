@@ -24,8 +24,8 @@ def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 @triton.jit
 def chunk_local_cumsum_kernel(
-    g, gate_cumsum, chunk_gate, T, NT,
-    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    g, gate_cumsum, chunk_gate, gate_mid, gate_span, T, NT,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, WITH_RANGE: tl.constexpr,
 ):
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -35,28 +35,50 @@ def chunk_local_cumsum_kernel(
     )
     # [BT, BK]
     b_g = tl.load(p_g, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-    tl.store(p_gc, tl.cumsum(b_g, axis=0), boundary_check=(0, 1))
+    b_gc = tl.cumsum(b_g, axis=0)
+    tl.store(p_gc, b_gc, boundary_check=(0, 1))
     o_k = i_k * BK + tl.arange(0, BK)
-    tl.store(chunk_gate + (i_bh * NT + i_t) * K + o_k, tl.sum(b_g, axis=0), mask=o_k < K)
+    chunk_offset = (i_bh * NT + i_t) * K + o_k
+    tl.store(chunk_gate + chunk_offset, tl.sum(b_g, axis=0), mask=o_k < K)
+    if WITH_RANGE:
+        # the midpoint and the width of the cumulative gate's range over the chunk's real tokens
+        row_valid = (i_t * BT + tl.arange(0, BT) < T)[:, None]
+        b_max = tl.max(tl.where(row_valid, b_gc, float("-inf")), axis=0)
+        b_min = tl.min(tl.where(row_valid, b_gc, float("inf")), axis=0)
+        tl.store(gate_mid + chunk_offset, 0.5 * (b_max + b_min), mask=o_k < K)
+        tl.store(gate_span + chunk_offset, b_max - b_min, mask=o_k < K)
 
 
-def chunk_local_cumsum(g: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """g [B, T, H, K] (or [B, T, H]) -> (cumsum inside each chunk, same shape, float32;
-    per-chunk total [B, H, NT, K] (or [B, H, NT]), float32)."""
+def _launch_cumsum(g: torch.Tensor, chunk_size: int, with_range: bool):
     scalar_gate = g.dim() == 3
     gate = g.unsqueeze(-1) if scalar_gate else g
     batch, length, heads, key_dim = gate.shape
     n_chunks = triton.cdiv(length, chunk_size)
     gate_cumsum = new_output(gate.shape, torch.float32, g.device)
-    chunk_gate = new_output((batch, heads, n_chunks, key_dim), torch.float32, g.device)
+    per_chunk = [new_output((batch, heads, n_chunks, key_dim), torch.float32, g.device) for _ in range(3 if with_range else 1)]
+    chunk_gate = per_chunk[0]
+    gate_mid, gate_span = (per_chunk[1], per_chunk[2]) if with_range else (chunk_gate, chunk_gate)
     block_k = min(64, triton.next_power_of_2(key_dim))
     grid = (triton.cdiv(key_dim, block_k), n_chunks, batch * heads)
     chunk_local_cumsum_kernel[grid](
-        gate.contiguous(), gate_cumsum, chunk_gate, length, n_chunks, H=heads, K=key_dim, BT=chunk_size, BK=block_k
+        gate.contiguous(), gate_cumsum, chunk_gate, gate_mid, gate_span, length, n_chunks,
+        H=heads, K=key_dim, BT=chunk_size, BK=block_k, WITH_RANGE=with_range,
     )
     if scalar_gate:
-        return gate_cumsum.squeeze(-1), chunk_gate.squeeze(-1)
-    return gate_cumsum, chunk_gate
+        return gate_cumsum.squeeze(-1), *(tensor.squeeze(-1) for tensor in per_chunk)
+    return gate_cumsum, *per_chunk
+
+
+def chunk_local_cumsum(g: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """g [B, T, H, K] (or [B, T, H]) -> (cumsum inside each chunk, same shape, float32;
+    per-chunk total [B, H, NT, K] (or [B, H, NT]), float32)."""
+    return _launch_cumsum(g, chunk_size, with_range=False)
+
+
+def chunk_local_cumsum_with_range(g: torch.Tensor, chunk_size: int):
+    """chunk_local_cumsum, plus per chunk and key the midpoint and width of the cumulative gate's range
+    over the chunk's tokens ([B, H, NT, K] float32 each): (gate_cumsum, chunk_gate, gate_mid, gate_span)."""
+    return _launch_cumsum(g, chunk_size, with_range=True)
 
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -70,7 +92,7 @@ def _scan_step(
     offset = (i_bh * NT + i_n).to(tl.int64) * K * V
     p_update = tl.make_block_ptr(updates + offset, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
     p_state = tl.make_block_ptr(states + offset, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-    b_update = tl.load(p_update, boundary_check=(0, 1))
+    b_update = tl.load(p_update, boundary_check=(0, 1)).to(tl.float32)
     tl.store(p_state, b_state.to(p_state.dtype.element_ty), boundary_check=(0, 1))
     if SCALAR_GATE:
         b_decay = tl.exp(tl.load(chunk_gate + i_bh * NT + i_n))
@@ -120,7 +142,7 @@ def chunk_state_scan(
     states_dtype: torch.dtype,
     reverse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scan the per-chunk updates U [B, H, NT, K, V] (float32).
+    """Scan the per-chunk updates U [B, H, NT, K, V] (float32, or 16-bit: added in float32).
 
     Forward (reverse=False): states[n] = state entering chunk n, S_{n+1} = exp(gate_n) S_n + U_n, from
     initial_state. Backward (reverse=True): states[n] = gradient of the state leaving chunk n,

@@ -10,15 +10,24 @@ formula. No kernel feeds a transposed matrix-product accumulator cast to 16 bits
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from schedlang.kernels.common.function import Implementation
-from schedlang.kernels.common.triton_scan import chunk_local_cumsum, chunk_state_scan, new_output
+from schedlang.kernels.common.triton_scan import chunk_local_cumsum_with_range, chunk_state_scan, new_output
 
 CHUNK = 64
 SUB_CHUNK = 16
+SPAN_LIMIT = 60.0
+# launch shapes of the smooth-chunk kernels: at 4 warps they spill (benchmarks/kernel_resources.py)
+SMOOTH_LAUNCH = dict(num_warps=8, num_stages=2)
+DQKG_BLOCK_K = 32
+DQKG_WARPS = 8
+"""A chunk is smooth when no key's cumulative gate spans more than this over the chunk; the factors
+exp(gc - mid) and exp(mid - gc) then stay within exp(+-30), far inside bfloat16's and float32's range."""
 
 
 @triton.jit
@@ -51,17 +60,195 @@ def gla_fwd_kernel_chunk_updates(
     p_update = tl.make_block_ptr(
         updates + i_nbh.to(tl.int64) * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0)
     )
-    tl.store(p_update, b_update, boundary_check=(0, 1))
+    tl.store(p_update, b_update.to(p_update.dtype.element_ty), boundary_check=(0, 1))
+
+
+@triton.jit
+def chunk_is_smooth(gate_span, i_bh, i_n, NT, span_limit, K: tl.constexpr, KP: tl.constexpr):
+    """True when no key's cumulative gate spans more than span_limit over chunk i_n: one reference then
+    factorises every exp(gc_i - gc_j) of the chunk into two factors within exp(+-span_limit / 2)."""
+    o_k = tl.arange(0, KP)
+    b_span = tl.load(gate_span + (i_bh * NT + i_n) * K + o_k, mask=o_k < K, other=0.0)
+    return tl.max(b_span, axis=0) <= span_limit
+
+
+@triton.jit
+def gla_fwd_kernel_smooth_output(
+    q, k, v, gate_cumsum, gate_mid, gate_span, states, output, scale, span_limit, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    KP: tl.constexpr,
+):
+    # o = scale * (q * exp(gc)) S_n + (causal A) v with A = scale * (q * exp(gc - mid)) (k * exp(mid - gc))^T.
+    i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if not chunk_is_smooth(gate_span, i_bh, i_n, NT, span_limit, K, KP):
+        return
+    i_b, i_h = i_bh // H, i_bh % H
+    base = i_b * T * H * K + i_h * K
+    o_t = tl.arange(0, BT)
+    row_valid = i_n * BT + o_t < T
+    state_base = states + (i_bh * NT + i_n).to(tl.int64) * K * V
+    b_scores = tl.zeros([BT, BT], dtype=tl.float32)
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+        p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+        p_kt = tl.make_block_ptr(k + base, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
+        p_gct = tl.make_block_ptr(gate_cumsum + base, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
+        p_h = tl.make_block_ptr(state_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
+        b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
+        b_kt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero")
+        b_gct = tl.load(p_gct, boundary_check=(0, 1), padding_option="zero")
+        b_h = tl.load(p_h, boundary_check=(0, 1))
+        b_mid = tl.load(gate_mid + (i_bh * NT + i_n) * K + o_k, mask=o_k < K, other=0.0)
+        b_qg = tl.where(row_valid[:, None], b_q * tl.exp(b_gc - b_mid[None, :]), 0.0).to(b_q.dtype)
+        b_kgt = tl.where(row_valid[None, :], b_kt * tl.exp(b_mid[:, None] - b_gct), 0.0).to(b_q.dtype)
+        b_scores += tl.dot(b_qg, b_kgt)
+        b_o += tl.dot((b_q * tl.exp(b_gc)).to(b_h.dtype), b_h)
+    b_scores = tl.where(o_t[:, None] >= o_t[None, :], b_scores * scale, 0.0)
+    p_v = tl.make_block_ptr(v + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+    b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
+    b_o = b_o * scale + tl.dot(b_scores.to(b_v.dtype), b_v)
+    p_o = tl.make_block_ptr(output + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+    tl.store(p_o, b_o.to(p_o.dtype.element_ty), boundary_check=(0, 1))
+
+
+@triton.jit
+def gla_bwd_kernel_smooth_dv(
+    q, k, do, gate_cumsum, chunk_gate, gate_mid, gate_span, state_grads, dv, scale, span_limit, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    KP: tl.constexpr,
+):
+    # dv = (causal A)^T do + (k * exp(gl - gc)) dS_leaving; A^T is formed directly as
+    # (k * exp(mid - gc)) (q * exp(gc - mid))^T, never by transposing a product.
+    i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if not chunk_is_smooth(gate_span, i_bh, i_n, NT, span_limit, K, KP):
+        return
+    i_b, i_h = i_bh // H, i_bh % H
+    base = i_b * T * H * K + i_h * K
+    o_t = tl.arange(0, BT)
+    row_valid = i_n * BT + o_t < T
+    grad_base = state_grads + (i_bh * NT + i_n).to(tl.int64) * K * V
+    # [BT(j), BT(i)] = A[i, j]
+    b_scores_t = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dv = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+        p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+        p_qt = tl.make_block_ptr(q + base, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
+        p_gct = tl.make_block_ptr(gate_cumsum + base, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
+        p_dh = tl.make_block_ptr(grad_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+        b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
+        b_qt = tl.load(p_qt, boundary_check=(0, 1), padding_option="zero")
+        b_gct = tl.load(p_gct, boundary_check=(0, 1), padding_option="zero")
+        b_dh = tl.load(p_dh, boundary_check=(0, 1))
+        chunk_offset = (i_bh * NT + i_n) * K + o_k
+        b_mid = tl.load(gate_mid + chunk_offset, mask=o_k < K, other=0.0)
+        b_gl = tl.load(chunk_gate + chunk_offset, mask=o_k < K, other=0.0)
+        b_kg = tl.where(row_valid[:, None], b_k * tl.exp(b_mid[None, :] - b_gc), 0.0).to(b_k.dtype)
+        b_qgt = tl.where(row_valid[None, :], b_qt * tl.exp(b_gct - b_mid[:, None]), 0.0).to(b_k.dtype)
+        b_scores_t += tl.dot(b_kg, b_qgt)
+        b_kd = tl.where(row_valid[:, None], b_k * tl.exp(b_gl[None, :] - b_gc), 0.0).to(b_dh.dtype)
+        b_dv += tl.dot(b_kd, b_dh)
+    b_scores_t = tl.where(o_t[None, :] >= o_t[:, None], b_scores_t * scale, 0.0)
+    p_do = tl.make_block_ptr(do + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+    b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
+    b_dv += tl.dot(b_scores_t.to(b_do.dtype), b_do)
+    p_dv = tl.make_block_ptr(dv + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+    tl.store(p_dv, b_dv.to(p_dv.dtype.element_ty), boundary_check=(0, 1))
+
+
+@triton.jit
+def gla_bwd_kernel_smooth_dqkg(
+    q, k, v, do, gate_cumsum, chunk_gate, gate_mid, gate_span, states, state_grads, dq, dk, dg,
+    scale, span_limit, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    KP: tl.constexpr,
+):
+    # dA = scale * do v^T (causal), and dA^T formed directly as scale * v do^T;
+    # dq = scale * exp(gc) (do S_n^T) + exp(gc - mid) (dA (k * exp(mid - gc)));
+    # dk = exp(gl - gc) (v dS^T) + exp(mid - gc) (dA^T (q * exp(gc - mid)));
+    # dg = reverse-cumsum_in_chunk(q dq - k dk) + sum_v(S_{n+1} dS_{n+1}), as in gla_bwd_kernel_inter.
+    i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if not chunk_is_smooth(gate_span, i_bh, i_n, NT, span_limit, K, KP):
+        return
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = tl.arange(0, BT)
+    row_valid = i_n * BT + o_t < T
+    chunk_offset = (i_bh * NT + i_n).to(tl.int64) * K * V
+    value_base = i_b * T * H * V + i_h * V
+    b_dscores = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dscores_t = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_boundary = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        p_do = tl.make_block_ptr(do + value_base, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+        p_v = tl.make_block_ptr(v + value_base, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+        p_dot = tl.make_block_ptr(do + value_base, (V, T), (1, H * V), (i_v * BV, i_n * BT), (BV, BT), (0, 1))
+        p_vt = tl.make_block_ptr(v + value_base, (V, T), (1, H * V), (i_v * BV, i_n * BT), (BV, BT), (0, 1))
+        # [BV, BK] views of the [K, V] state and state gradient
+        p_ht = tl.make_block_ptr(states + chunk_offset, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK), (0, 1))
+        p_dht = tl.make_block_ptr(state_grads + chunk_offset, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK), (0, 1))
+        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
+        b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
+        b_dot = tl.load(p_dot, boundary_check=(0, 1), padding_option="zero")
+        b_vt = tl.load(p_vt, boundary_check=(0, 1), padding_option="zero")
+        b_ht = tl.load(p_ht, boundary_check=(0, 1))
+        b_dht = tl.load(p_dht, boundary_check=(0, 1))
+        b_dscores += tl.dot(b_do, b_vt)
+        b_dscores_t += tl.dot(b_v, b_dot)
+        b_dq += tl.dot(b_do.to(b_ht.dtype), b_ht)
+        b_dk += tl.dot(b_v.to(b_dht.dtype), b_dht)
+        b_boundary += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
+    b_dscores = tl.where(o_t[:, None] >= o_t[None, :], b_dscores * scale, 0.0)
+    b_dscores_t = tl.where(o_t[None, :] >= o_t[:, None], b_dscores_t * scale, 0.0)
+    base = i_b * T * H * K + i_h * K
+    o_k = i_k * BK + tl.arange(0, BK)
+    p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+    p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+    p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+    b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
+    b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+    b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
+    gate_offset = (i_bh * NT + i_n) * K + o_k
+    b_mid = tl.load(gate_mid + gate_offset, mask=o_k < K, other=0.0)
+    b_gl = tl.load(chunk_gate + gate_offset, mask=o_k < K, other=0.0)
+    valid = row_valid[:, None]
+    b_up = tl.where(valid, tl.exp(b_gc - b_mid[None, :]), 0.0)
+    b_down = tl.where(valid, tl.exp(b_mid[None, :] - b_gc), 0.0)
+    b_dq_intra = tl.dot(b_dscores.to(b_k.dtype), (b_k * b_down).to(b_k.dtype)) * b_up
+    b_dk_intra = tl.dot(b_dscores_t.to(b_q.dtype), (b_q * b_up).to(b_q.dtype)) * b_down
+    b_q = b_q.to(tl.float32)
+    b_k = b_k.to(tl.float32)
+    b_dq = b_dq_intra + tl.where(valid, b_dq * scale * tl.exp(b_gc), 0.0)
+    b_dk_state = tl.where(valid, b_dk * tl.exp(b_gl[None, :] - b_gc), 0.0)
+    b_dk = b_dk_intra + b_dk_state
+    b_boundary = b_boundary * tl.exp(b_gl) + tl.sum(b_k * b_dk_state, axis=0)
+    b_terms = b_q * b_dq - b_k * b_dk
+    b_dg = tl.sum(b_terms, axis=0)[None, :] - tl.cumsum(b_terms, axis=0) + b_terms + b_boundary[None, :]
+    p_dq = tl.make_block_ptr(dq + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+    p_dk = tl.make_block_ptr(dk + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+    p_dg = tl.make_block_ptr(dg + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+    tl.store(p_dq, b_dq.to(p_dq.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(p_dk, b_dk.to(p_dk.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(p_dg, b_dg.to(p_dg.dtype.element_ty), boundary_check=(0, 1))
 
 
 @triton.jit
 def gla_fwd_kernel_intra_scores(
-    q, k, gate_cumsum, scores, scale, T,
+    q, k, gate_cumsum, gate_span, scores, scale, span_limit, T, NT,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, NC: tl.constexpr,
+    KP: tl.constexpr,
 ):
-    # One program per (chunk, row sub-chunk x): the [BC, BT] row strip of the scores, blocks y <= x.
+    # One program per (chunk, row sub-chunk x) of a steep chunk: the [BC, BT] row strip of the scores, blocks y <= x.
     i_tc, i_bh = tl.program_id(0), tl.program_id(1)
     i_n, i_x = i_tc // NC, i_tc % NC
+    if chunk_is_smooth(gate_span, i_bh, i_n, NT, span_limit, K, KP):
+        return
     i_b, i_h = i_bh // H, i_bh % H
     row0 = i_n * BT + i_x * BC
     if row0 >= T:
@@ -111,10 +298,14 @@ def gla_fwd_kernel_intra_scores(
 
 @triton.jit
 def gla_fwd_kernel_output(
-    q, v, gate_cumsum, states, scores, output, scale, T, NT,
+    q, v, gate_cumsum, gate_span, states, scores, output, scale, span_limit, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    KP: tl.constexpr,
 ):
+    # The output of a steep chunk from its sub-chunk scores.
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if chunk_is_smooth(gate_span, i_bh, i_n, NT, span_limit, K, KP):
+        return
     i_b, i_h = i_bh // H, i_bh % H
     state_base = states + (i_bh * NT + i_n).to(tl.int64) * K * V
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
@@ -142,12 +333,15 @@ def gla_fwd_kernel_output(
 
 @triton.jit
 def gla_bwd_kernel_dv(
-    k, v, do, gate_cumsum, chunk_gate, scores, state_grads, dv, score_grads, scale, T, NT,
+    k, v, do, gate_cumsum, chunk_gate, gate_span, scores, state_grads, dv, score_grads, scale, span_limit, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    KP: tl.constexpr,
 ):
-    # dv = scores^T do + (k * exp(gl - gc)) dS_leaving; the program with i_v == 0 also writes
+    # Steep chunks: dv = scores^T do + (k * exp(gl - gc)) dS_leaving; the program with i_v == 0 also writes
     # score_grads = scale * do v^T (causal), used by the intra-chunk dq/dk.
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if chunk_is_smooth(gate_span, i_bh, i_n, NT, span_limit, K, KP):
+        return
     i_b, i_h = i_bh // H, i_bh % H
     o_t = tl.arange(0, BT)
     causal = o_t[:, None] >= o_t[None, :]
@@ -192,13 +386,16 @@ def gla_bwd_kernel_dv(
 
 @triton.jit
 def gla_bwd_kernel_intra(
-    q, k, gate_cumsum, score_grads, dq_intra, dk_intra, T,
+    q, k, gate_cumsum, gate_span, score_grads, dq_intra, dk_intra, span_limit, T, NT,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, NC: tl.constexpr,
+    KP: tl.constexpr,
 ):
     # dq_i = sum_{j<=i} dS_ij k_j exp(gc_i - gc_j);  dk_j = sum_{i>=j} dS_ij q_i exp(gc_i - gc_j), for the
     # rows of sub-chunk x and key columns [i_k * BK, (i_k + 1) * BK).
     i_k, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_x = i_tc // NC, i_tc % NC
+    if chunk_is_smooth(gate_span, i_bh, i_n, NT, span_limit, K, KP):
+        return
     i_b, i_h = i_bh // H, i_bh % H
     row0 = i_n * BT + i_x * BC
     if row0 >= T:
@@ -265,11 +462,16 @@ def gla_bwd_kernel_intra(
 
 @triton.jit
 def gla_bwd_kernel_inter(
-    q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq_intra, dk_intra, dq, dk, dg, scale, T, NT,
+    q, k, v, do, gate_cumsum, chunk_gate, gate_span, states, state_grads, dq_intra, dk_intra, dq, dk, dg,
+    scale, span_limit, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    KP: tl.constexpr,
 ):
-    # Adds the state terms to dq/dk and forms dg = reverse-cumsum_in_chunk(q dq - k dk) + sum_v(S_{n+1} dS_{n+1}).
+    # Steep chunks: adds the state terms to dq/dk and forms
+    # dg = reverse-cumsum_in_chunk(q dq - k dk) + sum_v(S_{n+1} dS_{n+1}).
     i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if chunk_is_smooth(gate_span, i_bh, i_n, NT, span_limit, K, KP):
+        return
     i_b, i_h = i_bh // H, i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
     chunk_offset = (i_bh * NT + i_n).to(tl.int64) * K * V
@@ -322,12 +524,13 @@ def _states_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def chunk_updates(x, y, gate_cumsum, chunk_gate, scale: float, from_chunk_end: bool) -> torch.Tensor:
-    """Per-chunk state contributions [B, H, NT, K, V] float32, in parallel over chunks."""
+    """Per-chunk state contributions [B, H, NT, K, V] in the states' dtype, in parallel over chunks."""
     batch, length, heads, key_dim = x.shape
     value_dim = y.shape[-1]
     n_chunks = triton.cdiv(length, CHUNK)
-    updates = new_output((batch, heads, n_chunks, key_dim, value_dim), torch.float32, x.device)
-    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64)
+    # in the states' dtype: bfloat16 for 16-bit inputs halves the traffic of the pass; the scan adds in float32
+    updates = new_output((batch, heads, n_chunks, key_dim, value_dim), _states_dtype(x.dtype), x.device)
+    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 128)
     grid = (triton.cdiv(key_dim, block_k), triton.cdiv(value_dim, block_v), n_chunks * batch * heads)
     gla_fwd_kernel_chunk_updates[grid](
         x, y, gate_cumsum, chunk_gate, updates, scale, length, n_chunks,
@@ -336,15 +539,40 @@ def chunk_updates(x, y, gate_cumsum, chunk_gate, scale: float, from_chunk_end: b
     return updates
 
 
-def intra_scores(q, k, gate_cumsum, scale: float) -> torch.Tensor:
-    """Scaled causal intra-chunk scores [B, T, H, CHUNK] float32 (blocks above the diagonal are not written)."""
+@dataclass(frozen=True)
+class ChunkGates:
+    """What the kernels read of the gates: the chunk-local cumsum [B, T, H, K], and per chunk and key
+    ([B, H, NT, K]) the total, the midpoint and the width of the cumulative gate's range."""
+
+    cumsum: torch.Tensor
+    total: torch.Tensor
+    mid: torch.Tensor
+    span: torch.Tensor
+
+
+def chunk_gates(g: torch.Tensor) -> ChunkGates:
+    return ChunkGates(*chunk_local_cumsum_with_range(g, CHUNK))
+
+
+def _launch_args(q, v):
+    batch, length, heads, key_dim = q.shape
+    value_dim = v.shape[-1]
+    return dict(
+        T=length, NT=triton.cdiv(length, CHUNK), H=heads, K=key_dim, V=value_dim, BT=CHUNK,
+        BK=_blocks(key_dim, 64), BV=_blocks(value_dim, 64), KP=triton.next_power_of_2(key_dim),
+    )
+
+
+def intra_scores(q, k, gates: ChunkGates, scale: float) -> torch.Tensor:
+    """Scaled causal intra-chunk scores [B, T, H, CHUNK] float32 of the steep chunks (elsewhere unwritten)."""
     batch, length, heads, key_dim = q.shape
     n_chunks = triton.cdiv(length, CHUNK)
     scores = new_output((batch, length, heads, CHUNK), torch.float32, q.device)
     n_sub = CHUNK // SUB_CHUNK
     gla_fwd_kernel_intra_scores[(n_chunks * n_sub, batch * heads)](
-        q, k, gate_cumsum, scores, scale, length,
+        q, k, gates.cumsum, gates.span, scores, scale, SPAN_LIMIT, length, n_chunks,
         H=heads, K=key_dim, BT=CHUNK, BC=SUB_CHUNK, BK=_blocks(key_dim, 32), NC=n_sub,
+        KP=triton.next_power_of_2(key_dim),
     )
     return scores
 
@@ -353,61 +581,74 @@ def _contiguous(*tensors):
     return [tensor.contiguous() for tensor in tensors]
 
 
-def _states(k, v, gate_cumsum, chunk_gate, initial_state):
-    updates = chunk_updates(k, v, gate_cumsum, chunk_gate, 1.0, from_chunk_end=True)
-    return chunk_state_scan(updates, chunk_gate, initial_state, _states_dtype(k.dtype), reverse=False)
+def _states(k, v, gates: ChunkGates, initial_state):
+    updates = chunk_updates(k, v, gates.cumsum, gates.total, 1.0, from_chunk_end=True)
+    return chunk_state_scan(updates, gates.total, initial_state, _states_dtype(k.dtype), reverse=False)
 
 
 def forward(q, k, v, g, scale, initial_state):
     q, k, v, g = _contiguous(q, k, v, g)
-    batch, length, heads, key_dim = q.shape
-    value_dim = v.shape[-1]
-    n_chunks = triton.cdiv(length, CHUNK)
-    gate_cumsum, chunk_gate = chunk_local_cumsum(g, CHUNK)
-    states, final_state = _states(k, v, gate_cumsum, chunk_gate, initial_state)
-    scores = intra_scores(q, k, gate_cumsum, scale)
+    args = _launch_args(q, v)
+    batch, _, heads, _ = q.shape
+    gates = chunk_gates(g)
+    states, final_state = _states(k, v, gates, initial_state)
     output = new_output(v.shape, v.dtype, v.device)
-    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64)
-    gla_fwd_kernel_output[(triton.cdiv(value_dim, block_v), n_chunks, batch * heads)](
-        q, v, gate_cumsum, states, scores, output, scale, length, n_chunks,
-        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
+    grid = (triton.cdiv(args["V"], args["BV"]), args["NT"], batch * heads)
+    gla_fwd_kernel_smooth_output[grid](
+        q, k, v, gates.cumsum, gates.mid, gates.span, states, output, scale, SPAN_LIMIT, **args, **SMOOTH_LAUNCH
+    )
+    scores = intra_scores(q, k, gates, scale)
+    gla_fwd_kernel_output[grid](
+        q, v, gates.cumsum, gates.span, states, scores, output, scale, SPAN_LIMIT, **args
     )
     return output, final_state
 
 
 def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     q, k, v, g, do = _contiguous(q, k, v, g, do)
+    args = _launch_args(q, v)
     batch, length, heads, key_dim = q.shape
-    value_dim = v.shape[-1]
-    n_chunks = triton.cdiv(length, CHUNK)
-    gate_cumsum, chunk_gate = chunk_local_cumsum(g, CHUNK)
-    states, _ = _states(k, v, gate_cumsum, chunk_gate, initial_state)
-    scores = intra_scores(q, k, gate_cumsum, scale)
-    grad_updates = chunk_updates(q, do, gate_cumsum, chunk_gate, scale, from_chunk_end=False)
+    n_chunks = args["NT"]
+    gates = chunk_gates(g)
+    states, _ = _states(k, v, gates, initial_state)
+    grad_updates = chunk_updates(q, do, gates.cumsum, gates.total, scale, from_chunk_end=False)
     state_grads, initial_grad = chunk_state_scan(
-        grad_updates, chunk_gate, final_state_grad, _states_dtype(k.dtype), reverse=True
+        grad_updates, gates.total, final_state_grad, _states_dtype(k.dtype), reverse=True
     )
-    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64)
     dv = new_output(v.shape, v.dtype, v.device)
+    dq = new_output(q.shape, q.dtype, q.device)
+    dk = new_output(k.shape, k.dtype, k.device)
+    dg = new_output(g.shape, torch.float32, g.device)
+    grid_v = (triton.cdiv(args["V"], args["BV"]), n_chunks, batch * heads)
+    grid_k = (triton.cdiv(key_dim, args["BK"]), n_chunks, batch * heads)
+    # smooth chunks: two fused kernels
+    gla_bwd_kernel_smooth_dv[grid_v](
+        q, k, do, gates.cumsum, gates.total, gates.mid, gates.span, state_grads, dv, scale, SPAN_LIMIT,
+        **args, **SMOOTH_LAUNCH,
+    )
+    dqkg_args = dict(args, BK=_blocks(key_dim, DQKG_BLOCK_K))
+    gla_bwd_kernel_smooth_dqkg[(triton.cdiv(key_dim, dqkg_args["BK"]), n_chunks, batch * heads)](
+        q, k, v, do, gates.cumsum, gates.total, gates.mid, gates.span, states, state_grads, dq, dk, dg,
+        scale, SPAN_LIMIT, num_warps=DQKG_WARPS, **dqkg_args,
+    )
+    # steep chunks: sub-chunk scores, then dv, the intra-chunk dq/dk and the state terms
+    scores = intra_scores(q, k, gates, scale)
     score_grads = new_output((batch, length, heads, CHUNK), torch.float32, q.device)
-    gla_bwd_kernel_dv[(triton.cdiv(value_dim, block_v), n_chunks, batch * heads)](
-        k, v, do, gate_cumsum, chunk_gate, scores, state_grads, dv, score_grads, scale, length, n_chunks,
-        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
+    gla_bwd_kernel_dv[grid_v](
+        k, v, do, gates.cumsum, gates.total, gates.span, scores, state_grads, dv, score_grads, scale, SPAN_LIMIT,
+        **args,
     )
     dq_intra = new_output(q.shape, torch.float32, q.device)
     dk_intra = new_output(q.shape, torch.float32, q.device)
     n_sub = CHUNK // SUB_CHUNK
     block_intra = _blocks(key_dim, 32)
     gla_bwd_kernel_intra[(triton.cdiv(key_dim, block_intra), n_chunks * n_sub, batch * heads)](
-        q, k, gate_cumsum, score_grads, dq_intra, dk_intra, length,
-        H=heads, K=key_dim, BT=CHUNK, BC=SUB_CHUNK, BK=block_intra, NC=n_sub,
+        q, k, gates.cumsum, gates.span, score_grads, dq_intra, dk_intra, SPAN_LIMIT, length, n_chunks,
+        H=heads, K=key_dim, BT=CHUNK, BC=SUB_CHUNK, BK=block_intra, NC=n_sub, KP=args["KP"],
     )
-    dq = new_output(q.shape, q.dtype, q.device)
-    dk = new_output(k.shape, k.dtype, k.device)
-    dg = new_output(g.shape, torch.float32, g.device)
-    gla_bwd_kernel_inter[(triton.cdiv(key_dim, block_k), n_chunks, batch * heads)](
-        q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq_intra, dk_intra, dq, dk, dg, scale,
-        length, n_chunks, H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
+    gla_bwd_kernel_inter[grid_k](
+        q, k, v, do, gates.cumsum, gates.total, gates.span, states, state_grads, dq_intra, dk_intra, dq, dk, dg,
+        scale, SPAN_LIMIT, **args,
     )
     return dq, dk, dv, dg, initial_grad
 

@@ -44,7 +44,7 @@ def simple_gla_fwd_kernel_chunk_updates(
     p_update = tl.make_block_ptr(
         updates + i_nbh.to(tl.int64) * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0)
     )
-    tl.store(p_update, tl.dot(b_xt, b_y), boundary_check=(0, 1))
+    tl.store(p_update, tl.dot(b_xt, b_y).to(p_update.dtype.element_ty), boundary_check=(0, 1))
 
 
 @triton.jit
@@ -189,8 +189,9 @@ def chunk_updates(x, y, gate_cumsum, chunk_gate, scale: float, from_chunk_end: b
     batch, length, heads, key_dim = x.shape
     value_dim = y.shape[-1]
     n_chunks = triton.cdiv(length, CHUNK)
-    updates = new_output((batch, heads, n_chunks, key_dim, value_dim), torch.float32, x.device)
-    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64)
+    # in the states' dtype: bfloat16 for 16-bit inputs halves the traffic of the pass; the scan adds in float32
+    updates = new_output((batch, heads, n_chunks, key_dim, value_dim), _states_dtype(x.dtype), x.device)
+    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 128)
     grid = (triton.cdiv(key_dim, block_k), triton.cdiv(value_dim, block_v), n_chunks * batch * heads)
     simple_gla_fwd_kernel_chunk_updates[grid](
         x, y, gate_cumsum, chunk_gate, updates, scale, length, n_chunks,
@@ -216,6 +217,7 @@ def forward(q, k, v, g, scale, initial_state):
     simple_gla_fwd_kernel_output[(triton.cdiv(value_dim, block_v), n_chunks, batch * heads)](
         q, k, v, gate_cumsum, states, output, scale, length, n_chunks,
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
+        num_warps=8,
     )
     return output, final_state
 
@@ -238,6 +240,7 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     simple_gla_bwd_kernel_dv[(triton.cdiv(value_dim, block_v), n_chunks, batch * heads)](
         q, k, do, gate_cumsum, chunk_gate, state_grads, dv, scale, length, n_chunks,
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
+        num_warps=8,
     )
     dq = new_output(q.shape, q.dtype, q.device)
     dk = new_output(k.shape, k.dtype, k.device)
@@ -245,6 +248,7 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     simple_gla_bwd_kernel_dqkg[(n_chunks, batch * heads)](
         q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq, dk, dg, scale, length, n_chunks,
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=_blocks(key_dim, 256), BV=_blocks(value_dim, 32),
+        num_warps=8,  # spills 2.3 KB per thread at 4 warps (benchmarks/kernel_resources.py)
     )
     return dq, dk, dv, dg, initial_grad
 

@@ -92,3 +92,40 @@ def test_auto_backend_picks_triton_here(operator_name):
     plain, _ = operator.chunked(inputs.q, inputs.k, inputs.v, inputs.g, initial_state=inputs.initial_state, backend="torch")
     assert torch.equal(automatic, forced)
     assert relative_error(forced, plain) < (5e-3 if ON_GPU else 1e-5)
+
+
+def _chunk_gate_spans(g: torch.Tensor, chunk: int = 64) -> torch.Tensor:
+    """Per chunk, the widest range of the chunk-local cumulative gate over any head and key."""
+    spans = []
+    for start in range(0, g.shape[1], chunk):
+        cumulative = g[:, start : start + chunk].double().cumsum(1)
+        spans.append((cumulative.amax(1) - cumulative.amin(1)).amax())
+    return torch.stack(spans)
+
+
+@pytest.mark.parametrize(
+    "decay, span_limit, expect",
+    [("weak", 1e30, "smooth"), ("weak", -1.0, "steep"), ("strong", None, "both")],
+    ids=["all-smooth", "all-steep", "mixed"],
+)
+def test_gla_smooth_and_steep_chunk_paths_each_match_the_reference(monkeypatch, decay, span_limit, expect):
+    """GLA takes one of two paths per chunk: one-reference matrix products where the cumulative gate spans
+    at most SPAN_LIMIT (smooth), the exact sub-chunk kernels elsewhere (steep). Forcing each path, and a
+    mix within one call, must give the reference; outputs are NaN-poisoned, so a chunk neither path wrote
+    fails."""
+    from schedlang.kernels.gla import chunk_triton
+
+    if span_limit is not None:
+        monkeypatch.setattr(chunk_triton, "SPAN_LIMIT", span_limit)
+    operator = OPERATORS["gla"]
+    length = 1000 if ON_GPU else 200
+    dtype, tolerance = DTYPES["float32"]
+    inputs = make_inputs(operator, 1, length, 2, 32, decay, True, dtype, DEVICE, generator_seed=3)
+    spans = _chunk_gate_spans(inputs.g.cpu())
+    smooth = int((spans <= chunk_triton.SPAN_LIMIT).sum())
+    counts = {"smooth": (len(spans), 0), "steep": (0, len(spans))}
+    if expect == "both":
+        assert 0 < smooth < len(spans), f"the strong-decay inputs should mix both kinds of chunk: spans {spans}"
+    else:
+        assert (smooth, len(spans) - smooth) == counts[expect]
+    assert_close(run_with_grads(operator.chunked, inputs, backend="triton"), reference(operator, inputs), tolerance)
