@@ -153,7 +153,7 @@ def chunk_state_scan(
     states = new_output(updates.shape, states_dtype, updates.device)
     final_state = new_output((batch, heads, key_dim, value_dim), torch.float32, updates.device)
     block_k = min(16, triton.next_power_of_2(key_dim))
-    block_v = min(64, triton.next_power_of_2(value_dim))
+    block_v = min(32, triton.next_power_of_2(value_dim))  # small blocks: more programs walk the chunks at once
     grid = (triton.cdiv(key_dim, block_k), triton.cdiv(value_dim, block_v), batch * heads)
     chunk_state_scan_kernel[grid](
         updates, chunk_gate.contiguous(), states,

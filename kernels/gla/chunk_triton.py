@@ -24,6 +24,7 @@ SUB_CHUNK = 16
 SPAN_LIMIT = 60.0
 # launch shapes of the smooth-chunk kernels: at 4 warps they spill (benchmarks/kernel_resources.py)
 SMOOTH_LAUNCH = dict(num_warps=8, num_stages=2)
+SMOOTH_BLOCK_V = 128  # the whole value dimension up to 128: each chunk's scores are formed once
 DQKG_BLOCK_K = 32
 DQKG_WARPS = 8
 """A chunk is smooth when no key's cumulative gate spans more than this over the chunk; the factors
@@ -92,19 +93,18 @@ def gla_fwd_kernel_smooth_output(
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+        p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
         p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-        p_kt = tl.make_block_ptr(k + base, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
-        p_gct = tl.make_block_ptr(gate_cumsum + base, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
         p_h = tl.make_block_ptr(state_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
         b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
+        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
         b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
-        b_kt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero")
-        b_gct = tl.load(p_gct, boundary_check=(0, 1), padding_option="zero")
         b_h = tl.load(p_h, boundary_check=(0, 1))
         b_mid = tl.load(gate_mid + (i_bh * NT + i_n) * K + o_k, mask=o_k < K, other=0.0)
         b_qg = tl.where(row_valid[:, None], b_q * tl.exp(b_gc - b_mid[None, :]), 0.0).to(b_q.dtype)
-        b_kgt = tl.where(row_valid[None, :], b_kt * tl.exp(b_mid[:, None] - b_gct), 0.0).to(b_q.dtype)
-        b_scores += tl.dot(b_qg, b_kgt)
+        b_kg = tl.where(row_valid[:, None], b_k * tl.exp(b_mid[None, :] - b_gc), 0.0).to(b_q.dtype)
+        # the transpose of a gated input, not of a product's accumulator (see the module docstring)
+        b_scores += tl.dot(b_qg, tl.trans(b_kg))
         b_o += tl.dot((b_q * tl.exp(b_gc)).to(b_h.dtype), b_h)
     b_scores = tl.where(o_t[:, None] >= o_t[None, :], b_scores * scale, 0.0)
     p_v = tl.make_block_ptr(v + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
@@ -136,21 +136,19 @@ def gla_bwd_kernel_smooth_dv(
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+        p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
         p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-        p_qt = tl.make_block_ptr(q + base, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
-        p_gct = tl.make_block_ptr(gate_cumsum + base, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
         p_dh = tl.make_block_ptr(grad_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
         b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
         b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
-        b_qt = tl.load(p_qt, boundary_check=(0, 1), padding_option="zero")
-        b_gct = tl.load(p_gct, boundary_check=(0, 1), padding_option="zero")
         b_dh = tl.load(p_dh, boundary_check=(0, 1))
         chunk_offset = (i_bh * NT + i_n) * K + o_k
         b_mid = tl.load(gate_mid + chunk_offset, mask=o_k < K, other=0.0)
         b_gl = tl.load(chunk_gate + chunk_offset, mask=o_k < K, other=0.0)
         b_kg = tl.where(row_valid[:, None], b_k * tl.exp(b_mid[None, :] - b_gc), 0.0).to(b_k.dtype)
-        b_qgt = tl.where(row_valid[None, :], b_qt * tl.exp(b_gct - b_mid[:, None]), 0.0).to(b_k.dtype)
-        b_scores_t += tl.dot(b_kg, b_qgt)
+        b_qg = tl.where(row_valid[:, None], b_q * tl.exp(b_gc - b_mid[None, :]), 0.0).to(b_k.dtype)
+        b_scores_t += tl.dot(b_kg, tl.trans(b_qg))
         b_kd = tl.where(row_valid[:, None], b_k * tl.exp(b_gl[None, :] - b_gc), 0.0).to(b_dh.dtype)
         b_dv += tl.dot(b_kd, b_dh)
     b_scores_t = tl.where(o_t[None, :] >= o_t[:, None], b_scores_t * scale, 0.0)
@@ -188,19 +186,15 @@ def gla_bwd_kernel_smooth_dqkg(
     for i_v in range(tl.cdiv(V, BV)):
         p_do = tl.make_block_ptr(do + value_base, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
         p_v = tl.make_block_ptr(v + value_base, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
-        p_dot = tl.make_block_ptr(do + value_base, (V, T), (1, H * V), (i_v * BV, i_n * BT), (BV, BT), (0, 1))
-        p_vt = tl.make_block_ptr(v + value_base, (V, T), (1, H * V), (i_v * BV, i_n * BT), (BV, BT), (0, 1))
         # [BV, BK] views of the [K, V] state and state gradient
         p_ht = tl.make_block_ptr(states + chunk_offset, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK), (0, 1))
         p_dht = tl.make_block_ptr(state_grads + chunk_offset, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK), (0, 1))
         b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
         b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
-        b_dot = tl.load(p_dot, boundary_check=(0, 1), padding_option="zero")
-        b_vt = tl.load(p_vt, boundary_check=(0, 1), padding_option="zero")
         b_ht = tl.load(p_ht, boundary_check=(0, 1))
         b_dht = tl.load(p_dht, boundary_check=(0, 1))
-        b_dscores += tl.dot(b_do, b_vt)
-        b_dscores_t += tl.dot(b_v, b_dot)
+        b_dscores += tl.dot(b_do, tl.trans(b_v))
+        b_dscores_t += tl.dot(b_v, tl.trans(b_do))
         b_dq += tl.dot(b_do.to(b_ht.dtype), b_ht)
         b_dk += tl.dot(b_v.to(b_dht.dtype), b_dht)
         b_boundary += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
@@ -594,8 +588,10 @@ def forward(q, k, v, g, scale, initial_state):
     states, final_state = _states(k, v, gates, initial_state)
     output = new_output(v.shape, v.dtype, v.device)
     grid = (triton.cdiv(args["V"], args["BV"]), args["NT"], batch * heads)
-    gla_fwd_kernel_smooth_output[grid](
-        q, k, v, gates.cumsum, gates.mid, gates.span, states, output, scale, SPAN_LIMIT, **args, **SMOOTH_LAUNCH
+    smooth_args = dict(args, BV=_blocks(args["V"], SMOOTH_BLOCK_V))
+    gla_fwd_kernel_smooth_output[(triton.cdiv(args["V"], smooth_args["BV"]), args["NT"], batch * heads)](
+        q, k, v, gates.cumsum, gates.mid, gates.span, states, output, scale, SPAN_LIMIT, **smooth_args,
+        **SMOOTH_LAUNCH,
     )
     scores = intra_scores(q, k, gates, scale)
     gla_fwd_kernel_output[grid](
@@ -622,9 +618,10 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     grid_v = (triton.cdiv(args["V"], args["BV"]), n_chunks, batch * heads)
     grid_k = (triton.cdiv(key_dim, args["BK"]), n_chunks, batch * heads)
     # smooth chunks: two fused kernels
-    gla_bwd_kernel_smooth_dv[grid_v](
+    smooth_args = dict(args, BV=_blocks(args["V"], SMOOTH_BLOCK_V))
+    gla_bwd_kernel_smooth_dv[(triton.cdiv(args["V"], smooth_args["BV"]), n_chunks, batch * heads)](
         q, k, do, gates.cumsum, gates.total, gates.mid, gates.span, state_grads, dv, scale, SPAN_LIMIT,
-        **args, **SMOOTH_LAUNCH,
+        **smooth_args, **SMOOTH_LAUNCH,
     )
     dqkg_args = dict(args, BK=_blocks(key_dim, DQKG_BLOCK_K))
     gla_bwd_kernel_smooth_dqkg[(triton.cdiv(key_dim, dqkg_args["BK"]), n_chunks, batch * heads)](
