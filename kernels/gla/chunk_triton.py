@@ -22,13 +22,21 @@ from schedlang.kernels.common.triton_scan import chunk_local_cumsum_with_range, 
 CHUNK = 64
 SUB_CHUNK = 16
 SPAN_LIMIT = 60.0
+"""A chunk is smooth when no key's cumulative gate spans more than this over the chunk; the factors
+exp(gc - mid) and exp(mid - gc) then stay within exp(+-30), far inside bfloat16's and float32's range."""
+FLOAT16_SPAN_LIMIT = 8.0
+"""float16 overflows at 65504: its gated operands keep their factors within exp(+-4)."""
+
 # launch shapes of the smooth-chunk kernels: at 4 warps they spill (benchmarks/kernel_resources.py)
 SMOOTH_LAUNCH = dict(num_warps=8, num_stages=2)
 SMOOTH_BLOCK_V = 128  # the whole value dimension up to 128: each chunk's scores are formed once
 DQKG_BLOCK_K = 32
 DQKG_WARPS = 8
-"""A chunk is smooth when no key's cumulative gate spans more than this over the chunk; the factors
-exp(gc - mid) and exp(mid - gc) then stay within exp(+-30), far inside bfloat16's and float32's range."""
+
+
+def smooth_span_limit(dtype: torch.dtype) -> float:
+    """The span limit for inputs of this dtype (read at call time, so tests can move SPAN_LIMIT)."""
+    return min(SPAN_LIMIT, FLOAT16_SPAN_LIMIT) if dtype == torch.float16 else SPAN_LIMIT
 
 
 @triton.jit
@@ -557,14 +565,14 @@ def _launch_args(q, v):
     )
 
 
-def intra_scores(q, k, gates: ChunkGates, scale: float) -> torch.Tensor:
+def intra_scores(q, k, gates: ChunkGates, scale: float, span_limit: float) -> torch.Tensor:
     """Scaled causal intra-chunk scores [B, T, H, CHUNK] float32 of the steep chunks (elsewhere unwritten)."""
     batch, length, heads, key_dim = q.shape
     n_chunks = triton.cdiv(length, CHUNK)
     scores = new_output((batch, length, heads, CHUNK), torch.float32, q.device)
     n_sub = CHUNK // SUB_CHUNK
     gla_fwd_kernel_intra_scores[(n_chunks * n_sub, batch * heads)](
-        q, k, gates.cumsum, gates.span, scores, scale, SPAN_LIMIT, length, n_chunks,
+        q, k, gates.cumsum, gates.span, scores, scale, span_limit, length, n_chunks,
         H=heads, K=key_dim, BT=CHUNK, BC=SUB_CHUNK, BK=_blocks(key_dim, 32), NC=n_sub,
         KP=triton.next_power_of_2(key_dim),
     )
@@ -584,18 +592,19 @@ def forward(q, k, v, g, scale, initial_state):
     q, k, v, g = _contiguous(q, k, v, g)
     args = _launch_args(q, v)
     batch, _, heads, _ = q.shape
+    span_limit = smooth_span_limit(q.dtype)
     gates = chunk_gates(g)
     states, final_state = _states(k, v, gates, initial_state)
     output = new_output(v.shape, v.dtype, v.device)
     grid = (triton.cdiv(args["V"], args["BV"]), args["NT"], batch * heads)
     smooth_args = dict(args, BV=_blocks(args["V"], SMOOTH_BLOCK_V))
     gla_fwd_kernel_smooth_output[(triton.cdiv(args["V"], smooth_args["BV"]), args["NT"], batch * heads)](
-        q, k, v, gates.cumsum, gates.mid, gates.span, states, output, scale, SPAN_LIMIT, **smooth_args,
+        q, k, v, gates.cumsum, gates.mid, gates.span, states, output, scale, span_limit, **smooth_args,
         **SMOOTH_LAUNCH,
     )
-    scores = intra_scores(q, k, gates, scale)
+    scores = intra_scores(q, k, gates, scale, span_limit)
     gla_fwd_kernel_output[grid](
-        q, v, gates.cumsum, gates.span, states, scores, output, scale, SPAN_LIMIT, **args
+        q, v, gates.cumsum, gates.span, states, scores, output, scale, span_limit, **args
     )
     return output, final_state
 
@@ -605,6 +614,7 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     args = _launch_args(q, v)
     batch, length, heads, key_dim = q.shape
     n_chunks = args["NT"]
+    span_limit = smooth_span_limit(q.dtype)
     gates = chunk_gates(g)
     states, _ = _states(k, v, gates, initial_state)
     grad_updates = chunk_updates(q, do, gates.cumsum, gates.total, scale, from_chunk_end=False)
@@ -620,19 +630,19 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     # smooth chunks: two fused kernels
     smooth_args = dict(args, BV=_blocks(args["V"], SMOOTH_BLOCK_V))
     gla_bwd_kernel_smooth_dv[(triton.cdiv(args["V"], smooth_args["BV"]), n_chunks, batch * heads)](
-        q, k, do, gates.cumsum, gates.total, gates.mid, gates.span, state_grads, dv, scale, SPAN_LIMIT,
+        q, k, do, gates.cumsum, gates.total, gates.mid, gates.span, state_grads, dv, scale, span_limit,
         **smooth_args, **SMOOTH_LAUNCH,
     )
     dqkg_args = dict(args, BK=_blocks(key_dim, DQKG_BLOCK_K))
     gla_bwd_kernel_smooth_dqkg[(triton.cdiv(key_dim, dqkg_args["BK"]), n_chunks, batch * heads)](
         q, k, v, do, gates.cumsum, gates.total, gates.mid, gates.span, states, state_grads, dq, dk, dg,
-        scale, SPAN_LIMIT, num_warps=DQKG_WARPS, **dqkg_args,
+        scale, span_limit, num_warps=DQKG_WARPS, **dqkg_args,
     )
     # steep chunks: sub-chunk scores, then dv, the intra-chunk dq/dk and the state terms
-    scores = intra_scores(q, k, gates, scale)
+    scores = intra_scores(q, k, gates, scale, span_limit)
     score_grads = new_output((batch, length, heads, CHUNK), torch.float32, q.device)
     gla_bwd_kernel_dv[grid_v](
-        k, v, do, gates.cumsum, gates.total, gates.span, scores, state_grads, dv, score_grads, scale, SPAN_LIMIT,
+        k, v, do, gates.cumsum, gates.total, gates.span, scores, state_grads, dv, score_grads, scale, span_limit,
         **args,
     )
     dq_intra = new_output(q.shape, torch.float32, q.device)
@@ -640,12 +650,12 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     n_sub = CHUNK // SUB_CHUNK
     block_intra = _blocks(key_dim, 32)
     gla_bwd_kernel_intra[(triton.cdiv(key_dim, block_intra), n_chunks * n_sub, batch * heads)](
-        q, k, gates.cumsum, gates.span, score_grads, dq_intra, dk_intra, SPAN_LIMIT, length, n_chunks,
+        q, k, gates.cumsum, gates.span, score_grads, dq_intra, dk_intra, span_limit, length, n_chunks,
         H=heads, K=key_dim, BT=CHUNK, BC=SUB_CHUNK, BK=block_intra, NC=n_sub, KP=args["KP"],
     )
     gla_bwd_kernel_inter[grid_k](
         q, k, v, do, gates.cumsum, gates.total, gates.span, states, state_grads, dq_intra, dk_intra, dq, dk, dg,
-        scale, SPAN_LIMIT, **args,
+        scale, span_limit, **args,
     )
     return dq, dk, dv, dg, initial_grad
 

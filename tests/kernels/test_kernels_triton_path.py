@@ -129,3 +129,22 @@ def test_gla_smooth_and_steep_chunk_paths_each_match_the_reference(monkeypatch, 
     else:
         assert (smooth, len(spans) - smooth) == counts[expect]
     assert_close(run_with_grads(operator.chunked, inputs, backend="triton"), reference(operator, inputs), tolerance)
+
+
+def test_gla_in_float16_keeps_its_gated_operands_finite():
+    """float16 overflows at 65504: a chunk whose cumulative gate spans ~38 (log-gate -0.6 a token) would put
+    factors of exp(19) on the keys if it took the smooth path with the bfloat16 limit. Keys of size ~30 and
+    float16 inputs must still give finite results that match the float64 recurrence."""
+    from schedlang.kernels.gla import chunk_triton
+
+    operator = OPERATORS["gla"]
+    inputs = make_inputs(operator, 1, 130, 1, 16, "weak", True, torch.float64, DEVICE, generator_seed=5)
+    inputs = dataclasses.replace(
+        inputs, k=inputs.k * 30, g=torch.full_like(inputs.g, -0.6)
+    )
+    as_half = dataclasses.replace(
+        inputs, **{name: getattr(inputs, name).to(torch.float16) for name in ("q", "k", "v", "g", "output_grad")}
+    )
+    assert chunk_triton.smooth_span_limit(torch.float16) < 0.6 * 63 < chunk_triton.smooth_span_limit(torch.bfloat16)
+    actual = run_with_grads(operator.chunked, as_half, backend="triton")
+    assert_close(actual, reference(operator, as_half), 2e-2)
