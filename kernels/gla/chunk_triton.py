@@ -1,11 +1,16 @@
 """Triton chunked GLA: kernels, host functions and the Triton implementation of chunk_gla.
 
-Forward: gate cumsum -> per-chunk state updates (parallel over chunks) -> state scan -> intra-chunk
-scores in 16-token sub-chunks -> output. Backward: the same recomputation of states and scores, then the
-per-chunk state-gradient updates and the reverse scan, dv (with the score gradients), the intra-chunk
-dq/dk, and a last kernel adding the inter-chunk dq/dk and forming dg. kernels/gla/README.md derives every
-formula. No kernel feeds a transposed matrix-product accumulator cast to 16 bits into another product
-(Triton 3.4-3.7.0 miscompiles that on Hopper): every transposed operand is loaded transposed from memory.
+Forward: gate cumsum (with each chunk's cumulative-gate range) -> per-chunk state updates (parallel over
+chunks) -> state scan -> output. Chunks whose cumulative gate spans at most SPAN_LIMIT ("smooth", nearly all
+in practice) get their output from one fused kernel that forms the intra-chunk scores as a single matrix
+product around a per-chunk reference; the others ("steep") go through the exact 16-token sub-chunk kernels.
+Backward: the same recomputation of states, the per-chunk state-gradient updates and the reverse scan, then
+for smooth chunks a dv kernel and a dq/dk/dg kernel, for steep chunks sub-chunk scores, dv (with the score
+gradients), the intra-chunk dq/dk and a last kernel adding the state terms and forming dg. Every kernel of
+one path returns at once on the other path's chunks. kernels/gla/README.md derives every formula.
+No kernel feeds a transposed matrix-product accumulator cast to 16 bits into another product (Triton
+3.4-3.7.0 miscompiles that on Hopper): transposed operands are loaded transposed from memory, or are gated
+inputs transposed in registers, never products.
 """
 
 from __future__ import annotations
