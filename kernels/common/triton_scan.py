@@ -104,15 +104,14 @@ def _scan_step(
 
 
 @triton.jit
-def chunk_state_scan_kernel(
-    updates, chunk_gate, states, initial_state, final_state, NT,
+def _scan(
+    updates, chunk_gate, states, initial_state, final_state, i_k, i_v, i_bh, NT,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     SCALAR_GATE: tl.constexpr, REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     # Triton 3.6's interpreter cannot take a run-time loop bound in range() under numpy >= 2.4 (it converts
     # a one-element array with int()), so interpreted runs loop with while; compiled runs keep range(),
     # which Triton software-pipelines.
-    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_k = i_k * BK + tl.arange(0, BK)
     b_state = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_INITIAL:
@@ -135,6 +134,47 @@ def chunk_state_scan_kernel(
     tl.store(p_final, b_state, boundary_check=(0, 1))
 
 
+@triton.jit
+def chunk_state_scan_kernel(
+    updates, chunk_gate, states, initial_state, final_state, NT,
+    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    SCALAR_GATE: tl.constexpr, REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    _scan(
+        updates, chunk_gate, states, initial_state, final_state, i_k, i_v, i_bh, NT,
+        K, V, BK, BV, SCALAR_GATE, REVERSE, HAS_INITIAL, INTERPRETED,
+    )
+
+
+@triton.jit
+def chunk_state_scan_pair_kernel(
+    updates, states, initial_state, final_state, grad_updates, state_grads, final_state_grad, initial_grad,
+    chunk_gate, NT, BH,
+    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALAR_GATE: tl.constexpr,
+    HAS_INITIAL: tl.constexpr, HAS_FINAL_GRAD: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    # The backward's two independent scans in one launch: programs z < BH recompute the states (forward),
+    # the others scan the state gradients (reverse). Each scan alone is latency-bound on a few hundred
+    # programs; side by side they share the wait.
+    i_k, i_v, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if i_z < BH:
+        _scan(
+            updates, chunk_gate, states, initial_state, final_state, i_k, i_v, i_z, NT,
+            K, V, BK, BV, SCALAR_GATE, False, HAS_INITIAL, INTERPRETED,
+        )
+    else:
+        _scan(
+            grad_updates, chunk_gate, state_grads, final_state_grad, initial_grad, i_k, i_v, i_z - BH, NT,
+            K, V, BK, BV, SCALAR_GATE, True, HAS_FINAL_GRAD, INTERPRETED,
+        )
+
+
+def _scan_blocks(key_dim: int, value_dim: int) -> tuple[int, int]:
+    # small blocks: more programs walk the chunks at once
+    return min(16, triton.next_power_of_2(key_dim)), min(32, triton.next_power_of_2(value_dim))
+
+
 def chunk_state_scan(
     updates: torch.Tensor,
     chunk_gate: torch.Tensor,
@@ -152,8 +192,7 @@ def chunk_state_scan(
     batch, heads, n_chunks, key_dim, value_dim = updates.shape
     states = new_output(updates.shape, states_dtype, updates.device)
     final_state = new_output((batch, heads, key_dim, value_dim), torch.float32, updates.device)
-    block_k = min(16, triton.next_power_of_2(key_dim))
-    block_v = min(32, triton.next_power_of_2(value_dim))  # small blocks: more programs walk the chunks at once
+    block_k, block_v = _scan_blocks(key_dim, value_dim)
     grid = (triton.cdiv(key_dim, block_k), triton.cdiv(value_dim, block_v), batch * heads)
     chunk_state_scan_kernel[grid](
         updates, chunk_gate.contiguous(), states,
@@ -163,3 +202,33 @@ def chunk_state_scan(
         INTERPRETED=INTERPRETED,
     )
     return states, final_state
+
+
+def chunk_state_scan_pair(
+    updates: torch.Tensor,
+    grad_updates: torch.Tensor,
+    chunk_gate: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    final_state_grad: torch.Tensor | None,
+    states_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward's two scans in one launch: chunk_state_scan(updates, ..., initial_state, reverse=False)
+    and chunk_state_scan(grad_updates, ..., final_state_grad, reverse=True). Returns (states entering each
+    chunk, gradients of the states leaving each chunk, the gradient of the initial state), as those do."""
+    batch, heads, n_chunks, key_dim, value_dim = updates.shape
+    states = new_output(updates.shape, states_dtype, updates.device)
+    state_grads = new_output(updates.shape, states_dtype, updates.device)
+    final_state = new_output((batch, heads, key_dim, value_dim), torch.float32, updates.device)
+    initial_grad = new_output((batch, heads, key_dim, value_dim), torch.float32, updates.device)
+    block_k, block_v = _scan_blocks(key_dim, value_dim)
+    grid = (triton.cdiv(key_dim, block_k), triton.cdiv(value_dim, block_v), 2 * batch * heads)
+    chunk_state_scan_pair_kernel[grid](
+        updates, states, initial_state.contiguous() if initial_state is not None else updates, final_state,
+        grad_updates, state_grads,
+        final_state_grad.contiguous() if final_state_grad is not None else grad_updates, initial_grad,
+        chunk_gate.contiguous(), n_chunks, batch * heads,
+        K=key_dim, V=value_dim, BK=block_k, BV=block_v, SCALAR_GATE=chunk_gate.dim() == 3,
+        HAS_INITIAL=initial_state is not None, HAS_FINAL_GRAD=final_state_grad is not None,
+        INTERPRETED=INTERPRETED,
+    )
+    return states, state_grads, initial_grad

@@ -22,7 +22,12 @@ import triton
 import triton.language as tl
 
 from schedlang.kernels.common.function import Implementation
-from schedlang.kernels.common.triton_scan import chunk_local_cumsum_with_range, chunk_state_scan, new_output
+from schedlang.kernels.common.triton_scan import (
+    chunk_local_cumsum_with_range,
+    chunk_state_scan,
+    chunk_state_scan_pair,
+    new_output,
+)
 
 CHUNK = 64
 SUB_CHUNK = 16
@@ -621,10 +626,10 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     n_chunks = args["NT"]
     span_limit = smooth_span_limit(q.dtype)
     gates = chunk_gates(g)
-    states, _ = _states(k, v, gates, initial_state)
+    updates = chunk_updates(k, v, gates.cumsum, gates.total, 1.0, from_chunk_end=True)
     grad_updates = chunk_updates(q, do, gates.cumsum, gates.total, scale, from_chunk_end=False)
-    state_grads, initial_grad = chunk_state_scan(
-        grad_updates, gates.total, final_state_grad, _states_dtype(k.dtype), reverse=True
+    states, state_grads, initial_grad = chunk_state_scan_pair(
+        updates, grad_updates, gates.total, initial_state, final_state_grad, _states_dtype(k.dtype)
     )
     dv = new_output(v.shape, v.dtype, v.device)
     dq = new_output(q.shape, q.dtype, q.device)

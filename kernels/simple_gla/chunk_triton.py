@@ -14,7 +14,12 @@ import triton
 import triton.language as tl
 
 from schedlang.kernels.common.function import Implementation
-from schedlang.kernels.common.triton_scan import chunk_local_cumsum, chunk_state_scan, new_output
+from schedlang.kernels.common.triton_scan import (
+    chunk_local_cumsum,
+    chunk_state_scan,
+    chunk_state_scan_pair,
+    new_output,
+)
 
 CHUNK = 64
 
@@ -230,10 +235,10 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
         raise ValueError(f"the Triton simple-GLA backward supports K <= 256, got K = {key_dim}; use backend='torch'")
     n_chunks = triton.cdiv(length, CHUNK)
     gate_cumsum, chunk_gate = chunk_local_cumsum(g, CHUNK)
-    states, _ = _states(k, v, gate_cumsum, chunk_gate, initial_state)
+    updates = chunk_updates(k, v, gate_cumsum, chunk_gate, 1.0, from_chunk_end=True)
     grad_updates = chunk_updates(q, do, gate_cumsum, chunk_gate, scale, from_chunk_end=False)
-    state_grads, initial_grad = chunk_state_scan(
-        grad_updates, chunk_gate, final_state_grad, _states_dtype(k.dtype), reverse=True
+    states, state_grads, initial_grad = chunk_state_scan_pair(
+        updates, grad_updates, chunk_gate, initial_state, final_state_grad, _states_dtype(k.dtype)
     )
     block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64)
     dv = new_output(v.shape, v.dtype, v.device)

@@ -148,3 +148,23 @@ def test_gla_in_float16_keeps_its_gated_operands_finite():
     assert chunk_triton.smooth_span_limit(torch.float16) < 0.6 * 63 < chunk_triton.smooth_span_limit(torch.bfloat16)
     actual = run_with_grads(operator.chunked, as_half, backend="triton")
     assert_close(actual, reference(operator, as_half), 2e-2)
+
+
+@pytest.mark.parametrize("operator_name", sorted(OPERATORS))
+def test_triton_backward_without_a_final_state_gradient(operator_name):
+    """No gradient flows into the final state (output_final_state=False): the backward's reverse scan starts
+    from zero while the forward scan, in the same launch, starts from the initial state."""
+    operator = OPERATORS[operator_name]
+    dtype, tolerance = DTYPES["float32"]
+    inputs = make_inputs(operator, 1, 150, 2, 32, "strong", True, dtype, DEVICE, generator_seed=11)
+
+    def gradients(function, as_dtype, **kwargs):
+        leaves = [tensor.detach().to(as_dtype).requires_grad_(True) for tensor in inputs.leaves()]
+        output, final_state = function(*leaves[:4], initial_state=leaves[4], output_final_state=False, **kwargs)
+        assert final_state is None
+        loss = (output.double() * inputs.output_grad.double()).sum()
+        return dict(zip(["dq", "dk", "dv", "dg", "d_initial_state"], torch.autograd.grad(loss, leaves)))
+
+    actual = gradients(operator.chunked, dtype, backend="triton")
+    expected = gradients(operator.naive, torch.float64)
+    assert_close(actual, expected, tolerance)
