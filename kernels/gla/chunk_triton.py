@@ -251,61 +251,68 @@ def gla_bwd_kernel_smooth_dqkg(
 
 
 @triton.jit
+def _steep_scores_rows(
+    q, k, gate_cumsum, scores, scale, T, i_n, i_x, i_bh,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+):
+    i_b, i_h = i_bh // H, i_bh % H
+    row0 = i_n * BT + i_x * BC
+    if row0 < T:
+        base = i_b * T * H * K + i_h * K
+        score_base = scores + i_b * T * H * BT + i_h * BT
+        o_i = tl.arange(0, BC)
+        i_y = 0
+        while i_y < i_x:
+            b_block = tl.zeros([BC, BC], dtype=tl.float32)
+            for i_k in range(tl.cdiv(K, BK)):
+                o_k = i_k * BK + tl.arange(0, BK)
+                p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+                p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+                p_kt = tl.make_block_ptr(k + base, (K, T), (1, H * K), (i_k * BK, i_n * BT + i_y * BC), (BK, BC), (0, 1))
+                p_gct = tl.make_block_ptr(
+                    gate_cumsum + base, (K, T), (1, H * K), (i_k * BK, i_n * BT + i_y * BC), (BK, BC), (0, 1)
+                )
+                # reference: the cumulative gate at the first row of sub-chunk x
+                b_ref = tl.load(gate_cumsum + base + row0 * H * K + o_k, mask=o_k < K, other=0.0)
+                b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
+                b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
+                b_kt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero")
+                b_gct = tl.load(p_gct, boundary_check=(0, 1), padding_option="zero")
+                row_valid = (row0 + o_i < T)[:, None]
+                b_qg = tl.where(row_valid, b_q * tl.exp(b_gc - b_ref[None, :]), 0.0).to(b_q.dtype)
+                b_kg = (b_kt * tl.exp(b_ref[:, None] - b_gct)).to(b_q.dtype)
+                b_block += tl.dot(b_qg, b_kg)
+            p_s = tl.make_block_ptr(score_base, (T, BT), (H * BT, 1), (row0, i_y * BC), (BC, BC), (1, 0))
+            tl.store(p_s, b_block * scale, boundary_check=(0, 1))
+            i_y += 1
+        b_diag = tl.zeros([BC, BC], dtype=tl.float32)
+        causal = (o_i[:, None] >= o_i[None, :])[:, :, None]
+        for i_k in range(tl.cdiv(K, BK)):
+            p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+            p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+            p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+            b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+            b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+            b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
+            # [BC(i), BC(j), BK], exact: exp(gc_i - gc_j) <= 1 wherever j <= i
+            exponent = tl.where(causal, b_gc[:, None, :] - b_gc[None, :, :], float("-inf"))
+            b_diag += tl.sum(b_q[:, None, :] * b_k[None, :, :] * tl.exp(exponent), axis=2)
+        p_s = tl.make_block_ptr(score_base, (T, BT), (H * BT, 1), (row0, i_x * BC), (BC, BC), (1, 0))
+        tl.store(p_s, b_diag * scale, boundary_check=(0, 1))
+
+
+@triton.jit
 def gla_fwd_kernel_intra_scores(
     q, k, gate_cumsum, gate_span, scores, scale, span_limit, T, NT,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, NC: tl.constexpr,
     KP: tl.constexpr,
 ):
-    # One program per (chunk, row sub-chunk x) of a steep chunk: the [BC, BT] row strip of the scores, blocks y <= x.
-    i_tc, i_bh = tl.program_id(0), tl.program_id(1)
-    i_n, i_x = i_tc // NC, i_tc % NC
+    # One program per steep chunk: the scores row strip of each sub-chunk x in turn, blocks y <= x.
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
     if chunk_is_smooth(gate_span, i_bh, i_n, NT, span_limit, K, KP):
         return
-    i_b, i_h = i_bh // H, i_bh % H
-    row0 = i_n * BT + i_x * BC
-    if row0 >= T:
-        return
-    base = i_b * T * H * K + i_h * K
-    score_base = scores + i_b * T * H * BT + i_h * BT
-    o_i = tl.arange(0, BC)
-    i_y = 0
-    while i_y < i_x:
-        b_block = tl.zeros([BC, BC], dtype=tl.float32)
-        for i_k in range(tl.cdiv(K, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
-            p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
-            p_kt = tl.make_block_ptr(k + base, (K, T), (1, H * K), (i_k * BK, i_n * BT + i_y * BC), (BK, BC), (0, 1))
-            p_gct = tl.make_block_ptr(
-                gate_cumsum + base, (K, T), (1, H * K), (i_k * BK, i_n * BT + i_y * BC), (BK, BC), (0, 1)
-            )
-            # reference: the cumulative gate at the first row of sub-chunk x
-            b_ref = tl.load(gate_cumsum + base + row0 * H * K + o_k, mask=o_k < K, other=0.0)
-            b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
-            b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
-            b_kt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero")
-            b_gct = tl.load(p_gct, boundary_check=(0, 1), padding_option="zero")
-            row_valid = (row0 + o_i < T)[:, None]
-            b_qg = tl.where(row_valid, b_q * tl.exp(b_gc - b_ref[None, :]), 0.0).to(b_q.dtype)
-            b_kg = (b_kt * tl.exp(b_ref[:, None] - b_gct)).to(b_q.dtype)
-            b_block += tl.dot(b_qg, b_kg)
-        p_s = tl.make_block_ptr(score_base, (T, BT), (H * BT, 1), (row0, i_y * BC), (BC, BC), (1, 0))
-        tl.store(p_s, b_block * scale, boundary_check=(0, 1))
-        i_y += 1
-    b_diag = tl.zeros([BC, BC], dtype=tl.float32)
-    causal = (o_i[:, None] >= o_i[None, :])[:, :, None]
-    for i_k in range(tl.cdiv(K, BK)):
-        p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
-        p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
-        p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
-        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
-        # [BC(i), BC(j), BK], exact: exp(gc_i - gc_j) <= 1 wherever j <= i
-        exponent = tl.where(causal, b_gc[:, None, :] - b_gc[None, :, :], float("-inf"))
-        b_diag += tl.sum(b_q[:, None, :] * b_k[None, :, :] * tl.exp(exponent), axis=2)
-    p_s = tl.make_block_ptr(score_base, (T, BT), (H * BT, 1), (row0, i_x * BC), (BC, BC), (1, 0))
-    tl.store(p_s, b_diag * scale, boundary_check=(0, 1))
+    for i_x in range(NC):
+        _steep_scores_rows(q, k, gate_cumsum, scores, scale, T, i_n, i_x, i_bh, H, K, BT, BC, BK)
 
 
 @triton.jit
@@ -397,79 +404,89 @@ def gla_bwd_kernel_dv(
 
 
 @triton.jit
+def _steep_intra_gradient_rows(
+    q, k, gate_cumsum, score_grads, dq_intra, dk_intra, T, i_k, i_n, i_x, i_bh,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, NC: tl.constexpr,
+):
+    i_b, i_h = i_bh // H, i_bh % H
+    row0 = i_n * BT + i_x * BC
+    if row0 < T:
+        base = i_b * T * H * K + i_h * K
+        grad_base = score_grads + i_b * T * H * BT + i_h * BT
+        o_i = tl.arange(0, BC)
+        o_k = i_k * BK + tl.arange(0, BK)
+        key_ok = o_k < K
+        p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+        b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
+        b_first = tl.load(gate_cumsum + base + row0 * H * K + o_k, mask=key_ok, other=0.0)
+        last_row = tl.minimum(row0 + BC, T) - 1
+        b_last = tl.load(gate_cumsum + base + last_row * H * K + o_k, mask=key_ok, other=0.0)
+
+        b_dq = tl.zeros([BC, BK], dtype=tl.float32)
+        i_y = 0
+        while i_y < i_x:
+            p_ds = tl.make_block_ptr(grad_base, (T, BT), (H * BT, 1), (row0, i_y * BC), (BC, BC), (1, 0))
+            p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (i_n * BT + i_y * BC, i_k * BK), (BC, BK), (1, 0))
+            p_gy = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (i_n * BT + i_y * BC, i_k * BK), (BC, BK), (1, 0))
+            b_ds = tl.load(p_ds, boundary_check=(0, 1), padding_option="zero")
+            b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+            b_gy = tl.load(p_gy, boundary_check=(0, 1), padding_option="zero")
+            b_kg = (b_k * tl.exp(b_first[None, :] - b_gy)).to(b_k.dtype)
+            b_dq += tl.dot(b_ds.to(b_k.dtype), b_kg)
+            i_y += 1
+        b_dq *= tl.exp(b_gc - b_first[None, :])
+        # the diagonal sub-chunk, exactly: [BC(i), BC(j), BK] with exp(gc_i - gc_j) <= 1 wherever j <= i
+        p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+        p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+        p_dsd = tl.make_block_ptr(grad_base, (T, BT), (H * BT, 1), (row0, i_x * BC), (BC, BC), (1, 0))
+        b_kx = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_qx = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_dsd = tl.load(p_dsd, boundary_check=(0, 1), padding_option="zero")
+        # a padded row i carries gc_i = 0, so exp(gc_i - gc_j) would overflow under strong decay: mask it out
+        causal = ((o_i[:, None] >= o_i[None, :]) & (row0 + o_i < T)[:, None])[:, :, None]
+        b_decay = tl.exp(tl.where(causal, b_gc[:, None, :] - b_gc[None, :, :], float("-inf")))
+        b_dq += tl.sum(b_dsd[:, :, None] * b_kx[None, :, :] * b_decay, axis=1)
+
+        b_dk = tl.zeros([BC, BK], dtype=tl.float32)
+        n_valid = tl.minimum(NC, tl.cdiv(T - i_n * BT, BC))
+        i_z = i_x + 1
+        while i_z < n_valid:
+            # [BC(j in x), BC(i in z)] = dS[i, j]
+            p_dst = tl.make_block_ptr(grad_base, (BT, T), (1, H * BT), (i_x * BC, i_n * BT + i_z * BC), (BC, BC), (0, 1))
+            p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (i_n * BT + i_z * BC, i_k * BK), (BC, BK), (1, 0))
+            p_gz = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (i_n * BT + i_z * BC, i_k * BK), (BC, BK), (1, 0))
+            b_dst = tl.load(p_dst, boundary_check=(0, 1), padding_option="zero")
+            b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
+            b_gz = tl.load(p_gz, boundary_check=(0, 1), padding_option="zero")
+            z_valid = (i_n * BT + i_z * BC + o_i < T)[:, None]
+            b_qg = tl.where(z_valid, b_q * tl.exp(b_gz - b_last[None, :]), 0.0).to(b_q.dtype)
+            b_dk += tl.dot(b_dst.to(b_q.dtype), b_qg)
+            i_z += 1
+        b_dk *= tl.exp(b_last[None, :] - b_gc)
+        b_dk += tl.sum(b_dsd[:, :, None] * b_qx[:, None, :] * b_decay, axis=0)
+
+        p_dq = tl.make_block_ptr(dq_intra + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+        p_dk = tl.make_block_ptr(dk_intra + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
+        tl.store(p_dq, b_dq, boundary_check=(0, 1))
+        tl.store(p_dk, b_dk, boundary_check=(0, 1))
+
+
+@triton.jit
 def gla_bwd_kernel_intra(
     q, k, gate_cumsum, gate_span, score_grads, dq_intra, dk_intra, span_limit, T, NT,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, NC: tl.constexpr,
     KP: tl.constexpr,
 ):
+    # One program per (key block, steep chunk), sub-chunk after sub-chunk:
     # dq_i = sum_{j<=i} dS_ij k_j exp(gc_i - gc_j);  dk_j = sum_{i>=j} dS_ij q_i exp(gc_i - gc_j), for the
     # rows of sub-chunk x and key columns [i_k * BK, (i_k + 1) * BK).
-    i_k, i_tc, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n, i_x = i_tc // NC, i_tc % NC
+    i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if chunk_is_smooth(gate_span, i_bh, i_n, NT, span_limit, K, KP):
         return
-    i_b, i_h = i_bh // H, i_bh % H
-    row0 = i_n * BT + i_x * BC
-    if row0 >= T:
-        return
-    base = i_b * T * H * K + i_h * K
-    grad_base = score_grads + i_b * T * H * BT + i_h * BT
-    o_i = tl.arange(0, BC)
-    o_k = i_k * BK + tl.arange(0, BK)
-    key_ok = o_k < K
-    p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
-    b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
-    b_first = tl.load(gate_cumsum + base + row0 * H * K + o_k, mask=key_ok, other=0.0)
-    last_row = tl.minimum(row0 + BC, T) - 1
-    b_last = tl.load(gate_cumsum + base + last_row * H * K + o_k, mask=key_ok, other=0.0)
-
-    b_dq = tl.zeros([BC, BK], dtype=tl.float32)
-    i_y = 0
-    while i_y < i_x:
-        p_ds = tl.make_block_ptr(grad_base, (T, BT), (H * BT, 1), (row0, i_y * BC), (BC, BC), (1, 0))
-        p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (i_n * BT + i_y * BC, i_k * BK), (BC, BK), (1, 0))
-        p_gy = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (i_n * BT + i_y * BC, i_k * BK), (BC, BK), (1, 0))
-        b_ds = tl.load(p_ds, boundary_check=(0, 1), padding_option="zero")
-        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
-        b_gy = tl.load(p_gy, boundary_check=(0, 1), padding_option="zero")
-        b_kg = (b_k * tl.exp(b_first[None, :] - b_gy)).to(b_k.dtype)
-        b_dq += tl.dot(b_ds.to(b_k.dtype), b_kg)
-        i_y += 1
-    b_dq *= tl.exp(b_gc - b_first[None, :])
-    # the diagonal sub-chunk, exactly: [BC(i), BC(j), BK] with exp(gc_i - gc_j) <= 1 wherever j <= i
-    p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
-    p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
-    p_dsd = tl.make_block_ptr(grad_base, (T, BT), (H * BT, 1), (row0, i_x * BC), (BC, BC), (1, 0))
-    b_kx = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-    b_qx = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-    b_dsd = tl.load(p_dsd, boundary_check=(0, 1), padding_option="zero")
-    # a padded row i carries gc_i = 0, so exp(gc_i - gc_j) would overflow under strong decay: mask it out
-    causal = ((o_i[:, None] >= o_i[None, :]) & (row0 + o_i < T)[:, None])[:, :, None]
-    b_decay = tl.exp(tl.where(causal, b_gc[:, None, :] - b_gc[None, :, :], float("-inf")))
-    b_dq += tl.sum(b_dsd[:, :, None] * b_kx[None, :, :] * b_decay, axis=1)
-
-    b_dk = tl.zeros([BC, BK], dtype=tl.float32)
-    n_valid = tl.minimum(NC, tl.cdiv(T - i_n * BT, BC))
-    i_z = i_x + 1
-    while i_z < n_valid:
-        # [BC(j in x), BC(i in z)] = dS[i, j]
-        p_dst = tl.make_block_ptr(grad_base, (BT, T), (1, H * BT), (i_x * BC, i_n * BT + i_z * BC), (BC, BC), (0, 1))
-        p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (i_n * BT + i_z * BC, i_k * BK), (BC, BK), (1, 0))
-        p_gz = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (i_n * BT + i_z * BC, i_k * BK), (BC, BK), (1, 0))
-        b_dst = tl.load(p_dst, boundary_check=(0, 1), padding_option="zero")
-        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
-        b_gz = tl.load(p_gz, boundary_check=(0, 1), padding_option="zero")
-        z_valid = (i_n * BT + i_z * BC + o_i < T)[:, None]
-        b_qg = tl.where(z_valid, b_q * tl.exp(b_gz - b_last[None, :]), 0.0).to(b_q.dtype)
-        b_dk += tl.dot(b_dst.to(b_q.dtype), b_qg)
-        i_z += 1
-    b_dk *= tl.exp(b_last[None, :] - b_gc)
-    b_dk += tl.sum(b_dsd[:, :, None] * b_qx[:, None, :] * b_decay, axis=0)
-
-    p_dq = tl.make_block_ptr(dq_intra + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
-    p_dk = tl.make_block_ptr(dk_intra + base, (T, K), (H * K, 1), (row0, i_k * BK), (BC, BK), (1, 0))
-    tl.store(p_dq, b_dq, boundary_check=(0, 1))
-    tl.store(p_dk, b_dk, boundary_check=(0, 1))
+    for i_x in range(NC):
+        _steep_intra_gradient_rows(
+            q, k, gate_cumsum, score_grads, dq_intra, dk_intra, T, i_k, i_n, i_x, i_bh, H, K, BT, BC, BK, NC
+        )
 
 
 @triton.jit
@@ -581,7 +598,7 @@ def intra_scores(q, k, gates: ChunkGates, scale: float, span_limit: float) -> to
     n_chunks = triton.cdiv(length, CHUNK)
     scores = new_output((batch, length, heads, CHUNK), torch.float32, q.device)
     n_sub = CHUNK // SUB_CHUNK
-    gla_fwd_kernel_intra_scores[(n_chunks * n_sub, batch * heads)](
+    gla_fwd_kernel_intra_scores[(n_chunks, batch * heads)](
         q, k, gates.cumsum, gates.span, scores, scale, span_limit, length, n_chunks,
         H=heads, K=key_dim, BT=CHUNK, BC=SUB_CHUNK, BK=_blocks(key_dim, 32), NC=n_sub,
         KP=triton.next_power_of_2(key_dim),
@@ -659,7 +676,7 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     dk_intra = new_output(q.shape, torch.float32, q.device)
     n_sub = CHUNK // SUB_CHUNK
     block_intra = _blocks(key_dim, 32)
-    gla_bwd_kernel_intra[(triton.cdiv(key_dim, block_intra), n_chunks * n_sub, batch * heads)](
+    gla_bwd_kernel_intra[(triton.cdiv(key_dim, block_intra), n_chunks, batch * heads)](
         q, k, gates.cumsum, gates.span, score_grads, dq_intra, dk_intra, span_limit, length, n_chunks,
         H=heads, K=key_dim, BT=CHUNK, BC=SUB_CHUNK, BK=block_intra, NC=n_sub, KP=args["KP"],
     )
