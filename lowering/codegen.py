@@ -111,6 +111,7 @@ class TrainScriptView:
     sequence_method: str
     scan_blocks: str
     train: TrainView
+    cuda_graphs: bool = False
 
 
 def check_supported(program: ScheduleProgram) -> None:
@@ -128,9 +129,32 @@ def check_supported(program: ScheduleProgram) -> None:
             program.spans.get("mesh.sequence"),
         )
     if program.pipeline.cuda_graphs:
-        raise UnsupportedScheduleError(
-            "pipeline.cuda_graphs is not supported by generated scripts", program.spans.get("pipeline.cuda_graphs")
-        )
+        _check_cuda_graphs(program)
+
+
+def _check_cuda_graphs(program: ScheduleProgram) -> None:
+    """Captured graphs need one static shape per chunk and no collectives inside a chunk."""
+    lengths = sorted({program.sequence.chunk_length(chunk) for chunk in range(program.n_chunks)})
+    refusals = (
+        (len(lengths) > 1, "sequence.chunks", f"chunks of different lengths {lengths}; cut the sequence evenly"),
+        (
+            program.pipeline.recompute is Recompute.FULL,
+            "pipeline.recompute",
+            "recompute = full; graphs keep each chunk's activations in their own memory already",
+        ),
+        (program.mesh.sequence > 1, "mesh.sequence", f"mesh.sequence = {program.mesh.sequence}; use sequence = 1"),
+        (
+            LayerKind.ATTN in program.model.layers,
+            "model.layers",
+            "attn layers, whose K/V state grows chunk by chunk; use gla and simple_gla layers",
+        ),
+    )
+    for refused, key, reason in refusals:
+        if refused:
+            raise UnsupportedScheduleError(
+                f"pipeline.cuda_graphs = true replays one captured graph per chunk shape; this schedule has {reason}",
+                program.spans.get(key) or program.spans.get("pipeline.cuda_graphs"),
+            )
 
 
 def _action_lines(actions) -> tuple[str, ...]:
@@ -210,6 +234,7 @@ def build_view(program: ScheduleProgram, script_name: str = "train.py") -> Train
         sequence_parallel=repr(program.mesh.sequence),
         sequence_method=repr(program.sequence.parallel.value),
         scan_blocks=repr(program.sequence.scan_blocks),
+        cuda_graphs=program.pipeline.cuda_graphs,
         train=TrainView(
             steps=repr(train.steps),
             seed=repr(train.seed),

@@ -69,6 +69,24 @@ class PipelineConfig:
     sequence_parallel: int = 1
     sequence_method: str = "allscan"  # values of schedlang.runtime.sequence_parallel.SequenceParallelMethod
     scan_blocks: int = 1
+    cuda_graphs: bool = False  # replay each chunk's forward/backward from CUDA graphs (schedlang.runtime.graphs)
+
+    def __post_init__(self) -> None:
+        if self.cuda_graphs:
+            lengths = {end - start for start, end in zip(self.chunk_boundaries, self.chunk_boundaries[1:])}
+            refused = [
+                reason
+                for reason, present in (
+                    (f"chunks of different lengths {sorted(lengths)}", len(lengths) > 1),
+                    ("recompute", self.recompute),
+                    (f"sequence_parallel = {self.sequence_parallel}", self.sequence_parallel > 1),
+                )
+                if present
+            ]
+            if refused:
+                raise ValueError(
+                    f"cuda_graphs needs one static chunk shape and no collectives; refused: {', '.join(refused)}"
+                )
 
     @property
     def n_stages(self) -> int:

@@ -31,6 +31,10 @@ gives the real gradient exactly once, as that contract requires.
 With full recomputation ``F`` runs under ``no_grad`` keeping only its inputs
 and initial states, and ``B`` reruns the forward with grad before the
 backward; the arithmetic is the same, so the results are identical.
+
+With CUDA graphs (``graphs``) ``F`` replays a captured slot instead of
+running the stage eagerly and ``B`` gives the slot back; see
+[Note: graph slots] in :mod:`schedlang.runtime.graphs`.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from schedlang.runtime.actions import Action, ActionKind
+from schedlang.runtime.graphs import GraphedChunks
 from schedlang.runtime.model import StageModel
 from schedlang.runtime.p2p import StageMessenger
 from schedlang.runtime.state_store import ChunkRecord, StateStore
@@ -72,6 +77,7 @@ class StageExecutor:
         previous_stage_rank: int | None,
         next_stage_rank: int | None,
         activation_dtype: torch.dtype,
+        graphs: GraphedChunks | None = None,
     ) -> None:
         self.model = model
         self.shape = shape
@@ -81,6 +87,7 @@ class StageExecutor:
         self.previous_stage_rank = previous_stage_rank
         self.next_stage_rank = next_stage_rank
         self.activation_dtype = activation_dtype
+        self.graphs = graphs  # [Note: graph slots] in schedlang.runtime.graphs
         self.store = StateStore()
         self.inbox: dict[tuple[ActionKind, int, int], torch.Tensor] = {}
         self.outbox: dict[tuple[ActionKind, int, int], torch.Tensor] = {}
@@ -175,12 +182,19 @@ class StageExecutor:
 
     def _run_model(
         self, inputs: torch.Tensor, initial_states: list[torch.Tensor | None], microbatch: int, chunk: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor | None], list[torch.Tensor]]:
-        """Forward with grad from fresh leaves; returns (outputs, input leaf, state leaves, final states)."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor | None], list[torch.Tensor], int | None]:
+        """Forward with grad from fresh leaves.
+
+        Returns (outputs, input leaf, state leaves, final states, the CUDA-graph slot or None).
+        """
         input_leaf = None
         if not self.model.is_first:
             input_leaf = inputs.detach().requires_grad_(True)
             inputs = input_leaf
+        if self.graphs is not None:
+            targets = self.chunk_tokens(microbatch, chunk)[1] if self.model.is_last else None
+            slot, outputs, state_leaves, final_states = self.graphs.run(inputs, initial_states, targets)
+            return outputs, input_leaf, state_leaves, final_states, slot
         state_leaves = [None if state is None else state.detach().requires_grad_(True) for state in initial_states]
         hidden, final_states = self.model(inputs, state_leaves)
         if self.model.is_last:
@@ -188,21 +202,21 @@ class StageExecutor:
             outputs = self.model.loss(hidden, targets) / self.shape.global_tokens
         else:
             outputs = hidden
-        return outputs, input_leaf, state_leaves, final_states
+        return outputs, input_leaf, state_leaves, final_states, None
 
     def forward(self, microbatch: int, chunk: int) -> None:
         inputs, input_buffer = self._take_input(microbatch, chunk)
         initial_states = self._initial_states(microbatch, chunk)
         if self.shape.recompute:
             with torch.no_grad():
-                outputs, _, _, final_states = self._run_model(inputs, initial_states, microbatch, chunk)
+                outputs, _, _, final_states, _ = self._run_model(inputs, initial_states, microbatch, chunk)
             record = ChunkRecord(inputs, None, initial_states, None, [], input_buffer)
         else:
             with torch.enable_grad():
-                outputs, input_leaf, state_leaves, final_states = self._run_model(
+                outputs, input_leaf, state_leaves, final_states, slot = self._run_model(
                     inputs, initial_states, microbatch, chunk
                 )
-            record = ChunkRecord(inputs, input_leaf, state_leaves, outputs, final_states, input_buffer)
+            record = ChunkRecord(inputs, input_leaf, state_leaves, outputs, final_states, input_buffer, slot)
         if chunk + 1 < self.shape.n_chunks:
             self.store.put_forward_states(microbatch, chunk, [state.detach() for state in final_states])
         self.store.put_record(microbatch, chunk, record)
@@ -215,7 +229,7 @@ class StageExecutor:
         record = self.store.take_record(microbatch, chunk)
         if self.shape.recompute:
             with torch.enable_grad():
-                outputs, input_leaf, state_leaves, final_states = self._run_model(
+                outputs, input_leaf, state_leaves, final_states, _ = self._run_model(
                     record.inputs, record.initial_states, microbatch, chunk
                 )
         else:
@@ -241,14 +255,18 @@ class StageExecutor:
                 tensors.append(final_state)
                 gradients.append(state_gradient)
         torch.autograd.backward(tensors, gradients)
+        # a graph slot's gradients live in its static buffers, which its next forward overwrites
+        handed_out = (lambda grad: grad.clone()) if record.graph_slot is not None else (lambda grad: grad)
         if chunk > 0:
             self.store.put_state_gradients(
                 microbatch,
                 chunk - 1,
-                [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in state_leaves],
+                [handed_out(leaf.grad) if leaf.grad is not None else torch.zeros_like(leaf) for leaf in state_leaves],
             )
         if not self.model.is_first:
-            self.outbox[(ActionKind.BACKWARD, microbatch, chunk)] = input_leaf.grad
+            self.outbox[(ActionKind.BACKWARD, microbatch, chunk)] = handed_out(input_leaf.grad)
+        if record.graph_slot is not None:
+            self.graphs.release(record.graph_slot)
         if output_gradient is not None:
             self.messenger.pool.give_back(output_gradient)
         if record.input_buffer is not None:

@@ -36,6 +36,7 @@ class ChunkRecord:
     outputs: torch.Tensor | None
     final_states: list[torch.Tensor]
     input_buffer: torch.Tensor | None = None
+    graph_slot: int | None = None  # the CUDA-graph slot holding this chunk's graph, if graphs are used
 
 
 class StateStore:

@@ -18,9 +18,10 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from schedlang.runtime.actions import Action
-from schedlang.runtime.config import ModelConfig, OptimizerKind, PipelineConfig, TrainConfig
+from schedlang.runtime.config import MixerKind, ModelConfig, OptimizerKind, PipelineConfig, TrainConfig
 from schedlang.runtime.data import TokenSource
 from schedlang.runtime.executor import StageExecutor, StepShape
+from schedlang.runtime.graphs import GraphedChunks, GraphMaker, slots_needed
 from schedlang.runtime.mesh import RuntimeMesh, init_mesh
 from schedlang.runtime.model import SequenceParallelContext, build_stage_model
 from schedlang.runtime.p2p import StageMessenger
@@ -53,6 +54,7 @@ class Trainer:
     train_config: TrainConfig
     mesh: RuntimeMesh
     timeout_s: float = 300.0
+    graph_maker: GraphMaker | None = None  # torch.cuda.make_graphed_callables unless a test passes a stand-in
 
     def __post_init__(self) -> None:
         pipeline, mesh = self.pipeline_config, self.mesh
@@ -83,6 +85,8 @@ class Trainer:
             activation_group=dist.new_group(world),
             gradient_group=dist.new_group(world),
         )
+        actions = tuple(Action.parse(text) for text in pipeline.stage_actions[mesh.stage])
+        global_tokens = pipeline.global_batch * pipeline.sequence_length
         self.executor = StageExecutor(
             self.model,
             StepShape(
@@ -92,17 +96,32 @@ class Trainer:
                 ),
                 microbatch_size=pipeline.microbatch_size,
                 d_model=self.model_config.d_model,
-                global_tokens=pipeline.global_batch * pipeline.sequence_length,
+                global_tokens=global_tokens,
                 recompute=pipeline.recompute,
             ),
-            tuple(Action.parse(text) for text in pipeline.stage_actions[mesh.stage]),
+            actions,
             messenger,
             mesh.stage,
             mesh.previous_stage_rank,
             mesh.next_stage_rank,
             self.dtype,
+            graphs=self._chunk_graphs(actions, global_tokens),
         )
         self.start_step = 0
+
+    def _chunk_graphs(self, actions: tuple[Action, ...], global_tokens: int) -> GraphedChunks | None:
+        if not self.pipeline_config.cuda_graphs:
+            return None
+        if MixerKind.ATTN in self.model_config.layers:
+            raise ValueError(
+                "pipeline { cuda_graphs = true } needs fixed state shapes: attn layers carry a growing K/V"
+            )
+        maker = self.graph_maker
+        if maker is None:
+            if self.mesh.device.type != "cuda":
+                raise ValueError("pipeline { cuda_graphs = true } replays CUDA graphs: run it with --device cuda")
+            maker = torch.cuda.make_graphed_callables
+        return GraphedChunks(self.model, slots_needed(actions), global_tokens, maker)
 
     def forward_backward(self, step: int) -> float:
         """Run one step's tasks and reduce gradients; the optimizer step is separate so tests can read gradients."""
@@ -199,10 +218,11 @@ def launch(
     mesh_shape: tuple[int, int, int],
     device_type: str,
     timeout_s: float = 300.0,
+    graph_maker: GraphMaker | None = None,
 ) -> Trainer:
     """Join the torchrun job and build this rank's trainer."""
     mesh = init_mesh(*mesh_shape, device_type=device_type, timeout_s=timeout_s)
-    return Trainer(model_config, pipeline_config, train_config, mesh, timeout_s=timeout_s)
+    return Trainer(model_config, pipeline_config, train_config, mesh, timeout_s=timeout_s, graph_maker=graph_maker)
 
 
 __all__ = ["Trainer", "launch", "record"]

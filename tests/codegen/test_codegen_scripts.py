@@ -122,3 +122,34 @@ def test_unsupported_schedule_is_a_positioned_compile_error(tmp_path, capsys):
     assert schedlang_main(["compile", str(schedule), "-o", str(tmp_path / "train.py")]) == 1
     error = capsys.readouterr().err
     assert f"{schedule}:2:" in error and "error: the runtime executes only" in error and "^" in error
+
+
+def with_graphs(text: str, pipeline_extra: str = "", chunks: str = "2") -> str:
+    graphs = "pipeline { cuda_graphs = true " + pipeline_extra + " microbatches = 2"
+    return text.replace("pipeline { microbatches = 2", graphs).replace("chunks = 2", f"chunks = {chunks}")
+
+
+def test_cuda_graphs_reach_the_pipeline_config():
+    script = render_train_script(load_program_text(with_graphs(tiny()), "t.sched"))
+    assert "    scan_blocks=1,\n    cuda_graphs=True,\n)" in script
+    plain = render_train_script(load_program_text(tiny(), "t.sched"))
+    assert "cuda_graphs" not in plain
+
+
+@pytest.mark.parametrize(
+    "text, key, message",
+    [
+        (with_graphs(tiny(), chunks="[0, 16, 64]"), "chunks", "chunks of different lengths [16, 48]"),
+        (with_graphs(tiny(), pipeline_extra="recompute = full"), "recompute", "recompute = full"),
+        (with_graphs(tiny(sequence=2)), "sequence = 2", "mesh.sequence = 2"),
+        (with_graphs(tiny(layers="[gla, attn]")), "layers", "attn layers"),
+    ],
+    ids=["uneven-chunks", "recompute", "sequence-parallel", "attention"],
+)
+def test_cuda_graphs_refusals_point_at_the_key_that_breaks_them(text, key, message):
+    program = load_program_text(text, "t.sched")
+    with pytest.raises(UnsupportedScheduleError, match="cuda_graphs = true replays") as error:
+        render_train_script(program)
+    assert message in str(error.value)
+    line = text.splitlines()[error.value.span.line - 1]
+    assert line[error.value.span.column - 1 :].startswith(key.split()[0]), (line, error.value.span)

@@ -10,7 +10,9 @@ Usage: rank_worker.py OUT_DIR STEPS SCRIPT [SCRIPT ...]
 Environment knobs for failure tests: SCHEDLANG_TEST_DIE_RANK (that rank exits
 before its first step), SCHEDLANG_TEST_HANG_RANK (that rank sleeps instead),
 SCHEDLANG_TEST_TIMEOUT (seconds a rank waits for a peer), SCHEDLANG_TEST_STOP_AFTER
-(train() stops after that many steps, as a kill would; with a checkpoint directory).
+(train() stops after that many steps, as a kill would; with a checkpoint directory),
+SCHEDLANG_TEST_DEVICE (cpu by default). On the CPU a script with cuda_graphs runs through
+graph_emulator's stand-in for torch.cuda.make_graphed_callables.
 """
 
 import importlib.util
@@ -35,7 +37,14 @@ def run_script(index: int, path: Path, steps: int, out_dir: Path, rank: int) -> 
 
     script = load_script(path)
     timeout = float(os.environ.get("SCHEDLANG_TEST_TIMEOUT", "120"))
-    trainer = launch(script.MODEL, script.PIPELINE, script.TRAIN, script.MESH_SHAPE, "cpu", timeout_s=timeout)
+    device = os.environ.get("SCHEDLANG_TEST_DEVICE", "cpu")
+    graph_maker = None
+    if script.PIPELINE.cuda_graphs and device == "cpu":
+        from graph_emulator import emulated_make_graphed_callables as graph_maker
+    trainer = launch(
+        script.MODEL, script.PIPELINE, script.TRAIN, script.MESH_SHAPE, device,
+        timeout_s=timeout, graph_maker=graph_maker,
+    )
     if os.environ.get("SCHEDLANG_TEST_DIE_RANK") == str(rank):
         os._exit(3)
     if os.environ.get("SCHEDLANG_TEST_HANG_RANK") == str(rank):

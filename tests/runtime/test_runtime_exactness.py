@@ -41,6 +41,7 @@ def schedule_text(
     sequence: int = 1,
     parallel: str = "allscan",
     layers: str = "[gla, simple_gla] * 3",
+    cuda_graphs: bool = False,
 ) -> str:
     return f"""schedule {name}
 {MODEL_BLOCK.format(stages=f"stages = {stages}" if stages else "", layers=layers)}
@@ -48,6 +49,7 @@ mesh {{ pipeline = {pipeline}  sequence = {sequence}  data = {data} }}
 sequence {{ length = 160  chunks = {chunks}  kernel_chunk = 16  parallel = {parallel} }}
 pipeline {{
   microbatches = {microbatches}  microbatch_size = {microbatch_size}  order = {order}  recompute = {recompute}
+  {"cuda_graphs = true" if cuda_graphs else ""}
   {explicit}
 }}
 train {{ steps = {STEPS}  seed = 7  optimizer = adamw(lr = 1e-2)  data = synthetic(seed = 5) }}
@@ -75,6 +77,8 @@ CONFIGURATIONS = {
             "p2_n3_uneven_chunks_recompute", 2, "[0, 16, 112, 160]", 2, 2, recompute="full"
         ),
         "p1_s2_n3_ring": schedule_text("p1_s2_n3_ring", 1, "3", 2, 2, sequence=2, parallel="ring"),
+        # CPU stand-in for CUDA graphs (tests/runtime/graph_emulator.py): slots, zero first states, copies
+        "p2_n5_cuda_graphs_emulated": schedule_text("p2_n5_cuda_graphs_emulated", 2, "5", 4, 1, cuda_graphs=True),
     },
     3: {
         "p3_n3_1f1b": schedule_text("p3_n3_1f1b", 3, "3", 4, 1),

@@ -1,0 +1,146 @@
+"""A stage's chunk forward and backward replayed from captured CUDA graphs (``pipeline { cuda_graphs = true }``).
+
+Contract. ``GraphedChunks.run`` does what ``StageModel.forward`` (plus the loss,
+on the last stage) does for one chunk, through a callable that
+``torch.cuda.make_graphed_callables`` captured once: its forward replays one
+graph and its backward another, so a chunk costs two graph launches instead
+of a few hundred kernel launches. Requirements, checked by ``compile``:
+every chunk has the same length (one set of static shapes), no recomputation,
+no sequence parallelism (no collectives inside the graphs), and only
+recurrent layers (gla, simple_gla), whose states have fixed shapes.
+
+[Note: graph slots]
+A captured callable owns static buffers: its forward writes the chunk's
+outputs and saved activations there, its backward writes the gradients of its
+inputs there, and the next forward replay of the same callable overwrites
+both (the backward's outputs can reuse memory the forward's activations had).
+A stage has up to N + P - r - 1 chunks in flight between ``F`` and ``B``, so
+it captures one callable per chunk in flight (a *slot*, each with its own
+memory pool): ``F`` takes a free slot, ``B`` gives it back. What leaves a slot
+is used before that slot's next forward or copied: forward outputs are sent
+or handed to the next chunk's forward (which copies them into its own slot)
+before this chunk's backward can run; the gradients ``B`` hands to
+``B(a, i - 1)`` and to the previous stage are cloned; parameter gradients are
+added into ``.grad`` tensors allocated before the first replay, so autograd
+never adopts a static buffer as a ``.grad``.
+
+Chunk 0 has no incoming state: it gets zero states, which the kernels treat
+exactly like no state, so one set of static shapes serves every chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from schedlang.runtime.actions import Action, ActionKind
+from schedlang.runtime.model import StageModel
+
+GraphMaker = Callable[..., nn.Module]
+"""``torch.cuda.make_graphed_callables``'s signature for one module: (module, sample_args, **options)."""
+
+
+def slots_needed(actions: tuple[Action, ...]) -> int:
+    """The most chunks this action list holds between their F and their B at any time."""
+    in_flight = most = 0
+    for action in actions:
+        if action.kind is ActionKind.FORWARD:
+            in_flight += 1
+            most = max(most, in_flight)
+        elif action.kind is ActionKind.BACKWARD:
+            in_flight -= 1
+    return most
+
+
+class ChunkStep(nn.Module):
+    """One chunk of a stage as a function of tensors only: (inputs, *states[, targets]) -> (outputs, *states)."""
+
+    def __init__(self, stage: StageModel, global_tokens: int) -> None:
+        super().__init__()
+        self.stage = stage
+        self.global_tokens = global_tokens
+
+    def forward(self, inputs: torch.Tensor, *states_and_targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        n_states = self.stage.n_states
+        states, targets = list(states_and_targets[:n_states]), states_and_targets[n_states:]
+        hidden, final_states = self.stage(inputs, states)
+        if self.stage.is_last:
+            hidden = self.stage.loss(hidden, targets[0]) / self.global_tokens
+        return (hidden, *final_states)
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class GraphedChunks:
+    """Captured chunk callables of one stage, one per slot; captured at the first call, on its inputs."""
+
+    def __init__(self, stage: StageModel, n_slots: int, global_tokens: int, make_graphed: GraphMaker) -> None:
+        self.stage = stage
+        self.n_slots = n_slots
+        self.global_tokens = global_tokens
+        self.make_graphed = make_graphed
+        self.callables: list[nn.Module] = []
+        self.state_specs: list[StateSpec] = []
+        self.free_slots: list[int] = []
+
+    def zero_states(self) -> list[torch.Tensor]:
+        device = next(self.stage.parameters()).device
+        return [torch.zeros(spec.shape, dtype=spec.dtype, device=device) for spec in self.state_specs]
+
+    def _capture(self, inputs: torch.Tensor, targets: torch.Tensor | None) -> None:
+        with torch.no_grad():
+            _, final_states = self.stage(inputs.detach(), [None] * self.stage.n_states)
+        self.state_specs = [StateSpec(tuple(state.shape), state.dtype) for state in final_states]
+        sample_inputs = inputs.detach().clone().requires_grad_(not self.stage.is_first)
+        sample_states = [state.requires_grad_(True) for state in self.zero_states()]
+        sample_args = (sample_inputs, *sample_states) + ((targets.detach().clone(),) if targets is not None else ())
+        for parameter in self.stage.parameters():
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+        for slot in range(self.n_slots):
+            warmup = 3 if slot == 0 else 1  # later slots find kernels compiled and autotuned
+            self.callables.append(
+                self.make_graphed(
+                    ChunkStep(self.stage, self.global_tokens),
+                    sample_args,
+                    num_warmup_iters=warmup,
+                    allow_unused_input=True,
+                )
+            )
+        self.free_slots = list(range(self.n_slots))
+
+    def run(
+        self, inputs: torch.Tensor, initial_states: list[torch.Tensor | None], targets: torch.Tensor | None
+    ) -> tuple[int, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """Replay a free slot's forward on fresh state leaves (zeros where a state is None).
+
+        Returns (slot, outputs or the chunk's loss, the state leaves, final states); the last two hold
+        the graph that ``torch.autograd.backward`` runs, as the eager path's do.
+        """
+        if not self.callables:
+            self._capture(inputs, targets)
+        if not self.free_slots:
+            raise RuntimeError(
+                f"all {self.n_slots} CUDA-graph slots of the stage with layers {self.stage.layer_indices} are in "
+                "flight: the action list runs more forwards ahead of their backwards than it was sized for"
+            )
+        slot = self.free_slots.pop()
+        zeros = self.zero_states() if any(state is None for state in initial_states) else []
+        state_leaves = [
+            (zeros[index] if state is None else state).detach().requires_grad_(True)
+            for index, state in enumerate(initial_states)
+        ]
+        extra = (targets,) if targets is not None else ()
+        outputs, *final_states = self.callables[slot](inputs, *state_leaves, *extra)
+        return slot, outputs, state_leaves, final_states
+
+    def release(self, slot: int) -> None:
+        """B is done with the slot: its next forward may overwrite everything it handed out."""
+        self.free_slots.append(slot)
