@@ -12,7 +12,8 @@ doubling could not separate the two systems at PP2), one step per length, each a
 torchrun job so an out-of-memory rank cannot wedge the next attempt.
 
 Driver (plain python, launches torchrun jobs):
-    python benchmarks/pipeline.py --out results/ [--device cuda] [--length 32768] [--chunks 1 4 8 16]
+    python benchmarks/pipeline.py --out results/ [--device cuda] [--length 32768] [--chunks 1 4 8 16 8g]
+    (a chunk count ending in g replays the chunks from CUDA graphs: pipeline { cuda_graphs = true })
 Worker (what the driver launches):
     torchrun --nproc-per-node 2 benchmarks/pipeline.py --worker --systems torch schedlang:16 --length 32768
 A tiny CPU run of the whole path: python benchmarks/pipeline.py --device cpu --tiny --out /tmp/bench
@@ -84,7 +85,9 @@ def release(device: torch.device) -> None:
 class SchedlangSystem:
     """schedlang's runtime: one Trainer with the 1F1B chunk order placed by the lowering."""
 
-    def __init__(self, mesh, config, length: int, n_chunks: int, microbatches: int) -> None:
+    def __init__(
+        self, mesh, config, length: int, n_chunks: int, microbatches: int, cuda_graphs: bool = False
+    ) -> None:
         from schedlang.lowering.orders import one_f_one_b_orders
         from schedlang.lowering.placement import place_stage_actions
         from schedlang.runtime.config import OptimizerConfig, PipelineConfig, TrainConfig
@@ -98,6 +101,7 @@ class SchedlangSystem:
             microbatches=microbatches,
             microbatch_size=1,
             stage_actions=tuple(tuple(str(action) for action in stage) for stage in actions),
+            cuda_graphs=cuda_graphs,
         )
         dtype = "bf16" if mesh.device.type == "cuda" else "fp32"
         train = TrainConfig(steps=1, seed=0, dtype=dtype, optimizer=OptimizerConfig(lr=1e-4))
@@ -175,8 +179,8 @@ class TorchSystem:
 def build_system(name: str, mesh, config, length: int, microbatches: int):
     if name == "torch":
         return TorchSystem(mesh, config, length, microbatches)
-    kind, n_chunks = name.split(":")
-    return SchedlangSystem(mesh, config, length, int(n_chunks), microbatches)
+    kind, chunks = name.split(":")  # schedlang:8, or schedlang:8g to replay CUDA graphs
+    return SchedlangSystem(mesh, config, length, int(chunks.rstrip("g")), microbatches, cuda_graphs=chunks.endswith("g"))
 
 
 def measure(name: str, mesh, config, length: int, microbatches: int, warmup: int, steps: int) -> dict:
@@ -367,7 +371,9 @@ def main() -> int:
     parser.add_argument("--tiny", action="store_true", help="a tiny model, to check the whole path on CPU")
     parser.add_argument("--length", type=int, default=32768)
     parser.add_argument("--microbatches", type=int, default=4)
-    parser.add_argument("--chunks", type=int, nargs="+", default=[1, 4, 8, 16])
+    parser.add_argument(
+        "--chunks", nargs="+", default=["1", "4", "8", "16"], help="chunk counts; 8g = 8 chunks replayed from CUDA graphs"
+    )
     parser.add_argument("--systems", nargs="+", default=["torch"])
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2)
