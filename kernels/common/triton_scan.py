@@ -55,7 +55,9 @@ def _launch_cumsum(g: torch.Tensor, chunk_size: int, with_range: bool):
     batch, length, heads, key_dim = gate.shape
     n_chunks = triton.cdiv(length, chunk_size)
     gate_cumsum = new_output(gate.shape, torch.float32, g.device)
-    per_chunk = [new_output((batch, heads, n_chunks, key_dim), torch.float32, g.device) for _ in range(3 if with_range else 1)]
+    per_chunk = [
+        new_output((batch, heads, n_chunks, key_dim), torch.float32, g.device) for _ in range(3 if with_range else 1)
+    ]
     chunk_gate = per_chunk[0]
     gate_mid, gate_span = (per_chunk[1], per_chunk[2]) if with_range else (chunk_gate, chunk_gate)
     block_k = min(64, triton.next_power_of_2(key_dim))

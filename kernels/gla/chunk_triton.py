@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from schedlang.kernels.common.function import Implementation
+from schedlang.kernels.common.triton_gradients import chunk_value_products
 from schedlang.kernels.common.triton_scan import (
     chunk_local_cumsum_with_range,
     chunk_state_scan,
@@ -92,6 +93,26 @@ def chunk_is_smooth(gate_span, i_bh, i_n, NT, span_limit, K: tl.constexpr, KP: t
 
 
 @triton.jit
+def smooth_gated_block(
+    q, k, gate_cumsum, gate_mid, base, row_valid, i_n, i_k, i_bh, T, NT,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+):
+    """Keys [i_k * BK, ...) of chunk i_n: q, k, gc and the gated q * exp(gc - mid), k * exp(mid - gc),
+    zero on padded tokens, in q's dtype."""
+    p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+    p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+    p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+    b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
+    b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+    b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
+    o_k = i_k * BK + tl.arange(0, BK)
+    b_mid = tl.load(gate_mid + (i_bh * NT + i_n) * K + o_k, mask=o_k < K, other=0.0)
+    b_qg = tl.where(row_valid[:, None], b_q * tl.exp(b_gc - b_mid[None, :]), 0.0).to(b_q.dtype)
+    b_kg = tl.where(row_valid[:, None], b_k * tl.exp(b_mid[None, :] - b_gc), 0.0).to(b_q.dtype)
+    return b_q, b_k, b_gc, b_qg, b_kg
+
+
+@triton.jit
 def gla_fwd_kernel_smooth_output(
     q, k, v, gate_cumsum, gate_mid, gate_span, states, output, scale, span_limit, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -109,18 +130,11 @@ def gla_fwd_kernel_smooth_output(
     b_scores = tl.zeros([BT, BT], dtype=tl.float32)
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-        p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-        p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+        b_q, b_k, b_gc, b_qg, b_kg = smooth_gated_block(
+            q, k, gate_cumsum, gate_mid, base, row_valid, i_n, i_k, i_bh, T, NT, H, K, BT, BK
+        )
         p_h = tl.make_block_ptr(state_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
-        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
-        b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
         b_h = tl.load(p_h, boundary_check=(0, 1))
-        b_mid = tl.load(gate_mid + (i_bh * NT + i_n) * K + o_k, mask=o_k < K, other=0.0)
-        b_qg = tl.where(row_valid[:, None], b_q * tl.exp(b_gc - b_mid[None, :]), 0.0).to(b_q.dtype)
-        b_kg = tl.where(row_valid[:, None], b_k * tl.exp(b_mid[None, :] - b_gc), 0.0).to(b_q.dtype)
         # the transpose of a gated input, not of a product's accumulator (see the module docstring)
         b_scores += tl.dot(b_qg, tl.trans(b_kg))
         b_o += tl.dot((b_q * tl.exp(b_gc)).to(b_h.dtype), b_h)
@@ -152,20 +166,13 @@ def gla_bwd_kernel_smooth_dv(
     b_scores_t = tl.zeros([BT, BT], dtype=tl.float32)
     b_dv = tl.zeros([BT, BV], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-        p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-        p_gc = tl.make_block_ptr(gate_cumsum + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+        b_q, b_k, b_gc, b_qg, b_kg = smooth_gated_block(
+            q, k, gate_cumsum, gate_mid, base, row_valid, i_n, i_k, i_bh, T, NT, H, K, BT, BK
+        )
         p_dh = tl.make_block_ptr(grad_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
-        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
-        b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
         b_dh = tl.load(p_dh, boundary_check=(0, 1))
-        chunk_offset = (i_bh * NT + i_n) * K + o_k
-        b_mid = tl.load(gate_mid + chunk_offset, mask=o_k < K, other=0.0)
-        b_gl = tl.load(chunk_gate + chunk_offset, mask=o_k < K, other=0.0)
-        b_kg = tl.where(row_valid[:, None], b_k * tl.exp(b_mid[None, :] - b_gc), 0.0).to(b_k.dtype)
-        b_qg = tl.where(row_valid[:, None], b_q * tl.exp(b_gc - b_mid[None, :]), 0.0).to(b_k.dtype)
+        o_k = i_k * BK + tl.arange(0, BK)
+        b_gl = tl.load(chunk_gate + (i_bh * NT + i_n) * K + o_k, mask=o_k < K, other=0.0)
         b_scores_t += tl.dot(b_kg, tl.trans(b_qg))
         b_kd = tl.where(row_valid[:, None], b_k * tl.exp(b_gl[None, :] - b_gc), 0.0).to(b_dh.dtype)
         b_dv += tl.dot(b_kd, b_dh)
@@ -196,26 +203,9 @@ def gla_bwd_kernel_smooth_dqkg(
     row_valid = i_n * BT + o_t < T
     chunk_offset = (i_bh * NT + i_n).to(tl.int64) * K * V
     value_base = i_b * T * H * V + i_h * V
-    b_dscores = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dscores_t = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
-    b_boundary = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        p_do = tl.make_block_ptr(do + value_base, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
-        p_v = tl.make_block_ptr(v + value_base, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
-        # [BV, BK] views of the [K, V] state and state gradient
-        p_ht = tl.make_block_ptr(states + chunk_offset, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK), (0, 1))
-        p_dht = tl.make_block_ptr(state_grads + chunk_offset, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK), (0, 1))
-        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
-        b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
-        b_ht = tl.load(p_ht, boundary_check=(0, 1))
-        b_dht = tl.load(p_dht, boundary_check=(0, 1))
-        b_dscores += tl.dot(b_do, tl.trans(b_v))
-        b_dscores_t += tl.dot(b_v, tl.trans(b_do))
-        b_dq += tl.dot(b_do.to(b_ht.dtype), b_ht)
-        b_dk += tl.dot(b_v.to(b_dht.dtype), b_dht)
-        b_boundary += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
+    b_dscores, b_dscores_t, b_dq, b_dk, b_boundary = chunk_value_products(
+        do, v, states, state_grads, value_base, chunk_offset, i_n, i_k * BK, T, H, K, V, BT, BK, BV
+    )
     b_dscores = tl.where(o_t[:, None] >= o_t[None, :], b_dscores * scale, 0.0)
     b_dscores_t = tl.where(o_t[None, :] >= o_t[:, None], b_dscores_t * scale, 0.0)
     base = i_b * T * H * K + i_h * K

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from schedlang.kernels.common.function import Implementation
+from schedlang.kernels.common.triton_gradients import chunk_value_products
 from schedlang.kernels.common.triton_scan import (
     chunk_local_cumsum,
     chunk_state_scan,
@@ -129,29 +130,9 @@ def simple_gla_bwd_kernel_dqkg(
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     chunk_offset = (i_bh * NT + i_n).to(tl.int64) * K * V
-    b_ds = tl.zeros([BT, BT], dtype=tl.float32)
-    b_ds_t = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
-    b_boundary = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        p_do = tl.make_block_ptr(do + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
-        p_v = tl.make_block_ptr(v + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
-        p_vt = tl.make_block_ptr(v + i_b * T * H * V + i_h * V, (V, T), (1, H * V), (i_v * BV, i_n * BT), (BV, BT), (0, 1))
-        p_dot = tl.make_block_ptr(do + i_b * T * H * V + i_h * V, (V, T), (1, H * V), (i_v * BV, i_n * BT), (BV, BT), (0, 1))
-        p_ht = tl.make_block_ptr(states + chunk_offset, (V, K), (1, V), (i_v * BV, 0), (BV, BK), (0, 1))
-        p_dht = tl.make_block_ptr(state_grads + chunk_offset, (V, K), (1, V), (i_v * BV, 0), (BV, BK), (0, 1))
-        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
-        b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
-        b_vt = tl.load(p_vt, boundary_check=(0, 1), padding_option="zero")
-        b_dot = tl.load(p_dot, boundary_check=(0, 1), padding_option="zero")
-        b_ht = tl.load(p_ht, boundary_check=(0, 1))
-        b_dht = tl.load(p_dht, boundary_check=(0, 1))
-        b_ds += tl.dot(b_do, b_vt)
-        b_ds_t += tl.dot(b_v, b_dot)
-        b_dq += tl.dot(b_do.to(b_ht.dtype), b_ht)
-        b_dk += tl.dot(b_v.to(b_dht.dtype), b_dht)
-        b_boundary += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
+    b_ds, b_ds_t, b_dq, b_dk, b_boundary = chunk_value_products(
+        do, v, states, state_grads, i_b * T * H * V + i_h * V, chunk_offset, i_n, 0, T, H, K, V, BT, BK, BV
+    )
     o_i = tl.arange(0, BT)
     o_t = i_n * BT + o_i
     b_gc = tl.load(gate_cumsum + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.0)
