@@ -162,3 +162,49 @@ def test_auto_backend_choice_follows_device_and_interpreter_flag(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert resolve_backend("auto", torch.device("cpu")) is Backend.TRITON
     assert resolve_backend("torch", torch.device("cpu")) is Backend.TORCH
+
+
+@pytest.mark.parametrize("span_limit", [1e30, -1.0, None], ids=["all-smooth", "all-steep", "default"])
+@pytest.mark.parametrize("decay", ["weak", "strong"])
+def test_gla_torch_path_smooth_and_steep_chunks_match_the_reference(monkeypatch, span_limit, decay):
+    """The CPU path forms intra-chunk products around one reference on smooth chunks and with the 16-token
+    split on steep ones (kernels/gla/gated_products.py); forcing either everywhere, or the default mix
+    (strong decay spans more than the limit in some chunks), gives the float64 recurrence."""
+    from schedlang.kernels.gla import gated_products
+
+    if span_limit is not None:
+        monkeypatch.setattr(gated_products, "SPAN_LIMIT", span_limit)
+    operator = OPERATORS["gla"]
+    inputs = make_inputs(operator, 2, 300, 2, 32, decay, True, torch.float64, generator_seed=13)
+    actual = run_with_grads(operator.chunked, inputs, backend="torch")
+    assert_close(actual, reference(operator, inputs), 1e-10)
+
+
+def test_gated_products_are_differentiable_across_smooth_and_steep_chunks():
+    """Autograd through the mixed path equals autograd through the sub-chunk split alone."""
+    from schedlang.kernels.gla import gated_products
+
+    generator = torch.Generator().manual_seed(2)
+    a, b = (torch.randn(3, 64, 8, generator=generator, dtype=torch.float64) for _ in range(2))
+    weights = torch.randn(3, 64, 64, generator=generator, dtype=torch.float64)
+    log_gate = torch.nn.functional.logsigmoid(torch.randn(3, 64, 8, generator=generator, dtype=torch.float64)) / 4
+    log_gate[1] *= 40  # chunk 1 is steep, chunks 0 and 2 smooth
+    gc = log_gate.cumsum(-2)
+    smooth, _ = gated_products._chunk_references(gc)
+    assert smooth.tolist() == [True, False, True]
+    for mixed, split in (
+        (gated_products.gated_causal_scores, gated_products._sub_chunk_scores),
+        (gated_products.gated_causal_rows, gated_products._sub_chunk_rows),
+        (gated_products.gated_causal_columns, gated_products._sub_chunk_columns),
+    ):
+        first = weights if mixed is not gated_products.gated_causal_scores else a
+        leaves_mixed = [t.clone().requires_grad_(True) for t in (first, b, gc)]
+        leaves_split = [t.clone().requires_grad_(True) for t in (first, b, gc)]
+        out_mixed, out_split = mixed(*leaves_mixed), split(*leaves_split)
+        assert relative_error(out_mixed, out_split) < 1e-12
+        upstream = torch.randn(out_mixed.shape, generator=generator, dtype=torch.float64)
+        grads_mixed = torch.autograd.grad((out_mixed * upstream).sum(), leaves_mixed)
+        grads_split = torch.autograd.grad((out_split * upstream).sum(), leaves_split)
+        for grad_mixed, grad_split in zip(grads_mixed, grads_split):
+            assert torch.isfinite(grad_mixed).all()
+            assert relative_error(grad_mixed, grad_split) < 1e-10
