@@ -111,6 +111,8 @@ class StageExecutor:
         """Run every action once; returns this rank's share of the loss (0 off the last stage)."""
         self.tokens = tokens.to(self.model_device)
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.model_device)
+        if self.graphs is not None and not self.graphs.captured:
+            self._capture_graphs()
         for action in self.actions:
             self.run_action(action)
         self.messenger.finish_sends()
@@ -120,6 +122,15 @@ class StageExecutor:
                 f" inbox={sorted(map(str, self.inbox))} outbox={sorted(map(str, self.outbox))}"
             )
         return self.loss_sum
+
+    def _capture_graphs(self) -> None:
+        """Capture the chunk graphs on chunk 0's shapes: this step's tokens, or zero activations."""
+        tokens, targets = self.chunk_tokens(0, 0)
+        if self.model.is_first:
+            inputs = tokens
+        else:
+            inputs = torch.zeros(self.activation_shape(0), dtype=self.activation_dtype, device=self.model_device)
+        self.graphs.capture(inputs, targets if self.model.is_last else None)
 
     @property
     def model_device(self) -> torch.device:

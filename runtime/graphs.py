@@ -79,7 +79,7 @@ class StateSpec:
 
 
 class GraphedChunks:
-    """Captured chunk callables of one stage, one per slot; captured at the first call, on its inputs."""
+    """Captured chunk callables of one stage, one per slot, captured before the first step's first action."""
 
     def __init__(self, stage: StageModel, n_slots: int, global_tokens: int, make_graphed: GraphMaker) -> None:
         self.stage = stage
@@ -94,7 +94,16 @@ class GraphedChunks:
         device = next(self.stage.parameters()).device
         return [torch.zeros(spec.shape, dtype=spec.dtype, device=device) for spec in self.state_specs]
 
-    def _capture(self, inputs: torch.Tensor, targets: torch.Tensor | None) -> None:
+    @property
+    def captured(self) -> bool:
+        return bool(self.callables)
+
+    def capture(self, inputs: torch.Tensor, targets: torch.Tensor | None) -> None:
+        """Capture every slot on sample inputs shaped like a chunk's (and its targets on the last stage).
+
+        The executor calls this before a step's first action: capturing with point-to-point work in
+        flight would let the P2P watchdog query CUDA events during the capture, which CUDA forbids.
+        """
         with torch.no_grad():
             _, final_states = self.stage(inputs.detach(), [None] * self.stage.n_states)
         self.state_specs = [StateSpec(tuple(state.shape), state.dtype) for state in final_states]
@@ -124,8 +133,8 @@ class GraphedChunks:
         Returns (slot, outputs or the chunk's loss, the state leaves, final states); the last two hold
         the graph that ``torch.autograd.backward`` runs, as the eager path's do.
         """
-        if not self.callables:
-            self._capture(inputs, targets)
+        if not self.captured:
+            raise RuntimeError("GraphedChunks.run before capture: the executor captures at the start of a step")
         if not self.free_slots:
             raise RuntimeError(
                 f"all {self.n_slots} CUDA-graph slots of the stage with layers {self.stage.layer_indices} are in "
