@@ -146,7 +146,7 @@ def _check_cuda_graphs(program: ScheduleProgram) -> None:
         (
             LayerKind.ATTN in program.model.layers,
             "model.layers",
-            "attn layers, whose K/V state grows chunk by chunk; use gla and simple_gla layers",
+            "attn layers, which read a key prefix that grows chunk by chunk; use gla and simple_gla layers",
         ),
     )
     for refused, key, reason in refusals:

@@ -17,7 +17,7 @@ class MixerKind(str, Enum):
 
     GLA = "gla"
     SIMPLE_GLA = "simple_gla"
-    ATTN = "attn"  # causal softmax attention; its chunk-to-chunk "state" is the key/value prefix
+    ATTN = "attn"  # causal softmax attention over sequence-wide K/V buffers (schedlang.runtime.kv_buffers)
 
 
 class OptimizerKind(str, Enum):

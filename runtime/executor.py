@@ -45,6 +45,7 @@ import torch
 
 from schedlang.runtime.actions import Action, ActionKind
 from schedlang.runtime.graphs import GraphedChunks
+from schedlang.runtime.kv_buffers import ChunkPosition, SequenceKV
 from schedlang.runtime.model import StageModel
 from schedlang.runtime.p2p import StageMessenger
 from schedlang.runtime.state_store import ChunkRecord, StateStore
@@ -88,6 +89,8 @@ class StageExecutor:
         self.next_stage_rank = next_stage_rank
         self.activation_dtype = activation_dtype
         self.graphs = graphs  # [Note: graph slots] in schedlang.runtime.graphs
+        # [Note: sequence-wide K/V] in schedlang.runtime.kv_buffers
+        self.kv = SequenceKV(max(end for _, end in shape.local_chunk_bounds)) if model.has_attention else None
         self.store = StateStore()
         self.inbox: dict[tuple[ActionKind, int, int], torch.Tensor] = {}
         self.outbox: dict[tuple[ActionKind, int, int], torch.Tensor] = {}
@@ -207,7 +210,11 @@ class StageExecutor:
             slot, outputs, state_leaves, final_states = self.graphs.run(inputs, initial_states, targets)
             return outputs, input_leaf, state_leaves, final_states, slot
         state_leaves = [None if state is None else state.detach().requires_grad_(True) for state in initial_states]
-        hidden, final_states = self.model(inputs, state_leaves)
+        position = None
+        if self.kv is not None:
+            start, end = self.shape.local_chunk_bounds[chunk]
+            position = ChunkPosition(self.kv, microbatch, start, end)
+        hidden, final_states = self.model(inputs, state_leaves, position)
         if self.model.is_last:
             _, targets = self.chunk_tokens(microbatch, chunk)
             outputs = self.model.loss(hidden, targets) / self.shape.global_tokens
@@ -229,7 +236,9 @@ class StageExecutor:
                 )
             record = ChunkRecord(inputs, input_leaf, state_leaves, outputs, final_states, input_buffer, slot)
         if chunk + 1 < self.shape.n_chunks:
-            self.store.put_forward_states(microbatch, chunk, [state.detach() for state in final_states])
+            self.store.put_forward_states(
+                microbatch, chunk, [None if state is None else state.detach() for state in final_states]
+            )
         self.store.put_record(microbatch, chunk, record)
         if self.model.is_last:
             self.loss_sum += outputs.detach().double()
@@ -263,8 +272,9 @@ class StageExecutor:
             gradients = [output_gradient]
         if chunk + 1 < self.shape.n_chunks:
             for final_state, state_gradient in zip(final_states, self.store.take_state_gradients(microbatch, chunk)):
-                tensors.append(final_state)
-                gradients.append(state_gradient)
+                if final_state is not None:  # attention layers keep no state
+                    tensors.append(final_state)
+                    gradients.append(state_gradient)
         torch.autograd.backward(tensors, gradients)
         # a graph slot's gradients live in its static buffers, which its next forward overwrites
         handed_out = (lambda grad: grad.clone()) if record.graph_slot is not None else (lambda grad: grad)
@@ -272,12 +282,17 @@ class StageExecutor:
             self.store.put_state_gradients(
                 microbatch,
                 chunk - 1,
-                [handed_out(leaf.grad) if leaf.grad is not None else torch.zeros_like(leaf) for leaf in state_leaves],
+                [
+                    None if leaf is None else handed_out(leaf.grad) if leaf.grad is not None else torch.zeros_like(leaf)
+                    for leaf in state_leaves
+                ],
             )
         if not self.model.is_first:
             self.outbox[(ActionKind.BACKWARD, microbatch, chunk)] = handed_out(input_leaf.grad)
         if record.graph_slot is not None:
             self.graphs.release(record.graph_slot)
+        if chunk == 0 and self.kv is not None:
+            self.kv.close(microbatch)
         if output_gradient is not None:
             self.messenger.pool.give_back(output_gradient)
         if record.input_buffer is not None:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from schedlang.runtime.config import MixerKind, ModelConfig
+from schedlang.runtime.kv_buffers import AttentionChunk, BufferedChunkAttention, ChunkPosition
 
 GATE_LOGIT_NORMALIZER = 16.0
 """GLA divides the log-sigmoid gate by 16 so forget gates start close to 1 (GLA paper, section 4)."""
@@ -151,21 +152,18 @@ class GatedLinearMixer(nn.Module):
             gate=GateKind.VECTOR if self.kind is MixerKind.GLA else GateKind.SCALAR,
         )
 
-    def state_shape(self, batch: int) -> tuple[int, ...]:
-        return (batch, self.heads, self.head_dim, self.head_dim)
-
 
 class CausalAttentionMixer(nn.Module):
-    """Causal softmax attention, run chunk by chunk.
+    """Causal softmax attention, run over the whole sequence or chunk by chunk.
 
-    Its boundary state is the stacked keys and values of every earlier chunk,
-    ``[2, B, T_prefix, H, D]``: a chunk's queries attend to that prefix and,
-    causally, to their own chunk, and the state after the chunk appends the
-    chunk's keys and values. Gradients reach earlier chunks' keys and values
-    through the same state hand-off as a recurrent layer's
-    ([Note: state passing]), so chunking changes nothing in the arithmetic
-    except its blocking. The prefix grows with the position in the sequence,
-    which is why StateFlow balances hybrid chunks (section 3.2).
+    Chunk by chunk, a chunk's queries attend to the keys and values of every
+    earlier chunk and, causally, to their own, read from its microbatch's
+    sequence-wide buffers ([Note: sequence-wide K/V] in
+    :mod:`schedlang.runtime.kv_buffers`): nothing is passed as a state, and
+    gradients reach earlier chunks' keys and values through the gradient
+    buffers, so chunking changes nothing in the arithmetic except its
+    blocking. The prefix grows with the position in the sequence, which is why
+    StateFlow balances hybrid chunks (section 3.2).
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -183,30 +181,19 @@ class CausalAttentionMixer(nn.Module):
             _init_normal(projection.weight, INIT_STD, generator)
         _init_normal(self.o_proj.weight, output_std, generator)
 
-    def forward(
-        self, hidden: torch.Tensor, initial_state: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, hidden: torch.Tensor, chunk: AttentionChunk | None) -> tuple[torch.Tensor, None]:
+        """``chunk`` None: ``hidden`` is the whole sequence. Returns (output, None): attention has no state."""
         batch, length, _ = hidden.shape
         shape = (batch, length, self.heads, self.head_dim)
-        q = self.q_proj(hidden).view(shape)
-        k = self.k_proj(hidden).view(shape)
-        v = self.v_proj(hidden).view(shape)
-        if initial_state is not None:
-            k = torch.cat([initial_state[0].to(k.dtype), k], dim=1)
-            v = torch.cat([initial_state[1].to(v.dtype), v], dim=1)
-        prefix = k.shape[1] - length
-        if prefix == 0:
-            mixed = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-            )
+        # [B, H, L, D]
+        q, k, v = (
+            projection(hidden).view(shape).transpose(1, 2) for projection in (self.q_proj, self.k_proj, self.v_proj)
+        )
+        if chunk is None:
+            mixed = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            positions = torch.arange(k.shape[1], device=hidden.device)
-            allowed = positions[None, :] <= (prefix + torch.arange(length, device=hidden.device))[:, None]
-            mixed = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=allowed
-            )
-        output = self.o_proj(mixed.transpose(1, 2).reshape(batch, length, -1))
-        return output, torch.stack([k, v])
+            mixed = BufferedChunkAttention.apply(q, k, v, chunk)
+        return self.o_proj(mixed.transpose(1, 2).reshape(batch, length, -1)), None
 
 
 MLP_WIDTH_MULTIPLE = 8
@@ -295,19 +282,31 @@ class StageModel(nn.Module):
         return len(self.layer_indices)
 
     def forward(
-        self, inputs: torch.Tensor, initial_states: list[torch.Tensor | None]
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        self,
+        inputs: torch.Tensor,
+        initial_states: list[torch.Tensor | None],
+        position: ChunkPosition | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
         """Run one chunk: token ids (first stage) or hidden states in, hidden states out.
 
         Returns the chunk's output and each layer's recurrent state after the
-        chunk, in layer order.
+        chunk, in layer order (None for attention layers, which keep no state).
+        Attention layers need ``position`` whenever the sequence runs in more
+        than one chunk; without it they see ``inputs`` as the whole sequence.
         """
         hidden = self.embedding(inputs) if self.embedding is not None else inputs
         final_states = []
         for index, initial_state in zip(self.layer_indices, initial_states):
-            hidden, final_state = self.layers[str(index)](hidden, initial_state)
+            block = self.layers[str(index)]
+            if isinstance(block.mixer, CausalAttentionMixer):
+                initial_state = None if position is None else AttentionChunk(position, index)
+            hidden, final_state = block(hidden, initial_state)
             final_states.append(final_state)
         return hidden, final_states
+
+    @property
+    def has_attention(self) -> bool:
+        return any(isinstance(block.mixer, CausalAttentionMixer) for block in self.layers.values())
 
     def loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Summed cross-entropy over the chunk's tokens (the caller normalises by the global count)."""

@@ -114,7 +114,7 @@ class Trainer:
             return None
         if MixerKind.ATTN in self.model_config.layers:
             raise ValueError(
-                "pipeline { cuda_graphs = true } needs fixed state shapes: attn layers carry a growing K/V"
+                "pipeline { cuda_graphs = true } needs one shape per chunk: attn layers read a prefix that grows"
             )
         maker = self.graph_maker
         if maker is None:

@@ -161,3 +161,75 @@ def test_receive_buffers_are_reused_by_shape():
     assert pool.get((2, 3), torch.float32, torch.device("cpu")).data_ptr() == first.data_ptr()
     assert pool.get((2, 3), torch.float32, torch.device("cpu")).data_ptr() != first.data_ptr()
     assert pool.get((2, 4), torch.float32, torch.device("cpu")).shape == (2, 4)
+
+
+def _hybrid_stage(dtype, layers=(MixerKind.GLA, MixerKind.ATTN, MixerKind.ATTN), **sizes):
+    config = ModelConfig(**{"vocab": 64, "d_model": 32, "layers": layers, "heads": 2, "head_dim": 16, **sizes})
+    return build_stage_model(config, tuple(range(len(layers))), True, True, 5, torch.device("cpu"), dtype)
+
+
+def _run_chunks_like_the_executor(model, tokens, bounds, saved_bytes=None):
+    """Forward chunk by chunk with state hand-off and K/V buffers, then backward from the last chunk, as B does."""
+    from schedlang.runtime.kv_buffers import ChunkPosition, SequenceKV
+
+    kv = SequenceKV(tokens.shape[1])
+    states, records = [None] * model.n_states, []
+
+    def pack(tensor):
+        if saved_bytes is not None:  # by storage: an alias of a K/V buffer is not a copy
+            storage = tensor.untyped_storage()
+            saved_bytes[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    for start, end in bounds:
+        leaves = [None if state is None else state.detach().requires_grad_(True) for state in states]
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            hidden, finals = model(tokens[:, start:end], leaves, ChunkPosition(kv, 0, start, end))
+        records.append((hidden, leaves, finals))
+        states = [None if state is None else state.detach() for state in finals]
+    outputs, state_grads = [], None
+    upstream = torch.randn(
+        tokens.shape[0], tokens.shape[1], model.config.d_model, dtype=hidden.dtype,
+        generator=torch.Generator().manual_seed(9),
+    )
+    for (start, end), (hidden, leaves, finals) in reversed(list(zip(bounds, records))):
+        tensors, grads = [hidden], [upstream[:, start:end]]
+        if state_grads is not None:
+            pairs = [(final, grad) for final, grad in zip(finals, state_grads) if final is not None]
+            tensors += [final for final, _ in pairs]
+            grads += [grad for _, grad in pairs]
+        torch.autograd.backward(tensors, grads)
+        state_grads = [None if leaf is None else leaf.grad for leaf in leaves]
+        outputs.insert(0, hidden.detach())
+    return torch.cat(outputs, 1), upstream
+
+
+def test_chunked_attention_over_sequence_buffers_equals_the_whole_sequence():
+    """Hybrid stage (GLA + two attention layers) run in uneven chunks with the sequence-wide K/V buffers:
+    outputs and every parameter gradient equal the whole sequence's in float64."""
+    tokens = torch.randint(0, 64, (2, 90), generator=torch.Generator().manual_seed(1))
+    whole_model, chunked_model = _hybrid_stage(torch.float64), _hybrid_stage(torch.float64)
+    chunked, upstream = _run_chunks_like_the_executor(chunked_model, tokens, [(0, 17), (17, 64), (64, 90)])
+    whole, _ = whole_model(tokens, [None] * 3)
+    whole.backward(upstream)
+    torch.testing.assert_close(chunked, whole.detach(), rtol=1e-10, atol=1e-10)
+    # RMSNorm computes in float32 by design, so its weights' gradients agree to float32's precision only
+    for (name, parameter), reference in zip(chunked_model.named_parameters(), whole_model.parameters()):
+        if reference.grad is not None:
+            tolerance = 1e-6 if "norm" in name else 1e-10
+            torch.testing.assert_close(parameter.grad, reference.grad, rtol=tolerance, atol=tolerance, msg=name)
+
+
+def test_chunked_attention_saves_no_prefix_copies():
+    """Saved tensors of all chunks of a sequence stay the same size whatever the chunk count: no chunk keeps
+    a copy of the keys and values before it (those would grow with the square of the chunk count)."""
+    tokens = torch.randint(0, 64, (1, 256), generator=torch.Generator().manual_seed(2))
+    totals = {}
+    for n_chunks in (1, 16):
+        step = 256 // n_chunks
+        saved = {}
+        # attention-heavy: wide K/V, no MLP, so copied prefixes (8.5x the keys here) would dominate
+        stage = _hybrid_stage(torch.float32, (MixerKind.ATTN,) * 2, d_model=16, heads=4, head_dim=32, mlp_ratio=0)
+        _run_chunks_like_the_executor(stage, tokens, [(i * step, (i + 1) * step) for i in range(n_chunks)], saved)
+        totals[n_chunks] = sum(saved.values())
+    assert totals[16] < 1.3 * totals[1], totals
