@@ -33,6 +33,16 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _refuse_graphs_on_cpu(path: str, program) -> None:
+    from schedlang.diagnostics import Diagnostic, ScheduleError
+    from schedlang.frontend import read_source
+
+    span = program.spans["pipeline.cuda_graphs"]
+    message = "pipeline.cuda_graphs = true replays CUDA graphs, but this run is on the CPU"
+    hint = "set cuda_graphs = false to train here, or run on a machine with a GPU (--device cuda)"
+    raise ScheduleError([Diagnostic.error(message, span, hint)], {span.file: read_source(path)})
+
+
 def run(args: argparse.Namespace) -> int:
     from schedlang.commands.compile import IllegalScheduleReport, generate_script
     from schedlang.frontend import load_program
@@ -56,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     if device == "cuda" and _default_device() != "cuda":
         print("schedlang: error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
         return 1
+    if program.pipeline.cuda_graphs and device != "cuda":
+        _refuse_graphs_on_cpu(args.file, program)
     try:
         script = generate_script(args.file, "train.py")
     except IllegalScheduleReport as report:

@@ -46,6 +46,17 @@ def test_run_refuses_a_process_count_that_does_not_match_the_mesh(tmp_path):
     assert "mesh of 2 ranks" in completed.stderr and "--nproc 3 does not match" in completed.stderr
 
 
+def test_run_refuses_cuda_graphs_on_the_cpu_at_the_key(tmp_path):
+    schedule = tmp_path / "graphs.sched"
+    text = SCHEDULE.replace("order = 1f1b", "order = 1f1b  cuda_graphs = true")
+    schedule.write_text(text, encoding="utf-8")
+    completed = run_cli("run", str(schedule), "--device", "cpu")
+    assert completed.returncode == 1
+    column = text.splitlines()[4].index("cuda_graphs") + 1
+    assert f"{schedule}:5:{column}: error: pipeline.cuda_graphs = true replays CUDA graphs" in completed.stderr
+    assert "hint: set cuda_graphs = false" in completed.stderr and "Traceback" not in completed.stderr
+
+
 @pytest.mark.slow
 def test_a_failing_rank_fails_the_command_and_shows_its_error(tmp_path):
     schedule = tmp_path / "broken.sched"
