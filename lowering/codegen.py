@@ -27,7 +27,6 @@ from schedlang.lowering.source import Span
 
 ACTIONS_PER_LINE = 8
 _SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
-RUNTIME_LAYER_KINDS = (LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.ATTN)
 
 
 class UnsupportedScheduleError(ValueError):
@@ -116,16 +115,17 @@ class TrainScriptView:
 
 def check_supported(program: ScheduleProgram) -> None:
     """Refuse what the runtime cannot run yet, pointing at the key that asks for it."""
-    unsupported = sorted({kind.value for kind in program.model.layers if kind not in RUNTIME_LAYER_KINDS})
-    if unsupported:
-        raise UnsupportedScheduleError(
-            f"the runtime executes only gla, simple_gla and attn layers; this model has {', '.join(unsupported)}",
-            program.spans.get("model.layers"),
-        )
     if program.mesh.sequence > 1 and LayerKind.ATTN in program.model.layers:
         raise UnsupportedScheduleError(
             f"mesh.sequence = {program.mesh.sequence} with attn layers: sequence-parallel softmax attention is not "
             "implemented; use sequence = 1 (the pipeline still cuts each sequence into chunks)",
+            program.spans.get("mesh.sequence"),
+        )
+    if program.mesh.sequence > 1 and LayerKind.GDN in program.model.layers:
+        raise UnsupportedScheduleError(
+            f"mesh.sequence = {program.mesh.sequence} with gdn layers: the delta rule's state transition is a full "
+            "matrix, not the diagonal decay the All-Scan, ring and all-gather methods pass; use sequence = 1 "
+            "(the pipeline still cuts each sequence into chunks)",
             program.spans.get("mesh.sequence"),
         )
     if program.pipeline.cuda_graphs:

@@ -17,6 +17,7 @@ class MixerKind(str, Enum):
 
     GLA = "gla"
     SIMPLE_GLA = "simple_gla"
+    GDN = "gdn"  # Gated DeltaNet (gated delta rule), pure-PyTorch chunked path
     ATTN = "attn"  # causal softmax attention over sequence-wide K/V buffers (schedlang.runtime.kv_buffers)
 
 

@@ -153,6 +153,57 @@ class GatedLinearMixer(nn.Module):
         )
 
 
+class GatedDeltaMixer(nn.Module):
+    """Gated DeltaNet: the gated delta rule with state in and out (``schedlang.kernels.chunk_gated_delta_rule``).
+
+    q and k are L2-normalised per head; a log-sigmoid forget gate and a
+    sigmoid write strength are one scalar each per head and token; the output
+    is RMS-normalised per head, gated by SiLU of its own projection, then
+    projected back. Runs the pure-PyTorch chunked path on every device.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.heads = config.heads
+        self.head_dim = config.head_dim
+        inner = config.heads * config.head_dim
+        self.q_proj = nn.Linear(config.d_model, inner, bias=False)
+        self.k_proj = nn.Linear(config.d_model, inner, bias=False)
+        self.v_proj = nn.Linear(config.d_model, inner, bias=False)
+        self.gate_proj = nn.Linear(config.d_model, config.heads, bias=True)
+        self.beta_proj = nn.Linear(config.d_model, config.heads, bias=True)
+        self.output_gate_proj = nn.Linear(config.d_model, inner, bias=False)
+        self.output_norm = RMSNorm(config.head_dim, config.norm_eps)
+        self.o_proj = nn.Linear(inner, config.d_model, bias=False)
+
+    def reset_parameters(self, generator: torch.Generator, output_std: float) -> None:
+        inputs = (self.q_proj, self.k_proj, self.v_proj, self.gate_proj, self.beta_proj, self.output_gate_proj)
+        for projection in inputs:
+            _init_normal(projection.weight, INIT_STD, generator)
+        with torch.no_grad():
+            self.gate_proj.bias.zero_()
+            self.beta_proj.bias.zero_()
+        _init_normal(self.o_proj.weight, output_std, generator)
+
+    def forward(
+        self, hidden: torch.Tensor, initial_state: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        from schedlang.kernels import chunk_gated_delta_rule
+
+        batch, length, _ = hidden.shape
+        shape = (batch, length, self.heads, self.head_dim)
+        q = F.normalize(self.q_proj(hidden).view(shape), dim=-1)
+        k = F.normalize(self.k_proj(hidden).view(shape), dim=-1)
+        v = self.v_proj(hidden).view(shape)
+        gate = F.logsigmoid(self.gate_proj(hidden).float()) / GATE_LOGIT_NORMALIZER
+        beta = torch.sigmoid(self.beta_proj(hidden).float())
+        mixed, final_state = chunk_gated_delta_rule(
+            q, k, v, gate, beta, scale=self.head_dim**-0.5, initial_state=initial_state, output_final_state=True
+        )
+        gated = self.output_norm(mixed.to(hidden.dtype)) * F.silu(self.output_gate_proj(hidden).view(shape))
+        return self.o_proj(gated.reshape(batch, length, -1)), final_state
+
+
 class CausalAttentionMixer(nn.Module):
     """Causal softmax attention, run over the whole sequence or chunk by chunk.
 
@@ -230,7 +281,12 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig, kind: MixerKind) -> None:
         super().__init__()
         self.mixer_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.mixer = CausalAttentionMixer(config) if kind is MixerKind.ATTN else GatedLinearMixer(config, kind)
+        if kind is MixerKind.ATTN:
+            self.mixer = CausalAttentionMixer(config)
+        elif kind is MixerKind.GDN:
+            self.mixer = GatedDeltaMixer(config)
+        else:
+            self.mixer = GatedLinearMixer(config, kind)
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps) if config.mlp_ratio > 0 else None
         self.mlp = SwiGLU(config.d_model, config.mlp_ratio) if config.mlp_ratio > 0 else None
 

@@ -68,13 +68,18 @@ def test_user_strings_appear_only_as_literals(tmp_path):
     assert not any(isinstance(node, ast.Import) and node.names[0].name == "os" for node in tree.body)
 
 
-def test_unsupported_layers_are_refused_at_the_layers_key():
-    text = tiny(layers="[gla, gdn]")
+def test_gdn_layers_compile_into_the_model_config():
+    script = render_train_script(load_program_text(tiny(layers="[gla, gdn]"), "t.sched"))
+    assert "layers=('gla', 'gdn')," in script
+
+
+def test_sequence_parallel_gdn_is_refused_at_the_sequence_key():
+    text = tiny(layers="[gla, gdn]", sequence=2)
     program = load_program_text(text, "t.sched")
-    with pytest.raises(UnsupportedScheduleError, match="only gla, simple_gla and attn") as error:
+    with pytest.raises(UnsupportedScheduleError, match="gdn layers: the delta rule") as error:
         render_train_script(program)
-    line = text.splitlines()[1]
-    assert (error.value.span.line, error.value.span.column) == (2, line.index("layers") + 1)
+    line = text.splitlines()[2]
+    assert (error.value.span.line, error.value.span.column) == (3, line.index("sequence") + 1)
 
 
 def test_sequence_parallel_attention_is_refused_at_the_sequence_key():
@@ -118,10 +123,10 @@ def test_compile_command_writes_the_script(tmp_path):
 
 def test_unsupported_schedule_is_a_positioned_compile_error(tmp_path, capsys):
     schedule = tmp_path / "gdn.sched"
-    schedule.write_text(tiny(layers="[gla, gdn]"), encoding="utf-8")
+    schedule.write_text(tiny(layers="[gla, gdn]", sequence=2), encoding="utf-8")
     assert schedlang_main(["compile", str(schedule), "-o", str(tmp_path / "train.py")]) == 1
     error = capsys.readouterr().err
-    assert f"{schedule}:2:" in error and "error: the runtime executes only" in error and "^" in error
+    assert f"{schedule}:3:" in error and "error: mesh.sequence = 2 with gdn layers" in error and "^" in error
 
 
 def with_graphs(text: str, pipeline_extra: str = "", chunks: str = "2") -> str:

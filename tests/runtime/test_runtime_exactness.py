@@ -57,13 +57,17 @@ train {{ steps = {STEPS}  seed = 7  optimizer = adamw(lr = 1e-2)  data = synthet
 
 
 HYBRID_LAYERS = "[gla, attn, simple_gla] * 2"
+GDN_LAYERS = "[gdn, gla, attn] * 2"
 REFERENCES = {
     "reference": schedule_text("reference", 1, "1", 1, 4),
     "reference_hybrid": schedule_text("reference_hybrid", 1, "1", 1, 4, layers=HYBRID_LAYERS),
+    "reference_gdn": schedule_text("reference_gdn", 1, "1", 1, 4, layers=GDN_LAYERS),
 }
 
 
 def reference_of(name: str) -> str:
+    if "gdn" in name:
+        return "reference_gdn"
     return "reference_hybrid" if "hybrid" in name else "reference"
 
 
@@ -82,6 +86,7 @@ CONFIGURATIONS = {
     },
     3: {
         "p3_n3_1f1b": schedule_text("p3_n3_1f1b", 3, "3", 4, 1),
+        "p3_n5_gdn_1f1b": schedule_text("p3_n5_gdn_1f1b", 3, "5", 4, 1, layers=GDN_LAYERS),
         "p3_n3_hybrid_attention": schedule_text(
             "p3_n3_hybrid_attention", 3, "[0, 32, 96, 160]", 2, 2, layers=HYBRID_LAYERS
         ),
