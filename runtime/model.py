@@ -76,7 +76,40 @@ class RMSNorm(nn.Module):
         return (normed * self.weight.float()).to(hidden.dtype)
 
 
-class GatedLinearMixer(nn.Module):
+class HeadMixer(nn.Module):
+    """What every token mixer shares: ``heads`` heads of ``head_dim``, q/k/v projections to
+    ``heads * head_dim`` and the output projection back (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.heads = config.heads
+        self.head_dim = config.head_dim
+        inner = config.heads * config.head_dim
+        self.q_proj = nn.Linear(config.d_model, inner, bias=False)
+        self.k_proj = nn.Linear(config.d_model, inner, bias=False)
+        self.v_proj = nn.Linear(config.d_model, inner, bias=False)
+        self.o_proj = nn.Linear(inner, config.d_model, bias=False)
+
+    def head_shape(self, hidden: torch.Tensor) -> tuple[int, int, int, int]:
+        return (hidden.shape[0], hidden.shape[1], self.heads, self.head_dim)
+
+    def project_qkv(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v as [B, L, H, D]."""
+        shape = self.head_shape(hidden)
+        return tuple(projection(hidden).view(shape) for projection in (self.q_proj, self.k_proj, self.v_proj))
+
+    def init_projections(self, generator: torch.Generator, output_std: float, *gates: nn.Linear) -> None:
+        """q, k, v, then each gate, drawn in that order; gate biases zero; the output projection last."""
+        for projection in (self.q_proj, self.k_proj, self.v_proj, *gates):
+            _init_normal(projection.weight, INIT_STD, generator)
+        with torch.no_grad():
+            for gate in gates:
+                if gate.bias is not None:
+                    gate.bias.zero_()
+        _init_normal(self.o_proj.weight, output_std, generator)
+
+
+class GatedLinearMixer(HeadMixer):
     """GLA (gate per key channel) or simple GLA (one scalar gate per head).
 
     q/k/v projections to ``heads * head_dim``, a log-sigmoid forget gate,
@@ -84,25 +117,14 @@ class GatedLinearMixer(nn.Module):
     """
 
     def __init__(self, config: ModelConfig, kind: MixerKind) -> None:
-        super().__init__()
+        super().__init__(config)
         self.kind = kind
-        self.heads = config.heads
-        self.head_dim = config.head_dim
-        inner = config.heads * config.head_dim
-        self.q_proj = nn.Linear(config.d_model, inner, bias=False)
-        self.k_proj = nn.Linear(config.d_model, inner, bias=False)
-        self.v_proj = nn.Linear(config.d_model, inner, bias=False)
-        gate_width = inner if kind is MixerKind.GLA else config.heads
+        gate_width = config.heads * config.head_dim if kind is MixerKind.GLA else config.heads
         self.gate_proj = nn.Linear(config.d_model, gate_width, bias=True)
-        self.o_proj = nn.Linear(inner, config.d_model, bias=False)
         self.sequence_context: SequenceParallelContext | None = None
 
     def reset_parameters(self, generator: torch.Generator, output_std: float) -> None:
-        for projection in (self.q_proj, self.k_proj, self.v_proj, self.gate_proj):
-            _init_normal(projection.weight, INIT_STD, generator)
-        with torch.no_grad():
-            self.gate_proj.bias.zero_()
-        _init_normal(self.o_proj.weight, output_std, generator)
+        self.init_projections(generator, output_std, self.gate_proj)
 
     def forward(
         self, hidden: torch.Tensor, initial_state: torch.Tensor | None
@@ -110,10 +132,8 @@ class GatedLinearMixer(nn.Module):
         from schedlang.kernels import chunk_gla, chunk_simple_gla
 
         batch, length, _ = hidden.shape
-        shape = (batch, length, self.heads, self.head_dim)
-        q = self.q_proj(hidden).view(shape)
-        k = self.k_proj(hidden).view(shape)
-        v = self.v_proj(hidden).view(shape)
+        shape = self.head_shape(hidden)
+        q, k, v = self.project_qkv(hidden)
         gate = F.logsigmoid(self.gate_proj(hidden).float()) / GATE_LOGIT_NORMALIZER
         kernel = chunk_gla if self.kind is MixerKind.GLA else chunk_simple_gla
         gate = gate.view(shape) if self.kind is MixerKind.GLA else gate.view(batch, length, self.heads)
@@ -153,7 +173,7 @@ class GatedLinearMixer(nn.Module):
         )
 
 
-class GatedDeltaMixer(nn.Module):
+class GatedDeltaMixer(HeadMixer):
     """Gated DeltaNet: the gated delta rule with state in and out (``schedlang.kernels.chunk_gated_delta_rule``).
 
     q and k are L2-normalised per head; a log-sigmoid forget gate and a
@@ -163,27 +183,14 @@ class GatedDeltaMixer(nn.Module):
     """
 
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.heads = config.heads
-        self.head_dim = config.head_dim
-        inner = config.heads * config.head_dim
-        self.q_proj = nn.Linear(config.d_model, inner, bias=False)
-        self.k_proj = nn.Linear(config.d_model, inner, bias=False)
-        self.v_proj = nn.Linear(config.d_model, inner, bias=False)
+        super().__init__(config)
         self.gate_proj = nn.Linear(config.d_model, config.heads, bias=True)
         self.beta_proj = nn.Linear(config.d_model, config.heads, bias=True)
-        self.output_gate_proj = nn.Linear(config.d_model, inner, bias=False)
+        self.output_gate_proj = nn.Linear(config.d_model, config.heads * config.head_dim, bias=False)
         self.output_norm = RMSNorm(config.head_dim, config.norm_eps)
-        self.o_proj = nn.Linear(inner, config.d_model, bias=False)
 
     def reset_parameters(self, generator: torch.Generator, output_std: float) -> None:
-        inputs = (self.q_proj, self.k_proj, self.v_proj, self.gate_proj, self.beta_proj, self.output_gate_proj)
-        for projection in inputs:
-            _init_normal(projection.weight, INIT_STD, generator)
-        with torch.no_grad():
-            self.gate_proj.bias.zero_()
-            self.beta_proj.bias.zero_()
-        _init_normal(self.o_proj.weight, output_std, generator)
+        self.init_projections(generator, output_std, self.gate_proj, self.beta_proj, self.output_gate_proj)
 
     def forward(
         self, hidden: torch.Tensor, initial_state: torch.Tensor | None
@@ -191,10 +198,9 @@ class GatedDeltaMixer(nn.Module):
         from schedlang.kernels import chunk_gated_delta_rule
 
         batch, length, _ = hidden.shape
-        shape = (batch, length, self.heads, self.head_dim)
-        q = F.normalize(self.q_proj(hidden).view(shape), dim=-1)
-        k = F.normalize(self.k_proj(hidden).view(shape), dim=-1)
-        v = self.v_proj(hidden).view(shape)
+        shape = self.head_shape(hidden)
+        q, k, v = self.project_qkv(hidden)
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         gate = F.logsigmoid(self.gate_proj(hidden).float()) / GATE_LOGIT_NORMALIZER
         beta = torch.sigmoid(self.beta_proj(hidden).float())
         mixed, final_state = chunk_gated_delta_rule(
@@ -204,7 +210,7 @@ class GatedDeltaMixer(nn.Module):
         return self.o_proj(gated.reshape(batch, length, -1)), final_state
 
 
-class CausalAttentionMixer(nn.Module):
+class CausalAttentionMixer(HeadMixer):
     """Causal softmax attention, run over the whole sequence or chunk by chunk.
 
     Chunk by chunk, a chunk's queries attend to the keys and values of every
@@ -217,29 +223,14 @@ class CausalAttentionMixer(nn.Module):
     StateFlow balances hybrid chunks (section 3.2).
     """
 
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.heads = config.heads
-        self.head_dim = config.head_dim
-        inner = config.heads * config.head_dim
-        self.q_proj = nn.Linear(config.d_model, inner, bias=False)
-        self.k_proj = nn.Linear(config.d_model, inner, bias=False)
-        self.v_proj = nn.Linear(config.d_model, inner, bias=False)
-        self.o_proj = nn.Linear(inner, config.d_model, bias=False)
-
     def reset_parameters(self, generator: torch.Generator, output_std: float) -> None:
-        for projection in (self.q_proj, self.k_proj, self.v_proj):
-            _init_normal(projection.weight, INIT_STD, generator)
-        _init_normal(self.o_proj.weight, output_std, generator)
+        self.init_projections(generator, output_std)
 
     def forward(self, hidden: torch.Tensor, chunk: AttentionChunk | None) -> tuple[torch.Tensor, None]:
         """``chunk`` None: ``hidden`` is the whole sequence. Returns (output, None): attention has no state."""
         batch, length, _ = hidden.shape
-        shape = (batch, length, self.heads, self.head_dim)
         # [B, H, L, D]
-        q, k, v = (
-            projection(hidden).view(shape).transpose(1, 2) for projection in (self.q_proj, self.k_proj, self.v_proj)
-        )
+        q, k, v = (tensor.transpose(1, 2) for tensor in self.project_qkv(hidden))
         if chunk is None:
             mixed = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
