@@ -23,11 +23,12 @@ def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
-def chunk_local_cumsum_kernel(
-    g, gate_cumsum, chunk_gate, gate_mid, gate_span, T, NT,
+def chunk_cumsum_block(
+    g, gate_cumsum, chunk_gate, gate_mid, gate_span, i_k, i_t, i_bh, T, NT,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, WITH_RANGE: tl.constexpr,
 ):
-    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """Keys [i_k * BK, ...) of chunk i_t: stores the chunk-local cumsum of g, the chunk's total and, WITH_RANGE,
+    the midpoint and width of the cumulative gate's range over the real tokens; returns (gc [BT, BK], total [BK])."""
     i_b, i_h = i_bh // H, i_bh % H
     p_g = tl.make_block_ptr(g + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0))
     p_gc = tl.make_block_ptr(
@@ -39,48 +40,42 @@ def chunk_local_cumsum_kernel(
     tl.store(p_gc, b_gc, boundary_check=(0, 1))
     o_k = i_k * BK + tl.arange(0, BK)
     chunk_offset = (i_bh * NT + i_t) * K + o_k
-    tl.store(chunk_gate + chunk_offset, tl.sum(b_g, axis=0), mask=o_k < K)
+    b_total = tl.sum(b_g, axis=0)
+    tl.store(chunk_gate + chunk_offset, b_total, mask=o_k < K)
     if WITH_RANGE:
-        # the midpoint and the width of the cumulative gate's range over the chunk's real tokens
         row_valid = (i_t * BT + tl.arange(0, BT) < T)[:, None]
         b_max = tl.max(tl.where(row_valid, b_gc, float("-inf")), axis=0)
         b_min = tl.min(tl.where(row_valid, b_gc, float("inf")), axis=0)
         tl.store(gate_mid + chunk_offset, 0.5 * (b_max + b_min), mask=o_k < K)
         tl.store(gate_span + chunk_offset, b_max - b_min, mask=o_k < K)
+    return b_gc, b_total
 
 
-def _launch_cumsum(g: torch.Tensor, chunk_size: int, with_range: bool):
-    scalar_gate = g.dim() == 3
-    gate = g.unsqueeze(-1) if scalar_gate else g
-    batch, length, heads, key_dim = gate.shape
-    n_chunks = triton.cdiv(length, chunk_size)
-    gate_cumsum = new_output(gate.shape, torch.float32, g.device)
-    per_chunk = [
-        new_output((batch, heads, n_chunks, key_dim), torch.float32, g.device) for _ in range(3 if with_range else 1)
-    ]
-    chunk_gate = per_chunk[0]
-    gate_mid, gate_span = (per_chunk[1], per_chunk[2]) if with_range else (chunk_gate, chunk_gate)
-    block_k = min(64, triton.next_power_of_2(key_dim))
-    grid = (triton.cdiv(key_dim, block_k), n_chunks, batch * heads)
-    chunk_local_cumsum_kernel[grid](
-        gate.contiguous(), gate_cumsum, chunk_gate, gate_mid, gate_span, length, n_chunks,
-        H=heads, K=key_dim, BT=chunk_size, BK=block_k, WITH_RANGE=with_range,
-    )
-    if scalar_gate:
-        return gate_cumsum.squeeze(-1), *(tensor.squeeze(-1) for tensor in per_chunk)
-    return gate_cumsum, *per_chunk
+@triton.jit
+def chunk_local_cumsum_kernel(
+    g, gate_cumsum, chunk_gate, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+):
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    chunk_cumsum_block(g, gate_cumsum, chunk_gate, chunk_gate, chunk_gate, i_k, i_t, i_bh, T, NT, H, K, BT, BK, False)
 
 
 def chunk_local_cumsum(g: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """g [B, T, H, K] (or [B, T, H]) -> (cumsum inside each chunk, same shape, float32;
     per-chunk total [B, H, NT, K] (or [B, H, NT]), float32)."""
-    return _launch_cumsum(g, chunk_size, with_range=False)
-
-
-def chunk_local_cumsum_with_range(g: torch.Tensor, chunk_size: int):
-    """chunk_local_cumsum, plus per chunk and key the midpoint and width of the cumulative gate's range
-    over the chunk's tokens ([B, H, NT, K] float32 each): (gate_cumsum, chunk_gate, gate_mid, gate_span)."""
-    return _launch_cumsum(g, chunk_size, with_range=True)
+    scalar_gate = g.dim() == 3
+    gate = g.unsqueeze(-1) if scalar_gate else g
+    batch, length, heads, key_dim = gate.shape
+    n_chunks = triton.cdiv(length, chunk_size)
+    gate_cumsum = new_output(gate.shape, torch.float32, g.device)
+    chunk_gate = new_output((batch, heads, n_chunks, key_dim), torch.float32, g.device)
+    block_k = min(64, triton.next_power_of_2(key_dim))
+    grid = (triton.cdiv(key_dim, block_k), n_chunks, batch * heads)
+    chunk_local_cumsum_kernel[grid](
+        gate.contiguous(), gate_cumsum, chunk_gate, length, n_chunks, H=heads, K=key_dim, BT=chunk_size, BK=block_k
+    )
+    if scalar_gate:
+        return gate_cumsum.squeeze(-1), chunk_gate.squeeze(-1)
+    return gate_cumsum, chunk_gate
 
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"

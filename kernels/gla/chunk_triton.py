@@ -1,11 +1,11 @@
 """Triton chunked GLA: host functions, the chunk-update kernel and the Triton implementation of chunk_gla.
 
-Forward: gate cumsum (with each chunk's cumulative-gate range) -> per-chunk state updates (parallel over
-chunks) -> state scan -> output. Chunks whose cumulative gate spans at most SPAN_LIMIT ("smooth", nearly all
+Forward: one kernel for the gate cumsum (with each chunk's cumulative-gate range) and the per-chunk state
+updates (parallel over chunks) -> state scan -> output. Chunks whose cumulative gate spans at most SPAN_LIMIT ("smooth", nearly all
 in practice) get their output from one fused kernel that forms the intra-chunk scores as a single matrix
 product around a per-chunk reference (triton_smooth.py); the others ("steep") go through the exact 16-token
-sub-chunk kernels (triton_steep.py). Backward: the same recomputation of states and the state-gradient scan
-in one launch, then for smooth chunks a dv kernel and a dq/dk/dg kernel, for steep chunks sub-chunk scores,
+sub-chunk kernels (triton_steep.py). Backward: the gates with both the state and the state-gradient updates in one
+kernel, the recomputation of states and the state-gradient scan in one launch, then for smooth chunks a dv kernel and a dq/dk/dg kernel, for steep chunks sub-chunk scores,
 dv (with the score gradients), the intra-chunk dq/dk and a last kernel adding the state terms and forming dg.
 Every kernel of one path returns at once on the other path's chunks. kernels/gla/README.md derives every
 formula. No kernel feeds a transposed matrix-product accumulator cast to 16 bits into another product (Triton
@@ -22,7 +22,7 @@ import triton.language as tl
 
 from schedlang.kernels.common.function import Implementation
 from schedlang.kernels.common.triton_scan import (
-    chunk_local_cumsum_with_range,
+    chunk_cumsum_block,
     chunk_state_scan,
     chunk_state_scan_pair,
     new_output,
@@ -61,36 +61,45 @@ def smooth_span_limit(dtype: torch.dtype) -> float:
 
 
 @triton.jit
-def gla_fwd_kernel_chunk_updates(
-    x, y, gate_cumsum, chunk_gate, updates, scale, T, NT,
+def _store_chunk_update(
+    b_x, y, updates, i_n, i_bh, i_k, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    FROM_CHUNK_END: tl.constexpr,
 ):
-    # FROM_CHUNK_END: U_n = (k * exp(gl - gc))^T v  (state pass); else U_n = scale * (q * exp(gc))^T do (gradient pass)
-    i_k, i_v, i_nbh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_bh, i_n = i_nbh // NT, i_nbh % NT
+    # updates[chunk i_n, keys of block i_k, :] = b_x^T y, with b_x [BT, BK] a gated input in y's dtype
     i_b, i_h = i_bh // H, i_bh % H
-    o_k = i_k * BK + tl.arange(0, BK)
-    p_xt = tl.make_block_ptr(x + i_b * T * H * K + i_h * K, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
-    p_gct = tl.make_block_ptr(
-        gate_cumsum + i_b * T * H * K + i_h * K, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1)
+    update_base = updates + (i_bh * NT + i_n).to(tl.int64) * K * V
+    for i_v in range(tl.cdiv(V, BV)):
+        p_y = tl.make_block_ptr(y + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+        b_y = tl.load(p_y, boundary_check=(0, 1), padding_option="zero")
+        # the transpose of a gated input, not of a product's accumulator
+        b_update = tl.dot(tl.trans(b_x), b_y)
+        p_update = tl.make_block_ptr(update_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_update, b_update.to(p_update.dtype.element_ty), boundary_check=(0, 1))
+
+
+@triton.jit
+def gla_kernel_gates_and_updates(
+    g, k, v, q, do, gate_cumsum, chunk_gate, gate_mid, gate_span, updates, grad_updates, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    GRADIENTS: tl.constexpr,
+):
+    # One program per (key block, chunk): the chunk-local gate cumsum and its range, then the chunk's state
+    # update U_n = (k * exp(gl - gc))^T v and, with GRADIENTS, its state-gradient update
+    # scale * (q * exp(gc))^T do, for these keys: the gates are read once for all of them.
+    i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b_gc, b_gl = chunk_cumsum_block(
+        g, gate_cumsum, chunk_gate, gate_mid, gate_span, i_k, i_n, i_bh, T, NT, H, K, BT, BK, True
     )
-    p_y = tl.make_block_ptr(y + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
-    # [BK, BT]
-    b_xt = tl.load(p_xt, boundary_check=(0, 1), padding_option="zero")
-    b_gct = tl.load(p_gct, boundary_check=(0, 1), padding_option="zero")
-    b_y = tl.load(p_y, boundary_check=(0, 1), padding_option="zero")
-    if FROM_CHUNK_END:
-        b_gl = tl.load(chunk_gate + (i_bh * NT + i_n) * K + o_k, mask=o_k < K, other=0.0)
-        b_xt = (b_xt * tl.exp(b_gl[:, None] - b_gct)).to(b_y.dtype)
-    else:
-        b_xt = (b_xt * tl.exp(b_gct) * scale).to(b_y.dtype)
-    # [BK, BV]
-    b_update = tl.dot(b_xt, b_y)
-    p_update = tl.make_block_ptr(
-        updates + i_nbh.to(tl.int64) * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0)
-    )
-    tl.store(p_update, b_update.to(p_update.dtype.element_ty), boundary_check=(0, 1))
+    i_b, i_h = i_bh // H, i_bh % H
+    p_k = tl.make_block_ptr(k + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+    b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+    b_kd = (b_k * tl.exp(b_gl[None, :] - b_gc)).to(b_k.dtype)
+    _store_chunk_update(b_kd, v, updates, i_n, i_bh, i_k, T, NT, H, K, V, BT, BK, BV)
+    if GRADIENTS:
+        p_q = tl.make_block_ptr(q + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
+        b_qd = (b_q * tl.exp(b_gc) * scale).to(b_q.dtype)
+        _store_chunk_update(b_qd, do, grad_updates, i_n, i_bh, i_k, T, NT, H, K, V, BT, BK, BV)
 
 
 def _blocks(dim: int, largest: int) -> int:
@@ -99,22 +108,6 @@ def _blocks(dim: int, largest: int) -> int:
 
 def _states_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float32, torch.float64) else dtype
-
-
-def chunk_updates(x, y, gate_cumsum, chunk_gate, scale: float, from_chunk_end: bool) -> torch.Tensor:
-    """Per-chunk state contributions [B, H, NT, K, V] in the states' dtype, in parallel over chunks."""
-    batch, length, heads, key_dim = x.shape
-    value_dim = y.shape[-1]
-    n_chunks = triton.cdiv(length, CHUNK)
-    # in the states' dtype: bfloat16 for 16-bit inputs halves the traffic of the pass; the scan adds in float32
-    updates = new_output((batch, heads, n_chunks, key_dim, value_dim), _states_dtype(x.dtype), x.device)
-    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 128)
-    grid = (triton.cdiv(key_dim, block_k), triton.cdiv(value_dim, block_v), n_chunks * batch * heads)
-    gla_fwd_kernel_chunk_updates[grid](
-        x, y, gate_cumsum, chunk_gate, updates, scale, length, n_chunks,
-        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v, FROM_CHUNK_END=from_chunk_end,
-    )
-    return updates
 
 
 @dataclass(frozen=True)
@@ -128,8 +121,27 @@ class ChunkGates:
     span: torch.Tensor
 
 
-def chunk_gates(g: torch.Tensor) -> ChunkGates:
-    return ChunkGates(*chunk_local_cumsum_with_range(g, CHUNK))
+def gates_and_updates(g, k, v, q=None, do=None, scale: float = 1.0):
+    """ChunkGates, the per-chunk state updates [B, H, NT, K, V] and, given q and do, the state-gradient
+    updates (else None), in the states' dtype (bfloat16 for 16-bit inputs halves the traffic of the passes;
+    the scans add in float32), from one launch."""
+    batch, length, heads, key_dim = k.shape
+    value_dim = v.shape[-1]
+    n_chunks = triton.cdiv(length, CHUNK)
+    per_chunk = [new_output((batch, heads, n_chunks, key_dim), torch.float32, k.device) for _ in range(3)]
+    gates = ChunkGates(new_output(g.shape, torch.float32, g.device), *per_chunk)
+    update_shape = (batch, heads, n_chunks, key_dim, value_dim)
+    updates = new_output(update_shape, _states_dtype(k.dtype), k.device)
+    gradients = q is not None
+    grad_updates = new_output(update_shape, _states_dtype(k.dtype), k.device) if gradients else None
+    block_k = _blocks(key_dim, 32 if gradients else 64)  # two update passes at 64 keys spill (kernel_resources)
+    gla_kernel_gates_and_updates[(triton.cdiv(key_dim, block_k), n_chunks, batch * heads)](
+        g, k, v, q if gradients else k, do if gradients else v, gates.cumsum, gates.total, gates.mid, gates.span,
+        updates, grad_updates if gradients else updates, scale, length, n_chunks,
+        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=_blocks(value_dim, 128), GRADIENTS=gradients,
+        num_warps=8,
+    )
+    return gates, updates, grad_updates
 
 
 def _launch_args(q, v):
@@ -159,18 +171,13 @@ def _contiguous(*tensors):
     return [tensor.contiguous() for tensor in tensors]
 
 
-def _states(k, v, gates: ChunkGates, initial_state):
-    updates = chunk_updates(k, v, gates.cumsum, gates.total, 1.0, from_chunk_end=True)
-    return chunk_state_scan(updates, gates.total, initial_state, _states_dtype(k.dtype), reverse=False)
-
-
 def forward(q, k, v, g, scale, initial_state):
     q, k, v, g = _contiguous(q, k, v, g)
     args = _launch_args(q, v)
     batch, _, heads, _ = q.shape
     span_limit = smooth_span_limit(q.dtype)
-    gates = chunk_gates(g)
-    states, final_state = _states(k, v, gates, initial_state)
+    gates, updates, _ = gates_and_updates(g, k, v)
+    states, final_state = chunk_state_scan(updates, gates.total, initial_state, _states_dtype(k.dtype), reverse=False)
     output = new_output(v.shape, v.dtype, v.device)
     grid = (triton.cdiv(args["V"], args["BV"]), args["NT"], batch * heads)
     smooth_args = dict(args, BV=_blocks(args["V"], SMOOTH_BLOCK_V))
@@ -191,9 +198,7 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     batch, length, heads, key_dim = q.shape
     n_chunks = args["NT"]
     span_limit = smooth_span_limit(q.dtype)
-    gates = chunk_gates(g)
-    updates = chunk_updates(k, v, gates.cumsum, gates.total, 1.0, from_chunk_end=True)
-    grad_updates = chunk_updates(q, do, gates.cumsum, gates.total, scale, from_chunk_end=False)
+    gates, updates, grad_updates = gates_and_updates(g, k, v, q, do, scale)
     states, state_grads, initial_grad = chunk_state_scan_pair(
         updates, grad_updates, gates.total, initial_state, final_state_grad, _states_dtype(k.dtype)
     )
