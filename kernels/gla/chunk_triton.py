@@ -1,15 +1,16 @@
-"""Triton chunked GLA: host functions, the chunk-update kernel and the Triton implementation of chunk_gla.
+"""Triton chunked GLA: host functions, the gates-and-updates kernel and the Triton implementation of chunk_gla.
 
 Forward: one kernel for the gate cumsum (with each chunk's cumulative-gate range) and the per-chunk state
-updates (parallel over chunks) -> state scan -> output. Chunks whose cumulative gate spans at most SPAN_LIMIT ("smooth", nearly all
-in practice) get their output from one fused kernel that forms the intra-chunk scores as a single matrix
-product around a per-chunk reference (triton_smooth.py); the others ("steep") go through the exact 16-token
-sub-chunk kernels (triton_steep.py). Backward: the gates with both the state and the state-gradient updates in one
-kernel, the recomputation of states and the state-gradient scan in one launch, then for smooth chunks a dv kernel and a dq/dk/dg kernel, for steep chunks sub-chunk scores,
-dv (with the score gradients), the intra-chunk dq/dk and a last kernel adding the state terms and forming dg.
-Every kernel of one path returns at once on the other path's chunks. kernels/gla/README.md derives every
-formula. No kernel feeds a transposed matrix-product accumulator cast to 16 bits into another product (Triton
-3.4-3.7.0 miscompiles that on Hopper).
+updates (parallel over chunks) -> state scan -> output. Chunks whose cumulative gate spans at most
+SPAN_LIMIT ("smooth", nearly all in practice) get their output from one fused kernel that forms the
+intra-chunk scores as a single matrix product around a per-chunk reference (triton_smooth.py); the others
+("steep") go through the exact 16-token sub-chunk kernels (triton_steep.py). Backward: the gates with both
+the state and the state-gradient updates in one kernel; the recomputation of states and the state-gradient
+scan in one launch; then for smooth chunks a dv kernel and a dq/dk/dg kernel, for steep chunks sub-chunk
+scores, dv (with the score gradients), the intra-chunk dq/dk and a last kernel adding the state terms and
+forming dg. Every kernel of one path returns at once on the other path's chunks. kernels/gla/README.md
+derives every formula. No kernel feeds a transposed matrix-product accumulator cast to 16 bits into another
+product (Triton 3.4-3.7.0 miscompiles that on Hopper).
 """
 
 from __future__ import annotations
