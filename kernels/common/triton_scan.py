@@ -1,7 +1,8 @@
-"""Triton kernels shared by the chunked operators: the chunk-local gate cumsum and the state scan.
+"""Triton pieces shared by the chunked operators: the chunk-local gate cumsum of a block and the state scan.
 
 The state pass is split the way ZeCO splits it across devices, here across thread blocks: every chunk's
-contribution U_n is a matrix product that runs in parallel over chunks (the operator's own kernel), and
+contribution U_n is a matrix product that runs in parallel over chunks (the operator's own kernel, which
+also forms the gate cumsum), and
 only the elementwise scan  S_{n+1} = exp(gamma_n) * S_n + U_n  is sequential. The scan is spread over
 small row blocks of the state so that many programs run it at once.
 """
@@ -49,33 +50,6 @@ def chunk_cumsum_block(
         tl.store(gate_mid + chunk_offset, 0.5 * (b_max + b_min), mask=o_k < K)
         tl.store(gate_span + chunk_offset, b_max - b_min, mask=o_k < K)
     return b_gc, b_total
-
-
-@triton.jit
-def chunk_local_cumsum_kernel(
-    g, gate_cumsum, chunk_gate, T, NT, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-):
-    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    chunk_cumsum_block(g, gate_cumsum, chunk_gate, chunk_gate, chunk_gate, i_k, i_t, i_bh, T, NT, H, K, BT, BK, False)
-
-
-def chunk_local_cumsum(g: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """g [B, T, H, K] (or [B, T, H]) -> (cumsum inside each chunk, same shape, float32;
-    per-chunk total [B, H, NT, K] (or [B, H, NT]), float32)."""
-    scalar_gate = g.dim() == 3
-    gate = g.unsqueeze(-1) if scalar_gate else g
-    batch, length, heads, key_dim = gate.shape
-    n_chunks = triton.cdiv(length, chunk_size)
-    gate_cumsum = new_output(gate.shape, torch.float32, g.device)
-    chunk_gate = new_output((batch, heads, n_chunks, key_dim), torch.float32, g.device)
-    block_k = min(64, triton.next_power_of_2(key_dim))
-    grid = (triton.cdiv(key_dim, block_k), n_chunks, batch * heads)
-    chunk_local_cumsum_kernel[grid](
-        gate.contiguous(), gate_cumsum, chunk_gate, length, n_chunks, H=heads, K=key_dim, BT=chunk_size, BK=block_k
-    )
-    if scalar_gate:
-        return gate_cumsum.squeeze(-1), chunk_gate.squeeze(-1)
-    return gate_cumsum, chunk_gate
 
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"

@@ -1,8 +1,9 @@
 """Triton chunked simple GLA (scalar gate per head and token): kernels, host functions, implementation.
 
-Forward: gate cumsum -> per-chunk state updates -> state scan (kernels/common/triton_scan.py) -> one
-output kernel (intra-chunk scores with the decay matrix, plus the read of the entering state). Backward:
-recomputed states, reverse scan of the state gradients, a dv kernel and a dq/dk/dg kernel. With a scalar
+Forward: one kernel for the gate cumsum and the per-chunk state updates -> state scan
+(kernels/common/triton_scan.py) -> one output kernel (intra-chunk scores with the decay matrix, plus the read
+of the entering state). Backward: the gates with the state and state-gradient updates in one kernel, the
+recomputed states and the reverse scan of the state gradients in one launch, a dv kernel and a dq/dk/dg kernel. With a scalar
 gate the decay matrix exp(gc_i - gc_j), j <= i, never exceeds 1, so no sub-chunk split is needed.
 Transposed products are formed from operands loaded transposed, never from a transposed accumulator.
 """
@@ -16,7 +17,6 @@ import triton.language as tl
 from schedlang.kernels.common.function import Implementation
 from schedlang.kernels.common.triton_gradients import chunk_value_products
 from schedlang.kernels.common.triton_scan import (
-    chunk_local_cumsum,
     chunk_state_scan,
     chunk_state_scan_pair,
     new_output,
@@ -26,31 +26,45 @@ CHUNK = 64
 
 
 @triton.jit
-def simple_gla_fwd_kernel_chunk_updates(
-    x, y, gate_cumsum, chunk_gate, updates, scale, T, NT,
+def _store_chunk_update(
+    x, y, b_factor, updates, i_n, i_bh, i_k, i_v, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    FROM_CHUNK_END: tl.constexpr,
 ):
-    # FROM_CHUNK_END: U_n = (k * exp(gl - gc))^T v; else U_n = scale * (q * exp(gc))^T do
-    i_k, i_v, i_nbh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_bh, i_n = i_nbh // NT, i_nbh % NT
+    # updates[chunk i_n, block (i_k, i_v)] = (x * b_factor[:, None])^T y, x loaded transposed from memory
     i_b, i_h = i_bh // H, i_bh % H
-    o_t = i_n * BT + tl.arange(0, BT)
     p_xt = tl.make_block_ptr(x + i_b * T * H * K + i_h * K, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
     p_y = tl.make_block_ptr(y + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
     b_xt = tl.load(p_xt, boundary_check=(0, 1), padding_option="zero")
     b_y = tl.load(p_y, boundary_check=(0, 1), padding_option="zero")
-    # [BT]
-    b_gc = tl.load(gate_cumsum + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.0)
-    if FROM_CHUNK_END:
-        b_gl = tl.load(chunk_gate + i_bh * NT + i_n)
-        b_xt = (b_xt * tl.exp(b_gl - b_gc)[None, :]).to(b_y.dtype)
-    else:
-        b_xt = (b_xt * (tl.exp(b_gc) * scale)[None, :]).to(b_y.dtype)
+    b_xt = (b_xt * b_factor[None, :]).to(b_y.dtype)
     p_update = tl.make_block_ptr(
-        updates + i_nbh.to(tl.int64) * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0)
+        updates + (i_bh * NT + i_n).to(tl.int64) * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0)
     )
     tl.store(p_update, tl.dot(b_xt, b_y).to(p_update.dtype.element_ty), boundary_check=(0, 1))
+
+
+@triton.jit
+def simple_gla_kernel_gates_and_updates(
+    g, k, v, q, do, gate_cumsum, chunk_gate, updates, grad_updates, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    GRADIENTS: tl.constexpr,
+):
+    # The chunk-local cumsum of the scalar gate (written once, by the programs of block (0, 0)), then
+    # U_n = (k * exp(gl - gc))^T v and, with GRADIENTS, scale * (q * exp(gc))^T do for one (K, V) block.
+    i_k, i_v, i_nbh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh, i_n = i_nbh // NT, i_nbh % NT
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_n * BT + tl.arange(0, BT)
+    # [BT]; padded tokens read g = 0, so they carry the chunk's total
+    b_g = tl.load(g + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.0).to(tl.float32)
+    b_gc = tl.cumsum(b_g, axis=0)
+    b_gl = tl.sum(b_g, axis=0)
+    if (i_k == 0) & (i_v == 0):
+        tl.store(gate_cumsum + (i_b * T + o_t) * H + i_h, b_gc, mask=o_t < T)
+        tl.store(chunk_gate + i_bh * NT + i_n, b_gl)
+    _store_chunk_update(k, v, tl.exp(b_gl - b_gc), updates, i_n, i_bh, i_k, i_v, T, NT, H, K, V, BT, BK, BV)
+    if GRADIENTS:
+        _store_chunk_update(q, do, tl.exp(b_gc) * scale, grad_updates, i_n, i_bh, i_k, i_v, T, NT, H, K, V, BT, BK, BV)
 
 
 @triton.jit
@@ -171,24 +185,28 @@ def _states_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float32, torch.float64) else dtype
 
 
-def chunk_updates(x, y, gate_cumsum, chunk_gate, scale: float, from_chunk_end: bool) -> torch.Tensor:
-    batch, length, heads, key_dim = x.shape
-    value_dim = y.shape[-1]
+def gates_and_updates(g, k, v, q=None, do=None, scale: float = 1.0):
+    """(gate cumsum [B, T, H], chunk totals [B, H, NT], per-chunk state updates [B, H, NT, K, V] and, given q
+    and do, the state-gradient updates, else None), from one launch; updates in the states' dtype (bfloat16
+    for 16-bit inputs halves the traffic of the passes; the scans add in float32)."""
+    batch, length, heads, key_dim = k.shape
+    value_dim = v.shape[-1]
     n_chunks = triton.cdiv(length, CHUNK)
-    # in the states' dtype: bfloat16 for 16-bit inputs halves the traffic of the pass; the scan adds in float32
-    updates = new_output((batch, heads, n_chunks, key_dim, value_dim), _states_dtype(x.dtype), x.device)
-    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 128)
+    gate_cumsum = new_output(g.shape, torch.float32, g.device)
+    chunk_gate = new_output((batch, heads, n_chunks), torch.float32, g.device)
+    update_shape = (batch, heads, n_chunks, key_dim, value_dim)
+    updates = new_output(update_shape, _states_dtype(k.dtype), k.device)
+    gradients = q is not None
+    grad_updates = new_output(update_shape, _states_dtype(k.dtype), k.device) if gradients else None
+    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64 if gradients else 128)
     grid = (triton.cdiv(key_dim, block_k), triton.cdiv(value_dim, block_v), n_chunks * batch * heads)
-    simple_gla_fwd_kernel_chunk_updates[grid](
-        x, y, gate_cumsum, chunk_gate, updates, scale, length, n_chunks,
-        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v, FROM_CHUNK_END=from_chunk_end,
+    simple_gla_kernel_gates_and_updates[grid](
+        g, k, v, q if gradients else k, do if gradients else v, gate_cumsum, chunk_gate, updates,
+        grad_updates if gradients else updates, scale, length, n_chunks,
+        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v, GRADIENTS=gradients,
+        num_warps=8 if gradients else 4,  # two update products spill at 4 warps or 128 values (kernel_resources)
     )
-    return updates
-
-
-def _states(k, v, gate_cumsum, chunk_gate, initial_state):
-    updates = chunk_updates(k, v, gate_cumsum, chunk_gate, 1.0, from_chunk_end=True)
-    return chunk_state_scan(updates, chunk_gate, initial_state, _states_dtype(k.dtype), reverse=False)
+    return gate_cumsum, chunk_gate, updates, grad_updates
 
 
 def forward(q, k, v, g, scale, initial_state):
@@ -196,8 +214,8 @@ def forward(q, k, v, g, scale, initial_state):
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
     n_chunks = triton.cdiv(length, CHUNK)
-    gate_cumsum, chunk_gate = chunk_local_cumsum(g, CHUNK)
-    states, final_state = _states(k, v, gate_cumsum, chunk_gate, initial_state)
+    gate_cumsum, chunk_gate, updates, _ = gates_and_updates(g, k, v)
+    states, final_state = chunk_state_scan(updates, chunk_gate, initial_state, _states_dtype(k.dtype), reverse=False)
     output = new_output(v.shape, v.dtype, v.device)
     block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64)
     simple_gla_fwd_kernel_output[(triton.cdiv(value_dim, block_v), n_chunks, batch * heads)](
@@ -215,9 +233,7 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     if key_dim > 256:
         raise ValueError(f"the Triton simple-GLA backward supports K <= 256, got K = {key_dim}; use backend='torch'")
     n_chunks = triton.cdiv(length, CHUNK)
-    gate_cumsum, chunk_gate = chunk_local_cumsum(g, CHUNK)
-    updates = chunk_updates(k, v, gate_cumsum, chunk_gate, 1.0, from_chunk_end=True)
-    grad_updates = chunk_updates(q, do, gate_cumsum, chunk_gate, scale, from_chunk_end=False)
+    gate_cumsum, chunk_gate, updates, grad_updates = gates_and_updates(g, k, v, q, do, scale)
     states, state_grads, initial_grad = chunk_state_scan_pair(
         updates, grad_updates, chunk_gate, initial_state, final_state_grad, _states_dtype(k.dtype)
     )
