@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from schedlang.kernels.common.sizes import cdiv, next_power_of_2
+
 
 def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """An uninitialised kernel output, NaN-filled when SCHEDLANG_KERNELS_POISON_OUTPUTS=1 (tests)."""
@@ -141,9 +143,9 @@ def chunk_state_scan_pair_kernel(
         )
 
 
-def _scan_blocks(key_dim: int, value_dim: int) -> tuple[int, int]:
+def _scanblock_size(key_dim: int, value_dim: int) -> tuple[int, int]:
     # small blocks: more programs walk the chunks at once
-    return min(16, triton.next_power_of_2(key_dim)), min(32, triton.next_power_of_2(value_dim))
+    return min(16, next_power_of_2(key_dim)), min(32, next_power_of_2(value_dim))
 
 
 def chunk_state_scan(
@@ -163,8 +165,8 @@ def chunk_state_scan(
     batch, heads, n_chunks, key_dim, value_dim = updates.shape
     states = new_output(updates.shape, states_dtype, updates.device)
     final_state = new_output((batch, heads, key_dim, value_dim), torch.float32, updates.device)
-    block_k, block_v = _scan_blocks(key_dim, value_dim)
-    grid = (triton.cdiv(key_dim, block_k), triton.cdiv(value_dim, block_v), batch * heads)
+    block_k, block_v = _scanblock_size(key_dim, value_dim)
+    grid = (cdiv(key_dim, block_k), cdiv(value_dim, block_v), batch * heads)
     chunk_state_scan_kernel[grid](
         updates, chunk_gate.contiguous(), states,
         initial_state.contiguous() if initial_state is not None else updates, final_state, n_chunks,
@@ -191,8 +193,8 @@ def chunk_state_scan_pair(
     state_grads = new_output(updates.shape, states_dtype, updates.device)
     final_state = new_output((batch, heads, key_dim, value_dim), torch.float32, updates.device)
     initial_grad = new_output((batch, heads, key_dim, value_dim), torch.float32, updates.device)
-    block_k, block_v = _scan_blocks(key_dim, value_dim)
-    grid = (triton.cdiv(key_dim, block_k), triton.cdiv(value_dim, block_v), 2 * batch * heads)
+    block_k, block_v = _scanblock_size(key_dim, value_dim)
+    grid = (cdiv(key_dim, block_k), cdiv(value_dim, block_v), 2 * batch * heads)
     chunk_state_scan_pair_kernel[grid](
         updates, states, initial_state.contiguous() if initial_state is not None else updates, final_state,
         grad_updates, state_grads,

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from schedlang.kernels.common.function import Implementation
+from schedlang.kernels.common.sizes import block_size, cdiv, next_power_of_2, states_dtype
 from schedlang.kernels.common.triton_scan import (
     chunk_cumsum_block,
     chunk_state_scan,
@@ -103,12 +104,6 @@ def gla_kernel_gates_and_updates(
         _store_chunk_update(b_qd, do, grad_updates, i_n, i_bh, i_k, T, NT, H, K, V, BT, BK, BV)
 
 
-def _blocks(dim: int, largest: int) -> int:
-    return max(16, min(largest, triton.next_power_of_2(dim)))
-
-
-def _states_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float32, torch.float64) else dtype
 
 
 @dataclass(frozen=True)
@@ -128,18 +123,18 @@ def gates_and_updates(g, k, v, q=None, do=None, scale: float = 1.0):
     the scans add in float32), from one launch."""
     batch, length, heads, key_dim = k.shape
     value_dim = v.shape[-1]
-    n_chunks = triton.cdiv(length, CHUNK)
+    n_chunks = cdiv(length, CHUNK)
     per_chunk = [new_output((batch, heads, n_chunks, key_dim), torch.float32, k.device) for _ in range(3)]
     gates = ChunkGates(new_output(g.shape, torch.float32, g.device), *per_chunk)
     update_shape = (batch, heads, n_chunks, key_dim, value_dim)
-    updates = new_output(update_shape, _states_dtype(k.dtype), k.device)
+    updates = new_output(update_shape, states_dtype(k.dtype), k.device)
     gradients = q is not None
-    grad_updates = new_output(update_shape, _states_dtype(k.dtype), k.device) if gradients else None
-    block_k = _blocks(key_dim, 32 if gradients else 64)  # two update passes at 64 keys spill (kernel_resources)
-    gla_kernel_gates_and_updates[(triton.cdiv(key_dim, block_k), n_chunks, batch * heads)](
+    grad_updates = new_output(update_shape, states_dtype(k.dtype), k.device) if gradients else None
+    block_k = block_size(key_dim, 32 if gradients else 64)  # two update passes at 64 keys spill (kernel_resources)
+    gla_kernel_gates_and_updates[(cdiv(key_dim, block_k), n_chunks, batch * heads)](
         g, k, v, q if gradients else k, do if gradients else v, gates.cumsum, gates.total, gates.mid, gates.span,
         updates, grad_updates if gradients else updates, scale, length, n_chunks,
-        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=_blocks(value_dim, 128), GRADIENTS=gradients,
+        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_size(value_dim, 128), GRADIENTS=gradients,
         num_warps=8,
     )
     return gates, updates, grad_updates
@@ -149,21 +144,21 @@ def _launch_args(q, v):
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
     return dict(
-        T=length, NT=triton.cdiv(length, CHUNK), H=heads, K=key_dim, V=value_dim, BT=CHUNK,
-        BK=_blocks(key_dim, 64), BV=_blocks(value_dim, 64), KP=triton.next_power_of_2(key_dim),
+        T=length, NT=cdiv(length, CHUNK), H=heads, K=key_dim, V=value_dim, BT=CHUNK,
+        BK=block_size(key_dim, 64), BV=block_size(value_dim, 64), KP=next_power_of_2(key_dim),
     )
 
 
 def intra_scores(q, k, gates: ChunkGates, scale: float, span_limit: float) -> torch.Tensor:
     """Scaled causal intra-chunk scores [B, T, H, CHUNK] float32 of the steep chunks (elsewhere unwritten)."""
     batch, length, heads, key_dim = q.shape
-    n_chunks = triton.cdiv(length, CHUNK)
+    n_chunks = cdiv(length, CHUNK)
     scores = new_output((batch, length, heads, CHUNK), torch.float32, q.device)
     n_sub = CHUNK // SUB_CHUNK
     gla_fwd_kernel_intra_scores[(n_chunks, batch * heads)](
         q, k, gates.cumsum, gates.span, scores, scale, span_limit, length, n_chunks,
-        H=heads, K=key_dim, BT=CHUNK, BC=SUB_CHUNK, BK=_blocks(key_dim, 32), NC=n_sub,
-        KP=triton.next_power_of_2(key_dim),
+        H=heads, K=key_dim, BT=CHUNK, BC=SUB_CHUNK, BK=block_size(key_dim, 32), NC=n_sub,
+        KP=next_power_of_2(key_dim),
     )
     return scores
 
@@ -178,11 +173,11 @@ def forward(q, k, v, g, scale, initial_state):
     batch, _, heads, _ = q.shape
     span_limit = smooth_span_limit(q.dtype)
     gates, updates, _ = gates_and_updates(g, k, v)
-    states, final_state = chunk_state_scan(updates, gates.total, initial_state, _states_dtype(k.dtype), reverse=False)
+    states, final_state = chunk_state_scan(updates, gates.total, initial_state, states_dtype(k.dtype), reverse=False)
     output = new_output(v.shape, v.dtype, v.device)
-    grid = (triton.cdiv(args["V"], args["BV"]), args["NT"], batch * heads)
-    smooth_args = dict(args, BV=_blocks(args["V"], SMOOTH_BLOCK_V))
-    gla_fwd_kernel_smooth_output[(triton.cdiv(args["V"], smooth_args["BV"]), args["NT"], batch * heads)](
+    grid = (cdiv(args["V"], args["BV"]), args["NT"], batch * heads)
+    smooth_args = dict(args, BV=block_size(args["V"], SMOOTH_BLOCK_V))
+    gla_fwd_kernel_smooth_output[(cdiv(args["V"], smooth_args["BV"]), args["NT"], batch * heads)](
         q, k, v, gates.cumsum, gates.mid, gates.span, states, output, scale, span_limit, **smooth_args,
         **SMOOTH_LAUNCH,
     )
@@ -201,22 +196,22 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     span_limit = smooth_span_limit(q.dtype)
     gates, updates, grad_updates = gates_and_updates(g, k, v, q, do, scale)
     states, state_grads, initial_grad = chunk_state_scan_pair(
-        updates, grad_updates, gates.total, initial_state, final_state_grad, _states_dtype(k.dtype)
+        updates, grad_updates, gates.total, initial_state, final_state_grad, states_dtype(k.dtype)
     )
     dv = new_output(v.shape, v.dtype, v.device)
     dq = new_output(q.shape, q.dtype, q.device)
     dk = new_output(k.shape, k.dtype, k.device)
     dg = new_output(g.shape, torch.float32, g.device)
-    grid_v = (triton.cdiv(args["V"], args["BV"]), n_chunks, batch * heads)
-    grid_k = (triton.cdiv(key_dim, args["BK"]), n_chunks, batch * heads)
+    grid_v = (cdiv(args["V"], args["BV"]), n_chunks, batch * heads)
+    grid_k = (cdiv(key_dim, args["BK"]), n_chunks, batch * heads)
     # smooth chunks: two fused kernels
-    smooth_args = dict(args, BV=_blocks(args["V"], SMOOTH_BLOCK_V))
-    gla_bwd_kernel_smooth_dv[(triton.cdiv(args["V"], smooth_args["BV"]), n_chunks, batch * heads)](
+    smooth_args = dict(args, BV=block_size(args["V"], SMOOTH_BLOCK_V))
+    gla_bwd_kernel_smooth_dv[(cdiv(args["V"], smooth_args["BV"]), n_chunks, batch * heads)](
         q, k, do, gates.cumsum, gates.total, gates.mid, gates.span, state_grads, dv, scale, span_limit,
         **smooth_args, **SMOOTH_LAUNCH,
     )
-    dqkg_args = dict(args, BK=_blocks(key_dim, DQKG_BLOCK_K))
-    gla_bwd_kernel_smooth_dqkg[(triton.cdiv(key_dim, dqkg_args["BK"]), n_chunks, batch * heads)](
+    dqkg_args = dict(args, BK=block_size(key_dim, DQKG_BLOCK_K))
+    gla_bwd_kernel_smooth_dqkg[(cdiv(key_dim, dqkg_args["BK"]), n_chunks, batch * heads)](
         q, k, v, do, gates.cumsum, gates.total, gates.mid, gates.span, states, state_grads, dq, dk, dg,
         scale, span_limit, num_warps=DQKG_WARPS, **dqkg_args,
     )
@@ -230,8 +225,8 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     dq_intra = new_output(q.shape, torch.float32, q.device)
     dk_intra = new_output(q.shape, torch.float32, q.device)
     n_sub = CHUNK // SUB_CHUNK
-    block_intra = _blocks(key_dim, 32)
-    gla_bwd_kernel_intra[(triton.cdiv(key_dim, block_intra), n_chunks, batch * heads)](
+    block_intra = block_size(key_dim, 32)
+    gla_bwd_kernel_intra[(cdiv(key_dim, block_intra), n_chunks, batch * heads)](
         q, k, gates.cumsum, gates.span, score_grads, dq_intra, dk_intra, span_limit, length, n_chunks,
         H=heads, K=key_dim, BT=CHUNK, BC=SUB_CHUNK, BK=block_intra, NC=n_sub, KP=args["KP"],
     )

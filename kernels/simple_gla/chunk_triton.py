@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from schedlang.kernels.common.function import Implementation
+from schedlang.kernels.common.sizes import block_size, cdiv, states_dtype
 from schedlang.kernels.common.triton_gradients import chunk_value_products
 from schedlang.kernels.common.triton_scan import (
     chunk_state_scan,
@@ -177,12 +178,6 @@ def simple_gla_bwd_kernel_dqkg(
     tl.store(dg + (i_b * T + o_t) * H + i_h, b_dg.to(dg.dtype.element_ty), mask=o_t < T)
 
 
-def _blocks(dim: int, largest: int) -> int:
-    return max(16, min(largest, triton.next_power_of_2(dim)))
-
-
-def _states_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float32, torch.float64) else dtype
 
 
 def gates_and_updates(g, k, v, q=None, do=None, scale: float = 1.0):
@@ -191,15 +186,15 @@ def gates_and_updates(g, k, v, q=None, do=None, scale: float = 1.0):
     for 16-bit inputs halves the traffic of the passes; the scans add in float32)."""
     batch, length, heads, key_dim = k.shape
     value_dim = v.shape[-1]
-    n_chunks = triton.cdiv(length, CHUNK)
+    n_chunks = cdiv(length, CHUNK)
     gate_cumsum = new_output(g.shape, torch.float32, g.device)
     chunk_gate = new_output((batch, heads, n_chunks), torch.float32, g.device)
     update_shape = (batch, heads, n_chunks, key_dim, value_dim)
-    updates = new_output(update_shape, _states_dtype(k.dtype), k.device)
+    updates = new_output(update_shape, states_dtype(k.dtype), k.device)
     gradients = q is not None
-    grad_updates = new_output(update_shape, _states_dtype(k.dtype), k.device) if gradients else None
-    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64 if gradients else 128)
-    grid = (triton.cdiv(key_dim, block_k), triton.cdiv(value_dim, block_v), n_chunks * batch * heads)
+    grad_updates = new_output(update_shape, states_dtype(k.dtype), k.device) if gradients else None
+    block_k, block_v = block_size(key_dim, 64), block_size(value_dim, 64 if gradients else 128)
+    grid = (cdiv(key_dim, block_k), cdiv(value_dim, block_v), n_chunks * batch * heads)
     simple_gla_kernel_gates_and_updates[grid](
         g, k, v, q if gradients else k, do if gradients else v, gate_cumsum, chunk_gate, updates,
         grad_updates if gradients else updates, scale, length, n_chunks,
@@ -213,12 +208,12 @@ def forward(q, k, v, g, scale, initial_state):
     q, k, v, g = [tensor.contiguous() for tensor in (q, k, v, g)]
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
-    n_chunks = triton.cdiv(length, CHUNK)
+    n_chunks = cdiv(length, CHUNK)
     gate_cumsum, chunk_gate, updates, _ = gates_and_updates(g, k, v)
-    states, final_state = chunk_state_scan(updates, chunk_gate, initial_state, _states_dtype(k.dtype), reverse=False)
+    states, final_state = chunk_state_scan(updates, chunk_gate, initial_state, states_dtype(k.dtype), reverse=False)
     output = new_output(v.shape, v.dtype, v.device)
-    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64)
-    simple_gla_fwd_kernel_output[(triton.cdiv(value_dim, block_v), n_chunks, batch * heads)](
+    block_k, block_v = block_size(key_dim, 64), block_size(value_dim, 64)
+    simple_gla_fwd_kernel_output[(cdiv(value_dim, block_v), n_chunks, batch * heads)](
         q, k, v, gate_cumsum, states, output, scale, length, n_chunks,
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
         num_warps=8,
@@ -232,14 +227,14 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     value_dim = v.shape[-1]
     if key_dim > 256:
         raise ValueError(f"the Triton simple-GLA backward supports K <= 256, got K = {key_dim}; use backend='torch'")
-    n_chunks = triton.cdiv(length, CHUNK)
+    n_chunks = cdiv(length, CHUNK)
     gate_cumsum, chunk_gate, updates, grad_updates = gates_and_updates(g, k, v, q, do, scale)
     states, state_grads, initial_grad = chunk_state_scan_pair(
-        updates, grad_updates, chunk_gate, initial_state, final_state_grad, _states_dtype(k.dtype)
+        updates, grad_updates, chunk_gate, initial_state, final_state_grad, states_dtype(k.dtype)
     )
-    block_k, block_v = _blocks(key_dim, 64), _blocks(value_dim, 64)
+    block_k, block_v = block_size(key_dim, 64), block_size(value_dim, 64)
     dv = new_output(v.shape, v.dtype, v.device)
-    simple_gla_bwd_kernel_dv[(triton.cdiv(value_dim, block_v), n_chunks, batch * heads)](
+    simple_gla_bwd_kernel_dv[(cdiv(value_dim, block_v), n_chunks, batch * heads)](
         q, k, do, gate_cumsum, chunk_gate, state_grads, dv, scale, length, n_chunks,
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
         num_warps=8,
@@ -249,7 +244,7 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     dg = new_output(g.shape, torch.float32, g.device)
     simple_gla_bwd_kernel_dqkg[(n_chunks, batch * heads)](
         q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq, dk, dg, scale, length, n_chunks,
-        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=_blocks(key_dim, 256), BV=_blocks(value_dim, 32),
+        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_size(key_dim, 256), BV=block_size(value_dim, 32),
         num_warps=8,  # spills 2.3 KB per thread at 4 warps (benchmarks/kernel_resources.py)
     )
     return dq, dk, dv, dg, initial_grad

@@ -1,0 +1,25 @@
+"""Host-side sizes for the Triton launches, as plain Python (triton.cdiv and triton.next_power_of_2 are
+constexpr functions whose call costs several microseconds of host time each in Triton 3.6)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def cdiv(numerator: int, denominator: int) -> int:
+    return -(-numerator // denominator)
+
+
+def next_power_of_2(value: int) -> int:
+    return 1 << max(0, value - 1).bit_length()
+
+
+def block_size(dim: int, largest: int) -> int:
+    """A power-of-two tile edge covering ``dim``, at least 16 (the smallest matrix-product tile), at most ``largest``."""
+    return max(16, min(largest, next_power_of_2(dim)))
+
+
+def states_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the Triton kernels store chunk states and updates in: 16-bit inputs keep 16 bits (the scans and every
+    product accumulate in float32), float32 and float64 inputs get float32."""
+    return torch.float32 if dtype in (torch.float32, torch.float64) else dtype
