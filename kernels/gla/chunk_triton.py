@@ -211,7 +211,7 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
         **smooth_args, **SMOOTH_LAUNCH,
     )
     dqkg_args = dict(args, BK=block_size(key_dim, DQKG_BLOCK_K))
-    gla_bwd_kernel_smooth_dqkg[(cdiv(key_dim, dqkg_args["BK"]), n_chunks, batch * heads)](
+    gla_bwd_kernel_smooth_dqkg[(n_chunks, batch * heads)](
         q, k, v, do, gates.cumsum, gates.total, gates.mid, gates.span, states, state_grads, dq, dk, dg,
         scale, span_limit, num_warps=DQKG_WARPS, **dqkg_args,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from schedlang.kernels.common.triton_gradients import chunk_value_products
+from schedlang.kernels.common.triton_gradients import chunk_score_gradients, chunk_state_products
 
 
 @triton.jit
@@ -116,29 +116,17 @@ def gla_bwd_kernel_smooth_dv(
 
 
 @triton.jit
-def gla_bwd_kernel_smooth_dqkg(
-    q, k, v, do, gate_cumsum, chunk_gate, gate_mid, gate_span, states, state_grads, dq, dk, dg,
-    scale, span_limit, T, NT,
+def _smooth_dqkg_block(
+    q, k, do, v, gate_cumsum, chunk_gate, gate_mid, states, state_grads, dq, dk, dg, b_dscores, b_dscores_t,
+    scale, row_valid, i_n, i_k, i_bh, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    KP: tl.constexpr,
 ):
-    # dA = scale * do v^T (causal), and dA^T formed directly as scale * v do^T;
-    # dq = scale * exp(gc) (do S_n^T) + exp(gc - mid) (dA (k * exp(mid - gc)));
-    # dk = exp(gl - gc) (v dS^T) + exp(mid - gc) (dA^T (q * exp(gc - mid)));
-    # dg = reverse-cumsum_in_chunk(q dq - k dk) + sum_v(S_{n+1} dS_{n+1}), as in gla_bwd_kernel_inter.
-    i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if not chunk_is_smooth(gate_span, i_bh, i_n, NT, span_limit, K, KP):
-        return
+    # dq, dk and dg of keys [i_k * BK, ...) of chunk i_n, given the chunk's masked, scaled dA and dA^T
     i_b, i_h = i_bh // H, i_bh % H
-    o_t = tl.arange(0, BT)
-    row_valid = i_n * BT + o_t < T
-    chunk_offset = (i_bh * NT + i_n).to(tl.int64) * K * V
-    value_base = i_b * T * H * V + i_h * V
-    b_dscores, b_dscores_t, b_dq, b_dk, b_boundary = chunk_value_products(
-        do, v, states, state_grads, value_base, chunk_offset, i_n, i_k * BK, T, H, K, V, BT, BK, BV
+    b_dq, b_dk, b_boundary = chunk_state_products(
+        do, v, states, state_grads, i_b * T * H * V + i_h * V, (i_bh * NT + i_n).to(tl.int64) * K * V, i_n,
+        i_k * BK, T, H, K, V, BT, BK, BV,
     )
-    b_dscores = tl.where(o_t[:, None] >= o_t[None, :], b_dscores * scale, 0.0)
-    b_dscores_t = tl.where(o_t[None, :] >= o_t[:, None], b_dscores_t * scale, 0.0)
     base = i_b * T * H * K + i_h * K
     o_k = i_k * BK + tl.arange(0, BK)
     p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
@@ -169,3 +157,31 @@ def gla_bwd_kernel_smooth_dqkg(
     tl.store(p_dq, b_dq.to(p_dq.dtype.element_ty), boundary_check=(0, 1))
     tl.store(p_dk, b_dk.to(p_dk.dtype.element_ty), boundary_check=(0, 1))
     tl.store(p_dg, b_dg.to(p_dg.dtype.element_ty), boundary_check=(0, 1))
+
+
+@triton.jit
+def gla_bwd_kernel_smooth_dqkg(
+    q, k, v, do, gate_cumsum, chunk_gate, gate_mid, gate_span, states, state_grads, dq, dk, dg,
+    scale, span_limit, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    KP: tl.constexpr,
+):
+    # One program per smooth chunk. dA = scale * do v^T (causal) and dA^T = scale * v do^T (formed directly),
+    # once for the chunk; then for each block of keys:
+    # dq = scale * exp(gc) (do S_n^T) + exp(gc - mid) (dA (k * exp(mid - gc)));
+    # dk = exp(gl - gc) (v dS^T) + exp(mid - gc) (dA^T (q * exp(gc - mid)));
+    # dg = reverse-cumsum_in_chunk(q dq - k dk) + sum_v(S_{n+1} dS_{n+1}), as in gla_bwd_kernel_inter.
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    if not chunk_is_smooth(gate_span, i_bh, i_n, NT, span_limit, K, KP):
+        return
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = tl.arange(0, BT)
+    b_dscores, b_dscores_t = chunk_score_gradients(do, v, i_b * T * H * V + i_h * V, i_n, T, H, V, BT, BV)
+    b_dscores = tl.where(o_t[:, None] >= o_t[None, :], b_dscores * scale, 0.0)
+    b_dscores_t = tl.where(o_t[None, :] >= o_t[:, None], b_dscores_t * scale, 0.0)
+    row_valid = i_n * BT + o_t < T
+    for i_k in range(tl.cdiv(K, BK)):
+        _smooth_dqkg_block(
+            q, k, do, v, gate_cumsum, chunk_gate, gate_mid, states, state_grads, dq, dk, dg, b_dscores, b_dscores_t,
+            scale, row_valid, i_n, i_k, i_bh, T, NT, H, K, V, BT, BK, BV,
+        )

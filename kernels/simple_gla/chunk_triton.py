@@ -16,7 +16,7 @@ import triton.language as tl
 
 from schedlang.kernels.common.function import Implementation
 from schedlang.kernels.common.sizes import block_size, cdiv, states_dtype
-from schedlang.kernels.common.triton_gradients import chunk_value_products
+from schedlang.kernels.common.triton_gradients import chunk_score_gradients, chunk_state_products
 from schedlang.kernels.common.triton_scan import (
     chunk_state_scan,
     chunk_state_scan_pair,
@@ -145,8 +145,10 @@ def simple_gla_bwd_kernel_dqkg(
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     chunk_offset = (i_bh * NT + i_n).to(tl.int64) * K * V
-    b_ds, b_ds_t, b_dq, b_dk, b_boundary = chunk_value_products(
-        do, v, states, state_grads, i_b * T * H * V + i_h * V, chunk_offset, i_n, 0, T, H, K, V, BT, BK, BV
+    value_base = i_b * T * H * V + i_h * V
+    b_ds, b_ds_t = chunk_score_gradients(do, v, value_base, i_n, T, H, V, BT, BV)
+    b_dq, b_dk, b_boundary = chunk_state_products(
+        do, v, states, state_grads, value_base, chunk_offset, i_n, 0, T, H, K, V, BT, BK, BV
     )
     o_i = tl.arange(0, BT)
     o_t = i_n * BT + o_i
