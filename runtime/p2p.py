@@ -135,16 +135,24 @@ class StageMessenger:
     def send(self, tensor: torch.Tensor, peer: int, is_gradient: bool, description: str) -> None:
         tensor = tensor.detach().contiguous()
         operation = dist.P2POp(dist.isend, tensor, peer, self._group(is_gradient))
-        self.pending.append(PendingSend(dist.batch_isend_irecv([operation]), tensor, description))
+        works = self._post([operation], f"rank {self.rank} could not send {description} to rank {peer}")
+        self.pending.append(PendingSend(works, tensor, description))
 
     def receive(
         self, shape: tuple[int, ...], dtype: torch.dtype, peer: int, is_gradient: bool, description: str
     ) -> torch.Tensor:
         buffer = self.pool.get(shape, dtype, self.device)
         operation = dist.P2POp(dist.irecv, buffer, peer, self._group(is_gradient))
-        works = dist.batch_isend_irecv([operation])
-        self._wait(works, f"rank {self.rank} waited for {description} from rank {peer}")
+        what = f"rank {self.rank} waited for {description} from rank {peer}"
+        self._wait(self._post([operation], what), what)
         return buffer
+
+    def _post(self, operations: list, what: str) -> list:
+        """Start the operations; a peer already gone can fail them here, before any wait."""
+        try:
+            return dist.batch_isend_irecv(operations)
+        except RuntimeError as error:
+            raise PeerTimeoutError(f"{what}: the connection failed: {str(error).splitlines()[0]}") from error
 
     def _wait(self, works: list, what: str) -> None:
         if self.watchdog is not None:
