@@ -163,9 +163,9 @@ def test_receive_buffers_are_reused_by_shape():
     assert pool.get((2, 4), torch.float32, torch.device("cpu")).shape == (2, 4)
 
 
-def _hybrid_stage(dtype, layers=(MixerKind.GLA, MixerKind.ATTN, MixerKind.ATTN), **sizes):
+def _hybrid_stage(dtype, layers=(MixerKind.GLA, MixerKind.ATTN, MixerKind.ATTN), device="cpu", **sizes):
     config = ModelConfig(**{"vocab": 64, "d_model": 32, "layers": layers, "heads": 2, "head_dim": 16, **sizes})
-    return build_stage_model(config, tuple(range(len(layers))), True, True, 5, torch.device("cpu"), dtype)
+    return build_stage_model(config, tuple(range(len(layers))), True, True, 5, torch.device(device), dtype)
 
 
 def _run_chunks_like_the_executor(model, tokens, bounds, saved_bytes=None):
@@ -191,7 +191,7 @@ def _run_chunks_like_the_executor(model, tokens, bounds, saved_bytes=None):
     upstream = torch.randn(
         tokens.shape[0], tokens.shape[1], model.config.d_model, dtype=hidden.dtype,
         generator=torch.Generator().manual_seed(9),
-    )
+    ).to(hidden.device)
     for (start, end), (hidden, leaves, finals) in reversed(list(zip(bounds, records))):
         tensors, grads = [hidden], [upstream[:, start:end]]
         if state_grads is not None:
@@ -233,3 +233,18 @@ def test_chunked_attention_saves_no_prefix_copies():
         _run_chunks_like_the_executor(stage, tokens, [(i * step, (i + 1) * step) for i in range(n_chunks)], saved)
         totals[n_chunks] = sum(saved.values())
     assert totals[16] < 1.3 * totals[1], totals
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_chunked_attention_over_sequence_buffers_on_the_gpu():
+    """The same equality on CUDA in float32 (SDPA's lower-right causal bias, Triton GLA kernels)."""
+    tokens = torch.randint(0, 64, (2, 320), generator=torch.Generator().manual_seed(1)).cuda()
+    whole_model = _hybrid_stage(torch.float32, device="cuda")
+    chunked_model = _hybrid_stage(torch.float32, device="cuda")
+    chunked, upstream = _run_chunks_like_the_executor(chunked_model, tokens, [(0, 64), (64, 192), (192, 320)])
+    whole, _ = whole_model(tokens, [None] * 3)
+    whole.backward(upstream)
+    assert float((chunked - whole.detach()).norm() / whole.norm()) < 1e-3
+    for (name, parameter), reference in zip(chunked_model.named_parameters(), whole_model.parameters()):
+        if reference.grad is not None:
+            assert float((parameter.grad - reference.grad).norm() / reference.grad.norm().clamp_min(1e-12)) < 1e-3, name
