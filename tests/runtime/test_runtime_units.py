@@ -247,4 +247,5 @@ def test_chunked_attention_over_sequence_buffers_on_the_gpu():
     assert float((chunked - whole.detach()).norm() / whole.norm()) < 1e-3
     for (name, parameter), reference in zip(chunked_model.named_parameters(), whole_model.parameters()):
         if reference.grad is not None:
-            assert float((parameter.grad - reference.grad).norm() / reference.grad.norm().clamp_min(1e-12)) < 1e-3, name
+            error = (parameter.grad - reference.grad).norm() / reference.grad.norm().clamp_min(1e-12)
+            assert float(error) < 1e-3, name
