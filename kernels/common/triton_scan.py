@@ -1,8 +1,8 @@
-"""Triton pieces shared by the chunked operators: the chunk-local gate cumsum of a block and the state scan.
+"""Triton pieces shared by the chunked operators: the state scan.
 
 The state pass is split the way ZeCO splits it across devices, here across thread blocks: every chunk's
 contribution U_n is a matrix product that runs in parallel over chunks (the operator's own kernel, which
-also forms the gate cumsum), and
+also forms the chunk-local gate cumsum), and
 only the elementwise scan  S_{n+1} = exp(gamma_n) * S_n + U_n  is sequential. The scan is spread over
 small row blocks of the state so that many programs run it at once.
 """
@@ -23,35 +23,6 @@ def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     if os.environ.get("SCHEDLANG_KERNELS_POISON_OUTPUTS") == "1":
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
-
-
-@triton.jit
-def chunk_cumsum_block(
-    g, gate_cumsum, chunk_gate, gate_mid, gate_span, i_k, i_t, i_bh, T, NT,
-    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, WITH_RANGE: tl.constexpr,
-):
-    """Keys [i_k * BK, ...) of chunk i_t: stores the chunk-local cumsum of g, the chunk's total and, WITH_RANGE,
-    the midpoint and width of the cumulative gate's range over the real tokens; returns (gc [BT, BK], total [BK])."""
-    i_b, i_h = i_bh // H, i_bh % H
-    p_g = tl.make_block_ptr(g + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0))
-    p_gc = tl.make_block_ptr(
-        gate_cumsum + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0)
-    )
-    # [BT, BK]
-    b_g = tl.load(p_g, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-    b_gc = tl.cumsum(b_g, axis=0)
-    tl.store(p_gc, b_gc, boundary_check=(0, 1))
-    o_k = i_k * BK + tl.arange(0, BK)
-    chunk_offset = (i_bh * NT + i_t) * K + o_k
-    b_total = tl.sum(b_g, axis=0)
-    tl.store(chunk_gate + chunk_offset, b_total, mask=o_k < K)
-    if WITH_RANGE:
-        row_valid = (i_t * BT + tl.arange(0, BT) < T)[:, None]
-        b_max = tl.max(tl.where(row_valid, b_gc, float("-inf")), axis=0)
-        b_min = tl.min(tl.where(row_valid, b_gc, float("inf")), axis=0)
-        tl.store(gate_mid + chunk_offset, 0.5 * (b_max + b_min), mask=o_k < K)
-        tl.store(gate_span + chunk_offset, b_max - b_min, mask=o_k < K)
-    return b_gc, b_total
 
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"

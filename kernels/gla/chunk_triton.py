@@ -24,7 +24,6 @@ import triton.language as tl
 from schedlang.kernels.common.function import Implementation
 from schedlang.kernels.common.sizes import block_size, cdiv, next_power_of_2, states_dtype
 from schedlang.kernels.common.triton_scan import (
-    chunk_cumsum_block,
     chunk_state_scan,
     chunk_state_scan_pair,
     new_output,
@@ -63,6 +62,34 @@ def smooth_span_limit(dtype: torch.dtype) -> float:
 
 
 @triton.jit
+def gate_cumsum_block(
+    g, gate_cumsum, chunk_gate, gate_mid, gate_span, i_k, i_t, i_bh, T, NT,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+):
+    """Keys [i_k * BK, ...) of chunk i_t: stores the chunk-local cumsum of g, the chunk's total and the midpoint
+    and width of the cumulative gate's range over the real tokens; returns (gc [BT, BK], total [BK])."""
+    i_b, i_h = i_bh // H, i_bh % H
+    p_g = tl.make_block_ptr(g + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0))
+    p_gc = tl.make_block_ptr(
+        gate_cumsum + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_t * BT, i_k * BK), (BT, BK), (1, 0)
+    )
+    # [BT, BK]
+    b_g = tl.load(p_g, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    b_gc = tl.cumsum(b_g, axis=0)
+    tl.store(p_gc, b_gc, boundary_check=(0, 1))
+    o_k = i_k * BK + tl.arange(0, BK)
+    chunk_offset = (i_bh * NT + i_t) * K + o_k
+    b_total = tl.sum(b_g, axis=0)
+    tl.store(chunk_gate + chunk_offset, b_total, mask=o_k < K)
+    row_valid = (i_t * BT + tl.arange(0, BT) < T)[:, None]
+    b_max = tl.max(tl.where(row_valid, b_gc, float("-inf")), axis=0)
+    b_min = tl.min(tl.where(row_valid, b_gc, float("inf")), axis=0)
+    tl.store(gate_mid + chunk_offset, 0.5 * (b_max + b_min), mask=o_k < K)
+    tl.store(gate_span + chunk_offset, b_max - b_min, mask=o_k < K)
+    return b_gc, b_total
+
+
+@triton.jit
 def _store_chunk_update(
     b_x, y, updates, i_n, i_bh, i_k, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -89,9 +116,7 @@ def gla_kernel_gates_and_updates(
     # update U_n = (k * exp(gl - gc))^T v and, with GRADIENTS, its state-gradient update
     # scale * (q * exp(gc))^T do, for these keys: the gates are read once for all of them.
     i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    b_gc, b_gl = chunk_cumsum_block(
-        g, gate_cumsum, chunk_gate, gate_mid, gate_span, i_k, i_n, i_bh, T, NT, H, K, BT, BK, True
-    )
+    b_gc, b_gl = gate_cumsum_block(g, gate_cumsum, chunk_gate, gate_mid, gate_span, i_k, i_n, i_bh, T, NT, H, K, BT, BK)
     i_b, i_h = i_bh // H, i_bh % H
     p_k = tl.make_block_ptr(k + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
     b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")

@@ -12,15 +12,7 @@ import triton
 import triton.language as tl
 
 from schedlang.kernels.common.triton_gradients import chunk_score_gradients, chunk_state_products
-
-
-@triton.jit
-def chunk_is_smooth(gate_span, i_bh, i_n, NT, span_limit, K: tl.constexpr, KP: tl.constexpr):
-    """True when no key's cumulative gate spans more than span_limit over chunk i_n: one reference then
-    factorises every exp(gc_i - gc_j) of the chunk into two factors within exp(+-span_limit / 2)."""
-    o_k = tl.arange(0, KP)
-    b_span = tl.load(gate_span + (i_bh * NT + i_n) * K + o_k, mask=o_k < K, other=0.0)
-    return tl.max(b_span, axis=0) <= span_limit
+from schedlang.kernels.gla.triton_shared import chunk_is_smooth, store_key_gradients
 
 
 @triton.jit
@@ -148,15 +140,7 @@ def _smooth_dqkg_block(
     b_dq = b_dq_intra + tl.where(valid, b_dq * scale * tl.exp(b_gc), 0.0)
     b_dk_state = tl.where(valid, b_dk * tl.exp(b_gl[None, :] - b_gc), 0.0)
     b_dk = b_dk_intra + b_dk_state
-    b_boundary = b_boundary * tl.exp(b_gl) + tl.sum(b_k * b_dk_state, axis=0)
-    b_terms = b_q * b_dq - b_k * b_dk
-    b_dg = tl.sum(b_terms, axis=0)[None, :] - tl.cumsum(b_terms, axis=0) + b_terms + b_boundary[None, :]
-    p_dq = tl.make_block_ptr(dq + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-    p_dk = tl.make_block_ptr(dk + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-    p_dg = tl.make_block_ptr(dg + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-    tl.store(p_dq, b_dq.to(p_dq.dtype.element_ty), boundary_check=(0, 1))
-    tl.store(p_dk, b_dk.to(p_dk.dtype.element_ty), boundary_check=(0, 1))
-    tl.store(p_dg, b_dg.to(p_dg.dtype.element_ty), boundary_check=(0, 1))
+    store_key_gradients(b_q, b_k, b_dq, b_dk, b_dk_state, b_boundary, b_gl, dq, dk, dg, base, i_n, i_k, T, H, K, BT, BK)
 
 
 @triton.jit

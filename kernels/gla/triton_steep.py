@@ -10,7 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from schedlang.kernels.gla.triton_smooth import chunk_is_smooth
+from schedlang.kernels.common.triton_gradients import chunk_state_products
+from schedlang.kernels.gla.triton_shared import chunk_is_smooth, store_key_gradients
 
 
 @triton.jit
@@ -267,22 +268,9 @@ def gla_bwd_kernel_inter(
     i_b, i_h = i_bh // H, i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
     chunk_offset = (i_bh * NT + i_n).to(tl.int64) * K * V
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
-    b_boundary = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        p_do = tl.make_block_ptr(do + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
-        p_v = tl.make_block_ptr(v + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
-        # [BV, BK] views of the [K, V] state and state gradient
-        p_ht = tl.make_block_ptr(states + chunk_offset, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK), (0, 1))
-        p_dht = tl.make_block_ptr(state_grads + chunk_offset, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK), (0, 1))
-        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
-        b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
-        b_ht = tl.load(p_ht, boundary_check=(0, 1))
-        b_dht = tl.load(p_dht, boundary_check=(0, 1))
-        b_dq += tl.dot(b_do.to(b_ht.dtype), b_ht)
-        b_dk += tl.dot(b_v.to(b_dht.dtype), b_dht)
-        b_boundary += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
+    b_dq, b_dk, b_boundary = chunk_state_products(
+        do, v, states, state_grads, i_b * T * H * V + i_h * V, chunk_offset, i_n, i_k * BK, T, H, K, V, BT, BK, BV
+    )
     base = i_b * T * H * K + i_h * K
     p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
     p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
@@ -296,12 +284,4 @@ def gla_bwd_kernel_inter(
     b_dq = tl.load(p_dqi, boundary_check=(0, 1), padding_option="zero") + b_dq * scale * tl.exp(b_gc)
     b_dk_state = b_dk * tl.exp(b_gl[None, :] - b_gc)
     b_dk = tl.load(p_dki, boundary_check=(0, 1), padding_option="zero") + b_dk_state
-    b_boundary = b_boundary * tl.exp(b_gl) + tl.sum(b_k * b_dk_state, axis=0)
-    b_terms = b_q * b_dq - b_k * b_dk
-    b_dg = tl.sum(b_terms, axis=0)[None, :] - tl.cumsum(b_terms, axis=0) + b_terms + b_boundary[None, :]
-    p_dq = tl.make_block_ptr(dq + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-    p_dk = tl.make_block_ptr(dk + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-    p_dg = tl.make_block_ptr(dg + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-    tl.store(p_dq, b_dq.to(p_dq.dtype.element_ty), boundary_check=(0, 1))
-    tl.store(p_dk, b_dk.to(p_dk.dtype.element_ty), boundary_check=(0, 1))
-    tl.store(p_dg, b_dg.to(p_dg.dtype.element_ty), boundary_check=(0, 1))
+    store_key_gradients(b_q, b_k, b_dq, b_dk, b_dk_state, b_boundary, b_gl, dq, dk, dg, base, i_n, i_k, T, H, K, BT, BK)
