@@ -3,12 +3,15 @@
     python benchmarks/kernels.py                      # issue 3 shapes: B=1, H=16, D=128, T=16K and 32K, bf16
     python benchmarks/kernels.py --chunk-lengths 2048 4096 8192 32768   # issue 5: calls with state in/out
     python benchmarks/kernels.py --json results.json
+    python benchmarks/kernels.py --peer-only          # fla alone: its autotuning results are cached on disk, so a
+                                                      # later run (another GPU of the machine too) skips them
     python benchmarks/kernels.py --cpu-torch-path     # the runtime's CPU path: T=4096, H=2, D=64, float32
 
 Needs a CUDA GPU. flash-linear-attention (fla-core 0.6.0) is optional: without it only our times print.
 fla refuses its gated backward on Hopper with Triton < 3.7.1 (a correctness guard); for timing alone the
 guard is lifted here, and the numbers of that backward are times, not results we rely on.
-Each time is the median of triton.testing.do_bench (milliseconds). Floors: bytes each kernel must move
+Each time is the median of triton.testing.do_bench (milliseconds); forward+backward is the operator's forward and
+its backward for given output (and final-state) gradients, through torch.autograd.grad: no loss, no .grad writes. Floors: bytes each kernel must move
 (inputs read once, outputs written once) over the copy bandwidth measured in this run, and the matrix
 FLOPs of the chunked algorithm over the bf16 matrix rate measured in this run.
 """
@@ -77,24 +80,36 @@ def floors(operator: str, length: int, heads: int, dim: int, ceilings: dict) -> 
     return result
 
 
+def gradient_step(function, inputs, with_state: bool):
+    """A closure running one forward+backward: the gradients of q, k, v, g (and the initial state) for a random
+    output gradient (and a random final-state gradient), through torch.autograd.grad, so no loss kernels and
+    no accumulation into .grad are timed, as a layer inside a model sees the operator."""
+    q, k, v, g, state = inputs
+    leaves = [tensor for tensor in (q, k, v, g, state) if tensor is not None]
+    output_grad = torch.randn_like(v)
+    state_grad = torch.randn_like(state) if with_state else None
+
+    def step():
+        output, final_state = function(q, k, v, g, initial_state=state, output_final_state=with_state)
+        outputs, grads = [output], [output_grad]
+        if with_state:
+            outputs.append(final_state)
+            grads.append(state_grad)
+        return torch.autograd.grad(outputs, leaves, grads)
+
+    return step
+
+
 def time_operator(function, inputs, with_state: bool) -> dict[str, float]:
     q, k, v, g, state = inputs
-    output_grad = torch.randn_like(v)
 
     def forward():
         with torch.no_grad():
             return function(q, k, v, g, initial_state=state, output_final_state=with_state)
 
-    def forward_backward():
-        output, final_state = function(q, k, v, g, initial_state=state, output_final_state=with_state)
-        loss = (output * output_grad).sum()
-        if final_state is not None:
-            loss = loss + final_state.sum()
-        loss.backward()
-
     return {
         "fwd_ms": triton.testing.do_bench(forward, warmup=50, rep=200, return_mode="median"),
-        "fwdbwd_ms": triton.testing.do_bench(forward_backward, warmup=50, rep=200, grad_to_none=[q, k, v, g], return_mode="median"),
+        "fwdbwd_ms": triton.testing.do_bench(gradient_step(function, inputs, with_state), warmup=50, rep=200, return_mode="median"),
     }
 
 
@@ -104,15 +119,7 @@ def time_graph_replay(function, inputs, with_state: bool) -> tuple[float, float]
     Returns (median replay time in ms, largest relative difference of the replayed gradients from an
     eager step on the same inputs).
     """
-    q, k, v, g, state = inputs
-    leaves = [tensor for tensor in (q, k, v, g, state) if tensor is not None]
-    output_grad = torch.randn_like(v)
-
-    def step():
-        output, final_state = function(q, k, v, g, initial_state=state, output_final_state=with_state)
-        loss = (output * output_grad).sum() + (final_state.sum() if final_state is not None else 0)
-        return torch.autograd.grad(loss, leaves)
-
+    step = gradient_step(function, inputs, with_state)
     eager = step()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -142,13 +149,7 @@ def agreement(ours, peer, inputs, with_state: bool) -> float:
 
 def kernel_breakdown(function, inputs) -> list[tuple[str, float]]:
     """CUDA time per kernel name (ms per forward+backward), from torch.profiler over 10 steps."""
-    q, k, v, g, state = inputs
-    output_grad = torch.randn_like(v)
-
-    def step():
-        output, _ = function(q, k, v, g, initial_state=state)
-        (output * output_grad).sum().backward()
-
+    step = gradient_step(function, inputs, with_state=False)
     step()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
@@ -160,6 +161,22 @@ def kernel_breakdown(function, inputs) -> list[tuple[str, float]]:
         if event.device_type == torch.autograd.DeviceType.CUDA:
             totals[event.key] = getattr(event, "device_time_total", getattr(event, "cuda_time_total", 0.0)) / 1e3 / 10
     return sorted(totals.items(), key=lambda item: -item[1])
+
+
+def apply_launch_table(path: str) -> None:
+    """Load launch-table overrides (benchmarks/tune_kernels.py --out) into the kernels' tables:
+    {"gla": {entry: {...}}, "simple_gla": {...}, "scan": {...}}."""
+    from schedlang.kernels.common import triton_scan
+    from schedlang.kernels.gla import chunk_triton as gla_triton
+    from schedlang.kernels.simple_gla import chunk_triton as simple_gla_triton
+
+    with open(path) as handle:
+        table = json.load(handle)
+    for entry, values in table.get("gla", {}).items():
+        gla_triton.LAUNCH[entry].update(values)
+    for entry, values in table.get("simple_gla", {}).items():
+        simple_gla_triton.LAUNCH[entry].update(values)
+    triton_scan.SCAN_LAUNCH.update(table.get("scan", {}))
 
 
 def print_table(rows: list[dict]) -> None:
@@ -211,7 +228,11 @@ def main() -> int:
     parser.add_argument("--peer-deadline", type=float, default=1e9, help="seconds after start past which fla is skipped")
     parser.add_argument("--json", help="write every figure to this file")
     parser.add_argument("--cpu-torch-path", action="store_true", help="time the pure-PyTorch path on the CPU and stop")
+    parser.add_argument("--peer-only", action="store_true", help="time fla alone (fills its autotuning cache)")
+    parser.add_argument("--launch-table", help="launch-table overrides to time with (benchmarks/tune_kernels.py --out)")
     args = parser.parse_args()
+    if args.launch_table:
+        apply_launch_table(args.launch_table)
     if args.cpu_torch_path:
         print(f"# CPU, {torch.get_num_threads()} threads, torch {torch.__version__}")
         print("| op | T | H | D | fwd (ms) | fwd+bwd (ms) |")
@@ -231,8 +252,11 @@ def main() -> int:
     rows, breakdowns = [], {}
     for operator in ("gla", "simple_gla"):
         for length, with_state in configurations:
-            inputs = make_inputs(operator, length, args.heads, args.dim, with_state)
             row = {"operator": operator, "T": length, "state_in_out": with_state}
+            if args.peer_only:
+                rows.append(row)
+                continue
+            inputs = make_inputs(operator, length, args.heads, args.dim, with_state)
             row.update({"ours_" + key: value for key, value in time_operator(ours[operator], inputs, with_state).items()})
             row.update(floors(operator, length, args.heads, args.dim, ceilings))
             if with_state:
@@ -244,7 +268,7 @@ def main() -> int:
                     row["graph_error"] = repr(error)[:300]
             rows.append(row)
             print(json.dumps(row), flush=True)
-        if args.breakdown:
+        if args.breakdown and not args.peer_only:
             inputs = make_inputs(operator, args.lengths[0], args.heads, args.dim, False)
             try:
                 breakdowns[operator] = kernel_breakdown(ours[operator], inputs)
@@ -273,7 +297,8 @@ def main() -> int:
                 row["fla_error"] = repr(error)[:300]
             print(json.dumps(row), flush=True)
     print()
-    print_table(rows)
+    if not args.peer_only:
+        print_table(rows)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"ceilings": ceilings, "rows": rows, "breakdowns": breakdowns}, handle, indent=1)

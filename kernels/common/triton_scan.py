@@ -114,9 +114,17 @@ def chunk_state_scan_pair_kernel(
         )
 
 
+SCAN_LAUNCH = dict(block_k=16, block_v=32, num_warps=4, num_stages=3)
+"""Tile of the state each scan program walks along the chunks (small tiles: more programs walk at once) and its
+launch options; read at call time (benchmarks/tune_kernels.py sweeps it)."""
+
+
 def _scanblock_size(key_dim: int, value_dim: int) -> tuple[int, int]:
-    # small blocks: more programs walk the chunks at once
-    return min(16, next_power_of_2(key_dim)), min(32, next_power_of_2(value_dim))
+    return min(SCAN_LAUNCH["block_k"], next_power_of_2(key_dim)), min(SCAN_LAUNCH["block_v"], next_power_of_2(value_dim))
+
+
+def _scan_options() -> dict:
+    return {name: SCAN_LAUNCH[name] for name in ("num_warps", "num_stages")}
 
 
 def chunk_state_scan(
@@ -143,7 +151,7 @@ def chunk_state_scan(
         initial_state.contiguous() if initial_state is not None else updates, final_state, n_chunks,
         K=key_dim, V=value_dim, BK=block_k, BV=block_v,
         SCALAR_GATE=chunk_gate.dim() == 3, REVERSE=reverse, HAS_INITIAL=initial_state is not None,
-        INTERPRETED=INTERPRETED,
+        INTERPRETED=INTERPRETED, **_scan_options(),
     )
     return states, final_state
 
@@ -173,6 +181,6 @@ def chunk_state_scan_pair(
         chunk_gate.contiguous(), n_chunks, batch * heads,
         K=key_dim, V=value_dim, BK=block_k, BV=block_v, SCALAR_GATE=chunk_gate.dim() == 3,
         HAS_INITIAL=initial_state is not None, HAS_FINAL_GRAD=final_state_grad is not None,
-        INTERPRETED=INTERPRETED,
+        INTERPRETED=INTERPRETED, **_scan_options(),
     )
     return states, state_grads, initial_grad

@@ -49,11 +49,32 @@ exp(gc - mid) and exp(mid - gc) then stay within exp(+-30), far inside bfloat16'
 FLOAT16_SPAN_LIMIT = 8.0
 """float16 overflows at 65504: its gated operands keep their factors within exp(+-4)."""
 
-# launch shapes of the smooth-chunk kernels: at 4 warps they spill (benchmarks/kernel_resources.py)
-SMOOTH_LAUNCH = dict(num_warps=8, num_stages=2)
-SMOOTH_BLOCK_V = 128  # the whole value dimension up to 128: each chunk's scores are formed once
-DQKG_BLOCK_K = 32
-DQKG_WARPS = 8
+LAUNCH = {
+    # tile edges (the largest; smaller dimensions get smaller tiles) and launch options per kernel; measured on
+    # an H200 by benchmarks/tune_kernels.py, which sweeps this table. The smooth-chunk kernels spill at 4 warps
+    # (benchmarks/kernel_resources.py); block_v = 128 covers the whole value dimension, so each chunk's scores are
+    # formed once.
+    "updates": dict(block_k=64, num_warps=8, num_stages=3),
+    "updates_with_gradients": dict(block_k=32, num_warps=8, num_stages=3),  # two passes at 64 keys spill
+    "smooth_output": dict(block_k=64, block_v=128, num_warps=8, num_stages=2),
+    "smooth_dv": dict(block_k=64, block_v=128, num_warps=8, num_stages=2),
+    "smooth_dqkg": dict(block_k=32, block_v=64, key_splits=1, num_warps=8, num_stages=3),
+}
+"""The launch table of the Triton GLA kernels (read at call time: the tuning benchmark edits it in place)."""
+
+
+def launch_options(entry: dict) -> dict:
+    """The num_warps / num_stages of a LAUNCH entry, as launch keyword arguments."""
+    return {name: entry[name] for name in ("num_warps", "num_stages")}
+STEEP_GROUP = 8  # a power of two
+"""Chunks per program of the steep-path kernels: on smooth data each program only loads its group's spans, so the
+cost of those launches falls with the number of programs (one per chunk was about 0.1 ms per GLA step at 16K)."""
+
+
+def steep_grid(n_all: int, blocks: int = 1) -> tuple[int, ...]:
+    """The grid of a steep-path kernel over ``n_all`` (batch * head, chunk) pairs and ``blocks`` key or value blocks."""
+    groups = cdiv(n_all, STEEP_GROUP)
+    return (groups, blocks) if blocks > 1 else (groups,)
 
 
 def smooth_span_limit(dtype: torch.dtype) -> float:
@@ -155,12 +176,13 @@ def gates_and_updates(g, k, v, q=None, do=None, scale: float = 1.0):
     updates = new_output(update_shape, states_dtype(k.dtype), k.device)
     gradients = q is not None
     grad_updates = new_output(update_shape, states_dtype(k.dtype), k.device) if gradients else None
-    block_k = block_size(key_dim, 32 if gradients else 64)  # two update passes at 64 keys spill (kernel_resources)
+    launch = LAUNCH["updates_with_gradients" if gradients else "updates"]
+    block_k = block_size(key_dim, launch["block_k"])
     gla_kernel_gates_and_updates[(cdiv(key_dim, block_k), n_chunks, batch * heads)](
         g, k, v, q if gradients else k, do if gradients else v, gates.cumsum, gates.total, gates.mid, gates.span,
         updates, grad_updates if gradients else updates, scale, length, n_chunks,
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_size(value_dim, 128), GRADIENTS=gradients,
-        num_warps=8,
+        **launch_options(launch),
     )
     return gates, updates, grad_updates
 
@@ -180,10 +202,11 @@ def intra_scores(q, k, gates: ChunkGates, scale: float, span_limit: float) -> to
     n_chunks = cdiv(length, CHUNK)
     scores = new_output((batch, length, heads, CHUNK), torch.float32, q.device)
     n_sub = CHUNK // SUB_CHUNK
-    gla_fwd_kernel_intra_scores[(n_chunks, batch * heads)](
-        q, k, gates.cumsum, gates.span, scores, scale, span_limit, length, n_chunks,
+    n_all = batch * heads * n_chunks
+    gla_fwd_kernel_intra_scores[steep_grid(n_all)](
+        q, k, gates.cumsum, gates.span, scores, scale, span_limit, length, n_chunks, n_all,
         H=heads, K=key_dim, BT=CHUNK, BC=SUB_CHUNK, BK=block_size(key_dim, 32), NC=n_sub,
-        KP=next_power_of_2(key_dim),
+        KP=next_power_of_2(key_dim), CG=STEEP_GROUP,
     )
     return scores
 
@@ -200,15 +223,16 @@ def forward(q, k, v, g, scale, initial_state):
     gates, updates, _ = gates_and_updates(g, k, v)
     states, final_state = chunk_state_scan(updates, gates.total, initial_state, states_dtype(k.dtype), reverse=False)
     output = new_output(v.shape, v.dtype, v.device)
-    grid = (cdiv(args["V"], args["BV"]), args["NT"], batch * heads)
-    smooth_args = dict(args, BV=block_size(args["V"], SMOOTH_BLOCK_V))
+    launch = LAUNCH["smooth_output"]
+    smooth_args = dict(args, BK=block_size(args["K"], launch["block_k"]), BV=block_size(args["V"], launch["block_v"]))
     gla_fwd_kernel_smooth_output[(cdiv(args["V"], smooth_args["BV"]), args["NT"], batch * heads)](
         q, k, v, gates.cumsum, gates.mid, gates.span, states, output, scale, span_limit, **smooth_args,
-        **SMOOTH_LAUNCH,
+        **launch_options(launch),
     )
     scores = intra_scores(q, k, gates, scale, span_limit)
-    gla_fwd_kernel_output[grid](
-        q, v, gates.cumsum, gates.span, states, scores, output, scale, span_limit, **args
+    n_all = batch * heads * args["NT"]
+    gla_fwd_kernel_output[steep_grid(n_all, cdiv(args["V"], args["BV"]))](
+        q, v, gates.cumsum, gates.span, states, scores, output, scale, span_limit, n_all=n_all, CG=STEEP_GROUP, **args
     )
     return output, final_state
 
@@ -227,37 +251,39 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     dq = new_output(q.shape, q.dtype, q.device)
     dk = new_output(k.shape, k.dtype, k.device)
     dg = new_output(g.shape, torch.float32, g.device)
-    grid_v = (cdiv(args["V"], args["BV"]), n_chunks, batch * heads)
-    grid_k = (cdiv(key_dim, args["BK"]), n_chunks, batch * heads)
+    n_all = batch * heads * n_chunks
     # smooth chunks: two fused kernels
-    smooth_args = dict(args, BV=block_size(args["V"], SMOOTH_BLOCK_V))
+    launch = LAUNCH["smooth_dv"]
+    smooth_args = dict(args, BK=block_size(key_dim, launch["block_k"]), BV=block_size(args["V"], launch["block_v"]))
     gla_bwd_kernel_smooth_dv[(cdiv(args["V"], smooth_args["BV"]), n_chunks, batch * heads)](
         q, k, do, gates.cumsum, gates.total, gates.mid, gates.span, state_grads, dv, scale, span_limit,
-        **smooth_args, **SMOOTH_LAUNCH,
+        **smooth_args, **launch_options(launch),
     )
-    dqkg_args = dict(args, BK=block_size(key_dim, DQKG_BLOCK_K))
-    gla_bwd_kernel_smooth_dqkg[(n_chunks, batch * heads)](
+    launch = LAUNCH["smooth_dqkg"]
+    dqkg_args = dict(args, BK=block_size(key_dim, launch["block_k"]), BV=block_size(args["V"], launch["block_v"]))
+    key_splits = min(launch["key_splits"], cdiv(key_dim, dqkg_args["BK"]))
+    gla_bwd_kernel_smooth_dqkg[(n_chunks, batch * heads, key_splits)](
         q, k, v, do, gates.cumsum, gates.total, gates.mid, gates.span, states, state_grads, dq, dk, dg,
-        scale, span_limit, num_warps=DQKG_WARPS, **dqkg_args,
+        scale, span_limit, KS=key_splits, **dqkg_args, **launch_options(launch),
     )
     # steep chunks: sub-chunk scores, then dv, the intra-chunk dq/dk and the state terms
     scores = intra_scores(q, k, gates, scale, span_limit)
     score_grads = new_output((batch, length, heads, CHUNK), torch.float32, q.device)
-    gla_bwd_kernel_dv[grid_v](
+    gla_bwd_kernel_dv[steep_grid(n_all, cdiv(args["V"], args["BV"]))](
         k, v, do, gates.cumsum, gates.total, gates.span, scores, state_grads, dv, score_grads, scale, span_limit,
-        **args,
+        n_all=n_all, CG=STEEP_GROUP, **args,
     )
     dq_intra = new_output(q.shape, torch.float32, q.device)
     dk_intra = new_output(q.shape, torch.float32, q.device)
     n_sub = CHUNK // SUB_CHUNK
     block_intra = block_size(key_dim, 32)
-    gla_bwd_kernel_intra[(cdiv(key_dim, block_intra), n_chunks, batch * heads)](
-        q, k, gates.cumsum, gates.span, score_grads, dq_intra, dk_intra, span_limit, length, n_chunks,
-        H=heads, K=key_dim, BT=CHUNK, BC=SUB_CHUNK, BK=block_intra, NC=n_sub, KP=args["KP"],
+    gla_bwd_kernel_intra[steep_grid(n_all, cdiv(key_dim, block_intra))](
+        q, k, gates.cumsum, gates.span, score_grads, dq_intra, dk_intra, span_limit, length, n_chunks, n_all,
+        H=heads, K=key_dim, BT=CHUNK, BC=SUB_CHUNK, BK=block_intra, NC=n_sub, KP=args["KP"], CG=STEEP_GROUP,
     )
-    gla_bwd_kernel_inter[grid_k](
+    gla_bwd_kernel_inter[steep_grid(n_all, cdiv(key_dim, args["BK"]))](
         q, k, v, do, gates.cumsum, gates.total, gates.span, states, state_grads, dq_intra, dk_intra, dq, dk, dg,
-        scale, span_limit, **args,
+        scale, span_limit, n_all=n_all, CG=STEEP_GROUP, **args,
     )
     return dq, dk, dv, dg, initial_grad
 

@@ -1,4 +1,5 @@
-"""Triton pieces both GLA paths use: which path a chunk takes, and the last step of dq/dk/dg."""
+"""Triton pieces both GLA paths use: which path a chunk takes (per chunk, and per group of chunks for the
+steep-path launches), and the last step of dq/dk/dg."""
 
 from __future__ import annotations
 
@@ -13,6 +14,25 @@ def chunk_is_smooth(gate_span, i_bh, i_n, NT, span_limit, K: tl.constexpr, KP: t
     o_k = tl.arange(0, KP)
     b_span = tl.load(gate_span + (i_bh * NT + i_n) * K + o_k, mask=o_k < K, other=0.0)
     return tl.max(b_span, axis=0) <= span_limit
+
+
+@triton.jit
+def chunk_is_steep(gate_span, span_limit, chunk, n_all, K: tl.constexpr, KP: tl.constexpr):
+    """True when chunk ``chunk`` of the flattened (batch * head, chunk) index exists and is not smooth."""
+    o_k = tl.arange(0, KP)
+    b_span = tl.load(gate_span + chunk.to(tl.int64) * K + o_k, mask=(o_k < K) & (chunk < n_all), other=0.0)
+    return tl.max(b_span, axis=0) > span_limit
+
+
+@triton.jit
+def group_has_steep_chunk(gate_span, span_limit, i_group, n_all, K: tl.constexpr, KP: tl.constexpr, CG: tl.constexpr):
+    """Whether any of chunks [i_group * CG, (i_group + 1) * CG) of the flattened index is steep: the steep-path
+    kernels run one program per group and block, so on smooth data each program costs one [CG, K] load."""
+    o_c = i_group * CG + tl.arange(0, CG)
+    o_k = tl.arange(0, KP)
+    mask = (o_c < n_all)[:, None] & (o_k < K)[None, :]
+    b_span = tl.load(gate_span + o_c.to(tl.int64)[:, None] * K + o_k[None, :], mask=mask, other=0.0)
+    return tl.max(tl.max(b_span, axis=1), axis=0) > span_limit
 
 
 @triton.jit

@@ -148,14 +148,14 @@ def gla_bwd_kernel_smooth_dqkg(
     q, k, v, do, gate_cumsum, chunk_gate, gate_mid, gate_span, states, state_grads, dq, dk, dg,
     scale, span_limit, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    KP: tl.constexpr,
+    KP: tl.constexpr, KS: tl.constexpr,
 ):
-    # One program per smooth chunk. dA = scale * do v^T (causal) and dA^T = scale * v do^T (formed directly),
-    # once for the chunk; then for each block of keys:
+    # One program per smooth chunk and split of the keys (grid axis 2, KS splits). dA = scale * do v^T
+    # (causal) and dA^T = scale * v do^T (formed directly), once per program; then for each block of keys:
     # dq = scale * exp(gc) (do S_n^T) + exp(gc - mid) (dA (k * exp(mid - gc)));
     # dk = exp(gl - gc) (v dS^T) + exp(mid - gc) (dA^T (q * exp(gc - mid)));
     # dg = reverse-cumsum_in_chunk(q dq - k dk) + sum_v(S_{n+1} dS_{n+1}), as in gla_bwd_kernel_inter.
-    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_n, i_bh, i_split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if not chunk_is_smooth(gate_span, i_bh, i_n, NT, span_limit, K, KP):
         return
     i_b, i_h = i_bh // H, i_bh % H
@@ -164,8 +164,10 @@ def gla_bwd_kernel_smooth_dqkg(
     b_dscores = tl.where(o_t[:, None] >= o_t[None, :], b_dscores * scale, 0.0)
     b_dscores_t = tl.where(o_t[None, :] >= o_t[:, None], b_dscores_t * scale, 0.0)
     row_valid = i_n * BT + o_t < T
+    # the key blocks of this program: the grid's third axis splits them in KS runs (each forms dA once more)
     for i_k in range(tl.cdiv(K, BK)):
-        _smooth_dqkg_block(
-            q, k, do, v, gate_cumsum, chunk_gate, gate_mid, states, state_grads, dq, dk, dg, b_dscores, b_dscores_t,
-            scale, row_valid, i_n, i_k, i_bh, T, NT, H, K, V, BT, BK, BV,
-        )
+        if i_k // tl.cdiv(tl.cdiv(K, BK), KS) == i_split:
+            _smooth_dqkg_block(
+                q, k, do, v, gate_cumsum, chunk_gate, gate_mid, states, state_grads, dq, dk, dg, b_dscores, b_dscores_t,
+                scale, row_valid, i_n, i_k, i_bh, T, NT, H, K, V, BT, BK, BV,
+            )

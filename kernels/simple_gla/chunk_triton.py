@@ -24,6 +24,21 @@ from schedlang.kernels.common.triton_scan import (
 )
 
 CHUNK = 64
+LAUNCH = {
+    # tile edges (the largest; smaller dimensions get smaller tiles) and launch options per kernel, swept on an
+    # H200 by benchmarks/tune_kernels.py; at 4 warps the two-product kernels spill (benchmarks/kernel_resources.py)
+    "updates": dict(block_k=64, block_v=128, num_warps=4, num_stages=3),
+    "updates_with_gradients": dict(block_k=64, block_v=64, num_warps=8, num_stages=3),
+    "output": dict(block_k=64, block_v=64, num_warps=8, num_stages=3),
+    "dv": dict(block_k=64, block_v=64, num_warps=8, num_stages=3),
+    "dqkg": dict(block_v=32, num_warps=8, num_stages=3),  # all keys (up to 256) in one tile
+}
+"""The launch table of the Triton simple-GLA kernels (read at call time: the tuning benchmark edits it in place)."""
+
+
+def launch_options(entry: dict) -> dict:
+    """The num_warps / num_stages of a LAUNCH entry, as launch keyword arguments."""
+    return {name: entry[name] for name in ("num_warps", "num_stages")}
 
 
 @triton.jit
@@ -195,13 +210,14 @@ def gates_and_updates(g, k, v, q=None, do=None, scale: float = 1.0):
     updates = new_output(update_shape, states_dtype(k.dtype), k.device)
     gradients = q is not None
     grad_updates = new_output(update_shape, states_dtype(k.dtype), k.device) if gradients else None
-    block_k, block_v = block_size(key_dim, 64), block_size(value_dim, 64 if gradients else 128)
+    launch = LAUNCH["updates_with_gradients" if gradients else "updates"]
+    block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])
     grid = (cdiv(key_dim, block_k), cdiv(value_dim, block_v), n_chunks * batch * heads)
     simple_gla_kernel_gates_and_updates[grid](
         g, k, v, q if gradients else k, do if gradients else v, gate_cumsum, chunk_gate, updates,
         grad_updates if gradients else updates, scale, length, n_chunks,
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v, GRADIENTS=gradients,
-        num_warps=8 if gradients else 4,  # two update products spill at 4 warps or 128 values (kernel_resources)
+        **launch_options(launch),
     )
     return gate_cumsum, chunk_gate, updates, grad_updates
 
@@ -214,11 +230,12 @@ def forward(q, k, v, g, scale, initial_state):
     gate_cumsum, chunk_gate, updates, _ = gates_and_updates(g, k, v)
     states, final_state = chunk_state_scan(updates, chunk_gate, initial_state, states_dtype(k.dtype), reverse=False)
     output = new_output(v.shape, v.dtype, v.device)
-    block_k, block_v = block_size(key_dim, 64), block_size(value_dim, 64)
+    launch = LAUNCH["output"]
+    block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])
     simple_gla_fwd_kernel_output[(cdiv(value_dim, block_v), n_chunks, batch * heads)](
         q, k, v, gate_cumsum, states, output, scale, length, n_chunks,
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
-        num_warps=8,
+        **launch_options(launch),
     )
     return output, final_state
 
@@ -234,20 +251,21 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
     states, state_grads, initial_grad = chunk_state_scan_pair(
         updates, grad_updates, chunk_gate, initial_state, final_state_grad, states_dtype(k.dtype)
     )
-    block_k, block_v = block_size(key_dim, 64), block_size(value_dim, 64)
+    launch = LAUNCH["dv"]
+    block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])
     dv = new_output(v.shape, v.dtype, v.device)
     simple_gla_bwd_kernel_dv[(cdiv(value_dim, block_v), n_chunks, batch * heads)](
         q, k, do, gate_cumsum, chunk_gate, state_grads, dv, scale, length, n_chunks,
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
-        num_warps=8,
+        **launch_options(launch),
     )
     dq = new_output(q.shape, q.dtype, q.device)
     dk = new_output(k.shape, k.dtype, k.device)
     dg = new_output(g.shape, torch.float32, g.device)
     simple_gla_bwd_kernel_dqkg[(n_chunks, batch * heads)](
         q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq, dk, dg, scale, length, n_chunks,
-        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_size(key_dim, 256), BV=block_size(value_dim, 32),
-        num_warps=8,  # spills 2.3 KB per thread at 4 warps (benchmarks/kernel_resources.py)
+        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_size(key_dim, 256),
+        BV=block_size(value_dim, LAUNCH["dqkg"]["block_v"]), **launch_options(LAUNCH["dqkg"]),
     )
     return dq, dk, dv, dg, initial_grad
 

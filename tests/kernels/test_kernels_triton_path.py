@@ -131,6 +131,35 @@ def test_gla_smooth_and_steep_chunk_paths_each_match_the_reference(monkeypatch, 
     assert_close(run_with_grads(operator.chunked, inputs, backend="triton"), reference(operator, inputs), tolerance)
 
 
+@pytest.mark.parametrize(
+    "entry, overrides",
+    [
+        ("smooth_dqkg", dict(key_splits=2, block_k=16)),
+        ("smooth_dqkg", dict(key_splits=4, block_k=16, block_v=32)),
+        ("smooth_output", dict(block_k=16, block_v=16)),
+        ("smooth_dv", dict(block_k=16, block_v=16)),
+        ("updates", dict(block_k=16)),
+        ("updates_with_gradients", dict(block_k=16)),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "-".join(f"{k}{v}" for k, v in value.items()),
+)
+def test_gla_launch_table_variants_stay_exact(monkeypatch, entry, overrides):
+    """benchmarks/tune_kernels.py sweeps chunk_triton.LAUNCH: every tile and split it may pick must give the
+    reference, on mixed smooth and steep chunks, with steep groups (STEEP_GROUP = 4, 3 chunks a head) that straddle heads."""
+    from schedlang.kernels.gla import chunk_triton
+
+    table = {name: dict(values) for name, values in chunk_triton.LAUNCH.items()}
+    table[entry].update(overrides)
+    monkeypatch.setattr(chunk_triton, "LAUNCH", table)
+    monkeypatch.setattr(chunk_triton, "STEEP_GROUP", 4)
+    operator = OPERATORS["gla"]
+    dtype, tolerance = DTYPES["float32"]
+    inputs = make_inputs(operator, 1, 1000 if ON_GPU else 180, 2, 64, "strong", True, dtype, DEVICE, generator_seed=5)
+    spans = _chunk_gate_spans(inputs.g.cpu())
+    assert 0 < int((spans <= chunk_triton.SPAN_LIMIT).sum()) < len(spans)
+    assert_close(run_with_grads(operator.chunked, inputs, backend="triton"), reference(operator, inputs), tolerance)
+
+
 def test_gla_in_float16_keeps_its_gated_operands_finite():
     """float16 overflows at 65504: a chunk whose cumulative gate spans ~38 (log-gate -0.6 a token) would put
     factors of exp(19) on the keys if it took the smooth path with the bfloat16 limit. Keys of size ~30 and

@@ -1,0 +1,157 @@
+"""Sweep the Triton kernels' launch tables on this GPU and report the fastest exact configuration.
+
+    python benchmarks/tune_kernels.py                       # GLA and simple GLA at B=1, T=16K, H=16, D=128, bf16
+    python benchmarks/tune_kernels.py --budget 240 --out tuned.json
+    python benchmarks/kernels.py --launch-table tuned.json  # time (and compare with fla) under the tuned table
+
+The tables are kernels/gla/chunk_triton.py LAUNCH, kernels/simple_gla/chunk_triton.py LAUNCH and
+kernels/common/triton_scan.py SCAN_LAUNCH: tile edges, key splits, num_warps and num_stages per kernel.
+Coordinate descent, one pass: for each entry and each knob, every candidate value is timed as the operator's
+whole forward+backward (median of triton.testing.do_bench) and kept when it is at least 1% faster. A candidate
+must also reproduce the output and every gradient of the starting table within 2% relative (bfloat16
+accumulation order changes the last bits; a miscompiled kernel is far off), else it is rejected: a Hopper
+miscompile found here is printed, never kept. Launch failures (shared memory, registers) are printed and
+skipped. With --budget the sweep stops at that many seconds and keeps what it found. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import sys
+import time
+
+import torch
+import triton
+
+from schedlang.kernels import chunk_gla, chunk_simple_gla
+from schedlang.kernels.common import triton_scan
+from schedlang.kernels.gla import chunk_triton as gla_triton
+from schedlang.kernels.simple_gla import chunk_triton as simple_gla_triton
+
+TOLERANCE = 2e-2
+KEEP_IF_FASTER = 0.99
+
+# knob -> candidate values, per table entry
+TILE_AND_LAUNCH = dict(block_k=[32, 64, 128], block_v=[32, 64, 128], num_warps=[4, 8], num_stages=[1, 2, 3, 4])
+CANDIDATES = {
+    "gla": {
+        "updates": TILE_AND_LAUNCH,
+        "updates_with_gradients": dict(TILE_AND_LAUNCH, block_k=[16, 32, 64]),
+        "smooth_output": TILE_AND_LAUNCH,
+        "smooth_dv": TILE_AND_LAUNCH,
+        "smooth_dqkg": dict(TILE_AND_LAUNCH, block_k=[16, 32, 64], key_splits=[1, 2, 4]),
+        "scan": dict(block_k=[8, 16, 32], block_v=[16, 32, 64], num_warps=[1, 2, 4], num_stages=[2, 3, 4]),
+    },
+    "simple_gla": {
+        "updates": TILE_AND_LAUNCH,
+        "updates_with_gradients": TILE_AND_LAUNCH,
+        "output": TILE_AND_LAUNCH,
+        "dv": TILE_AND_LAUNCH,
+        "dqkg": dict(block_v=[16, 32, 64], num_warps=[4, 8], num_stages=[1, 2, 3]),
+    },
+}
+OPERATORS = {"gla": (chunk_gla, gla_triton.LAUNCH), "simple_gla": (chunk_simple_gla, simple_gla_triton.LAUNCH)}
+
+
+def load_kernel_benchmark():
+    """benchmarks/kernels.py as a module (its inputs and timing step), without putting 'kernels' on sys.path."""
+    path = pathlib.Path(__file__).with_name("kernels.py")
+    spec = importlib.util.spec_from_file_location("kernel_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def table_entry(operator: str, entry: str) -> dict:
+    return triton_scan.SCAN_LAUNCH if entry == "scan" else OPERATORS[operator][1][entry]
+
+
+def relative_difference(results, reference) -> float:
+    return max(
+        ((result.float() - expected.float()).norm() / expected.float().norm().clamp_min(1e-30)).item()
+        for result, expected in zip(results, reference)
+    )
+
+
+def measure(step) -> tuple[float, list[torch.Tensor]]:
+    results = [tensor.clone() for tensor in step()]
+    return triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median"), results
+
+
+def sweep(operator: str, step, deadline: float, log) -> tuple[float, float]:
+    """Coordinate descent over CANDIDATES[operator], editing the tables in place; returns (start, end) ms."""
+    start_ms, reference = measure(step)
+    best_ms = start_ms
+    log({"operator": operator, "start_ms": start_ms})
+    for entry, knobs in CANDIDATES[operator].items():
+        table = table_entry(operator, entry)
+        for knob, values in knobs.items():
+            if knob not in table:
+                continue
+            for value in values:
+                if time.monotonic() > deadline or value == table[knob]:
+                    continue
+                kept = table[knob]
+                table[knob] = value
+                record = {"operator": operator, "entry": entry, knob: value}
+                try:
+                    milliseconds, results = measure(step)
+                    difference = relative_difference(results, reference)
+                    record.update(ms=round(milliseconds, 4), rel_diff=difference)
+                except Exception as error:  # a launch that does not fit is a result, not a reason to stop
+                    record["error"] = repr(error)[:200]
+                    milliseconds, difference = float("inf"), 0.0
+                if difference > TOLERANCE:
+                    record["rejected"] = "differs from the starting table: miscompiled or broken"
+                if milliseconds < best_ms * KEEP_IF_FASTER and difference <= TOLERANCE:
+                    best_ms = milliseconds
+                    record["kept"] = True
+                else:
+                    table[knob] = kept
+                log(record)
+    return start_ms, best_ms
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--operators", nargs="+", default=["gla", "simple_gla"], choices=sorted(OPERATORS))
+    parser.add_argument("--length", type=int, default=16384)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--budget", type=float, default=1e9, help="seconds for the whole sweep")
+    parser.add_argument("--out", help="write the tuned tables (kernels.py --launch-table reads them)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("benchmarks/tune_kernels.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    benchmark = load_kernel_benchmark()
+    deadline = time.monotonic() + args.budget
+    print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}", flush=True)
+
+    def log(record):
+        print(json.dumps(record), flush=True)
+
+    summary = {}
+    for operator in args.operators:
+        inputs = benchmark.make_inputs(operator, args.length, args.heads, args.dim, with_state=False)
+        step = benchmark.gradient_step(OPERATORS[operator][0], inputs, with_state=False)
+        summary[operator] = sweep(operator, step, deadline, log)
+    tables = {
+        "gla": gla_triton.LAUNCH, "simple_gla": simple_gla_triton.LAUNCH, "scan": triton_scan.SCAN_LAUNCH,
+    }
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump(tables, handle, indent=1)
+    print(json.dumps(tables))
+    print(f"| op | T | fwd+bwd, starting table (ms) | tuned (ms) | ratio |")
+    print("|---|---|---|---|---|")
+    for operator, (start_ms, best_ms) in summary.items():
+        print(f"| {operator} | {args.length} | {start_ms:.3f} | {best_ms:.3f} | {best_ms / start_ms:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
