@@ -2,6 +2,7 @@
 
     python benchmarks/tune_kernels.py                       # GLA and simple GLA at B=1, T=16K, H=16, D=128, bf16
     python benchmarks/tune_kernels.py --budget 240 --out tuned.json
+    python benchmarks/tune_kernels.py --length 4096 --state --graph   # chunk-sized calls, replayed from a CUDA graph
     python benchmarks/kernels.py --launch-table tuned.json  # time (and compare with fla) under the tuned table
 
 The tables are kernels/gla/chunk_triton.py LAUNCH, kernels/simple_gla/chunk_triton.py LAUNCH and
@@ -76,14 +77,30 @@ def relative_difference(results, reference) -> float:
     )
 
 
-def measure(step) -> tuple[float, list[torch.Tensor]]:
-    results = [tensor.clone() for tensor in step()]
-    return triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median"), results
+def measure(step, graph: bool = False) -> tuple[float, list[torch.Tensor]]:
+    """(median ms of one forward+backward, its gradients); with graph, of the step captured in a CUDA graph and
+    replayed (issue 5's chunk-sized calls), captured afresh since the table may have changed."""
+    if not graph:
+        results = [tensor.clone() for tensor in step()]
+        return triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median"), results
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    captured_graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(captured_graph):
+        captured = step()
+    captured_graph.replay()
+    torch.cuda.synchronize()
+    results = [tensor.clone() for tensor in captured]
+    return triton.testing.do_bench(captured_graph.replay, warmup=25, rep=100, return_mode="median"), results
 
 
-def sweep(operator: str, step, deadline: float, log) -> tuple[float, float]:
+def sweep(operator: str, step, deadline: float, log, graph: bool = False) -> tuple[float, float]:
     """Coordinate descent over CANDIDATES[operator], editing the tables in place; returns (start, end) ms."""
-    start_ms, reference = measure(step)
+    start_ms, reference = measure(step, graph)
     best_ms = start_ms
     log({"operator": operator, "start_ms": start_ms})
     for entry, knobs in CANDIDATES[operator].items():
@@ -98,7 +115,7 @@ def sweep(operator: str, step, deadline: float, log) -> tuple[float, float]:
                 table[knob] = value
                 record = {"operator": operator, "entry": entry, knob: value}
                 try:
-                    milliseconds, results = measure(step)
+                    milliseconds, results = measure(step, graph)
                     difference = relative_difference(results, reference)
                     record.update(ms=round(milliseconds, 4), rel_diff=difference)
                 except Exception as error:  # a launch that does not fit is a result, not a reason to stop
@@ -121,6 +138,8 @@ def main() -> int:
     parser.add_argument("--length", type=int, default=16384)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--state", action="store_true", help="calls with an initial state in and the final state out")
+    parser.add_argument("--graph", action="store_true", help="time CUDA-graph replays of the step (issue 5)")
     parser.add_argument("--budget", type=float, default=1e9, help="seconds for the whole sweep")
     parser.add_argument("--out", help="write the tuned tables (kernels.py --launch-table reads them)")
     args = parser.parse_args()
@@ -136,9 +155,9 @@ def main() -> int:
 
     summary = {}
     for operator in args.operators:
-        inputs = benchmark.make_inputs(operator, args.length, args.heads, args.dim, with_state=False)
-        step = benchmark.gradient_step(OPERATORS[operator][0], inputs, with_state=False)
-        summary[operator] = sweep(operator, step, deadline, log)
+        inputs = benchmark.make_inputs(operator, args.length, args.heads, args.dim, with_state=args.state)
+        step = benchmark.gradient_step(OPERATORS[operator][0], inputs, with_state=args.state)
+        summary[operator] = sweep(operator, step, deadline, log, args.graph)
     tables = {
         "gla": gla_triton.LAUNCH, "simple_gla": simple_gla_triton.LAUNCH, "scan": triton_scan.SCAN_LAUNCH,
     }
@@ -146,7 +165,8 @@ def main() -> int:
         with open(args.out, "w") as handle:
             json.dump(tables, handle, indent=1)
     print(json.dumps(tables))
-    print(f"| op | T | fwd+bwd, starting table (ms) | tuned (ms) | ratio |")
+    mode = ("state in/out, " if args.state else "") + ("graph replay" if args.graph else "eager")
+    print(f"| op | T | fwd+bwd ({mode}), starting table (ms) | tuned (ms) | ratio |")
     print("|---|---|---|---|---|")
     for operator, (start_ms, best_ms) in summary.items():
         print(f"| {operator} | {args.length} | {start_ms:.3f} | {best_ms:.3f} | {best_ms / start_ms:.2f} |")

@@ -50,15 +50,14 @@ FLOAT16_SPAN_LIMIT = 8.0
 """float16 overflows at 65504: its gated operands keep their factors within exp(+-4)."""
 
 LAUNCH = {
-    # tile edges (the largest; smaller dimensions get smaller tiles) and launch options per kernel; measured on
-    # an H200 by benchmarks/tune_kernels.py, which sweeps this table. The smooth-chunk kernels spill at 4 warps
-    # (benchmarks/kernel_resources.py); block_v = 128 covers the whole value dimension, so each chunk's scores are
-    # formed once.
-    "updates": dict(block_k=64, num_warps=8, num_stages=3),
-    "updates_with_gradients": dict(block_k=32, num_warps=8, num_stages=3),  # two passes at 64 keys spill
-    "smooth_output": dict(block_k=64, block_v=128, num_warps=8, num_stages=2),
-    "smooth_dv": dict(block_k=64, block_v=128, num_warps=8, num_stages=2),
-    "smooth_dqkg": dict(block_k=32, block_v=64, key_splits=1, num_warps=8, num_stages=3),
+    # tile edges (the largest; smaller dimensions get smaller tiles) and launch options per kernel, picked on an
+    # H200 by benchmarks/tune_kernels.py (B=1, T=16K, H=16, D=128, bf16; docs/benchmarks.md), which sweeps this
+    # table. block_v = 128 covers the whole value dimension, so each chunk's scores are formed once.
+    "updates": dict(block_k=64, num_warps=4, num_stages=3),
+    "updates_with_gradients": dict(block_k=64, num_warps=4, num_stages=3),
+    "smooth_output": dict(block_k=32, block_v=128, num_warps=8, num_stages=4),
+    "smooth_dv": dict(block_k=32, block_v=128, num_warps=8, num_stages=3),
+    "smooth_dqkg": dict(block_k=64, block_v=64, key_splits=1, num_warps=8, num_stages=3),
 }
 """The launch table of the Triton GLA kernels (read at call time: the tuning benchmark edits it in place)."""
 

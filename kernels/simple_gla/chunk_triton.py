@@ -25,13 +25,13 @@ from schedlang.kernels.common.triton_scan import (
 
 CHUNK = 64
 LAUNCH = {
-    # tile edges (the largest; smaller dimensions get smaller tiles) and launch options per kernel, swept on an
-    # H200 by benchmarks/tune_kernels.py; at 4 warps the two-product kernels spill (benchmarks/kernel_resources.py)
+    # tile edges (the largest; smaller dimensions get smaller tiles) and launch options per kernel, picked on an
+    # H200 by benchmarks/tune_kernels.py (B=1, T=16K, H=16, D=128, bf16; docs/benchmarks.md)
     "updates": dict(block_k=64, block_v=128, num_warps=4, num_stages=3),
-    "updates_with_gradients": dict(block_k=64, block_v=64, num_warps=8, num_stages=3),
-    "output": dict(block_k=64, block_v=64, num_warps=8, num_stages=3),
-    "dv": dict(block_k=64, block_v=64, num_warps=8, num_stages=3),
-    "dqkg": dict(block_v=32, num_warps=8, num_stages=3),  # all keys (up to 256) in one tile
+    "updates_with_gradients": dict(block_k=128, block_v=64, num_warps=8, num_stages=3),
+    "output": dict(block_k=64, block_v=128, num_warps=8, num_stages=3),
+    "dv": dict(block_k=64, block_v=128, num_warps=8, num_stages=3),
+    "dqkg": dict(block_v=64, num_warps=8, num_stages=3),  # all keys (up to 256) in one tile
 }
 """The launch table of the Triton simple-GLA kernels (read at call time: the tuning benchmark edits it in place)."""
 
