@@ -10,8 +10,9 @@ no sequence parallelism (no collectives inside the graphs), and only
 recurrent layers (gla, simple_gla), whose states have fixed shapes.
 
 [Note: graph slots]
-A captured callable owns static buffers: its forward writes the chunk's
-outputs and saved activations there, its backward writes the gradients of its
+A captured callable owns static buffers: its sample arguments are its
+static inputs (each slot gets its own: the backward reads them), its forward
+writes the chunk's outputs and saved activations there, its backward writes the gradients of its
 inputs there, and the next forward replay of the same callable overwrites
 both (the backward's outputs can reuse memory the forward's activations had).
 A stage has up to N + P - r - 1 chunks in flight between ``F`` and ``B``, so
@@ -107,9 +108,6 @@ class GraphedChunks:
         with torch.no_grad():
             _, final_states = self.stage(inputs.detach(), [None] * self.stage.n_states)
         self.state_specs = [StateSpec(tuple(state.shape), state.dtype) for state in final_states]
-        sample_inputs = inputs.detach().clone().requires_grad_(not self.stage.is_first)
-        sample_states = [state.requires_grad_(True) for state in self.zero_states()]
-        sample_args = (sample_inputs, *sample_states) + ((targets.detach().clone(),) if targets is not None else ())
         for parameter in self.stage.parameters():
             if parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)
@@ -118,12 +116,19 @@ class GraphedChunks:
             self.callables.append(
                 self.make_graphed(
                     ChunkStep(self.stage, self.global_tokens),
-                    sample_args,
+                    self._sample_args(inputs, targets),
                     num_warmup_iters=warmup,
                     allow_unused_input=True,
                 )
             )
         self.free_slots = list(range(self.n_slots))
+
+    def _sample_args(self, inputs: torch.Tensor, targets: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """Fresh sample arguments for one slot: make_graphed_callables keeps them as the slot's static inputs,
+        which every replay copies its arguments into and its backward reads, so slots must not share them."""
+        sample_inputs = inputs.detach().clone().requires_grad_(not self.stage.is_first)
+        sample_states = [state.requires_grad_(True) for state in self.zero_states()]
+        return (sample_inputs, *sample_states) + ((targets.detach().clone(),) if targets is not None else ())
 
     def run(
         self, inputs: torch.Tensor, initial_states: list[torch.Tensor | None], targets: torch.Tensor | None

@@ -6,7 +6,9 @@ forward's activations, so the next forward replay clobbers them. This stand-in r
 hands out the same kind of static buffers and, at every forward, fills the gradient buffers of the last
 backward with NaN and overwrites its output buffers. A runtime that keeps a slot's gradients past the slot's
 next forward, lets autograd adopt a static buffer as a parameter's ``.grad``, or runs two forwards of one slot
-before its backward gets NaN or wrong numbers instead of the eager results.
+before its backward gets NaN or wrong numbers instead of the eager results. Like the real function it keeps
+the sample arguments themselves as the static inputs that every replay copies its arguments into, so two
+slots captured on the same sample tensors share their inputs (a bug the first GPU run found) and fail here.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ def emulated_make_graphed_callables(
 ) -> nn.Module:
     original_forward = module.forward
     parameters = tuple(module.parameters())
-    static_inputs = tuple(arg.detach().clone().requires_grad_(arg.requires_grad) for arg in sample_args)
+    static_inputs = tuple(sample_args)  # as torch does: the sample arguments are the static inputs
     surface = static_inputs + parameters
     live = {"outputs": None, "in_backward_order": False}
     static_outputs: list[torch.Tensor] = []
