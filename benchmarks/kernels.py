@@ -113,14 +113,9 @@ def time_operator(function, inputs, with_state: bool) -> dict[str, float]:
     }
 
 
-def time_graph_replay(function, inputs, with_state: bool) -> tuple[float, float]:
-    """Forward + backward captured once in a CUDA graph, then replayed (issue 5).
-
-    Returns (median replay time in ms, largest relative difference of the replayed gradients from an
-    eager step on the same inputs).
-    """
-    step = gradient_step(function, inputs, with_state)
-    eager = step()
+def capture_graph(step) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor]]:
+    """``step`` warmed up on a side stream, captured in a CUDA graph and replayed once: (graph, the tensors the
+    captured step returned, which every replay rewrites)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -132,6 +127,18 @@ def time_graph_replay(function, inputs, with_state: bool) -> tuple[float, float]
         captured = step()
     graph.replay()
     torch.cuda.synchronize()
+    return graph, captured
+
+
+def time_graph_replay(function, inputs, with_state: bool) -> tuple[float, float]:
+    """Forward + backward captured once in a CUDA graph, then replayed (issue 5).
+
+    Returns (median replay time in ms, largest relative difference of the replayed gradients from an
+    eager step on the same inputs).
+    """
+    step = gradient_step(function, inputs, with_state)
+    eager = step()
+    graph, captured = capture_graph(step)
     difference = max(
         ((replayed.float() - reference.float()).norm() / reference.float().norm()).item()
         for replayed, reference in zip(captured, eager)

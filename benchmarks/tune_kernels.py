@@ -77,30 +77,20 @@ def relative_difference(results, reference) -> float:
     )
 
 
-def measure(step, graph: bool = False) -> tuple[float, list[torch.Tensor]]:
+def measure(step, graph: bool = False, benchmark=None) -> tuple[float, list[torch.Tensor]]:
     """(median ms of one forward+backward, its gradients); with graph, of the step captured in a CUDA graph and
     replayed (issue 5's chunk-sized calls), captured afresh since the table may have changed."""
     if not graph:
         results = [tensor.clone() for tensor in step()]
         return triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median"), results
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    captured_graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(captured_graph):
-        captured = step()
-    captured_graph.replay()
-    torch.cuda.synchronize()
+    captured_graph, captured = benchmark.capture_graph(step)
     results = [tensor.clone() for tensor in captured]
     return triton.testing.do_bench(captured_graph.replay, warmup=25, rep=100, return_mode="median"), results
 
 
-def sweep(operator: str, step, deadline: float, log, graph: bool = False) -> tuple[float, float]:
+def sweep(operator: str, step, deadline: float, log, graph: bool = False, benchmark=None) -> tuple[float, float]:
     """Coordinate descent over CANDIDATES[operator], editing the tables in place; returns (start, end) ms."""
-    start_ms, reference = measure(step, graph)
+    start_ms, reference = measure(step, graph, benchmark)
     best_ms = start_ms
     log({"operator": operator, "start_ms": start_ms})
     for entry, knobs in CANDIDATES[operator].items():
@@ -115,7 +105,7 @@ def sweep(operator: str, step, deadline: float, log, graph: bool = False) -> tup
                 table[knob] = value
                 record = {"operator": operator, "entry": entry, knob: value}
                 try:
-                    milliseconds, results = measure(step, graph)
+                    milliseconds, results = measure(step, graph, benchmark)
                     difference = relative_difference(results, reference)
                     record.update(ms=round(milliseconds, 4), rel_diff=difference)
                 except Exception as error:  # a launch that does not fit is a result, not a reason to stop
@@ -157,7 +147,7 @@ def main() -> int:
     for operator in args.operators:
         inputs = benchmark.make_inputs(operator, args.length, args.heads, args.dim, with_state=args.state)
         step = benchmark.gradient_step(OPERATORS[operator][0], inputs, with_state=args.state)
-        summary[operator] = sweep(operator, step, deadline, log, args.graph)
+        summary[operator] = sweep(operator, step, deadline, log, args.graph, benchmark)
     tables = {
         "gla": gla_triton.LAUNCH, "simple_gla": simple_gla_triton.LAUNCH, "scan": triton_scan.SCAN_LAUNCH,
     }

@@ -1,8 +1,9 @@
 """Triton kernels for GLA's steep chunks: the exact 16-token sub-chunk split (kernels/gla/README.md).
 
-Used where some key's cumulative gate spans more than the span limit over a chunk; every kernel here
-returns at once on smooth chunks (kernels/gla/triton_smooth.py). Every transposed operand is loaded
-transposed from memory.
+Used where some key's cumulative gate spans more than the span limit over a chunk. Each kernel runs one
+program per group of CG chunks of the flattened (batch * head, chunk) index (grid axis 0) and key or value
+block (axis 1): a group of smooth chunks (kernels/gla/triton_smooth.py) costs its program one load of the spans,
+and a group with steep chunks walks them. Every transposed operand is loaded transposed from memory.
 """
 
 from __future__ import annotations
@@ -73,13 +74,10 @@ def gla_fwd_kernel_intra_scores(
 ):
     # One program per steep chunk: the scores row strip of each sub-chunk x in turn, blocks y <= x.
     i_group = tl.program_id(0)
-    # chunks [i_group * CG, ...) of the flattened (batch * head, chunk) index: a group of smooth chunks
-    # costs its programs one load of the spans
     if group_has_steep_chunk(gate_span, span_limit, i_group, n_all, K, KP, CG):
         for i_c in range(CG):
-            chunk = i_group * CG + i_c
-            if chunk_is_steep(gate_span, span_limit, chunk, n_all, K, KP):
-                i_n, i_bh = chunk % NT, chunk // NT
+            if chunk_is_steep(gate_span, span_limit, i_group * CG + i_c, n_all, K, KP):
+                i_n, i_bh = (i_group * CG + i_c) % NT, (i_group * CG + i_c) // NT
                 for i_x in range(NC):
                     _steep_scores_rows(q, k, gate_cumsum, scores, scale, T, i_n, i_x, i_bh, H, K, BT, BC, BK)
 
@@ -92,13 +90,10 @@ def gla_fwd_kernel_output(
 ):
     # The output of a steep chunk from its sub-chunk scores.
     i_group, i_v = tl.program_id(0), tl.program_id(1)
-    # chunks [i_group * CG, ...) of the flattened (batch * head, chunk) index: a group of smooth chunks
-    # costs its programs one load of the spans
     if group_has_steep_chunk(gate_span, span_limit, i_group, n_all, K, KP, CG):
         for i_c in range(CG):
-            chunk = i_group * CG + i_c
-            if chunk_is_steep(gate_span, span_limit, chunk, n_all, K, KP):
-                i_n, i_bh = chunk % NT, chunk // NT
+            if chunk_is_steep(gate_span, span_limit, i_group * CG + i_c, n_all, K, KP):
+                i_n, i_bh = (i_group * CG + i_c) % NT, (i_group * CG + i_c) // NT
                 i_b, i_h = i_bh // H, i_bh % H
                 state_base = states + (i_bh * NT + i_n).to(tl.int64) * K * V
                 b_o = tl.zeros([BT, BV], dtype=tl.float32)
@@ -133,13 +128,10 @@ def gla_bwd_kernel_dv(
     # Steep chunks: dv = scores^T do + (k * exp(gl - gc)) dS_leaving; the program with i_v == 0 also writes
     # score_grads = scale * do v^T (causal), used by the intra-chunk dq/dk.
     i_group, i_v = tl.program_id(0), tl.program_id(1)
-    # chunks [i_group * CG, ...) of the flattened (batch * head, chunk) index: a group of smooth chunks
-    # costs its programs one load of the spans
     if group_has_steep_chunk(gate_span, span_limit, i_group, n_all, K, KP, CG):
         for i_c in range(CG):
-            chunk = i_group * CG + i_c
-            if chunk_is_steep(gate_span, span_limit, chunk, n_all, K, KP):
-                i_n, i_bh = chunk % NT, chunk // NT
+            if chunk_is_steep(gate_span, span_limit, i_group * CG + i_c, n_all, K, KP):
+                i_n, i_bh = (i_group * CG + i_c) % NT, (i_group * CG + i_c) // NT
                 i_b, i_h = i_bh // H, i_bh % H
                 o_t = tl.arange(0, BT)
                 causal = o_t[:, None] >= o_t[None, :]
@@ -260,13 +252,10 @@ def gla_bwd_kernel_intra(
     # dq_i = sum_{j<=i} dS_ij k_j exp(gc_i - gc_j);  dk_j = sum_{i>=j} dS_ij q_i exp(gc_i - gc_j), for the
     # rows of sub-chunk x and key columns [i_k * BK, (i_k + 1) * BK).
     i_group, i_k = tl.program_id(0), tl.program_id(1)
-    # chunks [i_group * CG, ...) of the flattened (batch * head, chunk) index: a group of smooth chunks
-    # costs its programs one load of the spans
     if group_has_steep_chunk(gate_span, span_limit, i_group, n_all, K, KP, CG):
         for i_c in range(CG):
-            chunk = i_group * CG + i_c
-            if chunk_is_steep(gate_span, span_limit, chunk, n_all, K, KP):
-                i_n, i_bh = chunk % NT, chunk // NT
+            if chunk_is_steep(gate_span, span_limit, i_group * CG + i_c, n_all, K, KP):
+                i_n, i_bh = (i_group * CG + i_c) % NT, (i_group * CG + i_c) // NT
                 for i_x in range(NC):
                     _steep_intra_gradient_rows(
                         q, k, gate_cumsum, score_grads, dq_intra, dk_intra, T, i_k, i_n, i_x, i_bh, H, K, BT, BC, BK, NC
@@ -283,13 +272,10 @@ def gla_bwd_kernel_inter(
     # Steep chunks: adds the state terms to dq/dk and forms
     # dg = reverse-cumsum_in_chunk(q dq - k dk) + sum_v(S_{n+1} dS_{n+1}).
     i_group, i_k = tl.program_id(0), tl.program_id(1)
-    # chunks [i_group * CG, ...) of the flattened (batch * head, chunk) index: a group of smooth chunks
-    # costs its programs one load of the spans
     if group_has_steep_chunk(gate_span, span_limit, i_group, n_all, K, KP, CG):
         for i_c in range(CG):
-            chunk = i_group * CG + i_c
-            if chunk_is_steep(gate_span, span_limit, chunk, n_all, K, KP):
-                i_n, i_bh = chunk % NT, chunk // NT
+            if chunk_is_steep(gate_span, span_limit, i_group * CG + i_c, n_all, K, KP):
+                i_n, i_bh = (i_group * CG + i_c) % NT, (i_group * CG + i_c) // NT
                 i_b, i_h = i_bh // H, i_bh % H
                 o_k = i_k * BK + tl.arange(0, BK)
                 chunk_offset = (i_bh * NT + i_n).to(tl.int64) * K * V
