@@ -88,9 +88,13 @@ def measure(step, graph: bool = False, benchmark=None) -> tuple[float, list[torc
     return triton.testing.do_bench(captured_graph.replay, warmup=25, rep=100, return_mode="median"), results
 
 
-def sweep(operator: str, step, deadline: float, log, graph: bool = False, benchmark=None) -> tuple[float, float]:
-    """Coordinate descent over CANDIDATES[operator], editing the tables in place; returns (start, end) ms."""
-    start_ms, reference = measure(step, graph, benchmark)
+def sweep(operator: str, measure_step, deadline: float, log) -> tuple[float, float]:
+    """Coordinate descent over CANDIDATES[operator], editing the tables in place; returns (start, end) ms.
+
+    ``measure_step()`` times the operator under the tables as they are now: (ms, output and gradients). A
+    candidate is kept only if it is at least 1% faster than the best so far and its results are within
+    TOLERANCE of the starting table's; a candidate that raises is skipped."""
+    start_ms, reference = measure_step()
     best_ms = start_ms
     log({"operator": operator, "start_ms": start_ms})
     for entry, knobs in CANDIDATES[operator].items():
@@ -105,7 +109,7 @@ def sweep(operator: str, step, deadline: float, log, graph: bool = False, benchm
                 table[knob] = value
                 record = {"operator": operator, "entry": entry, knob: value}
                 try:
-                    milliseconds, results = measure(step, graph, benchmark)
+                    milliseconds, results = measure_step()
                     difference = relative_difference(results, reference)
                     record.update(ms=round(milliseconds, 4), rel_diff=difference)
                 except Exception as error:  # a launch that does not fit is a result, not a reason to stop
@@ -147,7 +151,7 @@ def main() -> int:
     for operator in args.operators:
         inputs = benchmark.make_inputs(operator, args.length, args.heads, args.dim, with_state=args.state)
         step = benchmark.gradient_step(OPERATORS[operator][0], inputs, with_state=args.state)
-        summary[operator] = sweep(operator, step, deadline, log, args.graph, benchmark)
+        summary[operator] = sweep(operator, lambda: measure(step, args.graph, benchmark), deadline, log)
     tables = {
         "gla": gla_triton.LAUNCH, "simple_gla": simple_gla_triton.LAUNCH, "scan": triton_scan.SCAN_LAUNCH,
     }

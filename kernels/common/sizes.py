@@ -1,5 +1,6 @@
-"""Host-side sizes for the Triton launches, as plain Python (triton.cdiv and triton.next_power_of_2 are
-constexpr functions whose call costs several microseconds of host time each in Triton 3.6)."""
+"""Host-side sizes and launch options for the Triton launches, as plain Python (triton.cdiv and
+triton.next_power_of_2 are constexpr functions whose call costs several microseconds of host time each in
+Triton 3.6)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,8 @@ def states_dtype(dtype: torch.dtype) -> torch.dtype:
     """What the Triton kernels store chunk states and updates in: 16-bit inputs keep 16 bits (the scans and every
     product accumulate in float32), float32 and float64 inputs get float32."""
     return torch.float32 if dtype in (torch.float32, torch.float64) else dtype
+
+
+def launch_options(entry: dict) -> dict:
+    """The num_warps / num_stages of a launch-table entry, as Triton launch keyword arguments."""
+    return {name: entry[name] for name in ("num_warps", "num_stages")}

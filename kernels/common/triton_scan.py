@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from schedlang.kernels.common.sizes import cdiv, next_power_of_2
+from schedlang.kernels.common.sizes import cdiv, launch_options, next_power_of_2
 
 
 def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -123,10 +123,6 @@ def _scanblock_size(key_dim: int, value_dim: int) -> tuple[int, int]:
     return min(SCAN_LAUNCH["block_k"], next_power_of_2(key_dim)), min(SCAN_LAUNCH["block_v"], next_power_of_2(value_dim))
 
 
-def _scan_options() -> dict:
-    return {name: SCAN_LAUNCH[name] for name in ("num_warps", "num_stages")}
-
-
 def chunk_state_scan(
     updates: torch.Tensor,
     chunk_gate: torch.Tensor,
@@ -151,7 +147,7 @@ def chunk_state_scan(
         initial_state.contiguous() if initial_state is not None else updates, final_state, n_chunks,
         K=key_dim, V=value_dim, BK=block_k, BV=block_v,
         SCALAR_GATE=chunk_gate.dim() == 3, REVERSE=reverse, HAS_INITIAL=initial_state is not None,
-        INTERPRETED=INTERPRETED, **_scan_options(),
+        INTERPRETED=INTERPRETED, **launch_options(SCAN_LAUNCH),
     )
     return states, final_state
 
@@ -181,6 +177,6 @@ def chunk_state_scan_pair(
         chunk_gate.contiguous(), n_chunks, batch * heads,
         K=key_dim, V=value_dim, BK=block_k, BV=block_v, SCALAR_GATE=chunk_gate.dim() == 3,
         HAS_INITIAL=initial_state is not None, HAS_FINAL_GRAD=final_state_grad is not None,
-        INTERPRETED=INTERPRETED, **_scan_options(),
+        INTERPRETED=INTERPRETED, **launch_options(SCAN_LAUNCH),
     )
     return states, state_grads, initial_grad

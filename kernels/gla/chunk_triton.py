@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from schedlang.kernels.common.function import Implementation
-from schedlang.kernels.common.sizes import block_size, cdiv, next_power_of_2, states_dtype
+from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, next_power_of_2, states_dtype
 from schedlang.kernels.common.triton_scan import (
     chunk_state_scan,
     chunk_state_scan_pair,
@@ -60,11 +60,6 @@ LAUNCH = {
     "smooth_dqkg": dict(block_k=64, block_v=64, key_splits=1, num_warps=8, num_stages=3),
 }
 """The launch table of the Triton GLA kernels (read at call time: the tuning benchmark edits it in place)."""
-
-
-def launch_options(entry: dict) -> dict:
-    """The num_warps / num_stages of a LAUNCH entry, as launch keyword arguments."""
-    return {name: entry[name] for name in ("num_warps", "num_stages")}
 STEEP_GROUP = 8  # a power of two
 """Chunks per program of the steep-path kernels: on smooth data each program only loads its group's spans, so the
 cost of those launches falls with the number of programs (one per chunk was about 0.1 ms per GLA step at 16K)."""

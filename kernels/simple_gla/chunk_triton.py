@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from schedlang.kernels.common.function import Implementation
-from schedlang.kernels.common.sizes import block_size, cdiv, states_dtype
+from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, states_dtype
 from schedlang.kernels.common.triton_gradients import chunk_score_gradients, chunk_state_products
 from schedlang.kernels.common.triton_scan import (
     chunk_state_scan,
@@ -34,11 +34,6 @@ LAUNCH = {
     "dqkg": dict(block_v=64, num_warps=8, num_stages=3),  # all keys (up to 256) in one tile
 }
 """The launch table of the Triton simple-GLA kernels (read at call time: the tuning benchmark edits it in place)."""
-
-
-def launch_options(entry: dict) -> dict:
-    """The num_warps / num_stages of a LAUNCH entry, as launch keyword arguments."""
-    return {name: entry[name] for name in ("num_warps", "num_stages")}
 
 
 @triton.jit
