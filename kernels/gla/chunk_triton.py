@@ -62,7 +62,8 @@ LAUNCH = {
 """The launch table of the Triton GLA kernels (read at call time: the tuning benchmark edits it in place)."""
 STEEP_GROUP = 8  # a power of two
 """Chunks per program of the steep-path kernels: on smooth data each program only loads its group's spans, so the
-cost of those launches falls with the number of programs (one per chunk was about 0.1 ms per GLA step at 16K)."""
+cost of those launches falls with the number of programs (with one program per chunk, the five early-exit launches
+took about 0.1 ms of a GLA forward+backward at 16K in the H200 profile, docs/benchmarks.md)."""
 
 
 def steep_grid(n_all: int, blocks: int = 1) -> tuple[int, ...]:
