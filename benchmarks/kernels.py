@@ -170,20 +170,26 @@ def kernel_breakdown(function, inputs) -> list[tuple[str, float]]:
     return sorted(totals.items(), key=lambda item: -item[1])
 
 
-def apply_launch_table(path: str) -> None:
-    """Load launch-table overrides (benchmarks/tune_kernels.py --out) into the kernels' tables:
-    {"gla": {entry: {...}}, "simple_gla": {...}, "scan": {...}}."""
+def launch_tables() -> dict:
+    """The kernels' live launch tables, by name: {"gla": {entry: {...}}, "simple_gla": {...}, "scan": {...}}."""
     from schedlang.kernels.common import triton_scan
     from schedlang.kernels.gla import chunk_triton as gla_triton
     from schedlang.kernels.simple_gla import chunk_triton as simple_gla_triton
 
+    return {"gla": gla_triton.LAUNCH, "simple_gla": simple_gla_triton.LAUNCH, "scan": triton_scan.SCAN_LAUNCH}
+
+
+def apply_launch_table(path: str) -> None:
+    """Load launch-table overrides (benchmarks/tune_kernels.py --out, laid out as launch_tables()) into the
+    kernels' tables."""
     with open(path) as handle:
-        table = json.load(handle)
-    for entry, values in table.get("gla", {}).items():
-        gla_triton.LAUNCH[entry].update(values)
-    for entry, values in table.get("simple_gla", {}).items():
-        simple_gla_triton.LAUNCH[entry].update(values)
-    triton_scan.SCAN_LAUNCH.update(table.get("scan", {}))
+        overrides = json.load(handle)
+    tables = launch_tables()
+    for entry, values in overrides.get("gla", {}).items():
+        tables["gla"][entry].update(values)
+    for entry, values in overrides.get("simple_gla", {}).items():
+        tables["simple_gla"][entry].update(values)
+    tables["scan"].update(overrides.get("scan", {}))
 
 
 def print_table(rows: list[dict]) -> None:

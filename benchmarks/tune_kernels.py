@@ -66,6 +66,9 @@ def load_kernel_benchmark():
     return module
 
 
+BENCHMARK = load_kernel_benchmark()
+
+
 def table_entry(operator: str, entry: str) -> dict:
     return triton_scan.SCAN_LAUNCH if entry == "scan" else OPERATORS[operator][1][entry]
 
@@ -77,13 +80,13 @@ def relative_difference(results, reference) -> float:
     )
 
 
-def measure(step, graph: bool = False, benchmark=None) -> tuple[float, list[torch.Tensor]]:
+def measure(step, graph: bool = False) -> tuple[float, list[torch.Tensor]]:
     """(median ms of one forward+backward, its gradients); with graph, of the step captured in a CUDA graph and
     replayed (issue 5's chunk-sized calls), captured afresh since the table may have changed."""
     if not graph:
         results = [tensor.clone() for tensor in step()]
         return triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median"), results
-    captured_graph, captured = benchmark.capture_graph(step)
+    captured_graph, captured = BENCHMARK.capture_graph(step)
     results = [tensor.clone() for tensor in captured]
     return triton.testing.do_bench(captured_graph.replay, warmup=25, rep=100, return_mode="median"), results
 
@@ -140,7 +143,6 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("benchmarks/tune_kernels.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    benchmark = load_kernel_benchmark()
     deadline = time.monotonic() + args.budget
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}", flush=True)
 
@@ -149,12 +151,10 @@ def main() -> int:
 
     summary = {}
     for operator in args.operators:
-        inputs = benchmark.make_inputs(operator, args.length, args.heads, args.dim, with_state=args.state)
-        step = benchmark.gradient_step(OPERATORS[operator][0], inputs, with_state=args.state)
-        summary[operator] = sweep(operator, lambda: measure(step, args.graph, benchmark), deadline, log)
-    tables = {
-        "gla": gla_triton.LAUNCH, "simple_gla": simple_gla_triton.LAUNCH, "scan": triton_scan.SCAN_LAUNCH,
-    }
+        inputs = BENCHMARK.make_inputs(operator, args.length, args.heads, args.dim, with_state=args.state)
+        step = BENCHMARK.gradient_step(OPERATORS[operator][0], inputs, with_state=args.state)
+        summary[operator] = sweep(operator, lambda: measure(step, args.graph), deadline, log)
+    tables = BENCHMARK.launch_tables()
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(tables, handle, indent=1)
