@@ -4,12 +4,18 @@ Builds stage 0 of benchmarks/pipeline.py's model (embedding + the first half of 
 forward+backward of a full sequence after a warm-up, and prints the CUDA kernels by total time, grouped
 by kernel name, with the achieved matmul rate of the whole step.
 
-    python benchmarks/profile_stage.py [--length 32768] [--chunks 1] [--top 25]
+    python benchmarks/profile_stage.py [--length 32768] [--chunks 1] [--top 25] [--python-profile]
+
+--python-profile adds where the host's time goes (cProfile of one more forward+backward, by own time): with
+many chunks the stage is host-bound when wall time far exceeds the GPU kernels' total.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -37,6 +43,7 @@ def main() -> int:
     parser.add_argument("--length", type=int, default=32768)
     parser.add_argument("--chunks", type=int, default=1)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--python-profile", action="store_true", help="also print cProfile's top host functions")
     args = parser.parse_args()
     config = model_config(tiny=False)
     device = torch.device("cuda")
@@ -64,6 +71,15 @@ def main() -> int:
     print("|---|---|---|")
     for name, ms in sorted(totals.items(), key=lambda item: -item[1])[: args.top]:
         print(f"| {name[:90]} | {ms:.2f} | {ms / gpu_ms:.1%} |")
+    if args.python_profile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        run_once(model, tokens, args.chunks)
+        profiler.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.top)
+        print(text.getvalue())
     return 0
 
 
