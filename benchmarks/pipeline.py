@@ -197,6 +197,29 @@ def build_system(name: str, mesh, config, length: int, microbatches: int):
     return SchedlangSystem(mesh, config, length, int(chunks.rstrip("g")), microbatches, cuda_graphs=chunks.endswith("g"))
 
 
+def kernel_seconds_of_step(system, device: torch.device) -> tuple[float, float]:
+    """One more step under torch.profiler: (seconds of compute kernels, seconds of communication kernels).
+
+    Against the step time this splits a rank's step into its own GPU work, communication and idle time
+    (bubbles, waits, host-bound launch gaps): the figure that says why a schedule is slower than its model.
+    """
+    if device.type != "cuda":
+        return 0.0, 0.0
+    synchronize(device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        system.step()
+        synchronize(device)
+    compute = communication = 0.0
+    for event in profiler.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            seconds = event.device_time_total / 1e6
+            if "nccl" in event.name.lower():
+                communication += seconds
+            else:
+                compute += seconds
+    return compute, communication
+
+
 def measure(name: str, mesh, config, length: int, microbatches: int, warmup: int, steps: int) -> dict:
     device = mesh.device
     release(device)
@@ -230,6 +253,7 @@ def measure(name: str, mesh, config, length: int, microbatches: int, warmup: int
         "peak_minus_model_state_bytes": peak_memory(device) - system.model_state_bytes() if device.type == "cuda" else 0,
         "setup_seconds": started - started_build,
     }
+    record["kernel_seconds"], record["communication_kernel_seconds"] = kernel_seconds_of_step(system, device)
     system.close()
     del system
     release(device)
@@ -343,13 +367,16 @@ def driver(args: argparse.Namespace) -> int:
     )
     lines = [
         f"kernel backend: {backend}; length {args.length}, {args.microbatches} microbatches, PP2",
-        "| system | stage | tokens/s | step (s) | peak (GiB) | activations peak (GiB) | peak - model state (GiB) |",
-        "|---|---|---|---|---|---|---|",
+        "| system | stage | tokens/s | step (s) | compute kernels (s) | busy | peak (GiB) | activations peak (GiB) |"
+        " peak - model state (GiB) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for record in records:
         lines.append(
             f"| {record['system']} | {record['stage']} | {record['tokens_per_second']:,.0f} | "
-            f"{record['step_seconds']:.2f} | {gib(record['peak_bytes'])} | {gib(record['activation_peak_bytes'])} | "
+            f"{record['step_seconds']:.2f} | {record.get('kernel_seconds', 0.0):.2f} | "
+            f"{record.get('kernel_seconds', 0.0) / record['step_seconds']:.0%} | "
+            f"{gib(record['peak_bytes'])} | {gib(record['activation_peak_bytes'])} | "
             f"{gib(record['peak_minus_model_state_bytes'])} |"
         )
     torch_records = [record for record in records if record["system"] == "torch"]

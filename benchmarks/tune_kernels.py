@@ -3,6 +3,7 @@
     python benchmarks/tune_kernels.py                       # GLA and simple GLA at B=1, T=16K, H=16, D=128, bf16
     python benchmarks/tune_kernels.py --budget 240 --out tuned.json
     python benchmarks/tune_kernels.py --length 4096 --state --graph   # chunk-sized calls, replayed from a CUDA graph
+    python benchmarks/tune_kernels.py --entries scan        # one table entry (here the state scan's) alone
     python benchmarks/kernels.py --launch-table tuned.json  # time (and compare with fla) under the tuned table
 
 The tables are kernels/gla/chunk_triton.py LAUNCH, kernels/simple_gla/chunk_triton.py LAUNCH and
@@ -91,8 +92,9 @@ def measure(step, graph: bool = False) -> tuple[float, list[torch.Tensor]]:
     return triton.testing.do_bench(captured_graph.replay, warmup=25, rep=100, return_mode="median"), results
 
 
-def sweep(operator: str, measure_step, deadline: float, log) -> tuple[float, float]:
-    """Coordinate descent over CANDIDATES[operator], editing the tables in place; returns (start, end) ms.
+def sweep(operator: str, measure_step, deadline: float, log, entries=None) -> tuple[float, float]:
+    """Coordinate descent over CANDIDATES[operator] (only ``entries`` of it, if given), editing the tables in
+    place; returns (start, end) ms.
 
     ``measure_step()`` times the operator under the tables as they are now: (ms, output and gradients). A
     candidate is kept only if it is at least 1% faster than the best so far and its results are within
@@ -101,6 +103,8 @@ def sweep(operator: str, measure_step, deadline: float, log) -> tuple[float, flo
     best_ms = start_ms
     log({"operator": operator, "start_ms": start_ms})
     for entry, knobs in CANDIDATES[operator].items():
+        if entries and entry not in entries:
+            continue
         table = table_entry(operator, entry)
         for knob, values in knobs.items():
             if knob not in table:
@@ -139,6 +143,7 @@ def main() -> int:
     parser.add_argument("--graph", action="store_true", help="time CUDA-graph replays of the step (issue 5)")
     parser.add_argument("--budget", type=float, default=1e9, help="seconds for the whole sweep")
     parser.add_argument("--out", help="write the tuned tables (kernels.py --launch-table reads them)")
+    parser.add_argument("--entries", nargs="+", help="sweep only these table entries (e.g. scan)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/tune_kernels.py needs a CUDA GPU", file=sys.stderr)
@@ -153,7 +158,7 @@ def main() -> int:
     for operator in args.operators:
         inputs = BENCHMARK.make_inputs(operator, args.length, args.heads, args.dim, with_state=args.state)
         step = BENCHMARK.gradient_step(OPERATORS[operator][0], inputs, with_state=args.state)
-        summary[operator] = sweep(operator, lambda: measure(step, args.graph), deadline, log)
+        summary[operator] = sweep(operator, lambda: measure(step, args.graph), deadline, log, args.entries)
     tables = BENCHMARK.launch_tables()
     if args.out:
         with open(args.out, "w") as handle:

@@ -71,9 +71,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(width))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        as_float = hidden.float()
-        normed = as_float * torch.rsqrt(as_float.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * self.weight.float()).to(hidden.dtype)
+        # torch's own RMSNorm: one fused kernel each way on CUDA (it accumulates 16-bit inputs in float32),
+        # where the same formula written in tensor ops took about 20 launches per norm and chunk
+        return F.rms_norm(hidden, (hidden.shape[-1],), self.weight, self.eps)
 
 
 class HeadMixer(nn.Module):

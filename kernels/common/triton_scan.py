@@ -29,22 +29,40 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _scan_step(
-    updates, chunk_gate, states, b_state, i_bh, i_n, o_k, i_k, i_v, NT,
-    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALAR_GATE: tl.constexpr,
+def _scan_operands(
+    updates, chunk_gate, i_bh, step, o_k, i_k, i_v, NT,
+    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    SCALAR_GATE: tl.constexpr, REVERSE: tl.constexpr,
 ):
+    """The update tile and the decay of scan step ``step`` (clamped to the last step: a prefetch past the end
+    reloads it and is never used), float32."""
+    step = tl.minimum(step, NT - 1)
+    if REVERSE:
+        i_n = NT - 1 - step
+    else:
+        i_n = step
     offset = (i_bh * NT + i_n).to(tl.int64) * K * V
     p_update = tl.make_block_ptr(updates + offset, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-    p_state = tl.make_block_ptr(states + offset, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
     b_update = tl.load(p_update, boundary_check=(0, 1)).to(tl.float32)
-    tl.store(p_state, b_state.to(p_state.dtype.element_ty), boundary_check=(0, 1))
     if SCALAR_GATE:
-        b_decay = tl.exp(tl.load(chunk_gate + i_bh * NT + i_n))
-        b_state = b_state * b_decay + b_update
+        b_decay = tl.exp(tl.load(chunk_gate + i_bh * NT + i_n) + tl.zeros([BK], dtype=tl.float32))
     else:
         b_decay = tl.exp(tl.load(chunk_gate + (i_bh * NT + i_n) * K + o_k, mask=o_k < K, other=0.0))
-        b_state = b_state * b_decay[:, None] + b_update
-    return b_state
+    return b_update, b_decay
+
+
+@triton.jit
+def _store_state(
+    states, b_state, i_bh, step, i_k, i_v, NT,
+    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, REVERSE: tl.constexpr,
+):
+    if REVERSE:
+        i_n = NT - 1 - step
+    else:
+        i_n = step
+    offset = (i_bh * NT + i_n).to(tl.int64) * K * V
+    p_state = tl.make_block_ptr(states + offset, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+    tl.store(p_state, b_state.to(p_state.dtype.element_ty), boundary_check=(0, 1))
 
 
 @triton.jit
@@ -53,27 +71,39 @@ def _scan(
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     SCALAR_GATE: tl.constexpr, REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
+    # [Note: scan prefetch] The chain S_{n+1} = exp(gamma_n) S_n + U_n is one multiply-add per step, so each
+    # step's time is the latency of loading U_n and gamma_n. They do not depend on the chain: the loop loads
+    # the operands of step + 3 and uses those loaded three steps earlier, so four loads are in flight and a
+    # step waits for a quarter of a load's latency (Triton's software pipeliner leaves these loads alone:
+    # they feed no dot).
     # Triton 3.6's interpreter cannot take a run-time loop bound in range() under numpy >= 2.4 (it converts
-    # a one-element array with int()), so interpreted runs loop with while; compiled runs keep range(),
-    # which Triton software-pipelines.
+    # a one-element array with int()), so interpreted runs loop with while.
     o_k = i_k * BK + tl.arange(0, BK)
     b_state = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_INITIAL:
         p_initial = tl.make_block_ptr(initial_state + i_bh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
         b_state += tl.load(p_initial, boundary_check=(0, 1)).to(tl.float32)
+    b_u0, b_d0 = _scan_operands(updates, chunk_gate, i_bh, 0, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE, REVERSE)
+    b_u1, b_d1 = _scan_operands(updates, chunk_gate, i_bh, 1, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE, REVERSE)
+    b_u2, b_d2 = _scan_operands(updates, chunk_gate, i_bh, 2, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE, REVERSE)
+    step = 0
     if INTERPRETED:
-        step = 0
         while step < NT:
-            i_n = NT - 1 - step if REVERSE else step
-            b_state = _scan_step(updates, chunk_gate, states, b_state, i_bh, i_n, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE)
+            b_u3, b_d3 = _scan_operands(
+                updates, chunk_gate, i_bh, step + 3, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE, REVERSE
+            )
+            _store_state(states, b_state, i_bh, step, i_k, i_v, NT, K, V, BK, BV, REVERSE)
+            b_state = b_state * b_d0[:, None] + b_u0
+            b_u0, b_d0, b_u1, b_d1, b_u2, b_d2 = b_u1, b_d1, b_u2, b_d2, b_u3, b_d3
             step += 1
     else:
         for step in range(NT):
-            if REVERSE:
-                i_n = NT - 1 - step
-            else:
-                i_n = step
-            b_state = _scan_step(updates, chunk_gate, states, b_state, i_bh, i_n, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE)
+            b_u3, b_d3 = _scan_operands(
+                updates, chunk_gate, i_bh, step + 3, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE, REVERSE
+            )
+            _store_state(states, b_state, i_bh, step, i_k, i_v, NT, K, V, BK, BV, REVERSE)
+            b_state = b_state * b_d0[:, None] + b_u0
+            b_u0, b_d0, b_u1, b_d1, b_u2, b_d2 = b_u1, b_d1, b_u2, b_d2, b_u3, b_d3
     p_final = tl.make_block_ptr(final_state + i_bh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
     tl.store(p_final, b_state, boundary_check=(0, 1))
 

@@ -24,7 +24,7 @@ def tuner(monkeypatch):
     return module, table["kernel"]
 
 
-def run_sweep(module, entry, timings, wrong=(), broken=()):
+def run_sweep(module, entry, timings, wrong=(), broken=(), entries=None):
     """Sweep with a stand-in measurement: ms per (block_k, num_warps), wrong results or an error for some."""
     reference = [torch.ones(4)]
     records = []
@@ -36,7 +36,7 @@ def run_sweep(module, entry, timings, wrong=(), broken=()):
         results = [reference[0] * (2.0 if key in wrong else 1.0)]
         return timings.get(key, 10.0), results
 
-    start, best = module.sweep("op", measure_step, float("inf"), records.append)
+    start, best = module.sweep("op", measure_step, float("inf"), records.append, entries)
     return start, best, records
 
 
@@ -61,3 +61,11 @@ def test_a_candidate_that_fails_to_launch_is_skipped(tuner):
     _, best, records = run_sweep(module, entry, {(32, 8): 10.0, (64, 8): 5.0}, broken={(128, 8)})
     assert entry["block_k"] == 64 and best == 5.0
     assert any("error" in record for record in records if record.get("block_k") == 128)
+
+
+def test_entries_limit_the_sweep_to_the_named_table_entries(tuner):
+    module, entry = tuner
+    start, best, records = run_sweep(module, entry, {(64, 8): 5.0}, entries=["another_kernel"])
+    assert entry == {"block_k": 32, "num_warps": 8} and (start, best) == (10.0, 10.0) and len(records) == 1
+    _, best, _ = run_sweep(module, entry, {(64, 8): 5.0}, entries=["kernel"])
+    assert entry["block_k"] == 64 and best == 5.0
