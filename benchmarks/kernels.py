@@ -154,9 +154,9 @@ def agreement(ours, peer, inputs, with_state: bool) -> float:
     return ((mine.float() - theirs.float()).norm() / theirs.float().norm()).item()
 
 
-def kernel_breakdown(function, inputs) -> list[tuple[str, float]]:
+def kernel_breakdown(function, inputs, with_state: bool) -> list[tuple[str, float]]:
     """CUDA time per kernel name (ms per forward+backward), from torch.profiler over 10 steps."""
-    step = gradient_step(function, inputs, with_state=False)
+    step = gradient_step(function, inputs, with_state)
     step()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
@@ -237,7 +237,10 @@ def main() -> int:
     parser.add_argument("--chunk-lengths", type=int, nargs="*", default=[], help="issue 5: calls with state in/out, plus graph replay")
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--breakdown", action="store_true", help="per-kernel CUDA times at the first --lengths value")
+    parser.add_argument(
+        "--breakdown", action="store_true",
+        help="per-kernel CUDA times at the first --chunk-lengths value (state in/out), else the first --lengths value",
+    )
     parser.add_argument("--peer-deadline", type=float, default=1e9, help="seconds after start past which fla is skipped")
     parser.add_argument("--json", help="write every figure to this file")
     parser.add_argument("--cpu-torch-path", action="store_true", help="time the pure-PyTorch path on the CPU and stop")
@@ -282,13 +285,14 @@ def main() -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
         if args.breakdown and not args.peer_only:
-            inputs = make_inputs(operator, args.lengths[0], args.heads, args.dim, False)
+            length, with_state = (args.chunk_lengths[0], True) if args.chunk_lengths else (args.lengths[0], False)
+            inputs = make_inputs(operator, length, args.heads, args.dim, with_state)
             try:
-                breakdowns[operator] = kernel_breakdown(ours[operator], inputs)
+                breakdowns[operator] = kernel_breakdown(ours[operator], inputs, with_state)
             except Exception as error:
                 print(f"# breakdown failed: {error!r}"[:300])
                 breakdowns[operator] = []
-            print(f"# {operator} T={args.lengths[0]} fwd+bwd per kernel (ms):")
+            print(f"# {operator} T={length}{' state in/out' if with_state else ''} fwd+bwd per kernel (ms):")
             for name, milliseconds in breakdowns[operator][:14]:
                 print(f"#   {milliseconds:8.3f}  {name[:90]}")
     if peer is not None:

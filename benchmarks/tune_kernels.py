@@ -45,7 +45,7 @@ CANDIDATES = {
         "smooth_output": TILE_AND_LAUNCH,
         "smooth_dv": TILE_AND_LAUNCH,
         "smooth_dqkg": dict(TILE_AND_LAUNCH, block_k=[16, 32, 64], key_splits=[1, 2, 4]),
-        "scan": dict(block_k=[8, 16, 32], block_v=[16, 32, 64], num_warps=[1, 2, 4], num_stages=[2, 3, 4]),
+        "scan": dict(block_k=[8, 16, 32], block_v=[16, 32, 64], prefetch=[0, 1], num_warps=[1, 2, 4], num_stages=[2, 3, 4]),
     },
     "simple_gla": {
         "updates": TILE_AND_LAUNCH,

@@ -66,16 +66,35 @@ def _store_state(
 
 
 @triton.jit
+def _scan_step(
+    updates, chunk_gate, states, b_state, b_u0, b_d0, b_u1, b_d1, b_u2, b_d2, i_bh, step, o_k, i_k, i_v, NT,
+    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    SCALAR_GATE: tl.constexpr, REVERSE: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    """Stores the state entering step ``step`` and advances it; with PREFETCH, (b_u0, b_d0) hold this step's
+    operands, loaded three steps earlier, and the operands of step + 3 are loaded; returns the state and the
+    operands rotated one step."""
+    if PREFETCH:
+        b_u3, b_d3 = _scan_operands(updates, chunk_gate, i_bh, step + 3, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE, REVERSE)
+    else:
+        b_u0, b_d0 = _scan_operands(updates, chunk_gate, i_bh, step, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE, REVERSE)
+        b_u3, b_d3 = b_u0, b_d0
+    _store_state(states, b_state, i_bh, step, i_k, i_v, NT, K, V, BK, BV, REVERSE)
+    b_state = b_state * b_d0[:, None] + b_u0
+    return b_state, b_u1, b_d1, b_u2, b_d2, b_u3, b_d3
+
+
+@triton.jit
 def _scan(
     updates, chunk_gate, states, initial_state, final_state, i_k, i_v, i_bh, NT,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     SCALAR_GATE: tl.constexpr, REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, INTERPRETED: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
-    # [Note: scan prefetch] The chain S_{n+1} = exp(gamma_n) S_n + U_n is one multiply-add per step, so each
-    # step's time is the latency of loading U_n and gamma_n. They do not depend on the chain: the loop loads
-    # the operands of step + 3 and uses those loaded three steps earlier, so four loads are in flight and a
-    # step waits for a quarter of a load's latency (Triton's software pipeliner leaves these loads alone:
-    # they feed no dot).
+    # [Note: scan prefetch] The chain S_{n+1} = exp(gamma_n) S_n + U_n is one multiply-add per step; U_n and
+    # gamma_n do not depend on it. With PREFETCH the loop loads the operands of step + 3 and uses those loaded
+    # three steps earlier, so four loads are in flight while the chain waits (Triton's software pipeliner
+    # leaves these loads alone: they feed no dot). Without it each step loads, then uses, its own operands.
     # Triton 3.6's interpreter cannot take a run-time loop bound in range() under numpy >= 2.4 (it converts
     # a one-element array with int()), so interpreted runs loop with while.
     o_k = i_k * BK + tl.arange(0, BK)
@@ -84,26 +103,24 @@ def _scan(
         p_initial = tl.make_block_ptr(initial_state + i_bh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
         b_state += tl.load(p_initial, boundary_check=(0, 1)).to(tl.float32)
     b_u0, b_d0 = _scan_operands(updates, chunk_gate, i_bh, 0, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE, REVERSE)
-    b_u1, b_d1 = _scan_operands(updates, chunk_gate, i_bh, 1, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE, REVERSE)
-    b_u2, b_d2 = _scan_operands(updates, chunk_gate, i_bh, 2, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE, REVERSE)
-    step = 0
+    b_u1, b_d1, b_u2, b_d2 = b_u0, b_d0, b_u0, b_d0
+    if PREFETCH:
+        b_u1, b_d1 = _scan_operands(updates, chunk_gate, i_bh, 1, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE, REVERSE)
+        b_u2, b_d2 = _scan_operands(updates, chunk_gate, i_bh, 2, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE, REVERSE)
     if INTERPRETED:
+        step = 0
         while step < NT:
-            b_u3, b_d3 = _scan_operands(
-                updates, chunk_gate, i_bh, step + 3, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE, REVERSE
+            b_state, b_u0, b_d0, b_u1, b_d1, b_u2, b_d2 = _scan_step(
+                updates, chunk_gate, states, b_state, b_u0, b_d0, b_u1, b_d1, b_u2, b_d2, i_bh, step, o_k, i_k, i_v,
+                NT, K, V, BK, BV, SCALAR_GATE, REVERSE, PREFETCH,
             )
-            _store_state(states, b_state, i_bh, step, i_k, i_v, NT, K, V, BK, BV, REVERSE)
-            b_state = b_state * b_d0[:, None] + b_u0
-            b_u0, b_d0, b_u1, b_d1, b_u2, b_d2 = b_u1, b_d1, b_u2, b_d2, b_u3, b_d3
             step += 1
     else:
         for step in range(NT):
-            b_u3, b_d3 = _scan_operands(
-                updates, chunk_gate, i_bh, step + 3, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE, REVERSE
+            b_state, b_u0, b_d0, b_u1, b_d1, b_u2, b_d2 = _scan_step(
+                updates, chunk_gate, states, b_state, b_u0, b_d0, b_u1, b_d1, b_u2, b_d2, i_bh, step, o_k, i_k, i_v,
+                NT, K, V, BK, BV, SCALAR_GATE, REVERSE, PREFETCH,
             )
-            _store_state(states, b_state, i_bh, step, i_k, i_v, NT, K, V, BK, BV, REVERSE)
-            b_state = b_state * b_d0[:, None] + b_u0
-            b_u0, b_d0, b_u1, b_d1, b_u2, b_d2 = b_u1, b_d1, b_u2, b_d2, b_u3, b_d3
     p_final = tl.make_block_ptr(final_state + i_bh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
     tl.store(p_final, b_state, boundary_check=(0, 1))
 
@@ -113,11 +130,12 @@ def chunk_state_scan_kernel(
     updates, chunk_gate, states, initial_state, final_state, NT,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     SCALAR_GATE: tl.constexpr, REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, INTERPRETED: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     _scan(
         updates, chunk_gate, states, initial_state, final_state, i_k, i_v, i_bh, NT,
-        K, V, BK, BV, SCALAR_GATE, REVERSE, HAS_INITIAL, INTERPRETED,
+        K, V, BK, BV, SCALAR_GATE, REVERSE, HAS_INITIAL, INTERPRETED, PREFETCH,
     )
 
 
@@ -126,7 +144,7 @@ def chunk_state_scan_pair_kernel(
     updates, states, initial_state, final_state, grad_updates, state_grads, final_state_grad, initial_grad,
     chunk_gate, NT, BH,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALAR_GATE: tl.constexpr,
-    HAS_INITIAL: tl.constexpr, HAS_FINAL_GRAD: tl.constexpr, INTERPRETED: tl.constexpr,
+    HAS_INITIAL: tl.constexpr, HAS_FINAL_GRAD: tl.constexpr, INTERPRETED: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # The backward's two independent scans in one launch: programs z < BH recompute the states (forward),
     # the others scan the state gradients (reverse). Each scan alone is latency-bound on a few hundred
@@ -135,18 +153,19 @@ def chunk_state_scan_pair_kernel(
     if i_z < BH:
         _scan(
             updates, chunk_gate, states, initial_state, final_state, i_k, i_v, i_z, NT,
-            K, V, BK, BV, SCALAR_GATE, False, HAS_INITIAL, INTERPRETED,
+            K, V, BK, BV, SCALAR_GATE, False, HAS_INITIAL, INTERPRETED, PREFETCH,
         )
     else:
         _scan(
             grad_updates, chunk_gate, state_grads, final_state_grad, initial_grad, i_k, i_v, i_z - BH, NT,
-            K, V, BK, BV, SCALAR_GATE, True, HAS_FINAL_GRAD, INTERPRETED,
+            K, V, BK, BV, SCALAR_GATE, True, HAS_FINAL_GRAD, INTERPRETED, PREFETCH,
         )
 
 
-SCAN_LAUNCH = dict(block_k=16, block_v=32, num_warps=4, num_stages=3)
-"""Tile of the state each scan program walks along the chunks (small tiles: more programs walk at once) and its
-launch options; read at call time (benchmarks/tune_kernels.py sweeps it)."""
+SCAN_LAUNCH = dict(block_k=16, block_v=32, prefetch=1, num_warps=4, num_stages=3)
+"""Tile of the state each scan program walks along the chunks (small tiles: more programs walk at once), whether
+it loads three steps ahead ([Note: scan prefetch]) and its launch options; read at call time
+(benchmarks/tune_kernels.py sweeps it)."""
 
 
 def _scanblock_size(key_dim: int, value_dim: int) -> tuple[int, int]:
@@ -177,7 +196,7 @@ def chunk_state_scan(
         initial_state.contiguous() if initial_state is not None else updates, final_state, n_chunks,
         K=key_dim, V=value_dim, BK=block_k, BV=block_v,
         SCALAR_GATE=chunk_gate.dim() == 3, REVERSE=reverse, HAS_INITIAL=initial_state is not None,
-        INTERPRETED=INTERPRETED, **launch_options(SCAN_LAUNCH),
+        INTERPRETED=INTERPRETED, PREFETCH=bool(SCAN_LAUNCH["prefetch"]), **launch_options(SCAN_LAUNCH),
     )
     return states, final_state
 
@@ -207,6 +226,6 @@ def chunk_state_scan_pair(
         chunk_gate.contiguous(), n_chunks, batch * heads,
         K=key_dim, V=value_dim, BK=block_k, BV=block_v, SCALAR_GATE=chunk_gate.dim() == 3,
         HAS_INITIAL=initial_state is not None, HAS_FINAL_GRAD=final_state_grad is not None,
-        INTERPRETED=INTERPRETED, **launch_options(SCAN_LAUNCH),
+        INTERPRETED=INTERPRETED, PREFETCH=bool(SCAN_LAUNCH["prefetch"]), **launch_options(SCAN_LAUNCH),
     )
     return states, state_grads, initial_grad

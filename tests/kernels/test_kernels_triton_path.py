@@ -160,6 +160,21 @@ def test_gla_launch_table_variants_stay_exact(monkeypatch, entry, overrides):
     assert_close(run_with_grads(operator.chunked, inputs, backend="triton"), reference(operator, inputs), tolerance)
 
 
+@pytest.mark.parametrize("operator_name", ["gla", "simple_gla"])
+@pytest.mark.parametrize("length", [40, 130, 1000 if ON_GPU else 300])
+@pytest.mark.parametrize("scan", [dict(prefetch=0), dict(prefetch=1), dict(prefetch=1, block_k=8, block_v=16)])
+def test_scan_variants_stay_exact(monkeypatch, operator_name, length, scan):
+    """Both loops of the state scan (operands loaded three steps ahead, or each step's own), over fewer chunks
+    than the prefetch depth (1 and 3 chunks) and many, with an initial state and a final-state gradient."""
+    from schedlang.kernels.common import triton_scan
+
+    monkeypatch.setattr(triton_scan, "SCAN_LAUNCH", dict(triton_scan.SCAN_LAUNCH, **scan))
+    operator = OPERATORS[operator_name]
+    dtype, tolerance = DTYPES["float32"]
+    inputs = make_inputs(operator, 2, length, 2, 32, "weak", True, dtype, DEVICE, generator_seed=11)
+    assert_close(run_with_grads(operator.chunked, inputs, backend="triton"), reference(operator, inputs), tolerance)
+
+
 def test_gla_in_float16_keeps_its_gated_operands_finite():
     """float16 overflows at 65504: a chunk whose cumulative gate spans ~38 (log-gate -0.6 a token) would put
     factors of exp(19) on the keys if it took the smooth path with the bfloat16 limit. Keys of size ~30 and
