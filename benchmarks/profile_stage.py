@@ -1,13 +1,15 @@
-"""Where one pipeline stage's forward+backward spends its GPU time (torch.profiler, one GPU).
+"""Where one pipeline stage's forward+backward spends its GPU time, and what chunking adds (torch.profiler).
 
-Builds stage 0 of benchmarks/pipeline.py's model (embedding + the first half of the layers), runs one
-forward+backward of a full sequence after a warm-up, and prints the CUDA kernels by total time, grouped
-by kernel name, with the achieved matmul rate of the whole step.
+Builds a stage of benchmarks/pipeline.py's model (stage 0: embedding + the first half of the layers; stage 1:
+the second half + final norm, LM head and loss), runs one microbatch of a full sequence as the runtime's
+executor does (each chunk's forward keeps its graph and hands its states on; the backwards run chunk by chunk
+in reverse, each taking the next chunk's state gradients), after a warm-up, and prints the CUDA kernels by
+total time for each chunk count, with the difference from the first count: the GPU work that chunking adds.
 
-    python benchmarks/profile_stage.py [--length 32768] [--chunks 1] [--top 25] [--python-profile]
+    python benchmarks/profile_stage.py [--stage 1] [--length 32768] [--chunks 1 8] [--top 25] [--python-profile]
 
---python-profile adds where the host's time goes (cProfile of one more forward+backward, by own time): with
-many chunks the stage is host-bound when wall time far exceeds the GPU kernels' total.
+--python-profile adds where the host's time goes (cProfile of one more forward+backward at the last chunk
+count, by own time): with many chunks a stage is host-bound when wall time far exceeds the kernels' total.
 """
 
 from __future__ import annotations
@@ -27,54 +29,95 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pipeline import model_config, stage_layers  # noqa: E402
 
 
-def run_once(model, tokens, n_chunks: int) -> None:
+def run_once(model, inputs, targets, n_chunks: int, upstream) -> None:
+    """One microbatch in ``n_chunks`` chunks: forwards in order, then backwards in reverse, as the executor."""
     states = [None] * model.n_states
-    outputs = []
-    for piece in tokens.chunk(n_chunks, dim=1):
-        hidden, states = model(piece, states)
-        outputs.append(hidden)
-    torch.cat(outputs, dim=1).float().square().mean().backward()
+    records = []
+    for index, piece in enumerate(inputs.chunk(n_chunks, dim=1)):
+        leaves = [None if state is None else state.detach().requires_grad_(True) for state in states]
+        hidden, states = model(piece, leaves)
+        if model.final_norm is not None:
+            output = model.loss(hidden, targets.chunk(n_chunks, dim=1)[index]) / targets.numel()
+            gradient = None
+        else:
+            output, gradient = hidden, upstream.chunk(n_chunks, dim=1)[index]
+        records.append((output, gradient, leaves, states))
+    state_grads = None
+    for output, gradient, leaves, states in reversed(records):
+        tensors, grads = [output], [gradient]
+        if state_grads is not None:
+            tensors += [state for state in states if state is not None]
+            grads += [grad for state, grad in zip(states, state_grads) if state is not None]
+        torch.autograd.backward(tensors, grads)
+        state_grads = [None if leaf is None else leaf.grad for leaf in leaves]
+
+
+def kernel_totals(step) -> dict[str, float]:
+    """Milliseconds per CUDA kernel name over one call of ``step``."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        step()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for event in profiler.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] = totals.get(event.name, 0.0) + event.device_time_total / 1e3
+    return totals
 
 
 def main() -> int:
     from schedlang.runtime.model import build_stage_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stage", type=int, choices=(0, 1), default=0)
     parser.add_argument("--length", type=int, default=32768)
-    parser.add_argument("--chunks", type=int, default=1)
+    parser.add_argument("--chunks", type=int, nargs="+", default=[1])
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--python-profile", action="store_true", help="also print cProfile's top host functions")
     args = parser.parse_args()
     config = model_config(tiny=False)
     device = torch.device("cuda")
-    model = build_stage_model(config, stage_layers(len(config.layers))[0], True, False, 0, device, torch.bfloat16)
-    tokens = torch.randint(0, config.vocab, (1, args.length), device=device)
-    run_once(model, tokens, args.chunks)
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    run_once(model, tokens, args.chunks)
-    torch.cuda.synchronize()
-    wall = time.perf_counter() - started
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
-        run_once(model, tokens, args.chunks)
-        torch.cuda.synchronize()
-    totals: dict[str, float] = {}
-    for event in profiler.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name] = totals.get(event.name, 0.0) + event.device_time_total / 1e3
+    first, last = args.stage == 0, args.stage == 1
+    model = build_stage_model(config, stage_layers(len(config.layers))[args.stage], first, last, 0, device, torch.bfloat16)
+    tokens = torch.randint(0, config.vocab, (1, args.length + 1), device=device)
+    if first:
+        inputs = tokens[:, :-1]
+    else:
+        inputs = torch.randn(1, args.length, config.d_model, device=device, dtype=torch.bfloat16)
+    targets = tokens[:, 1:]
+    upstream = torch.randn(1, args.length, config.d_model, device=device, dtype=torch.bfloat16)
     parameters = sum(p.numel() for name, p in model.named_parameters() if "embedding" not in name)
     flops = 6 * parameters * args.length
-    gpu_ms = sum(totals.values())
-    print(f"stage 0, {args.length} tokens in {args.chunks} chunk(s): wall {wall * 1e3:.1f} ms, "
-          f"GPU kernels {gpu_ms:.1f} ms, {flops / wall / 1e12:.0f} TFLOP/s of 6*params*tokens")
-    print("| kernel | ms | share |")
-    print("|---|---|---|")
-    for name, ms in sorted(totals.items(), key=lambda item: -item[1])[: args.top]:
-        print(f"| {name[:90]} | {ms:.2f} | {ms / gpu_ms:.1%} |")
+    columns = {}
+    for n_chunks in args.chunks:
+        def step():
+            run_once(model, inputs, targets, n_chunks, upstream)
+        step()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - started
+        columns[n_chunks] = kernel_totals(step)
+        gpu_ms = sum(columns[n_chunks].values())
+        print(f"stage {args.stage}, {args.length} tokens in {n_chunks} chunk(s): wall {wall * 1e3:.1f} ms, "
+              f"GPU kernels {gpu_ms:.1f} ms, {flops / wall / 1e12:.0f} TFLOP/s of 6*params*tokens")
+    base = args.chunks[0]
+    names = sorted(set().union(*columns.values()), key=lambda name: -max(column.get(name, 0.0) for column in columns.values()))
+    header = " | ".join(f"{n} chunks (ms)" for n in args.chunks)
+    differences = " | ".join(f"{n} - {base}" for n in args.chunks[1:])
+    print(f"| kernel | {header} | {differences} |")
+    print("|---|" + "---|" * (2 * len(args.chunks) - 1))
+    for name in names[: args.top]:
+        values = [columns[n].get(name, 0.0) for n in args.chunks]
+        cells = " | ".join(f"{value:.2f}" for value in values) + " | " + " | ".join(f"{value - values[0]:+.2f}" for value in values[1:])
+        print(f"| {name[:80]} | {cells} |")
+    totals = [sum(columns[n].values()) for n in args.chunks]
+    print(f"| total | " + " | ".join(f"{total:.2f}" for total in totals) + " | "
+          + " | ".join(f"{total - totals[0]:+.2f}" for total in totals[1:]) + " |")
     if args.python_profile:
         profiler = cProfile.Profile()
         profiler.enable()
-        run_once(model, tokens, args.chunks)
+        run_once(model, inputs, targets, args.chunks[-1], upstream)
         profiler.disable()
         torch.cuda.synchronize()
         text = io.StringIO()
