@@ -2,6 +2,7 @@
 
     python benchmarks/kernels.py                      # issue 3 shapes: B=1, H=16, D=128, T=16K and 32K, bf16
     python benchmarks/kernels.py --chunk-lengths 2048 4096 8192 32768   # issue 5: calls with state in/out
+    python benchmarks/kernels.py --chunk-lengths 4096 --save-states      # also with the forward's states kept
     python benchmarks/kernels.py --json results.json
     python benchmarks/kernels.py --peer-only          # fla alone: its autotuning results are cached on disk, so a
                                                       # later run (another GPU of the machine too) skips them
@@ -19,6 +20,7 @@ FLOPs of the chunked algorithm over the bf16 matrix rate measured in this run.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -193,18 +195,33 @@ def apply_launch_table(path: str) -> None:
 
 
 def print_table(rows: list[dict]) -> None:
-    header = "| op | T | state in/out | ours fwd | fla fwd | ratio | ours fwd+bwd | fla fwd+bwd | ratio | fwd+bwd floor bytes / matmul | graph replay fwd+bwd | ns/token fwd+bwd |"
+    """The markdown table; per token is of the graph replay where there is one (issue 5's chunk calls), and
+    "vs longest" divides it by the per-token time of the same operator's longest call with state in/out."""
+    header = (
+        "| op | T | state in/out | ours fwd | fla fwd | ratio | ours fwd+bwd | fla fwd+bwd | ratio "
+        "| fwd+bwd floor bytes / matmul | graph replay fwd+bwd | same, save_states | ns/token fwd+bwd | vs longest |"
+    )
     print(header)
-    print("|---" * 12 + "|")
+    print("|---" * 14 + "|")
+    nan = float("nan")
+
+    def per_token(row):
+        return row.get("ours_graph_fwdbwd_ms", row["ours_fwdbwd_ms"]) * 1e6 / row["T"]
+
+    longest = {}
     for row in rows:
-        fla_fwd = row.get("fla_fwd_ms", float("nan"))
-        fla_fb = row.get("fla_fwdbwd_ms", float("nan"))
-        graph = row.get("ours_graph_fwdbwd_ms", float("nan"))
+        if row["state_in_out"] and row["T"] > longest.get(row["operator"], {"T": 0})["T"]:
+            longest[row["operator"]] = row
+    for row in rows:
+        fla_fwd, fla_fb = row.get("fla_fwd_ms", nan), row.get("fla_fwdbwd_ms", nan)
+        reference = longest.get(row["operator"]) if row["state_in_out"] else None
+        versus = per_token(row) / per_token(reference) if reference else nan
         print(
             f"| {row['operator']} | {row['T']} | {row['state_in_out']} | {row['ours_fwd_ms']:.3f} | {fla_fwd:.3f} "
             f"| {row['ours_fwd_ms'] / fla_fwd:.2f} | {row['ours_fwdbwd_ms']:.3f} | {fla_fb:.3f} "
             f"| {row['ours_fwdbwd_ms'] / fla_fb:.2f} | {row['fwdbwd_bytes_floor_ms']:.3f} / {row['fwdbwd_matmul_floor_ms']:.3f} "
-            f"| {graph:.3f} | {row['ours_fwdbwd_ms'] * 1e6 / row['T']:.1f} |"
+            f"| {row.get('ours_graph_fwdbwd_ms', nan):.3f} | {row.get('ours_saved_graph_fwdbwd_ms', nan):.3f} "
+            f"| {per_token(row):.1f} | {versus:.2f} |"
         )
 
 
@@ -240,6 +257,10 @@ def main() -> int:
     parser.add_argument(
         "--breakdown", action="store_true",
         help="per-kernel CUDA times at the first --chunk-lengths value (state in/out), else the first --lengths value",
+    )
+    parser.add_argument(
+        "--save-states", action="store_true",
+        help="also time the state in/out calls with save_states=True (the backward takes the forward's states)",
     )
     parser.add_argument("--peer-deadline", type=float, default=1e9, help="seconds after start past which fla is skipped")
     parser.add_argument("--json", help="write every figure to this file")
@@ -280,6 +301,10 @@ def main() -> int:
                     replay_ms, replay_difference = time_graph_replay(ours[operator], inputs, with_state)
                     row["ours_graph_fwdbwd_ms"] = replay_ms
                     row["graph_replay_rel_diff_vs_eager"] = replay_difference
+                    if args.save_states:
+                        saving = functools.partial(ours[operator], save_states=True)
+                        row["ours_saved_graph_fwdbwd_ms"], _ = time_graph_replay(saving, inputs, with_state)
+                        row["ours_saved_fwdbwd_ms"] = time_operator(saving, inputs, with_state)["fwdbwd_ms"]
                 except Exception as error:  # a capture failure is a result to report, not a reason to stop
                     row["graph_error"] = repr(error)[:300]
             rows.append(row)

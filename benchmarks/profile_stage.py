@@ -112,7 +112,7 @@ def main() -> int:
         cells = " | ".join(f"{value:.2f}" for value in values) + " | " + " | ".join(f"{value - values[0]:+.2f}" for value in values[1:])
         print(f"| {name[:80]} | {cells} |")
     totals = [sum(columns[n].values()) for n in args.chunks]
-    print(f"| total | " + " | ".join(f"{total:.2f}" for total in totals) + " | "
+    print("| total | " + " | ".join(f"{total:.2f}" for total in totals) + " | "
           + " | ".join(f"{total - totals[0]:+.2f}" for total in totals[1:]) + " |")
     if args.python_profile:
         profiler = cProfile.Profile()

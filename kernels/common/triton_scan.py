@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from schedlang.kernels.common.sizes import cdiv, launch_options, next_power_of_2
+from schedlang.kernels.common.sizes import cdiv, launch_options, next_power_of_2, states_dtype
 
 
 def new_output(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -230,3 +230,24 @@ def chunk_state_scan_pair(
         INTERPRETED=INTERPRETED, PREFETCH=bool(SCAN_LAUNCH["prefetch"]), **launch_options(SCAN_LAUNCH),
     )
     return states, state_grads, initial_grad
+
+
+def recurrence_gradients(gates_and_updates, g, k, v, q, do, scale, initial_state, final_state_grad, saved_states, chunk_gate_of):
+    """The start of every chunked backward: (gates, the states entering each chunk, the gradients of the
+    states leaving each chunk, the gradient of the initial state).
+
+    ``gates_and_updates`` is the operator's one-launch gate and update kernel (returning gates, updates,
+    gradient updates), ``chunk_gate_of(gates)`` its per-chunk log decay. Without ``saved_states`` the states
+    are recomputed beside the state-gradient scan (one launch for both scans); with the forward's states the
+    update kernel forms the gradient updates alone and only the reverse scan runs.
+    """
+    dtype = states_dtype(k.dtype)
+    if saved_states is None:
+        gates, updates, grad_updates = gates_and_updates(g, k, v, q, do, scale)
+        states, state_grads, initial_grad = chunk_state_scan_pair(
+            updates, grad_updates, chunk_gate_of(gates), initial_state, final_state_grad, dtype
+        )
+        return gates, states, state_grads, initial_grad
+    gates, _, grad_updates = gates_and_updates(g, k, v, q, do, scale, state_updates=False)
+    state_grads, initial_grad = chunk_state_scan(grad_updates, chunk_gate_of(gates), final_state_grad, dtype, reverse=True)
+    return gates, saved_states, state_grads, initial_grad

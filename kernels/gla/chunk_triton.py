@@ -23,11 +23,7 @@ import triton.language as tl
 
 from schedlang.kernels.common.function import Implementation
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, next_power_of_2, states_dtype
-from schedlang.kernels.common.triton_scan import (
-    chunk_state_scan,
-    chunk_state_scan_pair,
-    new_output,
-)
+from schedlang.kernels.common.triton_scan import chunk_state_scan, new_output, recurrence_gradients
 from schedlang.kernels.gla.triton_smooth import (
     gla_bwd_kernel_smooth_dqkg,
     gla_bwd_kernel_smooth_dv,
@@ -126,18 +122,19 @@ def _store_chunk_update(
 def gla_kernel_gates_and_updates(
     g, k, v, q, do, gate_cumsum, chunk_gate, gate_mid, gate_span, updates, grad_updates, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    GRADIENTS: tl.constexpr,
+    UPDATES: tl.constexpr, GRADIENTS: tl.constexpr,
 ):
-    # One program per (key block, chunk): the chunk-local gate cumsum and its range, then the chunk's state
-    # update U_n = (k * exp(gl - gc))^T v and, with GRADIENTS, its state-gradient update
+    # One program per (key block, chunk): the chunk-local gate cumsum and its range, then, with UPDATES, the
+    # chunk's state update U_n = (k * exp(gl - gc))^T v and, with GRADIENTS, its state-gradient update
     # scale * (q * exp(gc))^T do, for these keys: the gates are read once for all of them.
     i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b_gc, b_gl = gate_cumsum_block(g, gate_cumsum, chunk_gate, gate_mid, gate_span, i_k, i_n, i_bh, T, NT, H, K, BT, BK)
     i_b, i_h = i_bh // H, i_bh % H
-    p_k = tl.make_block_ptr(k + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-    b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
-    b_kd = (b_k * tl.exp(b_gl[None, :] - b_gc)).to(b_k.dtype)
-    _store_chunk_update(b_kd, v, updates, i_n, i_bh, i_k, T, NT, H, K, V, BT, BK, BV)
+    if UPDATES:
+        p_k = tl.make_block_ptr(k + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+        b_kd = (b_k * tl.exp(b_gl[None, :] - b_gc)).to(b_k.dtype)
+        _store_chunk_update(b_kd, v, updates, i_n, i_bh, i_k, T, NT, H, K, V, BT, BK, BV)
     if GRADIENTS:
         p_q = tl.make_block_ptr(q + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
         b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
@@ -158,26 +155,28 @@ class ChunkGates:
     span: torch.Tensor
 
 
-def gates_and_updates(g, k, v, q=None, do=None, scale: float = 1.0):
-    """ChunkGates, the per-chunk state updates [B, H, NT, K, V] and, given q and do, the state-gradient
-    updates (else None), in the states' dtype (bfloat16 for 16-bit inputs halves the traffic of the passes;
-    the scans add in float32), from one launch."""
+def gates_and_updates(g, k, v, q=None, do=None, scale: float = 1.0, state_updates: bool = True):
+    """ChunkGates, the per-chunk state updates [B, H, NT, K, V] (None without state_updates: a backward given
+    the forward's states needs none) and, given q and do, the state-gradient updates (else None), in the
+    states' dtype (bfloat16 for 16-bit inputs halves the traffic of the passes; the scans add in float32),
+    from one launch."""
     batch, length, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     n_chunks = cdiv(length, CHUNK)
     per_chunk = [new_output((batch, heads, n_chunks, key_dim), torch.float32, k.device) for _ in range(3)]
     gates = ChunkGates(new_output(g.shape, torch.float32, g.device), *per_chunk)
     update_shape = (batch, heads, n_chunks, key_dim, value_dim)
-    updates = new_output(update_shape, states_dtype(k.dtype), k.device)
+    updates = new_output(update_shape, states_dtype(k.dtype), k.device) if state_updates else None
     gradients = q is not None
     grad_updates = new_output(update_shape, states_dtype(k.dtype), k.device) if gradients else None
     launch = LAUNCH["updates_with_gradients" if gradients else "updates"]
     block_k = block_size(key_dim, launch["block_k"])
+    written = updates if updates is not None else grad_updates
     gla_kernel_gates_and_updates[(cdiv(key_dim, block_k), n_chunks, batch * heads)](
         g, k, v, q if gradients else k, do if gradients else v, gates.cumsum, gates.total, gates.mid, gates.span,
-        updates, grad_updates if gradients else updates, scale, length, n_chunks,
-        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_size(value_dim, 128), GRADIENTS=gradients,
-        **launch_options(launch),
+        written, grad_updates if gradients else written, scale, length, n_chunks,
+        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_size(value_dim, 128),
+        UPDATES=state_updates, GRADIENTS=gradients, **launch_options(launch),
     )
     return gates, updates, grad_updates
 
@@ -210,7 +209,7 @@ def _contiguous(*tensors):
     return [tensor.contiguous() for tensor in tensors]
 
 
-def forward(q, k, v, g, scale, initial_state):
+def forward(q, k, v, g, scale, initial_state, save_states=False):
     q, k, v, g = _contiguous(q, k, v, g)
     args = _launch_args(q, v)
     batch, _, heads, _ = q.shape
@@ -229,18 +228,17 @@ def forward(q, k, v, g, scale, initial_state):
     gla_fwd_kernel_output[steep_grid(n_all, cdiv(args["V"], args["BV"]))](
         q, v, gates.cumsum, gates.span, states, scores, output, scale, span_limit, n_all=n_all, CG=STEEP_GROUP, **args
     )
-    return output, final_state
+    return output, final_state, (states if save_states else None)
 
 
-def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
+def backward(q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None):
     q, k, v, g, do = _contiguous(q, k, v, g, do)
     args = _launch_args(q, v)
     batch, length, heads, key_dim = q.shape
     n_chunks = args["NT"]
     span_limit = smooth_span_limit(q.dtype)
-    gates, updates, grad_updates = gates_and_updates(g, k, v, q, do, scale)
-    states, state_grads, initial_grad = chunk_state_scan_pair(
-        updates, grad_updates, gates.total, initial_state, final_state_grad, states_dtype(k.dtype)
+    gates, states, state_grads, initial_grad = recurrence_gradients(
+        gates_and_updates, g, k, v, q, do, scale, initial_state, final_state_grad, saved_states, lambda gates: gates.total
     )
     dv = new_output(v.shape, v.dtype, v.device)
     dq = new_output(q.shape, q.dtype, q.device)

@@ -31,6 +31,7 @@ def chunk_simple_gla(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     backend: str = "auto",
+    save_states: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked simple GLA (one scalar gate per head and token): S_t = exp(g_t) S_{t-1} + k_t^T v_t, o_t = scale * q_t S_t.
 
@@ -40,6 +41,10 @@ def chunk_simple_gla(
         initial_state: [B, H, K, V] (float32) or None for zeros.
         output_final_state: also return the state after the last token.
         backend: "auto" (Triton on CUDA or under TRITON_INTERPRET=1, else PyTorch), "triton" or "torch".
+        save_states: keep the state entering every 64-token chunk from the forward for the backward, which
+            then skips recomputing them (Triton path; the PyTorch path always recomputes). Costs
+            B * H * ceil(T / 64) * K * V elements in the states' dtype (16 bits for 16-bit inputs) until the
+            backward: as much as q in float32 when V = 128.
     Returns:
         o: [B, T, H, V] in v's dtype; final_state: [B, H, K, V] float32, or None.
     Gradients flow to q, k, v, g and initial_state, and from the final state.
@@ -49,5 +54,7 @@ def chunk_simple_gla(
     if scale is None:
         scale = shape.key_dim**-0.5
     implementation = TORCH_IMPLEMENTATION if chosen is Backend.TORCH else _triton_implementation()
-    output, final_state = ChunkRecurrenceFunction.apply(q, k, v, g, initial_state, float(scale), implementation)
+    output, final_state = ChunkRecurrenceFunction.apply(
+        q, k, v, g, initial_state, float(scale), implementation, bool(save_states)
+    )
     return output, (final_state if output_final_state else None)

@@ -17,11 +17,7 @@ import triton.language as tl
 from schedlang.kernels.common.function import Implementation
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, states_dtype
 from schedlang.kernels.common.triton_gradients import chunk_score_gradients, chunk_state_products
-from schedlang.kernels.common.triton_scan import (
-    chunk_state_scan,
-    chunk_state_scan_pair,
-    new_output,
-)
+from schedlang.kernels.common.triton_scan import chunk_state_scan, new_output, recurrence_gradients
 
 CHUNK = 64
 LAUNCH = {
@@ -58,10 +54,10 @@ def _store_chunk_update(
 def simple_gla_kernel_gates_and_updates(
     g, k, v, q, do, gate_cumsum, chunk_gate, updates, grad_updates, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    GRADIENTS: tl.constexpr,
+    UPDATES: tl.constexpr, GRADIENTS: tl.constexpr,
 ):
-    # The chunk-local cumsum of the scalar gate (written once, by the programs of block (0, 0)), then
-    # U_n = (k * exp(gl - gc))^T v and, with GRADIENTS, scale * (q * exp(gc))^T do for one (K, V) block.
+    # The chunk-local cumsum of the scalar gate (written once, by the programs of block (0, 0)), then, with
+    # UPDATES, U_n = (k * exp(gl - gc))^T v and, with GRADIENTS, scale * (q * exp(gc))^T do for one (K, V) block.
     i_k, i_v, i_nbh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_n = i_nbh // NT, i_nbh % NT
     i_b, i_h = i_bh // H, i_bh % H
@@ -73,7 +69,8 @@ def simple_gla_kernel_gates_and_updates(
     if (i_k == 0) & (i_v == 0):
         tl.store(gate_cumsum + (i_b * T + o_t) * H + i_h, b_gc, mask=o_t < T)
         tl.store(chunk_gate + i_bh * NT + i_n, b_gl)
-    _store_chunk_update(k, v, tl.exp(b_gl - b_gc), updates, i_n, i_bh, i_k, i_v, T, NT, H, K, V, BT, BK, BV)
+    if UPDATES:
+        _store_chunk_update(k, v, tl.exp(b_gl - b_gc), updates, i_n, i_bh, i_k, i_v, T, NT, H, K, V, BT, BK, BV)
     if GRADIENTS:
         _store_chunk_update(q, do, tl.exp(b_gc) * scale, grad_updates, i_n, i_bh, i_k, i_v, T, NT, H, K, V, BT, BK, BV)
 
@@ -192,37 +189,39 @@ def simple_gla_bwd_kernel_dqkg(
 
 
 
-def gates_and_updates(g, k, v, q=None, do=None, scale: float = 1.0):
-    """(gate cumsum [B, T, H], chunk totals [B, H, NT], per-chunk state updates [B, H, NT, K, V] and, given q
-    and do, the state-gradient updates, else None), from one launch; updates in the states' dtype (bfloat16
-    for 16-bit inputs halves the traffic of the passes; the scans add in float32)."""
+def gates_and_updates(g, k, v, q=None, do=None, scale: float = 1.0, state_updates: bool = True):
+    """((gate cumsum [B, T, H], chunk totals [B, H, NT]), the per-chunk state updates [B, H, NT, K, V] (None
+    without state_updates) and, given q and do, the state-gradient updates, else None), from one launch;
+    updates in the states' dtype (bfloat16 for 16-bit inputs halves the traffic of the passes; the scans add
+    in float32)."""
     batch, length, heads, key_dim = k.shape
     value_dim = v.shape[-1]
     n_chunks = cdiv(length, CHUNK)
     gate_cumsum = new_output(g.shape, torch.float32, g.device)
     chunk_gate = new_output((batch, heads, n_chunks), torch.float32, g.device)
     update_shape = (batch, heads, n_chunks, key_dim, value_dim)
-    updates = new_output(update_shape, states_dtype(k.dtype), k.device)
+    updates = new_output(update_shape, states_dtype(k.dtype), k.device) if state_updates else None
     gradients = q is not None
     grad_updates = new_output(update_shape, states_dtype(k.dtype), k.device) if gradients else None
     launch = LAUNCH["updates_with_gradients" if gradients else "updates"]
     block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])
     grid = (cdiv(key_dim, block_k), cdiv(value_dim, block_v), n_chunks * batch * heads)
+    written = updates if updates is not None else grad_updates
     simple_gla_kernel_gates_and_updates[grid](
-        g, k, v, q if gradients else k, do if gradients else v, gate_cumsum, chunk_gate, updates,
-        grad_updates if gradients else updates, scale, length, n_chunks,
-        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v, GRADIENTS=gradients,
-        **launch_options(launch),
+        g, k, v, q if gradients else k, do if gradients else v, gate_cumsum, chunk_gate, written,
+        grad_updates if gradients else written, scale, length, n_chunks,
+        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v, UPDATES=state_updates,
+        GRADIENTS=gradients, **launch_options(launch),
     )
-    return gate_cumsum, chunk_gate, updates, grad_updates
+    return (gate_cumsum, chunk_gate), updates, grad_updates
 
 
-def forward(q, k, v, g, scale, initial_state):
+def forward(q, k, v, g, scale, initial_state, save_states=False):
     q, k, v, g = [tensor.contiguous() for tensor in (q, k, v, g)]
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
     n_chunks = cdiv(length, CHUNK)
-    gate_cumsum, chunk_gate, updates, _ = gates_and_updates(g, k, v)
+    (gate_cumsum, chunk_gate), updates, _ = gates_and_updates(g, k, v)
     states, final_state = chunk_state_scan(updates, chunk_gate, initial_state, states_dtype(k.dtype), reverse=False)
     output = new_output(v.shape, v.dtype, v.device)
     launch = LAUNCH["output"]
@@ -232,19 +231,18 @@ def forward(q, k, v, g, scale, initial_state):
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
         **launch_options(launch),
     )
-    return output, final_state
+    return output, final_state, (states if save_states else None)
 
 
-def backward(q, k, v, g, scale, initial_state, do, final_state_grad):
+def backward(q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None):
     q, k, v, g, do = [tensor.contiguous() for tensor in (q, k, v, g, do)]
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
     if key_dim > 256:
         raise ValueError(f"the Triton simple-GLA backward supports K <= 256, got K = {key_dim}; use backend='torch'")
     n_chunks = cdiv(length, CHUNK)
-    gate_cumsum, chunk_gate, updates, grad_updates = gates_and_updates(g, k, v, q, do, scale)
-    states, state_grads, initial_grad = chunk_state_scan_pair(
-        updates, grad_updates, chunk_gate, initial_state, final_state_grad, states_dtype(k.dtype)
+    (gate_cumsum, chunk_gate), states, state_grads, initial_grad = recurrence_gradients(
+        gates_and_updates, g, k, v, q, do, scale, initial_state, final_state_grad, saved_states, lambda gates: gates[1]
     )
     launch = LAUNCH["dv"]
     block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])

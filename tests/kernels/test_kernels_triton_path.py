@@ -175,6 +175,35 @@ def test_scan_variants_stay_exact(monkeypatch, operator_name, length, scan):
     assert_close(run_with_grads(operator.chunked, inputs, backend="triton"), reference(operator, inputs), tolerance)
 
 
+@pytest.mark.parametrize("operator_name", ["gla", "simple_gla"])
+@pytest.mark.parametrize("decay", ["weak", "strong"])
+@pytest.mark.parametrize("length", [40, 1000 if ON_GPU else 200])
+def test_saved_states_skip_the_recomputation_and_change_no_result(monkeypatch, operator_name, decay, length):
+    """save_states: the backward takes the forward's chunk states (no state recomputation: the paired scan
+    never runs) and every gradient still matches the float64 recurrence, with a state in and out."""
+    from schedlang.kernels.common import triton_scan
+
+    def paired_scan_must_not_run(*args, **kwargs):
+        raise AssertionError("the backward recomputed the states although the forward saved them")
+
+    operator = OPERATORS[operator_name]
+    dtype, tolerance = DTYPES["float32"]
+    inputs = make_inputs(operator, 2, length, 2, 32, decay, True, dtype, DEVICE, generator_seed=13)
+    recomputed = run_with_grads(operator.chunked, inputs, backend="triton")
+    monkeypatch.setattr(triton_scan, "chunk_state_scan_pair", paired_scan_must_not_run)
+    results = run_with_grads(operator.chunked, inputs, backend="triton", save_states=True)
+    assert_close(results, reference(operator, inputs), tolerance)
+    # the same kernels on the same operands: the saved states are the ones the backward would recompute
+    assert_close(results, recomputed, 1e-6)
+
+
+def test_saved_states_are_ignored_by_the_torch_path():
+    operator = OPERATORS["gla"]
+    inputs = make_inputs(operator, 1, 100, 2, 16, "weak", True, torch.float64, "cpu", generator_seed=3)
+    saved = run_with_grads(operator.chunked, inputs, backend="torch", save_states=True)
+    assert_close(saved, run_with_grads(operator.chunked, inputs, backend="torch"), 1e-12)
+
+
 def test_gla_in_float16_keeps_its_gated_operands_finite():
     """float16 overflows at 65504: a chunk whose cumulative gate spans ~38 (log-gate -0.6 a token) would put
     factors of exp(19) on the keys if it took the smooth path with the bfloat16 limit. Keys of size ~30 and
