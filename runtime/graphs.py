@@ -21,9 +21,13 @@ memory pool): ``F`` takes a free slot, ``B`` gives it back. What leaves a slot
 is used before that slot's next forward or copied: forward outputs are sent
 or handed to the next chunk's forward (which copies them into its own slot)
 before this chunk's backward can run; the gradients ``B`` hands to
-``B(a, i - 1)`` and to the previous stage are cloned; parameter gradients are
-added into ``.grad`` tensors allocated before the first replay, so autograd
-never adopts a static buffer as a ``.grad``.
+``B(a, i - 1)`` and to the previous stage are cloned; parameter gradients go
+into ``.grad`` tensors allocated before capture, so autograd never adopts a
+static buffer as a ``.grad``: the captured backward adds the weight gradients
+of the linear layers into them itself ([Note: in-place weight gradients] in
+:mod:`schedlang.runtime.linear`) and autograd adds the others. The warm-up
+runs of capture add into them too, with arbitrary output gradients, so they
+are zeroed once every slot is captured.
 
 Chunk 0 has no incoming state: it gets zero states, which the kernels treat
 exactly like no state, so one set of static shapes serves every chunk.
@@ -38,6 +42,7 @@ import torch
 from torch import nn
 
 from schedlang.runtime.actions import Action, ActionKind
+from schedlang.runtime.linear import accumulate_weight_gradients_into_grad
 from schedlang.runtime.model import StageModel
 
 GraphMaker = Callable[..., nn.Module]
@@ -111,6 +116,7 @@ class GraphedChunks:
         for parameter in self.stage.parameters():
             if parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)
+        accumulate_weight_gradients_into_grad(self.stage)
         for slot in range(self.n_slots):
             warmup = 3 if slot == 0 else 1  # later slots find kernels compiled and autotuned
             self.callables.append(
@@ -122,6 +128,11 @@ class GraphedChunks:
                 )
             )
         self.free_slots = list(range(self.n_slots))
+        if inputs.device.type == "cuda":
+            torch.cuda.synchronize(inputs.device)  # the warm-ups ran on make_graphed_callables' side stream
+        with torch.no_grad():
+            for parameter in self.stage.parameters():
+                parameter.grad.zero_()
 
     def _sample_args(self, inputs: torch.Tensor, targets: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         """Fresh sample arguments for one slot: make_graphed_callables keeps them as the slot's static inputs,

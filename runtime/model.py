@@ -22,6 +22,7 @@ from torch import nn
 
 from schedlang.runtime.config import MixerKind, ModelConfig
 from schedlang.runtime.kv_buffers import AttentionChunk, BufferedChunkAttention, ChunkPosition
+from schedlang.runtime.linear import Linear
 
 GATE_LOGIT_NORMALIZER = 16.0
 """GLA divides the log-sigmoid gate by 16 so forget gates start close to 1 (GLA paper, section 4)."""
@@ -85,10 +86,10 @@ class HeadMixer(nn.Module):
         self.heads = config.heads
         self.head_dim = config.head_dim
         inner = config.heads * config.head_dim
-        self.q_proj = nn.Linear(config.d_model, inner, bias=False)
-        self.k_proj = nn.Linear(config.d_model, inner, bias=False)
-        self.v_proj = nn.Linear(config.d_model, inner, bias=False)
-        self.o_proj = nn.Linear(inner, config.d_model, bias=False)
+        self.q_proj = Linear(config.d_model, inner, bias=False)
+        self.k_proj = Linear(config.d_model, inner, bias=False)
+        self.v_proj = Linear(config.d_model, inner, bias=False)
+        self.o_proj = Linear(inner, config.d_model, bias=False)
 
     def head_shape(self, hidden: torch.Tensor) -> tuple[int, int, int, int]:
         return (hidden.shape[0], hidden.shape[1], self.heads, self.head_dim)
@@ -98,7 +99,7 @@ class HeadMixer(nn.Module):
         shape = self.head_shape(hidden)
         return tuple(projection(hidden).view(shape) for projection in (self.q_proj, self.k_proj, self.v_proj))
 
-    def init_projections(self, generator: torch.Generator, output_std: float, *gates: nn.Linear) -> None:
+    def init_projections(self, generator: torch.Generator, output_std: float, *gates: Linear) -> None:
         """q, k, v, then each gate, drawn in that order; gate biases zero; the output projection last."""
         for projection in (self.q_proj, self.k_proj, self.v_proj, *gates):
             _init_normal(projection.weight, INIT_STD, generator)
@@ -120,7 +121,7 @@ class GatedLinearMixer(HeadMixer):
         super().__init__(config)
         self.kind = kind
         gate_width = config.heads * config.head_dim if kind is MixerKind.GLA else config.heads
-        self.gate_proj = nn.Linear(config.d_model, gate_width, bias=True)
+        self.gate_proj = Linear(config.d_model, gate_width, bias=True)
         self.sequence_context: SequenceParallelContext | None = None
 
     def reset_parameters(self, generator: torch.Generator, output_std: float) -> None:
@@ -184,9 +185,9 @@ class GatedDeltaMixer(HeadMixer):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        self.gate_proj = nn.Linear(config.d_model, config.heads, bias=True)
-        self.beta_proj = nn.Linear(config.d_model, config.heads, bias=True)
-        self.output_gate_proj = nn.Linear(config.d_model, config.heads * config.head_dim, bias=False)
+        self.gate_proj = Linear(config.d_model, config.heads, bias=True)
+        self.beta_proj = Linear(config.d_model, config.heads, bias=True)
+        self.output_gate_proj = Linear(config.d_model, config.heads * config.head_dim, bias=False)
         self.output_norm = RMSNorm(config.head_dim, config.norm_eps)
 
     def reset_parameters(self, generator: torch.Generator, output_std: float) -> None:
@@ -253,9 +254,9 @@ class SwiGLU(nn.Module):
     def __init__(self, d_model: int, ratio: float) -> None:
         super().__init__()
         hidden = swiglu_width(d_model, ratio)
-        self.gate_proj = nn.Linear(d_model, hidden, bias=False)
-        self.up_proj = nn.Linear(d_model, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d_model, bias=False)
+        self.gate_proj = Linear(d_model, hidden, bias=False)
+        self.up_proj = Linear(d_model, hidden, bias=False)
+        self.down_proj = Linear(hidden, d_model, bias=False)
 
     def reset_parameters(self, generator: torch.Generator, output_std: float) -> None:
         _init_normal(self.gate_proj.weight, INIT_STD, generator)
@@ -313,7 +314,7 @@ class StageModel(nn.Module):
         self.embedding = nn.Embedding(config.vocab, config.d_model) if is_first else None
         self.layers = nn.ModuleDict({str(index): Block(config, config.layers[index]) for index in layer_indices})
         self.final_norm = RMSNorm(config.d_model, config.norm_eps) if is_last else None
-        self.lm_head = nn.Linear(config.d_model, config.vocab, bias=False) if is_last else None
+        self.lm_head = Linear(config.d_model, config.vocab, bias=False) if is_last else None
 
     def reset_parameters(self, seed: int) -> None:
         n_layers = len(self.config.layers)

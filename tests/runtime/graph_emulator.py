@@ -8,7 +8,11 @@ backward with NaN and overwrites its output buffers. A runtime that keeps a slot
 next forward, lets autograd adopt a static buffer as a parameter's ``.grad``, or runs two forwards of one slot
 before its backward gets NaN or wrong numbers instead of the eager results. Like the real function it keeps
 the sample arguments themselves as the static inputs that every replay copies its arguments into, so two
-slots captured on the same sample tensors share their inputs (a bug the first GPU run found) and fail here.
+slots captured on the same sample tensors share their inputs (a bug the first GPU run found) and fail here;
+it runs ``num_warmup_iters`` forward+backward warm-ups on the sample arguments, whose output gradients are
+uninitialised memory in torch and NaN here (a backward that adds into ``.grad`` during them leaves NaN there
+unless the runtime clears it); and a gradient autograd does not give (None) is handed out as None, as torch
+hands it, so autograd adds nothing for it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,15 @@ def emulated_make_graphed_callables(
     static_grads: list[torch.Tensor | None] = [
         torch.empty_like(tensor) if tensor.requires_grad else None for tensor in surface
     ]
+
+    for _ in range(num_warmup_iters):
+        outputs = [output for output in original_forward(*static_inputs) if output.requires_grad]
+        torch.autograd.grad(
+            outputs,
+            [tensor for tensor in surface if tensor.requires_grad],
+            [torch.full_like(output, float("nan")) for output in outputs],
+            allow_unused=allow_unused_input,
+        )
 
     class Emulated(torch.autograd.Function):
         @staticmethod
@@ -71,7 +84,10 @@ def emulated_make_graphed_callables(
                     handed.append(None)
                     continue
                 result = next(results)
-                buffer.copy_(torch.zeros_like(buffer) if result is None else result)
+                if result is None:
+                    handed.append(None)
+                    continue
+                buffer.copy_(result)
                 handed.append(buffer.detach())
             live["in_backward_order"] = True
             return tuple(handed)
