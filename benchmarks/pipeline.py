@@ -13,6 +13,7 @@ torchrun job so an out-of-memory rank cannot wedge the next attempt.
 
 Driver (plain python, launches torchrun jobs):
     python benchmarks/pipeline.py --out results/ [--device cuda] [--length 32768] [--chunks 1 4 8 16 8g]
+        [--first-stage-layers 9]
     (a chunk count ending in g replays the chunks from CUDA graphs: pipeline { cuda_graphs = true })
 Worker (what the driver launches):
     torchrun --nproc-per-node 2 benchmarks/pipeline.py --worker --systems torch schedlang:16 --length 32768
@@ -53,9 +54,16 @@ def model_config(tiny: bool):
     )
 
 
+FIRST_STAGE_LAYERS: int | None = None
+"""Layers on stage 0 (--first-stage-layers; None: half). Stage 1 also holds the LM head and the loss, so at
+vocab 32000 an even split leaves it the slower stage: measure both systems on the same split."""
+
+
 def stage_layers(n_layers: int) -> tuple[tuple[int, ...], ...]:
-    half = n_layers // 2
-    return (tuple(range(half)), tuple(range(half, n_layers)))
+    first = n_layers // 2 if FIRST_STAGE_LAYERS is None else FIRST_STAGE_LAYERS
+    if not 0 < first < n_layers:
+        raise ValueError(f"stage 0 must hold between 1 and {n_layers - 1} of the {n_layers} layers, got {first}")
+    return (tuple(range(first)), tuple(range(first, n_layers)))
 
 
 def synchronize(device: torch.device) -> None:
@@ -286,7 +294,9 @@ def launch_worker(args, systems, length, warmup, steps, result: Path, timeout: f
         str(Path(__file__).resolve()), "--worker", "--device", args.device, "--length", str(length),
         "--microbatches", str(args.microbatches), "--warmup", str(warmup), "--steps", str(steps),
         "--result", str(result), "--systems", *systems,
-    ] + (["--tiny"] if args.tiny else [])
+    ] + (["--tiny"] if args.tiny else []) + (
+        ["--first-stage-layers", str(args.first_stage_layers)] if args.first_stage_layers is not None else []
+    )
     try:
         completed = subprocess.run(command, timeout=timeout, capture_output=True, text=True)
         code, output = completed.returncode, completed.stdout + completed.stderr
@@ -365,8 +375,10 @@ def driver(args: argparse.Namespace) -> int:
     code, records = launch_worker(
         args, systems, args.length, args.warmup, args.steps, out / "throughput.json", args.throughput_timeout
     )
+    split = stage_layers(len(model_config(args.tiny).layers))
     lines = [
-        f"kernel backend: {backend}; length {args.length}, {args.microbatches} microbatches, PP2",
+        f"kernel backend: {backend}; length {args.length}, {args.microbatches} microbatches, PP2, "
+        f"layers per stage {len(split[0])} + {len(split[1])} (+ head and loss)",
         "| system | stage | tokens/s | step (s) | compute kernels (s) | busy | peak (GiB) | activations peak (GiB) |"
         " peak - model state (GiB) |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -423,6 +435,7 @@ def main() -> int:
     parser.add_argument("--tiny", action="store_true", help="a tiny model, to check the whole path on CPU")
     parser.add_argument("--length", type=int, default=32768)
     parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument("--first-stage-layers", type=int, help="layers on stage 0, the rest on stage 1 (default: half)")
     parser.add_argument(
         "--chunks", nargs="+", default=["1", "4", "8", "16"], help="chunk counts; 8g = 8 chunks replayed from CUDA graphs"
     )
@@ -437,6 +450,8 @@ def main() -> int:
     parser.add_argument("--throughput-timeout", type=float, default=300.0)
     parser.add_argument("--search-timeout", type=float, default=120.0)
     args = parser.parse_args()
+    global FIRST_STAGE_LAYERS
+    FIRST_STAGE_LAYERS = args.first_stage_layers
     if args.preflight:
         return preflight()
     return worker(args) if args.worker else driver(args)
