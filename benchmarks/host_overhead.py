@@ -46,15 +46,7 @@ def launch_cost_us(calls: int) -> float:
     def launch():
         _empty_kernel[(64, 16)](*tensors, 4096, 64, H=16, K=128, V=128)
 
-    for _ in range(10):
-        launch()
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(calls):
-        launch()
-    elapsed = time.perf_counter() - started
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+    return host_time_ms(launch, calls) * 1e3
 
 
 def host_time_ms(step, calls: int) -> float:

@@ -29,6 +29,16 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
+def _step_chunk(i_bh, step, NT, K: tl.constexpr, V: tl.constexpr, REVERSE: tl.constexpr):
+    """(the chunk scan step ``step`` visits, the offset of its [K, V] entry in a [BH, NT, K, V] tensor)."""
+    if REVERSE:
+        i_n = NT - 1 - step
+    else:
+        i_n = step
+    return i_n, (i_bh * NT + i_n).to(tl.int64) * K * V
+
+
+@triton.jit
 def _scan_operands(
     updates, chunk_gate, i_bh, step, o_k, i_k, i_v, NT,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -36,12 +46,7 @@ def _scan_operands(
 ):
     """The update tile and the decay of scan step ``step`` (clamped to the last step: a prefetch past the end
     reloads it and is never used), float32."""
-    step = tl.minimum(step, NT - 1)
-    if REVERSE:
-        i_n = NT - 1 - step
-    else:
-        i_n = step
-    offset = (i_bh * NT + i_n).to(tl.int64) * K * V
+    i_n, offset = _step_chunk(i_bh, tl.minimum(step, NT - 1), NT, K, V, REVERSE)
     p_update = tl.make_block_ptr(updates + offset, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
     b_update = tl.load(p_update, boundary_check=(0, 1)).to(tl.float32)
     if SCALAR_GATE:
@@ -49,20 +54,6 @@ def _scan_operands(
     else:
         b_decay = tl.exp(tl.load(chunk_gate + (i_bh * NT + i_n) * K + o_k, mask=o_k < K, other=0.0))
     return b_update, b_decay
-
-
-@triton.jit
-def _store_state(
-    states, b_state, i_bh, step, i_k, i_v, NT,
-    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, REVERSE: tl.constexpr,
-):
-    if REVERSE:
-        i_n = NT - 1 - step
-    else:
-        i_n = step
-    offset = (i_bh * NT + i_n).to(tl.int64) * K * V
-    p_state = tl.make_block_ptr(states + offset, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-    tl.store(p_state, b_state.to(p_state.dtype.element_ty), boundary_check=(0, 1))
 
 
 @triton.jit
@@ -79,7 +70,9 @@ def _scan_step(
     else:
         b_u0, b_d0 = _scan_operands(updates, chunk_gate, i_bh, step, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE, REVERSE)
         b_u3, b_d3 = b_u0, b_d0
-    _store_state(states, b_state, i_bh, step, i_k, i_v, NT, K, V, BK, BV, REVERSE)
+    _, offset = _step_chunk(i_bh, step, NT, K, V, REVERSE)
+    p_state = tl.make_block_ptr(states + offset, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+    tl.store(p_state, b_state.to(p_state.dtype.element_ty), boundary_check=(0, 1))
     b_state = b_state * b_d0[:, None] + b_u0
     return b_state, b_u1, b_d1, b_u2, b_d2, b_u3, b_d3
 
