@@ -8,7 +8,8 @@ Two models, selected by :class:`CostModelKind` (formulas in docs/cost-model.md):
   built, so the simulated times are exact and match Eq. 12-15 to the last bit.
 * ``FLOPS``: per-layer FLOPs of the stage's layers for the chunk (linear
   recurrence per token, softmax attention by prefix length, dense projections
-  and MLP), divided by a device throughput, plus an alpha-beta time
+  and MLP), divided by a device throughput, each backward also paying for adding the
+  stage's parameter gradients into ``.grad`` at memory bandwidth, plus an alpha-beta time
   (``alpha + bytes / beta``) for activation messages between stages and for
   state exchange between sequence-parallel ranks. Seconds.
 
@@ -31,6 +32,7 @@ from schedlang.lowering.program import (
     ScheduleProgram,
     SequenceParallel,
 )
+from schedlang.lowering.parameters import stage_parameters
 from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.lowering.timeline import MessageKind
 
@@ -42,6 +44,8 @@ class CostModelKind(str, Enum):
 
 BACKWARD_TO_FORWARD = 2
 """Backward costs twice the forward: two matrix products per forward one."""
+GRADIENT_ACCUMULATION_PASSES = 3
+"""Adding a gradient into ``.grad`` reads both and writes the sum: three passes over the parameters."""
 
 DTYPE_BYTES = {DType.FP32: 4, DType.BF16: 2, DType.FP16: 2, DType.FP64: 8}
 
@@ -81,6 +85,7 @@ class Hardware:
     throughput_flops: float = 400e12  # effective FLOP/s of one device
     latency_s: float = 10e-6  # alpha: per-message latency
     bandwidth_bytes_per_s: float = 50e9  # beta: link bandwidth
+    memory_bandwidth_bytes_per_s: float = 3.5e12  # what an elementwise kernel streams from device memory
 
     def transfer_time(self, n_bytes: float) -> float:
         return self.latency_s + n_bytes / self.bandwidth_bytes_per_s
@@ -143,6 +148,15 @@ class FlopsCostModel:
             [self._stage_chunk_seconds(stage, chunk) for chunk in range(program.n_chunks)]
             for stage in range(program.n_stages)
         ]
+        self.accumulation_seconds = [self._gradient_accumulation_seconds(stage) for stage in range(program.n_stages)]
+
+    def _gradient_accumulation_seconds(self, stage: int) -> float:
+        """What every backward of ``stage`` pays to add its parameter gradients into ``.grad``: one elementwise
+        pass reading both and writing the sum. CUDA-graph stages add the linear layers' weight gradients inside
+        their GEMMs ([Note: in-place weight gradients] in schedlang.runtime.linear), so only the rest remain."""
+        count = stage_parameters(self.program, stage)
+        accumulated = count.other if self.program.pipeline.cuda_graphs else count.total
+        return GRADIENT_ACCUMULATION_PASSES * accumulated * self.element_bytes / self.hardware.memory_bandwidth_bytes_per_s
 
     def _stage_chunk_seconds(self, stage: int, chunk: int) -> float:
         program, model, hardware = self.program, self.program.model, self.hardware
@@ -188,7 +202,9 @@ class FlopsCostModel:
 
     def task_duration(self, task: TaskId) -> float:
         seconds = self.forward_seconds[task.stage][task.chunk]
-        return seconds if task.kind is TaskKind.FORWARD else BACKWARD_TO_FORWARD * seconds
+        if task.kind is TaskKind.FORWARD:
+            return seconds
+        return BACKWARD_TO_FORWARD * seconds + self.accumulation_seconds[task.stage]
 
     def message_bytes(self, kind: MessageKind, source: TaskId, destination: TaskId) -> int:
         if kind in (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRADIENT):

@@ -46,13 +46,18 @@ def add_cost_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--throughput", type=float, default=400e12, help="flops model: device FLOP/s")
     parser.add_argument("--latency", type=float, default=10e-6, help="flops model: message latency alpha, s")
     parser.add_argument("--bandwidth", type=float, default=50e9, help="flops model: link bandwidth beta, B/s")
+    parser.add_argument(
+        "--memory-bandwidth", type=float, default=3.5e12,
+        help="flops model: device memory bandwidth, B/s (each backward adds its gradients into .grad at it)",
+    )
 
 
 def check_hardware_arguments(args: argparse.Namespace, command: str) -> None:
     """Refuse non-positive throughput/bandwidth and negative latency before any work is done."""
-    for name in ("throughput", "bandwidth"):
+    for name in ("throughput", "bandwidth", "memory_bandwidth"):
         if not getattr(args, name) > 0:
-            raise SystemExit(f"schedlang {command}: error: --{name} must be positive, got {getattr(args, name)}")
+            flag = name.replace("_", "-")
+            raise SystemExit(f"schedlang {command}: error: --{flag} must be positive, got {getattr(args, name)}")
     if args.latency < 0:
         raise SystemExit(f"schedlang {command}: error: --latency must not be negative, got {args.latency}")
 
@@ -62,7 +67,7 @@ def cost_model_from_arguments(args: argparse.Namespace, program):
     from schedlang.lowering.cost import CostModelKind, Hardware, make_cost_model
 
     kind = CostModelKind(args.cost_model)
-    hardware = Hardware(args.throughput, args.latency, args.bandwidth)
+    hardware = Hardware(args.throughput, args.latency, args.bandwidth, args.memory_bandwidth)
     return kind, make_cost_model(kind, program, hardware)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from lowering_programs import make_program
@@ -14,6 +16,7 @@ from schedlang.lowering.cost import (
     make_cost_model,
 )
 from schedlang.lowering.legality import IllegalScheduleError
+from schedlang.lowering.parameters import stage_parameters
 from schedlang.lowering.program import LayerKind, MeshSpec, SequenceParallel
 from schedlang.lowering.simulate import simulate
 from schedlang.lowering.tasks import TaskId
@@ -90,7 +93,8 @@ def test_flops_model_backward_is_twice_forward_and_attention_grows_with_prefix()
     program = make_program(1, 1, 4, layers=layers, boundaries=(0, 1024, 2048, 3072, 4096))
     model = FlopsCostModel(program, Hardware(throughput_flops=1e12))
     forwards = [model.task_duration(TaskId.parse(f"0F0.{chunk}")) for chunk in range(4)]
-    assert model.task_duration(TaskId.parse("0B0.2")) == 2 * forwards[2]
+    accumulation = model.accumulation_seconds[0]
+    assert model.task_duration(TaskId.parse("0B0.2")) == pytest.approx(2 * forwards[2] + accumulation)
     # equal chunks differ only by the attention prefix term c_i s_i
     pair_seconds = attention_pair_flops(2, 64) * 1024 * 1024 / 1e12
     for chunk in range(1, 4):
@@ -143,3 +147,21 @@ def test_unit_cost_model_via_kind_matches_eq14_on_a_bigger_case():
     timeline = simulate(make_program(4, 8, 1), cost_model=CostModelKind.UNIT)
     assert timeline.makespan == (8 + 4 - 1) * 3
     assert timeline.peak_activations == (4.0, 3.0, 2.0, 1.0)
+
+
+def test_every_backward_pays_for_adding_the_stage_gradients_and_graph_stages_only_for_non_linear_ones():
+    """3 passes over the stage's parameters at memory bandwidth per backward, whatever the chunk's length, so
+    more chunks cost more; CUDA-graph stages add the linear weights' gradients inside their GEMMs."""
+    hardware = Hardware(throughput_flops=1e12, memory_bandwidth_bytes_per_s=1e9)
+    program = make_program(2, 1, 4)
+    count = stage_parameters(program, 1)
+    model = FlopsCostModel(program, hardware)
+    assert model.accumulation_seconds[1] == pytest.approx(3 * count.total * 4 / 1e9)  # fp32
+    backward = model.task_duration(TaskId.parse("1B0.0"))
+    assert backward == pytest.approx(2 * model.task_duration(TaskId.parse("1F0.0")) + model.accumulation_seconds[1])
+    one_chunk = FlopsCostModel(make_program(2, 1, 1, boundaries=(0, 256)), hardware)
+    four_backwards = sum(model.task_duration(TaskId.parse(f"1B0.{chunk}")) for chunk in range(4))
+    assert four_backwards == pytest.approx(one_chunk.task_duration(TaskId.parse("1B0.0")) + 3 * model.accumulation_seconds[1])
+    graphs = dataclasses.replace(program, pipeline=dataclasses.replace(program.pipeline, cuda_graphs=True))
+    assert FlopsCostModel(graphs, hardware).accumulation_seconds[1] == pytest.approx(3 * count.other * 4 / 1e9)
+    assert 0 < count.other < count.linear_weights
