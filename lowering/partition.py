@@ -23,7 +23,7 @@ takes them from the ``flops`` cost model so the simulator sees the cut balanced.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from schedlang.lowering.cost import (
     attention_pair_flops,
@@ -31,7 +31,7 @@ from schedlang.lowering.cost import (
     mixer_flops_per_token,
     mlp_flops_per_token,
 )
-from schedlang.lowering.program import LayerKind, ModelSpec
+from schedlang.lowering.program import LayerKind, ModelSpec, OrderKind, PartitionKind, ScheduleProgram
 
 
 def _kernel_blocks(length: int, kernel_chunk: int) -> int:
@@ -205,3 +205,23 @@ __all__ = [
     "model_balanced_boundaries",
     "uniform_boundaries",
 ]
+
+
+def recut(program: ScheduleProgram, n_chunks: int) -> ScheduleProgram:
+    """``program`` with its sequence cut into ``n_chunks`` chunks the way its schedule cuts it (uniform, or
+    balanced with the same alpha), for sweeping the chunk count (``schedlang simulate --chunks``).
+
+    Raises ValueError when the schedule fixes its chunks (explicit boundaries or an explicit order, both
+    written for one chunk count) or when ``n_chunks`` does not fit the length.
+    """
+    sequence, pipeline = program.sequence, program.pipeline
+    if pipeline.order is OrderKind.EXPLICIT:
+        raise ValueError("an explicit order is written for its own chunk count; sweep a gpipe or 1f1b schedule")
+    if sequence.partition is PartitionKind.EXPLICIT:
+        raise ValueError("explicit chunk boundaries fix the chunk count; sweep a uniform or balanced partition")
+    unit = sequence.kernel_chunk * program.mesh.sequence
+    if sequence.partition is PartitionKind.BALANCED:
+        boundaries = model_balanced_boundaries(program.model, sequence.length, n_chunks, sequence.balance_alpha, unit)
+    else:
+        boundaries = uniform_boundaries(sequence.length, n_chunks, unit)
+    return replace(program, sequence=replace(sequence, boundaries=boundaries))

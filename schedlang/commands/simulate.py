@@ -5,18 +5,27 @@ Prints a per-stage table, or with ``--json`` an object with ``makespan``,
 per stage, the task count, the time unit and, for reference, StateFlow's
 closed-form estimates (Eq. 13 and Eq. 15). An illegal schedule prints its
 violations, as ``schedlang check`` does, and exits 1.
+
+With ``--chunks N [N ...]`` it simulates the same schedule with its sequence
+re-cut into each of those chunk counts (the schedule's own partition: uniform,
+or balanced with its alpha) and prints one row per count (``--json``: a list
+under ``"sweep"``), to choose the count: more chunks shrink the bubble and the
+activations, and under the flops model every extra backward pays its gradient
+accumulation (docs/cost-model.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from schedlang.commands.common import (
     add_cost_model_arguments,
     check_hardware_arguments,
     cost_model_from_arguments,
     load_legal_program,
+    print_legality_report,
 )
 
 HELP = "simulate the schedule: makespan, bubble fraction and peak activations per stage"
@@ -25,27 +34,27 @@ HELP = "simulate the schedule: makespan, bubble fraction and peak activations pe
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="schedule file (.sched)")
     parser.add_argument("--json", action="store_true", help="print a JSON object instead of a table")
+    parser.add_argument(
+        "--chunks", type=int, nargs="+", metavar="N",
+        help="simulate the schedule re-cut into each of these chunk counts, one row each",
+    )
     add_cost_model_arguments(parser)
 
 
-def run(args: argparse.Namespace) -> int:
+def simulate_program(program, orders, args: argparse.Namespace) -> dict:
+    """Simulate one checked program under the cost model the arguments name; the JSON fields of the module doc."""
     from schedlang.lowering.cost import CostModelKind
     from schedlang.lowering.memory import stateflow_makespan, stateflow_peak_activations
     from schedlang.lowering.simulate import simulate
     from schedlang.lowering.timeline import Stream
 
-    check_hardware_arguments(args, "simulate")
-    loaded = load_legal_program(args.file)
-    if loaded is None:
-        return 1
-    program, orders = loaded
     kind, cost_model = cost_model_from_arguments(args, program)
     timeline = simulate(program, orders, cost_model)
     busy = [0.0] * program.n_stages
     for interval in timeline.tasks:
         if interval.stream is Stream.COMPUTE:
             busy[interval.task.stage] += interval.duration
-    result = {
+    return {
         "file": str(args.file),
         "cost_model": kind.value,
         "time_unit": "full-sequence forward" if kind is CostModelKind.UNIT else "second",
@@ -63,16 +72,71 @@ def run(args: argparse.Namespace) -> int:
         ),
         "eq15_makespan_unit": stateflow_makespan(program.n_stages, program.n_microbatches, program.n_chunks),
     }
+
+
+def sweep(program, args: argparse.Namespace) -> list[dict] | None:
+    """One result per ``--chunks`` count, or None after printing why a count cannot be simulated."""
+    from schedlang.lowering.legality import check_orders
+    from schedlang.lowering.orders import stage_orders
+    from schedlang.lowering.partition import recut
+
+    results = []
+    for n_chunks in args.chunks:
+        try:
+            variant = recut(program, n_chunks)
+        except ValueError as error:
+            print(f"schedlang simulate: error: {args.file}: cannot simulate {n_chunks} chunks: {error}", file=sys.stderr)
+            return None
+        report = check_orders(variant)
+        if not report.is_legal:
+            print_legality_report(args.file, variant, report)
+            return None
+        results.append(simulate_program(variant, stage_orders(variant), args))
+    return results
+
+
+def print_sweep(results: list[dict], args: argparse.Namespace) -> None:
+    first = results[0]
+    print(
+        f"{args.file}: {first['n_stages']} stages x {first['n_microbatches']} microbatches, order {first['order']}, "
+        f"cost model {first['cost_model']} (time in {first['time_unit']}s), chunk counts swept"
+    )
+    print(f"{'chunks':>6}  {'makespan':>12}  {'vs first':>8}  {'bubble':>7}  {'peak activations (stage 0)':>26}")
+    for result in results:
+        print(
+            f"{result['n_chunks']:>6}  {result['makespan']:>12.6g}  {result['makespan'] / first['makespan']:>8.3f}  "
+            f"{result['bubble_fraction']:>7.4f}  {result['peak_activations'][0]:>26.4g}"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    check_hardware_arguments(args, "simulate")
+    if args.chunks is not None and min(args.chunks) < 1:
+        raise SystemExit(f"schedlang simulate: error: --chunks must be positive, got {args.chunks}")
+    loaded = load_legal_program(args.file)
+    if loaded is None:
+        return 1
+    program, orders = loaded
+    if args.chunks:
+        results = sweep(program, args)
+        if results is None:
+            return 1
+        if args.json:
+            print(json.dumps({"file": str(args.file), "sweep": results}, indent=2))
+        else:
+            print_sweep(results, args)
+        return 0
+    result = simulate_program(program, orders, args)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     print(
         f"{args.file}: {program.n_stages} stages x {program.n_microbatches} microbatches x "
-        f"{program.n_chunks} chunks, order {result['order']}, cost model {kind.value} "
+        f"{program.n_chunks} chunks, order {result['order']}, cost model {result['cost_model']} "
         f"(time in {result['time_unit']}s)"
     )
-    print(f"makespan {timeline.makespan:.6g}   bubble fraction {timeline.bubble_fraction:.4f}")
+    print(f"makespan {result['makespan']:.6g}   bubble fraction {result['bubble_fraction']:.4f}")
     print(f"{'stage':>5}  {'busy':>12}  {'peak activations':>16}")
     for stage in range(program.n_stages):
-        print(f"{stage:>5}  {busy[stage]:>12.6g}  {timeline.peak_activations[stage]:>16.4g}")
+        print(f"{stage:>5}  {result['busy_time'][stage]:>12.6g}  {result['peak_activations'][stage]:>16.4g}")
     return 0

@@ -121,3 +121,25 @@ def test_dispatcher_runs_check_and_simulate(capsys):
     result = json.loads(capsys.readouterr().out)
     # the explicit order: stage 0 runs all four forwards first, stage 1 finishes microbatch 0 first
     assert result["order"] == "explicit" and result["peak_activations"] == [2.0, 1.0]
+
+
+def test_simulate_sweeps_chunk_counts_of_the_schedules_own_partition(capsys):
+    path = str(EXAMPLES / "gla_stateflow.sched")  # 2 stages, 4 microbatches, 4 uniform chunks, 1f1b
+    assert run_command(simulate, [path, "--chunks", "1", "4", "8", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["sweep"]
+    assert [row["n_chunks"] for row in rows] == [1, 4, 8]
+    for row in rows:  # the unit model reproduces Eq. 15 and Eq. 13 at every count
+        n = row["n_chunks"]
+        assert row["makespan"] == pytest.approx((4 * n + 2 - 1) * 3 / n)
+        assert row["peak_activations"][0] == pytest.approx(min(4 * n, n + 1) / n)
+    assert run_command(simulate, [path, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["makespan"] == rows[1]["makespan"]
+    assert run_command(simulate, [path, "--chunks", "1", "8"]) == 0
+    assert "chunk counts swept" in capsys.readouterr().out
+
+
+def test_simulate_sweep_refuses_what_fixes_the_chunk_count(capsys):
+    assert run_command(simulate, [str(EXAMPLES / "explicit_order.sched"), "--chunks", "4"]) == 1
+    assert "an explicit order is written for its own chunk count" in capsys.readouterr().err
+    assert run_command(simulate, [str(EXAMPLES / "gla_stateflow.sched"), "--chunks", "65"]) == 1
+    assert "at most 64 chunks fit" in capsys.readouterr().err
