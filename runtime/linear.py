@@ -13,8 +13,10 @@ Contract: ``weight.grad`` exists before the backward and keeps its storage (the 
 in place); whoever asks autograd for the weight's gradient (``torch.autograd.grad``) gets None for it and
 must accept that (``allow_unused``). The runtime sets the flag only on stages replayed from CUDA graphs
 (:mod:`schedlang.runtime.graphs`): there the captured backward writes into ``.grad`` at replay and costs no
-host time, while in eager runs the extra Python of a custom autograd function per layer would cost more
-host time than the additions cost GPU time. Biases keep autograd's accumulation (they are tiny).
+host time, while in eager runs, whose many-chunk steps are already host-bound, the custom autograd function
+would cost about as much host time as it saves GPU time (9 us more per linear forward+backward on the
+development CPU; a 2048-wide GLA block's 9 linears against about 90 us of additions on an H200). Biases keep
+autograd's accumulation (they are tiny).
 """
 
 from __future__ import annotations
