@@ -33,14 +33,14 @@ def run_once(model, inputs, targets, n_chunks: int, upstream) -> None:
     """One microbatch in ``n_chunks`` chunks: forwards in order, then backwards in reverse, as the executor."""
     states = [None] * model.n_states
     records = []
-    for index, piece in enumerate(inputs.chunk(n_chunks, dim=1)):
+    pieces = zip(inputs.chunk(n_chunks, dim=1), targets.chunk(n_chunks, dim=1), upstream.chunk(n_chunks, dim=1))
+    for piece, piece_targets, piece_upstream in pieces:
         leaves = [None if state is None else state.detach().requires_grad_(True) for state in states]
         hidden, states = model(piece, leaves)
         if model.final_norm is not None:
-            output = model.loss(hidden, targets.chunk(n_chunks, dim=1)[index]) / targets.numel()
-            gradient = None
+            output, gradient = model.loss(hidden, piece_targets) / targets.numel(), None
         else:
-            output, gradient = hidden, upstream.chunk(n_chunks, dim=1)[index]
+            output, gradient = hidden, piece_upstream
         records.append((output, gradient, leaves, states))
     state_grads = None
     for output, gradient, leaves, states in reversed(records):
