@@ -7,6 +7,10 @@ in reverse, each taking the next chunk's state gradients), after a warm-up, and 
 total time for each chunk count, with the difference from the first count: the GPU work that chunking adds.
 
     python benchmarks/profile_stage.py [--stage 1] [--length 32768] [--chunks 1 8] [--top 25] [--python-profile]
+        [--in-place-weight-gradients]
+
+--in-place-weight-gradients runs the linear layers as CUDA-graph stages do ([Note: in-place weight gradients]:
+the weight-gradient GEMM adds into ``.grad``), so the table shows what chunking adds to those stages.
 
 --python-profile adds where the host's time goes (cProfile of one more forward+backward at the last chunk
 count, by own time): with many chunks a stage is host-bound when wall time far exceeds the kernels' total.
@@ -26,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pipeline import model_config, stage_layers  # noqa: E402
+import pipeline  # noqa: E402
 
 
 def run_once(model, inputs, targets, n_chunks: int, upstream) -> None:
@@ -52,19 +56,22 @@ def run_once(model, inputs, targets, n_chunks: int, upstream) -> None:
         state_grads = [None if leaf is None else leaf.grad for leaf in leaves]
 
 
-def kernel_totals(step) -> dict[str, float]:
-    """Milliseconds per CUDA kernel name over one call of ``step``."""
+def kernel_totals(step) -> tuple[dict[str, float], int]:
+    """Milliseconds per CUDA kernel name over one call of ``step``, and how many kernels ran."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
         step()
         torch.cuda.synchronize()
     totals: dict[str, float] = {}
+    launches = 0
     for event in profiler.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             totals[event.name] = totals.get(event.name, 0.0) + event.device_time_total / 1e3
-    return totals
+            launches += 1
+    return totals, launches
 
 
 def main() -> int:
+    from schedlang.runtime.linear import accumulate_weight_gradients_into_grad
     from schedlang.runtime.model import build_stage_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -73,17 +80,26 @@ def main() -> int:
     parser.add_argument("--chunks", type=int, nargs="+", default=[1])
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--python-profile", action="store_true", help="also print cProfile's top host functions")
+    parser.add_argument("--first-stage-layers", type=int, help="as benchmarks/pipeline.py's (default: half)")
+    parser.add_argument(
+        "--in-place-weight-gradients", action="store_true", help="linear layers add weight gradients into .grad"
+    )
     args = parser.parse_args()
-    config = model_config(tiny=False)
+    pipeline.FIRST_STAGE_LAYERS = args.first_stage_layers
+    config = pipeline.model_config(tiny=False)
     device = torch.device("cuda")
     first, last = args.stage == 0, args.stage == 1
-    model = build_stage_model(config, stage_layers(len(config.layers))[args.stage], first, last, 0, device, torch.bfloat16)
+    model = build_stage_model(config, pipeline.stage_layers(len(config.layers))[args.stage], first, last, 0, device, torch.bfloat16)
     tokens = torch.randint(0, config.vocab, (1, args.length + 1), device=device)
     if first:
         inputs = tokens[:, :-1]
     else:
         inputs = torch.randn(1, args.length, config.d_model, device=device, dtype=torch.bfloat16)
     targets = tokens[:, 1:]
+    if args.in_place_weight_gradients:
+        for parameter in model.parameters():
+            parameter.grad = torch.zeros_like(parameter)
+        accumulate_weight_gradients_into_grad(model)
     upstream = torch.randn(1, args.length, config.d_model, device=device, dtype=torch.bfloat16)
     parameters = sum(p.numel() for name, p in model.named_parameters() if "embedding" not in name)
     flops = 6 * parameters * args.length
@@ -97,10 +113,11 @@ def main() -> int:
         step()
         torch.cuda.synchronize()
         wall = time.perf_counter() - started
-        columns[n_chunks] = kernel_totals(step)
+        columns[n_chunks], launches = kernel_totals(step)
         gpu_ms = sum(columns[n_chunks].values())
         print(f"stage {args.stage}, {args.length} tokens in {n_chunks} chunk(s): wall {wall * 1e3:.1f} ms, "
-              f"GPU kernels {gpu_ms:.1f} ms, {flops / wall / 1e12:.0f} TFLOP/s of 6*params*tokens")
+              f"GPU kernels {gpu_ms:.1f} ms in {launches} launches, {flops / wall / 1e12:.0f} TFLOP/s of "
+              "6*params*tokens")
     base = args.chunks[0]
     names = sorted(set().union(*columns.values()), key=lambda name: -max(column.get(name, 0.0) for column in columns.values()))
     header = " | ".join(f"{n} chunks (ms)" for n in args.chunks)
