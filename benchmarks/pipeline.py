@@ -212,27 +212,35 @@ def build_system(name: str, mesh, config, length: int, microbatches: int):
     return SchedlangSystem(mesh, config, length, int(chunks.rstrip("g")), microbatches, cuda_graphs=chunks.endswith("g"))
 
 
-def kernel_seconds_of_step(system, device: torch.device) -> tuple[float, float]:
-    """One more step under torch.profiler: (seconds of compute kernels, seconds of communication kernels).
+KERNELS_KEPT = 40
+"""How many kernel names, by total time, a record keeps (``kernels``: name -> seconds in the profiled step)."""
+
+
+def kernel_seconds_of_step(system, device: torch.device) -> tuple[float, float, dict[str, float]]:
+    """One more step under torch.profiler: seconds of compute kernels, of communication kernels, and per name.
 
     Against the step time this splits a rank's step into its own GPU work, communication and idle time
     (bubbles, waits, host-bound launch gaps): the figure that says why a schedule is slower than its model.
+    The per-name totals (the ``KERNELS_KEPT`` largest) say where one system's GPU work differs from another's.
     """
     if device.type != "cuda":
-        return 0.0, 0.0
+        return 0.0, 0.0, {}
     synchronize(device)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
         system.step()
         synchronize(device)
     compute = communication = 0.0
+    by_name: dict[str, float] = {}
     for event in profiler.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             seconds = event.device_time_total / 1e6
+            by_name[event.name] = by_name.get(event.name, 0.0) + seconds
             if "nccl" in event.name.lower():
                 communication += seconds
             else:
                 compute += seconds
-    return compute, communication
+    largest = sorted(by_name.items(), key=lambda item: -item[1])[:KERNELS_KEPT]
+    return compute, communication, dict(largest)
 
 
 def measure(name: str, mesh, config, length: int, microbatches: int, warmup: int, steps: int) -> dict:
@@ -269,7 +277,9 @@ def measure(name: str, mesh, config, length: int, microbatches: int, warmup: int
         "peak_minus_model_state_bytes": peak_memory(device) - system.model_state_bytes() if device.type == "cuda" else 0,
         "setup_seconds": started - started_build,
     }
-    record["kernel_seconds"], record["communication_kernel_seconds"] = kernel_seconds_of_step(system, device)
+    record["kernel_seconds"], record["communication_kernel_seconds"], record["kernels"] = kernel_seconds_of_step(
+        system, device
+    )
     system.close()
     del system
     release(device)
