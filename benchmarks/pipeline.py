@@ -456,7 +456,7 @@ def main() -> int:
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--first-stage-layers", type=int, help="layers on stage 0, the rest on stage 1 (default: half)")
     parser.add_argument(
-        "--chunks", nargs="+", default=["1", "4", "8", "16"], help="chunk counts; 8g = 8 chunks replayed from CUDA graphs"
+        "--chunks", nargs="*", default=["1", "4", "8", "16"], help="chunk counts; 8g = 8 chunks replayed from CUDA graphs"
     )
     parser.add_argument("--systems", nargs="+", default=["torch"])
     parser.add_argument("--warmup", type=int, default=1)
