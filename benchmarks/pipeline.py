@@ -216,12 +216,15 @@ KERNELS_KEPT = 40
 """How many kernel names, by total time, a record keeps (``kernels``: name -> seconds in the profiled step)."""
 
 
-def kernel_seconds_of_step(system, device: torch.device) -> tuple[float, float, dict[str, float]]:
+def kernel_seconds_of_step(
+    system, device: torch.device, trace: Path | None = None
+) -> tuple[float, float, dict[str, float]]:
     """One more step under torch.profiler: seconds of compute kernels, of communication kernels, and per name.
 
     Against the step time this splits a rank's step into its own GPU work, communication and idle time
     (bubbles, waits, host-bound launch gaps): the figure that says why a schedule is slower than its model.
-    The per-name totals (the ``KERNELS_KEPT`` largest) say where one system's GPU work differs from another's.
+    The per-name totals (the ``KERNELS_KEPT`` largest) say where one system's GPU work differs from another's;
+    ``trace`` (a path) also gets the step as a Chrome trace, which shows when kernels overlap.
     """
     if device.type != "cuda":
         return 0.0, 0.0, {}
@@ -229,6 +232,8 @@ def kernel_seconds_of_step(system, device: torch.device) -> tuple[float, float, 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
         system.step()
         synchronize(device)
+    if trace is not None:
+        profiler.export_chrome_trace(str(trace))
     compute = communication = 0.0
     by_name: dict[str, float] = {}
     for event in profiler.events():
@@ -243,7 +248,9 @@ def kernel_seconds_of_step(system, device: torch.device) -> tuple[float, float, 
     return compute, communication, dict(largest)
 
 
-def measure(name: str, mesh, config, length: int, microbatches: int, warmup: int, steps: int) -> dict:
+def measure(
+    name: str, mesh, config, length: int, microbatches: int, warmup: int, steps: int, trace_dir: str | None = None
+) -> dict:
     device = mesh.device
     release(device)
     reset_peak(device)
@@ -277,8 +284,9 @@ def measure(name: str, mesh, config, length: int, microbatches: int, warmup: int
         "peak_minus_model_state_bytes": peak_memory(device) - system.model_state_bytes() if device.type == "cuda" else 0,
         "setup_seconds": started - started_build,
     }
+    trace = Path(trace_dir) / f"trace-{name.replace(':', '-')}-stage{mesh.stage}.json" if trace_dir else None
     record["kernel_seconds"], record["communication_kernel_seconds"], record["kernels"] = kernel_seconds_of_step(
-        system, device
+        system, device, trace
     )
     system.close()
     del system
@@ -294,7 +302,9 @@ def worker(args: argparse.Namespace) -> int:
     config = model_config(args.tiny)
     records = []
     for name in args.systems:
-        record = measure(name, mesh, config, args.length, args.microbatches, args.warmup, args.steps)
+        record = measure(
+            name, mesh, config, args.length, args.microbatches, args.warmup, args.steps, args.trace_dir
+        )
         gathered = [None, None]
         dist.all_gather_object(gathered, record)
         records.extend(gathered)
@@ -314,7 +324,7 @@ def launch_worker(args, systems, length, warmup, steps, result: Path, timeout: f
         "--result", str(result), "--systems", *systems,
     ] + (["--tiny"] if args.tiny else []) + (
         ["--first-stage-layers", str(args.first_stage_layers)] if args.first_stage_layers is not None else []
-    )
+    ) + (["--trace-dir", args.trace_dir] if args.trace_dir else [])
     try:
         completed = subprocess.run(command, timeout=timeout, capture_output=True, text=True)
         code, output = completed.returncode, completed.stdout + completed.stderr
@@ -386,6 +396,8 @@ def gib(n_bytes: int) -> str:
 def driver(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.trace_dir:
+        Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     backend = kernel_preflight(args.device)
     os.environ["SCHEDLANG_KERNEL_BACKEND"] = backend
@@ -459,6 +471,7 @@ def main() -> int:
         "--chunks", nargs="*", default=["1", "4", "8", "16"], help="chunk counts; 8g = 8 chunks replayed from CUDA graphs"
     )
     parser.add_argument("--systems", nargs="+", default=["torch"])
+    parser.add_argument("--trace-dir", help="write each system's profiled step per stage as a Chrome trace here")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--result", default=None)
