@@ -14,7 +14,8 @@ torchrun job so an out-of-memory rank cannot wedge the next attempt.
 Driver (plain python, launches torchrun jobs):
     python benchmarks/pipeline.py --out results/ [--device cuda] [--length 32768] [--chunks 1 4 8 16 8g]
         [--first-stage-layers 9]
-    (a chunk count ending in g replays the chunks from CUDA graphs: pipeline { cuda_graphs = true })
+    (a chunk count ending in g replays the chunks from CUDA graphs: pipeline { cuda_graphs = true }; a suffix
+    +E, as in 8g+2, adds E warm-up forwards on stage 0: pipeline { extra_warmup = E })
 Worker (what the driver launches):
     torchrun --nproc-per-node 2 benchmarks/pipeline.py --worker --systems torch schedlang:16 --length 32768
 A tiny CPU run of the whole path: python benchmarks/pipeline.py --device cpu --tiny --out /tmp/bench
@@ -101,7 +102,14 @@ class SchedlangSystem:
     """schedlang's runtime: one Trainer with the 1F1B chunk order placed by the lowering."""
 
     def __init__(
-        self, mesh, config, length: int, n_chunks: int, microbatches: int, cuda_graphs: bool = False
+        self,
+        mesh,
+        config,
+        length: int,
+        n_chunks: int,
+        microbatches: int,
+        cuda_graphs: bool = False,
+        extra_warmup: int = 0,
     ) -> None:
         from schedlang.lowering.orders import one_f_one_b_orders
         from schedlang.lowering.placement import place_stage_actions
@@ -109,7 +117,7 @@ class SchedlangSystem:
         from schedlang.runtime.trainer import Trainer
 
         boundaries = tuple(length * index // n_chunks for index in range(n_chunks + 1))
-        actions = place_stage_actions(one_f_one_b_orders(2, microbatches, n_chunks))
+        actions = place_stage_actions(one_f_one_b_orders(2, microbatches, n_chunks, extra_warmup))
         pipeline = PipelineConfig(
             stage_layers=stage_layers(len(config.layers)),
             chunk_boundaries=boundaries,
@@ -208,8 +216,12 @@ def model_state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer) -> in
 def build_system(name: str, mesh, config, length: int, microbatches: int):
     if name == "torch":
         return TorchSystem(mesh, config, length, microbatches)
-    kind, chunks = name.split(":")  # schedlang:8, or schedlang:8g to replay CUDA graphs
-    return SchedlangSystem(mesh, config, length, int(chunks.rstrip("g")), microbatches, cuda_graphs=chunks.endswith("g"))
+    # schedlang:8, schedlang:8g to replay CUDA graphs, schedlang:8g+2 with 2 extra warm-up forwards on stage 0
+    kind, spec = name.split(":")
+    chunks, _, extra = spec.partition("+")
+    return SchedlangSystem(
+        mesh, config, length, int(chunks.rstrip("g")), microbatches, chunks.endswith("g"), int(extra or 0)
+    )
 
 
 KERNELS_KEPT = 40
@@ -432,7 +444,7 @@ def driver(args: argparse.Namespace) -> int:
                     f"activation peak x{activation_ratio(mine, torch_records, 'activation_peak_bytes'):.2f}, "
                     f"peak - model state x{activation_ratio(mine, torch_records, 'peak_minus_model_state_bytes'):.2f}, "
                     f"reserved peak x{activation_ratio(mine, torch_records, 'peak_reserved_bytes'):.2f}"
-                    + (" (graph pools: only the reserved peak sees them whole)" if name.endswith("g") else "")
+                    + (" (graph pools: only the reserved peak sees them whole)" if "g" in name.partition(":")[2] else "")
                 )
     print("\n".join(lines), flush=True)
     fits = {name: None for name in args.search_systems}
@@ -468,7 +480,8 @@ def main() -> int:
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--first-stage-layers", type=int, help="layers on stage 0, the rest on stage 1 (default: half)")
     parser.add_argument(
-        "--chunks", nargs="*", default=["1", "4", "8", "16"], help="chunk counts; 8g = 8 chunks replayed from CUDA graphs"
+        "--chunks", nargs="*", default=["1", "4", "8", "16"],
+        help="chunk counts; 8g = 8 chunks replayed from CUDA graphs, 8g+2 = that with 2 extra warm-up forwards"
     )
     parser.add_argument("--systems", nargs="+", default=["torch"])
     parser.add_argument("--trace-dir", help="write each system's profiled step per stage as a Chrome trace here")

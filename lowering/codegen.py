@@ -166,6 +166,13 @@ def _tuple_of_names(names: list[str]) -> str:
     return f"({names[0]},)" if len(names) == 1 else "(" + ", ".join(names) + ")"
 
 
+def _order_name(pipeline) -> str:
+    """``1f1b order``, or ``1f1b order with 2 extra warm-up forwards`` ([Note: extra warm-up] in lowering/orders.py)."""
+    extra = pipeline.extra_warmup
+    more = f" with {extra} extra warm-up forward{'s' if extra > 1 else ''}" if extra else ""
+    return f"{pipeline.order.value} order{more}"
+
+
 def _layers_text(layers: tuple[int, ...]) -> str:
     return f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
 
@@ -210,7 +217,7 @@ def build_view(program: ScheduleProgram, script_name: str = "train.py") -> Train
         title=f"schedule {program.name}" if _SAFE_NAME.match(program.name) else "a schedule",
         source_literal=repr(Path(program.source_file).name),
         script_name=script_name,
-        order_name=program.pipeline.order.value,
+        order_name=_order_name(program.pipeline),
         mesh_shape=mesh_shape,
         mesh_shape_literal=repr(mesh_shape),
         world_size=program.mesh.world_size,

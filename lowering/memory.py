@@ -9,6 +9,8 @@ comparison.
 
 from __future__ import annotations
 
+from schedlang.lowering.orders import one_f_one_b_warmup
+
 FORWARD_BACKWARD_TIME = 3
 """``t`` of Eq. 14-15 in unit cost: forward 1 plus backward 2."""
 
@@ -18,10 +20,16 @@ def one_f_one_b_peak_activations(n_stages: int, n_microbatches: int) -> tuple[fl
     return tuple(float(min(n_microbatches, n_stages - stage)) for stage in range(n_stages))
 
 
-def stateflow_peak_activations(n_stages: int, n_microbatches: int, n_chunks: int) -> tuple[float, ...]:
-    """Eq. 13 without ``B_r``: stage ``r`` holds ``min(MN, N + P - r - 1) / N`` microbatches."""
+def stateflow_peak_activations(
+    n_stages: int, n_microbatches: int, n_chunks: int, extra_warmup: int = 0
+) -> tuple[float, ...]:
+    """Eq. 13 without ``B_r``: stage ``r`` holds ``min(MN, N + P - r - 1) / N`` microbatches.
+
+    With ``extra_warmup = e`` ([Note: extra warm-up]) every stage but the last holds ``e`` chunks more.
+    """
     return tuple(
-        min(n_microbatches * n_chunks, n_chunks + n_stages - stage - 1) / n_chunks for stage in range(n_stages)
+        one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, stage, extra_warmup) / n_chunks
+        for stage in range(n_stages)
     )
 
 

@@ -14,6 +14,18 @@ with one chunk per microbatch the orders are the classic full-sequence ones.
   delay, Eq. 13), then alternates one backward and one forward; when the
   forwards run out the remaining backwards follow. Backwards of a microbatch
   run from its last chunk to its first.
+
+  [Note: extra warm-up] A stage's first backward waits for the last chunk of
+  the first microbatch to go forward and backward through every stage below
+  it, which with chunks takes several of this stage's chunk forwards (on an
+  H200, stage 1's forward and backward of a chunk took as long as 2.7 of
+  stage 0's chunk forwards), while 1F1B's warm-up leaves it one. ``extra_warmup
+  = e`` (``pipeline { extra_warmup = e }``) adds ``e`` forwards to the warm-up
+  of every stage but the last (whose first backward waits on nothing
+  downstream), so that a bottleneck upstream stage does not idle there, and
+  with it the cool-down; the price is ``e`` more chunks of activations in
+  flight on those stages, ``e / N`` microbatches. The orders stay legal and
+  deadlock free (tests/lowering check them for ranges of ``P, M, N, e``).
 * Explicit: the tasks as written in the schedule file, in the stage of their
   ``stage r:`` line.
 
@@ -60,19 +72,28 @@ def gpipe_orders(n_stages: int, n_microbatches: int, n_chunks: int) -> StageOrde
     )
 
 
-def one_f_one_b_warmup(n_stages: int, n_microbatches: int, n_chunks: int, stage: int) -> int:
-    """How many forwards stage ``stage`` runs before its first backward: ``min(MN, N + P - r - 1)``."""
-    return min(n_microbatches * n_chunks, n_chunks + n_stages - stage - 1)
+def one_f_one_b_warmup(n_stages: int, n_microbatches: int, n_chunks: int, stage: int, extra: int = 0) -> int:
+    """Forwards stage ``stage`` runs before its first backward: ``min(MN, N + P - r - 1 + e)``.
+
+    ``e`` is ``extra`` on every stage but the last, whose first backward waits on nothing downstream.
+    """
+    lookahead = extra if stage < n_stages - 1 else 0
+    return min(n_microbatches * n_chunks, n_chunks + n_stages - stage - 1 + lookahead)
 
 
-def one_f_one_b_orders(n_stages: int, n_microbatches: int, n_chunks: int) -> StageOrders:
-    """StateFlow's chunk-level 1F1B: warm-up forwards, then one backward, one forward, ..."""
+def one_f_one_b_orders(n_stages: int, n_microbatches: int, n_chunks: int, extra_warmup: int = 0) -> StageOrders:
+    """StateFlow's chunk-level 1F1B: warm-up forwards, then one backward, one forward, ...
+
+    ``extra_warmup`` forwards more before the first backward (not on the last stage): see the module docstring.
+    """
     _check_dimensions(n_stages, n_microbatches, n_chunks)
+    if extra_warmup < 0:
+        raise ValueError(f"extra_warmup must be at least 0, got {extra_warmup}")
     forwards = _forward_units(n_microbatches, n_chunks)
     backwards = _backward_units(n_microbatches, n_chunks)
     orders = []
     for stage in range(n_stages):
-        warmup = one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, stage)
+        warmup = one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, stage, extra_warmup)
         order = [TaskId.forward(stage, microbatch, chunk) for microbatch, chunk in forwards[:warmup]]
         next_forward = warmup
         for microbatch, chunk in backwards:
@@ -112,7 +133,9 @@ def stage_orders(program: ScheduleProgram) -> StageOrders:
     if kind is OrderKind.GPIPE:
         return gpipe_orders(program.n_stages, program.n_microbatches, program.n_chunks)
     if kind is OrderKind.ONE_F_ONE_B:
-        return one_f_one_b_orders(program.n_stages, program.n_microbatches, program.n_chunks)
+        return one_f_one_b_orders(
+            program.n_stages, program.n_microbatches, program.n_chunks, program.pipeline.extra_warmup
+        )
     if kind is OrderKind.EXPLICIT:
         return explicit_orders(program)
     raise ValueError(f"unknown pipeline order {kind!r}")

@@ -145,6 +145,7 @@ class PipelineSpec:
     microbatch_size: int = 1  # sequences per microbatch
     recompute: Recompute = Recompute.NONE
     cuda_graphs: bool = False
+    extra_warmup: int = 0  # 1f1b only: forwards added to every stage's warm-up but the last's
 
 
 class OptimizerKind(str, Enum):

@@ -63,7 +63,7 @@ BLOCK_KEYS: dict[str, tuple[str, ...]] = {
     "model": ("vocab", "d_model", "layers", "heads", "head_dim", "mlp", "stages"),
     "mesh": ("pipeline", "sequence", "data"),
     "sequence": ("length", "chunks", "partition", "kernel_chunk", "parallel"),
-    "pipeline": ("microbatches", "order", "microbatch_size", "recompute", "cuda_graphs"),
+    "pipeline": ("microbatches", "order", "microbatch_size", "recompute", "cuda_graphs", "extra_warmup"),
     "train": ("steps", "optimizer", "dtype", "data", "seed", "grad_clip", "log_every", "checkpoint"),
 }
 
@@ -852,6 +852,16 @@ class _Lowering:
             Recompute.NONE,
         )
         cuda_graphs = self.read("pipeline", "cuda_graphs", self.boolean, False)
+        extra_warmup = self.read(
+            "pipeline", "extra_warmup", lambda value, path: self.integer(value, path, 0, MAX_MICROBATCHES), 0
+        )
+        if extra_warmup and order is not None and order is not OrderKind.ONE_F_ONE_B:
+            self.error(
+                f"'pipeline.extra_warmup' only applies to order = 1f1b, but order = {order.value}",
+                self.spans.get("pipeline.extra_warmup", self.file_start()),
+                hint="remove extra_warmup, or write the order out with order = explicit",
+            )
+            extra_warmup = None
         explicit_orders: tuple[StageOrder, ...] | None = ()
         if order is OrderKind.EXPLICIT:
             if not self.stage_lines:
@@ -874,9 +884,11 @@ class _Lowering:
                 hint="write `order = explicit` or remove the stage lines",
             )
             explicit_orders = None
-        if None in (microbatches, order, microbatch_size, recompute, cuda_graphs, explicit_orders):
+        if None in (microbatches, order, microbatch_size, recompute, cuda_graphs, extra_warmup, explicit_orders):
             return None
-        return PipelineSpec(microbatches, order, explicit_orders, microbatch_size, recompute, cuda_graphs)
+        return PipelineSpec(
+            microbatches, order, explicit_orders, microbatch_size, recompute, cuda_graphs, extra_warmup
+        )
 
     def optimizer(self, value: ast.Value, path: str) -> OptimizerSpec | None:
         call = self.call(

@@ -11,7 +11,10 @@ re-cut into each of those chunk counts (the schedule's own partition: uniform,
 or balanced with its alpha) and prints one row per count (``--json``: a list
 under ``"sweep"``), to choose the count: more chunks shrink the bubble and the
 activations, and under the flops model every extra backward pays its gradient
-accumulation (docs/cost-model.md).
+accumulation (docs/cost-model.md). ``--extra-warmup E [E ...]`` sweeps a 1f1b
+schedule's ``pipeline.extra_warmup`` the same way (with ``--chunks``, every
+pair): more warm-up forwards keep a bottleneck upstream stage busy at the cost
+of ``E`` chunks of activations ([Note: extra warm-up] in lowering/orders.py).
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--chunks", type=int, nargs="+", metavar="N",
         help="simulate the schedule re-cut into each of these chunk counts, one row each",
     )
+    parser.add_argument(
+        "--extra-warmup", type=int, nargs="+", metavar="E",
+        help="simulate a 1f1b schedule with each of these pipeline.extra_warmup values, one row each",
+    )
     add_cost_model_arguments(parser)
 
 
@@ -59,6 +66,7 @@ def simulate_program(program, orders, args: argparse.Namespace) -> dict:
         "cost_model": kind.value,
         "time_unit": "full-sequence forward" if kind is CostModelKind.UNIT else "second",
         "order": program.pipeline.order.value,
+        "extra_warmup": program.pipeline.extra_warmup,
         "n_stages": program.n_stages,
         "n_microbatches": program.n_microbatches,
         "n_chunks": program.n_chunks,
@@ -68,30 +76,46 @@ def simulate_program(program, orders, args: argparse.Namespace) -> dict:
         "busy_time": busy,
         "peak_activations": list(timeline.peak_activations),
         "eq13_peak_activations": list(
-            stateflow_peak_activations(program.n_stages, program.n_microbatches, program.n_chunks)
+            stateflow_peak_activations(
+                program.n_stages, program.n_microbatches, program.n_chunks, program.pipeline.extra_warmup
+            )
         ),
         "eq15_makespan_unit": stateflow_makespan(program.n_stages, program.n_microbatches, program.n_chunks),
     }
 
 
 def sweep(program, args: argparse.Namespace) -> list[dict] | None:
-    """One result per ``--chunks`` count, or None after printing why a count cannot be simulated."""
+    """One result per (``--chunks`` count, ``--extra-warmup`` value), or None after printing why one cannot be
+    simulated. A flag left out keeps the schedule's own value."""
+    from dataclasses import replace
+
     from schedlang.lowering.legality import check_orders
     from schedlang.lowering.orders import stage_orders
     from schedlang.lowering.partition import recut
+    from schedlang.lowering.program import OrderKind
 
+    extras = args.extra_warmup or [program.pipeline.extra_warmup]
+    if args.extra_warmup and program.pipeline.order is not OrderKind.ONE_F_ONE_B:
+        print(
+            f"schedlang simulate: error: {args.file}: --extra-warmup applies to order = 1f1b, "
+            f"but the schedule's order is {program.pipeline.order.value}",
+            file=sys.stderr,
+        )
+        return None
     results = []
-    for n_chunks in args.chunks:
+    for n_chunks in args.chunks or [None]:
         try:
-            variant = recut(program, n_chunks)
+            variant = program if n_chunks is None else recut(program, n_chunks)
         except ValueError as error:
             print(f"schedlang simulate: error: {args.file}: cannot simulate {n_chunks} chunks: {error}", file=sys.stderr)
             return None
-        report = check_orders(variant)
-        if not report.is_legal:
-            print_legality_report(args.file, variant, report)
-            return None
-        results.append(simulate_program(variant, stage_orders(variant), args))
+        for extra in extras:
+            warmed = replace(variant, pipeline=replace(variant.pipeline, extra_warmup=extra))
+            report = check_orders(warmed)
+            if not report.is_legal:
+                print_legality_report(args.file, warmed, report)
+                return None
+            results.append(simulate_program(warmed, stage_orders(warmed), args))
     return results
 
 
@@ -99,13 +123,17 @@ def print_sweep(results: list[dict], args: argparse.Namespace) -> None:
     first = results[0]
     print(
         f"{args.file}: {first['n_stages']} stages x {first['n_microbatches']} microbatches, order {first['order']}, "
-        f"cost model {first['cost_model']} (time in {first['time_unit']}s), chunk counts swept"
+        f"cost model {first['cost_model']} (time in {first['time_unit']}s), swept"
     )
-    print(f"{'chunks':>6}  {'makespan':>12}  {'vs first':>8}  {'bubble':>7}  {'peak activations (stage 0)':>26}")
+    print(
+        f"{'chunks':>6}  {'extra warm-up':>13}  {'makespan':>12}  {'vs first':>8}  {'bubble':>7}  "
+        f"{'peak activations (stage 0)':>26}"
+    )
     for result in results:
         print(
-            f"{result['n_chunks']:>6}  {result['makespan']:>12.6g}  {result['makespan'] / first['makespan']:>8.3f}  "
-            f"{result['bubble_fraction']:>7.4f}  {result['peak_activations'][0]:>26.4g}"
+            f"{result['n_chunks']:>6}  {result['extra_warmup']:>13}  {result['makespan']:>12.6g}  "
+            f"{result['makespan'] / first['makespan']:>8.3f}  {result['bubble_fraction']:>7.4f}  "
+            f"{result['peak_activations'][0]:>26.4g}"
         )
 
 
@@ -113,11 +141,13 @@ def run(args: argparse.Namespace) -> int:
     check_hardware_arguments(args, "simulate")
     if args.chunks is not None and min(args.chunks) < 1:
         raise SystemExit(f"schedlang simulate: error: --chunks must be positive, got {args.chunks}")
+    if args.extra_warmup is not None and min(args.extra_warmup) < 0:
+        raise SystemExit(f"schedlang simulate: error: --extra-warmup must be at least 0, got {args.extra_warmup}")
     loaded = load_legal_program(args.file)
     if loaded is None:
         return 1
     program, orders = loaded
-    if args.chunks:
+    if args.chunks or args.extra_warmup:
         results = sweep(program, args)
         if results is None:
             return 1

@@ -141,6 +141,29 @@ def test_cuda_graphs_reach_the_pipeline_config():
     assert "cuda_graphs" not in plain
 
 
+def _compute_actions(script: str) -> list[list[str]]:
+    """The F and B actions of each STAGE_r_ACTIONS literal of a generated script, stage by stage."""
+    stages = {}
+    for node in ast.parse(script).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "").startswith("STAGE_"):
+            stages[node.targets[0].id] = [action for action in ast.literal_eval(node.value) if action[0] in "FB"]
+    return [stages[f"STAGE_{r}_ACTIONS"] for r in range(len(stages))]
+
+
+def test_extra_warmup_reaches_the_stage_action_lists():
+    """Stage 0 of gla_stateflow (4 chunks, 2 stages) runs 4 + 1 + 2 forwards before its first backward."""
+    source = (ROOT / "examples" / "gla_stateflow.sched").read_text()
+    text = source.replace("order        = 1f1b", "order        = 1f1b  extra_warmup = 2")
+    assert text != source
+    script = render_train_script(load_program_text(text, "warm.sched"))
+    assert "1f1b order with 2 extra warm-up forwards" in script
+    warmed, plain = _compute_actions(script), _compute_actions(render_train_script(load_program_text(source, "p.sched")))
+    assert [action[0] for action in warmed[0][:8]] == ["F"] * 7 + ["B"]
+    assert [action[0] for action in plain[0][:6]] == ["F"] * 5 + ["B"]
+    assert warmed[1] == plain[1]  # the last stage keeps its order
+    assert sorted(warmed[0]) == sorted(plain[0])
+
+
 @pytest.mark.parametrize(
     "text, key, message",
     [

@@ -45,6 +45,8 @@ CASES = {
     "choice_of_wrong_type": ({19: "  order = 3"}, "", 19, "3", "'pipeline.order' must be one of gpipe, 1f1b or explicit, found '3'"),
     "unknown_choice": ({22: "  dtype = fp33"}, "", 22, "fp33", "unknown dtype 'fp33'"),
     "not_a_boolean": ({19: "  cuda_graphs = yes"}, "", 19, "yes", "'pipeline.cuda_graphs' must be true or false, found 'yes'"),
+    "negative_extra_warmup": ({19: "  extra_warmup = -1"}, "", 19, "-1", "'pipeline.extra_warmup' must be >= 0, found -1"),
+    "extra_warmup_without_1f1b": ({19: "  order = gpipe  extra_warmup = 2"}, "", 19, "extra_warmup", "'pipeline.extra_warmup' only applies to order = 1f1b, but order = gpipe"),
     "call_of_wrong_type": ({22: "  optimizer = 3"}, "", 22, "3", "'train.optimizer' must be a optimizer (adamw, sgd), found '3'"),
     "unknown_call": ({22: "  optimizer = adam(lr = 1)"}, "", 22, "adam", "unknown optimizer 'adam'"),
     "unknown_argument": ({22: "  optimizer = adamw(rl = 1)"}, "", 22, "rl", "unknown argument 'rl' of adamw"),

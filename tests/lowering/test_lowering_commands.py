@@ -135,7 +135,24 @@ def test_simulate_sweeps_chunk_counts_of_the_schedules_own_partition(capsys):
     assert run_command(simulate, [path, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["makespan"] == rows[1]["makespan"]
     assert run_command(simulate, [path, "--chunks", "1", "8"]) == 0
-    assert "chunk counts swept" in capsys.readouterr().out
+    assert "swept" in capsys.readouterr().out
+
+
+def test_simulate_sweeps_extra_warmup_with_chunk_counts(capsys):
+    path = str(EXAMPLES / "gla_stateflow.sched")  # 2 stages, 4 microbatches, 4 uniform chunks, 1f1b
+    assert run_command(simulate, [path, "--chunks", "2", "8", "--extra-warmup", "0", "3", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["sweep"]
+    assert [(row["n_chunks"], row["extra_warmup"]) for row in rows] == [(2, 0), (2, 3), (8, 0), (8, 3)]
+    for row in rows:  # stage 0 holds e chunks more (Eq. 13 with the extra warm-up), stage 1 as many as before
+        n, extra = row["n_chunks"], row["extra_warmup"]
+        assert row["peak_activations"] == pytest.approx([min(4 * n, n + 1 + extra) / n, 1.0])
+        assert row["eq13_peak_activations"] == pytest.approx(row["peak_activations"])
+    assert run_command(simulate, [path, "--extra-warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "extra warm-up" in out and len(out.strip().splitlines()) == 3
+    gpipe = str(EXAMPLES / "simple_gla_gpipe.sched")
+    assert run_command(simulate, [gpipe, "--extra-warmup", "1"]) == 1
+    assert "--extra-warmup applies to order = 1f1b" in capsys.readouterr().err
 
 
 def test_simulate_sweep_refuses_what_fixes_the_chunk_count(capsys):

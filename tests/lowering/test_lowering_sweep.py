@@ -67,3 +67,63 @@ def test_gpipe_holds_every_microbatch_and_has_the_same_makespan(n_stages):
             timeline = simulate(make_program(n_stages, n_microbatches, n_chunks, order=OrderKind.GPIPE))
             assert timeline.peak_activations == (float(n_microbatches),) * n_stages
             assert timeline.makespan == pytest.approx(stateflow_makespan(n_stages, n_microbatches, n_chunks), abs=1e-12)
+
+
+class _SlowFirstStage:
+    """Unit costs with stage 0 ``factor`` times slower: the upstream bottleneck that extra warm-up helps."""
+
+    def __init__(self, n_chunks: int, factor: float) -> None:
+        self.n_chunks, self.factor, self.time_divisor = n_chunks, factor, 1.0
+
+    def task_duration(self, task):
+        base = (1.0 if task.kind.value == "F" else 2.0) / self.n_chunks
+        return base * (self.factor if task.stage == 0 else 1.0)
+
+    def message_duration(self, kind, source, destination):
+        return 0.01
+
+    def message_bytes(self, kind, source, destination):
+        return 0
+
+
+@pytest.mark.parametrize("n_stages", range(1, 7))
+def test_extra_warmup_orders_are_legal_and_match_eq13(n_stages):
+    for n_microbatches in range(1, 9):
+        for n_chunks in range(1, 7):
+            for extra in range(0, 5):
+                dimensions = (n_stages, n_microbatches, n_chunks)
+                orders = one_f_one_b_orders(*dimensions, extra)
+                report = check_orders(dimensions, orders)
+                assert report.is_legal, (dimensions, extra, report.violations[:3])
+                timeline = simulate(make_program(*dimensions), orders)
+                expected = stateflow_peak_activations(*dimensions, extra)
+                assert timeline.peak_activations == pytest.approx(expected, abs=1e-12)
+                # the last stage's order does not change: its first backward waits on nothing downstream
+                assert orders[-1] == one_f_one_b_orders(*dimensions)[-1]
+
+
+def test_extra_warmup_holds_e_more_chunks_upstream():
+    assert stateflow_peak_activations(2, 4, 8, 2) == ((8 + 1 + 2) / 8, 8 / 8)
+    assert stateflow_peak_activations(3, 1, 2, 5) == (1.0, 1.0, 1.0)  # never more than every chunk
+
+
+def test_extra_warmup_keeps_a_slow_first_stage_busy():
+    """Stage 0 1.2x slower, 8 chunks: without extra warm-up it idles waiting for its first backward."""
+    n_stages, n_microbatches, n_chunks = 2, 4, 8
+    program = make_program(n_stages, n_microbatches, n_chunks)
+    makespans = []
+    for extra in range(4):
+        cost_model = _SlowFirstStage(n_chunks, 1.2)
+        orders = one_f_one_b_orders(n_stages, n_microbatches, n_chunks, extra)
+        makespans.append(simulate(program, orders, cost_model).makespan)
+    stage0_work = 1.2 * 3 * n_microbatches
+    assert makespans[0] > stage0_work + 0.1  # idles: stage 1's forward and backward of a chunk exceed one stage-0 forward
+    assert makespans[2] < makespans[1] < makespans[0]
+    # two are enough here: stage 0 is busy but for the last chunk's trip through stage 1 (0.25 + 2 messages)
+    assert makespans[2] < stage0_work + 0.25 + 0.03
+    assert makespans[3] >= makespans[2] - 1e-9
+
+
+def test_extra_warmup_rejects_negative():
+    with pytest.raises(ValueError, match="extra_warmup"):
+        one_f_one_b_orders(2, 2, 2, -1)

@@ -5,7 +5,7 @@ gradients after the first step agree within 1e-5 relative (float32) between
 the single-process run (1 stage, 1 chunk, 1 microbatch of 4 sequences) and
 pipelined runs on 2, 3 and 4 CPU ranks (gloo) with 1, 2, 3 and 5 chunks,
 uniform and explicit uneven chunk boundaries and stage splits, gpipe, 1f1b
-and explicit orders, full recomputation, data parallelism, and sequence
+and explicit orders, 1f1b with extra warm-up forwards, full recomputation, data parallelism, and sequence
 parallelism inside the pipeline (ZeCO All-Scan, LASP ring, LASP-2 all-gather). Each world size
 is one job that runs all of its configurations (start-up dominates on CPU).
 """
@@ -42,6 +42,7 @@ def schedule_text(
     parallel: str = "allscan",
     layers: str = "[gla, simple_gla] * 3",
     cuda_graphs: bool = False,
+    extra_warmup: int = 0,
 ) -> str:
     return f"""schedule {name}
 {MODEL_BLOCK.format(stages=f"stages = {stages}" if stages else "", layers=layers)}
@@ -49,7 +50,7 @@ mesh {{ pipeline = {pipeline}  sequence = {sequence}  data = {data} }}
 sequence {{ length = 160  chunks = {chunks}  kernel_chunk = 16  parallel = {parallel} }}
 pipeline {{
   microbatches = {microbatches}  microbatch_size = {microbatch_size}  order = {order}  recompute = {recompute}
-  {"cuda_graphs = true" if cuda_graphs else ""}
+  {"cuda_graphs = true" if cuda_graphs else ""}  {f"extra_warmup = {extra_warmup}" if extra_warmup else ""}
   {explicit}
 }}
 train {{ steps = {STEPS}  seed = 7  optimizer = adamw(lr = 1e-2)  data = synthetic(seed = 5) }}
@@ -83,9 +84,14 @@ CONFIGURATIONS = {
         "p1_s2_n3_ring": schedule_text("p1_s2_n3_ring", 1, "3", 2, 2, sequence=2, parallel="ring"),
         # CPU stand-in for CUDA graphs (tests/runtime/graph_emulator.py): slots, zero first states, copies
         "p2_n5_cuda_graphs_emulated": schedule_text("p2_n5_cuda_graphs_emulated", 2, "5", 4, 1, cuda_graphs=True),
+        # two more warm-up forwards on stage 0 ([Note: extra warm-up]): two more graph slots in flight
+        "p2_n2_cuda_graphs_emulated_extra_warmup": schedule_text(
+            "p2_n2_cuda_graphs_emulated_extra_warmup", 2, "2", 4, 1, cuda_graphs=True, extra_warmup=2
+        ),
     },
     3: {
         "p3_n3_1f1b": schedule_text("p3_n3_1f1b", 3, "3", 4, 1),
+        "p3_n3_1f1b_extra_warmup": schedule_text("p3_n3_1f1b_extra_warmup", 3, "3", 4, 1, extra_warmup=3),
         "p3_n5_gdn_1f1b": schedule_text("p3_n5_gdn_1f1b", 3, "5", 4, 1, layers=GDN_LAYERS),
         "p3_n3_hybrid_attention": schedule_text(
             "p3_n3_hybrid_attention", 3, "[0, 32, 96, 160]", 2, 2, layers=HYBRID_LAYERS
