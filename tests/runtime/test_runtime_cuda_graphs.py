@@ -19,10 +19,15 @@ from schedlang.runtime.graphs import slots_needed
 
 @pytest.mark.parametrize("n_stages, n_microbatches, n_chunks", [(1, 3, 4), (2, 4, 5), (4, 8, 3)])
 def test_slots_cover_the_chunks_in_flight(n_stages, n_microbatches, n_chunks):
-    """1F1B over chunks keeps N + P - r - 1 chunks of stage r in flight (StateFlow Eq. 13), GPipe all M N."""
+    """1F1B over chunks keeps N + P - r - 1 chunks of stage r in flight (StateFlow Eq. 13), GPipe all M N;
+    with 2 extra warm-up forwards every stage but the last keeps 2 more."""
     total = n_microbatches * n_chunks
     for orders, expected in (
         (one_f_one_b_orders(n_stages, n_microbatches, n_chunks), lambda r: min(n_chunks + n_stages - r - 1, total)),
+        (
+            one_f_one_b_orders(n_stages, n_microbatches, n_chunks, 2),
+            lambda r: min(n_chunks + n_stages - r - 1 + (2 if r < n_stages - 1 else 0), total),
+        ),
         (gpipe_orders(n_stages, n_microbatches, n_chunks), lambda r: total),
     ):
         for stage, actions in enumerate(place_stage_actions(orders)):
@@ -34,24 +39,26 @@ GPU_SCHEDULE = """schedule {name}
 model {{ vocab = 128  d_model = 64  heads = 2  head_dim = 32  layers = [gla, simple_gla] * 2  mlp = swiglu(ratio = 2) }}
 mesh {{ pipeline = {stages} }}
 sequence {{ length = 512  chunks = {chunks}  kernel_chunk = 64 }}
-pipeline {{ microbatches = {microbatches}  order = 1f1b  {graphs} }}
+pipeline {{ microbatches = {microbatches}  order = 1f1b  extra_warmup = {extra}  {graphs} }}
 train {{ steps = 3  seed = 3  optimizer = adamw(lr = 1e-2)  data = synthetic(seed = 1) }}
 """
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize(
-    "stages, chunks, microbatches",
-    [(1, 1, 1), (1, 4, 1), (1, 4, 3), (2, 4, 3)],
+    "stages, chunks, microbatches, extra",
+    [(1, 1, 1, 0), (1, 4, 1, 0), (1, 4, 3, 0), (2, 4, 3, 0), (2, 4, 3, 2)],
     ids=lambda value: str(value),
 )
-def test_replayed_graphs_train_like_eager_on_the_gpu(tmp_path, stages, chunks, microbatches):
+def test_replayed_graphs_train_like_eager_on_the_gpu(tmp_path, stages, chunks, microbatches, extra):
     """Gradients after the first step first (they say which parameters a replay gets wrong), then the losses."""
     if stages > torch.cuda.device_count():
         pytest.skip(f"needs {stages} GPUs")
     scripts = [
         compile_schedule(
-            GPU_SCHEDULE.format(name=name, stages=stages, chunks=chunks, microbatches=microbatches, graphs=graphs),
+            GPU_SCHEDULE.format(
+                name=name, stages=stages, chunks=chunks, microbatches=microbatches, extra=extra, graphs=graphs
+            ),
             tmp_path,
             name,
         )
