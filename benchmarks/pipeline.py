@@ -13,7 +13,7 @@ torchrun job so an out-of-memory rank cannot wedge the next attempt.
 
 Driver (plain python, launches torchrun jobs):
     python benchmarks/pipeline.py --out results/ [--device cuda] [--length 32768] [--chunks 1 4 8 16 8g]
-        [--first-stage-layers 9]
+        [--first-stage-layers 9] [--split-mlp]
     (a chunk count ending in g replays the chunks from CUDA graphs: pipeline { cuda_graphs = true }; a suffix
     +E, as in 8g+2, adds E warm-up forwards on stage 0: pipeline { extra_warmup = E })
 Worker (what the driver launches):
@@ -41,6 +41,11 @@ MODEL_DEFAULTS = dict(vocab=32000, d_model=2048, layers=16, heads=16, head_dim=1
 TINY_MODEL = dict(vocab=256, d_model=64, layers=4, heads=2, head_dim=32, mlp_ratio=2.0)
 
 
+SPLIT_MLP = False
+"""--split-mlp: the model's layer list is [gla, mlp] * L ([Note: separate MLP layers]), the same network with
+stage boundaries possible between a mixer and its MLP; --first-stage-layers then counts entries of that list."""
+
+
 def model_config(tiny: bool):
     from schedlang.runtime.config import ModelConfig
 
@@ -48,7 +53,7 @@ def model_config(tiny: bool):
     return ModelConfig(
         vocab=values["vocab"],
         d_model=values["d_model"],
-        layers=("gla",) * values["layers"],
+        layers=(("gla", "mlp") if SPLIT_MLP else ("gla",)) * values["layers"],
         heads=values["heads"],
         head_dim=values["head_dim"],
         mlp_ratio=values["mlp_ratio"],
@@ -336,7 +341,7 @@ def launch_worker(args, systems, length, warmup, steps, result: Path, timeout: f
         "--result", str(result), "--systems", *systems,
     ] + (["--tiny"] if args.tiny else []) + (
         ["--first-stage-layers", str(args.first_stage_layers)] if args.first_stage_layers is not None else []
-    ) + (["--trace-dir", args.trace_dir] if args.trace_dir else [])
+    ) + (["--trace-dir", args.trace_dir] if args.trace_dir else []) + (["--split-mlp"] if args.split_mlp else [])
     try:
         completed = subprocess.run(command, timeout=timeout, capture_output=True, text=True)
         code, output = completed.returncode, completed.stdout + completed.stderr
@@ -420,7 +425,8 @@ def driver(args: argparse.Namespace) -> int:
     split = stage_layers(len(model_config(args.tiny).layers))
     lines = [
         f"kernel backend: {backend}; length {args.length}, {args.microbatches} microbatches, PP2, "
-        f"layers per stage {len(split[0])} + {len(split[1])} (+ head and loss)",
+        f"{'layer-list entries ([gla, mlp] * L)' if args.split_mlp else 'layers'} per stage "
+        f"{len(split[0])} + {len(split[1])} (+ head and loss)",
         "| system | stage | tokens/s | step (s) | compute kernels (s) | busy | peak (GiB) | activations peak (GiB) |"
         " peak - model state (GiB) | reserved peak (GiB) |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -480,6 +486,9 @@ def main() -> int:
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--first-stage-layers", type=int, help="layers on stage 0, the rest on stage 1 (default: half)")
     parser.add_argument(
+        "--split-mlp", action="store_true", help="layers [gla, mlp] * L: stages may end between a mixer and its MLP"
+    )
+    parser.add_argument(
         "--chunks", nargs="*", default=["1", "4", "8", "16"],
         help="chunk counts; 8g = 8 chunks replayed from CUDA graphs, 8g+2 = that with 2 extra warm-up forwards"
     )
@@ -495,8 +504,9 @@ def main() -> int:
     parser.add_argument("--throughput-timeout", type=float, default=300.0)
     parser.add_argument("--search-timeout", type=float, default=120.0)
     args = parser.parse_args()
-    global FIRST_STAGE_LAYERS
+    global FIRST_STAGE_LAYERS, SPLIT_MLP
     FIRST_STAGE_LAYERS = args.first_stage_layers
+    SPLIT_MLP = args.split_mlp
     if args.preflight:
         return preflight()
     return worker(args) if args.worker else driver(args)

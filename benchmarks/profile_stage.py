@@ -81,11 +81,13 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--python-profile", action="store_true", help="also print cProfile's top host functions")
     parser.add_argument("--first-stage-layers", type=int, help="as benchmarks/pipeline.py's (default: half)")
+    parser.add_argument("--split-mlp", action="store_true", help="as benchmarks/pipeline.py's")
     parser.add_argument(
         "--in-place-weight-gradients", action="store_true", help="linear layers add weight gradients into .grad"
     )
     args = parser.parse_args()
     pipeline.FIRST_STAGE_LAYERS = args.first_stage_layers
+    pipeline.SPLIT_MLP = args.split_mlp
     config = pipeline.model_config(tiny=False)
     device = torch.device("cuda")
     first, last = args.stage == 0, args.stage == 1

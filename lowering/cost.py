@@ -92,7 +92,9 @@ class Hardware:
 
 
 def mixer_flops_per_token(kind: LayerKind, d_model: int, heads: int, head_dim: int, kernel_chunk: int) -> float:
-    """Forward FLOPs per token of one token-mixing layer, without the attention pair term."""
+    """Forward FLOPs per token of one token-mixing layer, without the attention pair term (0 for ``mlp``)."""
+    if not kind.is_mixer:
+        return 0.0
     width = heads * head_dim
     projections = 4 * 2 * d_model * width  # q, k, v, o
     if kind is LayerKind.ATTN:
@@ -169,7 +171,7 @@ class FlopsCostModel:
         for layer in program.stage_layers[stage]:
             kind = model.layers[layer]
             per_token += mixer_flops_per_token(kind, model.d_model, model.heads, model.head_dim, kernel_chunk)
-            per_token += mlp_flops_per_token(model)
+            per_token += mlp_flops_per_token(model) if model.has_mlp(kind) else 0.0
             if kind is LayerKind.ATTN:
                 attention_layers += 1
                 pairs_flops += attention_pair_flops(model.heads, model.head_dim) * (prefix * tokens + tokens * tokens / 2)

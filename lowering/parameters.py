@@ -38,9 +38,9 @@ def mlp_width(model: ModelSpec) -> int:
 
 
 def layer_parameters(model: ModelSpec, kind: LayerKind) -> ParameterCount:
-    """One block: its norms, token mixer and MLP."""
+    """One block: its norms, token mixer and MLP ([Note: separate MLP layers]: an ``mlp`` layer is only the MLP)."""
     d, heads, width = model.d_model, model.heads, model.heads * model.head_dim
-    weights, other = 4 * d * width, d  # q, k, v, o; the mixer's norm
+    weights, other = (4 * d * width, d) if kind.is_mixer else (0, 0)  # q, k, v, o; the mixer's norm
     if kind is LayerKind.GLA:
         weights, other = weights + d * width, other + width  # per-channel gate with bias
     elif kind is LayerKind.SIMPLE_GLA:
@@ -48,7 +48,7 @@ def layer_parameters(model: ModelSpec, kind: LayerKind) -> ParameterCount:
     elif kind is LayerKind.GDN:
         # forget gate and write strength per head (with biases), output gate, per-head output norm
         weights, other = weights + 2 * d * heads + d * width, other + 2 * heads + model.head_dim
-    hidden = mlp_width(model)
+    hidden = mlp_width(model) if model.has_mlp(kind) else 0
     if hidden:
         weights, other = weights + 3 * d * hidden, other + d  # gate, up, down; the MLP's norm
     return ParameterCount(weights, other)

@@ -165,7 +165,7 @@ def layer_flop_coefficients(model: ModelSpec, kernel_chunk: int) -> LayerFlopCoe
     * C_dense: the attention layers' projections, every layer's MLP and the LM head.
     """
     recurrent = [kind for kind in model.layers if kind.is_recurrent]
-    n_softmax = len(model.layers) - len(recurrent)
+    n_softmax = sum(kind is LayerKind.ATTN for kind in model.layers)
 
     def mixer(kind: LayerKind) -> float:
         return mixer_flops_per_token(kind, model.d_model, model.heads, model.head_dim, kernel_chunk)
@@ -173,7 +173,7 @@ def layer_flop_coefficients(model: ModelSpec, kernel_chunk: int) -> LayerFlopCoe
     linear_cost = sum(mixer(kind) for kind in recurrent) / len(recurrent) if recurrent else 0.0
     dense_cost = (
         n_softmax * mixer(LayerKind.ATTN)
-        + len(model.layers) * mlp_flops_per_token(model)
+        + sum(model.has_mlp(kind) for kind in model.layers) * mlp_flops_per_token(model)
         + head_flops_per_token(model)
     )
     softmax_cost = attention_pair_flops(model.heads, model.head_dim)

@@ -31,16 +31,28 @@ from schedlang.lowering.tasks import TaskId
 
 
 class LayerKind(str, Enum):
-    """Token-mixing layer kinds; the recurrent ones carry state across chunks."""
+    """Layer kinds: token mixers (the recurrent ones carry state across chunks) and ``mlp``.
+
+    [Note: separate MLP layers] A mixing layer is a pre-norm residual block of its mixer and the model's
+    MLP, unless the layer list names ``mlp`` layers: then the MLPs stand where those are (each its own
+    pre-norm residual block) and the mixing layers hold only their mixer, as Megatron-LM's hybrid layer
+    patterns do. ``[gla, mlp] * L`` is the same network as ``[gla] * L``, with twice as many places to
+    cut it into pipeline stages: a stage may end between a mixer and its MLP.
+    """
 
     GLA = "gla"
     SIMPLE_GLA = "simple_gla"
     GDN = "gdn"
     ATTN = "attn"
+    MLP = "mlp"
 
     @property
     def is_recurrent(self) -> bool:
-        return self is not LayerKind.ATTN
+        return self in (LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GDN)
+
+    @property
+    def is_mixer(self) -> bool:
+        return self is not LayerKind.MLP
 
 
 class MlpKind(str, Enum):
@@ -62,6 +74,17 @@ class ModelSpec:
     heads: int
     head_dim: int
     mlp: MlpSpec = MlpSpec()
+
+    @property
+    def separate_mlp(self) -> bool:
+        """Whether the MLPs are layers of their own ([Note: separate MLP layers])."""
+        return LayerKind.MLP in self.layers
+
+    def has_mlp(self, kind: LayerKind) -> bool:
+        """Whether a layer of ``kind`` holds an MLP."""
+        if kind is LayerKind.MLP:
+            return True
+        return self.mlp.kind is not MlpKind.NONE and not self.separate_mlp
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,18 @@ from enum import Enum
 
 
 class MixerKind(str, Enum):
-    """Token-mixing layers the runtime can execute chunk by chunk."""
+    """The layers the runtime can execute chunk by chunk: token mixers, and the MLP as a layer of its own."""
 
     GLA = "gla"
     SIMPLE_GLA = "simple_gla"
     GDN = "gdn"  # Gated DeltaNet (gated delta rule), pure-PyTorch chunked path
     ATTN = "attn"  # causal softmax attention over sequence-wide K/V buffers (schedlang.runtime.kv_buffers)
+    MLP = "mlp"  # the model's SwiGLU as its own residual block; mixing layers then hold no MLP
+
+    @property
+    def carries_state(self) -> bool:
+        """Whether the layer hands a recurrent state from chunk to chunk."""
+        return self in (MixerKind.GLA, MixerKind.SIMPLE_GLA, MixerKind.GDN)
 
 
 class OptimizerKind(str, Enum):
@@ -37,7 +43,9 @@ class ModelConfig:
 
     ``mlp_ratio`` is the SwiGLU hidden width over ``d_model`` (the width is
     rounded up to a multiple of 8, see ``model.swiglu_width``); 0 means blocks
-    without an MLP.
+    without an MLP. When ``layers`` holds ``mlp`` layers, the MLPs are those
+    layers and the mixing layers hold none (``[gla, mlp] * L`` is the network of
+    ``[gla] * L``, cut finer).
     """
 
     vocab: int
@@ -50,6 +58,20 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(MixerKind(kind) for kind in self.layers))
+        if MixerKind.MLP in self.layers and self.mlp_ratio <= 0:
+            raise ValueError("mlp layers need an MLP: mlp_ratio must be > 0")
+
+    def has_mlp(self, kind: MixerKind) -> bool:
+        """Whether a layer of ``kind`` holds the MLP."""
+        if kind is MixerKind.MLP:
+            return True
+        return self.mlp_ratio > 0 and MixerKind.MLP not in self.layers
+
+    @property
+    def init_depth(self) -> int:
+        """``2 x`` the mixing layers: output projections start at std ``0.02 / sqrt(init_depth)`` (GPT-2's scaling
+        for a stack of mixer-and-MLP blocks), the same for ``[gla] * L`` and ``[gla, mlp] * L``."""
+        return max(1, 2 * sum(kind is not MixerKind.MLP for kind in self.layers))
 
 
 @dataclass(frozen=True)

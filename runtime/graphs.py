@@ -7,7 +7,7 @@ graph and its backward another, so a chunk costs two graph launches instead
 of a few hundred kernel launches. Requirements, checked by ``compile``:
 every chunk has the same length (one set of static shapes), no recomputation,
 no sequence parallelism (no collectives inside the graphs), and only
-recurrent layers (gla, simple_gla), whose states have fixed shapes.
+recurrent layers (gla, simple_gla), whose states have fixed shapes, and mlp layers (no state).
 
 [Note: graph slots]
 A captured callable owns static buffers: its sample arguments are its
@@ -62,20 +62,28 @@ def slots_needed(actions: tuple[Action, ...]) -> int:
 
 
 class ChunkStep(nn.Module):
-    """One chunk of a stage as a function of tensors only: (inputs, *states[, targets]) -> (outputs, *states)."""
+    """One chunk of a stage as a function of tensors only: (inputs, *states[, targets]) -> (outputs, *states).
 
-    def __init__(self, stage: StageModel, global_tokens: int) -> None:
+    ``states`` are those of the layers at ``stateful`` (positions in the stage's layer list); the others
+    (``mlp`` layers) keep none and get None.
+    """
+
+    def __init__(self, stage: StageModel, global_tokens: int, stateful: tuple[int, ...]) -> None:
         super().__init__()
         self.stage = stage
         self.global_tokens = global_tokens
+        self.stateful = stateful
 
     def forward(self, inputs: torch.Tensor, *states_and_targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        n_states = self.stage.n_states
-        states, targets = list(states_and_targets[:n_states]), states_and_targets[n_states:]
+        n_states = len(self.stateful)
+        states: list[torch.Tensor | None] = [None] * self.stage.n_states
+        for position, state in zip(self.stateful, states_and_targets[:n_states]):
+            states[position] = state
+        targets = states_and_targets[n_states:]
         hidden, final_states = self.stage(inputs, states)
         if self.stage.is_last:
             hidden = self.stage.loss(hidden, targets[0]) / self.global_tokens
-        return (hidden, *final_states)
+        return (hidden, *(final_states[position] for position in self.stateful))
 
 
 @dataclass(frozen=True)
@@ -93,10 +101,12 @@ class GraphedChunks:
         self.global_tokens = global_tokens
         self.make_graphed = make_graphed
         self.callables: list[nn.Module] = []
-        self.state_specs: list[StateSpec] = []
+        self.state_specs: list[StateSpec] = []  # of the layers at `stateful`
+        self.stateful: tuple[int, ...] = ()  # positions in the stage's layer list of the layers with a state
         self.free_slots: list[int] = []
 
     def zero_states(self) -> list[torch.Tensor]:
+        """Zero initial states of the layers at ``stateful``."""
         device = next(self.stage.parameters()).device
         return [torch.zeros(spec.shape, dtype=spec.dtype, device=device) for spec in self.state_specs]
 
@@ -112,7 +122,8 @@ class GraphedChunks:
         """
         with torch.no_grad():
             _, final_states = self.stage(inputs.detach(), [None] * self.stage.n_states)
-        self.state_specs = [StateSpec(tuple(state.shape), state.dtype) for state in final_states]
+        self.stateful = tuple(position for position, state in enumerate(final_states) if state is not None)
+        self.state_specs = [StateSpec(tuple(final_states[p].shape), final_states[p].dtype) for p in self.stateful]
         for parameter in self.stage.parameters():
             if parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)
@@ -121,7 +132,7 @@ class GraphedChunks:
             warmup = 3 if slot == 0 else 1  # later slots find kernels compiled and autotuned
             self.callables.append(
                 self.make_graphed(
-                    ChunkStep(self.stage, self.global_tokens),
+                    ChunkStep(self.stage, self.global_tokens, self.stateful),
                     self._sample_args(inputs, targets),
                     num_warmup_iters=warmup,
                     allow_unused_input=True,
@@ -147,7 +158,8 @@ class GraphedChunks:
         """Replay a free slot's forward on fresh state leaves (zeros where a state is None).
 
         Returns (slot, outputs or the chunk's loss, the state leaves, final states); the last two hold
-        the graph that ``torch.autograd.backward`` runs, as the eager path's do.
+        the graph that ``torch.autograd.backward`` runs, as the eager path's do, one entry per layer
+        (None for layers without a state).
         """
         if not self.captured:
             raise RuntimeError("GraphedChunks.run before capture: the executor captures at the start of a step")
@@ -157,13 +169,18 @@ class GraphedChunks:
                 "flight: the action list runs more forwards ahead of their backwards than it was sized for"
             )
         slot = self.free_slots.pop()
-        zeros = self.zero_states() if any(state is None for state in initial_states) else []
-        state_leaves = [
+        given = [initial_states[position] for position in self.stateful]
+        zeros = self.zero_states() if any(state is None for state in given) else []
+        leaves = [
             (zeros[index] if state is None else state).detach().requires_grad_(True)
-            for index, state in enumerate(initial_states)
+            for index, state in enumerate(given)
         ]
         extra = (targets,) if targets is not None else ()
-        outputs, *final_states = self.callables[slot](inputs, *state_leaves, *extra)
+        outputs, *finals = self.callables[slot](inputs, *leaves, *extra)
+        state_leaves: list[torch.Tensor | None] = [None] * len(initial_states)
+        final_states: list[torch.Tensor | None] = [None] * len(initial_states)
+        for position, leaf, final in zip(self.stateful, leaves, finals):
+            state_leaves[position], final_states[position] = leaf, final
         return slot, outputs, state_leaves, final_states
 
     def release(self, slot: int) -> None:

@@ -268,31 +268,37 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: mixing layer, then SwiGLU MLP (if any)."""
+    """Pre-norm residual block: mixing layer, then SwiGLU MLP (if any); an ``mlp`` layer is the MLP alone."""
 
     def __init__(self, config: ModelConfig, kind: MixerKind) -> None:
         super().__init__()
-        self.mixer_norm = RMSNorm(config.d_model, config.norm_eps)
-        if kind is MixerKind.ATTN:
+        self.mixer_norm = RMSNorm(config.d_model, config.norm_eps) if kind is not MixerKind.MLP else None
+        if kind is MixerKind.MLP:
+            self.mixer = None
+        elif kind is MixerKind.ATTN:
             self.mixer = CausalAttentionMixer(config)
         elif kind is MixerKind.GDN:
             self.mixer = GatedDeltaMixer(config)
         else:
             self.mixer = GatedLinearMixer(config, kind)
-        self.mlp_norm = RMSNorm(config.d_model, config.norm_eps) if config.mlp_ratio > 0 else None
-        self.mlp = SwiGLU(config.d_model, config.mlp_ratio) if config.mlp_ratio > 0 else None
+        has_mlp = config.has_mlp(kind)
+        self.mlp_norm = RMSNorm(config.d_model, config.norm_eps) if has_mlp else None
+        self.mlp = SwiGLU(config.d_model, config.mlp_ratio) if has_mlp else None
 
-    def reset_parameters(self, generator: torch.Generator, n_layers: int) -> None:
-        output_std = INIT_STD / math.sqrt(2 * n_layers)
-        self.mixer.reset_parameters(generator, output_std)
+    def reset_parameters(self, generator: torch.Generator, init_depth: int) -> None:
+        output_std = INIT_STD / math.sqrt(init_depth)
+        if self.mixer is not None:
+            self.mixer.reset_parameters(generator, output_std)
         if self.mlp is not None:
             self.mlp.reset_parameters(generator, output_std)
 
     def forward(
         self, hidden: torch.Tensor, initial_state: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        mixed, final_state = self.mixer(self.mixer_norm(hidden), initial_state)
-        hidden = hidden + mixed
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        final_state = None
+        if self.mixer is not None:
+            mixed, final_state = self.mixer(self.mixer_norm(hidden), initial_state)
+            hidden = hidden + mixed
         if self.mlp is not None:
             hidden = hidden + self.mlp(self.mlp_norm(hidden))
         return hidden, final_state
@@ -321,7 +327,7 @@ class StageModel(nn.Module):
         if self.embedding is not None:
             _init_normal(self.embedding.weight, INIT_STD, piece_generator(seed, 0))
         for index in self.layer_indices:
-            self.layers[str(index)].reset_parameters(piece_generator(seed, index + 1), n_layers)
+            self.layers[str(index)].reset_parameters(piece_generator(seed, index + 1), self.config.init_depth)
         if self.lm_head is not None:
             _init_normal(self.lm_head.weight, INIT_STD, piece_generator(seed, n_layers + 1))
 
@@ -338,7 +344,7 @@ class StageModel(nn.Module):
         """Run one chunk: token ids (first stage) or hidden states in, hidden states out.
 
         Returns the chunk's output and each layer's recurrent state after the
-        chunk, in layer order (None for attention layers, which keep no state).
+        chunk, in layer order (None for attention and mlp layers, which keep no state).
         Attention layers need ``position`` whenever the sequence runs in more
         than one chunk; without it they see ``inputs`` as the whole sequence.
         """

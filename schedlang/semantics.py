@@ -472,6 +472,13 @@ class _Lowering:
         layers = self.read("model", "layers", self.layers)
         self.layer_kinds = layers
         mlp = self.read("model", "mlp", self.mlp, MlpSpec())
+        if layers is not None and LayerKind.MLP in layers and mlp is not None and mlp.kind is MlpKind.NONE:
+            self.error(
+                "'model.layers' names mlp layers, but model.mlp = none gives them nothing to run",
+                self.spans.get("model.mlp", self.file_start()),
+                hint="give the MLP a shape, e.g. `mlp = swiglu(ratio = 4)`, or drop the mlp layers",
+            )
+            mlp = None
         if None in (vocab, d_model, heads, head_dim, layers, mlp):
             return None
         return ModelSpec(vocab, d_model, layers, heads, head_dim, mlp)

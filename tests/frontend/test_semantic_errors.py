@@ -58,6 +58,7 @@ CASES = {
     "too_many_layers": ({5: "  layers = [gla] * 100000"}, "", 5, "[gla]", "'model.layers' has more than 4096 layers"),
     "layer_not_a_name": ({5: "  layers = [gla, 3]"}, "", 5, "3", "expected a layer kind, found '3'"),
     "repeat_count_zero": ({5: "  layers = [gla] * 0"}, "", 5, "0", "'the repeat count of model.layers' must be >= 1, found 0"),
+    "mlp_layers_without_mlp": ({5: "  layers = [gla, mlp] * 2", 7: "  head_dim = 64  mlp = none"}, "", 7, "mlp", "'model.layers' names mlp layers, but model.mlp = none gives them nothing to run"),
     "mlp_ratio": ({7: "  head_dim = 64  mlp = swiglu(ratio = 0)"}, "", 7, "0", "'model.mlp.ratio' must be > 0, found 0"),
     "stages_shape": ({7: "  head_dim = 64  stages = [0, 1]"}, "", 7, "[0, 1]", "'model.stages' must be a list of layer-index lists, one per stage, e.g. [[0, 1], [2, 3]]"),
     "too_few_layers_for_stages": ({10: "  pipeline = 8"}, "", 10, "pipeline", "4 layers cannot fill 8 pipeline stages: each stage needs at least one layer"),

@@ -17,6 +17,8 @@ from schedlang.runtime.model import StageModel
         ((LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GDN, LayerKind.ATTN), MlpSpec(MlpKind.SWIGLU, 8 / 3)),
         ((LayerKind.GLA, LayerKind.ATTN), MlpSpec(MlpKind.NONE)),
         ((LayerKind.GDN, LayerKind.SIMPLE_GLA), MlpSpec(MlpKind.SWIGLU, 2.7)),
+        ((LayerKind.GLA, LayerKind.MLP, LayerKind.SIMPLE_GLA, LayerKind.MLP), MlpSpec(MlpKind.SWIGLU, 8 / 3)),
+        ((LayerKind.MLP, LayerKind.GLA, LayerKind.GDN, LayerKind.MLP), MlpSpec(MlpKind.SWIGLU, 2.0)),
     ],
 )
 def test_stage_counts_equal_the_runtime_model(layers, mlp):
@@ -34,3 +36,25 @@ def test_stage_counts_equal_the_runtime_model(layers, mlp):
         total = sum(parameter.numel() for parameter in built.parameters())
         count = stage_parameters(program, stage)
         assert (count.linear_weights, count.total) == (linear_weights, total), (stage, layers)
+
+
+def test_separate_mlp_layers_hold_the_same_parameters_and_flops():
+    """[Note: separate MLP layers]: [gla, mlp] * L is the network [gla] * L, for the counts and the FLOPS model."""
+    from dataclasses import replace
+
+    from schedlang.lowering.cost import FlopsCostModel
+    from schedlang.lowering.tasks import TaskId
+
+    blocks = make_program(2, 2, 2, layers=(LayerKind.GLA, LayerKind.SIMPLE_GLA) * 2)
+    split = make_program(2, 2, 2, layers=(LayerKind.GLA, LayerKind.MLP, LayerKind.SIMPLE_GLA, LayerKind.MLP) * 2)
+    for program in (blocks, split):
+        assert program.model.mlp.kind is MlpKind.SWIGLU
+    total = [sum(stage_parameters(program, stage).total for stage in range(2)) for program in (blocks, split)]
+    assert total[0] == total[1]
+    seconds = []
+    for program in (blocks, split):
+        model = FlopsCostModel(replace(program, pipeline=replace(program.pipeline, microbatches=1)))
+        seconds.append(sum(model.task_duration(TaskId.forward(stage, 0, 0)) for stage in range(2)))
+    assert seconds[0] == pytest.approx(seconds[1], rel=1e-12)
+    # the split program's stages end between a mixer and its MLP: stage 0 holds layers 0-3 of 8
+    assert split.stage_layers[0] == (0, 1, 2, 3)

@@ -36,7 +36,7 @@ def test_slots_cover_the_chunks_in_flight(n_stages, n_microbatches, n_chunks):
 
 
 GPU_SCHEDULE = """schedule {name}
-model {{ vocab = 128  d_model = 64  heads = 2  head_dim = 32  layers = [gla, simple_gla] * 2  mlp = swiglu(ratio = 2) }}
+model {{ vocab = 128  d_model = 64  heads = 2  head_dim = 32  layers = {layers}  mlp = swiglu(ratio = 2) {stage_split} }}
 mesh {{ pipeline = {stages} }}
 sequence {{ length = 512  chunks = {chunks}  kernel_chunk = 64 }}
 pipeline {{ microbatches = {microbatches}  order = 1f1b  extra_warmup = {extra}  {graphs} }}
@@ -46,18 +46,28 @@ train {{ steps = 3  seed = 3  optimizer = adamw(lr = 1e-2)  data = synthetic(see
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize(
-    "stages, chunks, microbatches, extra",
-    [(1, 1, 1, 0), (1, 4, 1, 0), (1, 4, 3, 0), (2, 4, 3, 0), (2, 4, 3, 2)],
+    "stages, chunks, microbatches, extra, split_mlp",
+    [(1, 1, 1, 0, False), (1, 4, 1, 0, False), (1, 4, 3, 0, False), (2, 4, 3, 0, False), (2, 4, 3, 2, True)],
     ids=lambda value: str(value),
 )
-def test_replayed_graphs_train_like_eager_on_the_gpu(tmp_path, stages, chunks, microbatches, extra):
-    """Gradients after the first step first (they say which parameters a replay gets wrong), then the losses."""
+def test_replayed_graphs_train_like_eager_on_the_gpu(tmp_path, stages, chunks, microbatches, extra, split_mlp):
+    """Gradients after the first step first (they say which parameters a replay gets wrong), then the losses.
+
+    With ``split_mlp`` the layers are [gla, mlp, simple_gla, mlp] * 2 and stage 0 ends between a mixer and its
+    MLP, so the graphs hold layers without a state."""
     if stages > torch.cuda.device_count():
         pytest.skip(f"needs {stages} GPUs")
     scripts = [
         compile_schedule(
             GPU_SCHEDULE.format(
-                name=name, stages=stages, chunks=chunks, microbatches=microbatches, extra=extra, graphs=graphs
+                name=name,
+                stages=stages,
+                chunks=chunks,
+                microbatches=microbatches,
+                extra=extra,
+                graphs=graphs,
+                layers="[gla, mlp, simple_gla, mlp] * 2" if split_mlp else "[gla, simple_gla] * 2",
+                stage_split="stages = [[0, 1, 2], [3, 4, 5, 6, 7]]" if split_mlp else "",
             ),
             tmp_path,
             name,

@@ -5,7 +5,8 @@ gradients after the first step agree within 1e-5 relative (float32) between
 the single-process run (1 stage, 1 chunk, 1 microbatch of 4 sequences) and
 pipelined runs on 2, 3 and 4 CPU ranks (gloo) with 1, 2, 3 and 5 chunks,
 uniform and explicit uneven chunk boundaries and stage splits, gpipe, 1f1b
-and explicit orders, 1f1b with extra warm-up forwards, full recomputation, data parallelism, and sequence
+and explicit orders, 1f1b with extra warm-up forwards, MLPs as layers of their own with stages cut
+between a mixer and its MLP, full recomputation, data parallelism, and sequence
 parallelism inside the pipeline (ZeCO All-Scan, LASP ring, LASP-2 all-gather). Each world size
 is one job that runs all of its configurations (start-up dominates on CPU).
 """
@@ -59,16 +60,20 @@ train {{ steps = {STEPS}  seed = 7  optimizer = adamw(lr = 1e-2)  data = synthet
 
 HYBRID_LAYERS = "[gla, attn, simple_gla] * 2"
 GDN_LAYERS = "[gdn, gla, attn] * 2"
+SPLIT_MLP_LAYERS = "[gla, mlp, simple_gla, mlp] * 2"  # [Note: separate MLP layers]
 REFERENCES = {
     "reference": schedule_text("reference", 1, "1", 1, 4),
     "reference_hybrid": schedule_text("reference_hybrid", 1, "1", 1, 4, layers=HYBRID_LAYERS),
     "reference_gdn": schedule_text("reference_gdn", 1, "1", 1, 4, layers=GDN_LAYERS),
+    "reference_split_mlp": schedule_text("reference_split_mlp", 1, "1", 1, 4, layers=SPLIT_MLP_LAYERS),
 }
 
 
 def reference_of(name: str) -> str:
     if "gdn" in name:
         return "reference_gdn"
+    if "split_mlp" in name:
+        return "reference_split_mlp"
     return "reference_hybrid" if "hybrid" in name else "reference"
 
 
@@ -84,6 +89,12 @@ CONFIGURATIONS = {
         "p1_s2_n3_ring": schedule_text("p1_s2_n3_ring", 1, "3", 2, 2, sequence=2, parallel="ring"),
         # CPU stand-in for CUDA graphs (tests/runtime/graph_emulator.py): slots, zero first states, copies
         "p2_n5_cuda_graphs_emulated": schedule_text("p2_n5_cuda_graphs_emulated", 2, "5", 4, 1, cuda_graphs=True),
+        # stage 0 ends between layer 2's mixer and its MLP (layer 3); through the graph stand-in, whose
+        # stages then hold layers without a state
+        "p2_n2_split_mlp_graphs_emulated": schedule_text(
+            "p2_n2_split_mlp_graphs_emulated", 2, "2", 4, 1, cuda_graphs=True, layers=SPLIT_MLP_LAYERS,
+            stages="[[0, 1, 2], [3, 4, 5, 6, 7]]",
+        ),
         # two more warm-up forwards on stage 0 ([Note: extra warm-up]): two more graph slots in flight
         "p2_n2_cuda_graphs_emulated_extra_warmup": schedule_text(
             "p2_n2_cuda_graphs_emulated_extra_warmup", 2, "2", 4, 1, cuda_graphs=True, extra_warmup=2
@@ -92,6 +103,9 @@ CONFIGURATIONS = {
     3: {
         "p3_n3_1f1b": schedule_text("p3_n3_1f1b", 3, "3", 4, 1),
         "p3_n3_1f1b_extra_warmup": schedule_text("p3_n3_1f1b_extra_warmup", 3, "3", 4, 1, extra_warmup=3),
+        "p3_n5_split_mlp_uneven": schedule_text(
+            "p3_n5_split_mlp_uneven", 3, "5", 2, 2, layers=SPLIT_MLP_LAYERS, stages="[[0], [1, 2, 3, 4], [5, 6, 7]]"
+        ),
         "p3_n5_gdn_1f1b": schedule_text("p3_n5_gdn_1f1b", 3, "5", 4, 1, layers=GDN_LAYERS),
         "p3_n3_hybrid_attention": schedule_text(
             "p3_n3_hybrid_attention", 3, "[0, 32, 96, 160]", 2, 2, layers=HYBRID_LAYERS

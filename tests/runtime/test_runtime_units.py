@@ -96,6 +96,40 @@ def test_stage_split_does_not_change_initial_weights():
     assert not torch.equal(other_seed.embedding.weight, first.embedding.weight)
 
 
+def test_separate_mlp_layers_compute_the_blocks_network():
+    """[gla, mlp, simple_gla, mlp] with the weights of [gla, simple_gla] (mixers and MLPs moved to their layers)
+    gives the same outputs, states and gradients, chunked or whole; mlp layers keep no state."""
+    blocks = ModelConfig(vocab=64, d_model=32, layers=("gla", "simple_gla"), heads=2, head_dim=16, mlp_ratio=2.0)
+    split = ModelConfig(vocab=64, d_model=32, layers=("gla", "mlp", "simple_gla", "mlp"), heads=2, head_dim=16,
+                        mlp_ratio=2.0)
+    assert blocks.init_depth == split.init_depth == 4
+    whole = build_stage_model(blocks, (0, 1), True, True, 5, torch.device("cpu"), torch.float64)
+    first = build_stage_model(split, (0, 1, 2), True, False, 5, torch.device("cpu"), torch.float64)
+    last = build_stage_model(split, (3,), False, True, 5, torch.device("cpu"), torch.float64)
+    assert first.layers["1"].mixer is None and first.layers["0"].mlp is None
+    renamed = {}
+    for name, value in whole.state_dict().items():
+        parts = name.split(".")
+        if parts[0] == "layers":
+            layer = 2 * int(parts[1]) + (parts[2].startswith("mlp"))
+            parts[1] = str(layer)
+        renamed[".".join(parts)] = value
+    first.load_state_dict({k: v for k, v in renamed.items() if k in first.state_dict()}, strict=True)
+    last.load_state_dict({k: v for k, v in renamed.items() if k in last.state_dict()}, strict=True)
+    tokens = torch.randint(0, 64, (2, 48))
+    expected, expected_states = whole(tokens, [None, None])
+    states = [None] * 3
+    pieces = []
+    for start, end in ((0, 16), (16, 48)):
+        hidden, states = first(tokens[:, start:end], states)
+        assert states[1] is None
+        hidden, _ = last(hidden, [None])
+        pieces.append(hidden)
+    torch.testing.assert_close(torch.cat(pieces, 1), expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(states[0], expected_states[0], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(states[2], expected_states[1], rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize("d_model, ratio, width", [(2048, 8 / 3, 5464), (32, 2.0, 64), (100, 1.0, 104), (3, 1.0, 8)])
 def test_swiglu_width_is_rounded_up_to_aligned_rows(d_model, ratio, width):
     config = ModelConfig(vocab=16, d_model=d_model, layers=(MixerKind.GLA,), heads=1, head_dim=8, mlp_ratio=ratio)
