@@ -20,7 +20,10 @@ if ON_GPU:
     DTYPES = {"float32": (torch.float32, 5e-3), "bfloat16": (torch.bfloat16, 3e-2)}
 else:
     SHAPES = [(1, 63, 2, 32), (2, 130, 1, 16)]
-    DTYPES = {"float32": (torch.float32, 1e-5)}
+    # float32 in the interpreter under 'strong' decay (in-chunk gate sums of -256 and more): over 30 fresh draws
+    # simple_gla's Triton final state and dg reached 1.14e-5 relative (its torch path 3.3e-6, gla's Triton path
+    # 2.3e-6), so a 1e-5 bound failed now and then; 5e-5 keeps a 4x margin over the worst draw seen
+    DTYPES = {"float32": (torch.float32, 5e-5)}
 
 
 def shape_id(shape):
