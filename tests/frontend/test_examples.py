@@ -160,6 +160,11 @@ def test_other_examples_values():
     assert gpipe.train.optimizer.momentum == pytest.approx(0.9)
     assert gpipe.train.grad_clip == pytest.approx(1.0)
 
+    split = load_program(EXAMPLES / "split_mlp_warmup.sched")
+    assert split.model.layers == (LayerKind.GLA, LayerKind.MLP) * 3 and split.model.separate_mlp
+    assert split.stage_layers == ((0, 1, 2, 3, 4), (5,))
+    assert split.pipeline.extra_warmup == 1
+
     parallel = load_program(EXAMPLES / "sequence_parallel.sched")
     assert parallel.mesh.sequence == 2 and parallel.mesh.world_size == 4
     assert parallel.sequence.parallel is SequenceParallel.ALLSCAN
