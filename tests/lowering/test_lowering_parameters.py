@@ -56,5 +56,9 @@ def test_separate_mlp_layers_hold_the_same_parameters_and_flops():
         model = FlopsCostModel(replace(program, pipeline=replace(program.pipeline, microbatches=1)))
         seconds.append(sum(model.task_duration(TaskId.forward(stage, 0, 0)) for stage in range(2)))
     assert seconds[0] == pytest.approx(seconds[1], rel=1e-12)
+    # and the coefficients of StateFlow's balanced cut (Eq. 9) see the same model
+    from schedlang.lowering.partition import layer_flop_coefficients
+
+    assert layer_flop_coefficients(blocks.model, 64) == layer_flop_coefficients(split.model, 64)
     # the split program's stages end between a mixer and its MLP: stage 0 holds layers 0-3 of 8
     assert split.stage_layers[0] == (0, 1, 2, 3)
