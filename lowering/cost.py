@@ -11,7 +11,8 @@ Two models, selected by :class:`CostModelKind` (formulas in docs/cost-model.md):
   and MLP), divided by a device throughput, each backward also paying for adding the
   stage's parameter gradients into ``.grad`` at memory bandwidth, plus an alpha-beta time
   (``alpha + bytes / beta``) for activation messages between stages and for
-  state exchange between sequence-parallel ranks. Seconds.
+  state exchange between sequence-parallel ranks, and, with a kernel gap, a
+  fixed time per kernel launch (``kernel_launches``). Seconds.
 
 A cost model answers in its own time unit; :attr:`CostModel.time_divisor`
 turns that unit into the timeline's.
@@ -86,6 +87,7 @@ class Hardware:
     latency_s: float = 10e-6  # alpha: per-message latency
     bandwidth_bytes_per_s: float = 50e9  # beta: link bandwidth
     memory_bandwidth_bytes_per_s: float = 3.5e12  # what an elementwise kernel streams from device memory
+    kernel_gap_s: float = 0.0  # idle time between two kernels of a task (graph replay on an H200: about 1.2e-6)
 
     def transfer_time(self, n_bytes: float) -> float:
         return self.latency_s + n_bytes / self.bandwidth_bytes_per_s
@@ -123,6 +125,25 @@ def mlp_flops_per_token(model: ModelSpec) -> float:
         return 0.0
     hidden = mlp.ratio * model.d_model
     return 3 * 2 * model.d_model * hidden  # SwiGLU: gate, up and down projections
+
+
+KERNELS_PER_MIXER_FORWARD = 20
+KERNELS_PER_MLP_FORWARD = 7
+KERNELS_PER_STAGE_END_FORWARD = 5
+"""Kernel launches of one chunk's forward (a backward launches about twice as many), counted from an H200 trace of
+the runtime's GLA blocks (docs/benchmarks.md: 81 kernels per block per chunk, forward and backward): a mixer's
+norm, projections, gates, recurrence kernels and residual add; an MLP's norm, three GEMMs, activation and residual
+add; the embedding, or the final norm, head and loss."""
+
+
+def kernel_launches(model: ModelSpec, layers: tuple[int, ...], is_first: bool, is_last: bool) -> int:
+    """Kernels one chunk's forward launches on a stage holding ``layers``."""
+    count = sum(
+        (KERNELS_PER_MIXER_FORWARD if model.layers[layer].is_mixer else 0)
+        + (KERNELS_PER_MLP_FORWARD if model.has_mlp(model.layers[layer]) else 0)
+        for layer in layers
+    )
+    return count + KERNELS_PER_STAGE_END_FORWARD * (is_first + is_last)
 
 
 def head_flops_per_token(model: ModelSpec) -> float:
@@ -179,6 +200,8 @@ class FlopsCostModel:
             per_token += head_flops_per_token(model)
         flops = self.batch * (per_token * tokens + pairs_flops) / self.sequence_ranks
         seconds = flops / hardware.throughput_flops
+        launches = kernel_launches(model, program.stage_layers[stage], stage == 0, stage == program.n_stages - 1)
+        seconds += launches * hardware.kernel_gap_s
         return seconds + self._sequence_parallel_seconds(stage, tokens, attention_layers)
 
     def _sequence_parallel_seconds(self, stage: int, tokens: int, attention_layers: int) -> float:

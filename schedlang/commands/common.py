@@ -50,6 +50,11 @@ def add_cost_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--memory-bandwidth", type=float, default=3.5e12,
         help="flops model: device memory bandwidth, B/s (each backward adds its gradients into .grad at it)",
     )
+    parser.add_argument(
+        "--kernel-gap", type=float, default=0.0,
+        help="flops model: idle seconds per kernel launch (about 1.2e-6 for CUDA-graph replay on an H200), "
+        "what makes many small chunks cost more than their FLOPs",
+    )
 
 
 def check_hardware_arguments(args: argparse.Namespace, command: str) -> None:
@@ -58,8 +63,10 @@ def check_hardware_arguments(args: argparse.Namespace, command: str) -> None:
         if not getattr(args, name) > 0:
             flag = name.replace("_", "-")
             raise SystemExit(f"schedlang {command}: error: --{flag} must be positive, got {getattr(args, name)}")
-    if args.latency < 0:
-        raise SystemExit(f"schedlang {command}: error: --latency must not be negative, got {args.latency}")
+    for name in ("latency", "kernel_gap"):
+        if getattr(args, name) < 0:
+            flag = name.replace("_", "-")
+            raise SystemExit(f"schedlang {command}: error: --{flag} must not be negative, got {getattr(args, name)}")
 
 
 def cost_model_from_arguments(args: argparse.Namespace, program):
@@ -67,7 +74,7 @@ def cost_model_from_arguments(args: argparse.Namespace, program):
     from schedlang.lowering.cost import CostModelKind, Hardware, make_cost_model
 
     kind = CostModelKind(args.cost_model)
-    hardware = Hardware(args.throughput, args.latency, args.bandwidth, args.memory_bandwidth)
+    hardware = Hardware(args.throughput, args.latency, args.bandwidth, args.memory_bandwidth, args.kernel_gap)
     return kind, make_cost_model(kind, program, hardware)
 
 

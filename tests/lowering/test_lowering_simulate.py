@@ -165,3 +165,33 @@ def test_every_backward_pays_for_adding_the_stage_gradients_and_graph_stages_onl
     graphs = dataclasses.replace(program, pipeline=dataclasses.replace(program.pipeline, cuda_graphs=True))
     assert FlopsCostModel(graphs, hardware).accumulation_seconds[1] == pytest.approx(3 * count.other * 4 / 1e9)
     assert 0 < count.other < count.linear_weights
+
+
+def test_kernel_gap_charges_every_task_its_launches_so_small_chunks_cost_more():
+    """--kernel-gap: a chunk's forward pays (kernels it launches) x gap, its backward twice that, whatever its
+    length; the launches follow the layers (a block = mixer + MLP, an mlp layer only its part)."""
+    from schedlang.lowering.cost import (
+        KERNELS_PER_MIXER_FORWARD,
+        KERNELS_PER_MLP_FORWARD,
+        KERNELS_PER_STAGE_END_FORWARD,
+        kernel_launches,
+    )
+
+    gap = 1e-3
+    plain, gapped = Hardware(throughput_flops=1e12), Hardware(throughput_flops=1e12, kernel_gap_s=gap)
+    program = make_program(2, 1, 4)  # one gla block per stage, each with its MLP
+    launches = KERNELS_PER_MIXER_FORWARD + KERNELS_PER_MLP_FORWARD + KERNELS_PER_STAGE_END_FORWARD
+    assert kernel_launches(program.model, program.stage_layers[0], True, False) == launches
+    for name, factor in (("0F0.1", 1), ("0B0.1", 2)):
+        task = TaskId.parse(name)
+        extra = FlopsCostModel(program, gapped).task_duration(task) - FlopsCostModel(program, plain).task_duration(task)
+        assert extra == pytest.approx(factor * launches * gap)
+    split = make_program(2, 1, 1, layers=(LayerKind.GLA, LayerKind.MLP))
+    assert kernel_launches(split.model, (0,), True, False) == KERNELS_PER_MIXER_FORWARD + KERNELS_PER_STAGE_END_FORWARD
+    assert kernel_launches(split.model, (1,), False, True) == KERNELS_PER_MLP_FORWARD + KERNELS_PER_STAGE_END_FORWARD
+    makespans = []
+    for n_chunks in (1, 4, 64):
+        chunked = make_program(2, 2, n_chunks, boundaries=tuple(range(0, 1025, 1024 // n_chunks)))
+        cost = FlopsCostModel(chunked, Hardware(throughput_flops=1e9, kernel_gap_s=1e-4))
+        makespans.append(simulate(chunked, cost_model=cost).makespan)
+    assert makespans[1] < makespans[0] and makespans[2] > makespans[1]  # the gap makes 64 chunks worse than 4
