@@ -129,11 +129,12 @@ def print_sweep(results: list[dict], args: argparse.Namespace) -> None:
         f"{'chunks':>6}  {'extra warm-up':>13}  {'makespan':>12}  {'vs first':>8}  {'bubble':>7}  "
         f"{'peak activations (stage 0)':>26}"
     )
-    for result in results:
+    best = min(range(len(results)), key=lambda index: results[index]["makespan"])
+    for index, result in enumerate(results):
         print(
             f"{result['n_chunks']:>6}  {result['extra_warmup']:>13}  {result['makespan']:>12.6g}  "
             f"{result['makespan'] / first['makespan']:>8.3f}  {result['bubble_fraction']:>7.4f}  "
-            f"{result['peak_activations'][0]:>26.4g}"
+            f"{result['peak_activations'][0]:>26.4g}" + ("  <- shortest" if index == best and len(results) > 1 else "")
         )
 
 

@@ -149,7 +149,12 @@ def test_simulate_sweeps_extra_warmup_with_chunk_counts(capsys):
         assert row["eq13_peak_activations"] == pytest.approx(row["peak_activations"])
     assert run_command(simulate, [path, "--extra-warmup", "1"]) == 0
     out = capsys.readouterr().out
-    assert "extra warm-up" in out and len(out.strip().splitlines()) == 3
+    assert "extra warm-up" in out and len(out.strip().splitlines()) == 3 and "shortest" not in out
+    assert run_command(simulate, [path, "--extra-warmup", "0", "2", "--cost-model", "flops"]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()[2:]
+    makespans = [float(row.split()[2]) for row in rows]
+    marked = [row.endswith("<- shortest") for row in rows]
+    assert marked == [makespan == min(makespans) for makespan in makespans] and sum(marked) == 1
     gpipe = str(EXAMPLES / "simple_gla_gpipe.sched")
     assert run_command(simulate, [gpipe, "--extra-warmup", "1"]) == 1
     assert "--extra-warmup applies to order = 1f1b" in capsys.readouterr().err
