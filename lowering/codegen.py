@@ -169,7 +169,10 @@ def _tuple_of_names(names: list[str]) -> str:
 def _order_name(pipeline) -> str:
     """``1f1b order``, or ``1f1b order with 2 extra warm-up forwards`` ([Note: extra warm-up] in lowering/orders.py)."""
     extra = pipeline.extra_warmup
-    more = f" with {extra} extra warm-up forward{'s' if extra > 1 else ''}" if extra else ""
+    if isinstance(extra, tuple):
+        more = f" with {list(extra)} extra warm-up forwards per stage" if any(extra) else ""
+    else:
+        more = f" with {extra} extra warm-up forward{'s' if extra > 1 else ''}" if extra else ""
     return f"{pipeline.order.value} order{more}"
 
 

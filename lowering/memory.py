@@ -9,7 +9,7 @@ comparison.
 
 from __future__ import annotations
 
-from schedlang.lowering.orders import one_f_one_b_warmup
+from schedlang.lowering.orders import ExtraWarmup, one_f_one_b_warmup
 
 FORWARD_BACKWARD_TIME = 3
 """``t`` of Eq. 14-15 in unit cost: forward 1 plus backward 2."""
@@ -21,11 +21,12 @@ def one_f_one_b_peak_activations(n_stages: int, n_microbatches: int) -> tuple[fl
 
 
 def stateflow_peak_activations(
-    n_stages: int, n_microbatches: int, n_chunks: int, extra_warmup: int = 0
+    n_stages: int, n_microbatches: int, n_chunks: int, extra_warmup: ExtraWarmup = 0
 ) -> tuple[float, ...]:
     """Eq. 13 without ``B_r``: stage ``r`` holds ``min(MN, N + P - r - 1) / N`` microbatches.
 
-    With ``extra_warmup = e`` ([Note: extra warm-up]) every stage but the last holds ``e`` chunks more.
+    With ``extra_warmup = e`` ([Note: extra warm-up]) every stage but the last holds ``e`` chunks more
+    (``e_r`` more on stage ``r`` for a per-stage list).
     """
     return tuple(
         one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, stage, extra_warmup) / n_chunks

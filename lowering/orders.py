@@ -24,8 +24,13 @@ with one chunk per microbatch the orders are the classic full-sequence ones.
   of every stage but the last (whose first backward waits on nothing
   downstream), so that a bottleneck upstream stage does not idle there, and
   with it the cool-down; the price is ``e`` more chunks of activations in
-  flight on those stages, ``e / N`` microbatches. The orders stay legal and
-  deadlock free (tests/lowering check them for ranges of ``P, M, N, e``).
+  flight on those stages, ``e / N`` microbatches. A list ``[e_0, ..., e_{P-1}]``
+  sets it per stage, for a deeper pipeline whose slow stage is not the first:
+  the last entry is 0 and no entry exceeds the one before it by more than 1
+  (``e_r <= e_{r-1} + 1``), since stage ``r`` can run no more warm-up forwards
+  than stage ``r - 1`` sends before it waits for its own first backward. The
+  orders stay legal and deadlock free (tests/lowering check them for ranges of
+  ``P, M, N, e`` and for every such list up to 4 stages).
 * Explicit: the tasks as written in the schedule file, in the stage of their
   ``stage r:`` line.
 
@@ -34,6 +39,9 @@ legality pass checks explicit orders (``schedlang.lowering.legality``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Union
 
 from schedlang.lowering.program import OrderKind, ScheduleProgram
 from schedlang.lowering.tasks import TaskId
@@ -72,23 +80,48 @@ def gpipe_orders(n_stages: int, n_microbatches: int, n_chunks: int) -> StageOrde
     )
 
 
-def one_f_one_b_warmup(n_stages: int, n_microbatches: int, n_chunks: int, stage: int, extra: int = 0) -> int:
-    """Forwards stage ``stage`` runs before its first backward: ``min(MN, N + P - r - 1 + e)``.
+ExtraWarmup = Union[int, Sequence[int]]
+"""[Note: extra warm-up]: one count for every stage but the last, or one per stage (the last 0)."""
 
-    ``e`` is ``extra`` on every stage but the last, whose first backward waits on nothing downstream.
+
+def extra_warmup_of(extra: ExtraWarmup, stage: int, n_stages: int) -> int:
+    """Stage ``stage``'s extra warm-up forwards; raises ValueError for a malformed ``extra``."""
+    if isinstance(extra, int):
+        if extra < 0:
+            raise ValueError(f"extra_warmup must be at least 0, got {extra}")
+        return extra if stage < n_stages - 1 else 0
+    counts = tuple(extra)
+    rises = any(later > earlier + 1 for earlier, later in zip(counts, counts[1:]))
+    if len(counts) != n_stages or min(counts) < 0 or counts[-1] != 0 or rises:
+        raise ValueError(
+            f"a per-stage extra_warmup needs {n_stages} counts >= 0 ending in 0, each at most 1 more than the one "
+            f"before, got {list(counts)}"
+        )
+    return counts[stage]
+
+
+def one_f_one_b_warmup(
+    n_stages: int, n_microbatches: int, n_chunks: int, stage: int, extra: ExtraWarmup = 0
+) -> int:
+    """Forwards stage ``stage`` runs before its first backward: ``min(MN, N + P - r - 1 + e_r)``.
+
+    ``e_r`` is ``extra`` on every stage but the last (whose first backward waits on nothing downstream), or
+    ``extra[r]`` for a per-stage list.
     """
-    lookahead = extra if stage < n_stages - 1 else 0
+    lookahead = extra_warmup_of(extra, stage, n_stages)
     return min(n_microbatches * n_chunks, n_chunks + n_stages - stage - 1 + lookahead)
 
 
-def one_f_one_b_orders(n_stages: int, n_microbatches: int, n_chunks: int, extra_warmup: int = 0) -> StageOrders:
+def one_f_one_b_orders(
+    n_stages: int, n_microbatches: int, n_chunks: int, extra_warmup: ExtraWarmup = 0
+) -> StageOrders:
     """StateFlow's chunk-level 1F1B: warm-up forwards, then one backward, one forward, ...
 
     ``extra_warmup`` forwards more before the first backward (not on the last stage): see the module docstring.
     """
     _check_dimensions(n_stages, n_microbatches, n_chunks)
-    if extra_warmup < 0:
-        raise ValueError(f"extra_warmup must be at least 0, got {extra_warmup}")
+    for stage in range(n_stages):
+        extra_warmup_of(extra_warmup, stage, n_stages)
     forwards = _forward_units(n_microbatches, n_chunks)
     backwards = _backward_units(n_microbatches, n_chunks)
     orders = []

@@ -168,7 +168,8 @@ class PipelineSpec:
     microbatch_size: int = 1  # sequences per microbatch
     recompute: Recompute = Recompute.NONE
     cuda_graphs: bool = False
-    extra_warmup: int = 0  # 1f1b only: forwards added to every stage's warm-up but the last's
+    # 1f1b only: forwards added to every stage's warm-up but the last's, or a tuple with one count per stage
+    extra_warmup: int | tuple[int, ...] = 0
 
 
 class OptimizerKind(str, Enum):

@@ -843,6 +843,38 @@ class _Lowering:
             return None
         return TaskToken(TaskId(_TASK_KINDS[kind], stage, microbatch, chunk), word.span)
 
+    def extra_warmup(self, value: ast.Value, path: str, mesh: MeshSpec | None) -> int | tuple[int, ...] | None:
+        """An integer (every stage but the last), or one count per pipeline stage ending in 0."""
+        if not isinstance(value, ast.ListLiteral):
+            return self.integer(value, path, 0, MAX_MICROBATCHES)
+        counts = [self.integer(item, f"an entry of {path}", 0, MAX_MICROBATCHES) for item in value.items]
+        if None in counts:
+            return None
+        if mesh is not None and len(counts) != mesh.pipeline:
+            self.error(
+                f"'{path}' lists {len(counts)} counts but mesh.pipeline = {mesh.pipeline}",
+                value.span,
+                hint="one count per stage, or a single integer for every stage but the last",
+            )
+            return None
+        if counts and counts[-1] != 0:
+            self.error(
+                f"the last stage's extra warm-up must be 0 (its first backward waits on nothing downstream), "
+                f"found {counts[-1]}",
+                value.items[-1].span,
+            )
+            return None
+        for stage in range(1, len(counts)):
+            if counts[stage] > counts[stage - 1] + 1:
+                self.error(
+                    f"stage {stage}'s extra warm-up {counts[stage]} exceeds stage {stage - 1}'s ({counts[stage - 1]}) "
+                    "by more than 1: it would wait for forwards that stage never sends before its own first backward",
+                    value.items[stage].span,
+                    hint=f"give stage {stage - 1} at least {counts[stage] - 1}",
+                )
+                return None
+        return tuple(counts)
+
     def pipeline(self, mesh: MeshSpec | None, sequence: SequenceSpec | None) -> PipelineSpec | None:
         microbatches = self.positive("pipeline", "microbatches", maximum=MAX_MICROBATCHES)
         order = self.read(
@@ -860,9 +892,10 @@ class _Lowering:
         )
         cuda_graphs = self.read("pipeline", "cuda_graphs", self.boolean, False)
         extra_warmup = self.read(
-            "pipeline", "extra_warmup", lambda value, path: self.integer(value, path, 0, MAX_MICROBATCHES), 0
+            "pipeline", "extra_warmup", lambda value, path: self.extra_warmup(value, path, mesh), 0
         )
-        if extra_warmup and order is not None and order is not OrderKind.ONE_F_ONE_B:
+        asks_warmup = any(extra_warmup) if isinstance(extra_warmup, tuple) else bool(extra_warmup)
+        if asks_warmup and order is not None and order is not OrderKind.ONE_F_ONE_B:
             self.error(
                 f"'pipeline.extra_warmup' only applies to order = 1f1b, but order = {order.value}",
                 self.spans.get("pipeline.extra_warmup", self.file_start()),

@@ -132,7 +132,7 @@ def print_sweep(results: list[dict], args: argparse.Namespace) -> None:
     best = min(range(len(results)), key=lambda index: results[index]["makespan"])
     for index, result in enumerate(results):
         print(
-            f"{result['n_chunks']:>6}  {result['extra_warmup']:>13}  {result['makespan']:>12.6g}  "
+            f"{result['n_chunks']:>6}  {str(result['extra_warmup']):>13}  {result['makespan']:>12.6g}  "
             f"{result['makespan'] / first['makespan']:>8.3f}  {result['bubble_fraction']:>7.4f}  "
             f"{result['peak_activations'][0]:>26.4g}" + ("  <- shortest" if index == best and len(results) > 1 else "")
         )

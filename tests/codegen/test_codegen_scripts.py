@@ -162,6 +162,9 @@ def test_extra_warmup_reaches_the_stage_action_lists():
     assert [action[0] for action in plain[0][:6]] == ["F"] * 5 + ["B"]
     assert warmed[1] == plain[1]  # the last stage keeps its order
     assert sorted(warmed[0]) == sorted(plain[0])
+    listed = render_train_script(load_program_text(text.replace("extra_warmup = 2", "extra_warmup = [2, 0]"), "l.sched"))
+    assert "1f1b order with [2, 0] extra warm-up forwards per stage" in listed
+    assert _compute_actions(listed) == warmed
 
 
 @pytest.mark.parametrize(

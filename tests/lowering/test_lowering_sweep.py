@@ -127,3 +127,33 @@ def test_extra_warmup_keeps_a_slow_first_stage_busy():
 def test_extra_warmup_rejects_negative():
     with pytest.raises(ValueError, match="extra_warmup"):
         one_f_one_b_orders(2, 2, 2, -1)
+
+
+def test_per_stage_extra_warmup_is_legal_and_holds_its_own_counts():
+    """Every list of 3 or 4 counts in 0..3 ending in 0 with no rise above 1 is legal and deadlock free and holds its
+    own counts (Eq. 13 per stage); a rise of 2 deadlocks, and the generator refuses it."""
+    import itertools
+
+    for n_stages in (3, 4):
+        for head in itertools.product(range(4), repeat=n_stages - 1):
+            extra = (*head, 0)
+            valid = all(later <= earlier + 1 for earlier, later in zip(extra, extra[1:]))
+            for n_microbatches, n_chunks in ((1, 3), (4, 2), (3, 5)):
+                dimensions = (n_stages, n_microbatches, n_chunks)
+                if not valid:
+                    with pytest.raises(ValueError, match="at most 1 more than the one before"):
+                        one_f_one_b_orders(*dimensions, extra)
+                    continue
+                orders = one_f_one_b_orders(*dimensions, extra)
+                assert check_orders(dimensions, orders).is_legal, (extra, dimensions)
+                timeline = simulate(make_program(*dimensions), orders)
+                expected = stateflow_peak_activations(*dimensions, extra)
+                assert expected == tuple(
+                    min(n_microbatches * n_chunks, n_chunks + n_stages - r - 1 + extra[r]) / n_chunks
+                    for r in range(n_stages)
+                )
+                assert timeline.peak_activations == pytest.approx(expected, abs=1e-12)
+    assert one_f_one_b_orders(3, 4, 2, (2, 2, 0)) == one_f_one_b_orders(3, 4, 2, 2)
+    for bad in ((1, 0), (1, 1, 1), (0, -1, 0)):
+        with pytest.raises(ValueError, match="per-stage extra_warmup"):
+            one_f_one_b_orders(3, 4, 2, bad)

@@ -43,7 +43,7 @@ def schedule_text(
     parallel: str = "allscan",
     layers: str = "[gla, simple_gla] * 3",
     cuda_graphs: bool = False,
-    extra_warmup: int = 0,
+    extra_warmup: int | list[int] = 0,
 ) -> str:
     return f"""schedule {name}
 {MODEL_BLOCK.format(stages=f"stages = {stages}" if stages else "", layers=layers)}
@@ -102,7 +102,8 @@ CONFIGURATIONS = {
     },
     3: {
         "p3_n3_1f1b": schedule_text("p3_n3_1f1b", 3, "3", 4, 1),
-        "p3_n3_1f1b_extra_warmup": schedule_text("p3_n3_1f1b_extra_warmup", 3, "3", 4, 1, extra_warmup=3),
+        # a per-stage list: 3 more forwards on stage 0, 2 on stage 1
+        "p3_n3_1f1b_extra_warmup": schedule_text("p3_n3_1f1b_extra_warmup", 3, "3", 4, 1, extra_warmup=[3, 2, 0]),
         "p3_n5_split_mlp_uneven": schedule_text(
             "p3_n5_split_mlp_uneven", 3, "5", 2, 2, layers=SPLIT_MLP_LAYERS, stages="[[0], [1, 2, 3, 4], [5, 6, 7]]"
         ),
