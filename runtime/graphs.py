@@ -6,8 +6,9 @@ on the last stage) does for one chunk, through a callable that
 graph and its backward another, so a chunk costs two graph launches instead
 of a few hundred kernel launches. Requirements, checked by ``compile``:
 every chunk has the same length (one set of static shapes), no recomputation,
-no sequence parallelism (no collectives inside the graphs), and only
-recurrent layers (gla, simple_gla), whose states have fixed shapes, and mlp layers (no state).
+no sequence parallelism (no collectives inside the graphs), and no attention
+layers: recurrent layers (gla, simple_gla), whose states have fixed shapes,
+and mlp layers, which keep none.
 
 [Note: graph slots]
 A captured callable owns static buffers: its sample arguments are its
