@@ -84,12 +84,12 @@ ExtraWarmup = Union[int, Sequence[int]]
 """[Note: extra warm-up]: one count for every stage but the last, or one per stage (the last 0)."""
 
 
-def extra_warmup_of(extra: ExtraWarmup, stage: int, n_stages: int) -> int:
-    """Stage ``stage``'s extra warm-up forwards; raises ValueError for a malformed ``extra``."""
+def extra_warmup_counts(extra: ExtraWarmup, n_stages: int) -> tuple[int, ...]:
+    """Each stage's extra warm-up forwards; raises ValueError for a malformed ``extra``."""
     if isinstance(extra, int):
         if extra < 0:
             raise ValueError(f"extra_warmup must be at least 0, got {extra}")
-        return extra if stage < n_stages - 1 else 0
+        return (extra,) * (n_stages - 1) + (0,)
     counts = tuple(extra)
     rises = any(later > earlier + 1 for earlier, later in zip(counts, counts[1:]))
     if len(counts) != n_stages or min(counts) < 0 or counts[-1] != 0 or rises:
@@ -97,7 +97,7 @@ def extra_warmup_of(extra: ExtraWarmup, stage: int, n_stages: int) -> int:
             f"a per-stage extra_warmup needs {n_stages} counts >= 0 ending in 0, each at most 1 more than the one "
             f"before, got {list(counts)}"
         )
-    return counts[stage]
+    return counts
 
 
 def one_f_one_b_warmup(
@@ -108,7 +108,7 @@ def one_f_one_b_warmup(
     ``e_r`` is ``extra`` on every stage but the last (whose first backward waits on nothing downstream), or
     ``extra[r]`` for a per-stage list.
     """
-    lookahead = extra_warmup_of(extra, stage, n_stages)
+    lookahead = extra_warmup_counts(extra, n_stages)[stage]
     return min(n_microbatches * n_chunks, n_chunks + n_stages - stage - 1 + lookahead)
 
 
@@ -120,13 +120,12 @@ def one_f_one_b_orders(
     ``extra_warmup`` forwards more before the first backward (not on the last stage): see the module docstring.
     """
     _check_dimensions(n_stages, n_microbatches, n_chunks)
-    for stage in range(n_stages):
-        extra_warmup_of(extra_warmup, stage, n_stages)
+    counts = extra_warmup_counts(extra_warmup, n_stages)
     forwards = _forward_units(n_microbatches, n_chunks)
     backwards = _backward_units(n_microbatches, n_chunks)
     orders = []
     for stage in range(n_stages):
-        warmup = one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, stage, extra_warmup)
+        warmup = one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, stage, counts)
         order = [TaskId.forward(stage, microbatch, chunk) for microbatch, chunk in forwards[:warmup]]
         next_forward = warmup
         for microbatch, chunk in backwards:
