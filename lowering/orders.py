@@ -34,6 +34,29 @@ with one chunk per microbatch the orders are the classic full-sequence ones.
 * Explicit: the tasks as written in the schedule file, in the stage of their
   ``stage r:`` line.
 
+[Note: split backward]
+With ``pipeline { split_backward = true }`` (zero-bubble pipelining, Qi et al.
+2023, applied to chunks) every unit also has a ``W`` task on every stage: the
+weight gradients of the stage's linear layers, ``dW = dY^T X`` per layer, which
+nothing downstream waits for, while ``B`` keeps what the previous stage and
+the previous chunk wait for (input and state gradients, and the gradients of
+the parameters outside linear layers). ``W(r, a, i)`` depends only on
+``B(r, a, i)``. The generated orders put ``W`` right after its ``B``, except
+for the *cool-down* backwards of every stage but the first (those after the
+stage's last forward): their ``W`` tasks move to the end of the step, in
+backward order. In the cool-down a stage's backwards are a chain through the
+stages (each ``B(r, a, i)`` waits for ``B(r + 1, a, i)``) and the last stage
+idles at the end while the stages above it finish theirs (the pipeline's
+drain: one chunk backward per stage). Deferring ``W`` lets each ``B`` hand its
+gradients on sooner, so the stages above start their cool-down backwards
+earlier, and the deferred ``W`` tasks fill the time the stage would otherwise
+idle. The first stage's ``W`` stays after its ``B``: no stage waits on its
+backwards. A deferred chunk holds the inputs and output gradients of its
+linear layers until its ``W``, so the stage's activations in flight never
+exceed their warm-up peak (no forward starts in the cool-down): Eq. 13 holds.
+Sends are unchanged and ``W`` waits on nothing of another stage, so the
+orders stay legal and deadlock free.
+
 The generated orders are legal and deadlock free by construction; the
 legality pass checks explicit orders (``schedlang.lowering.legality``).
 """
@@ -68,16 +91,43 @@ def _check_dimensions(n_stages: int, n_microbatches: int, n_chunks: int) -> None
             raise ValueError(f"{name} must be at least 1, got {value}")
 
 
-def gpipe_orders(n_stages: int, n_microbatches: int, n_chunks: int) -> StageOrders:
-    """All forwards in unit order, then all backwards (microbatches in order, chunks reversed)."""
+class _StageOrderBuilder:
+    """One stage's order, with [Note: split backward]: ``W`` after its ``B``, or held back to the end."""
+
+    def __init__(self, stage: int, split_backward: bool) -> None:
+        self.stage = stage
+        self.split_backward = split_backward
+        self.tasks: list[TaskId] = []
+        self.deferred: list[TaskId] = []
+
+    def forward(self, microbatch: int, chunk: int) -> None:
+        self.tasks.append(TaskId.forward(self.stage, microbatch, chunk))
+
+    def backward(self, microbatch: int, chunk: int, cool_down: bool) -> None:
+        self.tasks.append(TaskId.backward(self.stage, microbatch, chunk))
+        if self.split_backward:
+            weight = TaskId.weight(self.stage, microbatch, chunk)
+            (self.deferred if cool_down and self.stage > 0 else self.tasks).append(weight)
+
+    def order(self) -> tuple[TaskId, ...]:
+        return tuple(self.tasks + self.deferred)
+
+
+def gpipe_orders(n_stages: int, n_microbatches: int, n_chunks: int, split_backward: bool = False) -> StageOrders:
+    """All forwards in unit order, then all backwards (microbatches in order, chunks reversed).
+
+    With ``split_backward`` every backward is in the cool-down: see [Note: split backward].
+    """
     _check_dimensions(n_stages, n_microbatches, n_chunks)
-    forwards = _forward_units(n_microbatches, n_chunks)
-    backwards = _backward_units(n_microbatches, n_chunks)
-    return tuple(
-        tuple(TaskId.forward(stage, microbatch, chunk) for microbatch, chunk in forwards)
-        + tuple(TaskId.backward(stage, microbatch, chunk) for microbatch, chunk in backwards)
-        for stage in range(n_stages)
-    )
+    orders = []
+    for stage in range(n_stages):
+        builder = _StageOrderBuilder(stage, split_backward)
+        for microbatch, chunk in _forward_units(n_microbatches, n_chunks):
+            builder.forward(microbatch, chunk)
+        for microbatch, chunk in _backward_units(n_microbatches, n_chunks):
+            builder.backward(microbatch, chunk, cool_down=True)
+        orders.append(builder.order())
+    return tuple(orders)
 
 
 ExtraWarmup = Union[int, Sequence[int]]
@@ -113,11 +163,16 @@ def one_f_one_b_warmup(
 
 
 def one_f_one_b_orders(
-    n_stages: int, n_microbatches: int, n_chunks: int, extra_warmup: ExtraWarmup = 0
+    n_stages: int,
+    n_microbatches: int,
+    n_chunks: int,
+    extra_warmup: ExtraWarmup = 0,
+    split_backward: bool = False,
 ) -> StageOrders:
     """StateFlow's chunk-level 1F1B: warm-up forwards, then one backward, one forward, ...
 
-    ``extra_warmup`` forwards more before the first backward (not on the last stage): see the module docstring.
+    ``extra_warmup`` forwards more before the first backward (not on the last stage), and ``split_backward``
+    ``W`` tasks: see the module docstring.
     """
     _check_dimensions(n_stages, n_microbatches, n_chunks)
     counts = extra_warmup_counts(extra_warmup, n_stages)
@@ -125,16 +180,17 @@ def one_f_one_b_orders(
     backwards = _backward_units(n_microbatches, n_chunks)
     orders = []
     for stage in range(n_stages):
+        builder = _StageOrderBuilder(stage, split_backward)
         warmup = one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, stage, counts)
-        order = [TaskId.forward(stage, microbatch, chunk) for microbatch, chunk in forwards[:warmup]]
+        for microbatch, chunk in forwards[:warmup]:
+            builder.forward(microbatch, chunk)
         next_forward = warmup
         for microbatch, chunk in backwards:
-            order.append(TaskId.backward(stage, microbatch, chunk))
+            builder.backward(microbatch, chunk, cool_down=next_forward == len(forwards))
             if next_forward < len(forwards):
-                forward_microbatch, forward_chunk = forwards[next_forward]
-                order.append(TaskId.forward(stage, forward_microbatch, forward_chunk))
+                builder.forward(*forwards[next_forward])
                 next_forward += 1
-        orders.append(tuple(order))
+        orders.append(builder.order())
     return tuple(orders)
 
 
@@ -162,11 +218,12 @@ def explicit_orders(program: ScheduleProgram) -> StageOrders:
 def stage_orders(program: ScheduleProgram) -> StageOrders:
     """The per-stage program orders the program's ``pipeline.order`` asks for."""
     kind = program.pipeline.order
+    split = program.pipeline.split_backward
     if kind is OrderKind.GPIPE:
-        return gpipe_orders(program.n_stages, program.n_microbatches, program.n_chunks)
+        return gpipe_orders(program.n_stages, program.n_microbatches, program.n_chunks, split)
     if kind is OrderKind.ONE_F_ONE_B:
         return one_f_one_b_orders(
-            program.n_stages, program.n_microbatches, program.n_chunks, program.pipeline.extra_warmup
+            program.n_stages, program.n_microbatches, program.n_chunks, program.pipeline.extra_warmup, split
         )
     if kind is OrderKind.EXPLICIT:
         return explicit_orders(program)

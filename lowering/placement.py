@@ -15,7 +15,8 @@ coordinates.
 
 Output: for each stage, a tuple of runtime :class:`Action` s: every task, each
 ``F`` followed by ``SEND_F`` (unless last stage), each ``B`` followed by
-``SEND_B`` (unless first stage), and receives placed by this rule:
+``SEND_B`` (unless first stage), each ``W`` as it is (it sends and receives
+nothing), and receives placed by this rule:
 
     before a task that needs message m from peer q, receive every message q
     sends this stage that has not been received yet, up to and including m,
@@ -71,6 +72,8 @@ def place_stage_actions(orders: Sequence[Sequence[TaskId]]) -> tuple[tuple[Actio
                 actions.append(Action(ActionKind.FORWARD, *key))
                 if stage + 1 < n_stages:
                     actions.append(Action(ActionKind.SEND_ACTIVATION, *key))
+            elif task.kind is TaskKind.WEIGHT:
+                actions.append(Action(ActionKind.WEIGHT, *key))
             else:
                 if stage + 1 < n_stages:
                     needed = gradients_from_next.index(key, 0) + 1

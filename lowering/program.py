@@ -170,6 +170,8 @@ class PipelineSpec:
     cuda_graphs: bool = False
     # 1f1b only: forwards added to every stage's warm-up but the last's, or a tuple with one count per stage
     extra_warmup: int | tuple[int, ...] = 0
+    # weight gradients of linear layers as W tasks of their own ([Note: split backward] in lowering/orders.py)
+    split_backward: bool = False
 
 
 class OptimizerKind(str, Enum):

@@ -1,7 +1,8 @@
 """The per-rank instruction set a generated script lists for each pipeline stage.
 
 An action is one compute task (``F0.1``: forward of microbatch 0, chunk 1;
-``B0.1``: its backward) or one explicit message: ``RECV_F0.1`` receives the
+``B0.1``: its backward; ``W0.1``: the weight gradients of its linear layers,
+when the schedule splits them out of ``B``) or one explicit message: ``RECV_F0.1`` receives the
 activation that ``F0.1`` of this stage consumes from the previous stage,
 ``SEND_F0.1`` sends the activation ``F0.1`` produced to the next stage,
 ``RECV_B0.1`` / ``SEND_B0.1`` do the same for activation gradients in the
@@ -20,6 +21,7 @@ from typing import NamedTuple
 class ActionKind(str, Enum):
     FORWARD = "F"
     BACKWARD = "B"
+    WEIGHT = "W"
     RECV_ACTIVATION = "RECV_F"
     SEND_ACTIVATION = "SEND_F"
     RECV_GRADIENT = "RECV_B"
@@ -27,10 +29,10 @@ class ActionKind(str, Enum):
 
     @property
     def is_compute(self) -> bool:
-        return self in (ActionKind.FORWARD, ActionKind.BACKWARD)
+        return self in (ActionKind.FORWARD, ActionKind.BACKWARD, ActionKind.WEIGHT)
 
 
-_ACTION_PATTERN = re.compile(r"^(RECV_F|SEND_F|RECV_B|SEND_B|F|B)(\d+)\.(\d+)$")
+_ACTION_PATTERN = re.compile(r"^(RECV_F|SEND_F|RECV_B|SEND_B|F|B|W)(\d+)\.(\d+)$")
 
 
 class Action(NamedTuple):
@@ -46,7 +48,7 @@ class Action(NamedTuple):
         match = _ACTION_PATTERN.match(text.strip())
         if match is None:
             raise ValueError(
-                f"{text!r} is not a pipeline action; expected F<a>.<i>, B<a>.<i> or "
+                f"{text!r} is not a pipeline action; expected F<a>.<i>, B<a>.<i>, W<a>.<i> or "
                 "RECV_F/SEND_F/RECV_B/SEND_B<a>.<i>"
             )
         kind, microbatch, chunk = match.groups()

@@ -63,7 +63,7 @@ BLOCK_KEYS: dict[str, tuple[str, ...]] = {
     "model": ("vocab", "d_model", "layers", "heads", "head_dim", "mlp", "stages"),
     "mesh": ("pipeline", "sequence", "data"),
     "sequence": ("length", "chunks", "partition", "kernel_chunk", "parallel"),
-    "pipeline": ("microbatches", "order", "microbatch_size", "recompute", "cuda_graphs", "extra_warmup"),
+    "pipeline": ("microbatches", "order", "microbatch_size", "recompute", "cuda_graphs", "extra_warmup", "split_backward"),
     "train": ("steps", "optimizer", "dtype", "data", "seed", "grad_clip", "log_every", "checkpoint"),
 }
 
@@ -94,7 +94,7 @@ MAX_LENGTH = 1 << 31
 MAX_MICROBATCHES = 1 << 20
 MAX_HEAD_DIM = 1024
 
-_TASK_TOKEN = re.compile(r"^([FB])([0-9]+)\.([0-9]+)$")
+_TASK_TOKEN = re.compile(r"^([FBW])([0-9]+)\.([0-9]+)$")
 # A dict lookup, not TaskKind(letter): explicit orders can hold 10^5 tasks.
 _TASK_KINDS = {kind.value: kind for kind in TaskKind}
 
@@ -768,7 +768,9 @@ class _Lowering:
                     ok = False
         return tuple(numbers) if ok else None
 
-    def explicit_orders(self, n_stages: int | None, microbatches: int | None, n_chunks: int | None):
+    def explicit_orders(
+        self, n_stages: int | None, microbatches: int | None, n_chunks: int | None, split_backward: bool | None
+    ):
         orders: dict[int, StageOrder] = {}
         first_line: dict[int, ast.StageLine] = {}
         ok = True
@@ -794,7 +796,7 @@ class _Lowering:
             self.spans[f"pipeline.stage.{stage}"] = line.span
             tokens = []
             for word in line.tasks:
-                token = self.task_token(word, stage, microbatches, n_chunks)
+                token = self.task_token(word, stage, microbatches, n_chunks, split_backward)
                 if token is None:
                     ok = False
                 else:
@@ -814,17 +816,31 @@ class _Lowering:
             return None
         return tuple(orders[stage] for stage in range(n_stages))
 
-    def task_token(self, word: ast.StageTask, stage: int, microbatches: int | None, n_chunks: int | None):
+    def task_token(
+        self,
+        word: ast.StageTask,
+        stage: int,
+        microbatches: int | None,
+        n_chunks: int | None,
+        split_backward: bool | None,
+    ):
         match = _TASK_TOKEN.match(word.text)
         if match is None:
             self.error(
                 f"'{word.text}' is not a task",
                 word.span,
-                hint="write tasks as F<microbatch>.<chunk> or B<microbatch>.<chunk>, e.g. F0.1",
+                hint="write tasks as F<microbatch>.<chunk>, B<microbatch>.<chunk> or W<microbatch>.<chunk>, e.g. F0.1",
             )
             return None
         kind, microbatch, chunk = match.group(1), int(match.group(2)), int(match.group(3))
         ok = True
+        if kind == "W" and split_backward is False:
+            self.error(
+                f"task {word.text} is a weight-gradient task, but the backward is not split",
+                word.span,
+                hint="set `split_backward = true` in the pipeline block, or drop the W tasks",
+            )
+            ok = False
         if microbatches is not None and microbatch >= microbatches:
             self.error(
                 f"task {word.text} names microbatch {microbatch}, but pipeline.microbatches = {microbatches}",
@@ -894,6 +910,7 @@ class _Lowering:
         extra_warmup = self.read(
             "pipeline", "extra_warmup", lambda value, path: self.extra_warmup(value, path, mesh), 0
         )
+        split_backward = self.read("pipeline", "split_backward", self.boolean, False)
         asks_warmup = any(extra_warmup) if isinstance(extra_warmup, tuple) else bool(extra_warmup)
         if asks_warmup and order is not None and order is not OrderKind.ONE_F_ONE_B:
             self.error(
@@ -916,6 +933,7 @@ class _Lowering:
                     mesh.pipeline if mesh is not None else None,
                     microbatches,
                     sequence.n_chunks if sequence is not None else None,
+                    split_backward,
                 )
         elif self.stage_lines and order is not None:
             self.error(
@@ -924,10 +942,11 @@ class _Lowering:
                 hint="write `order = explicit` or remove the stage lines",
             )
             explicit_orders = None
-        if None in (microbatches, order, microbatch_size, recompute, cuda_graphs, extra_warmup, explicit_orders):
+        fields = (microbatches, order, microbatch_size, recompute, cuda_graphs, extra_warmup, split_backward)
+        if None in fields or explicit_orders is None:
             return None
         return PipelineSpec(
-            microbatches, order, explicit_orders, microbatch_size, recompute, cuda_graphs, extra_warmup
+            microbatches, order, explicit_orders, microbatch_size, recompute, cuda_graphs, extra_warmup, split_backward
         )
 
     def optimizer(self, value: ast.Value, path: str) -> OptimizerSpec | None:
