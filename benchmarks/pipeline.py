@@ -15,7 +15,8 @@ Driver (plain python, launches torchrun jobs):
     python benchmarks/pipeline.py --out results/ [--device cuda] [--length 32768] [--chunks 1 4 8 16 8g]
         [--first-stage-layers 9] [--split-mlp]
     (a chunk count ending in g replays the chunks from CUDA graphs: pipeline { cuda_graphs = true }; a suffix
-    +E, as in 8g+2, adds E warm-up forwards on stage 0: pipeline { extra_warmup = E })
+    +E, as in 8g+2, adds E warm-up forwards on stage 0: pipeline { extra_warmup = E }; a final w, as in 8g+2w,
+    splits the backwards and defers stage 1's cool-down weight gradients: pipeline { split_backward = true })
 Worker (what the driver launches):
     torchrun --nproc-per-node 2 benchmarks/pipeline.py --worker --systems torch schedlang:16 --length 32768
 A tiny CPU run of the whole path: python benchmarks/pipeline.py --device cpu --tiny --out /tmp/bench
@@ -115,6 +116,7 @@ class SchedlangSystem:
         microbatches: int,
         cuda_graphs: bool = False,
         extra_warmup: int = 0,
+        split_backward: bool = False,
     ) -> None:
         from schedlang.lowering.orders import one_f_one_b_orders
         from schedlang.lowering.placement import place_stage_actions
@@ -122,7 +124,7 @@ class SchedlangSystem:
         from schedlang.runtime.trainer import Trainer
 
         boundaries = tuple(length * index // n_chunks for index in range(n_chunks + 1))
-        actions = place_stage_actions(one_f_one_b_orders(2, microbatches, n_chunks, extra_warmup))
+        actions = place_stage_actions(one_f_one_b_orders(2, microbatches, n_chunks, extra_warmup, split_backward))
         pipeline = PipelineConfig(
             stage_layers=stage_layers(len(config.layers)),
             chunk_boundaries=boundaries,
@@ -221,11 +223,20 @@ def model_state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer) -> in
 def build_system(name: str, mesh, config, length: int, microbatches: int):
     if name == "torch":
         return TorchSystem(mesh, config, length, microbatches)
-    # schedlang:8, schedlang:8g to replay CUDA graphs, schedlang:8g+2 with 2 extra warm-up forwards on stage 0
+    # schedlang:8, schedlang:8g to replay CUDA graphs, schedlang:8g+2 with 2 extra warm-up forwards on stage 0,
+    # schedlang:8g+2w (or 8gw) with split backwards
     kind, spec = name.split(":")
-    chunks, _, extra = spec.partition("+")
+    split_backward = spec.endswith("w")
+    chunks, _, extra = spec.removesuffix("w").partition("+")
     return SchedlangSystem(
-        mesh, config, length, int(chunks.rstrip("g")), microbatches, chunks.endswith("g"), int(extra or 0)
+        mesh,
+        config,
+        length,
+        int(chunks.rstrip("g")),
+        microbatches,
+        chunks.endswith("g"),
+        int(extra or 0),
+        split_backward,
     )
 
 
@@ -490,7 +501,8 @@ def main() -> int:
     )
     parser.add_argument(
         "--chunks", nargs="*", default=["1", "4", "8", "16"],
-        help="chunk counts; 8g = 8 chunks replayed from CUDA graphs, 8g+2 = that with 2 extra warm-up forwards"
+        help="chunk counts; 8g = 8 chunks replayed from CUDA graphs, 8g+2 = that with 2 extra warm-up forwards, "
+        "8g+2w = that with split backwards (W tasks)"
     )
     parser.add_argument("--systems", nargs="+", default=["torch"])
     parser.add_argument("--trace-dir", help="write each system's profiled step per stage as a Chrome trace here")

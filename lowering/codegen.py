@@ -167,12 +167,15 @@ def _tuple_of_names(names: list[str]) -> str:
 
 
 def _order_name(pipeline) -> str:
-    """``1f1b order``, or ``1f1b order with 2 extra warm-up forwards`` ([Note: extra warm-up] in lowering/orders.py)."""
+    """``1f1b order``, ``1f1b order with 2 extra warm-up forwards`` ([Note: extra warm-up] in lowering/orders.py),
+    ``... and split backwards`` ([Note: split backward])."""
     extra = pipeline.extra_warmup
     if isinstance(extra, tuple):
         more = f" with {list(extra)} extra warm-up forwards per stage" if any(extra) else ""
     else:
         more = f" with {extra} extra warm-up forward{'s' if extra > 1 else ''}" if extra else ""
+    if pipeline.split_backward:
+        more += (" and" if more else " with") + " split backwards (weight gradients as W tasks)"
     return f"{pipeline.order.value} order{more}"
 
 

@@ -53,3 +53,20 @@ class Action(NamedTuple):
             )
         kind, microbatch, chunk = match.groups()
         return cls(ActionKind(kind), int(microbatch), int(chunk))
+
+
+def deferred_weight_units(actions: tuple[Action, ...]) -> frozenset[tuple[int, int]]:
+    """Units ``(microbatch, chunk)`` whose ``W`` is not the next compute action after their ``B``.
+
+    The others' weight gradients can be formed inside ``B`` as usual (their ``W`` then does nothing): nothing
+    runs between the two that could use the time ([Note: deferred weight gradients] in schedlang.runtime.linear).
+    """
+    compute = [action for action in actions if action.kind.is_compute]
+    deferred = set()
+    for position, action in enumerate(compute):
+        if action.kind is ActionKind.BACKWARD:
+            following = compute[position + 1] if position + 1 < len(compute) else None
+            if following != Action(ActionKind.WEIGHT, action.microbatch, action.chunk):
+                deferred.add((action.microbatch, action.chunk))
+    has_weight = {(action.microbatch, action.chunk) for action in compute if action.kind is ActionKind.WEIGHT}
+    return frozenset(deferred & has_weight)

@@ -28,6 +28,13 @@ summing the gradients given on all ranks. Since only rank 0's state-leaf
 gradient is non-zero, handing each rank's own leaf gradient to ``B(a, i - 1)``
 gives the real gradient exactly once, as that contract requires.
 
+``W(a, i)`` (only in schedules with ``split_backward``): the weight gradients
+of the chunk's linear layers. When it directly follows ``B(a, i)`` they were
+formed inside ``B`` as usual and ``W`` has nothing left to do; otherwise the
+chunk's forward ran with a :class:`WeightGradientRecorder`, ``B`` left them to
+it, and ``W`` applies it (see [Note: deferred weight gradients] in
+:mod:`schedlang.runtime.linear`; with CUDA graphs, [Note: splitting slots]).
+
 With full recomputation ``F`` runs under ``no_grad`` keeping only its inputs
 and initial states, and ``B`` reruns the forward with grad before the
 backward; the arithmetic is the same, so the results are identical.
@@ -43,9 +50,10 @@ from dataclasses import dataclass
 
 import torch
 
-from schedlang.runtime.actions import Action, ActionKind
+from schedlang.runtime.actions import Action, ActionKind, deferred_weight_units
 from schedlang.runtime.graphs import GraphedChunks
 from schedlang.runtime.kv_buffers import ChunkPosition, SequenceKV
+from schedlang.runtime.linear import WeightGradientRecorder, recording_weight_gradients
 from schedlang.runtime.model import StageModel
 from schedlang.runtime.p2p import StageMessenger
 from schedlang.runtime.state_store import ChunkRecord, StateStore
@@ -92,6 +100,13 @@ class StageExecutor:
         # [Note: sequence-wide K/V] in schedlang.runtime.kv_buffers
         self.kv = SequenceKV(max(end for _, end in shape.local_chunk_bounds)) if model.has_attention else None
         self.store = StateStore()
+        self.deferred_weights = deferred_weight_units(actions)
+        if graphs is not None and graphs.splitting:  # [Note: splitting slots]: every chunk's W replays a graph
+            self.deferred_weights = frozenset(
+                (action.microbatch, action.chunk) for action in actions if action.kind is ActionKind.WEIGHT
+            )
+        self.weight_recorders: dict[tuple[int, int], WeightGradientRecorder] = {}  # eager deferred W
+        self.weight_slots: dict[tuple[int, int], int] = {}  # graph slots held from B to a deferred W
         self.inbox: dict[tuple[ActionKind, int, int], torch.Tensor] = {}
         self.outbox: dict[tuple[ActionKind, int, int], torch.Tensor] = {}
         self.tokens: torch.Tensor | None = None
@@ -119,10 +134,11 @@ class StageExecutor:
         for action in self.actions:
             self.run_action(action)
         self.messenger.finish_sends()
-        if not self.store.is_empty() or self.inbox or self.outbox:
+        if not self.store.is_empty() or self.inbox or self.outbox or self.weight_recorders or self.weight_slots:
             raise RuntimeError(
                 f"stage {self.stage} ended the step with unconsumed data: {self.store.describe_leftovers()}"
                 f" inbox={sorted(map(str, self.inbox))} outbox={sorted(map(str, self.outbox))}"
+                f" weight gradients not applied={sorted(set(self.weight_recorders) | set(self.weight_slots))}"
             )
         return self.loss_sum
 
@@ -145,6 +161,8 @@ class StageExecutor:
             self.forward(microbatch, chunk)
         elif kind is ActionKind.BACKWARD:
             self.backward(microbatch, chunk)
+        elif kind is ActionKind.WEIGHT:
+            self.weight(microbatch, chunk)
         elif kind is ActionKind.RECV_ACTIVATION:
             self.inbox[(ActionKind.FORWARD, microbatch, chunk)] = self.messenger.receive(
                 self.activation_shape(chunk),
@@ -205,6 +223,7 @@ class StageExecutor:
         if not self.model.is_first:
             input_leaf = inputs.detach().requires_grad_(True)
             inputs = input_leaf
+        deferred = (microbatch, chunk) in self.deferred_weights
         if self.graphs is not None:
             targets = self.chunk_tokens(microbatch, chunk)[1] if self.model.is_last else None
             slot, outputs, state_leaves, final_states = self.graphs.run(inputs, initial_states, targets)
@@ -214,7 +233,11 @@ class StageExecutor:
         if self.kv is not None:
             start, end = self.shape.local_chunk_bounds[chunk]
             position = ChunkPosition(self.kv, microbatch, start, end)
-        hidden, final_states = self.model(inputs, state_leaves, position)
+        recorder = None
+        if deferred and torch.is_grad_enabled():
+            recorder = self.weight_recorders[(microbatch, chunk)] = WeightGradientRecorder()
+        with recording_weight_gradients(recorder):
+            hidden, final_states = self.model(inputs, state_leaves, position)
         if self.model.is_last:
             _, targets = self.chunk_tokens(microbatch, chunk)
             outputs = self.model.loss(hidden, targets) / self.shape.global_tokens
@@ -290,10 +313,31 @@ class StageExecutor:
         if not self.model.is_first:
             self.outbox[(ActionKind.BACKWARD, microbatch, chunk)] = handed_out(input_leaf.grad)
         if record.graph_slot is not None:
-            self.graphs.release(record.graph_slot)
+            if (microbatch, chunk) in self.deferred_weights:
+                self.weight_slots[(microbatch, chunk)] = record.graph_slot
+            else:
+                self.graphs.release(record.graph_slot)
         if chunk == 0 and self.kv is not None:
             self.kv.close(microbatch)
         if output_gradient is not None:
             self.messenger.pool.give_back(output_gradient)
         if record.input_buffer is not None:
             self.messenger.pool.give_back(record.input_buffer)
+
+    def weight(self, microbatch: int, chunk: int) -> None:
+        key = (microbatch, chunk)
+        if key not in self.deferred_weights:
+            return  # B formed them, as the W right behind it allows
+        if key in self.weight_slots:
+            slot = self.weight_slots.pop(key)
+            self.graphs.apply_weight_gradients(slot)
+            self.graphs.release(slot)
+            return
+        try:
+            recorder = self.weight_recorders.pop(key)
+        except KeyError:
+            raise RuntimeError(
+                f"task {self.task_name(ActionKind.WEIGHT, microbatch, chunk)} runs before its backward "
+                "(no B precedes it in the action list)"
+            ) from None
+        recorder.apply()

@@ -30,6 +30,21 @@ of the linear layers into them itself ([Note: in-place weight gradients] in
 runs of capture add into them too, with arbitrary output gradients, so they
 are zeroed once every slot is captured.
 
+[Note: splitting slots]
+On a stage that defers some chunk's ``W`` ([Note: deferred weight gradients]
+in :mod:`schedlang.runtime.linear`) every slot *splits*: its callable was
+captured with a :class:`WeightGradientRecorder` active, so its backward graph
+forms input and state gradients only and keeps the output gradients of the
+linear layers (the recorder holds the capture's tensors, so the pool never
+reuses their blocks); a third graph, captured after the other two, adds
+``dy^T x`` for each of them into ``.grad``, reading those buffers and the
+inputs the forward graph saved. Every chunk's ``W`` replays it (right after
+``B`` when not deferred) and only then gives the slot back, since the slot's
+next forward overwrites the saved inputs. One kind of slot for all chunks
+keeps the slot count at the chunks in flight; separate ordinary and splitting
+slots would need up to twice as many (the ordinary ones peak in the warm-up,
+the splitting ones in the cool-down), each with a chunk's activations.
+
 Chunk 0 has no incoming state: it gets zero states, which the kernels treat
 exactly like no state, so one set of static shapes serves every chunk.
 """
@@ -42,8 +57,12 @@ from typing import Callable
 import torch
 from torch import nn
 
-from schedlang.runtime.actions import Action, ActionKind
-from schedlang.runtime.linear import accumulate_weight_gradients_into_grad
+from schedlang.runtime.actions import Action, ActionKind, deferred_weight_units
+from schedlang.runtime.linear import (
+    WeightGradientRecorder,
+    accumulate_weight_gradients_into_grad,
+    recording_weight_gradients,
+)
 from schedlang.runtime.model import StageModel
 
 GraphMaker = Callable[..., nn.Module]
@@ -51,13 +70,16 @@ GraphMaker = Callable[..., nn.Module]
 
 
 def slots_needed(actions: tuple[Action, ...]) -> int:
-    """The most chunks this action list holds between their F and their B at any time."""
+    """The most chunks this action list holds at any time between their F and their B (their W, for the
+    chunks whose W is deferred: [Note: splitting slots])."""
+    deferred = deferred_weight_units(actions)
     in_flight = most = 0
     for action in actions:
+        unit = (action.microbatch, action.chunk)
         if action.kind is ActionKind.FORWARD:
             in_flight += 1
             most = max(most, in_flight)
-        elif action.kind is ActionKind.BACKWARD:
+        elif action.kind is (ActionKind.WEIGHT if unit in deferred else ActionKind.BACKWARD):
             in_flight -= 1
     return most
 
@@ -69,11 +91,18 @@ class ChunkStep(nn.Module):
     (``mlp`` layers) keep none and get None.
     """
 
-    def __init__(self, stage: StageModel, global_tokens: int, stateful: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        stage: StageModel,
+        global_tokens: int,
+        stateful: tuple[int, ...],
+        recorder: WeightGradientRecorder | None = None,
+    ) -> None:
         super().__init__()
         self.stage = stage
         self.global_tokens = global_tokens
         self.stateful = stateful
+        self.recorder = recorder  # set on splitting slots: [Note: splitting slots]
 
     def forward(self, inputs: torch.Tensor, *states_and_targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n_states = len(self.stateful)
@@ -81,7 +110,10 @@ class ChunkStep(nn.Module):
         for position, state in zip(self.stateful, states_and_targets[:n_states]):
             states[position] = state
         targets = states_and_targets[n_states:]
-        hidden, final_states = self.stage(inputs, states)
+        if self.recorder is not None:
+            self.recorder.clear()  # keep only the last (at capture: the captured) backward's records
+        with recording_weight_gradients(self.recorder):
+            hidden, final_states = self.stage(inputs, states)
         if self.stage.is_last:
             hidden = self.stage.loss(hidden, targets[0]) / self.global_tokens
         return (hidden, *(final_states[position] for position in self.stateful))
@@ -96,12 +128,16 @@ class StateSpec:
 class GraphedChunks:
     """Captured chunk callables of one stage, one per slot, captured before the first step's first action."""
 
-    def __init__(self, stage: StageModel, n_slots: int, global_tokens: int, make_graphed: GraphMaker) -> None:
+    def __init__(
+        self, stage: StageModel, n_slots: int, global_tokens: int, make_graphed: GraphMaker, splitting: bool = False
+    ) -> None:
         self.stage = stage
         self.n_slots = n_slots
         self.global_tokens = global_tokens
         self.make_graphed = make_graphed
+        self.splitting = splitting  # [Note: splitting slots]
         self.callables: list[nn.Module] = []
+        self.weight_gradient_replays: list[Callable[[], None]] = []  # per slot, when splitting
         self.state_specs: list[StateSpec] = []  # of the layers at `stateful`
         self.stateful: tuple[int, ...] = ()  # positions in the stage's layer list of the layers with a state
         self.free_slots: list[int] = []
@@ -131,14 +167,17 @@ class GraphedChunks:
         accumulate_weight_gradients_into_grad(self.stage)
         for slot in range(self.n_slots):
             warmup = 3 if slot == 0 else 1  # later slots find kernels compiled and autotuned
+            recorder = WeightGradientRecorder() if self.splitting else None
             self.callables.append(
                 self.make_graphed(
-                    ChunkStep(self.stage, self.global_tokens, self.stateful),
+                    ChunkStep(self.stage, self.global_tokens, self.stateful, recorder),
                     self._sample_args(inputs, targets),
                     num_warmup_iters=warmup,
                     allow_unused_input=True,
                 )
             )
+            if recorder is not None:
+                self.weight_gradient_replays.append(_weight_gradient_replay(recorder, inputs.device))
         self.free_slots = list(range(self.n_slots))
         if inputs.device.type == "cuda":
             torch.cuda.synchronize(inputs.device)  # the warm-ups ran on make_graphed_callables' side stream
@@ -167,7 +206,8 @@ class GraphedChunks:
         if not self.free_slots:
             raise RuntimeError(
                 f"all {self.n_slots} CUDA-graph slots of the stage with layers {self.stage.layer_indices} are in "
-                "flight: the action list runs more forwards ahead of their backwards than it was sized for"
+                "flight: the action list runs more forwards ahead of their backwards (or W tasks) than it was "
+                "sized for"
             )
         slot = self.free_slots.pop()
         given = [initial_states[position] for position in self.stateful]
@@ -184,6 +224,26 @@ class GraphedChunks:
             state_leaves[position], final_states[position] = leaf, final
         return slot, outputs, state_leaves, final_states
 
+    def apply_weight_gradients(self, slot: int) -> None:
+        """``W`` of the chunk in slot ``slot`` of a splitting stage: add its linear layers' weight gradients."""
+        self.weight_gradient_replays[slot]()
+
     def release(self, slot: int) -> None:
-        """B is done with the slot: its next forward may overwrite everything it handed out."""
+        """B (W on a splitting stage) is done with the slot: its next forward may overwrite what it handed out."""
         self.free_slots.append(slot)
+
+
+def _weight_gradient_replay(recorder: WeightGradientRecorder, device: torch.device) -> Callable[[], None]:
+    """``recorder.apply`` as a captured CUDA graph over the buffers it recorded at capture ([Note: splitting
+    slots]); on the CPU (the tests' stand-in for graphs) the eager call, over the last backward's records."""
+    if device.type != "cuda":
+        return recorder.apply
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        recorder.apply()  # warm-up (cuBLAS picks its kernels); capture zeroes the gradients afterwards
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        recorder.apply()
+    return graph.replay

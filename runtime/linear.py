@@ -17,48 +17,110 @@ host time, while in eager runs, whose many-chunk steps are already host-bound, t
 would cost about as much host time as it saves GPU time (9 us more per linear forward+backward on the
 development CPU; a 2048-wide GLA block's 9 linears against about 90 us of additions on an H200). Biases keep
 autograd's accumulation (they are tiny).
+
+[Note: deferred weight gradients]
+A schedule with ``pipeline { split_backward = true }`` runs some chunks' weight gradients as a task of their
+own, ``W``, after ``B`` has handed the input and state gradients on ([Note: split backward] in
+schedlang.lowering.orders). A :class:`Linear` run forward while a :class:`WeightGradientRecorder` is active
+(``recording_weight_gradients``) takes the recorder into its autograd node; its backward then computes the
+input gradient only and records ``(x, dy, weight)`` (views of its saved input and of the output gradient,
+which the record keeps alive), and ``W`` is ``recorder.apply()``: ``weight.grad += dy^T x`` for every record,
+the same GEMM the in-place backward would have run. The recorder is bound at forward time, not looked up in
+the backward, because autograd runs CUDA backwards on its own device thread. Biases and every parameter
+outside a :class:`Linear` keep their gradients in ``B``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
+class WeightGradientRecorder:
+    """The weight gradients one chunk's backward left for its ``W`` task: [Note: deferred weight gradients]."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def record(self, input_rows: torch.Tensor, output_grad_rows: torch.Tensor, weight: torch.Tensor) -> None:
+        self.records.append((input_rows, output_grad_rows, weight))
+
+    def clear(self) -> None:
+        self.records.clear()
+
+    def apply(self) -> None:
+        """``weight.grad += dy^T x`` for every record (a zero ``.grad`` is made where there is none)."""
+        with torch.no_grad():
+            for input_rows, output_grad_rows, weight in self.records:
+                if weight.grad is None:
+                    weight.grad = torch.zeros_like(weight)
+                weight.grad.addmm_(output_grad_rows.t(), input_rows)
+
+
+_active_recorder: WeightGradientRecorder | None = None
+
+
+@contextmanager
+def recording_weight_gradients(recorder: WeightGradientRecorder | None) -> Iterator[None]:
+    """Linear layers run forward inside this block leave their weight gradients to ``recorder`` (None: no change)."""
+    global _active_recorder
+    previous, _active_recorder = _active_recorder, recorder
+    try:
+        yield
+    finally:
+        _active_recorder = previous
+
+
 class _LinearAccumulatingWeightGradient(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        ctx,
+        inputs: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        recorder: WeightGradientRecorder | None,
+    ) -> torch.Tensor:
         ctx.save_for_backward(inputs, weight)
         ctx.has_bias = bias is not None
+        ctx.recorder = recorder
         return F.linear(inputs, weight, bias)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, output_grad: torch.Tensor):
         inputs, weight = ctx.saved_tensors
-        if weight.grad is None:
+        rows_grad = output_grad.reshape(-1, output_grad.shape[-1])
+        input_rows = inputs.reshape(-1, inputs.shape[-1])
+        if ctx.recorder is not None:
+            ctx.recorder.record(input_rows, rows_grad, weight)
+        elif weight.grad is None:
             raise RuntimeError(
                 "a Linear with accumulate_into_grad ran its backward before its weight had a .grad to add into: "
                 "allocate the gradients (zeros) before the first backward"
             )
-        rows_grad = output_grad.reshape(-1, output_grad.shape[-1])
-        weight.grad.addmm_(rows_grad.t(), inputs.reshape(-1, inputs.shape[-1]))
+        else:
+            weight.grad.addmm_(rows_grad.t(), input_rows)
         input_grad = output_grad @ weight if ctx.needs_input_grad[0] else None
         bias_grad = rows_grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return input_grad, None, bias_grad
+        return input_grad, None, bias_grad, None
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, names and initialisation) with [Note: in-place weight gradients]."""
+    """``nn.Linear`` (same parameters, names and initialisation) with [Note: in-place weight gradients] and
+    [Note: deferred weight gradients]."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.accumulate_into_grad = False
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        if self.accumulate_into_grad and torch.is_grad_enabled() and self.weight.requires_grad:
-            return _LinearAccumulatingWeightGradient.apply(inputs, self.weight, self.bias)
+        recorder = _active_recorder
+        if (self.accumulate_into_grad or recorder is not None) and torch.is_grad_enabled() and self.weight.requires_grad:
+            return _LinearAccumulatingWeightGradient.apply(inputs, self.weight, self.bias, recorder)
         return F.linear(inputs, self.weight, self.bias)
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from schedlang.runtime.actions import Action
+from schedlang.runtime.actions import Action, deferred_weight_units
 from schedlang.runtime.config import MixerKind, ModelConfig, OptimizerKind, PipelineConfig, TrainConfig
 from schedlang.runtime.data import TokenSource
 from schedlang.runtime.executor import StageExecutor, StepShape
@@ -121,7 +121,8 @@ class Trainer:
             if self.mesh.device.type != "cuda":
                 raise ValueError("pipeline { cuda_graphs = true } replays CUDA graphs: run it with --device cuda")
             maker = torch.cuda.make_graphed_callables
-        return GraphedChunks(self.model, slots_needed(actions), global_tokens, maker)
+        splitting = bool(deferred_weight_units(actions))  # [Note: splitting slots]
+        return GraphedChunks(self.model, slots_needed(actions), global_tokens, maker, splitting)
 
     def forward_backward(self, step: int) -> float:
         """Run one step's tasks and reduce gradients; the optimizer step is separate so tests can read gradients."""

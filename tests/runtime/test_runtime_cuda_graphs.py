@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from runtime_harness import compile_schedule, relative_error, run_job
-from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders
+from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders, one_f_one_b_warmup
 from schedlang.lowering.placement import place_stage_actions
-from schedlang.runtime.actions import Action
+from schedlang.runtime.actions import Action, deferred_weight_units
 from schedlang.runtime.graphs import slots_needed
 
 
@@ -35,26 +35,47 @@ def test_slots_cover_the_chunks_in_flight(n_stages, n_microbatches, n_chunks):
             assert slots_needed(parsed) == expected(stage)
 
 
+@pytest.mark.parametrize("n_stages, n_microbatches, n_chunks, extra", [(2, 4, 5, 0), (3, 3, 2, 1), (4, 2, 3, 2)])
+def test_split_backward_slots_hold_deferred_chunks_until_their_w(n_stages, n_microbatches, n_chunks, extra):
+    """[Note: splitting slots]: a chunk whose W is deferred holds its slot until its W, and the slots stay
+    the stage's 1F1B warm-up count (no forward runs in the cool-down): every stage but the first defers."""
+    orders = one_f_one_b_orders(n_stages, n_microbatches, n_chunks, extra, split_backward=True)
+    for stage, actions in enumerate(place_stage_actions(orders)):
+        parsed = tuple(Action.parse(str(action)) for action in actions)
+        deferred = deferred_weight_units(parsed)
+        warmup = one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, stage, extra)
+        assert len(deferred) == (0 if stage == 0 else warmup)
+        assert slots_needed(parsed) == warmup
+
+
 GPU_SCHEDULE = """schedule {name}
 model {{ vocab = 128  d_model = 64  heads = 2  head_dim = 32  layers = {layers}  mlp = swiglu(ratio = 2) {stage_split} }}
 mesh {{ pipeline = {stages} }}
 sequence {{ length = 512  chunks = {chunks}  kernel_chunk = 64 }}
-pipeline {{ microbatches = {microbatches}  order = 1f1b  extra_warmup = {extra}  {graphs} }}
+pipeline {{ microbatches = {microbatches}  order = 1f1b  extra_warmup = {extra}  split_backward = {split}  {graphs} }}
 train {{ steps = 3  seed = 3  optimizer = adamw(lr = 1e-2)  data = synthetic(seed = 1) }}
 """
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize(
-    "stages, chunks, microbatches, extra, split_mlp",
-    [(1, 1, 1, 0, False), (1, 4, 1, 0, False), (1, 4, 3, 0, False), (2, 4, 3, 0, False), (2, 4, 3, 2, True)],
+    "stages, chunks, microbatches, extra, split_mlp, split",
+    [
+        (1, 1, 1, 0, False, False),
+        (1, 4, 1, 0, False, False),
+        (1, 4, 3, 0, False, False),
+        (2, 4, 3, 0, False, False),
+        (2, 4, 3, 2, True, False),
+        (2, 4, 3, 1, False, True),
+    ],
     ids=lambda value: str(value),
 )
-def test_replayed_graphs_train_like_eager_on_the_gpu(tmp_path, stages, chunks, microbatches, extra, split_mlp):
+def test_replayed_graphs_train_like_eager_on_the_gpu(tmp_path, stages, chunks, microbatches, extra, split_mlp, split):
     """Gradients after the first step first (they say which parameters a replay gets wrong), then the losses.
 
     With ``split_mlp`` the layers are [gla, mlp, simple_gla, mlp] * 2 and stage 0 ends between a mixer and its
-    MLP, so the graphs hold layers without a state."""
+    MLP, so the graphs hold layers without a state. With ``split`` the backwards are split and stage 1 defers
+    its cool-down weight gradients ([Note: splitting slots]): eager then records them, graphs replay a W graph."""
     if stages > torch.cuda.device_count():
         pytest.skip(f"needs {stages} GPUs")
     scripts = [
@@ -65,6 +86,7 @@ def test_replayed_graphs_train_like_eager_on_the_gpu(tmp_path, stages, chunks, m
                 chunks=chunks,
                 microbatches=microbatches,
                 extra=extra,
+                split="true" if split else "false",
                 graphs=graphs,
                 layers="[gla, mlp, simple_gla, mlp] * 2" if split_mlp else "[gla, simple_gla] * 2",
                 stage_split="stages = [[0, 1, 2], [3, 4, 5, 6, 7]]" if split_mlp else "",

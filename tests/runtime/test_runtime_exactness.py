@@ -5,7 +5,8 @@ gradients after the first step agree within 1e-5 relative (float32) between
 the single-process run (1 stage, 1 chunk, 1 microbatch of 4 sequences) and
 pipelined runs on 2, 3 and 4 CPU ranks (gloo) with 1, 2, 3 and 5 chunks,
 uniform and explicit uneven chunk boundaries and stage splits, gpipe, 1f1b
-and explicit orders, 1f1b with extra warm-up forwards, MLPs as layers of their own with stages cut
+and explicit orders, 1f1b with extra warm-up forwards, split backwards (deferred weight-gradient tasks,
+eager, recomputed, through the graph stand-in and in explicit orders), MLPs as layers of their own with stages cut
 between a mixer and its MLP, full recomputation, data parallelism, and sequence
 parallelism inside the pipeline (ZeCO All-Scan, LASP ring, LASP-2 all-gather). Each world size
 is one job that runs all of its configurations (start-up dominates on CPU).
@@ -44,6 +45,7 @@ def schedule_text(
     layers: str = "[gla, simple_gla] * 3",
     cuda_graphs: bool = False,
     extra_warmup: int | list[int] = 0,
+    split_backward: bool = False,
 ) -> str:
     return f"""schedule {name}
 {MODEL_BLOCK.format(stages=f"stages = {stages}" if stages else "", layers=layers)}
@@ -52,6 +54,7 @@ sequence {{ length = 160  chunks = {chunks}  kernel_chunk = 16  parallel = {para
 pipeline {{
   microbatches = {microbatches}  microbatch_size = {microbatch_size}  order = {order}  recompute = {recompute}
   {"cuda_graphs = true" if cuda_graphs else ""}  {f"extra_warmup = {extra_warmup}" if extra_warmup else ""}
+  {"split_backward = true" if split_backward else ""}
   {explicit}
 }}
 train {{ steps = {STEPS}  seed = 7  optimizer = adamw(lr = 1e-2)  data = synthetic(seed = 5) }}
@@ -99,11 +102,38 @@ CONFIGURATIONS = {
         "p2_n2_cuda_graphs_emulated_extra_warmup": schedule_text(
             "p2_n2_cuda_graphs_emulated_extra_warmup", 2, "2", 4, 1, cuda_graphs=True, extra_warmup=2
         ),
+        # [Note: split backward]: stage 1's cool-down W tasks run at the end of the step (deferred weight
+        # gradients), eagerly, with recomputation, and through splitting graph slots of the stand-in
+        "p2_n3_split_backward": schedule_text("p2_n3_split_backward", 2, "3", 4, 1, split_backward=True),
+        "p2_n3_split_backward_recompute_gpipe": schedule_text(
+            "p2_n3_split_backward_recompute_gpipe", 2, "3", 2, 2, order="gpipe", recompute="full",
+            split_backward=True,
+        ),
+        "p2_n3_split_backward_graphs_emulated": schedule_text(
+            "p2_n3_split_backward_graphs_emulated", 2, "3", 4, 1, cuda_graphs=True, extra_warmup=1,
+            split_backward=True,
+        ),
     },
     3: {
         "p3_n3_1f1b": schedule_text("p3_n3_1f1b", 3, "3", 4, 1),
         # a per-stage list: 3 more forwards on stage 0, 2 on stage 1
         "p3_n3_1f1b_extra_warmup": schedule_text("p3_n3_1f1b_extra_warmup", 3, "3", 4, 1, extra_warmup=[3, 2, 0]),
+        "p3_n3_split_backward_hybrid": schedule_text(
+            "p3_n3_split_backward_hybrid", 3, "3", 2, 2, layers=HYBRID_LAYERS, split_backward=True
+        ),
+        # W tasks placed by hand: stage 2 defers the first microbatch's W past the next forwards
+        "p3_n2_explicit_split_backward": schedule_text(
+            "p3_n2_explicit_split_backward",
+            3,
+            "2",
+            2,
+            2,
+            order="explicit",
+            split_backward=True,
+            explicit="""stage 0: F0.0 F0.1 F1.0 F1.1 B0.1 W0.1 B0.0 W0.0 B1.1 W1.1 B1.0 W1.0
+  stage 1: F0.0 F1.0 F0.1 F1.1 B0.1 B0.0 W0.0 B1.1 B1.0 W1.0 W0.1 W1.1
+  stage 2: F0.0 F0.1 B0.1 B0.0 F1.0 F1.1 W0.1 B1.1 W0.0 B1.0 W1.1 W1.0""",
+        ),
         "p3_n5_split_mlp_uneven": schedule_text(
             "p3_n5_split_mlp_uneven", 3, "5", 2, 2, layers=SPLIT_MLP_LAYERS, stages="[[0], [1, 2, 3, 4], [5, 6, 7]]"
         ),

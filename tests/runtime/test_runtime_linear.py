@@ -1,9 +1,15 @@
-"""runtime.linear: a Linear whose backward adds its weight gradient into .grad (the CUDA-graph stages use it)."""
+"""runtime.linear: a Linear whose backward adds its weight gradient into .grad (the CUDA-graph stages use it),
+or leaves it to a recorder for a later W task (split backward)."""
 
 import pytest
 import torch
 
-from schedlang.runtime.linear import Linear, accumulate_weight_gradients_into_grad
+from schedlang.runtime.linear import (
+    Linear,
+    WeightGradientRecorder,
+    accumulate_weight_gradients_into_grad,
+    recording_weight_gradients,
+)
 
 
 def _pair(bias: bool) -> tuple[Linear, Linear]:
@@ -56,3 +62,42 @@ def test_without_the_flag_it_is_nn_linear():
     inputs = torch.randn(3, 6, dtype=torch.float64)
     plain(inputs).sum().backward()
     torch.testing.assert_close(plain.weight.grad, torch.ones(3, 5, dtype=torch.float64).t() @ inputs)
+
+
+@pytest.mark.parametrize("bias, in_place", [(False, False), (True, False), (True, True)])
+def test_a_recorded_backward_leaves_the_weight_gradient_to_apply(bias, in_place):
+    """[Note: deferred weight gradients]: B gives the input and bias gradients at once and no weight gradient;
+    ``apply`` then adds exactly what autograd would have, also into a .grad that is None at first."""
+    plain, deferring = _pair(bias)
+    accumulate_weight_gradients_into_grad(deferring, in_place)
+    plain.weight.grad = None
+    generator = torch.Generator().manual_seed(3)
+    recorders = []
+    for chunk in range(2):
+        inputs = torch.randn(2, 3, 6, dtype=torch.float64, generator=generator)
+        upstream = torch.randn(2, 3, 5, dtype=torch.float64, generator=generator)
+        expected_leaf, leaf = inputs.clone().requires_grad_(True), inputs.clone().requires_grad_(True)
+        plain(expected_leaf).backward(upstream)
+        recorder = WeightGradientRecorder()
+        with recording_weight_gradients(recorder):
+            output = deferring(leaf)
+        output.backward(upstream)  # the recorder is bound at forward time: outside the block is fine
+        torch.testing.assert_close(leaf.grad, expected_leaf.grad, rtol=1e-12, atol=1e-12)
+        assert deferring.weight.grad is None
+        assert len(recorder.records) == 1
+        recorders.append(recorder)
+    if bias:
+        torch.testing.assert_close(deferring.bias.grad, plain.bias.grad, rtol=1e-12, atol=1e-12)
+    for recorder in reversed(recorders):  # W tasks in backward order
+        recorder.apply()
+    torch.testing.assert_close(deferring.weight.grad, plain.weight.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_without_an_active_recorder_nothing_is_recorded():
+    plain, _ = _pair(bias=False)
+    recorder = WeightGradientRecorder()
+    with recording_weight_gradients(recorder):
+        pass
+    inputs = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    plain(inputs).sum().backward()
+    assert not recorder.records and plain.weight.grad is not None
