@@ -14,6 +14,18 @@ Two models, selected by :class:`CostModelKind` (formulas in docs/cost-model.md):
   state exchange between sequence-parallel ranks, and, with a kernel gap, a
   fixed time per kernel launch (``kernel_launches``). Seconds.
 
+[Note: split backward costs]
+With ``pipeline { split_backward = true }`` ([Note: split backward] in
+schedlang.lowering.orders) the backward's work is shared between ``B`` and
+``W`` and their sum stays what the whole backward cost: ``UNIT`` gives ``B``
+and ``W`` ``s / T`` each (the zero-bubble paper's ``T_B = T_W = T_F``);
+``FLOPS`` gives ``W`` the weight-gradient GEMMs ``dW = dY^T X`` of the stage's
+linear layers (projections, MLP, LM head), whose FLOPs equal their forward
+FLOPs, one launch per linear layer and the addition of the linear weights'
+gradients into ``.grad``, and leaves ``B`` the rest (the input-gradient GEMMs,
+the recurrence or attention core, norms, sequence-parallel exchange, the other
+parameters' ``.grad`` additions and the remaining launches).
+
 A cost model answers in its own time unit; :attr:`CostModel.time_divisor`
 turns that unit into the timeline's.
 """
@@ -62,15 +74,21 @@ class CostModel(Protocol):
 
 
 class UnitCostModel:
-    """Forward ``s_i`` and backward ``2 s_i`` in tokens; the timeline divides by ``T``."""
+    """Forward ``s_i`` and backward ``2 s_i`` in tokens; the timeline divides by ``T``.
 
-    def __init__(self, chunk_tokens: tuple[int, ...]) -> None:
+    With ``split_backward``, ``B`` and ``W`` cost ``s_i`` each ([Note: split backward costs]).
+    """
+
+    def __init__(self, chunk_tokens: tuple[int, ...], split_backward: bool = False) -> None:
         self.chunk_tokens = chunk_tokens
+        self.split_backward = split_backward
         self.time_divisor = sum(chunk_tokens)
 
     def task_duration(self, task: TaskId) -> int:
         tokens = self.chunk_tokens[task.chunk]
-        return tokens if task.kind is TaskKind.FORWARD else BACKWARD_TO_FORWARD * tokens
+        if task.kind is TaskKind.BACKWARD:
+            return (BACKWARD_TO_FORWARD - 1) * tokens if self.split_backward else BACKWARD_TO_FORWARD * tokens
+        return tokens  # a forward, or the weight gradients: one GEMM per forward GEMM
 
     def message_duration(self, kind: MessageKind, source: TaskId, destination: TaskId) -> int:
         return 0
@@ -93,20 +111,35 @@ class Hardware:
         return self.latency_s + n_bytes / self.bandwidth_bytes_per_s
 
 
-def mixer_flops_per_token(kind: LayerKind, d_model: int, heads: int, head_dim: int, kernel_chunk: int) -> float:
-    """Forward FLOPs per token of one token-mixing layer, without the attention pair term (0 for ``mlp``)."""
+def mixer_projection_flops_per_token(kind: LayerKind, d_model: int, heads: int, head_dim: int) -> float:
+    """Forward FLOPs per token of one token-mixing layer's linear layers (0 for ``mlp``): also the FLOPs of
+    their weight gradients."""
     if not kind.is_mixer:
         return 0.0
     width = heads * head_dim
     projections = 4 * 2 * d_model * width  # q, k, v, o
-    if kind is LayerKind.ATTN:
-        return projections
     if kind is LayerKind.GLA:
         projections += 2 * d_model * width  # per-channel forget gate
     elif kind is LayerKind.SIMPLE_GLA:
         projections += 2 * d_model * heads  # one scalar gate per head
     elif kind is LayerKind.GDN:
         projections += 2 * d_model * width + 2 * 2 * d_model * heads  # output gate; alpha and beta per head
+    return projections
+
+
+LINEAR_LAYERS_PER_MIXER = {LayerKind.ATTN: 4, LayerKind.GLA: 5, LayerKind.SIMPLE_GLA: 5, LayerKind.GDN: 7}
+"""The linear layers of a token mixer (q, k, v, o and its gates, as schedlang.runtime.model builds them)."""
+LINEAR_LAYERS_PER_MLP = 3
+"""SwiGLU's gate, up and down projections."""
+
+
+def mixer_flops_per_token(kind: LayerKind, d_model: int, heads: int, head_dim: int, kernel_chunk: int) -> float:
+    """Forward FLOPs per token of one token-mixing layer, without the attention pair term (0 for ``mlp``)."""
+    if not kind.is_mixer:
+        return 0.0
+    projections = mixer_projection_flops_per_token(kind, d_model, heads, head_dim)
+    if kind is LayerKind.ATTN:
+        return projections
     # chunked recurrence: intra-chunk q k^T and (q k^T) v over the kernel chunk, then q S and S += k^T v
     recurrence = heads * (4 * kernel_chunk * head_dim + 4 * head_dim * head_dim)
     if kind is LayerKind.GDN:
@@ -151,14 +184,30 @@ def head_flops_per_token(model: ModelSpec) -> float:
     return 2 * model.d_model * model.vocab
 
 
+def linear_layers(model: ModelSpec, layers: tuple[int, ...], is_last: bool) -> int:
+    """Linear layers on a stage holding ``layers``: one weight-gradient GEMM each, what a ``W`` task launches."""
+    count = sum(
+        LINEAR_LAYERS_PER_MIXER.get(model.layers[layer], 0)
+        + (LINEAR_LAYERS_PER_MLP if model.has_mlp(model.layers[layer]) else 0)
+        for layer in layers
+    )
+    return count + is_last  # the LM head
+
+
 class FlopsCostModel:
-    """Layer FLOPs over device throughput plus alpha-beta messages; see docs/cost-model.md."""
+    """Layer FLOPs over device throughput plus alpha-beta messages; see docs/cost-model.md.
+
+    ``forward_seconds[r][i]`` is a forward; a whole backward is twice that plus ``accumulation_seconds[r]``.
+    With a split backward, ``W`` is ``weight_seconds[r][i] + weight_accumulation_seconds[r]`` and ``B`` the
+    rest ([Note: split backward costs]).
+    """
 
     time_divisor = 1.0
 
     def __init__(self, program: ScheduleProgram, hardware: Hardware = Hardware()) -> None:
         self.program = program
         self.hardware = hardware
+        self.split_backward = program.pipeline.split_backward
         model = program.model
         self.element_bytes = DTYPE_BYTES[program.train.dtype]
         self.batch = program.pipeline.microbatch_size
@@ -171,15 +220,47 @@ class FlopsCostModel:
             [self._stage_chunk_seconds(stage, chunk) for chunk in range(program.n_chunks)]
             for stage in range(program.n_stages)
         ]
+        self.weight_seconds = [
+            [self._stage_chunk_weight_seconds(stage, chunk) for chunk in range(program.n_chunks)]
+            for stage in range(program.n_stages)
+        ]
         self.accumulation_seconds = [self._gradient_accumulation_seconds(stage) for stage in range(program.n_stages)]
+        self.weight_accumulation_seconds = [
+            self._linear_accumulation_seconds(stage) for stage in range(program.n_stages)
+        ]
+
+    def _accumulation_seconds(self, parameters: int) -> float:
+        """One elementwise pass adding ``parameters`` gradients into ``.grad``: read both, write the sum."""
+        return GRADIENT_ACCUMULATION_PASSES * parameters * self.element_bytes / self.hardware.memory_bandwidth_bytes_per_s
 
     def _gradient_accumulation_seconds(self, stage: int) -> float:
         """What every backward of ``stage`` pays to add its parameter gradients into ``.grad``: one elementwise
         pass reading both and writing the sum. CUDA-graph stages add the linear layers' weight gradients inside
         their GEMMs ([Note: in-place weight gradients] in schedlang.runtime.linear), so only the rest remain."""
         count = stage_parameters(self.program, stage)
-        accumulated = count.other if self.program.pipeline.cuda_graphs else count.total
-        return GRADIENT_ACCUMULATION_PASSES * accumulated * self.element_bytes / self.hardware.memory_bandwidth_bytes_per_s
+        return self._accumulation_seconds(count.other if self.program.pipeline.cuda_graphs else count.total)
+
+    def _linear_accumulation_seconds(self, stage: int) -> float:
+        """The part of :meth:`_gradient_accumulation_seconds` that adds the linear layers' weight gradients."""
+        if self.program.pipeline.cuda_graphs:
+            return 0.0
+        return self._accumulation_seconds(stage_parameters(self.program, stage).linear_weights)
+
+    def _stage_chunk_weight_seconds(self, stage: int, chunk: int) -> float:
+        """The weight-gradient GEMMs of the stage's linear layers for the chunk: their forward FLOPs (one
+        ``dY^T X`` per ``X W``) and one launch each; without ``.grad`` additions, which are separate."""
+        program, model, hardware = self.program, self.program.model, self.hardware
+        tokens = program.sequence.chunk_length(chunk)
+        is_last = stage == program.n_stages - 1
+        per_token = 0.0
+        for layer in program.stage_layers[stage]:
+            kind = model.layers[layer]
+            per_token += mixer_projection_flops_per_token(kind, model.d_model, model.heads, model.head_dim)
+            per_token += mlp_flops_per_token(model) if model.has_mlp(kind) else 0.0
+        if is_last:
+            per_token += head_flops_per_token(model)
+        seconds = self.batch * per_token * tokens / self.sequence_ranks / hardware.throughput_flops
+        return seconds + linear_layers(model, program.stage_layers[stage], is_last) * hardware.kernel_gap_s
 
     def _stage_chunk_seconds(self, stage: int, chunk: int) -> float:
         program, model, hardware = self.program, self.program.model, self.hardware
@@ -226,10 +307,16 @@ class FlopsCostModel:
         return self.recurrent_layers[stage] * per_layer + attention
 
     def task_duration(self, task: TaskId) -> float:
-        seconds = self.forward_seconds[task.stage][task.chunk]
+        stage, chunk = task.stage, task.chunk
+        seconds = self.forward_seconds[stage][chunk]
         if task.kind is TaskKind.FORWARD:
             return seconds
-        return BACKWARD_TO_FORWARD * seconds + self.accumulation_seconds[task.stage]
+        if task.kind is TaskKind.WEIGHT:
+            return self.weight_seconds[stage][chunk] + self.weight_accumulation_seconds[stage]
+        backward = BACKWARD_TO_FORWARD * seconds + self.accumulation_seconds[stage]
+        if self.split_backward:
+            backward -= self.weight_seconds[stage][chunk] + self.weight_accumulation_seconds[stage]
+        return backward
 
     def message_bytes(self, kind: MessageKind, source: TaskId, destination: TaskId) -> int:
         if kind in (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRADIENT):
@@ -250,7 +337,8 @@ def make_cost_model(
 ) -> CostModel:
     if kind is CostModelKind.UNIT:
         return UnitCostModel(
-            tuple(program.sequence.chunk_length(chunk) for chunk in range(program.n_chunks))
+            tuple(program.sequence.chunk_length(chunk) for chunk in range(program.n_chunks)),
+            program.pipeline.split_backward,
         )
     if kind is CostModelKind.FLOPS:
         return FlopsCostModel(program, hardware)

@@ -1,26 +1,30 @@
 """The legality pass: are the per-stage program orders a legal, deadlock-free schedule?
 
-Input: the dimensions (stages P, microbatches M, chunks N) and one order per
-stage, either a program's own orders (explicit ``stage r:`` lines keep the span
-of every task token) or orders given by the caller. Nothing about the orders is
-assumed: they may name tasks outside the graph, repeat or omit tasks, and
-contradict Eq. 8.
+Input: the dimensions (stages P, microbatches M, chunks N), whether the
+backward is split (``pipeline { split_backward = true }``: every ``(r, a, i)``
+then also has a ``W`` task, which must follow its ``B``; [Note: split
+backward] in schedlang.lowering.orders), and one order per stage, either a
+program's own orders (explicit ``stage r:`` lines keep the span of every task
+token) or orders given by the caller. Nothing about the orders is assumed:
+they may name tasks outside the graph, repeat or omit tasks, and contradict
+Eq. 8.
 
 Output: a :class:`LegalityReport` listing every violation found: first the
 unknown and duplicate tasks in the order they were written, then the missing
 tasks, the order violations, and at most one deadlock.
 
 * ``UNKNOWN_TASK``: a microbatch or chunk out of range, a task listed on
-  another stage's order, or an order for a stage that does not exist. Such
-  tasks are dropped before the later checks.
+  another stage's order, a ``W`` task when the backward is not split, or an
+  order for a stage that does not exist. Such tasks are dropped before the
+  later checks.
 * ``DUPLICATE_TASK``: a task listed twice on its stage; only the first
   occurrence is kept.
-* ``MISSING_TASK``: a task of the graph that no order runs; it points at its
-  stage's line when there is one.
+* ``MISSING_TASK``: a task of the graph that no order runs (with a split
+  backward, every ``W`` too); it points at its stage's line when there is one.
 * ``ORDER_VIOLATION``: on one stage, a task placed before one of its
-  same-stage Eq. 8 predecessors (STATE_FORWARD, FORWARD_BACKWARD,
-  STATE_BACKWARD); the cross-stage constraints can only be broken through a
-  cycle, which the deadlock check reports.
+  same-stage predecessors (STATE_FORWARD, FORWARD_BACKWARD, STATE_BACKWARD of
+  Eq. 8, and BACKWARD_WEIGHT, ``B`` before ``W``); the cross-stage constraints
+  can only be broken through a cycle, which the deadlock check reports.
 * ``DEADLOCK``: the orders plus the dependency edges form a cycle. Found by
   running the per-stage queues (each stage's next task runs once its
   predecessors are done) in O(tasks + edges); a cycle of waiting tasks is
@@ -30,8 +34,9 @@ tasks, the order violations, and at most one deadlock.
   on no stage.
 
 Tasks are numbered arithmetically (``kind, stage, microbatch, chunk`` in
-mixed radix) and predecessors computed from the number, so the check of a
-262,144-task schedule never builds the NetworkX graph.
+mixed radix, the kinds F, B and, split, W) and predecessors computed from the
+number, so the check of a 262,144-task schedule never builds the NetworkX
+graph.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from schedlang.lowering.graph import Dependency
+from schedlang.lowering.graph import Dependency, task_kinds
 from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.program import OrderKind, ScheduleProgram
 from schedlang.lowering.report import format_error
@@ -96,6 +101,7 @@ class LegalityReport:
     n_microbatches: int
     n_chunks: int
     violations: tuple[Violation, ...]
+    split_backward: bool = False  # every (r, a, i) also has a W task
 
     @property
     def is_legal(self) -> bool:
@@ -103,7 +109,7 @@ class LegalityReport:
 
     @property
     def n_tasks(self) -> int:
-        return 2 * self.n_stages * self.n_microbatches * self.n_chunks
+        return len(task_kinds(self.split_backward)) * self.n_stages * self.n_microbatches * self.n_chunks
 
     def of_kind(self, kind: ViolationKind) -> tuple[Violation, ...]:
         return tuple(violation for violation in self.violations if violation.kind is kind)
@@ -141,31 +147,44 @@ class _Dimensions:
     n_stages: int
     n_microbatches: int
     n_chunks: int
+    split_backward: bool = False
+
+
+_FORWARD, _BACKWARD, _WEIGHT = TaskKind.FORWARD, TaskKind.BACKWARD, TaskKind.WEIGHT
+"""Module constants: the per-task loops below compare kinds by identity, and a global is faster to read than an
+Enum class attribute."""
 
 
 class _TaskNumbering:
-    """Tasks as integers: ``kind * PMN + stage * MN + microbatch * N + chunk``."""
+    """Tasks as integers: ``kind * PMN + stage * MN + microbatch * N + chunk``, kinds F = 0, B = 1, W = 2.
+
+    Without a split backward there is no W and the numbers stop at ``2 PMN``.
+    """
 
     def __init__(self, dimensions: _Dimensions) -> None:
         self.n_stages = dimensions.n_stages
         self.n_microbatches = dimensions.n_microbatches
         self.n_chunks = dimensions.n_chunks
+        self.split_backward = dimensions.split_backward
+        self.kinds = task_kinds(dimensions.split_backward)
         self.per_stage = dimensions.n_microbatches * dimensions.n_chunks
         self.per_kind = dimensions.n_stages * self.per_stage
-        self.total = 2 * self.per_kind
+        self.backward_end = 2 * self.per_kind  # the first W number
+        self.total = len(self.kinds) * self.per_kind
 
     def number(self, task: TaskId) -> int:
-        kind = 0 if task.kind is TaskKind.FORWARD else 1
-        return kind * self.per_kind + task.stage * self.per_stage + task.microbatch * self.n_chunks + task.chunk
+        kind = task.kind  # compared by identity: hashing an Enum member runs Python code
+        index = 0 if kind is _FORWARD else 1 if kind is _BACKWARD else 2
+        return index * self.per_kind + task.stage * self.per_stage + task.microbatch * self.n_chunks + task.chunk
 
     def task(self, number: int) -> TaskId:
         kind, rest = divmod(number, self.per_kind)
         stage, rest = divmod(rest, self.per_stage)
         microbatch, chunk = divmod(rest, self.n_chunks)
-        return TaskId(TaskKind.FORWARD if kind == 0 else TaskKind.BACKWARD, stage, microbatch, chunk)
+        return TaskId(self.kinds[kind], stage, microbatch, chunk)
 
     def predecessors(self, number: int) -> list[tuple[int, Dependency]]:
-        """Eq. 8 predecessors, computed from the number alone (see schedlang.lowering.graph)."""
+        """Predecessors computed from the number alone (see schedlang.lowering.graph)."""
         per_kind, per_stage, n_chunks = self.per_kind, self.per_stage, self.n_chunks
         stage = (number % per_kind) // per_stage
         chunk = number % n_chunks
@@ -175,6 +194,8 @@ class _TaskNumbering:
                 result.append((number - per_stage, Dependency.STAGE_FORWARD))
             if chunk > 0:
                 result.append((number - 1, Dependency.STATE_FORWARD))
+        elif number >= self.backward_end:
+            result.append((number - per_kind, Dependency.BACKWARD_WEIGHT))
         else:
             result.append((number - per_kind, Dependency.FORWARD_BACKWARD))
             if stage < self.n_stages - 1:
@@ -184,9 +205,11 @@ class _TaskNumbering:
         return result
 
 
+_KIND_WORDS = {TaskKind.FORWARD: "forward", TaskKind.BACKWARD: "backward", TaskKind.WEIGHT: "weight gradients"}
+
+
 def _describe(task: TaskId) -> str:
-    kind = "forward" if task.kind is TaskKind.FORWARD else "backward"
-    return f"the {kind} of microbatch {task.microbatch}, chunk {task.chunk}"
+    return f"the {_KIND_WORDS[task.kind]} of microbatch {task.microbatch}, chunk {task.chunk}"
 
 
 def _range_text(value: int, singular: str, plural: str) -> str:
@@ -204,11 +227,18 @@ _StageSpans = list["list[Span | None] | None"]
 def _resolve(
     program_or_dims: ScheduleProgram | tuple[int, int, int],
     orders: Sequence[Sequence[TaskId]] | None,
+    split_backward: bool | None,
 ) -> tuple[_Dimensions, list[_OrderRow], Span | None]:
     """Dimensions and the orders as ``(stage, tasks, token spans, line span)`` rows, in file order."""
     if isinstance(program_or_dims, ScheduleProgram):
         program = program_or_dims
-        dimensions = _Dimensions(program.n_stages, program.n_microbatches, program.n_chunks)
+        split = program.pipeline.split_backward
+        if split_backward is not None and split_backward != split:
+            raise ValueError(
+                f"check_orders was asked for split_backward={split_backward}, but the program's "
+                f"pipeline.split_backward is {split}; change the program instead"
+            )
+        dimensions = _Dimensions(program.n_stages, program.n_microbatches, program.n_chunks, split)
         order_span = program.spans.get("pipeline.order")
         if orders is None and program.pipeline.order is OrderKind.EXPLICIT:
             rows = [
@@ -225,11 +255,12 @@ def _resolve(
             orders = stage_orders(program)
     else:
         n_stages, n_microbatches, n_chunks = program_or_dims
-        dimensions = _Dimensions(n_stages, n_microbatches, n_chunks)
+        dimensions = _Dimensions(n_stages, n_microbatches, n_chunks, bool(split_backward))
         order_span = None
         if orders is None:
             raise ValueError("check_orders needs orders when given dimensions instead of a program")
-    for name, value in vars(dimensions).items():
+    for name in ("n_stages", "n_microbatches", "n_chunks"):
+        value = getattr(dimensions, name)
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
     return dimensions, [(stage, list(order), None, None) for stage, order in enumerate(orders)], order_span
@@ -238,14 +269,18 @@ def _resolve(
 def check_orders(
     program_or_dims: ScheduleProgram | tuple[int, int, int],
     orders: Sequence[Sequence[TaskId]] | None = None,
+    *,
+    split_backward: bool | None = None,
 ) -> LegalityReport:
     """Check per-stage orders against Eq. 8 and for deadlock; see the module docstring.
 
     ``program_or_dims`` is a program or ``(n_stages, n_microbatches, n_chunks)``.
     ``orders`` defaults to the program's own orders; ``orders[r]`` is what stage
-    ``r`` runs, first to last.
+    ``r`` runs, first to last. ``split_backward`` says whether every task triple
+    has a ``W`` task: a program's ``pipeline.split_backward`` (giving another
+    value raises ValueError), False by default for dimensions.
     """
-    dimensions, rows, order_span = _resolve(program_or_dims, orders)
+    dimensions, rows, order_span = _resolve(program_or_dims, orders, split_backward)
     numbering = _TaskNumbering(dimensions)
     violations: list[Violation] = []
 
@@ -271,7 +306,13 @@ def check_orders(
     stuck = _run_queues(numbering, kept_orders, position, violated_edges).stuck_steps
     if stuck:
         violations.append(_deadlock(numbering, kept_orders, kept_spans, position, violated_edges, stuck))
-    return LegalityReport(dimensions.n_stages, dimensions.n_microbatches, dimensions.n_chunks, tuple(violations))
+    return LegalityReport(
+        dimensions.n_stages,
+        dimensions.n_microbatches,
+        dimensions.n_chunks,
+        tuple(violations),
+        dimensions.split_backward,
+    )
 
 
 def _keep_known_unique(
@@ -306,7 +347,7 @@ def _keep_known_unique(
         spans_out = kept_spans[stage]
         for index, task in enumerate(tasks):
             span = None if token_spans is None else token_spans[index]
-            problem = _unknown_reason(task, stage, n_microbatches, n_chunks)
+            problem = _unknown_reason(task, stage, n_microbatches, n_chunks, dimensions.split_backward)
             if problem is not None:
                 violations.append(Violation(ViolationKind.UNKNOWN_TASK, (task,), problem, span))
                 continue
@@ -329,9 +370,16 @@ def _keep_known_unique(
     return kept_orders, kept_spans, line_spans
 
 
-def _unknown_reason(task: TaskId, stage: int, n_microbatches: int, n_chunks: int) -> str | None:
+def _unknown_reason(
+    task: TaskId, stage: int, n_microbatches: int, n_chunks: int, split_backward: bool
+) -> str | None:
     if not isinstance(task, TaskId) or not isinstance(task.kind, TaskKind):
         raise TypeError(f"orders must hold TaskId values, got {task!r}")
+    if not split_backward and task.kind is _WEIGHT:
+        return (
+            f"stage {stage}: {task.local_form()} is a weight-gradient task ({_describe(task)}), but the "
+            "backward is not split; set `split_backward = true` in the pipeline block, or drop the W tasks"
+        )
     if not 0 <= task.microbatch < n_microbatches:
         return (
             f"stage {stage}: {task.local_form()} names microbatch {task.microbatch}, "
@@ -373,7 +421,7 @@ def _check_stage_orders(
                         ViolationKind.ORDER_VIOLATION,
                         (task, before),
                         f"stage {stage} runs {task.local_form()} (step {step}) before "
-                        f"{before.local_form()} (step {predecessor_step}), but Eq. 8 requires "
+                        f"{before.local_form()} (step {predecessor_step}), but {dependency.origin} requires "
                         f"{dependency.formula}: {dependency.reason}; move {task.local_form()} "
                         f"after {before.local_form()}",
                         None if spans is None else spans[step],
@@ -402,12 +450,13 @@ def _run_queues(
     A task not in any order (missing) runs, on no stage, as soon as its
     predecessors are done. Edges in ``violated_edges`` are not counted.
     """
-    n_stages, per_kind, per_stage, n_chunks, total = (
+    n_stages, per_kind, per_stage, n_chunks, total, split = (
         numbering.n_stages,
         numbering.per_kind,
         numbering.per_stage,
         numbering.n_chunks,
         numbering.total,
+        numbering.split_backward,
     )
     last_stage = n_stages - 1
     waiting = [0] * total
@@ -416,6 +465,9 @@ def _run_queues(
         chunk = number % n_chunks
         waiting[number] = (stage > 0) + (chunk > 0)
         waiting[number + per_kind] = 1 + (stage < last_stage) + (chunk < n_chunks - 1)
+    if split:
+        waiting[2 * per_kind :] = [1] * per_kind  # W waits for its B alone
+    backward_end = numbering.backward_end
     for edge in violated_edges:
         waiting[edge % total] -= 1
 
@@ -438,14 +490,16 @@ def _run_queues(
                 successors.append(number + per_stage)
             if chunk < n_chunks - 1:
                 successors.append(number + 1)
-        else:
+        elif number < backward_end:
             stage = (number - per_kind) // per_stage
             chunk = number % n_chunks
-            successors = []
+            successors = [number + per_kind] if split else []
             if stage > 0:
                 successors.append(number - per_stage)
             if chunk > 0:
                 successors.append(number - 1)
+        else:
+            return  # nothing waits for a W
         for successor in successors:
             if violated_edges and number * total + successor in violated_edges:
                 continue
@@ -477,16 +531,21 @@ def _run_queues(
 def execution_order(
     program_or_dims: ScheduleProgram | tuple[int, int, int],
     orders: Sequence[Sequence[TaskId]],
+    *,
+    split_backward: bool | None = None,
 ) -> tuple[TaskId, ...]:
-    """Every task in one global order that respects Eq. 8 and each stage's order.
+    """Every task in one global order that respects Eq. 8 (and ``B`` before ``W``) and each stage's order.
 
-    The simulator processes tasks in this order. Raises
-    :class:`IllegalScheduleError` unless the orders are legal.
+    The simulator processes tasks in this order. ``split_backward`` as for
+    :func:`check_orders`. Raises :class:`IllegalScheduleError` unless the
+    orders are legal.
     """
-    report = check_orders(program_or_dims, orders)
+    report = check_orders(program_or_dims, orders, split_backward=split_backward)
     if not report.is_legal:
         raise IllegalScheduleError(report)
-    numbering = _TaskNumbering(_Dimensions(report.n_stages, report.n_microbatches, report.n_chunks))
+    numbering = _TaskNumbering(
+        _Dimensions(report.n_stages, report.n_microbatches, report.n_chunks, report.split_backward)
+    )
     kept_orders = [[numbering.number(task) for task in order] for order in orders]
     position = [0] * numbering.total
     run = _run_queues(numbering, kept_orders, position, set())

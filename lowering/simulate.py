@@ -9,17 +9,22 @@ activations per stage.
 
 Semantics. Each stage runs its tasks one at a time in program order; a task
 starts when its stage is free and every predecessor has finished and its
-message has arrived (``end + message_duration``). Messages never contend for
+message has arrived (``end + message_duration``). A ``W`` task (split
+backward) is no different: it waits for its ``B`` on the same stage, with no
+message. Messages never contend for
 links. Messages with a nonzero duration also appear as ``SEND`` intervals on
 the source's stage (``task`` = source) and ``RECV`` intervals on the
 destination's stage (``task`` = destination), so a trace viewer shows them on
 their own tracks; same-stage state hand-offs have zero duration.
 
 Peak activations: the activations of chunk ``(a, i)`` on stage ``r`` are live
-from the start of ``F(r, a, i)`` to the end of ``B(r, a, i)`` (half-open, so a
-release and an allocation at the same instant do not overlap) and weigh
-``s_i / T``; the peak is the maximum over time of the live sum, in units of one
-whole microbatch (Eq. 12-13 without the boundary term ``B_r``).
+from the start of ``F(r, a, i)`` to the end of ``B(r, a, i)``, or of
+``W(r, a, i)`` when the backward is split, since the linear layers' inputs and
+output gradients are kept for it (half-open, so a release and an allocation
+at the same instant do not overlap) and weigh ``s_i / T``; the peak is the
+maximum over time of the live sum, in units of one whole microbatch (Eq. 12-13
+without the boundary term ``B_r``). The generated split orders keep Eq. 13
+([Note: split backward]).
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ MESSAGE_OF_DEPENDENCY = {
     Dependency.STAGE_BACKWARD: MessageKind.ACTIVATION_GRADIENT,
     Dependency.STATE_BACKWARD: MessageKind.STATE_GRADIENT,
 }
-"""Dependencies that carry data to another task; FORWARD_BACKWARD reuses saved tensors in place."""
+"""Dependencies that carry data to another task; FORWARD_BACKWARD and BACKWARD_WEIGHT reuse saved tensors in
+place."""
 
 
 def simulate(
@@ -107,14 +113,15 @@ def peak_activations(
 ) -> tuple[float, ...]:
     """Per stage, the most activation live at once, one whole microbatch = 1.0."""
     length = program.sequence.length
+    releasing = TaskKind.WEIGHT if program.pipeline.split_backward else TaskKind.BACKWARD
     events: list[list[tuple[float, int, int]]] = [[] for _ in range(program.n_stages)]
     for task, task_start in start.items():
         if task.kind is TaskKind.FORWARD:
             tokens = program.sequence.chunk_length(task.chunk)
-            backward = TaskId(TaskKind.BACKWARD, task.stage, task.microbatch, task.chunk)
+            release = TaskId(releasing, task.stage, task.microbatch, task.chunk)
             # at equal times the release (flag 0) sorts before the allocation (flag 1): intervals are half-open
             events[task.stage].append((task_start, 1, tokens))
-            events[task.stage].append((end[backward], 0, -tokens))
+            events[task.stage].append((end[release], 0, -tokens))
     peaks = []
     for stage_events in events:
         live = peak = 0

@@ -11,7 +11,8 @@ the token count of each sequence chunk. Output: a JSON object with
   never contend), and a trace track can only hold properly nested slices, so
   overlapping transfers spill onto extra lanes ``send #2``, ``send #3``, ...;
 * an ``X`` (complete) event per compute interval, named in local form
-  (``F0.1``), with ``args`` holding the task, stage, microbatch, chunk and,
+  (``F0.1``), in category ``forward``, ``backward`` or ``weight`` (the ``W``
+  tasks of a split backward), with ``args`` holding the task, stage, microbatch, chunk and,
   when known, the chunk's tokens;
 * an ``X`` event per ``SEND``/``RECV`` interval (the simulator adds one on
   each side of every message that takes time), named after its message, e.g.
@@ -40,7 +41,11 @@ from schedlang.lowering.timeline import MessageInterval, Stream, TaskInterval, T
 _COMPUTE_THREAD_ID = 1
 # Lane k of the send stream is thread 2 + 2k and of the recv stream 3 + 2k, so any number of lanes fits.
 _FIRST_LANE_THREAD_ID: dict[Stream, int] = {Stream.SEND: 2, Stream.RECV: 3}
-_KIND_CATEGORY: dict[TaskKind, str] = {TaskKind.FORWARD: "forward", TaskKind.BACKWARD: "backward"}
+_KIND_CATEGORY: dict[TaskKind, str] = {
+    TaskKind.FORWARD: "forward",
+    TaskKind.BACKWARD: "backward",
+    TaskKind.WEIGHT: "weight",  # the weight gradients of a split backward
+}
 
 MICROSECONDS_PER_UNIT_COST = 1000.0
 """Unit cost model: one full-sequence forward shows as 1 ms, so Perfetto's ruler reads in units."""

@@ -1,12 +1,15 @@
 """Task graph -> Graphviz DOT text.
 
 Input: a NetworkX DiGraph whose nodes are :class:`TaskId` and whose edges are
-dependencies of Eq. 8 (as built by ``schedlang.lowering.graph``), and
-optionally each stage's program order. Output: DOT text with one
+dependencies of Eq. 8 (as built by ``schedlang.lowering.graph``, with the
+split backward's ``B -> W`` edges when it has ``W`` tasks), and optionally
+each stage's program order. Output: DOT text with one
 ``subgraph cluster_stage_<r>`` per stage, nodes labelled in local form
-(``F0.1``), forward and backward nodes filled apart, and edges styled by the
-constraint they encode: stage edges solid, state edges (``STATE_FORWARD``,
-``STATE_BACKWARD``) dashed and coloured apart. Nothing here runs Graphviz.
+(``F0.1``), forward, backward and weight-gradient nodes filled apart, and
+edges styled by the constraint they encode: stage edges solid, state edges
+(``STATE_FORWARD``, ``STATE_BACKWARD``) dashed and coloured apart, the
+same-stage hand-offs of saved tensors (``FORWARD_BACKWARD``, and
+``BACKWARD_WEIGHT`` with a hollow arrowhead) grey. Nothing here runs Graphviz.
 
 An edge without a ``"dependency"`` attribute (a hand-built graph) is
 classified from its endpoints, which determine the Eq. 8 constraint; an edge
@@ -41,19 +44,22 @@ _EDGE_STYLES: dict[Dependency | None, str] = {
     Dependency.STATE_FORWARD: 'color="#2e8b57", style=dashed, penwidth=1.6',
     Dependency.STATE_BACKWARD: 'color="#8b2e6b", style=dashed, penwidth=1.6',
     Dependency.FORWARD_BACKWARD: 'color="#777777"',
+    Dependency.BACKWARD_WEIGHT: 'color="#777777", arrowhead=empty',  # like F -> B: a same-stage hand-off
     None: 'color="#cc0000", style=bold',  # an edge that is no constraint of Eq. 8
 }
 
 _NODE_FILL: dict[TaskKind, str] = {
     TaskKind.FORWARD: "#cfe2f3",
     TaskKind.BACKWARD: "#fce5cd",
+    TaskKind.WEIGHT: "#d9ead3",
 }
 
-_KIND_RANK = {TaskKind.FORWARD: 0, TaskKind.BACKWARD: 1}
+_KIND_RANK = {TaskKind.FORWARD: 0, TaskKind.BACKWARD: 1, TaskKind.WEIGHT: 2}
 
 
 def classify_edge(source: TaskId, destination: TaskId) -> Dependency | None:
-    """The Eq. 8 constraint that an edge ``source -> destination`` encodes, or None if it is none."""
+    """The Eq. 8 constraint (or the split backward's ``B -> W``) that an edge ``source -> destination`` encodes,
+    or None if it is none."""
     if source.microbatch != destination.microbatch:
         return None
     same_kind = source.kind is destination.kind
@@ -74,11 +80,18 @@ def classify_edge(source: TaskId, destination: TaskId) -> Dependency | None:
         and source.chunk == destination.chunk
     ):
         return Dependency.FORWARD_BACKWARD
+    if (
+        source.kind is TaskKind.BACKWARD
+        and destination.kind is TaskKind.WEIGHT
+        and source.stage == destination.stage
+        and source.chunk == destination.chunk
+    ):
+        return Dependency.BACKWARD_WEIGHT
     return None
 
 
 def task_sort_key(task: TaskId) -> tuple[int, int, int, int]:
-    """Stage, then forwards before backwards, then microbatch, then chunk."""
+    """Stage, then forwards before backwards before weight gradients, then microbatch, then chunk."""
     return (task.stage, _KIND_RANK[task.kind], task.microbatch, task.chunk)
 
 

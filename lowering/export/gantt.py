@@ -1,9 +1,10 @@
 """Timeline -> PNG Gantt chart, drawn with matplotlib's Agg canvas.
 
 Input: a :class:`Timeline`. Output: PNG bytes (or a file) with one row per
-stage (stage 0 on top), a bar per compute task, forwards in blues and
-backwards in oranges, successive microbatches in alternating shades so their
-boundaries show, each bar labelled with its task (``F0.1``, or ``0.1`` when
+stage (stage 0 on top), a bar per compute task, forwards in blues,
+backwards in oranges and the weight-gradient tasks of a split backward in
+greens (with a legend entry only when there are some), successive
+microbatches in alternating shades so their boundaries show, each bar labelled with its task (``F0.1``, or ``0.1`` when
 only that fits, or nothing), and a title giving the makespan and bubble
 fraction. Only the compute stream is drawn; the Chrome trace shows the
 communication streams.
@@ -27,6 +28,12 @@ from schedlang.lowering.timeline import Stream, Timeline
 _SHADES: dict[TaskKind, tuple[str, str]] = {
     TaskKind.FORWARD: ("#6fa8dc", "#3d85c6"),
     TaskKind.BACKWARD: ("#f6b26b", "#e69138"),
+    TaskKind.WEIGHT: ("#93c47d", "#6aa84f"),
+}
+_LEGEND_LABELS: dict[TaskKind, str] = {
+    TaskKind.FORWARD: "forward",
+    TaskKind.BACKWARD: "backward",
+    TaskKind.WEIGHT: "weight gradients",
 }
 _DOTS_PER_INCH = 100
 _ROW_HEIGHT_INCHES = 0.55
@@ -101,13 +108,13 @@ def render_gantt(
         f"bubble fraction {timeline.bubble_fraction:.1%}",
         fontsize=10,
     )
+    shown_kinds = [TaskKind.FORWARD, TaskKind.BACKWARD]
+    if any(interval.task.kind is TaskKind.WEIGHT for interval in compute_intervals):
+        shown_kinds.append(TaskKind.WEIGHT)
     figure.legend(
-        handles=[
-            Patch(facecolor=_SHADES[TaskKind.FORWARD][0], label="forward"),
-            Patch(facecolor=_SHADES[TaskKind.BACKWARD][0], label="backward"),
-        ],
+        handles=[Patch(facecolor=_SHADES[kind][0], label=_LEGEND_LABELS[kind]) for kind in shown_kinds],
         loc="upper right",
-        ncols=2,
+        ncols=len(shown_kinds),
         fontsize=7,
         frameon=False,
     )

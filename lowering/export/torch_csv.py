@@ -2,8 +2,15 @@
 
 torch's ``_PipelineScheduleRuntime._load_csv`` (``format="compute_only"``)
 reads one row per pipeline rank; each cell is parsed by ``_Action.from_str``:
-``<stage><F|B><microbatch>`` such as ``0F1``, and an empty cell is ``None``, an
-idle step. Columns are lockstep time steps: in the schedules torch generates,
+``<stage><F|B|I|W><microbatch>`` such as ``0F1``, and an empty cell is
+``None``, an idle step. torch's ``B`` is a full backward; a split backward is
+``I`` (``BACKWARD_INPUT``, the input gradients) and ``W``
+(``BACKWARD_WEIGHT``). A schedule whose orders hold ``W`` tasks
+(``pipeline { split_backward = true }``) is written with its ``B`` tasks as
+``I`` and its ``W`` tasks as ``W``; reading such a file gives ``B`` and ``W``
+tasks back (:func:`splits_backward` tells the orders of a split program by
+their ``W`` tasks). A file that mixes ``B`` with ``I`` or ``W``, or has ``I``
+without ``W``, is refused: schedlang splits every backward or none. Columns are lockstep time steps: in the schedules torch generates,
 rank ``r`` leaves a cell empty while the task it runs next is still waiting
 for its inputs, so reading a column shows what every rank does at that step.
 
@@ -33,7 +40,10 @@ from schedlang.lowering.tasks import TaskId, TaskKind
 
 StepGrid = tuple[tuple[TaskId | None, ...], ...]
 
-_TORCH_COMPUTE_ACTION = re.compile(r"^(\d+)([FB])(\d+)$")
+_TORCH_COMPUTE_ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
+_TORCH_KIND = {"F": TaskKind.FORWARD, "B": TaskKind.BACKWARD, "I": TaskKind.BACKWARD, "W": TaskKind.WEIGHT}
+_SPLIT_BACKWARD_INPUT = "I"
+"""torch's ``BACKWARD_INPUT``: what a split program's ``B`` task is called in the CSV."""
 _TORCH_ANY_ACTION = re.compile(r"^(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$")
 
 
@@ -55,13 +65,20 @@ class ChunkedScheduleError(TorchCsvError):
         self.n_chunks = n_chunks
 
 
-def torch_action_text(task: TaskId) -> str:
-    """The torch action for a one-chunk task: ``1F0.0`` -> ``1F0``."""
-    return f"{task.stage}{task.kind.value}{task.microbatch}"
+def splits_backward(orders: Sequence[Sequence[TaskId]]) -> bool:
+    """Whether the orders are a split backward's: they hold ``W`` tasks."""
+    return any(task.kind is TaskKind.WEIGHT for order in orders for task in order)
+
+
+def torch_action_text(task: TaskId, split_backward: bool = False) -> str:
+    """The torch action for a one-chunk task: ``1F0.0`` -> ``1F0``; with ``split_backward``, ``1B0.0`` ->
+    ``1I0`` (torch's ``BACKWARD_INPUT``) and ``1W0.0`` -> ``1W0``."""
+    letter = _SPLIT_BACKWARD_INPUT if split_backward and task.kind is TaskKind.BACKWARD else task.kind.value
+    return f"{task.stage}{letter}{task.microbatch}"
 
 
 def _dependencies(task: TaskId, n_stages: int) -> list[TaskId]:
-    """Eq. 8 with one chunk: no state edges remain, only stage-to-stage and F before B."""
+    """Eq. 8 with one chunk: no state edges remain, only stage-to-stage, F before B and B before W."""
     return [predecessor for predecessor, _ in task_predecessors(task, n_stages, 1)]
 
 
@@ -133,11 +150,13 @@ def _stuck_message(
 
 
 def torch_csv_text(orders: Sequence[Sequence[TaskId]], n_chunks: int = 1) -> str:
-    """The CSV text: one row per rank, one column per step, empty cells idle."""
+    """The CSV text: one row per rank, one column per step, empty cells idle; ``B`` as ``I`` when the orders
+    hold ``W`` tasks."""
+    split = splits_backward(orders)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     for row in torch_csv_rows(orders, n_chunks):
-        writer.writerow(["" if task is None else torch_action_text(task) for task in row])
+        writer.writerow(["" if task is None else torch_action_text(task, split) for task in row])
     return buffer.getvalue()
 
 
@@ -145,44 +164,66 @@ def write_torch_csv(orders: Sequence[Sequence[TaskId]], path: str | Path, n_chun
     Path(path).write_text(torch_csv_text(orders, n_chunks))
 
 
-def _parse_cell(text: str, rank: int, location: str) -> TaskId:
+def _parse_cell(text: str, rank: int, location: str) -> tuple[TaskId, str]:
+    """The task and torch's letter for it (``B`` and ``I`` both give a ``B`` task)."""
     match = _TORCH_COMPUTE_ACTION.match(text)
     if match is None:
-        any_action = _TORCH_ANY_ACTION.match(text)
-        if any_action is not None and any_action.group(2) in ("I", "W"):
+        if _TORCH_ANY_ACTION.match(text) is not None:
             reason = (
-                "it is a split backward (I = input gradient, W = weight gradient), which schedlang does not "
-                "model; use full backwards (B)"
-            )
-        elif any_action is not None:
-            reason = (
-                "it is a communication or sharding action; load a compute_only CSV (cells F and B only), "
+                "it is a communication or sharding action; load a compute_only CSV (cells F, B, I and W only), "
                 "schedlang places communication itself"
             )
         else:
-            reason = "expected <stage><F|B><microbatch>, e.g. 0F1"
+            reason = "expected <stage><F|B|I|W><microbatch>, e.g. 0F1"
         raise TorchCsvError(f"{location}: error: cannot read action {text!r}: {reason}")
-    stage, kind, microbatch = match.groups()
+    stage, letter, microbatch = match.groups()
     if int(stage) != rank:
         raise TorchCsvError(
             f"{location}: error: action {text!r} runs stage {stage} on rank {rank}; schedlang runs stage r "
             "on rank r (one stage per rank), so torch's interleaved or looped schedules, which put several "
             "virtual stages on a rank, cannot be imported"
         )
-    return TaskId(TaskKind(kind), rank, int(microbatch), 0)
+    return TaskId(_TORCH_KIND[letter], rank, int(microbatch), 0), letter
 
 
 def parse_torch_csv(text: str, source_name: str = "<csv>") -> tuple[tuple[TaskId, ...], ...]:
-    """Per-stage orders from CSV text; the inverse of :func:`torch_csv_text`."""
+    """Per-stage orders from CSV text; the inverse of :func:`torch_csv_text`.
+
+    ``I`` cells become ``B`` tasks and ``W`` cells ``W`` tasks (a split program's orders); raises
+    :class:`TorchCsvError` for a file that mixes full (``B``) and split (``I``, ``W``) backwards or has ``I``
+    cells but no ``W`` cell.
+    """
     orders = []
+    first_of_letter: dict[str, str] = {}
     for rank, row in enumerate(csv.reader(io.StringIO(text))):
         order = []
         for column, cell in enumerate(row):
             cell_text = cell.strip()
             if cell_text:
-                order.append(_parse_cell(cell_text, rank, f"{source_name}:{rank + 1}: cell {column + 1}"))
+                location = f"{source_name}:{rank + 1}: cell {column + 1}"
+                task, letter = _parse_cell(cell_text, rank, location)
+                first_of_letter.setdefault(letter, location)
+                order.append(task)
         orders.append(tuple(order))
+    _check_backward_kinds(first_of_letter)
     return tuple(orders)
+
+
+def _check_backward_kinds(first_of_letter: dict[str, str]) -> None:
+    """Full backwards or split ones, not both; a split one has W tasks."""
+    split_letters = [letter for letter in ("I", "W") if letter in first_of_letter]
+    if "B" in first_of_letter and split_letters:
+        letter = split_letters[0]
+        raise TorchCsvError(
+            f"{first_of_letter['B']}: error: a full backward (B) in a file with split backwards "
+            f"({letter}, first at {first_of_letter[letter]}); schedlang splits every backward of a schedule or "
+            "none (pipeline { split_backward = true }): write I and W for every backward, or B for every one"
+        )
+    if "I" in first_of_letter and "W" not in first_of_letter:
+        raise TorchCsvError(
+            f"{first_of_letter['I']}: error: the file splits backwards (I, the input gradients) but has no W "
+            "(weight gradient) action; a split backward needs a W for every I"
+        )
 
 
 def load_torch_csv(path: str | Path) -> tuple[tuple[TaskId, ...], ...]:

@@ -2,10 +2,12 @@
 
 ``torch-csv`` writes the CSV that torch.distributed.pipelining's
 ``_PipelineScheduleRuntime._load_csv`` reads: one row per rank, one column
-per lockstep step, cells like ``0F1``, an empty cell where the rank waits.
-Only schedules with one chunk per microbatch can be written, since torch's
-actions have no notion of sequence chunks; a chunked schedule is an error that
-points at its ``chunks`` key. ``-o -`` writes to standard output.
+per lockstep step, cells like ``0F1``, an empty cell where the rank waits;
+with ``pipeline { split_backward = true }`` a backward is written as torch's
+``I`` (input gradients) and its weight gradients as ``W``. Only schedules
+with one chunk per microbatch can be written, since torch's actions have no
+notion of sequence chunks; a chunked schedule is an error that points at its
+``chunks`` key. ``-o -`` writes to standard output.
 """
 
 from __future__ import annotations

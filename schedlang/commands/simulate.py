@@ -2,9 +2,16 @@
 
 Prints a per-stage table, or with ``--json`` an object with ``makespan``,
 ``bubble_fraction``, ``peak_activations`` (one number per stage), ``busy_time``
-per stage, the task count, the time unit and, for reference, StateFlow's
-closed-form estimates (Eq. 13 and Eq. 15). An illegal schedule prints its
-violations, as ``schedlang check`` does, and exits 1.
+per stage, the task count, ``split_backward``, the time unit and, for
+reference, StateFlow's closed-form estimates (Eq. 13 and Eq. 15). An illegal
+schedule prints its violations, as ``schedlang check`` does, and exits 1.
+
+``--split-backward`` simulates the schedule as if it set ``pipeline {
+split_backward = true }``: every backward's weight gradients become a ``W``
+task of their own, placed as the generated orders place them ([Note: split
+backward] in lowering/orders.py) and costed as [Note: split backward costs] in
+lowering/cost.py says. An explicit order names its own tasks, so it is
+refused there: write the ``W`` tasks and ``split_backward = true`` in the file.
 
 With ``--chunks N [N ...]`` it simulates the same schedule with its sequence
 re-cut into each of those chunk counts (the schedule's own partition: uniform,
@@ -15,6 +22,8 @@ accumulation (docs/cost-model.md). ``--extra-warmup E [E ...]`` sweeps a 1f1b
 schedule's ``pipeline.extra_warmup`` the same way (with ``--chunks``, every
 pair): more warm-up forwards keep a bottleneck upstream stage busy at the cost
 of ``E`` chunks of activations ([Note: extra warm-up] in lowering/orders.py).
+``--split-backward`` applies to every row, and the table says for each whether
+it splits.
 """
 
 from __future__ import annotations
@@ -45,6 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--extra-warmup", type=int, nargs="+", metavar="E",
         help="simulate a 1f1b schedule with each of these pipeline.extra_warmup values, one row each",
     )
+    parser.add_argument(
+        "--split-backward", action="store_true",
+        help="simulate as if pipeline.split_backward = true: weight gradients as W tasks of their own "
+        "(gpipe and 1f1b orders only)",
+    )
     add_cost_model_arguments(parser)
 
 
@@ -67,6 +81,7 @@ def simulate_program(program, orders, args: argparse.Namespace) -> dict:
         "time_unit": "full-sequence forward" if kind is CostModelKind.UNIT else "second",
         "order": program.pipeline.order.value,
         "extra_warmup": program.pipeline.extra_warmup,
+        "split_backward": program.pipeline.split_backward,
         "n_stages": program.n_stages,
         "n_microbatches": program.n_microbatches,
         "n_chunks": program.n_chunks,
@@ -84,9 +99,28 @@ def simulate_program(program, orders, args: argparse.Namespace) -> dict:
     }
 
 
+def with_split_backward(program, args: argparse.Namespace):
+    """The program as ``--split-backward`` asks (unchanged without it), or None after printing why it cannot."""
+    from dataclasses import replace
+
+    from schedlang.lowering.program import OrderKind
+
+    if not args.split_backward or program.pipeline.split_backward:
+        return program
+    if program.pipeline.order is OrderKind.EXPLICIT:
+        print(
+            f"schedlang simulate: error: {args.file}: --split-backward applies to order = gpipe or 1f1b; an explicit "
+            "order lists its own tasks: set split_backward = true in the pipeline block and write its W tasks",
+            file=sys.stderr,
+        )
+        return None
+    return replace(program, pipeline=replace(program.pipeline, split_backward=True))
+
+
 def sweep(program, args: argparse.Namespace) -> list[dict] | None:
     """One result per (``--chunks`` count, ``--extra-warmup`` value), or None after printing why one cannot be
-    simulated. A flag left out keeps the schedule's own value."""
+    simulated. A flag left out keeps the schedule's own value; ``program`` is already split as
+    ``--split-backward`` asks."""
     from dataclasses import replace
 
     from schedlang.lowering.legality import check_orders
@@ -126,13 +160,14 @@ def print_sweep(results: list[dict], args: argparse.Namespace) -> None:
         f"cost model {first['cost_model']} (time in {first['time_unit']}s), swept"
     )
     print(
-        f"{'chunks':>6}  {'extra warm-up':>13}  {'makespan':>12}  {'vs first':>8}  {'bubble':>7}  "
-        f"{'peak activations (stage 0)':>26}"
+        f"{'chunks':>6}  {'extra warm-up':>13}  {'split backward':>14}  {'makespan':>12}  {'vs first':>8}  "
+        f"{'bubble':>7}  {'peak activations (stage 0)':>26}"
     )
     best = min(range(len(results)), key=lambda index: results[index]["makespan"])
     for index, result in enumerate(results):
+        split = "yes" if result["split_backward"] else "no"
         print(
-            f"{result['n_chunks']:>6}  {str(result['extra_warmup']):>13}  {result['makespan']:>12.6g}  "
+            f"{result['n_chunks']:>6}  {str(result['extra_warmup']):>13}  {split:>14}  {result['makespan']:>12.6g}  "
             f"{result['makespan'] / first['makespan']:>8.3f}  {result['bubble_fraction']:>7.4f}  "
             f"{result['peak_activations'][0]:>26.4g}" + ("  <- shortest" if index == best and len(results) > 1 else "")
         )
@@ -148,6 +183,13 @@ def run(args: argparse.Namespace) -> int:
     if loaded is None:
         return 1
     program, orders = loaded
+    split = with_split_backward(program, args)
+    if split is None:
+        return 1
+    if split is not program:
+        from schedlang.lowering.orders import stage_orders
+
+        program, orders = split, stage_orders(split)
     if args.chunks or args.extra_warmup:
         results = sweep(program, args)
         if results is None:
@@ -163,8 +205,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(
         f"{args.file}: {program.n_stages} stages x {program.n_microbatches} microbatches x "
-        f"{program.n_chunks} chunks, order {result['order']}, cost model {result['cost_model']} "
-        f"(time in {result['time_unit']}s)"
+        f"{program.n_chunks} chunks, order {result['order']}"
+        + (", split backward" if program.pipeline.split_backward else "")
+        + f", cost model {result['cost_model']} (time in {result['time_unit']}s)"
     )
     print(f"makespan {result['makespan']:.6g}   bubble fraction {result['bubble_fraction']:.4f}")
     print(f"{'stage':>5}  {'busy':>12}  {'peak activations':>16}")

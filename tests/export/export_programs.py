@@ -14,7 +14,9 @@ from schedlang.lowering.program import (
 )
 
 
-def tiny_program(order: str = "1f1b", n_chunks: int = 2, n_microbatches: int = 2) -> ScheduleProgram:
+def tiny_program(
+    order: str = "1f1b", n_chunks: int = 2, n_microbatches: int = 2, split_backward: bool = False
+) -> ScheduleProgram:
     """A checked program of 2 stages x ``n_microbatches`` microbatches x ``n_chunks`` chunks, built directly."""
     length = 256
     return ScheduleProgram(
@@ -26,7 +28,7 @@ def tiny_program(order: str = "1f1b", n_chunks: int = 2, n_microbatches: int = 2
             boundaries=tuple(length * chunk // n_chunks for chunk in range(n_chunks + 1)),
             kernel_chunk=64,
         ),
-        pipeline=PipelineSpec(microbatches=n_microbatches, order=OrderKind(order)),
+        pipeline=PipelineSpec(microbatches=n_microbatches, order=OrderKind(order), split_backward=split_backward),
         train=TrainSpec(),
         stage_layers=((0,), (1,)),
     )

@@ -122,6 +122,28 @@ def test_compute_slices_carry_task_fields_and_tokens(tiny):
     assert trace["otherData"]["makespan"] == timeline.makespan
 
 
+@pytest.mark.parametrize("cost_model", list(CostModelKind))
+@pytest.mark.parametrize("order", ["1f1b", "gpipe"])
+def test_split_backward_weight_tasks_are_slices_of_category_weight(cost_model, order):
+    program = tiny_program(order, 2, n_microbatches=3, split_backward=True)
+    timeline, trace = _trace_of(program, cost_model)
+    check_trace_structure(trace, timeline)
+    compute = [event for event in trace["traceEvents"] if event["ph"] == "X" and event["tid"] == 1]
+    categories = {"F": "forward", "B": "backward", "W": "weight"}
+    assert all(event["cat"] == categories[event["name"][0]] for event in compute)
+    weights = [event for event in compute if event["cat"] == "weight"]
+    assert len(weights) == 2 * 3 * 2
+    # no message starts or ends at a W task: it waits for its B on the same stage, with no data to move
+    flow_ends = {(event["pid"], event["ts"]) for event in trace["traceEvents"] if event["ph"] in "sf"}
+    assert not any(
+        pid == event["pid"] and event["ts"] < ts < event["ts"] + event["dur"]
+        for event in weights
+        for pid, ts in flow_ends
+    )
+    if cost_model is CostModelKind.UNIT:
+        assert {event["dur"] for event in compute if event["cat"] != "forward"} == {500.0}
+
+
 def test_flops_trace_has_send_and_recv_tracks_with_lanes_for_overlaps():
     timeline, trace = _trace_of(tiny_program("1f1b", 2, n_microbatches=3), CostModelKind.FLOPS)
     slices = check_trace_structure(trace, timeline)

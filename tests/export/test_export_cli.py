@@ -88,3 +88,33 @@ def test_export_of_a_chunked_schedule_points_at_chunks(tmp_path, capsys):
 def test_missing_file_is_an_error_not_a_traceback(tmp_path, capsys):
     assert main(["viz", str(tmp_path / "absent.sched"), "--format", "dot", "-o", str(tmp_path / "x.dot")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def _split_copy(tmp_path, name: str) -> Path:
+    """A schedule of SCHEDULES with ``split_backward = true`` added to its pipeline block."""
+    text = (SCHEDULES / name).read_text().replace("order        = 1f1b", "order        = 1f1b\n  split_backward = true")
+    assert "split_backward" in text
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_export_torch_csv_of_a_split_schedule_writes_i_and_w_and_round_trips(tmp_path):
+    schedule = _split_copy(tmp_path, "one_chunk.sched")
+    output = tmp_path / "order.csv"
+    assert main(["export", str(schedule), "--format", "torch-csv", "-o", str(output)]) == 0
+    program = load_program(schedule)
+    assert program.pipeline.split_backward
+    assert load_torch_csv(output) == stage_orders(program)
+    assert output.read_text().splitlines()[3].startswith(",,,3F0,3I0,3W0,3F1")
+
+
+def test_viz_of_a_split_schedule_draws_weight_tasks(tmp_path):
+    schedule = _split_copy(tmp_path, "tiny.sched")
+    dot, trace = tmp_path / "tiny.dot", tmp_path / "tiny.json"
+    assert main(["viz", str(schedule), "--format", "dot", "-o", str(dot)]) == 0
+    assert '"1W0.1" [label="W0.1"' in dot.read_text()
+    assert main(["viz", str(schedule), "--format", "chrome", "-o", str(trace)]) == 0
+    categories = {event["cat"] for event in json.loads(trace.read_text())["traceEvents"] if event["ph"] == "X"}
+    assert categories == {"forward", "backward", "weight"}
+    assert main(["viz", str(schedule), "--format", "png", "-o", str(tmp_path / "tiny.png")]) == 0

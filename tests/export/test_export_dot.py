@@ -96,9 +96,31 @@ def test_nodes_use_local_labels_and_kind_colours():
     assert fills[TaskKind.FORWARD] != fills[TaskKind.BACKWARD]
 
 
+def test_weight_tasks_have_their_own_fill_and_sit_in_program_order():
+    graph = build_task_graph(2, 2, 2, split_backward=True)
+    orders = one_f_one_b_orders(2, 2, 2, split_backward=True)
+    text = task_graph_to_dot(graph, orders=orders)
+    fills = {}
+    for match in filter(None, map(_NODE_LINE.match, text.splitlines())):
+        fills.setdefault(TaskId.parse(match.group(1)).kind, set()).add(match.group(3))
+    assert [len(fills[kind]) for kind in TaskKind] == [1, 1, 1]
+    assert len(set.union(*fills.values())) == 3, "forward, backward and weight-gradient nodes are filled apart"
+    assert '    "1W0.1" [label="W0.1", fillcolor="#d9ead3"];' in text.splitlines()
+    clusters = _clusters(text)
+    for stage, node_ids in clusters.items():
+        assert [TaskId.parse(node) for node in node_ids] == list(orders[stage])
+    weight_edges = [(s, d, a) for s, d, a in _edges(text) if d.kind is TaskKind.WEIGHT and "invis" not in a]
+    assert sorted((s, d) for s, d, _ in weight_edges) == sorted(
+        (TaskId(TaskKind.BACKWARD, *task[1:]), task) for task in graph if task.kind is TaskKind.WEIGHT
+    )
+    assert {a for _, _, a in weight_edges} == {'color="#777777", arrowhead=empty'}
+    _DOT_PARSER.parse(text)
+
+
 def test_every_dependency_is_drawn_once_and_state_edges_are_dashed():
-    graph = build_task_graph(3, 2, 3)
-    edges = _edges(task_graph_to_dot(graph, orders=gpipe_orders(3, 2, 3), program_order_edges=ProgramOrderEdges.NONE))
+    graph = build_task_graph(3, 2, 3, split_backward=True)  # all six dependencies, B -> W included
+    orders = gpipe_orders(3, 2, 3, split_backward=True)
+    edges = _edges(task_graph_to_dot(graph, orders=orders, program_order_edges=ProgramOrderEdges.NONE))
     assert sorted((source, destination) for source, destination, _ in edges) == sorted(graph.edges)
     styles_by_dependency: dict[Dependency, set[str]] = {}
     for source, destination, attributes in edges:
@@ -144,6 +166,11 @@ def test_hand_built_graph_edges_are_classified_from_their_endpoints():
         ("2F1.3", "2B1.3", Dependency.FORWARD_BACKWARD),
         ("2B1.3", "1B1.3", Dependency.STAGE_BACKWARD),
         ("2B1.3", "2B1.2", Dependency.STATE_BACKWARD),
+        ("2B1.3", "2W1.3", Dependency.BACKWARD_WEIGHT),
+        ("2B1.3", "1W1.3", None),
+        ("2B1.3", "2W1.2", None),
+        ("2F1.3", "2W1.3", None),
+        ("2W1.3", "2B1.3", None),
         ("0F1.0", "0F2.0", None),
         ("0F1.1", "0F1.0", None),
         ("0B1.0", "1B1.0", None),

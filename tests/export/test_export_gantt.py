@@ -81,6 +81,29 @@ def test_forward_and_backward_colours_differ_and_microbatches_alternate(tiny):
     assert colours["F"]["0"].isdisjoint(colours["F"]["1"])
 
 
+def _legend_labels(figure):
+    return [text.get_text() for legend in figure.legends for text in legend.get_texts()]
+
+
+def test_weight_tasks_get_their_own_shades_and_a_legend_entry():
+    timeline = simulate(tiny_program("1f1b", 2, split_backward=True))
+    figure = render_gantt(timeline, title="tiny", width_inches=24.0)
+    axes = figure.axes[0]
+    compute = [interval for interval in timeline.tasks if interval.stream is Stream.COMPUTE]
+    assert len(axes.collections) == len(compute) == 24
+    colours = {}
+    for collection, label in zip(axes.collections, axes.texts):
+        kind, microbatch = label.get_text()[0], label.get_text()[1]
+        colours.setdefault(kind, {}).setdefault(microbatch, set()).add(tuple(np.round(collection.get_facecolor()[0], 3)))
+    assert set(colours) == {"F", "B", "W"}
+    for kind in "FB":
+        assert colours["W"]["0"].isdisjoint(colours[kind]["0"])
+    assert colours["W"]["0"].isdisjoint(colours["W"]["1"]), "microbatches alternate shades"
+    assert _legend_labels(figure) == ["forward", "backward", "weight gradients"]
+    assert _legend_labels(render_gantt(simulate(tiny_program()))) == ["forward", "backward"]
+    assert len(gantt_png(timeline)) > 1000
+
+
 @pytest.mark.parametrize("cost_model", list(CostModelKind))
 def test_both_cost_models_render(cost_model, tiny):
     assert len(gantt_png(simulate(tiny, cost_model=cost_model), time_unit_name="s")) > 1000

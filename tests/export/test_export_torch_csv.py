@@ -18,6 +18,7 @@ from schedlang.lowering.export.torch_csv import (
     TorchCsvError,
     load_torch_csv,
     parse_torch_csv,
+    splits_backward,
     torch_csv_rows,
     torch_action_text,
     torch_csv_text,
@@ -168,9 +169,8 @@ def test_task_on_the_wrong_stage_is_refused():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("0F0,0I0,0W0", r"sched\.csv:1: cell 2: error: cannot read action '0I0': it is a split backward"),
         ("0F0,0SEND_F0", r"cell 2: error: cannot read action '0SEND_F0': it is a communication"),
-        ("0F0,F0", r"cell 2: error: cannot read action 'F0': expected <stage><F\|B><microbatch>"),
+        ("0F0,F0", r"cell 2: error: cannot read action 'F0': expected <stage><F\|B\|I\|W><microbatch>"),
         ("0F0,0B0\n0F1", r"sched\.csv:2: cell 1: error: action '0F1' runs stage 0 on rank 1"),
     ],
 )
@@ -184,3 +184,71 @@ def test_import_skips_idle_and_blank_cells():
         (TaskId.forward(0, 0, 0), TaskId.backward(0, 0, 0)),
         (TaskId.forward(1, 0, 0), TaskId.backward(1, 0, 0)),
     )
+
+
+def _split_orders(order: str, n_stages: int, n_microbatches: int):
+    return _GENERATORS[order](n_stages, n_microbatches, 1, split_backward=True)
+
+
+@pytest.mark.parametrize("order", sorted(_GENERATORS))
+@pytest.mark.parametrize(("n_stages", "n_microbatches"), _SHAPES)
+def test_split_backward_round_trip(tmp_path, order, n_stages, n_microbatches):
+    orders = _split_orders(order, n_stages, n_microbatches)
+    path = tmp_path / "schedule.csv"
+    write_torch_csv(orders, path)
+    cells = [cell for line in path.read_text().splitlines() for cell in line.split(",") if cell]
+    letters = {cell.lstrip("0123456789")[0] for cell in cells}
+    assert letters == {"F", "I", "W"}, "a split program's backward is torch's I, its weight gradients W, never B"
+    loaded = load_torch_csv(path)
+    assert loaded == orders and splits_backward(loaded)
+
+
+def test_split_one_f_one_b_layout():
+    assert torch_csv_text(one_f_one_b_orders(3, 4, 1, split_backward=True)) == (
+        "0F0,0F1,0F2,,,0I0,0W0,0F3,0I1,0W1,,0I2,0W2,,0I3,0W3\n"
+        ",1F0,1F1,,1I0,1W0,1F2,1I1,1W1,1F3,1I2,,,1I3,1W2,1W3\n"
+        ",,2F0,2I0,2W0,2F1,2I1,2W1,2F2,2I2,2W2,2F3,2I3,2W3,,\n"
+    )
+    assert torch_action_text(TaskId.backward(1, 2, 0), split_backward=True) == "1I2"
+    assert torch_action_text(TaskId.weight(1, 2, 0), split_backward=True) == "1W2"
+
+
+@pytest.mark.parametrize("order", sorted(_GENERATORS))
+@pytest.mark.parametrize(("n_stages", "n_microbatches"), [(2, 2), (4, 4), (3, 6)])
+def test_torch_runtime_loads_and_simulates_split_backwards(tmp_path, order, n_stages, n_microbatches):
+    orders = _split_orders(order, n_stages, n_microbatches)
+    path = tmp_path / "schedule.csv"
+    write_torch_csv(orders, path)
+    runtime = _runtime(n_stages, n_microbatches)
+    runtime._load_csv(str(path))
+    kinds = {
+        action.computation_type for actions in runtime.pipeline_order.values() for action in actions if action
+    }
+    assert kinds == {torch_schedules.FORWARD, torch_schedules.BACKWARD_INPUT, torch_schedules.BACKWARD_WEIGHT}
+    fsdp_actions = {torch_schedules.UNSHARD, torch_schedules.RESHARD, torch_schedules.REDUCE_GRAD}
+    with_comms = {
+        rank: [action for action in actions if action is None or action.computation_type not in fsdp_actions]
+        for rank, actions in runtime.pipeline_order_with_comms.items()
+    }
+    simulated = torch_schedules._simulate_comms_compute(with_comms, lambda stage: stage, n_stages)
+    n_compute_actions = sum(
+        action is not None and action.is_compute_op for actions in simulated.values() for action in actions
+    )
+    assert n_compute_actions == 3 * n_stages * n_microbatches
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "0F0,0I0,0W0\n,1F0,1B0",
+            r"sched\.csv:2: cell 3: error: a full backward \(B\) in a file with split backwards \(I, first at "
+            r"sched\.csv:1: cell 2\)",
+        ),
+        ("0F0,0B0,0W0", r"sched\.csv:1: cell 2: error: a full backward \(B\) in a file with split backwards \(W"),
+        ("0F0,0I0", r"sched\.csv:1: cell 2: error: the file splits backwards \(I, the input gradients\) but has no W"),
+    ],
+)
+def test_full_and_split_backwards_do_not_mix(text, message):
+    with pytest.raises(TorchCsvError, match=message):
+        parse_torch_csv(text, "sched.csv")

@@ -94,6 +94,8 @@ CASES = {
     "word_not_a_task": ({19: "  order = explicit  stage 0: F0.0  stage 1: X0.1"}, "", 19, "X0.1", "'X0.1' is not a task"),
     "microbatch_out_of_range": ({19: "  order = explicit  stage 0: F0.0  stage 1: F4.0"}, "", 19, "F4.0", "task F4.0 names microbatch 4, but pipeline.microbatches = 4"),
     "chunk_out_of_range": ({19: "  order = explicit  stage 0: F0.0  stage 1: B0.4"}, "", 19, "B0.4", "task B0.4 names chunk 4, but the sequence has 4 chunks"),
+    "weight_task_without_split_backward": ({19: "  order = explicit  stage 0: F0.0  stage 1: W0.0"}, "", 19, "W0.0", "task W0.0 is a weight-gradient task, but the backward is not split"),
+    "split_backward_not_a_boolean": ({18: "  microbatches = 4  split_backward = 1"}, "", 18, "1", "'pipeline.split_backward' must be true or false, found '1'"),
     "betas_shape": ({22: "  optimizer = adamw(betas = [0.9])"}, "", 22, "[0.9]", "'train.optimizer.betas' must be a list of two numbers, e.g. [0.9, 0.95]"),
     "beta_range": ({22: "  optimizer = adamw(betas = [0.9, 1.0])"}, "", 22, "1.0", "'train.optimizer.betas' must be < 1, found 1.0"),
     "data_path": ({22: "  data = bytes(path = 3)"}, "", 22, "3", "'train.data.path' must be a non-empty string such as \"data.txt\""),

@@ -28,6 +28,7 @@ def make_program(
     layers: tuple[LayerKind, ...] | None = None,
     explicit_orders: tuple[StageOrder, ...] = (),
     mesh: MeshSpec | None = None,
+    split_backward: bool = False,
     **sequence_options,
 ) -> ScheduleProgram:
     """A checked-looking program with uniform chunks of 64 tokens unless ``boundaries`` says otherwise."""
@@ -40,14 +41,23 @@ def make_program(
         model=ModelSpec(vocab=256, d_model=128, layers=layers, heads=2, head_dim=64),
         mesh=mesh or MeshSpec(pipeline=n_stages),
         sequence=SequenceSpec(length=boundaries[-1], boundaries=boundaries, **sequence_options),
-        pipeline=PipelineSpec(microbatches=n_microbatches, order=order, explicit_orders=explicit_orders),
+        pipeline=PipelineSpec(
+            microbatches=n_microbatches, order=order, explicit_orders=explicit_orders, split_backward=split_backward
+        ),
         train=TrainSpec(),
         stage_layers=tuple(tuple(range(stage * per_stage, (stage + 1) * per_stage)) for stage in range(n_stages)),
         source_file="test.sched",
     )
 
 
-def explicit_program(n_stages: int, n_microbatches: int, n_chunks: int, lines: dict[int, str], first_line: int = 3):
+def explicit_program(
+    n_stages: int,
+    n_microbatches: int,
+    n_chunks: int,
+    lines: dict[int, str],
+    first_line: int = 3,
+    split_backward: bool = False,
+):
     """An explicit-order program whose ``stage r:`` lines are given as text, with spans as the parser makes them.
 
     Returns the program and the source text its spans point into.
@@ -68,6 +78,11 @@ def explicit_program(n_stages: int, n_microbatches: int, n_chunks: int, lines: d
         source_lines.append(prefix + text)
     source_lines.append("}")
     program = make_program(
-        n_stages, n_microbatches, n_chunks, order=OrderKind.EXPLICIT, explicit_orders=tuple(stage_orders)
+        n_stages,
+        n_microbatches,
+        n_chunks,
+        order=OrderKind.EXPLICIT,
+        explicit_orders=tuple(stage_orders),
+        split_backward=split_backward,
     )
     return program, "\n".join(source_lines) + "\n"

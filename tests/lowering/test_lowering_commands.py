@@ -152,7 +152,7 @@ def test_simulate_sweeps_extra_warmup_with_chunk_counts(capsys):
     assert "extra warm-up" in out and len(out.strip().splitlines()) == 3 and "shortest" not in out
     assert run_command(simulate, [path, "--extra-warmup", "0", "2", "--cost-model", "flops"]) == 0
     rows = capsys.readouterr().out.strip().splitlines()[2:]
-    makespans = [float(row.split()[2]) for row in rows]
+    makespans = [float(row.split()[3]) for row in rows]
     marked = [row.endswith("<- shortest") for row in rows]
     assert marked == [makespan == min(makespans) for makespan in makespans] and sum(marked) == 1
     gpipe = str(EXAMPLES / "simple_gla_gpipe.sched")
@@ -165,3 +165,89 @@ def test_simulate_sweep_refuses_what_fixes_the_chunk_count(capsys):
     assert "an explicit order is written for its own chunk count" in capsys.readouterr().err
     assert run_command(simulate, [str(EXAMPLES / "gla_stateflow.sched"), "--chunks", "65"]) == 1
     assert "at most 64 chunks fit" in capsys.readouterr().err
+
+
+def test_simulate_split_backward_json_and_table(capsys):
+    path = str(EXAMPLES / "gla_stateflow.sched")  # 2 stages, 4 microbatches, 4 uniform chunks, 1f1b
+    assert run_command(simulate, [path, "--split-backward", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["split_backward"] is True and result["n_tasks"] == 96
+    assert result["makespan"] == 12.5 < result["eq15_makespan_unit"] == 12.75  # W fills the drain
+    assert result["peak_activations"] == result["eq13_peak_activations"] == [1.25, 1.0]
+    assert result["busy_time"] == [12.0, 12.0]
+    assert run_command(simulate, [path, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["split_backward"] is False
+    assert run_command(simulate, [path, "--split-backward"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (
+        f"{path}: 2 stages x 4 microbatches x 4 chunks, order 1f1b, split backward, cost model unit "
+        "(time in full-sequence forwards)"
+    )
+    assert out[1] == "makespan 12.5   bubble fraction 0.0400"
+
+
+def test_simulate_split_backward_sweeps_with_chunks_and_extra_warmup(capsys):
+    path = str(EXAMPLES / "gla_stateflow.sched")
+    arguments = [path, "--split-backward", "--chunks", "1", "4", "--extra-warmup", "0", "1"]
+    assert run_command(simulate, arguments + ["--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["sweep"]
+    assert [(row["n_chunks"], row["extra_warmup"], row["split_backward"]) for row in rows] == [
+        (1, 0, True), (1, 1, True), (4, 0, True), (4, 1, True)
+    ]
+    for row in rows:
+        n, extra = row["n_chunks"], row["extra_warmup"]
+        assert row["peak_activations"] == pytest.approx([min(4 * n, n + 1 + extra) / n, 1.0])
+        assert row["makespan"] < row["eq15_makespan_unit"]
+    assert run_command(simulate, arguments) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[1].split() == [
+        "chunks", "extra", "warm-up", "split", "backward", "makespan", "vs", "first", "bubble", "peak",
+        "activations", "(stage", "0)",
+    ]
+    assert [line.split()[:4] for line in lines[2:]] == [
+        ["1", "0", "yes", "14"], ["1", "1", "yes", "14"], ["4", "0", "yes", "12.5"], ["4", "1", "yes", "12.5"]
+    ]
+    assert run_command(simulate, [path, "--chunks", "4"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[2].split()[:4] == ["4", "0", "no", "12.75"]
+
+
+def test_simulate_split_backward_refuses_an_explicit_order(capsys):
+    assert run_command(simulate, [str(EXAMPLES / "explicit_order.sched"), "--split-backward"]) == 1
+    assert "--split-backward applies to order = gpipe or 1f1b" in capsys.readouterr().err
+
+
+SPLIT_STAGE0 = "F0.0 F0.1 F1.0 F1.1 B0.1 W0.1 B0.0 W0.0 B1.1 W1.1 B1.0 W1.0"
+SPLIT_STAGE1 = "F0.0 F0.1 B0.1 B0.0 F1.0 F1.1 B1.1 B1.0 W0.1 W0.0 W1.1 W1.0"
+
+
+def write_split_schedule(tmp_path, stage0, stage1):
+    path = tmp_path / "split.sched"
+    text = EXPLICIT.replace("order = explicit", "order = explicit\n  split_backward = true")
+    path.write_text(text.replace("STAGE0", stage0).replace("STAGE1", stage1))
+    return str(path)
+
+
+def test_check_and_simulate_an_explicit_split_schedule(tmp_path, capsys):
+    path = write_split_schedule(tmp_path, SPLIT_STAGE0, SPLIT_STAGE1)
+    assert run_command(check, [path]) == 0
+    assert capsys.readouterr().out == f"{path}: legal: 2 stages, 2 microbatches, 2 chunks, 24 tasks\n"
+    assert run_command(simulate, [path, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["split_backward"] is True and result["n_tasks"] == 24
+    # stage 1 defers all its W tasks: microbatch 0's chunks stay live until the end, next to microbatch 1's
+    assert result["peak_activations"] == [2.0, 2.0]
+
+
+def test_check_reports_weight_task_mistakes_at_their_tokens(tmp_path, capsys):
+    stage1 = SPLIT_STAGE1.replace("W0.1 W0.0", "W0.0 W0.0 W0.1").replace("B1.1 B1.0", "W1.1 B1.1 B1.0")
+    stage1 = stage1.replace(" W1.1 W1.0", " W1.0")
+    path = write_split_schedule(tmp_path, SPLIT_STAGE0.replace(" W1.0", ""), stage1)
+    assert run_command(check, [path]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}:26:62: error: stage 1 runs W0.0 twice (first at step 9); remove one" in err
+    assert f"{path}:25:3: error: stage 0 never runs W1.0 (the weight gradients of microbatch 1, chunk 0)" in err
+    assert (
+        f"{path}:26:42: error: stage 1 runs W1.1 (step 6) before B1.1 (step 7), but the split backward requires "
+        "B[r,a,i] before W[r,a,i]" in err
+    )
+    assert err.strip().splitlines()[-1] == "illegal: 3 violations (2 stages, 2 microbatches, 2 chunks, 24 tasks)"

@@ -1,7 +1,8 @@
 """Property tests: random orders are accepted or rejected for the right reason.
 
 Every verdict of ``check_orders`` is compared with an independent brute-force
-checker written here from Eq. 8 alone: set arithmetic for unknown, duplicate
+checker written here from Eq. 8 alone (plus ``B`` before ``W`` when the
+backward is split, which every strategy draws half of the time): set arithmetic for unknown, duplicate
 and missing tasks, a scan of every same-stage edge for order violations, and a
 step-by-step global simulation (run any stage whose next task has all its
 predecessors done, or any missing task whose predecessors are done) for
@@ -19,11 +20,15 @@ from schedlang.lowering.legality import ViolationKind, check_orders
 from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders
 from schedlang.lowering.tasks import TaskId, TaskKind
 
-F, B = TaskKind.FORWARD, TaskKind.BACKWARD
+F, B, W = TaskKind.FORWARD, TaskKind.BACKWARD, TaskKind.WEIGHT
 
 
-def eq8_edges(P, M, N):
-    """(predecessor, successor, constraint) straight from the five lines of Eq. 8."""
+def kinds(split):
+    return (F, B, W) if split else (F, B)
+
+
+def eq8_edges(P, M, N, split=False):
+    """(predecessor, successor, constraint) straight from the five lines of Eq. 8, and B before W when split."""
     edges = []
     for a in range(M):
         for i in range(N):
@@ -37,11 +42,13 @@ def eq8_edges(P, M, N):
                     edges.append((TaskId(B, r + 1, a, i), TaskId(B, r, a, i), "stage_backward"))
                 if i < N - 1:
                     edges.append((TaskId(B, r, a, i + 1), TaskId(B, r, a, i), "state_backward"))
+                if split:
+                    edges.append((TaskId(B, r, a, i), TaskId(W, r, a, i), "backward_weight"))
     return edges
 
 
-def brute_force(P, M, N, orders):
-    universe = {TaskId(k, r, a, i) for k in (F, B) for r in range(P) for a in range(M) for i in range(N)}
+def brute_force(P, M, N, orders, split=False):
+    universe = {TaskId(k, r, a, i) for k in kinds(split) for r in range(P) for a in range(M) for i in range(N)}
     unknown, duplicate = Counter(), Counter()
     kept = [[] for _ in range(P)]
     for stage, order in enumerate(orders):
@@ -55,7 +62,7 @@ def brute_force(P, M, N, orders):
     present = {task for order in kept for task in order}
     missing = universe - present
     position = {task: order.index(task) for order in kept for task in order}
-    edges = eq8_edges(P, M, N)
+    edges = eq8_edges(P, M, N, split)
     violated = {
         (successor, predecessor, name)
         for predecessor, successor, name in edges
@@ -91,8 +98,8 @@ def brute_force(P, M, N, orders):
     }
 
 
-def verdict(P, M, N, orders):
-    report = check_orders((P, M, N), orders)
+def verdict(P, M, N, orders, split=False):
+    report = check_orders((P, M, N), orders, split_backward=split)
     unknown = Counter()
     for violation in report.of_kind(ViolationKind.UNKNOWN_TASK):
         unknown.update(violation.tasks)
@@ -112,12 +119,13 @@ dimensions = st.tuples(st.integers(1, 4), st.integers(1, 3), st.integers(1, 3))
 def linear_extension_orders(draw):
     """A random global topological order of the task graph, projected onto the stages."""
     P, M, N = draw(dimensions)
-    edges = eq8_edges(P, M, N)
+    split = draw(st.booleans())
+    edges = eq8_edges(P, M, N, split)
     waiting = Counter(s for _, s, _ in edges)
     successors = {}
     for p, s, _ in edges:
         successors.setdefault(p, []).append(s)
-    ready = sorted(TaskId(k, r, a, i) for k in (F, B) for r in range(P) for a in range(M) for i in range(N) if waiting[TaskId(k, r, a, i)] == 0)
+    ready = sorted(TaskId(k, r, a, i) for k in kinds(split) for r in range(P) for a in range(M) for i in range(N) if waiting[TaskId(k, r, a, i)] == 0)
     orders = [[] for _ in range(P)]
     while ready:
         task = ready.pop(draw(st.integers(0, len(ready) - 1)))
@@ -126,14 +134,14 @@ def linear_extension_orders(draw):
             waiting[successor] -= 1
             if waiting[successor] == 0:
                 ready.append(successor)
-    return P, M, N, orders
+    return P, M, N, orders, split
 
 
 @settings(max_examples=150, deadline=None)
 @given(linear_extension_orders())
 def test_every_projection_of_a_topological_order_is_legal(case):
-    P, M, N, orders = case
-    report = check_orders((P, M, N), orders)
+    P, M, N, orders, split = case
+    report = check_orders((P, M, N), orders, split_backward=split)
     assert report.is_legal, report.violations
 
 
@@ -141,25 +149,27 @@ def test_every_projection_of_a_topological_order_is_legal(case):
 def permuted_orders(draw):
     """A generated order with some stages' tasks shuffled."""
     P, M, N = draw(dimensions)
-    base = draw(st.sampled_from([gpipe_orders, one_f_one_b_orders]))(P, M, N)
+    split = draw(st.booleans())
+    base = draw(st.sampled_from([gpipe_orders, one_f_one_b_orders]))(P, M, N, split_backward=split)
     orders = [list(draw(st.permutations(order))) if draw(st.booleans()) else list(order) for order in base]
-    return P, M, N, orders
+    return P, M, N, orders, split
 
 
 @settings(max_examples=250, deadline=None)
 @given(permuted_orders())
 def test_permuted_orders_match_brute_force(case):
-    P, M, N, orders = case
-    found, report = verdict(P, M, N, orders)
-    expected = brute_force(P, M, N, orders)
+    P, M, N, orders, split = case
+    found, report = verdict(P, M, N, orders, split)
+    expected = brute_force(P, M, N, orders, split)
     assert found == expected
     assert report.is_legal == (not expected["order"] and not expected["deadlock"])
 
 
 @st.composite
 def mutated_orders(draw):
-    """A legal or permuted order with tasks dropped, repeated, moved to other stages or out of range."""
-    P, M, N, orders = draw(st.one_of(linear_extension_orders(), permuted_orders()))
+    """A legal or permuted order with tasks dropped, repeated, moved to other stages or out of range (a W task in
+    an unsplit schedule among them)."""
+    P, M, N, orders, split = draw(st.one_of(linear_extension_orders(), permuted_orders()))
     for _ in range(draw(st.integers(1, 4))):
         stage = draw(st.integers(0, P - 1))
         order = orders[stage]
@@ -173,19 +183,19 @@ def mutated_orders(draw):
             if orders[other]:
                 order.insert(draw(st.integers(0, len(order))), draw(st.sampled_from(orders[other])))
         elif mutation == "out_of_range":
-            task = TaskId(draw(st.sampled_from([F, B])), stage, draw(st.integers(0, M)), draw(st.integers(0, N)))
+            task = TaskId(draw(st.sampled_from([F, B, W])), stage, draw(st.integers(0, M)), draw(st.integers(0, N)))
             order.insert(draw(st.integers(0, len(order))), task)
         elif mutation == "swap" and len(order) >= 2:
             index = draw(st.integers(0, len(order) - 2))
             order[index], order[index + 1] = order[index + 1], order[index]
         elif mutation == "extra_stage" and len(orders) == P:
             orders.append([TaskId(F, P, 0, 0)])
-    return P, M, N, orders
+    return P, M, N, orders, split
 
 
 @settings(max_examples=300, deadline=None)
 @given(mutated_orders())
 def test_mutated_orders_match_brute_force(case):
-    P, M, N, orders = case
-    found, _ = verdict(P, M, N, orders)
-    assert found == brute_force(P, M, N, orders)
+    P, M, N, orders, split = case
+    found, _ = verdict(P, M, N, orders, split)
+    assert found == brute_force(P, M, N, orders, split)

@@ -109,8 +109,8 @@ CONFIGURATIONS = {
             "p2_n3_split_backward_recompute_gpipe", 2, "3", 2, 2, order="gpipe", recompute="full",
             split_backward=True,
         ),
-        "p2_n3_split_backward_graphs_emulated": schedule_text(
-            "p2_n3_split_backward_graphs_emulated", 2, "3", 4, 1, cuda_graphs=True, extra_warmup=1,
+        "p2_n2_split_backward_graphs_emulated": schedule_text(
+            "p2_n2_split_backward_graphs_emulated", 2, "2", 4, 1, cuda_graphs=True, extra_warmup=1,
             split_backward=True,
         ),
     },
