@@ -1,0 +1,100 @@
+"""Where a pipeline stage's GPU idles in one profiled step: busy time, small launch gaps, and the long waits.
+
+Reads the Chrome traces that ``benchmarks/pipeline.py --trace-dir`` writes (one per system and stage, plain
+or gzipped JSON), merges the intervals of the compute kernels (every GPU kernel but NCCL's) and splits the
+idle time of the step (first kernel start to last kernel end) into gaps shorter than ``--long-us`` (kernel
+launch gaps, even inside CUDA-graph replays) and long ones (waits for the other stage, fill and drain), which
+it lists with their offset into the step, so that a wait at the start (fill), in the middle or at the end
+(drain) reads off directly.
+
+    python3 benchmarks/trace_gaps.py traces/trace-schedlang-8g+2-stage*.json [--long-us 50] [--top 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class StepGaps:
+    step_ms: float
+    busy_ms: float
+    kernels: int
+    short_gap_ms: float
+    short_gaps: int
+    long_gaps: tuple[tuple[float, float], ...]  # (offset into the step, duration), ms
+
+    @property
+    def long_gap_ms(self) -> float:
+        return sum(duration for _, duration in self.long_gaps)
+
+
+def load_events(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as handle:
+        trace = json.load(handle)
+    return trace["traceEvents"] if isinstance(trace, dict) else trace
+
+
+def compute_intervals(events: list[dict]) -> list[tuple[float, float]]:
+    """(start, end) in microseconds of every GPU kernel that is not a collective or point-to-point one."""
+    return sorted(
+        (float(event["ts"]), float(event["ts"]) + float(event.get("dur", 0.0)))
+        for event in events
+        if event.get("cat") == "kernel" and "nccl" not in event.get("name", "").lower()
+    )
+
+
+def step_gaps(intervals: list[tuple[float, float]], long_us: float) -> StepGaps:
+    """Merge overlapping kernels and classify the holes between them."""
+    if not intervals:
+        return StepGaps(0.0, 0.0, 0, 0.0, 0, ())
+    start = intervals[0][0]
+    busy = short = 0.0
+    n_short = 0
+    long_gaps = []
+    current_start, current_end = intervals[0]
+    for begin, end in intervals[1:]:
+        if begin <= current_end:
+            current_end = max(current_end, end)
+            continue
+        busy += current_end - current_start
+        gap = begin - current_end
+        if gap < long_us:
+            short += gap
+            n_short += 1
+        else:
+            long_gaps.append(((current_end - start) / 1e3, gap / 1e3))
+        current_start, current_end = begin, end
+    busy += current_end - current_start
+    return StepGaps((current_end - start) / 1e3, busy / 1e3, len(intervals), short / 1e3, n_short, tuple(long_gaps))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("traces", nargs="+", type=Path)
+    parser.add_argument("--long-us", type=float, default=50.0, help="gaps at least this long are waits (us)")
+    parser.add_argument("--top", type=int, default=12, help="list this many of the longest waits per trace")
+    args = parser.parse_args()
+    print("| trace | step ms | busy ms | kernels | short gaps ms (count) | long waits ms (count) |")
+    print("|---|---|---|---|---|---|")
+    results = {}
+    for path in args.traces:
+        gaps = step_gaps(compute_intervals(load_events(path)), args.long_us)
+        results[path] = gaps
+        print(
+            f"| {path.name} | {gaps.step_ms:.1f} | {gaps.busy_ms:.1f} | {gaps.kernels} | "
+            f"{gaps.short_gap_ms:.1f} ({gaps.short_gaps}) | {gaps.long_gap_ms:.1f} ({len(gaps.long_gaps)}) |"
+        )
+    for path, gaps in results.items():
+        longest = sorted(gaps.long_gaps, key=lambda gap: -gap[1])[: args.top]
+        waits = ", ".join(f"{duration:.1f} at {offset:.0f}" for offset, duration in sorted(longest))
+        print(f"{path.name}: longest waits (ms at ms into the step): {waits}")
+
+
+if __name__ == "__main__":
+    main()
