@@ -21,15 +21,24 @@ def one_f_one_b_peak_activations(n_stages: int, n_microbatches: int) -> tuple[fl
 
 
 def stateflow_peak_activations(
-    n_stages: int, n_microbatches: int, n_chunks: int, extra_warmup: ExtraWarmup = 0
+    n_stages: int,
+    n_microbatches: int,
+    n_chunks: int,
+    extra_warmup: ExtraWarmup = 0,
+    split_backward: bool = False,
 ) -> tuple[float, ...]:
     """Eq. 13 without ``B_r``: stage ``r`` holds ``min(MN, N + P - r - 1) / N`` microbatches.
 
     With ``extra_warmup = e`` ([Note: extra warm-up]) every stage but the last holds ``e`` chunks more
-    (``e_r`` more on stage ``r`` for a per-stage list).
+    (``e_r`` more on stage ``r`` for a per-stage list). With ``split_backward`` ([Note: split backward]) stage
+    ``r > 0`` holds the chunks in flight of stage ``r - 1``: its deferred ``W`` tasks keep the chunks whose
+    gradients stage ``r - 1`` consumes in its cool-down until the end of the step.
     """
     return tuple(
-        one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, stage, extra_warmup) / n_chunks
+        one_f_one_b_warmup(
+            n_stages, n_microbatches, n_chunks, stage - 1 if split_backward and stage > 0 else stage, extra_warmup
+        )
+        / n_chunks
         for stage in range(n_stages)
     )
 

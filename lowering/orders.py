@@ -42,23 +42,25 @@ nothing downstream waits for, while ``B`` keeps what the previous stage and
 the previous chunk wait for (input and state gradients, and the gradients of
 the parameters outside linear layers). ``W(r, a, i)`` depends only on
 ``B(r, a, i)``. The generated orders put ``W`` right after its ``B``, except
-for the *cool-down* backwards of every stage but the first (those after the
-stage's last forward): their ``W`` tasks move to the end of the step, in
-backward order. In the cool-down a stage's backwards are a chain through the
-stages (each ``B(r, a, i)`` waits for ``B(r + 1, a, i)``) and the last stage
-idles at the end while the stages above it finish theirs (the pipeline's
-drain: one chunk backward per stage). Deferring ``W`` lets each ``B`` hand its
-gradients on sooner, so the stages above start their cool-down backwards
-earlier, and the deferred ``W`` tasks fill the time the stage would otherwise
-idle. The first stage's ``W`` stays after its ``B``: no stage waits on its
-backwards. A deferred chunk holds the inputs and output gradients of its
-linear layers until its ``W``, so the stage's activations in flight never
-exceed their warm-up peak (no forward starts in the cool-down): Eq. 13 holds.
-Sends are unchanged and ``W`` waits on nothing of another stage, so the
-orders stay legal and deadlock free.
-
-The generated orders are legal and deadlock free by construction; the
-legality pass checks explicit orders (``schedlang.lowering.legality``).
+on stage ``r > 0`` for the backwards whose gradient stage ``r - 1`` consumes
+in *its* cool-down (the backwards after its last forward; in 1F1B the last
+``w_{r-1}`` units in backward order, ``w`` the warm-up count; in GPipe all):
+their ``W`` tasks move to the end of the step, in backward order. In its
+cool-down a stage has no forward left to fill a wait, so it runs at the pace
+of the gradients stage ``r`` sends, one per ``F + B`` of stage ``r`` while
+stage ``r`` still runs forwards and one per ``B`` after; with ``W`` deferred
+they come one per ``F + B - W`` and ``B - W``, so stage ``r - 1`` waits less,
+and stage ``r`` runs its deferred ``W`` tasks while stage ``r - 1`` finishes
+(the pipeline's drain). On two H200s, deferring only stage 1's own cool-down
+left stage 0 waiting a chunk's ``F + B - B`` of stage 1 three times in a row
+at the start of its longer cool-down (it runs ``w_0 = N + 1 + e`` backwards
+there against stage 1's ``N``), and stage 1 waiting for it at the end: the
+rule above defers exactly those. The first stage's ``W`` stays after its
+``B``: no stage waits on its backwards. A deferred chunk holds the inputs and
+output gradients of its linear layers until its ``W``, so stage ``r`` holds
+up to ``w_{r-1}`` chunks in flight (instead of ``w_r``, Eq. 13) at its last
+forward. Sends are unchanged and ``W`` waits on nothing of another stage, so
+the orders stay legal and deadlock free.
 """
 
 from __future__ import annotations
@@ -103,11 +105,12 @@ class _StageOrderBuilder:
     def forward(self, microbatch: int, chunk: int) -> None:
         self.tasks.append(TaskId.forward(self.stage, microbatch, chunk))
 
-    def backward(self, microbatch: int, chunk: int, cool_down: bool) -> None:
+    def backward(self, microbatch: int, chunk: int, upstream_cool_down: bool) -> None:
+        """``upstream_cool_down``: stage ``r - 1`` consumes this backward's gradient in its cool-down."""
         self.tasks.append(TaskId.backward(self.stage, microbatch, chunk))
         if self.split_backward:
             weight = TaskId.weight(self.stage, microbatch, chunk)
-            (self.deferred if cool_down and self.stage > 0 else self.tasks).append(weight)
+            (self.deferred if upstream_cool_down and self.stage > 0 else self.tasks).append(weight)
 
     def order(self) -> tuple[TaskId, ...]:
         return tuple(self.tasks + self.deferred)
@@ -116,7 +119,7 @@ class _StageOrderBuilder:
 def gpipe_orders(n_stages: int, n_microbatches: int, n_chunks: int, split_backward: bool = False) -> StageOrders:
     """All forwards in unit order, then all backwards (microbatches in order, chunks reversed).
 
-    With ``split_backward`` every backward is in the cool-down: see [Note: split backward].
+    With ``split_backward`` every backward is in the cool-down of every stage: see [Note: split backward].
     """
     _check_dimensions(n_stages, n_microbatches, n_chunks)
     orders = []
@@ -125,7 +128,7 @@ def gpipe_orders(n_stages: int, n_microbatches: int, n_chunks: int, split_backwa
         for microbatch, chunk in _forward_units(n_microbatches, n_chunks):
             builder.forward(microbatch, chunk)
         for microbatch, chunk in _backward_units(n_microbatches, n_chunks):
-            builder.backward(microbatch, chunk, cool_down=True)
+            builder.backward(microbatch, chunk, upstream_cool_down=True)
         orders.append(builder.order())
     return tuple(orders)
 
@@ -182,11 +185,15 @@ def one_f_one_b_orders(
     for stage in range(n_stages):
         builder = _StageOrderBuilder(stage, split_backward)
         warmup = one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, stage, counts)
+        # stage r - 1's cool-down: its last w_{r-1} backwards (a cool-down is as long as the warm-up)
+        upstream_cool_down_from = len(backwards) - (
+            one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, stage - 1, counts) if stage > 0 else 0
+        )
         for microbatch, chunk in forwards[:warmup]:
             builder.forward(microbatch, chunk)
         next_forward = warmup
-        for microbatch, chunk in backwards:
-            builder.backward(microbatch, chunk, cool_down=next_forward == len(forwards))
+        for index, (microbatch, chunk) in enumerate(backwards):
+            builder.backward(microbatch, chunk, upstream_cool_down=index >= upstream_cool_down_from)
             if next_forward < len(forwards):
                 builder.forward(*forwards[next_forward])
                 next_forward += 1

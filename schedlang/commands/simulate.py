@@ -92,7 +92,11 @@ def simulate_program(program, orders, args: argparse.Namespace) -> dict:
         "peak_activations": list(timeline.peak_activations),
         "eq13_peak_activations": list(
             stateflow_peak_activations(
-                program.n_stages, program.n_microbatches, program.n_chunks, program.pipeline.extra_warmup
+                program.n_stages,
+                program.n_microbatches,
+                program.n_chunks,
+                program.pipeline.extra_warmup,
+                program.pipeline.split_backward,
             )
         ),
         "eq15_makespan_unit": stateflow_makespan(program.n_stages, program.n_microbatches, program.n_chunks),

@@ -205,9 +205,9 @@ def test_split_backward_round_trip(tmp_path, order, n_stages, n_microbatches):
 
 def test_split_one_f_one_b_layout():
     assert torch_csv_text(one_f_one_b_orders(3, 4, 1, split_backward=True)) == (
-        "0F0,0F1,0F2,,,0I0,0W0,0F3,0I1,0W1,,0I2,0W2,,0I3,0W3\n"
-        ",1F0,1F1,,1I0,1W0,1F2,1I1,1W1,1F3,1I2,,,1I3,1W2,1W3\n"
-        ",,2F0,2I0,2W0,2F1,2I1,2W1,2F2,2I2,2W2,2F3,2I3,2W3,,\n"
+        "0F0,0F1,0F2,,,0I0,0W0,0F3,0I1,0W1,,0I2,0W2,0I3,0W3,\n"
+        ",1F0,1F1,,1I0,1W0,1F2,1I1,1F3,,1I2,,1I3,1W1,1W2,1W3\n"
+        ",,2F0,2I0,2W0,2F1,2I1,2W1,2F2,2I2,2F3,2I3,2W2,2W3,,\n"
     )
     assert torch_action_text(TaskId.backward(1, 2, 0), split_backward=True) == "1I2"
     assert torch_action_text(TaskId.weight(1, 2, 0), split_backward=True) == "1W2"

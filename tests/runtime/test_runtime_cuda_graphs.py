@@ -37,15 +37,16 @@ def test_slots_cover_the_chunks_in_flight(n_stages, n_microbatches, n_chunks):
 
 @pytest.mark.parametrize("n_stages, n_microbatches, n_chunks, extra", [(2, 4, 5, 0), (3, 3, 2, 1), (4, 2, 3, 2)])
 def test_split_backward_slots_hold_deferred_chunks_until_their_w(n_stages, n_microbatches, n_chunks, extra):
-    """[Note: splitting slots]: a chunk whose W is deferred holds its slot until its W, and the slots stay
-    the stage's 1F1B warm-up count (no forward runs in the cool-down): every stage but the first defers."""
+    """[Note: splitting slots]: a chunk whose W is deferred holds its slot until its W. Stage r > 0 defers the
+    W of the backwards whose gradients stage r - 1 consumes in its cool-down ([Note: split backward]), and so
+    holds stage r - 1's warm-up count of chunks in flight."""
     orders = one_f_one_b_orders(n_stages, n_microbatches, n_chunks, extra, split_backward=True)
     for stage, actions in enumerate(place_stage_actions(orders)):
         parsed = tuple(Action.parse(str(action)) for action in actions)
         deferred = deferred_weight_units(parsed)
-        warmup = one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, stage, extra)
-        assert len(deferred) == (0 if stage == 0 else warmup)
-        assert slots_needed(parsed) == warmup
+        upstream_warmup = one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, max(stage - 1, 0), extra)
+        assert len(deferred) == (0 if stage == 0 else upstream_warmup)
+        assert slots_needed(parsed) == upstream_warmup
 
 
 GPU_SCHEDULE = """schedule {name}
