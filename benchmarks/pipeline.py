@@ -319,6 +319,9 @@ def measure(
     system.close()
     del system
     release(device)
+    # what the finished system left reserved: a leak (graph pools kept alive by a reference cycle) shows here
+    # and inflates every later system's memory figures
+    record["reserved_after_release_bytes"] = torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
     return record
 
 
@@ -439,8 +442,8 @@ def driver(args: argparse.Namespace) -> int:
         f"{'layer-list entries ([gla, mlp] * L)' if args.split_mlp else 'layers'} per stage "
         f"{len(split[0])} + {len(split[1])} (+ head and loss)",
         "| system | stage | tokens/s | step (s) | compute kernels (s) | busy | peak (GiB) | activations peak (GiB) |"
-        " peak - model state (GiB) | reserved peak (GiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        " peak - model state (GiB) | reserved peak (GiB) | left reserved (GiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for record in records:
         lines.append(
@@ -448,7 +451,8 @@ def driver(args: argparse.Namespace) -> int:
             f"{record['step_seconds']:.2f} | {record.get('kernel_seconds', 0.0):.2f} | "
             f"{record.get('kernel_seconds', 0.0) / record['step_seconds']:.0%} | "
             f"{gib(record['peak_bytes'])} | {gib(record['activation_peak_bytes'])} | "
-            f"{gib(record['peak_minus_model_state_bytes'])} | {gib(record.get('peak_reserved_bytes', 0))} |"
+            f"{gib(record['peak_minus_model_state_bytes'])} | {gib(record.get('peak_reserved_bytes', 0))} | "
+            f"{gib(record.get('reserved_after_release_bytes', 0))} |"
         )
     torch_records = [record for record in records if record["system"] == "torch"]
     if torch_records:

@@ -47,7 +47,10 @@ class WeightGradientRecorder:
         self.records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def record(self, input_rows: torch.Tensor, output_grad_rows: torch.Tensor, weight: torch.Tensor) -> None:
-        self.records.append((input_rows, output_grad_rows, weight))
+        # Detached: a saved input carries its grad_fn, whose graph holds the autograd node whose context holds
+        # this recorder, a reference cycle through C++ objects that Python's collector cannot break (on an
+        # H200 every step of a split schedule leaked its CUDA-graph pools, about 20 GB a system).
+        self.records.append((input_rows.detach(), output_grad_rows.detach(), weight))
 
     def clear(self) -> None:
         self.records.clear()

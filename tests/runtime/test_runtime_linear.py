@@ -85,6 +85,8 @@ def test_a_recorded_backward_leaves_the_weight_gradient_to_apply(bias, in_place)
         torch.testing.assert_close(leaf.grad, expected_leaf.grad, rtol=1e-12, atol=1e-12)
         assert deferring.weight.grad is None
         assert len(recorder.records) == 1
+        # no record may hold the autograd graph (it holds the recorder: a cycle the collector cannot break)
+        assert all(tensor.grad_fn is None for tensor in recorder.records[0][:2])
         recorders.append(recorder)
     if bias:
         torch.testing.assert_close(deferring.bias.grad, plain.bias.grad, rtol=1e-12, atol=1e-12)
