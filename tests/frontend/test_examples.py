@@ -163,7 +163,7 @@ def test_other_examples_values():
     split = load_program(EXAMPLES / "split_mlp_warmup.sched")
     assert split.model.layers == (LayerKind.GLA, LayerKind.MLP) * 3 and split.model.separate_mlp
     assert split.stage_layers == ((0, 1, 2, 3, 4), (5,))
-    assert split.pipeline.extra_warmup == 1
+    assert split.pipeline.extra_warmup == 1 and split.pipeline.split_backward
 
     parallel = load_program(EXAMPLES / "sequence_parallel.sched")
     assert parallel.mesh.sequence == 2 and parallel.mesh.world_size == 4
