@@ -57,6 +57,13 @@ _NODE_FILL: dict[TaskKind, str] = {
 _KIND_RANK = {TaskKind.FORWARD: 0, TaskKind.BACKWARD: 1, TaskKind.WEIGHT: 2}
 
 
+_SAME_UNIT_EDGES = {
+    (TaskKind.FORWARD, TaskKind.BACKWARD): Dependency.FORWARD_BACKWARD,
+    (TaskKind.BACKWARD, TaskKind.WEIGHT): Dependency.BACKWARD_WEIGHT,
+}
+"""Edges between two tasks of one stage, microbatch and chunk, by their kinds."""
+
+
 def classify_edge(source: TaskId, destination: TaskId) -> Dependency | None:
     """The Eq. 8 constraint (or the split backward's ``B -> W``) that an edge ``source -> destination`` encodes,
     or None if it is none."""
@@ -73,21 +80,10 @@ def classify_edge(source: TaskId, destination: TaskId) -> Dependency | None:
             return Dependency.STATE_FORWARD
         if source.kind is TaskKind.BACKWARD and destination.chunk == source.chunk - 1:
             return Dependency.STATE_BACKWARD
-    if (
-        source.kind is TaskKind.FORWARD
-        and destination.kind is TaskKind.BACKWARD
-        and source.stage == destination.stage
-        and source.chunk == destination.chunk
-    ):
-        return Dependency.FORWARD_BACKWARD
-    if (
-        source.kind is TaskKind.BACKWARD
-        and destination.kind is TaskKind.WEIGHT
-        and source.stage == destination.stage
-        and source.chunk == destination.chunk
-    ):
-        return Dependency.BACKWARD_WEIGHT
+    if source.stage == destination.stage and source.chunk == destination.chunk:
+        return _SAME_UNIT_EDGES.get((source.kind, destination.kind))
     return None
+
 
 
 def task_sort_key(task: TaskId) -> tuple[int, int, int, int]:

@@ -38,6 +38,19 @@ def _stage_stand_in(n_stages: int, rank: int) -> types.SimpleNamespace:
     )
 
 
+def _dry_run_compute_actions(runtime, n_stages: int) -> int:
+    """Compute actions in torch's dry run of the lowered schedule (sends and receives added), which raises if
+    it cannot progress; it knows no FSDP actions, which the lowering adds for every schedule, so they are
+    dropped."""
+    fsdp_actions = {torch_schedules.UNSHARD, torch_schedules.RESHARD, torch_schedules.REDUCE_GRAD}
+    with_comms = {
+        rank: [action for action in actions if action is None or action.computation_type not in fsdp_actions]
+        for rank, actions in runtime.pipeline_order_with_comms.items()
+    }
+    simulated = torch_schedules._simulate_comms_compute(with_comms, lambda stage: stage, n_stages)
+    return sum(action is not None and action.is_compute_op for actions in simulated.values() for action in actions)
+
+
 def _runtime(n_stages: int, n_microbatches: int) -> torch_schedules._PipelineScheduleRuntime:
     return torch_schedules._PipelineScheduleRuntime([_stage_stand_in(n_stages, 0)], n_microbatches=n_microbatches)
 
@@ -95,18 +108,7 @@ def test_torch_runtime_loads_and_simulates_what_we_write(tmp_path, order, n_stag
         assert loaded == [None if task is None else torch_action_text(task) for task in grid[rank]]
     assert runtime.stage_index_to_group_rank == {stage: stage for stage in range(n_stages)}
 
-    # torch's dry run of the lowered schedule (sends and receives added) raises if it cannot progress;
-    # it knows no FSDP actions, which the lowering adds for every schedule, so they are dropped.
-    fsdp_actions = {torch_schedules.UNSHARD, torch_schedules.RESHARD, torch_schedules.REDUCE_GRAD}
-    with_comms = {
-        rank: [action for action in actions if action is None or action.computation_type not in fsdp_actions]
-        for rank, actions in runtime.pipeline_order_with_comms.items()
-    }
-    simulated = torch_schedules._simulate_comms_compute(with_comms, lambda stage: stage, n_stages)
-    n_compute_actions = sum(
-        action is not None and action.is_compute_op for actions in simulated.values() for action in actions
-    )
-    assert n_compute_actions == 2 * n_stages * n_microbatches
+    assert _dry_run_compute_actions(runtime, n_stages) == 2 * n_stages * n_microbatches
 
 
 @pytest.mark.parametrize(("n_stages", "n_microbatches"), [(2, 2), (4, 4), (3, 6)])
@@ -225,16 +227,7 @@ def test_torch_runtime_loads_and_simulates_split_backwards(tmp_path, order, n_st
         action.computation_type for actions in runtime.pipeline_order.values() for action in actions if action
     }
     assert kinds == {torch_schedules.FORWARD, torch_schedules.BACKWARD_INPUT, torch_schedules.BACKWARD_WEIGHT}
-    fsdp_actions = {torch_schedules.UNSHARD, torch_schedules.RESHARD, torch_schedules.REDUCE_GRAD}
-    with_comms = {
-        rank: [action for action in actions if action is None or action.computation_type not in fsdp_actions]
-        for rank, actions in runtime.pipeline_order_with_comms.items()
-    }
-    simulated = torch_schedules._simulate_comms_compute(with_comms, lambda stage: stage, n_stages)
-    n_compute_actions = sum(
-        action is not None and action.is_compute_op for actions in simulated.values() for action in actions
-    )
-    assert n_compute_actions == 3 * n_stages * n_microbatches
+    assert _dry_run_compute_actions(runtime, n_stages) == 3 * n_stages * n_microbatches
 
 
 @pytest.mark.parametrize(
