@@ -137,16 +137,22 @@ class SchedlangSystem:
         train = TrainConfig(steps=1, seed=0, dtype=dtype, optimizer=OptimizerConfig(lr=1e-4))
         self.trainer = Trainer(config, pipeline, train, mesh, timeout_s=600.0)
         self.step_index = 0
+        self.pending_loss = None  # read one step late, as Trainer.train does: [Note: loss without a barrier]
 
     def model_state_bytes(self) -> int:
         return model_state_bytes(self.trainer.model, self.trainer.optimizer)
 
     def step(self) -> None:
-        self.trainer.forward_backward(self.step_index)
+        loss = self.trainer.queue_step(self.step_index)
         self.trainer.optimizer_step()
+        if self.pending_loss is not None:
+            self.pending_loss.value()
+        self.pending_loss = loss
         self.step_index += 1
 
     def close(self) -> None:
+        if self.pending_loss is not None:
+            self.pending_loss.value()
         messenger = self.trainer.executor.messenger
         for group in (messenger.activation_group, messenger.gradient_group):
             dist.destroy_process_group(group)

@@ -4,7 +4,9 @@ One step: build the step's global batch (identical on every rank), run this
 rank's action list, all-reduce gradients over the data-parallel group (the
 loss is already normalised by the global token count, so a sum is exact),
 clip by the global norm over all stages if asked, take the optimizer step,
-and report the loss summed over all ranks (only last-stage ranks hold any).
+and report the loss summed over all ranks (only last-stage ranks hold any),
+one step late, so that the stages never wait for each other between steps
+([Note: loss without a barrier] in schedlang.runtime.step_loss).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from schedlang.runtime.mesh import RuntimeMesh, init_mesh
 from schedlang.runtime.model import SequenceParallelContext, build_stage_model
 from schedlang.runtime.p2p import StageMessenger
 from schedlang.runtime.progress import StepMetrics, StepReporter
+from schedlang.runtime.step_loss import PendingLoss
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 
@@ -126,13 +129,16 @@ class Trainer:
 
     def forward_backward(self, step: int) -> float:
         """Run one step's tasks and reduce gradients; the optimizer step is separate so tests can read gradients."""
+        return self.queue_step(step).value()
+
+    def queue_step(self, step: int) -> PendingLoss:
+        """``forward_backward`` whose loss is summed over the ranks in the background: read it with ``value()``
+        after queueing more work ([Note: loss without a barrier])."""
         self.optimizer.zero_grad(set_to_none=False)
         tokens = self.tokens.replica_tokens(step, self.mesh.data_index, self.pipeline_config.sequences_per_replica)
         loss = self.executor.run_step(tokens)
         self.reduce_gradients()
-        loss = loss.to(torch.float64)
-        dist.all_reduce(loss)
-        return float(loss)
+        return PendingLoss(loss)
 
     def reduce_gradients(self) -> None:
         gradients = [parameter.grad for parameter in self.model.parameters()]
@@ -185,27 +191,36 @@ class Trainer:
         config = self.train_config
         reporter = StepReporter(steps, metrics_path) if self.mesh.rank == 0 else None
         tokens_per_step = self.pipeline_config.global_batch * self.pipeline_config.sequence_length
-        losses = []
+        losses: list[float] = []
+        last_done = time.perf_counter()
+        pending: tuple[int, PendingLoss] | None = None  # the step whose loss is read after the next is queued
+
+        def report(done: int, loss: PendingLoss) -> None:
+            nonlocal last_done
+            losses.append(loss.value())  # returns once that step has finished on every rank
+            now = time.perf_counter()
+            elapsed, last_done = now - last_done, now
+            if reporter is not None and (done % config.log_every == 0 or done == steps):
+                reporter.report(
+                    StepMetrics(done, losses[-1], tokens_per_step / elapsed, elapsed, peak_memory_bytes(self.mesh.device))
+                )
+
         try:
             for step in range(self.resume(), steps):
-                started = time.perf_counter()
-                loss = self.forward_backward(step)
+                loss = self.queue_step(step)
                 self.optimizer_step()
-                if self.mesh.device.type == "cuda":
-                    torch.cuda.synchronize(self.mesh.device)
-                elapsed = time.perf_counter() - started
-                losses.append(loss)
                 done = step + 1
                 if config.checkpoint_directory and config.checkpoint_every and done % config.checkpoint_every == 0:
                     from schedlang.runtime.checkpoint import save_checkpoint
 
                     save_checkpoint(config.checkpoint_directory, done, self.model, self.optimizer)
-                if reporter is not None and (done % config.log_every == 0 or done == steps):
-                    reporter.report(
-                        StepMetrics(done, loss, tokens_per_step / elapsed, elapsed, peak_memory_bytes(self.mesh.device))
-                    )
-                if stop_after is not None and len(losses) >= stop_after:
+                if pending is not None:
+                    report(*pending)
+                pending = (done, loss)
+                if stop_after is not None and len(losses) + 1 >= stop_after:
                     break
+            if pending is not None:
+                report(*pending)
         finally:
             if reporter is not None:
                 reporter.close()
