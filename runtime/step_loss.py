@@ -1,4 +1,4 @@
-"""A step's loss summed over all ranks without making the pipeline stages wait for each other.
+"""A step's loss summed over all ranks, and its time, without making the pipeline stages wait for each other.
 
 [Note: loss without a barrier]
 Only last-stage ranks hold any loss, so reporting it needs a sum over every rank. A plain all-reduce on
@@ -10,10 +10,13 @@ as long at the start of the next (docs/benchmarks.md); torch's pipeline schedule
 last stage and have no such barrier. :class:`PendingLoss` runs the all-reduce on a side stream, copies
 the sum to pinned host memory there and records an event; ``value()`` waits for that event only, so a
 caller that asks for step ``k``'s loss after queueing step ``k + 1`` overlaps the two. On the CPU (gloo)
-the all-reduce is synchronous, as before.
+the all-reduce is synchronous, as before. Read one step late, the host's clock no longer says when a step
+ended; :class:`StepClock` marks step ends with timing events on the device instead.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 import torch.distributed as dist
@@ -54,3 +57,32 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     if device not in _SIDE_STREAMS:
         _SIDE_STREAMS[device] = torch.cuda.Stream(device)
     return _SIDE_STREAMS[device]
+
+
+class StepClock:
+    """Step ends marked on the device's stream (timing events on CUDA, the host clock on the CPU, where a
+    step runs synchronously), so a step's time can be read after later steps were queued."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.last = self._mark()
+
+    def _mark(self):
+        if self.device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def step_ended(self):
+        """Mark the end of the step just queued; returns a token for ``seconds``."""
+        start, self.last = self.last, self._mark()
+        return start, self.last
+
+    def seconds(self, token) -> float:
+        """The time between the previous mark and this one (waits for this one on CUDA)."""
+        start, end = token
+        if self.device.type != "cuda":
+            return end - start
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3

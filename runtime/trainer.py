@@ -12,7 +12,6 @@ one step late, so that the stages never wait for each other between steps
 from __future__ import annotations
 
 import resource
-import time
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +27,7 @@ from schedlang.runtime.mesh import RuntimeMesh, init_mesh
 from schedlang.runtime.model import SequenceParallelContext, build_stage_model
 from schedlang.runtime.p2p import StageMessenger
 from schedlang.runtime.progress import StepMetrics, StepReporter
-from schedlang.runtime.step_loss import PendingLoss
+from schedlang.runtime.step_loss import PendingLoss, StepClock
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 
@@ -192,23 +191,23 @@ class Trainer:
         reporter = StepReporter(steps, metrics_path) if self.mesh.rank == 0 else None
         tokens_per_step = self.pipeline_config.global_batch * self.pipeline_config.sequence_length
         losses: list[float] = []
-        last_done = time.perf_counter()
-        pending: tuple[int, PendingLoss] | None = None  # the step whose loss is read after the next is queued
+        pending = None  # (step number done, its loss, its clock token): read after the next step is queued
 
-        def report(done: int, loss: PendingLoss) -> None:
-            nonlocal last_done
+        def report(done: int, loss: PendingLoss, clock_token) -> None:
             losses.append(loss.value())  # returns once that step has finished on every rank
-            now = time.perf_counter()
-            elapsed, last_done = now - last_done, now
+            elapsed = clock.seconds(clock_token)
             if reporter is not None and (done % config.log_every == 0 or done == steps):
                 reporter.report(
                     StepMetrics(done, losses[-1], tokens_per_step / elapsed, elapsed, peak_memory_bytes(self.mesh.device))
                 )
 
         try:
-            for step in range(self.resume(), steps):
+            first = self.resume()
+            clock = StepClock(self.mesh.device)
+            for step in range(first, steps):
                 loss = self.queue_step(step)
                 self.optimizer_step()
+                token = clock.step_ended()
                 done = step + 1
                 if config.checkpoint_directory and config.checkpoint_every and done % config.checkpoint_every == 0:
                     from schedlang.runtime.checkpoint import save_checkpoint
@@ -216,8 +215,8 @@ class Trainer:
                     save_checkpoint(config.checkpoint_directory, done, self.model, self.optimizer)
                 if pending is not None:
                     report(*pending)
-                pending = (done, loss)
-                if stop_after is not None and len(losses) + 1 >= stop_after:
+                pending = (done, loss, token)
+                if stop_after is not None and step - first + 1 >= stop_after:
                     break
             if pending is not None:
                 report(*pending)
