@@ -167,6 +167,10 @@ CONFIGURATIONS = {
         "p2_s2_n5_allgather_1f1b": schedule_text(
             "p2_s2_n5_allgather_1f1b", 2, "5", 4, 1, sequence=2, parallel="allgather"
         ),
+        # deferred weight gradients inside sequence-parallel stages (the scans' collectives stay in F and B)
+        "p2_s2_n2_split_backward_ring": schedule_text(
+            "p2_s2_n2_split_backward_ring", 2, "2", 4, 1, sequence=2, parallel="ring", split_backward=True
+        ),
     },
 }
 
