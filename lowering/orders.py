@@ -181,14 +181,12 @@ def one_f_one_b_orders(
     counts = extra_warmup_counts(extra_warmup, n_stages)
     forwards = _forward_units(n_microbatches, n_chunks)
     backwards = _backward_units(n_microbatches, n_chunks)
+    warmups = [one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, stage, counts) for stage in range(n_stages)]
     orders = []
-    for stage in range(n_stages):
+    for stage, warmup in enumerate(warmups):
         builder = _StageOrderBuilder(stage, split_backward)
-        warmup = one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, stage, counts)
         # stage r - 1's cool-down: its last w_{r-1} backwards (a cool-down is as long as the warm-up)
-        upstream_cool_down_from = len(backwards) - (
-            one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, stage - 1, counts) if stage > 0 else 0
-        )
+        upstream_cool_down_from = len(backwards) - (warmups[stage - 1] if stage > 0 else 0)
         for microbatch, chunk in forwards[:warmup]:
             builder.forward(microbatch, chunk)
         next_forward = warmup
