@@ -129,8 +129,8 @@ def mixer_projection_flops_per_token(kind: LayerKind, d_model: int, heads: int, 
 
 LINEAR_LAYERS_PER_MIXER = {LayerKind.ATTN: 4, LayerKind.GLA: 5, LayerKind.SIMPLE_GLA: 5, LayerKind.GDN: 7}
 """The linear layers of a token mixer (q, k, v, o and its gates, as schedlang.runtime.model builds them)."""
-LINEAR_LAYERS_PER_MLP = 3
-"""SwiGLU's gate, up and down projections."""
+LINEAR_LAYERS_PER_MLP = 2
+"""SwiGLU's fused gate-and-up projection and its down projection."""
 
 
 def mixer_flops_per_token(kind: LayerKind, d_model: int, heads: int, head_dim: int, kernel_chunk: int) -> float:
@@ -160,13 +160,14 @@ def mlp_flops_per_token(model: ModelSpec) -> float:
     return 3 * 2 * model.d_model * hidden  # SwiGLU: gate, up and down projections
 
 
-KERNELS_PER_MIXER_FORWARD = 20
-KERNELS_PER_MLP_FORWARD = 7
+KERNELS_PER_MIXER_FORWARD = 18
+KERNELS_PER_MLP_FORWARD = 5
 KERNELS_PER_STAGE_END_FORWARD = 5
 """Kernel launches of one chunk's forward (a backward launches about twice as many), counted from an H200 trace of
-the runtime's GLA blocks (docs/benchmarks.md: 81 kernels per block per chunk, forward and backward): a mixer's
-norm, projections, gates, recurrence kernels and residual add; an MLP's norm, three GEMMs, activation and residual
-add; the embedding, or the final norm, head and loss."""
+the runtime's GLA blocks (docs/benchmarks.md: 81 kernels per block per chunk, forward and backward, before the
+fused SwiGLU and gate activation took 4 of them): a mixer's norm, projections, gate activation, recurrence
+kernels and residual add; an MLP's norm, two GEMMs, activation and residual add; the embedding, or the final
+norm, head and loss."""
 
 
 def kernel_launches(model: ModelSpec, layers: tuple[int, ...], is_first: bool, is_last: bool) -> int:

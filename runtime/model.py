@@ -131,11 +131,12 @@ class GatedLinearMixer(HeadMixer):
         self, hidden: torch.Tensor, initial_state: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         from schedlang.kernels import chunk_gla, chunk_simple_gla
+        from schedlang.kernels.log_sigmoid_gate import log_sigmoid_gate
 
         batch, length, _ = hidden.shape
         shape = self.head_shape(hidden)
         q, k, v = self.project_qkv(hidden)
-        gate = F.logsigmoid(self.gate_proj(hidden).float()) / GATE_LOGIT_NORMALIZER
+        gate = log_sigmoid_gate(self.gate_proj(hidden), GATE_LOGIT_NORMALIZER, kernel_backend(hidden.device))
         kernel = chunk_gla if self.kind is MixerKind.GLA else chunk_simple_gla
         gate = gate.view(shape) if self.kind is MixerKind.GLA else gate.view(batch, length, self.heads)
         if self.sequence_context is None:
@@ -197,12 +198,13 @@ class GatedDeltaMixer(HeadMixer):
         self, hidden: torch.Tensor, initial_state: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         from schedlang.kernels import chunk_gated_delta_rule
+        from schedlang.kernels.log_sigmoid_gate import log_sigmoid_gate
 
         batch, length, _ = hidden.shape
         shape = self.head_shape(hidden)
         q, k, v = self.project_qkv(hidden)
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-        gate = F.logsigmoid(self.gate_proj(hidden).float()) / GATE_LOGIT_NORMALIZER
+        gate = log_sigmoid_gate(self.gate_proj(hidden), GATE_LOGIT_NORMALIZER, kernel_backend(hidden.device))
         beta = torch.sigmoid(self.beta_proj(hidden).float())
         mixed, final_state = chunk_gated_delta_rule(
             q, k, v, gate, beta, scale=self.head_dim**-0.5, initial_state=initial_state, output_final_state=True
@@ -251,20 +253,31 @@ def swiglu_width(d_model: int, ratio: float) -> int:
 
 
 class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` with the gate and up projections fused into one: ``gate_up_proj``'s
+    weight is the gate projection's rows, then the up projection's.
+
+    One GEMM each way instead of two (and no sum of two input gradients), and the activation is one kernel
+    each way (``schedlang.kernels.swiglu``) whose backward writes the fused projection's output gradient
+    whole; it keeps only the projection's output for the backward, where ``silu(g) * u`` in tensor ops kept
+    ``silu(g)`` as well.
+    """
+
     def __init__(self, d_model: int, ratio: float) -> None:
         super().__init__()
-        hidden = swiglu_width(d_model, ratio)
-        self.gate_proj = Linear(d_model, hidden, bias=False)
-        self.up_proj = Linear(d_model, hidden, bias=False)
-        self.down_proj = Linear(hidden, d_model, bias=False)
+        self.hidden = swiglu_width(d_model, ratio)
+        self.gate_up_proj = Linear(d_model, 2 * self.hidden, bias=False)
+        self.down_proj = Linear(self.hidden, d_model, bias=False)
 
     def reset_parameters(self, generator: torch.Generator, output_std: float) -> None:
-        _init_normal(self.gate_proj.weight, INIT_STD, generator)
-        _init_normal(self.up_proj.weight, INIT_STD, generator)
+        gate, up = self.gate_up_proj.weight.split(self.hidden)
+        _init_normal(gate, INIT_STD, generator)
+        _init_normal(up, INIT_STD, generator)
         _init_normal(self.down_proj.weight, output_std, generator)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(hidden)) * self.up_proj(hidden))
+        from schedlang.kernels.swiglu import swiglu
+
+        return self.down_proj(swiglu(self.gate_up_proj(hidden), backend=kernel_backend(hidden.device)))
 
 
 class Block(nn.Module):

@@ -134,7 +134,7 @@ def test_separate_mlp_layers_compute_the_blocks_network():
 def test_swiglu_width_is_rounded_up_to_aligned_rows(d_model, ratio, width):
     config = ModelConfig(vocab=16, d_model=d_model, layers=(MixerKind.GLA,), heads=1, head_dim=8, mlp_ratio=ratio)
     block = build_stage_model(config, (0,), True, True, 0, torch.device("cpu"), torch.float32).layers["0"]
-    assert block.mlp.up_proj.weight.shape == (width, d_model)
+    assert block.mlp.gate_up_proj.weight.shape == (2 * width, d_model)
     assert block.mlp.down_proj.weight.shape == (d_model, width)
 
 
