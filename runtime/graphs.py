@@ -45,6 +45,20 @@ keeps the slot count at the chunks in flight; separate ordinary and splitting
 slots would need up to twice as many (the ordinary ones peak in the warm-up,
 the splitting ones in the cool-down), each with a chunk's activations.
 
+[Note: weight gradients on a side stream]
+On CUDA a splitting stage replays ``W`` on a stream of its own (``weight_stream``),
+so the next chunk's forward or backward starts at once and the weight-gradient
+GEMMs run beside it, filling the gaps between its small kernels, where on one
+stream they ran between the two. The hazards, and what orders them:
+``W`` reads what ``B`` left in the slot (the weight stream waits for the
+compute stream when ``W`` is issued); the slot's next forward overwrites the
+inputs ``W`` reads (``run`` makes the compute stream wait for the event the
+slot's last ``W`` recorded); ``W`` adds into the linear layers' ``.grad``, which
+nothing on the compute stream touches during a step on a splitting stage (its
+backward graphs only record) and which the gradient reduction and optimizer
+read after the step (``join`` makes the compute stream wait for every ``W``).
+``W`` replays stay in order among themselves on their one stream.
+
 Chunk 0 has no incoming state: it gets zero states, which the kernels treat
 exactly like no state, so one set of static shapes serves every chunk.
 """
@@ -141,6 +155,8 @@ class GraphedChunks:
         self.state_specs: list[StateSpec] = []  # of the layers at `stateful`
         self.stateful: tuple[int, ...] = ()  # positions in the stage's layer list of the layers with a state
         self.free_slots: list[int] = []
+        self.weight_stream: torch.cuda.Stream | None = None  # [Note: weight gradients on a side stream]
+        self.weights_done: dict[int, torch.cuda.Event] = {}  # slot -> its last W, on the weight stream
 
     def zero_states(self) -> list[torch.Tensor]:
         """Zero initial states of the layers at ``stateful``."""
@@ -178,6 +194,8 @@ class GraphedChunks:
             )
             if recorder is not None:
                 self.weight_gradient_replays.append(_weight_gradient_replay(recorder, inputs.device))
+        if self.splitting and inputs.device.type == "cuda":
+            self.weight_stream = torch.cuda.Stream(inputs.device)
         self.free_slots = list(range(self.n_slots))
         if inputs.device.type == "cuda":
             torch.cuda.synchronize(inputs.device)  # the warm-ups ran on make_graphed_callables' side stream
@@ -210,6 +228,9 @@ class GraphedChunks:
                 "sized for"
             )
         slot = self.free_slots.pop()
+        weights_done = self.weights_done.pop(slot, None)
+        if weights_done is not None:
+            torch.cuda.current_stream(inputs.device).wait_event(weights_done)  # W still reads the slot's inputs
         given = [initial_states[position] for position in self.stateful]
         zeros = self.zero_states() if any(state is None for state in given) else []
         leaves = [
@@ -225,8 +246,21 @@ class GraphedChunks:
         return slot, outputs, state_leaves, final_states
 
     def apply_weight_gradients(self, slot: int) -> None:
-        """``W`` of the chunk in slot ``slot`` of a splitting stage: add its linear layers' weight gradients."""
-        self.weight_gradient_replays[slot]()
+        """``W`` of the chunk in slot ``slot`` of a splitting stage: add its linear layers' weight gradients
+        (on CUDA queued on the weight stream: [Note: weight gradients on a side stream])."""
+        if self.weight_stream is None:
+            self.weight_gradient_replays[slot]()
+            return
+        self.weight_stream.wait_stream(torch.cuda.current_stream(self.weight_stream.device))
+        with torch.cuda.stream(self.weight_stream):
+            self.weight_gradient_replays[slot]()
+            self.weights_done[slot] = torch.cuda.Event()
+            self.weights_done[slot].record(self.weight_stream)
+
+    def join(self) -> None:
+        """The compute stream waits for every ``W`` queued so far: call before reading ``.grad``."""
+        if self.weight_stream is not None:
+            torch.cuda.current_stream(self.weight_stream.device).wait_stream(self.weight_stream)
 
     def release(self, slot: int) -> None:
         """B (W on a splitting stage) is done with the slot: its next forward may overwrite what it handed out."""

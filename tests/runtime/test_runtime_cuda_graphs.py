@@ -50,9 +50,9 @@ def test_split_backward_slots_hold_deferred_chunks_until_their_w(n_stages, n_mic
 
 
 GPU_SCHEDULE = """schedule {name}
-model {{ vocab = 128  d_model = 64  heads = 2  head_dim = 32  layers = {layers}  mlp = swiglu(ratio = 2) {stage_split} }}
+model {{ vocab = 128  d_model = {d_model}  heads = 2  head_dim = {head_dim}  layers = {layers}  mlp = swiglu(ratio = 2) {stage_split} }}
 mesh {{ pipeline = {stages} }}
-sequence {{ length = 512  chunks = {chunks}  kernel_chunk = 64 }}
+sequence {{ length = {length}  chunks = {chunks}  kernel_chunk = 64 }}
 pipeline {{ microbatches = {microbatches}  order = 1f1b  extra_warmup = {extra}  split_backward = {split}  {graphs} }}
 train {{ steps = 3  seed = 3  optimizer = adamw(lr = 1e-2)  data = synthetic(seed = 1) }}
 """
@@ -60,23 +60,29 @@ train {{ steps = 3  seed = 3  optimizer = adamw(lr = 1e-2)  data = synthetic(see
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize(
-    "stages, chunks, microbatches, extra, split_mlp, split",
+    "stages, chunks, microbatches, extra, split_mlp, split, large",
     [
-        (1, 1, 1, 0, False, False),
-        (1, 4, 1, 0, False, False),
-        (1, 4, 3, 0, False, False),
-        (2, 4, 3, 0, False, False),
-        (2, 4, 3, 2, True, False),
-        (2, 4, 3, 1, False, True),
+        (1, 1, 1, 0, False, False, False),
+        (1, 4, 1, 0, False, False, False),
+        (1, 4, 3, 0, False, False, False),
+        (2, 4, 3, 0, False, False, False),
+        (2, 4, 3, 2, True, False, False),
+        (2, 4, 3, 1, False, True, False),
+        (2, 4, 3, 1, True, True, True),
     ],
     ids=lambda value: str(value),
 )
-def test_replayed_graphs_train_like_eager_on_the_gpu(tmp_path, stages, chunks, microbatches, extra, split_mlp, split):
+def test_replayed_graphs_train_like_eager_on_the_gpu(
+    tmp_path, stages, chunks, microbatches, extra, split_mlp, split, large
+):
     """Gradients after the first step first (they say which parameters a replay gets wrong), then the losses.
 
     With ``split_mlp`` the layers are [gla, mlp, simple_gla, mlp] * 2 and stage 0 ends between a mixer and its
     MLP, so the graphs hold layers without a state. With ``split`` the backwards are split and stage 1 defers
-    its cool-down weight gradients ([Note: splitting slots]): eager then records them, graphs replay a W graph."""
+    its cool-down weight gradients ([Note: splitting slots]): eager then records them, graphs replay a W graph
+    on a stream of its own ([Note: weight gradients on a side stream]). ``large`` (d_model 1024, 8K tokens):
+    weight-gradient GEMMs long enough to overlap the next chunk's kernels, so that a missing order between the
+    streams (a slot overwritten while its W reads it, ``.grad`` read before the last W) changes the numbers."""
     if stages > torch.cuda.device_count():
         pytest.skip(f"needs {stages} GPUs")
     scripts = [
@@ -91,6 +97,9 @@ def test_replayed_graphs_train_like_eager_on_the_gpu(tmp_path, stages, chunks, m
                 graphs=graphs,
                 layers="[gla, mlp, simple_gla, mlp] * 2" if split_mlp else "[gla, simple_gla] * 2",
                 stage_split="stages = [[0, 1, 2], [3, 4, 5, 6, 7]]" if split_mlp else "",
+                d_model=1024 if large else 64,
+                head_dim=128 if large else 32,
+                length=8192 if large else 512,
             ),
             tmp_path,
             name,
