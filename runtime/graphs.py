@@ -31,8 +31,10 @@ runs of capture add into them too, with arbitrary output gradients, so they
 are zeroed once every slot is captured.
 
 [Note: splitting slots]
-On a stage that defers some chunk's ``W`` ([Note: deferred weight gradients]
-in :mod:`schedlang.runtime.linear`) every slot *splits*: its callable was
+On a stage that runs ``W`` tasks (``pipeline { split_backward = true }``;
+[Note: deferred weight gradients] in :mod:`schedlang.runtime.linear`),
+whether it defers some of them or runs each right after its ``B``, every slot
+*splits*: its callable was
 captured with a :class:`WeightGradientRecorder` active, so its backward graph
 forms input and state gradients only and keeps the output gradients of the
 linear layers (the recorder holds the capture's tensors, so the pool never
@@ -49,7 +51,10 @@ the splitting ones in the cool-down), each with a chunk's activations.
 On CUDA a splitting stage replays ``W`` on a stream of its own (``weight_stream``),
 so the next chunk's forward or backward starts at once and the weight-gradient
 GEMMs run beside it, filling the gaps between its small kernels, where on one
-stream they ran between the two. The hazards, and what orders them:
+stream they ran between the two. This is why a stage that defers no ``W`` (the
+first) splits too: its cool-down backwards, which the next step's first
+forward waits for, each leave their weight gradients to the side stream. The
+hazards, and what orders them:
 ``W`` reads what ``B`` left in the slot (the weight stream waits for the
 compute stream when ``W`` is issued); the slot's next forward overwrites the
 inputs ``W`` reads (``run`` makes the compute stream wait for the event the
