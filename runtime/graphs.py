@@ -63,6 +63,10 @@ nothing on the compute stream touches during a step on a splitting stage (its
 backward graphs only record) and which the gradient reduction and optimizer
 read after the step (``join`` makes the compute stream wait for every ``W``).
 ``W`` replays stay in order among themselves on their one stream.
+A forward takes the slot released longest ago, and such a stage captures one
+slot more than it has chunks in flight: otherwise the forward after ``B, W``
+would take the slot that ``W`` still reads and wait for it (measured: the two
+streams then took turns, and the overlap gained nothing).
 
 Chunk 0 has no incoming state: it gets zero states, which the kernels treat
 exactly like no state, so one set of static shapes serves every chunk.
@@ -70,6 +74,7 @@ exactly like no state, so one set of static shapes serves every chunk.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from typing import Callable
 
@@ -159,7 +164,7 @@ class GraphedChunks:
         self.weight_gradient_replays: list[Callable[[], None]] = []  # per slot, when splitting
         self.state_specs: list[StateSpec] = []  # of the layers at `stateful`
         self.stateful: tuple[int, ...] = ()  # positions in the stage's layer list of the layers with a state
-        self.free_slots: list[int] = []
+        self.free_slots: collections.deque[int] = collections.deque()  # least recently released first
         self.weight_stream: torch.cuda.Stream | None = None  # [Note: weight gradients on a side stream]
         self.weights_done: dict[int, torch.cuda.Event] = {}  # slot -> its last W, on the weight stream
 
@@ -186,6 +191,9 @@ class GraphedChunks:
             if parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)
         accumulate_weight_gradients_into_grad(self.stage)
+        if self.splitting and inputs.device.type == "cuda":
+            self.weight_stream = torch.cuda.Stream(inputs.device)
+            self.n_slots += 1  # a spare: [Note: weight gradients on a side stream]
         for slot in range(self.n_slots):
             warmup = 3 if slot == 0 else 1  # later slots find kernels compiled and autotuned
             recorder = WeightGradientRecorder() if self.splitting else None
@@ -199,9 +207,7 @@ class GraphedChunks:
             )
             if recorder is not None:
                 self.weight_gradient_replays.append(_weight_gradient_replay(recorder, inputs.device))
-        if self.splitting and inputs.device.type == "cuda":
-            self.weight_stream = torch.cuda.Stream(inputs.device)
-        self.free_slots = list(range(self.n_slots))
+        self.free_slots = collections.deque(range(self.n_slots))
         if inputs.device.type == "cuda":
             torch.cuda.synchronize(inputs.device)  # the warm-ups ran on make_graphed_callables' side stream
         with torch.no_grad():
@@ -232,7 +238,7 @@ class GraphedChunks:
                 "flight: the action list runs more forwards ahead of their backwards (or W tasks) than it was "
                 "sized for"
             )
-        slot = self.free_slots.pop()
+        slot = self.free_slots.popleft()
         weights_done = self.weights_done.pop(slot, None)
         if weights_done is not None:
             torch.cuda.current_stream(inputs.device).wait_event(weights_done)  # W still reads the slot's inputs
