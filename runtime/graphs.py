@@ -62,7 +62,12 @@ slot's last ``W`` recorded); ``W`` adds into the linear layers' ``.grad``, which
 nothing on the compute stream touches during a step on a splitting stage (its
 backward graphs only record) and which the gradient reduction and optimizer
 read after the step (``join`` makes the compute stream wait for every ``W``).
-``W`` replays stay in order among themselves on their one stream.
+``W`` replays stay in order among themselves on their one stream. And the
+``W`` graphs are captured on the weight stream: cuBLAS keeps a workspace per
+stream and a graph bakes in its capture stream's, so ``W`` graphs captured
+where the chunk graphs are (``torch.cuda.graph``'s one capture stream) shared
+their workspace and, replayed beside them, corrupted it (the GPU test with
+``large`` caught it: wrong gradients, and a step 25% shorter).
 A forward takes the slot released longest ago, and such a stage captures one
 slot more than it has chunks in flight: otherwise the forward after ``B, W``
 would take the slot that ``W`` still reads and wait for it (measured: the two
@@ -206,7 +211,9 @@ class GraphedChunks:
                 )
             )
             if recorder is not None:
-                self.weight_gradient_replays.append(_weight_gradient_replay(recorder, inputs.device))
+                self.weight_gradient_replays.append(
+                    _weight_gradient_replay(recorder, inputs.device, self.weight_stream)
+                )
         self.free_slots = collections.deque(range(self.n_slots))
         if inputs.device.type == "cuda":
             torch.cuda.synchronize(inputs.device)  # the warm-ups ran on make_graphed_callables' side stream
@@ -278,17 +285,24 @@ class GraphedChunks:
         self.free_slots.append(slot)
 
 
-def _weight_gradient_replay(recorder: WeightGradientRecorder, device: torch.device) -> Callable[[], None]:
+def _weight_gradient_replay(
+    recorder: WeightGradientRecorder, device: torch.device, stream: torch.cuda.Stream | None
+) -> Callable[[], None]:
     """``recorder.apply`` as a captured CUDA graph over the buffers it recorded at capture ([Note: splitting
-    slots]); on the CPU (the tests' stand-in for graphs) the eager call, over the last backward's records."""
+    slots]); on the CPU (the tests' stand-in for graphs) the eager call, over the last backward's records.
+
+    Captured on ``stream``, the stream it replays on: cuBLAS keeps a workspace per stream, and a graph bakes in
+    the one of the stream it was captured on. ``torch.cuda.graph`` captures on one stream shared by every
+    capture, so W graphs captured there would share the chunk graphs' workspace and, replayed beside them,
+    corrupt it ([Note: weight gradients on a side stream]).
+    """
     if device.type != "cuda":
         return recorder.apply
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
         recorder.apply()  # warm-up (cuBLAS picks its kernels); capture zeroes the gradients afterwards
-    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.current_stream(device).wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         recorder.apply()
     return graph.replay
