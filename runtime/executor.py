@@ -133,8 +133,6 @@ class StageExecutor:
             self._capture_graphs()
         for action in self.actions:
             self.run_action(action)
-        if self.graphs is not None:
-            self.graphs.join()  # [Note: weight gradients on a side stream]
         self.messenger.finish_sends()
         if not self.store.is_empty() or self.inbox or self.outbox or self.weight_recorders or self.weight_slots:
             raise RuntimeError(

@@ -31,10 +31,8 @@ runs of capture add into them too, with arbitrary output gradients, so they
 are zeroed once every slot is captured.
 
 [Note: splitting slots]
-On a stage that runs ``W`` tasks (``pipeline { split_backward = true }``;
-[Note: deferred weight gradients] in :mod:`schedlang.runtime.linear`),
-whether it defers some of them or runs each right after its ``B``, every slot
-*splits*: its callable was
+On a stage that defers some chunk's ``W`` ([Note: deferred weight gradients]
+in :mod:`schedlang.runtime.linear`) every slot *splits*: its callable was
 captured with a :class:`WeightGradientRecorder` active, so its backward graph
 forms input and state gradients only and keeps the output gradients of the
 linear layers (the recorder holds the capture's tensors, so the pool never
@@ -47,39 +45,12 @@ keeps the slot count at the chunks in flight; separate ordinary and splitting
 slots would need up to twice as many (the ordinary ones peak in the warm-up,
 the splitting ones in the cool-down), each with a chunk's activations.
 
-[Note: weight gradients on a side stream]
-On CUDA a splitting stage replays ``W`` on a stream of its own (``weight_stream``),
-so the next chunk's forward or backward starts at once and the weight-gradient
-GEMMs run beside it, filling the gaps between its small kernels, where on one
-stream they ran between the two. This is why a stage that defers no ``W`` (the
-first) splits too: its cool-down backwards, which the next step's first
-forward waits for, each leave their weight gradients to the side stream. The
-hazards, and what orders them:
-``W`` reads what ``B`` left in the slot (the weight stream waits for the
-compute stream when ``W`` is issued); the slot's next forward overwrites the
-inputs ``W`` reads (``run`` makes the compute stream wait for the event the
-slot's last ``W`` recorded); ``W`` adds into the linear layers' ``.grad``, which
-nothing on the compute stream touches during a step on a splitting stage (its
-backward graphs only record) and which the gradient reduction and optimizer
-read after the step (``join`` makes the compute stream wait for every ``W``).
-``W`` replays stay in order among themselves on their one stream. And the
-``W`` graphs are captured on the weight stream: cuBLAS keeps a workspace per
-stream and a graph bakes in its capture stream's, so ``W`` graphs captured
-where the chunk graphs are (``torch.cuda.graph``'s one capture stream) shared
-their workspace and, replayed beside them, corrupted it (the GPU test with
-``large`` caught it: wrong gradients, and a step 25% shorter).
-A forward takes the slot released longest ago, and such a stage captures one
-slot more than it has chunks in flight: otherwise the forward after ``B, W``
-would take the slot that ``W`` still reads and wait for it (measured: the two
-streams then took turns, and the overlap gained nothing).
-
 Chunk 0 has no incoming state: it gets zero states, which the kernels treat
 exactly like no state, so one set of static shapes serves every chunk.
 """
 
 from __future__ import annotations
 
-import collections
 from dataclasses import dataclass
 from typing import Callable
 
@@ -169,9 +140,7 @@ class GraphedChunks:
         self.weight_gradient_replays: list[Callable[[], None]] = []  # per slot, when splitting
         self.state_specs: list[StateSpec] = []  # of the layers at `stateful`
         self.stateful: tuple[int, ...] = ()  # positions in the stage's layer list of the layers with a state
-        self.free_slots: collections.deque[int] = collections.deque()  # least recently released first
-        self.weight_stream: torch.cuda.Stream | None = None  # [Note: weight gradients on a side stream]
-        self.weights_done: dict[int, torch.cuda.Event] = {}  # slot -> its last W, on the weight stream
+        self.free_slots: list[int] = []
 
     def zero_states(self) -> list[torch.Tensor]:
         """Zero initial states of the layers at ``stateful``."""
@@ -196,9 +165,6 @@ class GraphedChunks:
             if parameter.grad is None:
                 parameter.grad = torch.zeros_like(parameter)
         accumulate_weight_gradients_into_grad(self.stage)
-        if self.splitting and inputs.device.type == "cuda":
-            self.weight_stream = torch.cuda.Stream(inputs.device)
-            self.n_slots += 1  # a spare: [Note: weight gradients on a side stream]
         for slot in range(self.n_slots):
             warmup = 3 if slot == 0 else 1  # later slots find kernels compiled and autotuned
             recorder = WeightGradientRecorder() if self.splitting else None
@@ -211,10 +177,8 @@ class GraphedChunks:
                 )
             )
             if recorder is not None:
-                self.weight_gradient_replays.append(
-                    _weight_gradient_replay(recorder, inputs.device, self.weight_stream)
-                )
-        self.free_slots = collections.deque(range(self.n_slots))
+                self.weight_gradient_replays.append(_weight_gradient_replay(recorder, inputs.device))
+        self.free_slots = list(range(self.n_slots))
         if inputs.device.type == "cuda":
             torch.cuda.synchronize(inputs.device)  # the warm-ups ran on make_graphed_callables' side stream
         with torch.no_grad():
@@ -245,10 +209,7 @@ class GraphedChunks:
                 "flight: the action list runs more forwards ahead of their backwards (or W tasks) than it was "
                 "sized for"
             )
-        slot = self.free_slots.popleft()
-        weights_done = self.weights_done.pop(slot, None)
-        if weights_done is not None:
-            torch.cuda.current_stream(inputs.device).wait_event(weights_done)  # W still reads the slot's inputs
+        slot = self.free_slots.pop()
         given = [initial_states[position] for position in self.stateful]
         zeros = self.zero_states() if any(state is None for state in given) else []
         leaves = [
@@ -264,45 +225,25 @@ class GraphedChunks:
         return slot, outputs, state_leaves, final_states
 
     def apply_weight_gradients(self, slot: int) -> None:
-        """``W`` of the chunk in slot ``slot`` of a splitting stage: add its linear layers' weight gradients
-        (on CUDA queued on the weight stream: [Note: weight gradients on a side stream])."""
-        if self.weight_stream is None:
-            self.weight_gradient_replays[slot]()
-            return
-        self.weight_stream.wait_stream(torch.cuda.current_stream(self.weight_stream.device))
-        with torch.cuda.stream(self.weight_stream):
-            self.weight_gradient_replays[slot]()
-            self.weights_done[slot] = torch.cuda.Event()
-            self.weights_done[slot].record(self.weight_stream)
-
-    def join(self) -> None:
-        """The compute stream waits for every ``W`` queued so far: call before reading ``.grad``."""
-        if self.weight_stream is not None:
-            torch.cuda.current_stream(self.weight_stream.device).wait_stream(self.weight_stream)
+        """``W`` of the chunk in slot ``slot`` of a splitting stage: add its linear layers' weight gradients."""
+        self.weight_gradient_replays[slot]()
 
     def release(self, slot: int) -> None:
         """B (W on a splitting stage) is done with the slot: its next forward may overwrite what it handed out."""
         self.free_slots.append(slot)
 
 
-def _weight_gradient_replay(
-    recorder: WeightGradientRecorder, device: torch.device, stream: torch.cuda.Stream | None
-) -> Callable[[], None]:
+def _weight_gradient_replay(recorder: WeightGradientRecorder, device: torch.device) -> Callable[[], None]:
     """``recorder.apply`` as a captured CUDA graph over the buffers it recorded at capture ([Note: splitting
-    slots]); on the CPU (the tests' stand-in for graphs) the eager call, over the last backward's records.
-
-    Captured on ``stream``, the stream it replays on: cuBLAS keeps a workspace per stream, and a graph bakes in
-    the one of the stream it was captured on. ``torch.cuda.graph`` captures on one stream shared by every
-    capture, so W graphs captured there would share the chunk graphs' workspace and, replayed beside them,
-    corrupt it ([Note: weight gradients on a side stream]).
-    """
+    slots]); on the CPU (the tests' stand-in for graphs) the eager call, over the last backward's records."""
     if device.type != "cuda":
         return recorder.apply
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
         recorder.apply()  # warm-up (cuBLAS picks its kernels); capture zeroes the gradients afterwards
-    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
+    with torch.cuda.graph(graph):
         recorder.apply()
     return graph.replay

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from schedlang.runtime.actions import Action, ActionKind
+from schedlang.runtime.actions import Action, deferred_weight_units
 from schedlang.runtime.config import MixerKind, ModelConfig, OptimizerKind, PipelineConfig, TrainConfig
 from schedlang.runtime.data import TokenSource
 from schedlang.runtime.executor import StageExecutor, StepShape
@@ -123,8 +123,7 @@ class Trainer:
             if self.mesh.device.type != "cuda":
                 raise ValueError("pipeline { cuda_graphs = true } replays CUDA graphs: run it with --device cuda")
             maker = torch.cuda.make_graphed_callables
-        # [Note: splitting slots]; with CUDA, [Note: weight gradients on a side stream]
-        splitting = any(action.kind is ActionKind.WEIGHT for action in actions)
+        splitting = bool(deferred_weight_units(actions))  # [Note: splitting slots]
         return GraphedChunks(self.model, slots_needed(actions), global_tokens, maker, splitting)
 
     def forward_backward(self, step: int) -> float:

@@ -79,10 +79,11 @@ def test_replayed_graphs_train_like_eager_on_the_gpu(
 
     With ``split_mlp`` the layers are [gla, mlp, simple_gla, mlp] * 2 and stage 0 ends between a mixer and its
     MLP, so the graphs hold layers without a state. With ``split`` the backwards are split and stage 1 defers
-    its cool-down weight gradients ([Note: splitting slots]): eager then records them, graphs replay a W graph
-    on a stream of its own ([Note: weight gradients on a side stream]). ``large`` (d_model 1024, 8K tokens):
-    weight-gradient GEMMs long enough to overlap the next chunk's kernels, so that a missing order between the
-    streams (a slot overwritten while its W reads it, ``.grad`` read before the last W) changes the numbers."""
+    its cool-down weight gradients ([Note: splitting slots]): eager then records them, graphs replay a W graph.
+    ``large`` (d_model 1024, 8K tokens): GEMMs long enough that work racing them changes the numbers. It
+    caught W graphs replayed on a second stream beside the chunk graphs (docs/benchmarks.md, a design
+    measured and dropped): captured on torch.cuda.graph's shared capture stream, they shared its cuBLAS
+    workspace with the chunk graphs, and gradients came out wrong."""
     if stages > torch.cuda.device_count():
         pytest.skip(f"needs {stages} GPUs")
     scripts = [
