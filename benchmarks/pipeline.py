@@ -184,8 +184,9 @@ class TorchSystem:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
         from schedlang.runtime.data import TokenSource
-        from schedlang.runtime.config import DataConfig
+        from schedlang.runtime.config import DataConfig, OptimizerConfig, TrainConfig
         from schedlang.runtime.model import build_stage_model
+        from schedlang.runtime.trainer import build_optimizer, zero_gradients
 
         self.mesh = mesh
         dtype = torch.bfloat16 if mesh.device.type == "cuda" else torch.float32
@@ -194,7 +195,9 @@ class TorchSystem:
             config, layers, mesh.is_first_stage, mesh.is_last_stage, 0, mesh.device, dtype
         )
         self.module = FullSequenceStage(model)
-        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=1e-4)
+        # the optimizer schedlang's trainer builds (fused AdamW on CUDA): only the schedules differ
+        self.optimizer = build_optimizer(self.module.parameters(), TrainConfig(optimizer=OptimizerConfig(lr=1e-4)))
+        self.zero_gradients = zero_gradients
         stage = PipelineStage(self.module, stage_index=mesh.stage, num_stages=2, device=mesh.device)
         self.schedule = Schedule1F1B(stage, n_microbatches=microbatches, loss_fn=full_sequence_loss)
         self.tokens = TokenSource(DataConfig(), config.vocab, length, microbatches)
@@ -205,7 +208,7 @@ class TorchSystem:
 
     def step(self) -> None:
         tokens = self.tokens.global_batch_tokens(self.step_index).to(self.mesh.device)
-        self.optimizer.zero_grad(set_to_none=False)
+        self.zero_gradients(self.optimizer)
         if self.mesh.is_first_stage:
             self.schedule.step(tokens[:, :-1])
         else:

@@ -33,14 +33,32 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, 
 
 
 def build_optimizer(parameters, config: TrainConfig) -> torch.optim.Optimizer:
+    """SGD or AdamW as the schedule asks; on CUDA, AdamW is torch's fused implementation.
+
+    The optimizer step sits on a pipeline's critical path at the step boundary: the first stage's next
+    forward waits for it, and the later stages for that forward. On an H200 stage of about 0.5B parameters
+    torch's default (foreach) AdamW ran 182 kernels in 6.6 ms; the fused one is one pass over the state.
+    """
+    parameters = list(parameters)
     optimizer = config.optimizer
     if optimizer.kind is OptimizerKind.SGD:
         return torch.optim.SGD(
             parameters, lr=optimizer.lr, momentum=optimizer.momentum, weight_decay=optimizer.weight_decay
         )
+    on_cuda = bool(parameters) and all(parameter.is_cuda for parameter in parameters)
     return torch.optim.AdamW(
-        parameters, lr=optimizer.lr, betas=optimizer.betas, weight_decay=optimizer.weight_decay
+        parameters, lr=optimizer.lr, betas=optimizer.betas, weight_decay=optimizer.weight_decay, fused=on_cuda or None
     )
+
+
+def zero_gradients(optimizer: torch.optim.Optimizer) -> None:
+    """Zero every ``.grad`` in place (CUDA-graph stages and in-place weight gradients need the storage kept)
+    with one multi-tensor kernel where ``zero_grad(set_to_none=False)`` launches one per parameter."""
+    gradients = [
+        parameter.grad for group in optimizer.param_groups for parameter in group["params"] if parameter.grad is not None
+    ]
+    if gradients:
+        torch._foreach_zero_(gradients)
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -133,7 +151,7 @@ class Trainer:
     def queue_step(self, step: int) -> PendingLoss:
         """``forward_backward`` whose loss is summed over the ranks in the background: read it with ``value()``
         after queueing more work ([Note: loss without a barrier])."""
-        self.optimizer.zero_grad(set_to_none=False)
+        zero_gradients(self.optimizer)
         tokens = self.tokens.replica_tokens(step, self.mesh.data_index, self.pipeline_config.sequences_per_replica)
         loss = self.executor.run_step(tokens)
         self.reduce_gradients()

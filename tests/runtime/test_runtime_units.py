@@ -281,3 +281,19 @@ def test_chunked_attention_over_sequence_buffers_on_the_gpu():
         if reference.grad is not None:
             error = (parameter.grad - reference.grad).norm() / reference.grad.norm().clamp_min(1e-12)
             assert float(error) < 1e-3, name
+
+
+def test_zero_gradients_zeroes_in_place_and_leaves_missing_gradients_alone():
+    from schedlang.runtime.config import OptimizerConfig, TrainConfig
+    from schedlang.runtime.trainer import build_optimizer, zero_gradients
+
+    weights = [torch.nn.Parameter(torch.randn(3, 4)), torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(2))]
+    optimizer = build_optimizer(weights, TrainConfig(optimizer=OptimizerConfig(lr=1e-2)))
+    weights[0].grad = torch.randn(3, 4)
+    weights[1].grad = torch.randn(5)
+    storages = [weights[0].grad.data_ptr(), weights[1].grad.data_ptr()]
+    zero_gradients(optimizer)
+    assert [weights[0].grad.data_ptr(), weights[1].grad.data_ptr()] == storages  # CUDA graphs keep these pointers
+    assert not weights[0].grad.any() and not weights[1].grad.any()
+    assert weights[2].grad is None
+    assert not optimizer.defaults["fused"]  # torch's fused AdamW only where every parameter is on CUDA
