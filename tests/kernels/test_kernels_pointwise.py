@@ -22,11 +22,25 @@ DTYPES = {"float32": (torch.float32, 1e-6), "bfloat16": (torch.bfloat16, 1e-2)} 
 BACKENDS = ["torch", "triton"]
 
 
-def _slice_of_wider(shape, dtype, scale, generator):
-    """A [..., W] view whose rows are strided: columns 3 .. 3 + W of a tensor 5 columns wider."""
+def pointwise_cases(test):
+    """Every backend, shape, layout (contiguous or a column slice) and dtype."""
+    test = pytest.mark.parametrize("dtype_name", sorted(DTYPES))(test)
+    test = pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "column_slice"])(test)
+    test = pytest.mark.parametrize("shape", SHAPES, ids=lambda shape: "x".join(map(str, shape)))(test)
+    test = pytest.mark.parametrize("backend", BACKENDS)(test)
+    return test
+
+
+def _random_inputs(shape, strided, dtype, scale):
+    """Fresh N(0, scale^2) inputs; ``strided``: a [..., W] view whose rows are strided, columns 3 .. 3 + W of a
+    tensor 5 columns wider (the layout of a slice of a fused projection's output)."""
     *leading, width = shape
-    wide = torch.randn(*leading, width + 5, generator=generator, dtype=torch.float64) * scale
-    return wide.to(DEVICE, dtype)[..., 3 : 3 + width]
+    if not strided:
+        return (torch.randn(shape, dtype=torch.float64) * scale).to(DEVICE, dtype)
+    wide = torch.randn(*leading, width + 5, dtype=torch.float64) * scale
+    inputs = wide.to(DEVICE, dtype)[..., 3 : 3 + width]
+    assert not inputs.is_contiguous()
+    return inputs
 
 
 def _check(operator, reference, inputs, tolerance, **kwargs):
@@ -46,34 +60,19 @@ def _check(operator, reference, inputs, tolerance, **kwargs):
     return output
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda shape: "x".join(map(str, shape)))
-@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "column_slice"])
-@pytest.mark.parametrize("dtype_name", sorted(DTYPES))
+@pointwise_cases
 def test_swiglu_matches_torch_silu_product(backend, shape, strided, dtype_name):
     dtype, tolerance = DTYPES[dtype_name]
-    generator = torch.Generator().manual_seed(hash((backend, shape, strided, dtype_name)) % 2**31)
-    if strided:
-        inputs = _slice_of_wider(shape, dtype, 2.0, generator)
-        assert not inputs.is_contiguous()
-    else:
-        inputs = (torch.randn(shape, generator=generator, dtype=torch.float64) * 2.0).to(DEVICE, dtype)
+    inputs = _random_inputs(shape, strided, dtype, 2.0)
     output = _check(swiglu, naive_swiglu, inputs, tolerance, backend=backend)
     assert output.shape == (*shape[:-1], shape[-1] // 2) and output.dtype == dtype
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda shape: "x".join(map(str, shape)))
-@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "column_slice"])
-@pytest.mark.parametrize("dtype_name", sorted(DTYPES))
+@pointwise_cases
 def test_log_sigmoid_gate_matches_torch_logsigmoid(backend, shape, strided, dtype_name):
     dtype, tolerance = DTYPES[dtype_name]
-    generator = torch.Generator().manual_seed(hash((backend, shape, strided, dtype_name, "gate")) % 2**31)
     # scale 12: many logits beyond |x| = 17, where exp(-|x|) vanishes next to 1 in float32
-    if strided:
-        inputs = _slice_of_wider(shape, dtype, 12.0, generator)
-    else:
-        inputs = (torch.randn(shape, generator=generator, dtype=torch.float64) * 12.0).to(DEVICE, dtype)
+    inputs = _random_inputs(shape, strided, dtype, 12.0)
     output = _check(
         log_sigmoid_gate, lambda x: naive_log_sigmoid_gate(x, 16.0), inputs, tolerance, normalizer=16.0, backend=backend
     )
