@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from trace_gaps import compute_intervals, load_events, step_gaps  # noqa: E402
+from trace_gaps import compute_intervals, load_events, memset_starts, step_gaps  # noqa: E402
 
 
 def _kernel(name: str, ts: float, dur: float) -> dict:
@@ -23,12 +23,16 @@ def test_gaps_split_into_launch_gaps_and_waits(tmp_path):
         _kernel("gla", 120, 30),  # 10 us launch gap
         _kernel("gemm", 1150, 50),  # 1000 us wait
         {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 9999},
+        {"cat": "gpu_memset", "name": "Memset (Device)", "ts": 113, "dur": 1},  # in the 10 us launch gap
+        {"cat": "gpu_memset", "name": "Memset (Device)", "ts": 600, "dur": 1},  # in the wait: not a launch gap
     ]
     path = tmp_path / "trace.json.gz"
     with gzip.open(path, "wt") as handle:
         json.dump({"traceEvents": events}, handle)
-    gaps = step_gaps(compute_intervals(load_events(path)), long_us=50)
+    events = load_events(path)
+    gaps = step_gaps(compute_intervals(events), long_us=50, memsets=memset_starts(events))
     assert gaps.kernels == 4
+    assert (gaps.memset_gaps, gaps.memset_gap_ms) == (1, pytest.approx(0.01))
     assert gaps.step_ms == pytest.approx(1.2)
     assert gaps.busy_ms == pytest.approx(0.19)
     assert (gaps.short_gaps, gaps.short_gap_ms) == (1, pytest.approx(0.01))
