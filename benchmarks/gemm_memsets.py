@@ -9,7 +9,10 @@ because cuBLAS reads its environment once:
 
 - ``default``: torch's choices;
 - ``cublaslt``: ``TORCH_BLAS_PREFER_CUBLASLT=1``, torch's cuBLASLt path;
-- ``no-workspace``: ``CUBLAS_WORKSPACE_CONFIG=:0:0``, no cuBLAS workspace (no workspace-based kernels).
+- ``no-workspace``: ``CUBLAS_WORKSPACE_CONFIG=:0:0`` and ``CUBLASLT_WORKSPACE_SIZE=0`` (KiB, read when torch
+  creates its cuBLASLt handle): no workspace for either library, so no split-K or stream-K kernel that
+  reduces through a zeroed workspace (what the memsets look like);
+- ``cublaslt-no-workspace``: both of the above.
 
 It prints, per setting: milliseconds per replay, kernels and memsets per replay, and the launch gaps that
 hold a memset (``benchmarks/trace_gaps.py``'s measure). A setting is worth trying in the pipeline benchmark
@@ -31,7 +34,12 @@ from pathlib import Path
 SETTINGS = {
     "default": {},
     "cublaslt": {"TORCH_BLAS_PREFER_CUBLASLT": "1"},
-    "no-workspace": {"CUBLAS_WORKSPACE_CONFIG": ":0:0"},
+    "no-workspace": {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE": "0"},
+    "cublaslt-no-workspace": {
+        "TORCH_BLAS_PREFER_CUBLASLT": "1",
+        "CUBLAS_WORKSPACE_CONFIG": ":0:0",
+        "CUBLASLT_WORKSPACE_SIZE": "0",
+    },
 }
 
 
