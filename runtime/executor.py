@@ -100,11 +100,12 @@ class StageExecutor:
         # [Note: sequence-wide K/V] in schedlang.runtime.kv_buffers
         self.kv = SequenceKV(max(end for _, end in shape.local_chunk_bounds)) if model.has_attention else None
         self.store = StateStore()
-        self.deferred_weights = deferred_weight_units(actions)
         if graphs is not None and graphs.splitting:  # [Note: splitting slots]: every chunk's W replays a graph
             self.deferred_weights = frozenset(
                 (action.microbatch, action.chunk) for action in actions if action.kind is ActionKind.WEIGHT
             )
+        else:
+            self.deferred_weights = deferred_weight_units(actions)
         self.weight_recorders: dict[tuple[int, int], WeightGradientRecorder] = {}  # eager deferred W
         self.weight_slots: dict[tuple[int, int], int] = {}  # graph slots held from B to a deferred W
         self.inbox: dict[tuple[ActionKind, int, int], torch.Tensor] = {}

@@ -5,9 +5,10 @@ from schedlang.kernels.common.arguments import (
     Backend,
     CHUNK_SIZE,
     RecurrenceShape,
+    check_floating_tensor,
     check_recurrence_arguments,
     resolve_backend,
-    state_dtype_for,
+    compute_dtype_for,
 )
 
 __all__ = [
@@ -15,10 +16,11 @@ __all__ = [
     "CHUNK_SIZE",
     "ChunkStates",
     "RecurrenceShape",
+    "check_floating_tensor",
     "check_recurrence_arguments",
     "chunk_count",
     "from_chunks",
     "to_chunks",
     "resolve_backend",
-    "state_dtype_for",
+    "compute_dtype_for",
 ]

@@ -49,9 +49,18 @@ def resolve_backend(backend: str | Backend, device: torch.device) -> Backend:
     return Backend.TORCH
 
 
-def state_dtype_for(dtype: torch.dtype) -> torch.dtype:
-    """States are float32, or float64 when the inputs are float64 (used by the reference tests)."""
+def compute_dtype_for(dtype: torch.dtype) -> torch.dtype:
+    """What the PyTorch paths compute and keep states in: float32, or float64 when the inputs are float64 (the
+    reference tests)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def check_floating_tensor(name: str, tensor: object) -> None:
+    """Raise ValueError unless ``tensor`` is a floating-point torch.Tensor."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if not tensor.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {tensor.dtype}")
 
 
 def check_recurrence_arguments(
@@ -64,10 +73,7 @@ def check_recurrence_arguments(
 ) -> RecurrenceShape:
     """Check shapes, devices and dtypes; return the sizes. Raises ValueError on any mismatch."""
     for name, tensor in (("q", q), ("k", k), ("v", v), ("g", g)):
-        if not isinstance(tensor, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-        if not tensor.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor, got dtype {tensor.dtype}")
+        check_floating_tensor(name, tensor)
     if q.dim() != 4:
         raise ValueError(f"q must have shape [B, T, H, K], got {tuple(q.shape)}")
     batch, length, heads, key_dim = q.shape

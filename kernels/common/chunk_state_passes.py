@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from schedlang.kernels.common.arguments import state_dtype_for
+from schedlang.kernels.common.arguments import compute_dtype_for
 from schedlang.kernels.common.chunking import ChunkStates, from_chunks, to_chunks
 from schedlang.kernels.common.gate_layout import GateLayout
 
@@ -60,7 +60,7 @@ def local_chunk_states(
     Returns ChunkStates(states with states[:, :, 0] = 0, log_decay with log_decay[:, :, n] = sum of g
     over chunks 0..n-1, i.e. log of ZeCO's gamma_tilde).
     """
-    dtype = state_dtype_for(k.dtype)
+    dtype = compute_dtype_for(k.dtype)
     gc = cumulative_gate(g, chunk_size, dtype)
     keys = to_chunks(k, chunk_size, dtype) * decay_to_chunk_end(layout, gc)
     updates = keys.transpose(-1, -2) @ to_chunks(v, chunk_size, dtype)
@@ -129,7 +129,7 @@ def local_chunk_state_gradients(
     chunk with dS[:, :, N] = 0, and log_decay with entry n the sum of g from chunk n to the end). The
     global gradients are update_state_rows(dS_final, dS, log_decay).
     """
-    dtype = state_dtype_for(q.dtype)
+    dtype = compute_dtype_for(q.dtype)
     gc = cumulative_gate(g, chunk_size, dtype)
     updates = gated_queries(layout, q, gc, scale, chunk_size).transpose(-1, -2) @ to_chunks(do, chunk_size, dtype)
     chunk_log_decay = gc[:, :, :, -1]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from schedlang.kernels.common import CHUNK_SIZE, from_chunks, state_dtype_for, to_chunks
+from schedlang.kernels.common import CHUNK_SIZE, from_chunks, compute_dtype_for, to_chunks
 
 
 def chunk_gated_delta_rule_forward(
@@ -37,7 +37,7 @@ def chunk_gated_delta_rule_forward(
     chunk_size: int = CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Output [B, T, H, V] (v's dtype) and final state [B, H, K, V] (float32/64); differentiable."""
-    dtype = state_dtype_for(q.dtype)
+    dtype = compute_dtype_for(q.dtype)
     queries = to_chunks(q, chunk_size, dtype) * scale
     keys = to_chunks(k, chunk_size, dtype)
     values = to_chunks(v, chunk_size, dtype)

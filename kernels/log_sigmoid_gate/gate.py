@@ -14,20 +14,16 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from schedlang.kernels.common import Backend, resolve_backend
+from schedlang.kernels.common import Backend, check_floating_tensor, compute_dtype_for, resolve_backend
 from schedlang.kernels.common.pointwise import PointwiseFunction, PointwiseImplementation
 
 
-def _output_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _torch_forward(rows: torch.Tensor, normalizer: float) -> torch.Tensor:
-    return F.logsigmoid(rows.to(_output_dtype(rows.dtype))) / normalizer
+    return F.logsigmoid(rows.to(compute_dtype_for(rows.dtype))) / normalizer
 
 
 def _torch_backward(rows: torch.Tensor, output_grad: torch.Tensor, normalizer: float) -> torch.Tensor:
-    logits = rows.to(_output_dtype(rows.dtype))
+    logits = rows.to(compute_dtype_for(rows.dtype))
     return (output_grad.to(logits.dtype) * torch.sigmoid(-logits) / normalizer).to(rows.dtype)
 
 
@@ -54,8 +50,7 @@ def log_sigmoid_gate(logits: torch.Tensor, normalizer: float = 1.0, backend: str
     Returns:
         [..., W] float32 (float64 for float64 logits). Autograd gives the logits' gradient in their dtype.
     """
-    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
-        raise ValueError(f"logits must be a floating-point tensor, got {type(logits).__name__}")
+    check_floating_tensor("logits", logits)
     if logits.dim() == 0:
         raise ValueError("logits must have at least one dimension")
     if not normalizer > 0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from schedlang.kernels.common import CHUNK_SIZE, ChunkStates, from_chunks, state_dtype_for, to_chunks
+from schedlang.kernels.common import CHUNK_SIZE, ChunkStates, from_chunks, compute_dtype_for, to_chunks
 from schedlang.kernels.common import chunk_state_passes
 from schedlang.kernels.common.chunk_state_passes import cumulative_gate, decay_to_chunk_end
 from schedlang.kernels.common.gate_layout import SCALAR_GATE
@@ -58,7 +58,7 @@ def intra_chunk_output(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float, chunk_size: int = CHUNK_SIZE
 ) -> torch.Tensor:
     """Output from tokens of the same chunk: [B, T, H, V]."""
-    dtype = state_dtype_for(q.dtype)
+    dtype = compute_dtype_for(q.dtype)
     gc = cumulative_gate(g, chunk_size, dtype)
     queries = to_chunks(q, chunk_size, dtype) * scale
     scores = (queries @ to_chunks(k, chunk_size, dtype).transpose(-1, -2)) * _decay_matrix(gc)

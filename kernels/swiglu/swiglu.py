@@ -13,17 +13,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from schedlang.kernels.common import Backend, resolve_backend
+from schedlang.kernels.common import Backend, check_floating_tensor, compute_dtype_for, resolve_backend
 from schedlang.kernels.common.pointwise import PointwiseFunction, PointwiseImplementation
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _halves(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     width = rows.shape[-1] // 2
-    compute = _compute_dtype(rows.dtype)
+    compute = compute_dtype_for(rows.dtype)
     return rows[:, :width].to(compute), rows[:, width:].to(compute)
 
 
@@ -59,8 +55,7 @@ def swiglu(gate_up: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     Returns:
         [..., H] in gate_up's dtype. Autograd gives the gradient of gate_up, one contiguous tensor.
     """
-    if not isinstance(gate_up, torch.Tensor) or not gate_up.is_floating_point():
-        raise ValueError(f"gate_up must be a floating-point tensor, got {type(gate_up).__name__}")
+    check_floating_tensor("gate_up", gate_up)
     if gate_up.dim() == 0 or gate_up.shape[-1] % 2 != 0:
         raise ValueError(f"gate_up's last dimension must be even ([gate | up]), got shape {tuple(gate_up.shape)}")
     chosen = resolve_backend(backend, gate_up.device)
