@@ -133,6 +133,7 @@ def main() -> int:
     parser.add_argument("--d-model", type=int, default=2048)
     parser.add_argument("--mlp-width", type=int, default=5464, help="SwiGLU width (d_model * 8/3, aligned)")
     parser.add_argument("--replays", type=int, default=50)
+    parser.add_argument("--json", help="also write the results, one object per setting, to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -143,17 +144,20 @@ def main() -> int:
           f"one CUDA graph, {args.replays} replays")
     print("| setting | ms per replay | kernels | memsets | launch gaps ms | of which hold a memset |")
     print("|---|---|---|---|---|---|")
+    results = {}
     for name, env in SETTINGS.items():
         command = [sys.executable, __file__, "--worker", f"--replays={args.replays}", *passed]
         done = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True)
         if done.returncode != 0:
             print(f"| {name} | failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode} |")
             continue
-        result = json.loads(done.stdout.strip().splitlines()[-1])
+        result = results[name] = json.loads(done.stdout.strip().splitlines()[-1])
         print(
             f"| {name} | {result['replay_ms']:.3f} | {result['kernels']} | {result['memsets']} | "
             f"{result['gap_ms']:.3f} | {result['memset_gap_ms']:.3f} |"
         )
+    if args.json:
+        Path(args.json).write_text(json.dumps({name: {"env": SETTINGS[name], **result} for name, result in results.items()}))
     return 0
 
 

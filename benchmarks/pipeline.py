@@ -444,6 +444,13 @@ def driver(args: argparse.Namespace) -> int:
     started = time.monotonic()
     backend = kernel_preflight(args.device)
     os.environ["SCHEDLANG_KERNEL_BACKEND"] = backend
+    workspace = "(CPU)"
+    if args.device == "cuda":
+        from schedlang.runtime.cublas import WORKSPACE_FREE_SETTINGS, use_workspace_free_gemms
+
+        if args.cublas_workspace == "none":
+            use_workspace_free_gemms()  # both systems, through the jobs' environment
+        workspace = ", ".join(f"{name}={os.environ.get(name, '(unset)')}" for name in WORKSPACE_FREE_SETTINGS)
     systems = [f"schedlang:{n}" for n in args.chunks] + ["torch"]
     code, records = launch_worker(
         args, systems, args.length, args.warmup, args.steps, out / "throughput.json", args.throughput_timeout
@@ -452,7 +459,7 @@ def driver(args: argparse.Namespace) -> int:
     lines = [
         f"kernel backend: {backend}; length {args.length}, {args.microbatches} microbatches, PP2, "
         f"{'layer-list entries ([gla, mlp] * L)' if args.split_mlp else 'layers'} per stage "
-        f"{len(split[0])} + {len(split[1])} (+ head and loss)",
+        f"{len(split[0])} + {len(split[1])} (+ head and loss); cuBLAS, both systems: {workspace}",
         "| system | stage | tokens/s | step (s) | compute kernels (s) | busy | peak (GiB) | activations peak (GiB) |"
         " peak - model state (GiB) | reserved peak (GiB) | left reserved (GiB) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -530,6 +537,11 @@ def main() -> int:
     parser.add_argument("--search-lengths", type=int, nargs="+", default=[65536, 81920, 98304, 114688, 131072])
     parser.add_argument("--budget", type=float, default=400.0, help="seconds after which the length search stops")
     parser.add_argument("--throughput-timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--cublas-workspace", choices=("none", "default"), default="none",
+        help="none: no cuBLAS workspace for either system, as schedlang's graph stages run by default "
+        "(schedlang.runtime.cublas); default: torch's choice",
+    )
     parser.add_argument("--search-timeout", type=float, default=120.0)
     args = parser.parse_args()
     global FIRST_STAGE_LAYERS, SPLIT_MLP

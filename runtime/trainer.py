@@ -20,6 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from schedlang.runtime.actions import Action, deferred_weight_units
 from schedlang.runtime.config import MixerKind, ModelConfig, OptimizerKind, PipelineConfig, TrainConfig
+from schedlang.runtime.cublas import use_workspace_free_gemms
 from schedlang.runtime.data import TokenSource
 from schedlang.runtime.executor import StageExecutor, StepShape
 from schedlang.runtime.graphs import GraphedChunks, GraphMaker, slots_needed
@@ -253,7 +254,13 @@ def launch(
     timeout_s: float = 300.0,
     graph_maker: GraphMaker | None = None,
 ) -> Trainer:
-    """Join the torchrun job and build this rank's trainer."""
+    """Join the torchrun job and build this rank's trainer.
+
+    On CUDA with ``cuda_graphs``, first gives cuBLAS no workspace (unless the user chose one): [Note: GEMMs
+    without a workspace in CUDA graphs] in schedlang.runtime.cublas.
+    """
+    if device_type == "cuda" and pipeline_config.cuda_graphs:
+        use_workspace_free_gemms()
     mesh = init_mesh(*mesh_shape, device_type=device_type, timeout_s=timeout_s)
     return Trainer(model_config, pipeline_config, train_config, mesh, timeout_s=timeout_s, graph_maker=graph_maker)
 

@@ -1,0 +1,56 @@
+"""cuBLAS without a workspace, for stages that replay their chunks from CUDA graphs.
+
+[Note: GEMMs without a workspace in CUDA graphs]
+On an H200 (torch 2.11, cuBLAS 12.9) nearly every GEMM kernel of a captured chunk
+comes after a 4-byte memset of cuBLAS's workspace, a graph node of its own. In a
+replayed graph the launch gap ahead of a kernel that follows such a memset
+averaged 9 us against 2.5 us for the others: 18.7 ms of launch gaps in a 0.85 s
+step of the benchmark's second stage (2,040 memsets, docs/benchmarks.md). With
+no workspace (``CUBLAS_WORKSPACE_CONFIG=:0:0`` for cuBLAS and
+``CUBLASLT_WORKSPACE_SIZE=0`` for cuBLASLt) cuBLAS picks kernels that need
+none: the memsets are gone, the GEMM kernels themselves run about 1% slower,
+and the pipelined step got 0.5% faster (Schedule1F1B, eager, in the same job:
+unchanged). Eager chunks gain nothing from it, so only graph-replaying stages
+ask for it.
+
+torch reads both variables once, when the process creates its first cuBLAS
+handle, so they must be set before the first GEMM. A user who set either
+variable keeps both as they are, and so does a preference for cuBLASLt (``TORCH_BLAS_PREFER_CUBLASLT=1`` or
+``torch.backends.cuda.preferred_blas_library``), whose GEMMs fail without a
+workspace.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+
+import torch
+
+WORKSPACE_FREE_SETTINGS = {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE": "0"}
+"""The environment that gives cuBLAS and cuBLASLt no workspace: [Note: GEMMs without a workspace in CUDA graphs]."""
+
+
+def prefers_cublaslt(environ: MutableMapping[str, str]) -> bool:
+    """Whether torch would route its GEMMs through cuBLASLt, which needs a workspace."""
+    if environ.get("TORCH_BLAS_PREFER_CUBLASLT", "") not in ("", "0"):
+        return True
+    return torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublaslt
+
+
+def use_workspace_free_gemms(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Give cuBLAS no workspace unless the user chose otherwise; returns the variables this call set.
+
+    Call it before the process's first GEMM ([Note: GEMMs without a workspace in CUDA graphs]); later it
+    changes nothing. Sets nothing on ROCm, when torch prefers cuBLASLt, or when either variable is already
+    in ``environ`` (``os.environ`` by default): the user's choice of workspace stands.
+    """
+    environ = os.environ if environ is None else environ
+    user_chose = any(name in environ for name in WORKSPACE_FREE_SETTINGS)
+    if user_chose or torch.version.hip is not None or prefers_cublaslt(environ):
+        return {}
+    environ.update(WORKSPACE_FREE_SETTINGS)
+    return dict(WORKSPACE_FREE_SETTINGS)
+
+
+__all__ = ["WORKSPACE_FREE_SETTINGS", "prefers_cublaslt", "use_workspace_free_gemms"]
