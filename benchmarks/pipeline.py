@@ -16,7 +16,9 @@ Driver (plain python, launches torchrun jobs):
         [--first-stage-layers 9] [--split-mlp]
     (a chunk count ending in g replays the chunks from CUDA graphs: pipeline { cuda_graphs = true }; a suffix
     +E, as in 8g+2, adds E warm-up forwards on stage 0: pipeline { extra_warmup = E }; a final w, as in 8g+2w,
-    splits the backwards and defers stage 1's cool-down weight gradients: pipeline { split_backward = true })
+    splits the backwards and defers stage 1's cool-down weight gradients: pipeline { split_backward = true };
+    --cublas-workspace auto, the default, gives a job whose schedlang systems all replay graphs, torch's too, no
+    cuBLAS workspace, as schedlang's runtime gives its graph stages: see job_environment)
 Worker (what the driver launches):
     torchrun --nproc-per-node 2 benchmarks/pipeline.py --worker --systems torch schedlang:16 --length 32768
 A tiny CPU run of the whole path: python benchmarks/pipeline.py --device cpu --tiny --out /tmp/bench
@@ -31,6 +33,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -229,24 +232,58 @@ def model_state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer) -> in
     return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
 
 
+@dataclass(frozen=True)
+class SchedlangVariant:
+    """A schedlang system's name: schedlang:8, schedlang:8g to replay CUDA graphs, schedlang:8g+2 with 2 extra
+    warm-up forwards on stage 0, schedlang:8g+2w (or 8gw) with split backwards."""
+
+    chunks: int
+    cuda_graphs: bool
+    extra_warmup: int
+    split_backward: bool
+
+    @classmethod
+    def parse(cls, name: str) -> "SchedlangVariant":
+        _, spec = name.split(":")
+        chunks, _, extra = spec.removesuffix("w").partition("+")
+        return cls(int(chunks.rstrip("g")), chunks.endswith("g"), int(extra or 0), spec.endswith("w"))
+
+
 def build_system(name: str, mesh, config, length: int, microbatches: int):
     if name == "torch":
         return TorchSystem(mesh, config, length, microbatches)
-    # schedlang:8, schedlang:8g to replay CUDA graphs, schedlang:8g+2 with 2 extra warm-up forwards on stage 0,
-    # schedlang:8g+2w (or 8gw) with split backwards
-    kind, spec = name.split(":")
-    split_backward = spec.endswith("w")
-    chunks, _, extra = spec.removesuffix("w").partition("+")
+    variant = SchedlangVariant.parse(name)
     return SchedlangSystem(
         mesh,
         config,
         length,
-        int(chunks.rstrip("g")),
+        variant.chunks,
         microbatches,
-        chunks.endswith("g"),
-        int(extra or 0),
-        split_backward,
+        variant.cuda_graphs,
+        variant.extra_warmup,
+        variant.split_backward,
     )
+
+
+def job_environment(systems: list[str], device: str, cublas_workspace: str) -> tuple[dict[str, str], str]:
+    """The environment of a torchrun job over ``systems``, and its cuBLAS workspace setting in words.
+
+    [Note: GEMMs without a workspace in CUDA graphs] (schedlang.runtime.cublas): replayed graphs gain from no
+    workspace, but eager chunks lose badly (8 eager chunks on 2 H200s: 138K tokens/s with torch's workspace,
+    87K without; Schedule1F1B unchanged either way). Every system of a job shares one process and one setting,
+    so ``auto`` gives no workspace only to a job whose schedlang systems all replay graphs, as schedlang's
+    runtime does; ``none`` and ``default`` force one.
+    """
+    environment = dict(os.environ)
+    if device != "cuda":
+        return environment, "(CPU)"
+    from schedlang.runtime.cublas import WORKSPACE_FREE_SETTINGS, use_workspace_free_gemms
+
+    variants = [SchedlangVariant.parse(name) for name in systems if name != "torch"]
+    graphs_only = all(variant.cuda_graphs for variant in variants)
+    if cublas_workspace == "none" or (cublas_workspace == "auto" and graphs_only):
+        use_workspace_free_gemms(environment)
+    return environment, ", ".join(f"{name}={environment.get(name, '(unset)')}" for name in WORKSPACE_FREE_SETTINGS)
 
 
 KERNELS_KEPT = 40
@@ -369,7 +406,8 @@ def launch_worker(args, systems, length, warmup, steps, result: Path, timeout: f
         ["--first-stage-layers", str(args.first_stage_layers)] if args.first_stage_layers is not None else []
     ) + (["--trace-dir", args.trace_dir] if args.trace_dir else []) + (["--split-mlp"] if args.split_mlp else [])
     try:
-        completed = subprocess.run(command, timeout=timeout, capture_output=True, text=True)
+        environment, _ = job_environment(systems, args.device, args.cublas_workspace)
+        completed = subprocess.run(command, timeout=timeout, capture_output=True, text=True, env=environment)
         code, output = completed.returncode, completed.stdout + completed.stderr
     except subprocess.TimeoutExpired as error:
         code, output = 124, str(error.stdout or "") + str(error.stderr or "")
@@ -444,14 +482,8 @@ def driver(args: argparse.Namespace) -> int:
     started = time.monotonic()
     backend = kernel_preflight(args.device)
     os.environ["SCHEDLANG_KERNEL_BACKEND"] = backend
-    workspace = "(CPU)"
-    if args.device == "cuda":
-        from schedlang.runtime.cublas import WORKSPACE_FREE_SETTINGS, use_workspace_free_gemms
-
-        if args.cublas_workspace == "none":
-            use_workspace_free_gemms()  # both systems, through the jobs' environment
-        workspace = ", ".join(f"{name}={os.environ.get(name, '(unset)')}" for name in WORKSPACE_FREE_SETTINGS)
     systems = [f"schedlang:{n}" for n in args.chunks] + ["torch"]
+    _, workspace = job_environment(systems, args.device, args.cublas_workspace)
     code, records = launch_worker(
         args, systems, args.length, args.warmup, args.steps, out / "throughput.json", args.throughput_timeout
     )
@@ -538,9 +570,10 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=400.0, help="seconds after which the length search stops")
     parser.add_argument("--throughput-timeout", type=float, default=300.0)
     parser.add_argument(
-        "--cublas-workspace", choices=("none", "default"), default="none",
-        help="none: no cuBLAS workspace for either system, as schedlang's graph stages run by default "
-        "(schedlang.runtime.cublas); default: torch's choice",
+        "--cublas-workspace", choices=("auto", "none", "default"), default="auto",
+        help="auto: no cuBLAS workspace (both systems) in a job whose schedlang systems all replay CUDA graphs, "
+        "as schedlang's runtime does (schedlang.runtime.cublas), torch's default otherwise; none / default: "
+        "force one for every job",
     )
     parser.add_argument("--search-timeout", type=float, default=120.0)
     args = parser.parse_args()
