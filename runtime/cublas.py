@@ -10,7 +10,9 @@ no workspace (``CUBLAS_WORKSPACE_CONFIG=:0:0`` for cuBLAS and
 ``CUBLASLT_WORKSPACE_SIZE=0`` for cuBLASLt) cuBLAS picks kernels that need
 none: the memsets are gone, the GEMM kernels themselves run about 1% slower,
 and the pipelined step got 0.5% faster (Schedule1F1B, eager, in the same job:
-unchanged). Eager chunks gain nothing from it, so only graph-replaying stages
+unchanged). Eager chunks must not have it: without a workspace every GEMM call
+costs more host time, and 8 eager chunks per sequence, already host-bound, fell
+from 138K to 87K tokens/s on the same benchmark. So only graph-replaying stages
 ask for it.
 
 torch reads both variables once, when the process creates its first cuBLAS
