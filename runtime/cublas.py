@@ -1,7 +1,7 @@
 """cuBLAS without a workspace, for stages that replay their chunks from CUDA graphs.
 
 [Note: GEMMs without a workspace in CUDA graphs]
-On an H200 (torch 2.11, cuBLAS 12.9) nearly every GEMM kernel of a captured chunk
+On an H200 (torch 2.11 and its cuBLAS) nearly every GEMM kernel of a captured chunk
 comes after a 4-byte memset of cuBLAS's workspace, a graph node of its own. In a
 replayed graph the launch gap ahead of a kernel that follows such a memset
 averaged 9 us against 2.5 us for the others: 18.7 ms of launch gaps in a 0.85 s
@@ -16,10 +16,10 @@ from 138K to 87K tokens/s on the same benchmark. So only graph-replaying stages
 ask for it.
 
 torch reads both variables once, when the process creates its first cuBLAS
-handle, so they must be set before the first GEMM. A user who set either
-variable keeps both as they are, and so does a preference for cuBLASLt (``TORCH_BLAS_PREFER_CUBLASLT=1`` or
-``torch.backends.cuda.preferred_blas_library``), whose GEMMs fail without a
-workspace.
+handle, so they must be set before the first GEMM. Nothing is set when the
+user set either variable, or prefers cuBLASLt (``TORCH_BLAS_PREFER_CUBLASLT=1``
+or ``torch.backends.cuda.preferred_blas_library``), whose GEMMs torch refuses
+to run without a workspace.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def prefers_cublaslt(environ: MutableMapping[str, str]) -> bool:
     """Whether torch would route its GEMMs through cuBLASLt, which needs a workspace."""
     if environ.get("TORCH_BLAS_PREFER_CUBLASLT", "") not in ("", "0"):
         return True
-    return torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublaslt
+    return getattr(torch.backends.cuda.preferred_blas_library(), "name", "") == "Cublaslt"
 
 
 def use_workspace_free_gemms(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
