@@ -474,6 +474,48 @@ def gib(n_bytes: int) -> str:
     return f"{n_bytes / 2**30:.1f}"
 
 
+def summary_lines(header: str, systems: list[str], records: list[dict]) -> list[str]:
+    """The throughput job's table (one row per system and stage) and each schedlang system's ratios to torch.
+
+    "NCCL kernels" is the time NCCL kernels were resident on the GPU in the profiled step: a send or receive
+    posted long before its peer's keeps one there, and the compute kernels beside it run slower
+    (docs/benchmarks.md, the chunk-count sweep).
+    """
+    lines = [
+        header,
+        "| system | stage | tokens/s | step (s) | compute kernels (s) | busy | NCCL kernels (s) | peak (GiB) |"
+        " activations peak (GiB) | peak - model state (GiB) | reserved peak (GiB) | left reserved (GiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for record in records:
+        lines.append(
+            f"| {record['system']} | {record['stage']} | {record['tokens_per_second']:,.0f} | "
+            f"{record['step_seconds']:.2f} | {record.get('kernel_seconds', 0.0):.2f} | "
+            f"{record.get('kernel_seconds', 0.0) / record['step_seconds']:.0%} | "
+            f"{record.get('communication_kernel_seconds', 0.0):.3f} | "
+            f"{gib(record['peak_bytes'])} | {gib(record['activation_peak_bytes'])} | "
+            f"{gib(record['peak_minus_model_state_bytes'])} | {gib(record.get('peak_reserved_bytes', 0))} | "
+            f"{gib(record.get('reserved_after_release_bytes', 0))} |"
+        )
+    torch_records = [record for record in records if record["system"] == "torch"]
+    if not torch_records:
+        return lines
+    torch_rate = min(record["tokens_per_second"] for record in torch_records)
+    for name in systems:
+        mine = [record for record in records if record["system"] == name]
+        if name == "torch" or not mine:
+            continue
+        rate = min(record["tokens_per_second"] for record in mine)
+        lines.append(
+            f"{name}: throughput x{rate / torch_rate:.3f} of Schedule1F1B, "
+            f"activation peak x{activation_ratio(mine, torch_records, 'activation_peak_bytes'):.2f}, "
+            f"peak - model state x{activation_ratio(mine, torch_records, 'peak_minus_model_state_bytes'):.2f}, "
+            f"reserved peak x{activation_ratio(mine, torch_records, 'peak_reserved_bytes'):.2f}"
+            + (" (graph pools: only the reserved peak sees them whole)" if SchedlangVariant.parse(name).cuda_graphs else "")
+        )
+    return lines
+
+
 def driver(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -488,36 +530,12 @@ def driver(args: argparse.Namespace) -> int:
         args, systems, args.length, args.warmup, args.steps, out / "throughput.json", args.throughput_timeout
     )
     split = stage_layers(len(model_config(args.tiny).layers))
-    lines = [
+    header = (
         f"kernel backend: {backend}; length {args.length}, {args.microbatches} microbatches, PP2, "
         f"{'layer-list entries ([gla, mlp] * L)' if args.split_mlp else 'layers'} per stage "
-        f"{len(split[0])} + {len(split[1])} (+ head and loss); cuBLAS, both systems: {workspace}",
-        "| system | stage | tokens/s | step (s) | compute kernels (s) | busy | peak (GiB) | activations peak (GiB) |"
-        " peak - model state (GiB) | reserved peak (GiB) | left reserved (GiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for record in records:
-        lines.append(
-            f"| {record['system']} | {record['stage']} | {record['tokens_per_second']:,.0f} | "
-            f"{record['step_seconds']:.2f} | {record.get('kernel_seconds', 0.0):.2f} | "
-            f"{record.get('kernel_seconds', 0.0) / record['step_seconds']:.0%} | "
-            f"{gib(record['peak_bytes'])} | {gib(record['activation_peak_bytes'])} | "
-            f"{gib(record['peak_minus_model_state_bytes'])} | {gib(record.get('peak_reserved_bytes', 0))} | "
-            f"{gib(record.get('reserved_after_release_bytes', 0))} |"
-        )
-    torch_records = [record for record in records if record["system"] == "torch"]
-    if torch_records:
-        torch_rate = torch_records[0]["tokens_per_second"]
-        for name in systems[:-1]:
-            mine = [record for record in records if record["system"] == name]
-            if mine:
-                lines.append(
-                    f"{name}: throughput x{mine[0]['tokens_per_second'] / torch_rate:.2f} of Schedule1F1B, "
-                    f"activation peak x{activation_ratio(mine, torch_records, 'activation_peak_bytes'):.2f}, "
-                    f"peak - model state x{activation_ratio(mine, torch_records, 'peak_minus_model_state_bytes'):.2f}, "
-                    f"reserved peak x{activation_ratio(mine, torch_records, 'peak_reserved_bytes'):.2f}"
-                    + (" (graph pools: only the reserved peak sees them whole)" if "g" in name.partition(":")[2] else "")
-                )
+        f"{len(split[0])} + {len(split[1])} (+ head and loss); cuBLAS, both systems: {workspace}"
+    )
+    lines = summary_lines(header, systems, records)
     print("\n".join(lines), flush=True)
     fits = {name: None for name in args.search_systems}
     alive = list(args.search_systems)
