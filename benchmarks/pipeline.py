@@ -30,6 +30,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -120,6 +121,7 @@ class SchedlangSystem:
         cuda_graphs: bool = False,
         extra_warmup: int = 0,
         split_backward: bool = False,
+        p2p_max_ctas: int = 0,
     ) -> None:
         from schedlang.lowering.orders import one_f_one_b_orders
         from schedlang.lowering.placement import place_stage_actions
@@ -135,6 +137,7 @@ class SchedlangSystem:
             microbatch_size=1,
             stage_actions=tuple(tuple(str(action) for action in stage) for stage in actions),
             cuda_graphs=cuda_graphs,
+            p2p_max_ctas=p2p_max_ctas,
         )
         dtype = "bf16" if mesh.device.type == "cuda" else "fp32"
         train = TrainConfig(steps=1, seed=0, dtype=dtype, optimizer=OptimizerConfig(lr=1e-4))
@@ -235,18 +238,30 @@ def model_state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer) -> in
 @dataclass(frozen=True)
 class SchedlangVariant:
     """A schedlang system's name: schedlang:8, schedlang:8g to replay CUDA graphs, schedlang:8g+2 with 2 extra
-    warm-up forwards on stage 0, schedlang:8g+2w (or 8gw) with split backwards."""
+    warm-up forwards on stage 0, schedlang:8g+2w (or 8gw) with split backwards, schedlang:8g+2wc8 with stage
+    messages capped at 8 NCCL thread blocks ([Note: thread blocks of a message] in schedlang.runtime.p2p)."""
 
     chunks: int
     cuda_graphs: bool
     extra_warmup: int
     split_backward: bool
+    p2p_max_ctas: int = 0
+
+    PATTERN = re.compile(r"(?P<chunks>\d+)(?P<graphs>g?)(?:\+(?P<extra>\d+))?(?P<split>w?)(?:c(?P<ctas>\d+))?")
 
     @classmethod
     def parse(cls, name: str) -> "SchedlangVariant":
         _, spec = name.split(":")
-        chunks, _, extra = spec.removesuffix("w").partition("+")
-        return cls(int(chunks.rstrip("g")), chunks.endswith("g"), int(extra or 0), spec.endswith("w"))
+        match = cls.PATTERN.fullmatch(spec)
+        if match is None:
+            raise ValueError(f"{name!r}: a schedlang system is schedlang:<chunks>[g][+<extra>][w][c<ctas>]")
+        return cls(
+            int(match["chunks"]),
+            bool(match["graphs"]),
+            int(match["extra"] or 0),
+            bool(match["split"]),
+            int(match["ctas"] or 0),
+        )
 
 
 def build_system(name: str, mesh, config, length: int, microbatches: int):
@@ -262,6 +277,7 @@ def build_system(name: str, mesh, config, length: int, microbatches: int):
         variant.cuda_graphs,
         variant.extra_warmup,
         variant.split_backward,
+        variant.p2p_max_ctas,
     )
 
 
