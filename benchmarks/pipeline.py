@@ -122,6 +122,7 @@ class SchedlangSystem:
         extra_warmup: int = 0,
         split_backward: bool = False,
         p2p_max_ctas: int = 0,
+        forward_before_weight: bool = False,
     ) -> None:
         from schedlang.lowering.orders import one_f_one_b_orders
         from schedlang.lowering.placement import place_stage_actions
@@ -129,7 +130,8 @@ class SchedlangSystem:
         from schedlang.runtime.trainer import Trainer
 
         boundaries = tuple(length * index // n_chunks for index in range(n_chunks + 1))
-        actions = place_stage_actions(one_f_one_b_orders(2, microbatches, n_chunks, extra_warmup, split_backward))
+        orders = one_f_one_b_orders(2, microbatches, n_chunks, extra_warmup, split_backward, forward_before_weight)
+        actions = place_stage_actions(orders)
         pipeline = PipelineConfig(
             stage_layers=stage_layers(len(config.layers)),
             chunk_boundaries=boundaries,
@@ -246,8 +248,9 @@ class SchedlangVariant:
     extra_warmup: int
     split_backward: bool
     p2p_max_ctas: int = 0
+    forward_before_weight: bool = False
 
-    PATTERN = re.compile(r"(?P<chunks>\d+)(?P<graphs>g?)(?:\+(?P<extra>\d+))?(?P<split>w?)(?:c(?P<ctas>\d+))?")
+    PATTERN = re.compile(r"(?P<chunks>\d+)(?P<graphs>g?)(?:\+(?P<extra>\d+))?(?P<split>w?)(?P<forward_first>f?)(?:c(?P<ctas>\d+))?")
 
     @classmethod
     def parse(cls, name: str) -> "SchedlangVariant":
@@ -261,6 +264,7 @@ class SchedlangVariant:
             int(match["extra"] or 0),
             bool(match["split"]),
             int(match["ctas"] or 0),
+            bool(match["forward_first"]),
         )
 
 
@@ -278,6 +282,7 @@ def build_system(name: str, mesh, config, length: int, microbatches: int):
         variant.extra_warmup,
         variant.split_backward,
         variant.p2p_max_ctas,
+        variant.forward_before_weight,
     )
 
 

@@ -94,26 +94,34 @@ def _check_dimensions(n_stages: int, n_microbatches: int, n_chunks: int) -> None
 
 
 class _StageOrderBuilder:
-    """One stage's order, with [Note: split backward]: ``W`` after its ``B``, or held back to the end."""
+    """One stage's order, with [Note: split backward]: ``W`` after its ``B``, held back to the end, or held
+    until after the next forward ([Note: forward before weight gradients])."""
 
     def __init__(self, stage: int, split_backward: bool) -> None:
         self.stage = stage
         self.split_backward = split_backward
         self.tasks: list[TaskId] = []
         self.deferred: list[TaskId] = []
+        self.held: list[TaskId] = []
 
     def forward(self, microbatch: int, chunk: int) -> None:
         self.tasks.append(TaskId.forward(self.stage, microbatch, chunk))
+        self.tasks.extend(self.held)
+        self.held.clear()
 
-    def backward(self, microbatch: int, chunk: int, upstream_cool_down: bool) -> None:
-        """``upstream_cool_down``: stage ``r - 1`` consumes this backward's gradient in its cool-down."""
+    def backward(self, microbatch: int, chunk: int, upstream_cool_down: bool, after_next_forward: bool = False) -> None:
+        """``upstream_cool_down``: stage ``r - 1`` consumes this backward's gradient in its cool-down;
+        ``after_next_forward``: its ``W`` waits for the next forward (if it is not deferred to the end)."""
         self.tasks.append(TaskId.backward(self.stage, microbatch, chunk))
         if self.split_backward:
             weight = TaskId.weight(self.stage, microbatch, chunk)
-            (self.deferred if upstream_cool_down and self.stage > 0 else self.tasks).append(weight)
+            if upstream_cool_down and self.stage > 0:
+                self.deferred.append(weight)
+            else:
+                (self.held if after_next_forward else self.tasks).append(weight)
 
     def order(self) -> tuple[TaskId, ...]:
-        return tuple(self.tasks + self.deferred)
+        return tuple(self.tasks + self.held + self.deferred)
 
 
 def gpipe_orders(n_stages: int, n_microbatches: int, n_chunks: int, split_backward: bool = False) -> StageOrders:
@@ -171,11 +179,13 @@ def one_f_one_b_orders(
     n_chunks: int,
     extra_warmup: ExtraWarmup = 0,
     split_backward: bool = False,
+    forward_before_weight: bool = False,
 ) -> StageOrders:
     """StateFlow's chunk-level 1F1B: warm-up forwards, then one backward, one forward, ...
 
-    ``extra_warmup`` forwards more before the first backward (not on the last stage), and ``split_backward``
-    ``W`` tasks: see the module docstring.
+    ``extra_warmup`` forwards more before the first backward (not on the last stage), ``split_backward``
+    ``W`` tasks and ``forward_before_weight`` their place on stages that receive activations: see the module
+    docstring.
     """
     _check_dimensions(n_stages, n_microbatches, n_chunks)
     counts = extra_warmup_counts(extra_warmup, n_stages)
@@ -191,7 +201,12 @@ def one_f_one_b_orders(
             builder.forward(microbatch, chunk)
         next_forward = warmup
         for index, (microbatch, chunk) in enumerate(backwards):
-            builder.backward(microbatch, chunk, upstream_cool_down=index >= upstream_cool_down_from)
+            builder.backward(
+                microbatch,
+                chunk,
+                upstream_cool_down=index >= upstream_cool_down_from,
+                after_next_forward=forward_before_weight and stage > 0 and next_forward < len(forwards),
+            )
             if next_forward < len(forwards):
                 builder.forward(*forwards[next_forward])
                 next_forward += 1
