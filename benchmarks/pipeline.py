@@ -123,6 +123,7 @@ class SchedlangSystem:
         split_backward: bool = False,
         p2p_max_ctas: int = 0,
         forward_before_weight: bool = False,
+        more_deferred: int = 0,
     ) -> None:
         from schedlang.lowering.orders import one_f_one_b_orders
         from schedlang.lowering.placement import place_stage_actions
@@ -130,7 +131,9 @@ class SchedlangSystem:
         from schedlang.runtime.trainer import Trainer
 
         boundaries = tuple(length * index // n_chunks for index in range(n_chunks + 1))
-        orders = one_f_one_b_orders(2, microbatches, n_chunks, extra_warmup, split_backward, forward_before_weight)
+        orders = one_f_one_b_orders(
+            2, microbatches, n_chunks, extra_warmup, split_backward, forward_before_weight, more_deferred
+        )
         actions = place_stage_actions(orders)
         pipeline = PipelineConfig(
             stage_layers=stage_layers(len(config.layers)),
@@ -249,8 +252,9 @@ class SchedlangVariant:
     split_backward: bool
     p2p_max_ctas: int = 0
     forward_before_weight: bool = False
+    more_deferred: int = 0
 
-    PATTERN = re.compile(r"(?P<chunks>\d+)(?P<graphs>g?)(?:\+(?P<extra>\d+))?(?P<split>w?)(?P<forward_first>f?)(?:c(?P<ctas>\d+))?")
+    PATTERN = re.compile(r"(?P<chunks>\d+)(?P<graphs>g?)(?:\+(?P<extra>\d+))?(?P<split>w?)(?P<forward_first>f?)(?:d(?P<deferred>\d+))?(?:c(?P<ctas>\d+))?")
 
     @classmethod
     def parse(cls, name: str) -> "SchedlangVariant":
@@ -265,6 +269,7 @@ class SchedlangVariant:
             bool(match["split"]),
             int(match["ctas"] or 0),
             bool(match["forward_first"]),
+            int(match["deferred"] or 0),
         )
 
 
@@ -283,6 +288,7 @@ def build_system(name: str, mesh, config, length: int, microbatches: int):
         variant.split_backward,
         variant.p2p_max_ctas,
         variant.forward_before_weight,
+        variant.more_deferred,
     )
 
 

@@ -61,6 +61,29 @@ output gradients of its linear layers until its ``W``, so stage ``r`` holds
 up to ``w_{r-1}`` chunks in flight (instead of ``w_r``, Eq. 13) at its last
 forward. Sends are unchanged and ``W`` waits on nothing of another stage, so
 the orders stay legal and deadlock free.
+
+[Note: forward before weight gradients]
+A send on NCCL is a kernel that stays on the sender's GPU until the receiver
+posts the matching receive, holding 16 of an H200's 132 streaming
+multiprocessors; a GEMM sized for all of them that runs beside it takes up to a
+third longer. In the generated 1F1B order with split backwards, stage ``r > 0``
+runs ``B(j)`` (sends its gradient) ``W(j) F(k)``: stage ``r - 1`` has sent
+``k``'s activation by then (its forward of ``k`` ran while stage ``r`` ran
+``B(j)``), so that send waits there for all of ``W(j)``, every cycle. On two
+H200s (split-MLP 1B model, 2 chunks, docs/benchmarks.md) this cost stage 0
+25.7 ms of compute per 0.84 s step, in the GEMMs that ran beside such sends.
+``pipeline { forward_before_weight = true }`` has every stage that receives
+activations run ``B(j) F(k) W(j)`` instead (the ``W`` moves after the next
+forward, when there is one; the deferred ``W`` tasks above stay at the end):
+the receive is posted as soon as the gradient is out, and the send that
+waited for it completes at once (stage 0's loss: 0.3 ms). ``B(k)`` starts when
+it did before (after ``F(k)`` and ``W(j)`` either way), so the gradients
+upstream arrive as before. ``W`` still follows its ``B`` and precedes the end
+of the step, so the orders stay legal and deadlock free (tested for ranges of
+``P, M, N, e``). ``W(j)`` now holds chunk ``j``'s linear-layer inputs across
+``F(k)``, yet no stage's most chunks in flight grows (tests/lowering checks it
+for ``P <= 5, M <= 6, N <= 8, e <= 3``): a stage ``r > 0`` peaks at its last
+forward, where it holds stage ``r - 1``'s warm-up count of chunks either way.
 """
 
 from __future__ import annotations
@@ -180,6 +203,7 @@ def one_f_one_b_orders(
     extra_warmup: ExtraWarmup = 0,
     split_backward: bool = False,
     forward_before_weight: bool = False,
+    more_deferred: int = 0,
 ) -> StageOrders:
     """StateFlow's chunk-level 1F1B: warm-up forwards, then one backward, one forward, ...
 
@@ -196,7 +220,7 @@ def one_f_one_b_orders(
     for stage, warmup in enumerate(warmups):
         builder = _StageOrderBuilder(stage, split_backward)
         # stage r - 1's cool-down: its last w_{r-1} backwards (a cool-down is as long as the warm-up)
-        upstream_cool_down_from = len(backwards) - (warmups[stage - 1] if stage > 0 else 0)
+        upstream_cool_down_from = len(backwards) - (warmups[stage - 1] + more_deferred if stage > 0 else 0)
         for microbatch, chunk in forwards[:warmup]:
             builder.forward(microbatch, chunk)
         next_forward = warmup
@@ -243,7 +267,12 @@ def stage_orders(program: ScheduleProgram) -> StageOrders:
         return gpipe_orders(program.n_stages, program.n_microbatches, program.n_chunks, split)
     if kind is OrderKind.ONE_F_ONE_B:
         return one_f_one_b_orders(
-            program.n_stages, program.n_microbatches, program.n_chunks, program.pipeline.extra_warmup, split
+            program.n_stages,
+            program.n_microbatches,
+            program.n_chunks,
+            program.pipeline.extra_warmup,
+            split,
+            program.pipeline.forward_before_weight,
         )
     if kind is OrderKind.EXPLICIT:
         return explicit_orders(program)

@@ -172,6 +172,9 @@ class PipelineSpec:
     extra_warmup: int | tuple[int, ...] = 0
     # weight gradients of linear layers as W tasks of their own ([Note: split backward] in lowering/orders.py)
     split_backward: bool = False
+    # 1f1b with split_backward only: stages that receive activations run the next forward before the W of the
+    # backward before it ([Note: forward before weight gradients] in lowering/orders.py)
+    forward_before_weight: bool = False
 
 
 class OptimizerKind(str, Enum):

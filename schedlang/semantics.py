@@ -63,7 +63,10 @@ BLOCK_KEYS: dict[str, tuple[str, ...]] = {
     "model": ("vocab", "d_model", "layers", "heads", "head_dim", "mlp", "stages"),
     "mesh": ("pipeline", "sequence", "data"),
     "sequence": ("length", "chunks", "partition", "kernel_chunk", "parallel"),
-    "pipeline": ("microbatches", "order", "microbatch_size", "recompute", "cuda_graphs", "extra_warmup", "split_backward"),
+    "pipeline": (
+        "microbatches", "order", "microbatch_size", "recompute", "cuda_graphs", "extra_warmup", "split_backward",
+        "forward_before_weight",
+    ),
     "train": ("steps", "optimizer", "dtype", "data", "seed", "grad_clip", "log_every", "checkpoint"),
 }
 
@@ -911,6 +914,7 @@ class _Lowering:
             "pipeline", "extra_warmup", lambda value, path: self.extra_warmup(value, path, mesh), 0
         )
         split_backward = self.read("pipeline", "split_backward", self.boolean, False)
+        forward_before_weight = self.forward_before_weight(order, split_backward)
         asks_warmup = any(extra_warmup) if isinstance(extra_warmup, tuple) else bool(extra_warmup)
         if asks_warmup and order is not None and order is not OrderKind.ONE_F_ONE_B:
             self.error(
@@ -942,12 +946,45 @@ class _Lowering:
                 hint="write `order = explicit` or remove the stage lines",
             )
             explicit_orders = None
-        fields = (microbatches, order, microbatch_size, recompute, cuda_graphs, extra_warmup, split_backward)
+        fields = (
+            microbatches, order, microbatch_size, recompute, cuda_graphs, extra_warmup, split_backward,
+            forward_before_weight,
+        )
         if None in fields or explicit_orders is None:
             return None
         return PipelineSpec(
-            microbatches, order, explicit_orders, microbatch_size, recompute, cuda_graphs, extra_warmup, split_backward
+            microbatches,
+            order,
+            explicit_orders,
+            microbatch_size,
+            recompute,
+            cuda_graphs,
+            extra_warmup,
+            split_backward,
+            forward_before_weight,
         )
+
+    def forward_before_weight(self, order: OrderKind | None, split_backward: bool | None) -> bool | None:
+        """``pipeline.forward_before_weight``: moves the W tasks of generated 1F1B orders, so it needs both."""
+        value = self.read("pipeline", "forward_before_weight", self.boolean, False)
+        if not value:
+            return value
+        span = self.spans.get("pipeline.forward_before_weight", self.file_start())
+        if split_backward is False:
+            self.error(
+                "'pipeline.forward_before_weight' moves W tasks, but split_backward is not true",
+                span,
+                hint="set `split_backward = true`, or remove forward_before_weight",
+            )
+            return None
+        if order is not None and order is not OrderKind.ONE_F_ONE_B:
+            self.error(
+                f"'pipeline.forward_before_weight' only applies to order = 1f1b, but order = {order.value}",
+                span,
+                hint="remove forward_before_weight, or place the W tasks yourself with order = explicit",
+            )
+            return None
+        return value
 
     def optimizer(self, value: ast.Value, path: str) -> OptimizerSpec | None:
         call = self.call(

@@ -4,6 +4,7 @@ simulator."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import networkx as nx
 import pytest
@@ -26,7 +27,7 @@ from schedlang.lowering.legality import (
     render_report,
 )
 from schedlang.lowering.memory import stateflow_peak_activations
-from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders
+from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders, stage_orders
 from schedlang.lowering.parameters import stage_parameters
 from schedlang.lowering.program import LayerKind, MeshSpec, OrderKind, SequenceParallel
 from schedlang.lowering.simulate import simulate
@@ -100,8 +101,9 @@ def test_generated_split_orders_are_legal_and_deadlock_free(n_stages):
             dimensions = (n_stages, n_microbatches, n_chunks)
             candidates = [("gpipe", gpipe_orders(*dimensions, split_backward=True))]
             candidates += [
-                (f"1f1b+{extra}", one_f_one_b_orders(*dimensions, extra, split_backward=True))
+                (f"1f1b+{extra}{' F-before-W' if late else ''}", one_f_one_b_orders(*dimensions, extra, True, late))
                 for extra in EXTRA_WARMUPS
+                for late in (False, True)
             ]
             for name, orders in candidates:
                 report = check_orders(dimensions, orders, split_backward=True)
@@ -316,3 +318,36 @@ def test_flops_split_shortens_the_simulated_step():
     whole = simulate(program, cost_model=FlopsCostModel(program, hardware)).makespan
     halves = simulate(split(program), cost_model=FlopsCostModel(split(program), hardware)).makespan
     assert halves < whole
+
+
+def test_forward_before_weight_moves_each_undeferred_w_after_the_next_forward():
+    """[Note: forward before weight gradients]: stage 1 runs B(j) F(k) W(j); stage 0 (which receives no
+    activations) and the W tasks deferred to the end stay where they were."""
+    plain = one_f_one_b_orders(2, 4, 2, 1, split_backward=True)
+    late = one_f_one_b_orders(2, 4, 2, 1, split_backward=True, forward_before_weight=True)
+    assert late[0] == plain[0]
+    assert " ".join(str(task) for task in plain[1]).startswith("1F0.0 1F0.1 1B0.1 1W0.1 1F1.0")
+    assert " ".join(str(task) for task in late[1]) == (
+        "1F0.0 1F0.1 1B0.1 1F1.0 1W0.1 1B0.0 1F1.1 1W0.0 1B1.1 1F2.0 1W1.1 1B1.0 1F2.1 1W1.0 "
+        "1B2.1 1F3.0 1B2.0 1F3.1 1B3.1 1B3.0 1W2.1 1W2.0 1W3.1 1W3.0"
+    )
+    assert sorted(map(str, late[1])) == sorted(map(str, plain[1]))
+
+
+def test_forward_before_weight_keeps_the_chunks_in_flight():
+    from schedlang.lowering.placement import place_stage_actions
+    from schedlang.runtime.graphs import slots_needed
+
+    for dimensions in itertools.product(range(2, 6), (1, 2, 3, 4, 6), (1, 2, 3, 4, 8), range(0, 4)):
+        plain = place_stage_actions(one_f_one_b_orders(*dimensions, split_backward=True))
+        late = place_stage_actions(one_f_one_b_orders(*dimensions, split_backward=True, forward_before_weight=True))
+        assert [slots_needed(stage) for stage in late] == [slots_needed(stage) for stage in plain], dimensions
+
+
+def test_a_program_with_forward_before_weight_gets_the_moved_orders():
+    program = split(make_program(2, 4, 2))
+    program = dataclasses.replace(
+        program, pipeline=dataclasses.replace(program.pipeline, forward_before_weight=True, extra_warmup=1)
+    )
+    assert stage_orders(program) == one_f_one_b_orders(2, 4, 2, 1, True, True)
+    assert check_orders(program).is_legal

@@ -53,27 +53,28 @@ GPU_SCHEDULE = """schedule {name}
 model {{ vocab = 128  d_model = {d_model}  heads = 2  head_dim = {head_dim}  layers = {layers}  mlp = swiglu(ratio = 2) {stage_split} }}
 mesh {{ pipeline = {stages} }}
 sequence {{ length = {length}  chunks = {chunks}  kernel_chunk = 64 }}
-pipeline {{ microbatches = {microbatches}  order = 1f1b  extra_warmup = {extra}  split_backward = {split}  {graphs} }}
+pipeline {{ microbatches = {microbatches}  order = 1f1b  extra_warmup = {extra}  split_backward = {split}  {late} {graphs} }}
 train {{ steps = 3  seed = 3  optimizer = adamw(lr = 1e-2)  data = synthetic(seed = 1) }}
 """
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize(
-    "stages, chunks, microbatches, extra, split_mlp, split, large",
+    "stages, chunks, microbatches, extra, split_mlp, split, large, late",
     [
-        (1, 1, 1, 0, False, False, False),
-        (1, 4, 1, 0, False, False, False),
-        (1, 4, 3, 0, False, False, False),
-        (2, 4, 3, 0, False, False, False),
-        (2, 4, 3, 2, True, False, False),
-        (2, 4, 3, 1, False, True, False),
-        (2, 4, 3, 1, True, True, True),
+        (1, 1, 1, 0, False, False, False, False),
+        (1, 4, 1, 0, False, False, False, False),
+        (1, 4, 3, 0, False, False, False, False),
+        (2, 4, 3, 0, False, False, False, False),
+        (2, 4, 3, 2, True, False, False, False),
+        (2, 4, 3, 1, False, True, False, False),
+        (2, 4, 3, 1, True, True, True, False),
+        (2, 4, 3, 1, True, True, True, True),
     ],
     ids=lambda value: str(value),
 )
 def test_replayed_graphs_train_like_eager_on_the_gpu(
-    tmp_path, stages, chunks, microbatches, extra, split_mlp, split, large
+    tmp_path, stages, chunks, microbatches, extra, split_mlp, split, large, late
 ):
     """Gradients after the first step first (they say which parameters a replay gets wrong), then the losses.
 
@@ -83,7 +84,8 @@ def test_replayed_graphs_train_like_eager_on_the_gpu(
     ``large`` (d_model 1024, 8K tokens): GEMMs long enough that work racing them changes the numbers. It
     caught W graphs replayed on a second stream beside the chunk graphs (docs/benchmarks.md, a design
     measured and dropped): captured on torch.cuda.graph's shared capture stream, they shared its cuBLAS
-    workspace with the chunk graphs, and gradients came out wrong."""
+    workspace with the chunk graphs, and gradients came out wrong. ``late``: ``forward_before_weight``, so
+    stage 1 replays a W graph after the next chunk's forward ([Note: forward before weight gradients])."""
     if stages > torch.cuda.device_count():
         pytest.skip(f"needs {stages} GPUs")
     scripts = [
@@ -95,6 +97,7 @@ def test_replayed_graphs_train_like_eager_on_the_gpu(
                 microbatches=microbatches,
                 extra=extra,
                 split="true" if split else "false",
+                late="forward_before_weight = true" if late else "",
                 graphs=graphs,
                 layers="[gla, mlp, simple_gla, mlp] * 2" if split_mlp else "[gla, simple_gla] * 2",
                 stage_split="stages = [[0, 1, 2], [3, 4, 5, 6, 7]]" if split_mlp else "",
