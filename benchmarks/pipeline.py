@@ -121,9 +121,8 @@ class SchedlangSystem:
         cuda_graphs: bool = False,
         extra_warmup: int = 0,
         split_backward: bool = False,
-        p2p_max_ctas: int = 0,
         forward_before_weight: bool = False,
-        more_deferred: int = 0,
+        extra_deferred_weights: int = 0,
     ) -> None:
         from schedlang.lowering.orders import one_f_one_b_orders
         from schedlang.lowering.placement import place_stage_actions
@@ -132,7 +131,7 @@ class SchedlangSystem:
 
         boundaries = tuple(length * index // n_chunks for index in range(n_chunks + 1))
         orders = one_f_one_b_orders(
-            2, microbatches, n_chunks, extra_warmup, split_backward, forward_before_weight, more_deferred
+            2, microbatches, n_chunks, extra_warmup, split_backward, forward_before_weight, extra_deferred_weights
         )
         actions = place_stage_actions(orders)
         pipeline = PipelineConfig(
@@ -142,7 +141,6 @@ class SchedlangSystem:
             microbatch_size=1,
             stage_actions=tuple(tuple(str(action) for action in stage) for stage in actions),
             cuda_graphs=cuda_graphs,
-            p2p_max_ctas=p2p_max_ctas,
         )
         dtype = "bf16" if mesh.device.type == "cuda" else "fp32"
         train = TrainConfig(steps=1, seed=0, dtype=dtype, optimizer=OptimizerConfig(lr=1e-4))
@@ -243,31 +241,32 @@ def model_state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer) -> in
 @dataclass(frozen=True)
 class SchedlangVariant:
     """A schedlang system's name: schedlang:8, schedlang:8g to replay CUDA graphs, schedlang:8g+2 with 2 extra
-    warm-up forwards on stage 0, schedlang:8g+2w (or 8gw) with split backwards, schedlang:8g+2wc8 with stage
-    messages capped at 8 NCCL thread blocks ([Note: thread blocks of a message] in schedlang.runtime.p2p)."""
+    warm-up forwards on stage 0, schedlang:8g+2w (or 8gw) with split backwards; after the ``w``, ``f`` for
+    ``forward_before_weight`` and ``d2`` for ``extra_deferred_weights = 2`` (2g+1wfd2: [Note: forward before
+    weight gradients] and [Note: split backward] in schedlang.lowering.orders)."""
 
     chunks: int
     cuda_graphs: bool
     extra_warmup: int
     split_backward: bool
-    p2p_max_ctas: int = 0
     forward_before_weight: bool = False
-    more_deferred: int = 0
+    extra_deferred_weights: int = 0
 
-    PATTERN = re.compile(r"(?P<chunks>\d+)(?P<graphs>g?)(?:\+(?P<extra>\d+))?(?P<split>w?)(?P<forward_first>f?)(?:d(?P<deferred>\d+))?(?:c(?P<ctas>\d+))?")
+    PATTERN = re.compile(
+        r"(?P<chunks>\d+)(?P<graphs>g?)(?:\+(?P<extra>\d+))?(?:(?P<split>w)(?P<forward_first>f?)(?:d(?P<deferred>\d+))?)?"
+    )
 
     @classmethod
     def parse(cls, name: str) -> "SchedlangVariant":
         _, spec = name.split(":")
         match = cls.PATTERN.fullmatch(spec)
         if match is None:
-            raise ValueError(f"{name!r}: a schedlang system is schedlang:<chunks>[g][+<extra>][w][c<ctas>]")
+            raise ValueError(f"{name!r}: a schedlang system is schedlang:<chunks>[g][+<extra>][w[f][d<deferred>]]")
         return cls(
             int(match["chunks"]),
             bool(match["graphs"]),
             int(match["extra"] or 0),
             bool(match["split"]),
-            int(match["ctas"] or 0),
             bool(match["forward_first"]),
             int(match["deferred"] or 0),
         )
@@ -286,9 +285,8 @@ def build_system(name: str, mesh, config, length: int, microbatches: int):
         variant.cuda_graphs,
         variant.extra_warmup,
         variant.split_backward,
-        variant.p2p_max_ctas,
         variant.forward_before_weight,
-        variant.more_deferred,
+        variant.extra_deferred_weights,
     )
 
 

@@ -26,21 +26,33 @@ def stateflow_peak_activations(
     n_chunks: int,
     extra_warmup: ExtraWarmup = 0,
     split_backward: bool = False,
+    extra_deferred_weights: int = 0,
 ) -> tuple[float, ...]:
     """Eq. 13 without ``B_r``: stage ``r`` holds ``min(MN, N + P - r - 1) / N`` microbatches.
 
     With ``extra_warmup = e`` ([Note: extra warm-up]) every stage but the last holds ``e`` chunks more
     (``e_r`` more on stage ``r`` for a per-stage list). With ``split_backward`` ([Note: split backward]) stage
     ``r > 0`` holds the chunks in flight of stage ``r - 1``: its deferred ``W`` tasks keep the chunks whose
-    gradients stage ``r - 1`` consumes in its cool-down until the end of the step.
+    gradients stage ``r - 1`` consumes in its cool-down until the end of the step, and
+    ``extra_deferred_weights = d`` chunks more (at most all ``MN``).
     """
-    return tuple(
-        one_f_one_b_warmup(
-            n_stages, n_microbatches, n_chunks, stage - 1 if split_backward and stage > 0 else stage, extra_warmup
-        )
-        / n_chunks
-        for stage in range(n_stages)
-    )
+    return tuple(_chunks_in_flight(n_stages, n_microbatches, n_chunks, stage, extra_warmup, split_backward,
+                                   extra_deferred_weights) / n_chunks for stage in range(n_stages))
+
+
+def _chunks_in_flight(
+    n_stages: int,
+    n_microbatches: int,
+    n_chunks: int,
+    stage: int,
+    extra_warmup: ExtraWarmup,
+    split_backward: bool,
+    extra_deferred_weights: int,
+) -> int:
+    if not (split_backward and stage > 0):
+        return one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, stage, extra_warmup)
+    upstream = one_f_one_b_warmup(n_stages, n_microbatches, n_chunks, stage - 1, extra_warmup)
+    return min(n_microbatches * n_chunks, upstream + extra_deferred_weights)
 
 
 def one_f_one_b_makespan(n_stages: int, n_microbatches: int) -> float:

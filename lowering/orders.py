@@ -62,6 +62,17 @@ up to ``w_{r-1}`` chunks in flight (instead of ``w_r``, Eq. 13) at its last
 forward. Sends are unchanged and ``W`` waits on nothing of another stage, so
 the orders stay legal and deadlock free.
 
+``pipeline { extra_deferred_weights = d }`` defers the ``W`` of ``d`` more
+backwards on every stage ``r > 0`` (its last ``w_{r-1} + d``, all if fewer):
+their gradients go upstream one ``W`` earlier each, so the upstream stage
+finishes its cool-down, its optimizer step and the next step's first forward
+earlier, and stage ``r`` runs the extra ``W`` tasks in the time it used to
+wait for that forward (the fill at the start of every step). It costs ``d`` chunks more in flight: stage ``r > 0``
+holds ``min(MN, w_{r-1} + d)`` (checked against the runtime's graph slots for
+``P <= 4, M, N <= 4, e <= 2, d <= 5``). On two H200s at 2 chunks, ``d = 2``
+took the step from 0.84 to 0.82 s (1.154x -> 1.178-1.181x Schedule1F1B) at
+2.03x its reserved memory on stage 1 (docs/benchmarks.md).
+
 [Note: forward before weight gradients]
 A send on NCCL is a kernel that stays on the sender's GPU until the receiver
 posts the matching receive, holding 16 of an H200's 132 streaming
@@ -203,15 +214,17 @@ def one_f_one_b_orders(
     extra_warmup: ExtraWarmup = 0,
     split_backward: bool = False,
     forward_before_weight: bool = False,
-    more_deferred: int = 0,
+    extra_deferred_weights: int = 0,
 ) -> StageOrders:
     """StateFlow's chunk-level 1F1B: warm-up forwards, then one backward, one forward, ...
 
     ``extra_warmup`` forwards more before the first backward (not on the last stage), ``split_backward``
-    ``W`` tasks and ``forward_before_weight`` their place on stages that receive activations: see the module
-    docstring.
+    ``W`` tasks, ``extra_deferred_weights`` more of them held to the end of the step and
+    ``forward_before_weight`` their place on stages that receive activations: see the module docstring.
     """
     _check_dimensions(n_stages, n_microbatches, n_chunks)
+    if extra_deferred_weights < 0:
+        raise ValueError(f"extra_deferred_weights must be at least 0, got {extra_deferred_weights}")
     counts = extra_warmup_counts(extra_warmup, n_stages)
     forwards = _forward_units(n_microbatches, n_chunks)
     backwards = _backward_units(n_microbatches, n_chunks)
@@ -219,8 +232,8 @@ def one_f_one_b_orders(
     orders = []
     for stage, warmup in enumerate(warmups):
         builder = _StageOrderBuilder(stage, split_backward)
-        # stage r - 1's cool-down: its last w_{r-1} backwards (a cool-down is as long as the warm-up)
-        upstream_cool_down_from = len(backwards) - (warmups[stage - 1] + more_deferred if stage > 0 else 0)
+        # [Note: split backward]: the last w_{r-1} + extra_deferred_weights backwards defer their W
+        upstream_cool_down_from = len(backwards) - (warmups[stage - 1] + extra_deferred_weights if stage > 0 else 0)
         for microbatch, chunk in forwards[:warmup]:
             builder.forward(microbatch, chunk)
         next_forward = warmup
@@ -273,6 +286,7 @@ def stage_orders(program: ScheduleProgram) -> StageOrders:
             program.pipeline.extra_warmup,
             split,
             program.pipeline.forward_before_weight,
+            program.pipeline.extra_deferred_weights,
         )
     if kind is OrderKind.EXPLICIT:
         return explicit_orders(program)

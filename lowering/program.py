@@ -175,6 +175,9 @@ class PipelineSpec:
     # 1f1b with split_backward only: stages that receive activations run the next forward before the W of the
     # backward before it ([Note: forward before weight gradients] in lowering/orders.py)
     forward_before_weight: bool = False
+    # 1f1b with split_backward only: W tasks deferred to the end of the step beyond those [Note: split backward]
+    # defers, on every stage but the first
+    extra_deferred_weights: int = 0
 
 
 class OptimizerKind(str, Enum):

@@ -93,7 +93,6 @@ class PipelineConfig:
     sequence_method: str = "allscan"  # values of schedlang.runtime.sequence_parallel.SequenceParallelMethod
     scan_blocks: int = 1
     cuda_graphs: bool = False  # replay each chunk's forward/backward from CUDA graphs (schedlang.runtime.graphs)
-    p2p_max_ctas: int = 0  # NCCL thread blocks a stage-to-stage message may use; 0: NCCL's choice (schedlang.runtime.p2p)
 
     def __post_init__(self) -> None:
         if self.cuda_graphs:

@@ -108,6 +108,8 @@ class StageExecutor:
             self.deferred_weights = deferred_weight_units(actions)
         self.weight_recorders: dict[tuple[int, int], WeightGradientRecorder] = {}  # eager deferred W
         self.weight_slots: dict[tuple[int, int], int] = {}  # graph slots held from B to a deferred W
+        # receive buffers held from B to a deferred eager W: [Note: received buffers of a deferred W]
+        self.weight_buffers: dict[tuple[int, int], list[torch.Tensor]] = {}
         self.inbox: dict[tuple[ActionKind, int, int], torch.Tensor] = {}
         self.outbox: dict[tuple[ActionKind, int, int], torch.Tensor] = {}
         self.tokens: torch.Tensor | None = None
@@ -135,7 +137,8 @@ class StageExecutor:
         for action in self.actions:
             self.run_action(action)
         self.messenger.finish_sends()
-        if not self.store.is_empty() or self.inbox or self.outbox or self.weight_recorders or self.weight_slots:
+        leftovers = self.weight_recorders or self.weight_slots or self.weight_buffers
+        if not self.store.is_empty() or self.inbox or self.outbox or leftovers:
             raise RuntimeError(
                 f"stage {self.stage} ended the step with unconsumed data: {self.store.describe_leftovers()}"
                 f" inbox={sorted(map(str, self.inbox))} outbox={sorted(map(str, self.outbox))}"
@@ -320,10 +323,12 @@ class StageExecutor:
                 self.graphs.release(record.graph_slot)
         if chunk == 0 and self.kv is not None:
             self.kv.close(microbatch)
-        if output_gradient is not None:
-            self.messenger.pool.give_back(output_gradient)
-        if record.input_buffer is not None:
-            self.messenger.pool.give_back(record.input_buffer)
+        received = [buffer for buffer in (output_gradient, record.input_buffer) if buffer is not None]
+        if (microbatch, chunk) in self.deferred_weights:
+            self.weight_buffers[(microbatch, chunk)] = received
+            return
+        for buffer in received:
+            self.messenger.pool.give_back(buffer)
 
     def weight(self, microbatch: int, chunk: int) -> None:
         key = (microbatch, chunk)
@@ -333,12 +338,22 @@ class StageExecutor:
             slot = self.weight_slots.pop(key)
             self.graphs.apply_weight_gradients(slot)
             self.graphs.release(slot)
-            return
-        try:
-            recorder = self.weight_recorders.pop(key)
-        except KeyError:
-            raise RuntimeError(
-                f"task {self.task_name(ActionKind.WEIGHT, microbatch, chunk)} runs before its backward "
-                "(no B precedes it in the action list)"
-            ) from None
-        recorder.apply()
+        else:
+            try:
+                recorder = self.weight_recorders.pop(key)
+            except KeyError:
+                raise RuntimeError(
+                    f"task {self.task_name(ActionKind.WEIGHT, microbatch, chunk)} runs before its backward "
+                    "(no B precedes it in the action list)"
+                ) from None
+            recorder.apply()
+        # [Note: received buffers of a deferred W]
+        # A deferred W reads the inputs and output gradients of the chunk's linear layers, and the output
+        # gradient of a stage's last linear layer is the received gradient buffer itself (the residual add
+        # hands it through unchanged; a graph slot copies it into its own buffer, but the tests' stand-in
+        # for graphs does not). Had B given that buffer back to the pool, the next receive of that shape
+        # would overwrite it before this W read it: the middle stage of a 3-stage 1F1B with split backwards
+        # formed a down-projection gradient 34% off that way. So B keeps the receive buffers of a unit whose
+        # W is deferred, and W gives them back.
+        for buffer in self.weight_buffers.pop(key, ()):
+            self.messenger.pool.give_back(buffer)

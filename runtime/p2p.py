@@ -106,29 +106,6 @@ class CompletionWatchdog:
                 os._exit(1)
 
 
-def stage_message_group(ranks: list[int], device: torch.device, max_ctas: int = 0) -> dist.ProcessGroup:
-    """A process group for one direction of stage-to-stage messages.
-
-    [Note: thread blocks of a message]
-    On NCCL a send or receive is a kernel that holds one thread block (CTA)
-    per channel, and between two NVLink-connected GPUs NCCL gives one message
-    as many channels as it can (32 on H200s). The kernel is resident from the
-    moment its stream reaches it until the peer's matching kernel has run: a
-    send posted before the receiver is ready spins there for as long as the
-    receiver is late, and every block it holds is a streaming multiprocessor
-    the compute kernels beside it do not get. ``max_ctas > 0`` caps the
-    blocks of this group's communicator (``ncclConfig_t.maxCTAs``, set
-    through torch's ``ProcessGroupNCCL.Options``): fewer SMs are lost while a
-    message waits, at the price of a slower transfer once both sides are
-    there. 0 keeps NCCL's choice; gloo has no such setting and ignores it.
-    """
-    if max_ctas > 0 and device.type == "cuda":
-        options = dist.ProcessGroupNCCL.Options()
-        options.config.max_ctas = max_ctas
-        return dist.new_group(ranks, pg_options=options)
-    return dist.new_group(ranks)
-
-
 class StageMessenger:
     """Sends and receives of one rank to its previous and next pipeline stage."""
 

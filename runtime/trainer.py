@@ -26,7 +26,7 @@ from schedlang.runtime.executor import StageExecutor, StepShape
 from schedlang.runtime.graphs import GraphedChunks, GraphMaker, slots_needed
 from schedlang.runtime.mesh import RuntimeMesh, init_mesh
 from schedlang.runtime.model import SequenceParallelContext, build_stage_model
-from schedlang.runtime.p2p import StageMessenger, stage_message_group
+from schedlang.runtime.p2p import StageMessenger
 from schedlang.runtime.progress import StepMetrics, StepReporter
 from schedlang.runtime.step_loss import PendingLoss, StepClock
 
@@ -103,8 +103,8 @@ class Trainer:
             mesh.rank,
             mesh.device,
             self.timeout_s,
-            activation_group=stage_message_group(world, mesh.device, pipeline.p2p_max_ctas),
-            gradient_group=stage_message_group(world, mesh.device, pipeline.p2p_max_ctas),
+            activation_group=dist.new_group(world),
+            gradient_group=dist.new_group(world),
         )
         actions = tuple(Action.parse(text) for text in pipeline.stage_actions[mesh.stage])
         global_tokens = pipeline.global_batch * pipeline.sequence_length

@@ -65,7 +65,7 @@ BLOCK_KEYS: dict[str, tuple[str, ...]] = {
     "sequence": ("length", "chunks", "partition", "kernel_chunk", "parallel"),
     "pipeline": (
         "microbatches", "order", "microbatch_size", "recompute", "cuda_graphs", "extra_warmup", "split_backward",
-        "forward_before_weight",
+        "forward_before_weight", "extra_deferred_weights",
     ),
     "train": ("steps", "optimizer", "dtype", "data", "seed", "grad_clip", "log_every", "checkpoint"),
 }
@@ -914,7 +914,16 @@ class _Lowering:
             "pipeline", "extra_warmup", lambda value, path: self.extra_warmup(value, path, mesh), 0
         )
         split_backward = self.read("pipeline", "split_backward", self.boolean, False)
-        forward_before_weight = self.forward_before_weight(order, split_backward)
+        forward_before_weight = self.split_1f1b_option(
+            "forward_before_weight", self.boolean, False, order, split_backward
+        )
+        extra_deferred_weights = self.split_1f1b_option(
+            "extra_deferred_weights",
+            lambda value, path: self.integer(value, path, 0, MAX_MICROBATCHES),
+            0,
+            order,
+            split_backward,
+        )
         asks_warmup = any(extra_warmup) if isinstance(extra_warmup, tuple) else bool(extra_warmup)
         if asks_warmup and order is not None and order is not OrderKind.ONE_F_ONE_B:
             self.error(
@@ -948,7 +957,7 @@ class _Lowering:
             explicit_orders = None
         fields = (
             microbatches, order, microbatch_size, recompute, cuda_graphs, extra_warmup, split_backward,
-            forward_before_weight,
+            forward_before_weight, extra_deferred_weights,
         )
         if None in fields or explicit_orders is None:
             return None
@@ -962,13 +971,32 @@ class _Lowering:
             extra_warmup,
             split_backward,
             forward_before_weight,
+            extra_deferred_weights,
         )
 
-    def forward_before_weight(self, order: OrderKind | None, split_backward: bool | None) -> bool | None:
-        """``pipeline.forward_before_weight``: moves the W tasks of generated 1F1B orders, so it needs both."""
-        value = self.read("pipeline", "forward_before_weight", self.boolean, False)
+    def split_1f1b_option(self, key: str, reader, default, order: OrderKind | None, split_backward: bool | None):
+        """A pipeline key that places the W tasks of generated 1F1B orders (``forward_before_weight``,
+        ``extra_deferred_weights``): set to anything but its default it needs ``split_backward = true`` and
+        ``order = 1f1b``."""
+        value = self.read("pipeline", key, reader, default)
         if not value:
             return value
+        span = self.spans.get(f"pipeline.{key}", self.file_start())
+        if split_backward is False:
+            self.error(
+                f"'pipeline.{key}' places W tasks, but split_backward is not true",
+                span,
+                hint=f"set `split_backward = true`, or remove {key}",
+            )
+            return None
+        if order is not None and order is not OrderKind.ONE_F_ONE_B:
+            self.error(
+                f"'pipeline.{key}' only applies to order = 1f1b, but order = {order.value}",
+                span,
+                hint=f"remove {key}, or place the W tasks yourself with order = explicit",
+            )
+            return None
+        return value
         span = self.spans.get("pipeline.forward_before_weight", self.file_start())
         if split_backward is False:
             self.error(

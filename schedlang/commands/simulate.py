@@ -82,6 +82,8 @@ def simulate_program(program, orders, args: argparse.Namespace) -> dict:
         "order": program.pipeline.order.value,
         "extra_warmup": program.pipeline.extra_warmup,
         "split_backward": program.pipeline.split_backward,
+        "forward_before_weight": program.pipeline.forward_before_weight,
+        "extra_deferred_weights": program.pipeline.extra_deferred_weights,
         "n_stages": program.n_stages,
         "n_microbatches": program.n_microbatches,
         "n_chunks": program.n_chunks,
@@ -97,6 +99,7 @@ def simulate_program(program, orders, args: argparse.Namespace) -> dict:
                 program.n_chunks,
                 program.pipeline.extra_warmup,
                 program.pipeline.split_backward,
+                program.pipeline.extra_deferred_weights,
             )
         ),
         "eq15_makespan_unit": stateflow_makespan(program.n_stages, program.n_microbatches, program.n_chunks),

@@ -21,6 +21,11 @@ def test_system_names_parse():
     assert SchedlangVariant.parse("schedlang:8") == SchedlangVariant(8, False, 0, False)
     assert SchedlangVariant.parse("schedlang:4g+2w") == SchedlangVariant(4, True, 2, True)
     assert SchedlangVariant.parse("schedlang:16gw") == SchedlangVariant(16, True, 0, True)
+    assert SchedlangVariant.parse("schedlang:2g+1wfd2") == SchedlangVariant(2, True, 1, True, True, 2)
+    assert SchedlangVariant.parse("schedlang:2g+1wd1") == SchedlangVariant(2, True, 1, True, False, 1)
+    for malformed in ("schedlang:2gf", "schedlang:2g+1d2", "schedlang:x"):  # f and d belong to split backwards
+        with pytest.raises(ValueError, match="a schedlang system is"):
+            SchedlangVariant.parse(malformed)
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from schedlang.lowering.legality import (
     render_report,
 )
 from schedlang.lowering.memory import stateflow_peak_activations
-from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders, stage_orders
+from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders, one_f_one_b_warmup, stage_orders
 from schedlang.lowering.parameters import stage_parameters
 from schedlang.lowering.program import LayerKind, MeshSpec, OrderKind, SequenceParallel
 from schedlang.lowering.simulate import simulate
@@ -351,3 +351,43 @@ def test_a_program_with_forward_before_weight_gets_the_moved_orders():
     )
     assert stage_orders(program) == one_f_one_b_orders(2, 4, 2, 1, True, True)
     assert check_orders(program).is_legal
+
+
+@pytest.mark.parametrize("n_stages", (2, 3, 4))
+def test_extra_deferred_weights_hold_more_chunks_as_eq13_says(n_stages):
+    """``extra_deferred_weights = d``: stage r > 0 defers its last w_{r-1} + d W tasks (all, if fewer), holds
+    min(MN, w_{r-1} + d) chunks (the simulator, the closed form and the runtime's graph slots agree), and the
+    orders stay legal and deadlock free, with and without forward_before_weight."""
+    from schedlang.lowering.placement import place_stage_actions
+    from schedlang.runtime.graphs import slots_needed
+
+    for n_microbatches, n_chunks, extra, deferred, late in itertools.product(
+        (1, 2, 4), (1, 2, 3), (0, 1, 2), (0, 1, 2, 5), (False, True)
+    ):
+        dimensions = (n_stages, n_microbatches, n_chunks)
+        orders = one_f_one_b_orders(*dimensions, extra, True, late, deferred)
+        report = check_orders(dimensions, orders, split_backward=True)
+        assert report.is_legal, (dimensions, extra, deferred, late, report.violations[:2])
+        units = n_microbatches * n_chunks
+        expected = stateflow_peak_activations(*dimensions, extra, True, deferred)
+        placed = place_stage_actions(orders)
+        for stage, actions in enumerate(placed):
+            assert slots_needed(actions) == round(expected[stage] * n_chunks), (dimensions, extra, deferred, stage)
+            if stage > 0:
+                last_backward = max(index for index, task in enumerate(orders[stage]) if task.kind is B)
+                at_the_end = [task for task in orders[stage][last_backward:] if task.kind is W]
+                upstream_warmup = one_f_one_b_warmup(*dimensions, stage - 1, extra)
+                assert len(at_the_end) == min(units, upstream_warmup + deferred), (dimensions, extra, deferred)
+        program = split(make_program(*dimensions))
+        program = dataclasses.replace(
+            program,
+            pipeline=dataclasses.replace(
+                program.pipeline, extra_warmup=extra, forward_before_weight=late, extra_deferred_weights=deferred
+            ),
+        )
+        assert simulate(program).peak_activations == pytest.approx(expected, abs=1e-12)
+
+
+def test_extra_deferred_weights_must_not_be_negative():
+    with pytest.raises(ValueError, match="extra_deferred_weights must be at least 0"):
+        one_f_one_b_orders(2, 2, 2, 0, True, False, -1)

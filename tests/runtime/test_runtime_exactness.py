@@ -46,6 +46,7 @@ def schedule_text(
     cuda_graphs: bool = False,
     extra_warmup: int | list[int] = 0,
     split_backward: bool = False,
+    weights: str = "",
 ) -> str:
     return f"""schedule {name}
 {MODEL_BLOCK.format(stages=f"stages = {stages}" if stages else "", layers=layers)}
@@ -54,7 +55,7 @@ sequence {{ length = 160  chunks = {chunks}  kernel_chunk = 16  parallel = {para
 pipeline {{
   microbatches = {microbatches}  microbatch_size = {microbatch_size}  order = {order}  recompute = {recompute}
   {"cuda_graphs = true" if cuda_graphs else ""}  {f"extra_warmup = {extra_warmup}" if extra_warmup else ""}
-  {"split_backward = true" if split_backward else ""}
+  {"split_backward = true" if split_backward else ""}  {weights}
   {explicit}
 }}
 train {{ steps = {STEPS}  seed = 7  optimizer = adamw(lr = 1e-2)  data = synthetic(seed = 5) }}
@@ -113,6 +114,16 @@ CONFIGURATIONS = {
             "p2_n2_split_backward_graphs_emulated", 2, "2", 4, 1, cuda_graphs=True, extra_warmup=1,
             split_backward=True,
         ),
+        # [Note: forward before weight gradients] and extra_deferred_weights: the W tasks of stage 1 after the
+        # next forward and two more at the end of the step, eagerly and through the graph stand-in's W slots
+        "p2_n3_forward_before_weight_deferred": schedule_text(
+            "p2_n3_forward_before_weight_deferred", 2, "3", 4, 1, extra_warmup=1, split_backward=True,
+            weights="forward_before_weight = true  extra_deferred_weights = 2",
+        ),
+        "p2_n2_forward_before_weight_graphs_emulated": schedule_text(
+            "p2_n2_forward_before_weight_graphs_emulated", 2, "2", 4, 1, cuda_graphs=True, extra_warmup=1,
+            split_backward=True, weights="forward_before_weight = true  extra_deferred_weights = 2",
+        ),
     },
     3: {
         "p3_n3_1f1b": schedule_text("p3_n3_1f1b", 3, "3", 4, 1),
@@ -120,6 +131,19 @@ CONFIGURATIONS = {
         "p3_n3_1f1b_extra_warmup": schedule_text("p3_n3_1f1b_extra_warmup", 3, "3", 4, 1, extra_warmup=[3, 2, 0]),
         "p3_n3_split_backward_hybrid": schedule_text(
             "p3_n3_split_backward_hybrid", 3, "3", 2, 2, layers=HYBRID_LAYERS, split_backward=True
+        ),
+        # [Note: received buffers of a deferred W]: stage 1's deferred W reads the gradient it received; before
+        # the fix the next receive overwrote it (down_proj of layer 3 34% off), eagerly and not in the stand-in
+        "p3_n2_split_backward_middle_stage": schedule_text(
+            "p3_n2_split_backward_middle_stage", 3, "2", 4, 1, split_backward=True
+        ),
+        "p3_n2_split_backward_graphs_emulated": schedule_text(
+            "p3_n2_split_backward_graphs_emulated", 3, "2", 4, 1, cuda_graphs=True, split_backward=True,
+            weights="forward_before_weight = true  extra_deferred_weights = 1",
+        ),
+        "p3_n2_forward_before_weight_hybrid": schedule_text(
+            "p3_n2_forward_before_weight_hybrid", 3, "2", 4, 1, layers=HYBRID_LAYERS, extra_warmup=[1, 1, 0],
+            split_backward=True, weights="forward_before_weight = true  extra_deferred_weights = 1",
         ),
         # W tasks placed by hand: stage 2 defers the first microbatch's W past the next forwards
         "p3_n2_explicit_split_backward": schedule_text(
