@@ -59,15 +59,15 @@ STAGE_0_ACTIONS = (
 # Stage 1: layer 5, plus final norm, LM head and loss.
 STAGE_1_ACTIONS = (
     'RECV_F0.0', 'F0.0', 'RECV_F0.1', 'F0.1', 'RECV_F0.2', 'F0.2', 'RECV_F0.3', 'F0.3',
-    'B0.3', 'SEND_B0.3', 'W0.3', 'RECV_F1.0', 'F1.0', 'B0.2', 'SEND_B0.2', 'W0.2',
-    'RECV_F1.1', 'F1.1', 'B0.1', 'SEND_B0.1', 'W0.1', 'RECV_F1.2', 'F1.2', 'B0.0',
-    'SEND_B0.0', 'W0.0', 'RECV_F1.3', 'F1.3', 'B1.3', 'SEND_B1.3', 'W1.3', 'RECV_F2.0',
-    'F2.0', 'B1.2', 'SEND_B1.2', 'W1.2', 'RECV_F2.1', 'F2.1', 'B1.1', 'SEND_B1.1',
-    'W1.1', 'RECV_F2.2', 'F2.2', 'B1.0', 'SEND_B1.0', 'W1.0', 'RECV_F2.3', 'F2.3',
-    'B2.3', 'SEND_B2.3', 'W2.3', 'RECV_F3.0', 'F3.0', 'B2.2', 'SEND_B2.2', 'W2.2',
-    'RECV_F3.1', 'F3.1', 'B2.1', 'SEND_B2.1', 'RECV_F3.2', 'F3.2', 'B2.0', 'SEND_B2.0',
-    'RECV_F3.3', 'F3.3', 'B3.3', 'SEND_B3.3', 'B3.2', 'SEND_B3.2', 'B3.1', 'SEND_B3.1',
-    'B3.0', 'SEND_B3.0', 'W2.1', 'W2.0', 'W3.3', 'W3.2', 'W3.1', 'W3.0',
+    'B0.3', 'SEND_B0.3', 'RECV_F1.0', 'F1.0', 'W0.3', 'B0.2', 'SEND_B0.2', 'RECV_F1.1',
+    'F1.1', 'W0.2', 'B0.1', 'SEND_B0.1', 'RECV_F1.2', 'F1.2', 'W0.1', 'B0.0',
+    'SEND_B0.0', 'RECV_F1.3', 'F1.3', 'W0.0', 'B1.3', 'SEND_B1.3', 'RECV_F2.0', 'F2.0',
+    'W1.3', 'B1.2', 'SEND_B1.2', 'RECV_F2.1', 'F2.1', 'W1.2', 'B1.1', 'SEND_B1.1',
+    'RECV_F2.2', 'F2.2', 'W1.1', 'B1.0', 'SEND_B1.0', 'RECV_F2.3', 'F2.3', 'W1.0',
+    'B2.3', 'SEND_B2.3', 'RECV_F3.0', 'F3.0', 'B2.2', 'SEND_B2.2', 'RECV_F3.1', 'F3.1',
+    'B2.1', 'SEND_B2.1', 'RECV_F3.2', 'F3.2', 'B2.0', 'SEND_B2.0', 'RECV_F3.3', 'F3.3',
+    'B3.3', 'SEND_B3.3', 'B3.2', 'SEND_B3.2', 'B3.1', 'SEND_B3.1', 'B3.0', 'SEND_B3.0',
+    'W2.3', 'W2.2', 'W2.1', 'W2.0', 'W3.3', 'W3.2', 'W3.1', 'W3.0',
 )
 
 PIPELINE = PipelineConfig(
