@@ -253,7 +253,8 @@ class SchedlangVariant:
     extra_deferred_weights: int = 0
 
     PATTERN = re.compile(
-        r"(?P<chunks>\d+)(?P<graphs>g?)(?:\+(?P<extra>\d+))?(?:(?P<split>w)(?P<forward_first>f?)(?:d(?P<deferred>\d+))?)?"
+        r"(?P<chunks>\d+)(?P<graphs>g?)(?:\+(?P<extra>\d+))?"
+        r"(?:(?P<split>w)(?P<forward_first>f?)(?:d(?P<deferred>\d+))?)?"
     )
 
     @classmethod

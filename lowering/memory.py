@@ -36,8 +36,13 @@ def stateflow_peak_activations(
     gradients stage ``r - 1`` consumes in its cool-down until the end of the step, and
     ``extra_deferred_weights = d`` chunks more (at most all ``MN``).
     """
-    return tuple(_chunks_in_flight(n_stages, n_microbatches, n_chunks, stage, extra_warmup, split_backward,
-                                   extra_deferred_weights) / n_chunks for stage in range(n_stages))
+    return tuple(
+        _chunks_in_flight(
+            n_stages, n_microbatches, n_chunks, stage, extra_warmup, split_backward, extra_deferred_weights
+        )
+        / n_chunks
+        for stage in range(n_stages)
+    )
 
 
 def _chunks_in_flight(

@@ -67,17 +67,18 @@ backwards on every stage ``r > 0`` (its last ``w_{r-1} + d``, all if fewer):
 their gradients go upstream one ``W`` earlier each, so the upstream stage
 finishes its cool-down, its optimizer step and the next step's first forward
 earlier, and stage ``r`` runs the extra ``W`` tasks in the time it used to
-wait for that forward (the fill at the start of every step). It costs ``d`` chunks more in flight: stage ``r > 0``
-holds ``min(MN, w_{r-1} + d)`` (checked against the runtime's graph slots for
-``P <= 4, M, N <= 4, e <= 2, d <= 5``). On two H200s at 2 chunks, ``d = 2``
+wait for that forward (the fill at the start of every step). It costs ``d``
+chunks more in flight: stage ``r > 0`` holds ``min(MN, w_{r-1} + d)``
+(checked against the runtime's graph slots for ``P <= 4, M, N <= 4, e <= 2,
+d <= 5``). On two H200s at 2 chunks, ``d = 2``
 took the step from 0.84 to 0.82 s (1.154x -> 1.178-1.181x Schedule1F1B) at
 2.03x its reserved memory on stage 1 (docs/benchmarks.md).
 
 [Note: forward before weight gradients]
 A send on NCCL is a kernel that stays on the sender's GPU until the receiver
 posts the matching receive, holding 16 of an H200's 132 streaming
-multiprocessors; a GEMM sized for all of them that runs beside it takes up to a
-third longer. In the generated 1F1B order with split backwards, stage ``r > 0``
+multiprocessors; the GEMMs sized for all of them that ran beside such kernels
+took about a third longer (25.6 ms more over 73 ms). In the generated 1F1B order with split backwards, stage ``r > 0``
 runs ``B(j)`` (sends its gradient) ``W(j) F(k)``: stage ``r - 1`` has sent
 ``k``'s activation by then (its forward of ``k`` ran while stage ``r`` ran
 ``B(j)``), so that send waits there for all of ``W(j)``, every cycle. On two
@@ -143,7 +144,9 @@ class _StageOrderBuilder:
         self.tasks.extend(self.held)
         self.held.clear()
 
-    def backward(self, microbatch: int, chunk: int, upstream_cool_down: bool, after_next_forward: bool = False) -> None:
+    def backward(
+        self, microbatch: int, chunk: int, upstream_cool_down: bool, after_next_forward: bool = False
+    ) -> None:
         """``upstream_cool_down``: stage ``r - 1`` consumes this backward's gradient in its cool-down;
         ``after_next_forward``: its ``W`` waits for the next forward (if it is not deferred to the end)."""
         self.tasks.append(TaskId.backward(self.stage, microbatch, chunk))

@@ -108,7 +108,7 @@ class StageExecutor:
             self.deferred_weights = deferred_weight_units(actions)
         self.weight_recorders: dict[tuple[int, int], WeightGradientRecorder] = {}  # eager deferred W
         self.weight_slots: dict[tuple[int, int], int] = {}  # graph slots held from B to a deferred W
-        # receive buffers held from B to a deferred eager W: [Note: received buffers of a deferred W]
+        # receive buffers held from B to a deferred W: [Note: received buffers of a deferred W]
         self.weight_buffers: dict[tuple[int, int], list[torch.Tensor]] = {}
         self.inbox: dict[tuple[ActionKind, int, int], torch.Tensor] = {}
         self.outbox: dict[tuple[ActionKind, int, int], torch.Tensor] = {}

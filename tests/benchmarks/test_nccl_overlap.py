@@ -25,7 +25,10 @@ def test_runs_split_into_compute_and_nccl_and_skip_other_events():
 
 
 def test_the_grid_tells_one_kernel_at_two_shapes_apart():
-    events = [dict(kernel("gemm", 0, 5), args={"grid": [4, 1, 1]}), dict(kernel("gemm", 9, 50), args={"grid": [64, 1, 1]})]
+    events = [
+        dict(kernel("gemm", 0, 5), args={"grid": [4, 1, 1]}),
+        dict(kernel("gemm", 9, 50), args={"grid": [64, 1, 1]}),
+    ]
     compute, _ = kernel_runs(events)
     assert [run.name for run in compute] == ["gemm grid=(4, 1, 1)", "gemm grid=(64, 1, 1)"]
 
