@@ -20,7 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from trace_gaps import load_events
+from trace_gaps import is_communication_kernel, load_events
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,12 @@ def kernel_runs(events: list[dict]) -> tuple[list[KernelRun], list[KernelRun]]:
             continue
         start = float(event["ts"])
         name = event.get("name", "")
+        communication = is_communication_kernel(name)
         grid = (event.get("args") or {}).get("grid")
-        if grid and "nccl" not in name.lower():
+        if grid and not communication:
             name = f"{name} grid={tuple(grid)}"  # one kernel at different shapes is not one comparison
         run = KernelRun(name, start, start + float(event.get("dur", 0.0)))
-        (nccl if "nccl" in run.name.lower() else compute).append(run)
+        (nccl if communication else compute).append(run)
     return sorted(compute, key=lambda run: run.start), sorted(nccl, key=lambda run: run.start)
 
 

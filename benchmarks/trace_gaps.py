@@ -45,12 +45,17 @@ def load_events(path: Path) -> list[dict]:
     return trace["traceEvents"] if isinstance(trace, dict) else trace
 
 
+def is_communication_kernel(name: str) -> bool:
+    """Whether a GPU kernel is NCCL's (a collective or a point-to-point message), not compute."""
+    return "nccl" in name.lower()
+
+
 def compute_intervals(events: list[dict]) -> list[tuple[float, float]]:
     """(start, end) in microseconds of every GPU kernel that is not a collective or point-to-point one."""
     return sorted(
         (float(event["ts"]), float(event["ts"]) + float(event.get("dur", 0.0)))
         for event in events
-        if event.get("cat") == "kernel" and "nccl" not in event.get("name", "").lower()
+        if event.get("cat") == "kernel" and not is_communication_kernel(event.get("name", ""))
     )
 
 
