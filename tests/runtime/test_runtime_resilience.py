@@ -6,6 +6,7 @@ import re
 import time
 
 import pytest
+import torch
 
 from runtime_harness import compile_schedule, run_job
 
@@ -21,18 +22,30 @@ train {{ steps = 4  optimizer = adamw(lr = 1e-2)  {checkpoint} }}
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_with_identical_losses(tmp_path):
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        # On CUDA the optimizer is torch's fused AdamW (runtime/trainer.py); its state must round-trip too.
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (NCCL, one rank each)"),
+        ),
+    ],
+)
+def test_killed_run_resumes_with_identical_losses(tmp_path, device):
+    environment = {"SCHEDLANG_TEST_DEVICE": device}
     uninterrupted_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
     uninterrupted = compile_schedule(
         tiny_schedule("full", f'checkpoint = "{uninterrupted_dir}" every 2'), tmp_path, "full"
     )
     resumed = compile_schedule(tiny_schedule("resumed", f'checkpoint = "{resumed_dir}" every 2'), tmp_path, "resumed")
 
-    full_job = run_job([uninterrupted], 2, 4, tmp_path / "job-full")
+    full_job = run_job([uninterrupted], 2, 4, tmp_path / "job-full", environment)
     assert full_job.return_codes == [0, 0], full_job.errors
-    first_part = run_job([resumed], 2, 4, tmp_path / "job-first", {"SCHEDLANG_TEST_STOP_AFTER": "3"})
+    first_part = run_job([resumed], 2, 4, tmp_path / "job-first", {**environment, "SCHEDLANG_TEST_STOP_AFTER": "3"})
     assert first_part.return_codes == [0, 0], first_part.errors
-    second_part = run_job([resumed], 2, 4, tmp_path / "job-second")
+    second_part = run_job([resumed], 2, 4, tmp_path / "job-second", environment)
     assert second_part.return_codes == [0, 0], second_part.errors
 
     full_losses = full_job.losses(0)
