@@ -1,4 +1,4 @@
-"""Time schedlang's chunked GLA / simple-GLA kernels against flash-linear-attention in the same run.
+"""Time schedlang's chunked GLA / simple-GLA kernels (and the gated delta rule) against flash-linear-attention.
 
     python benchmarks/kernels.py                      # issue 3 shapes: B=1, H=16, D=128, T=16K and 32K, bf16
     python benchmarks/kernels.py --chunk-lengths 2048 4096 8192 32768   # issue 5: calls with state in/out
@@ -7,6 +7,8 @@
     python benchmarks/kernels.py --peer-only          # fla alone: its autotuning results are cached on disk, so a
                                                       # later run (another GPU of the machine too) skips them
     python benchmarks/kernels.py --cpu-torch-path     # the runtime's CPU path: T=4096, H=2, D=64, float32
+    python benchmarks/kernels.py --operators gdn --lengths 8192 --chunk-lengths 4096   # Gated DeltaNet (our
+                                                      # pure-PyTorch chunked path) against fla's Triton kernels
 
 Needs a CUDA GPU. flash-linear-attention (fla-core 0.6.0) is optional: without it only our times print.
 fla refuses its gated backward on Hopper with Triton < 3.7.1 (a correctness guard); for timing alone the
@@ -30,20 +32,25 @@ import torch.nn.functional as F
 import triton
 
 from schedlang.kernels import chunk_gla, chunk_simple_gla
+from schedlang.kernels.gdn import chunk_gated_delta_rule
 
 CHUNK = 64
+OURS = {"gla": chunk_gla, "simple_gla": chunk_simple_gla, "gdn": chunk_gated_delta_rule}
+"""Each operator is called as ``function(*operands, initial_state=..., output_final_state=...)``, with the operands
+that make_inputs draws for it: (q, k, v, g), and for gdn (q, k, v, g, beta)."""
 
 
 def load_peer():
     try:
         import fla.ops.common.chunk_o as fla_chunk_o
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
         from fla.ops.gla import chunk_gla as fla_gla
         from fla.ops.simple_gla import chunk_simple_gla as fla_simple_gla
     except ImportError as error:
         print(f"flash-linear-attention not available ({error}); timing schedlang alone", file=sys.stderr)
         return None
     fla_chunk_o.TRITON_ABOVE_3_7_1 = True
-    return {"gla": fla_gla, "simple_gla": fla_simple_gla}
+    return {"gla": fla_gla, "simple_gla": fla_simple_gla, "gdn": fla_gdn}
 
 
 def measure_ceilings() -> dict[str, float]:
@@ -57,14 +64,22 @@ def measure_ceilings() -> dict[str, float]:
     return {"bandwidth_bytes_per_s": 2 * 2 * 1024**3 / (copy_ms * 1e-3), "matmul_flops_per_s": 2 * 8192**3 / (matmul_ms * 1e-3)}
 
 
-def make_inputs(operator: str, length: int, heads: int, dim: int, with_state: bool):
+def make_inputs(operator: str, length: int, heads: int, dim: int, with_state: bool, device: str = "cuda"):
+    """(*operands, initial state or None), leaves that require grad; gdn's keys are unit-norm per head and its
+    write strengths beta lie in (0, 1), as Gated DeltaNet's layer makes them."""
+
     def draw(*shape, dtype=torch.bfloat16):
-        return torch.randn(*shape, device="cuda", dtype=dtype).requires_grad_(True)
+        return torch.randn(*shape, device=device, dtype=dtype).requires_grad_(True)
 
     gate_shape = (1, length, heads, dim) if operator == "gla" else (1, length, heads)
-    gate = (F.logsigmoid(torch.randn(*gate_shape, device="cuda")) / 16).requires_grad_(True)
+    gate = (F.logsigmoid(torch.randn(*gate_shape, device=device)) / 16).requires_grad_(True)
     state = draw(1, heads, dim, dim, dtype=torch.float32) if with_state else None
-    return draw(1, length, heads, dim), draw(1, length, heads, dim), draw(1, length, heads, dim), gate, state
+    q, k, v = draw(1, length, heads, dim), draw(1, length, heads, dim), draw(1, length, heads, dim)
+    if operator != "gdn":
+        return q, k, v, gate, state
+    k = F.normalize(k.detach().float(), dim=-1).to(k.dtype).requires_grad_(True)
+    beta = torch.sigmoid(torch.randn(1, length, heads, device=device)).to(q.dtype).requires_grad_(True)
+    return q, k, v, gate, beta, state
 
 
 def floors(operator: str, length: int, heads: int, dim: int, ceilings: dict) -> dict[str, float]:
@@ -86,13 +101,13 @@ def gradient_step(function, inputs, with_state: bool):
     """A closure running one forward+backward: the gradients of q, k, v, g (and the initial state) for a random
     output gradient (and a random final-state gradient), through torch.autograd.grad, so no loss kernels and
     no accumulation into .grad are timed, as a layer inside a model sees the operator."""
-    q, k, v, g, state = inputs
-    leaves = [tensor for tensor in (q, k, v, g, state) if tensor is not None]
-    output_grad = torch.randn_like(v)
+    *operands, state = inputs
+    leaves = [tensor for tensor in inputs if tensor is not None]
+    output_grad = torch.randn_like(operands[2])
     state_grad = torch.randn_like(state) if with_state else None
 
     def step():
-        output, final_state = function(q, k, v, g, initial_state=state, output_final_state=with_state)
+        output, final_state = function(*operands, initial_state=state, output_final_state=with_state)
         outputs, grads = [output], [output_grad]
         if with_state:
             outputs.append(final_state)
@@ -103,11 +118,11 @@ def gradient_step(function, inputs, with_state: bool):
 
 
 def time_operator(function, inputs, with_state: bool) -> dict[str, float]:
-    q, k, v, g, state = inputs
+    *operands, state = inputs
 
     def forward():
         with torch.no_grad():
-            return function(q, k, v, g, initial_state=state, output_final_state=with_state)
+            return function(*operands, initial_state=state, output_final_state=with_state)
 
     return {
         "fwd_ms": triton.testing.do_bench(forward, warmup=50, rep=200, return_mode="median"),
@@ -149,10 +164,10 @@ def time_graph_replay(function, inputs, with_state: bool) -> tuple[float, float]
 
 
 def agreement(ours, peer, inputs, with_state: bool) -> float:
-    q, k, v, g, state = inputs
+    *operands, state = inputs
     with torch.no_grad():
-        mine, _ = ours(q, k, v, g, initial_state=state, output_final_state=with_state)
-        theirs, _ = peer(q, k, v, g, initial_state=state, output_final_state=with_state)
+        mine, _ = ours(*operands, initial_state=state, output_final_state=with_state)
+        theirs, _ = peer(*operands, initial_state=state, output_final_state=with_state)
     return ((mine.float() - theirs.float()).norm() / theirs.float().norm()).item()
 
 
@@ -219,7 +234,7 @@ def print_table(rows: list[dict]) -> None:
         print(
             f"| {row['operator']} | {row['T']} | {row['state_in_out']} | {row['ours_fwd_ms']:.3f} | {fla_fwd:.3f} "
             f"| {row['ours_fwd_ms'] / fla_fwd:.2f} | {row['ours_fwdbwd_ms']:.3f} | {fla_fb:.3f} "
-            f"| {row['ours_fwdbwd_ms'] / fla_fb:.2f} | {row['fwdbwd_bytes_floor_ms']:.3f} / {row['fwdbwd_matmul_floor_ms']:.3f} "
+            f"| {row['ours_fwdbwd_ms'] / fla_fb:.2f} | {row.get('fwdbwd_bytes_floor_ms', nan):.3f} / {row.get('fwdbwd_matmul_floor_ms', nan):.3f} "
             f"| {row.get('ours_graph_fwdbwd_ms', nan):.3f} | {row.get('ours_saved_graph_fwdbwd_ms', nan):.3f} "
             f"| {per_token(row):.1f} | {versus:.2f} |"
         )
@@ -252,6 +267,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[16384, 32768], help="one call per sequence, no state")
     parser.add_argument("--chunk-lengths", type=int, nargs="*", default=[], help="issue 5: calls with state in/out, plus graph replay")
+    parser.add_argument(
+        "--operators", nargs="+", choices=sorted(OURS), default=["gla", "simple_gla"],
+        help="gdn: our pure-PyTorch chunked gated delta rule (it has no Triton kernel yet) against fla's",
+    )
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument(
@@ -284,10 +303,10 @@ def main() -> int:
     ceilings = measure_ceilings()
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
     print(f"# measured: copy {ceilings['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceilings['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s")
-    ours = {"gla": chunk_gla, "simple_gla": chunk_simple_gla}
+    ours = OURS
     configurations = [(length, False) for length in args.lengths] + [(length, True) for length in args.chunk_lengths]
     rows, breakdowns = [], {}
-    for operator in ("gla", "simple_gla"):
+    for operator in args.operators:
         for length, with_state in configurations:
             row = {"operator": operator, "T": length, "state_in_out": with_state}
             if args.peer_only:
@@ -295,13 +314,14 @@ def main() -> int:
                 continue
             inputs = make_inputs(operator, length, args.heads, args.dim, with_state)
             row.update({"ours_" + key: value for key, value in time_operator(ours[operator], inputs, with_state).items()})
-            row.update(floors(operator, length, args.heads, args.dim, ceilings))
+            if operator != "gdn":  # the floors count GLA's chunked FLOPs and bytes
+                row.update(floors(operator, length, args.heads, args.dim, ceilings))
             if with_state:
                 try:
                     replay_ms, replay_difference = time_graph_replay(ours[operator], inputs, with_state)
                     row["ours_graph_fwdbwd_ms"] = replay_ms
                     row["graph_replay_rel_diff_vs_eager"] = replay_difference
-                    if args.save_states:
+                    if args.save_states and operator != "gdn":
                         saving = functools.partial(ours[operator], save_states=True)
                         row["ours_saved_graph_fwdbwd_ms"], _ = time_graph_replay(saving, inputs, with_state)
                         row["ours_saved_fwdbwd_ms"] = time_operator(saving, inputs, with_state)["fwdbwd_ms"]

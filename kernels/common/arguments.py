@@ -31,20 +31,29 @@ class RecurrenceShape:
     value_dim: int
 
 
-def resolve_backend(backend: str | Backend, device: torch.device) -> Backend:
+def resolve_backend(backend: str | Backend, device: torch.device, matmul_dtype: torch.dtype | None = None) -> Backend:
     """Turn the user's `backend` argument into TRITON or TORCH.
 
     "auto" runs Triton on CUDA tensors, and on CPU tensors only when TRITON_INTERPRET=1 is set (the
-    interpreter); otherwise the pure-PyTorch chunked path.
+    interpreter); otherwise the pure-PyTorch chunked path. ``matmul_dtype`` is the dtype of the operands a
+    kernel feeds to ``tl.dot``: Triton's interpreter keeps bfloat16 as raw 16-bit patterns and multiplies
+    those in ``tl.dot`` (Triton 3.6; its debugging guide lists bfloat16 as unsupported), so bfloat16 on the
+    CPU takes the PyTorch path under "auto", and "triton" is refused rather than returning garbage.
     """
     try:
         chosen = Backend(backend) if not isinstance(backend, Backend) else backend
     except ValueError:
         names = ", ".join(repr(member.value) for member in Backend)
         raise ValueError(f"backend must be one of {names}, got {backend!r}") from None
+    interpreted_bfloat16 = device.type == "cpu" and matmul_dtype == torch.bfloat16
+    if chosen is Backend.TRITON and interpreted_bfloat16:
+        raise ValueError(
+            "backend='triton' on CPU tensors runs Triton's interpreter, whose tl.dot is wrong for bfloat16 "
+            "operands; pass float32 tensors, use backend='torch', or run on a GPU"
+        )
     if chosen is not Backend.AUTO:
         return chosen
-    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    if device.type == "cuda" or (os.environ.get("TRITON_INTERPRET") == "1" and not interpreted_bfloat16):
         return Backend.TRITON
     return Backend.TORCH
 

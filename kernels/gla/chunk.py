@@ -50,7 +50,7 @@ def chunk_gla(
     Gradients flow to q, k, v, g and initial_state, and from the final state.
     """
     shape = check_recurrence_arguments(q, k, v, g, initial_state, gate_per_key=True)
-    chosen = resolve_backend(backend, q.device)
+    chosen = resolve_backend(backend, q.device, matmul_dtype=q.dtype)
     if scale is None:
         scale = shape.key_dim**-0.5
     implementation = TORCH_IMPLEMENTATION if chosen is Backend.TORCH else _triton_implementation()

@@ -162,6 +162,25 @@ def test_auto_backend_choice_follows_device_and_interpreter_flag(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert resolve_backend("auto", torch.device("cpu")) is Backend.TRITON
     assert resolve_backend("torch", torch.device("cpu")) is Backend.TORCH
+    # the interpreter's tl.dot multiplies bfloat16 bit patterns: auto falls back, triton is refused
+    assert resolve_backend("auto", torch.device("cpu"), matmul_dtype=torch.bfloat16) is Backend.TORCH
+    assert resolve_backend("auto", torch.device("cpu"), matmul_dtype=torch.float16) is Backend.TRITON
+    assert resolve_backend("auto", torch.device("cuda", 0), matmul_dtype=torch.bfloat16) is Backend.TRITON
+    with pytest.raises(ValueError, match="interpreter"):
+        resolve_backend("triton", torch.device("cpu"), matmul_dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("operator", sorted(OPERATORS))
+def test_bfloat16_on_the_cpu_is_exact_under_the_interpreter_flag(monkeypatch, operator):
+    """With TRITON_INTERPRET=1, bfloat16 CPU tensors must not reach the interpreter's tl.dot (it returned
+    values around 1e9 for inputs of size 1); "auto" gives them the PyTorch path instead."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    inputs = make_inputs(OPERATORS[operator], 1, 40, 2, 16, "weak", True, torch.bfloat16, "cpu")
+    result, expected = run_with_grads(OPERATORS[operator].chunked, inputs), reference(OPERATORS[operator], inputs)
+    for name, value in expected.items():
+        assert relative_error(result[name], value) < 3e-2, name
+    with pytest.raises(ValueError, match="interpreter"):
+        run_with_grads(OPERATORS[operator].chunked, inputs, backend="triton")
 
 
 @pytest.mark.parametrize("span_limit", [1e30, -1.0, None], ids=["all-smooth", "all-steep", "default"])
