@@ -188,12 +188,19 @@ def kernel_breakdown(function, inputs, with_state: bool) -> list[tuple[str, floa
 
 
 def launch_tables() -> dict:
-    """The kernels' live launch tables, by name: {"gla": {entry: {...}}, "simple_gla": {...}, "scan": {...}}."""
+    """The kernels' live launch tables, by name: {"gla": {entry: {...}}, "simple_gla": {...}, "gdn": {...},
+    "scan": {...}}."""
     from schedlang.kernels.common import triton_scan
+    from schedlang.kernels.gdn import state_pass_triton as gdn_triton
     from schedlang.kernels.gla import chunk_triton as gla_triton
     from schedlang.kernels.simple_gla import chunk_triton as simple_gla_triton
 
-    return {"gla": gla_triton.LAUNCH, "simple_gla": simple_gla_triton.LAUNCH, "scan": triton_scan.SCAN_LAUNCH}
+    return {
+        "gla": gla_triton.LAUNCH,
+        "simple_gla": simple_gla_triton.LAUNCH,
+        "gdn": gdn_triton.LAUNCH,
+        "scan": triton_scan.SCAN_LAUNCH,
+    }
 
 
 def apply_launch_table(path: str) -> None:
@@ -202,10 +209,9 @@ def apply_launch_table(path: str) -> None:
     with open(path) as handle:
         overrides = json.load(handle)
     tables = launch_tables()
-    for entry, values in overrides.get("gla", {}).items():
-        tables["gla"][entry].update(values)
-    for entry, values in overrides.get("simple_gla", {}).items():
-        tables["simple_gla"][entry].update(values)
+    for operator in ("gla", "simple_gla", "gdn"):
+        for entry, values in overrides.get(operator, {}).items():
+            tables[operator][entry].update(values)
     tables["scan"].update(overrides.get("scan", {}))
 
 

@@ -4,10 +4,11 @@
     python benchmarks/tune_kernels.py --budget 240 --out tuned.json
     python benchmarks/tune_kernels.py --length 4096 --state --graph   # chunk-sized calls, replayed from a CUDA graph
     python benchmarks/tune_kernels.py --entries scan        # one table entry (here the state scan's) alone
+    python benchmarks/tune_kernels.py --operators gdn --length 32768   # the gated delta rule's state pass
     python benchmarks/kernels.py --launch-table tuned.json  # time (and compare with fla) under the tuned table
 
 The tables are kernels/gla/chunk_triton.py LAUNCH, kernels/simple_gla/chunk_triton.py LAUNCH and
-kernels/common/triton_scan.py SCAN_LAUNCH: tile edges, key splits, num_warps and num_stages per kernel.
+kernels/common/triton_scan.py SCAN_LAUNCH (and kernels/gdn/state_pass_triton.py LAUNCH): tile edges, key splits, num_warps and num_stages per kernel.
 Coordinate descent, one pass: for each entry and each knob, every candidate value is timed as the operator's
 whole forward+backward (median of triton.testing.do_bench) and kept when it is at least 1% faster. A candidate
 must also reproduce the output and every gradient of the starting table within 2% relative (bfloat16
@@ -28,8 +29,9 @@ import time
 import torch
 import triton
 
-from schedlang.kernels import chunk_gla, chunk_simple_gla
+from schedlang.kernels import chunk_gated_delta_rule, chunk_gla, chunk_simple_gla
 from schedlang.kernels.common import triton_scan
+from schedlang.kernels.gdn import state_pass_triton as gdn_triton
 from schedlang.kernels.gla import chunk_triton as gla_triton
 from schedlang.kernels.simple_gla import chunk_triton as simple_gla_triton
 
@@ -54,8 +56,16 @@ CANDIDATES = {
         "dv": TILE_AND_LAUNCH,
         "dqkg": dict(block_v=[16, 32, 64], num_warps=[4, 8], num_stages=[1, 2, 3]),
     },
+    "gdn": {
+        entry: dict(block_v=[16, 64], precision=["tf32x3"], num_warps=[8, 2], num_stages=[1, 2])
+        for entry in ("forward", "backward")
+    },
 }
-OPERATORS = {"gla": (chunk_gla, gla_triton.LAUNCH), "simple_gla": (chunk_simple_gla, simple_gla_triton.LAUNCH)}
+OPERATORS = {
+    "gla": (chunk_gla, gla_triton.LAUNCH),
+    "simple_gla": (chunk_simple_gla, simple_gla_triton.LAUNCH),
+    "gdn": (chunk_gated_delta_rule, gdn_triton.LAUNCH),
+}
 
 
 def load_kernel_benchmark():

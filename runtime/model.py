@@ -181,7 +181,8 @@ class GatedDeltaMixer(HeadMixer):
     q and k are L2-normalised per head; a log-sigmoid forget gate and a
     sigmoid write strength are one scalar each per head and token; the output
     is RMS-normalised per head, gated by SiLU of its own projection, then
-    projected back. Runs the pure-PyTorch chunked path on every device.
+    projected back. The state pass runs as Triton kernels on CUDA, as a Python loop over chunks on the CPU
+    (``kernel_backend``); the rest of the operator is batched PyTorch on both.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -207,7 +208,8 @@ class GatedDeltaMixer(HeadMixer):
         gate = log_sigmoid_gate(self.gate_proj(hidden), GATE_LOGIT_NORMALIZER, kernel_backend(hidden.device))
         beta = torch.sigmoid(self.beta_proj(hidden).float())
         mixed, final_state = chunk_gated_delta_rule(
-            q, k, v, gate, beta, scale=self.head_dim**-0.5, initial_state=initial_state, output_final_state=True
+            q, k, v, gate, beta, scale=self.head_dim**-0.5, initial_state=initial_state, output_final_state=True,
+            backend=kernel_backend(q.device),
         )
         gated = self.output_norm(mixed.to(hidden.dtype)) * F.silu(self.output_gate_proj(hidden).view(shape))
         return self.o_proj(gated.reshape(batch, length, -1)), final_state

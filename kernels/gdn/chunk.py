@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from schedlang.kernels.common import check_recurrence_arguments
+from schedlang.kernels.common import Backend, check_recurrence_arguments, compute_dtype_for, resolve_backend
 from schedlang.kernels.gdn.chunk_torch import chunk_gated_delta_rule_forward
 
 
@@ -26,21 +26,22 @@ def chunk_gated_delta_rule(
         g: [B, T, H] log of the forget gate (<= 0). beta: [B, T, H] write strength (in (0, 1) usually).
         scale: defaults to K ** -0.5. initial_state: [B, H, K, V] (float32) or None for zeros.
         output_final_state: also return the state after the last token.
-        backend: "auto" or "torch" (the pure-PyTorch chunked path, on any device); there is no Triton kernel
-            for this operator yet, so "triton" is refused.
+        backend: "auto" (Triton on CUDA tensors, or under TRITON_INTERPRET=1), "triton" or "torch". Only the
+            chunk-after-chunk state pass has Triton kernels (kernels/gdn/state_pass_triton.py); the rest is
+            batched PyTorch on either backend. float64 inputs always take the PyTorch state pass.
     Returns:
         o: [B, T, H, V] in v's dtype; final_state: [B, H, K, V] float32, or None.
     Gradients flow to q, k, v, g, beta and initial_state, and from the final state (through autograd).
     """
-    if backend not in ("auto", "torch"):
-        raise ValueError(
-            f"chunk_gated_delta_rule has only the PyTorch path: backend must be 'auto' or 'torch', got {backend!r}"
-        )
     shape = check_recurrence_arguments(q, k, v, g, initial_state, gate_per_key=False)
+    chosen = resolve_backend(backend, q.device)
     if not isinstance(beta, torch.Tensor) or tuple(beta.shape) != tuple(g.shape) or not beta.is_floating_point():
         found = tuple(beta.shape) if isinstance(beta, torch.Tensor) else type(beta).__name__
         raise ValueError(f"beta must be a floating-point tensor of g's shape [B, T, H] = {list(g.shape)}, got {found}")
     if scale is None:
         scale = shape.key_dim**-0.5
-    output, final_state = chunk_gated_delta_rule_forward(q, k, v, g, beta, float(scale), initial_state)
+    use_triton = chosen is Backend.TRITON and compute_dtype_for(q.dtype) == torch.float32
+    output, final_state = chunk_gated_delta_rule_forward(
+        q, k, v, g, beta, float(scale), initial_state, use_triton=use_triton
+    )
     return output, (final_state if output_final_state else None)

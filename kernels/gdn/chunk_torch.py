@@ -1,4 +1,4 @@
-"""Chunked gated delta rule in pure PyTorch: the runtime's path for gdn layers on every device.
+"""Chunked gated delta rule: batched PyTorch around one sequential state pass (kernels/gdn/state_pass.py).
 
 Inside a chunk of C tokens with state S_0 entering it, let gc_t = g_1 + ... + g_t (chunk-local, inclusive)
 and D_tj = exp(gc_t - gc_j) for j <= t (0 above the diagonal; every exponent <= 0). Writing the update as
@@ -14,9 +14,10 @@ which do not depend on the state and are solved for every chunk at once,
     O     = scale * diag(exp(gc)) Q S_0 + (D o scale Q K^T) Delta       (D o: elementwise, j <= t)
     S_C   = exp(gc_C) S_0 + (K o exp(gc_C - gc))^T Delta
 
-Only the last three run chunk after chunk. Gradients come from autograd through these operations
-(``torch.linalg.solve_triangular`` included), so the backward needs no code of its own. Padded tokens of the
-last chunk have k = v = 0 and beta = g = 0: they change nothing.
+Only Delta and S_C run chunk after chunk: that state pass is a Python loop over chunks or one Triton kernel
+each way (``use_triton``, float32); O is then batched over all chunks. Gradients come from autograd through
+the batched operations (``torch.linalg.solve_triangular`` included) and from the state pass's own backward.
+Padded tokens of the last chunk have k = v = 0 and beta = g = 0: they change nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from schedlang.kernels.common import CHUNK_SIZE, from_chunks, compute_dtype_for, to_chunks
+from schedlang.kernels.gdn.state_pass import gated_delta_state_pass
 
 
 def chunk_gated_delta_rule_forward(
@@ -35,8 +37,12 @@ def chunk_gated_delta_rule_forward(
     scale: float,
     initial_state: torch.Tensor | None = None,
     chunk_size: int = CHUNK_SIZE,
+    use_triton: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Output [B, T, H, V] (v's dtype) and final state [B, H, K, V] (float32/64); differentiable."""
+    """Output [B, T, H, V] (v's dtype) and final state [B, H, K, V] (float32/64); differentiable.
+
+    ``use_triton`` runs the state pass as Triton kernels; it needs float32 compute (inputs of 16 or 32 bits).
+    """
     dtype = compute_dtype_for(q.dtype)
     queries = to_chunks(q, chunk_size, dtype) * scale
     keys = to_chunks(k, chunk_size, dtype)
@@ -53,15 +59,15 @@ def chunk_gated_delta_rule_forward(
     readout = decay * (queries @ keys.transpose(-1, -2))
     entering_queries = queries * gc.exp()[..., None]
     keys_to_end = keys * (gc[..., -1:] - gc).exp()[..., None]
-    chunk_decay = gc[..., -1].exp()[..., None, None]
-    batch, heads, n_chunks = queries.shape[:3]
-    state = queries.new_zeros(batch, heads, keys.shape[-1], values.shape[-1])
-    if initial_state is not None:
-        state = state + initial_state.to(dtype)
-    outputs = []
-    for n in range(n_chunks):
-        corrections = corrections_free[:, :, n] - corrections_per_state[:, :, n] @ state
-        outputs.append(entering_queries[:, :, n] @ state + readout[:, :, n] @ corrections)
-        state = chunk_decay[:, :, n] * state + keys_to_end[:, :, n].transpose(-1, -2) @ corrections
-    output = from_chunks(torch.stack(outputs, dim=2), q.shape[1])
-    return output.to(v.dtype), state
+    if use_triton and dtype != torch.float32:
+        raise ValueError(f"the Triton state pass computes in float32; inputs of {q.dtype} take the PyTorch one")
+    entering_states, corrections, final_state = gated_delta_state_pass(
+        corrections_free,
+        corrections_per_state,
+        keys_to_end,
+        gc[..., -1].exp(),
+        None if initial_state is None else initial_state.to(dtype),
+        use_triton,
+    )
+    output = from_chunks(entering_queries @ entering_states + readout @ corrections, q.shape[1])
+    return output.to(v.dtype), final_state

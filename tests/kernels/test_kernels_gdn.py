@@ -1,4 +1,6 @@
-"""The chunked gated delta rule (pure PyTorch, autograd backward) against the token-by-token recurrence."""
+"""The chunked gated delta rule against the token-by-token recurrence: batched PyTorch around a state pass that
+is a Python loop (backend="torch") or one Triton kernel each way (backend="triton"; the interpreter on a CPU,
+real sizes and bfloat16 on a GPU). Kernel outputs are NaN-filled first (tests/kernels/conftest.py)."""
 
 from __future__ import annotations
 
@@ -31,15 +33,20 @@ def make_inputs(batch, length, heads, dim, decay, random_state, dtype, seed):
     return {name: None if t is None else t.to(dtype) for name, t in tensors.items()}, upstream
 
 
-def run_with_grads(function, inputs, upstream, **kwargs):
+def run_with_grads(function, inputs, upstream, use_output=True, use_final_state=True, **kwargs):
     names = [name for name in ("q", "k", "v", "g", "beta", "initial_state") if inputs[name] is not None]
     leaves = {name: inputs[name].detach().clone().requires_grad_(True) for name in names}
     output, final_state = function(
         leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
         initial_state=leaves.get("initial_state"), output_final_state=True, **kwargs,
     )
-    loss = (output.double() * upstream["o"]).sum() + (final_state.double() * upstream["final_state"]).sum()
-    grads = torch.autograd.grad(loss, list(leaves.values()))
+    loss = 0.0
+    if use_output:
+        loss = loss + (output.double() * upstream["o"]).sum()
+    if use_final_state:
+        loss = loss + (final_state.double() * upstream["final_state"]).sum()
+    grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+    grads = [torch.zeros_like(leaf) if grad is None else grad for leaf, grad in zip(leaves.values(), grads)]
     result = {"o": output.detach(), "final_state": final_state.detach()}
     result.update({"d" + name: grad for name, grad in zip(names, grads)})
     return result
@@ -93,12 +100,53 @@ def test_chaining_pieces_equals_one_call(cuts):
     assert_close(run_with_grads(pieces, inputs, upstream), run_with_grads(chunk_gated_delta_rule, inputs, upstream), 1e-10)
 
 
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+if ON_GPU:
+    TRITON_SHAPES = [(2, 63, 2, 32), (2, 1000, 2, 128), (1, 2048, 4, 128), (3, 300, 3, 64)]
+    TRITON_DTYPES = {"float32": (torch.float32, 1e-4), "bfloat16": (torch.bfloat16, 3e-2)}
+else:
+    TRITON_SHAPES = [(1, 63, 2, 16), (2, 130, 1, 32)]
+    TRITON_DTYPES = {"float32": (torch.float32, 1e-4)}
+
+
+@pytest.mark.parametrize("shape", TRITON_SHAPES, ids=lambda s: "B{}-T{}-H{}-D{}".format(*s))
+@pytest.mark.parametrize("decay, random_state", [("weak", False), ("strong", True)], ids=["weak-zero_state", "strong-random_state"])
+@pytest.mark.parametrize("dtype_name", sorted(TRITON_DTYPES))
+def test_triton_state_pass_matches_the_recurrence(shape, decay, random_state, dtype_name):
+    dtype, tolerance = TRITON_DTYPES[dtype_name]
+    inputs, upstream = make_inputs(*shape, decay, random_state, torch.float64, seed=sum(shape) + 1)
+    expected = run_with_grads(naive_recurrent_gated_delta_rule, inputs, upstream)
+    low = {name: None if t is None else t.to(DEVICE, dtype) for name, t in inputs.items()}
+    if low["initial_state"] is not None:
+        low["initial_state"] = low["initial_state"].float()
+    on_device = {name: t.to(DEVICE) for name, t in upstream.items()}
+    actual = run_with_grads(chunk_gated_delta_rule, low, on_device, backend="triton")
+    assert_close({name: t.cpu() for name, t in actual.items()}, expected, tolerance)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("used", ["output_only", "final_state_only"])
+def test_one_output_unused_gives_the_same_gradients_as_the_recurrence(backend, used):
+    """The state pass's backward with no gradient for the final state, or none for the output (so none for
+    the entering states and corrections either)."""
+    inputs, upstream = make_inputs(1, 150, 2, 16, "weak", True, torch.float32, seed=21)
+    as64 = {name: t.double() for name, t in inputs.items()}
+    flags = {"use_output": used == "output_only", "use_final_state": used == "final_state_only"}
+    expected = run_with_grads(naive_recurrent_gated_delta_rule, as64, upstream, **flags)
+    on_device = [{name: t.to(DEVICE) for name, t in tensors.items()} for tensors in (inputs, upstream)]
+    actual = run_with_grads(chunk_gated_delta_rule, *on_device, backend=backend, **flags)
+    actual = {name: t.cpu() for name, t in actual.items()}
+    del expected["o"], expected["final_state"], actual["o"], actual["final_state"]
+    assert_close(actual, expected, 1e-4)
+
+
 def test_invalid_arguments_raise_value_error():
     inputs, _ = make_inputs(1, 10, 2, 16, "weak", False, torch.float32, seed=1)
     q, k, v, g, beta = (inputs[name] for name in ("q", "k", "v", "g", "beta"))
     with pytest.raises(ValueError, match="beta must be"):
         chunk_gated_delta_rule(q, k, v, g, beta[:, :5])
-    with pytest.raises(ValueError, match="only the PyTorch path"):
-        chunk_gated_delta_rule(q, k, v, g, beta, backend="triton")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        chunk_gated_delta_rule(q, k, v, g, beta, backend="cuda")
     with pytest.raises(ValueError, match="g must have shape"):
         chunk_gated_delta_rule(q, k, v, g[..., None].expand(-1, -1, -1, 16), beta)

@@ -1,0 +1,190 @@
+"""Triton kernels for the gated delta rule's chunk-after-chunk state pass (kernels/gdn/state_pass.py).
+
+One program per (value block, batch * head) walks the chunks in order (forward) or in reverse (backward) and
+keeps its ``[K, BV]`` slice of the state, or of the state's gradient, in registers. Value columns never mix
+in either recurrence, so the value blocks are independent programs. Operands are float32; the products'
+``input_precision`` comes from the launch table: "ieee" (plain float32) or "tf32x3" (tensor cores, three
+tf32 products, float32-level error), never plain "tf32", since this is where rounding compounds chunk after
+chunk. Transposed operands are loaded transposed from memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from schedlang.kernels.common.sizes import block_size, cdiv, launch_options
+from schedlang.kernels.common.triton_scan import INTERPRETED, new_output
+
+LAUNCH = {
+    "forward": {"block_v": 32, "precision": "tf32x3", "num_warps": 4, "num_stages": 3},
+    "backward": {"block_v": 16, "precision": "tf32x3", "num_warps": 4, "num_stages": 3},
+}
+"""Launch table, read at call time: value columns per program (a [K, 32] float32 state slice is 16 KiB at
+K = 128), the products' input precision, warps, stages. Tuned on an H200 (benchmarks/tune_kernels.py
+--operators gdn --length 32768): the operator's forward+backward went from 155 ms ("ieee", 32 columns both
+ways) to 31.5 ms, results within 4e-5 of the "ieee" table. Keep the backward at 4 warps: with 8 (16 columns,
+"tf32x3", Triton 3.6, H200) its results were 6% off the 4-warp ones in a fresh process, and in the sweep it hit
+an illegal memory access (docs/benchmarks.md); 2 warps gave bit-identical results."""
+
+
+@triton.jit
+def _forward_step(
+    updates, keys_in, keys_out, chunk_decay, entering_states, corrections, b_state, i_v, i_bh, n, N,
+    C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
+):
+    # Delta_n = U_n - W_n S_n;  S_{n+1} = a_n S_n + KE_n^T Delta_n   (U: updates, W: keys_in, KE: keys_out)
+    chunk = i_bh.to(tl.int64) * N + n
+    p_enter = tl.make_block_ptr(entering_states + chunk * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+    tl.store(p_enter, b_state, boundary_check=(0, 1))
+    p_u = tl.make_block_ptr(updates + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
+    p_w = tl.make_block_ptr(keys_in + chunk * C * K, (C, K), (K, 1), (0, 0), (C, BK), (1, 0))
+    p_ke_t = tl.make_block_ptr(keys_out + chunk * C * K, (K, C), (1, K), (0, 0), (BK, C), (0, 1))
+    b_u = tl.load(p_u, boundary_check=(0, 1), padding_option="zero")
+    b_w = tl.load(p_w, boundary_check=(0, 1), padding_option="zero")
+    b_delta = b_u - tl.dot(b_w, b_state, input_precision=PRECISION)
+    p_delta = tl.make_block_ptr(corrections + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
+    tl.store(p_delta, b_delta, boundary_check=(0, 1))
+    b_ke_t = tl.load(p_ke_t, boundary_check=(0, 1), padding_option="zero")
+    return tl.load(chunk_decay + chunk) * b_state + tl.dot(b_ke_t, b_delta, input_precision=PRECISION)
+
+
+@triton.jit
+def gdn_state_pass_forward_kernel(
+    updates, keys_in, keys_out, chunk_decay, initial_state, entering_states, corrections, final_state, N,
+    C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_INITIAL_STATE: tl.constexpr, INTERPRETED: tl.constexpr, PRECISION: tl.constexpr,
+):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    state_base = i_bh.to(tl.int64) * K * V
+    if HAS_INITIAL_STATE:
+        p_s0 = tl.make_block_ptr(initial_state + state_base, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        b_state = tl.load(p_s0, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    else:
+        b_state = tl.zeros([BK, BV], dtype=tl.float32)
+    if INTERPRETED:  # the interpreter cannot take a run-time range() bound ([Note: scan prefetch])
+        n = 0
+        while n < N:
+            b_state = _forward_step(
+                updates, keys_in, keys_out, chunk_decay, entering_states, corrections, b_state, i_v, i_bh, n, N,
+                C, K, V, BK, BV, PRECISION,
+            )
+            n += 1
+    else:
+        for n in range(N):
+            b_state = _forward_step(
+                updates, keys_in, keys_out, chunk_decay, entering_states, corrections, b_state, i_v, i_bh, n, N,
+                C, K, V, BK, BV, PRECISION,
+            )
+    p_final = tl.make_block_ptr(final_state + state_base, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+    tl.store(p_final, b_state, boundary_check=(0, 1))
+
+
+@triton.jit
+def _backward_step(
+    keys_in, keys_out, chunk_decay, entering_grad, corrections_grad, corrections_grad_total, leaving_grad,
+    b_grad, i_v, i_bh, n, N,
+    C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_ENTERING_GRAD: tl.constexpr, HAS_CORRECTIONS_GRAD: tl.constexpr, PRECISION: tl.constexpr,
+):
+    # G = dL/dS_{n+1}:  dDelta_n = dDelta_n(ext) + KE_n G;  G <- a_n G + dS_n(ext) - W_n^T dDelta_n
+    chunk = i_bh.to(tl.int64) * N + n
+    p_leaving = tl.make_block_ptr(leaving_grad + chunk * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+    tl.store(p_leaving, b_grad, boundary_check=(0, 1))
+    p_ke = tl.make_block_ptr(keys_out + chunk * C * K, (C, K), (K, 1), (0, 0), (C, BK), (1, 0))
+    b_ke = tl.load(p_ke, boundary_check=(0, 1), padding_option="zero")
+    b_delta_grad = tl.dot(b_ke, b_grad, input_precision=PRECISION)
+    if HAS_CORRECTIONS_GRAD:
+        p_dd = tl.make_block_ptr(corrections_grad + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
+        b_delta_grad += tl.load(p_dd, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    p_total = tl.make_block_ptr(corrections_grad_total + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
+    tl.store(p_total, b_delta_grad, boundary_check=(0, 1))
+    p_w_t = tl.make_block_ptr(keys_in + chunk * C * K, (K, C), (1, K), (0, 0), (BK, C), (0, 1))
+    b_w_t = tl.load(p_w_t, boundary_check=(0, 1), padding_option="zero")
+    b_grad = tl.load(chunk_decay + chunk) * b_grad - tl.dot(b_w_t, b_delta_grad, input_precision=PRECISION)
+    if HAS_ENTERING_GRAD:
+        p_de = tl.make_block_ptr(entering_grad + chunk * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        b_grad += tl.load(p_de, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    return b_grad
+
+
+@triton.jit
+def gdn_state_pass_backward_kernel(
+    keys_in, keys_out, chunk_decay, entering_grad, corrections_grad, final_grad,
+    corrections_grad_total, leaving_grad, initial_grad, N,
+    C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    HAS_ENTERING_GRAD: tl.constexpr, HAS_CORRECTIONS_GRAD: tl.constexpr, HAS_FINAL_GRAD: tl.constexpr,
+    INTERPRETED: tl.constexpr, PRECISION: tl.constexpr,
+):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    state_base = i_bh.to(tl.int64) * K * V
+    if HAS_FINAL_GRAD:
+        p_final = tl.make_block_ptr(final_grad + state_base, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        b_grad = tl.load(p_final, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    else:
+        b_grad = tl.zeros([BK, BV], dtype=tl.float32)
+    if INTERPRETED:
+        step = 0
+        while step < N:
+            b_grad = _backward_step(
+                keys_in, keys_out, chunk_decay, entering_grad, corrections_grad, corrections_grad_total, leaving_grad,
+                b_grad, i_v, i_bh, N - 1 - step, N, C, K, V, BK, BV, HAS_ENTERING_GRAD, HAS_CORRECTIONS_GRAD,
+                PRECISION,
+            )
+            step += 1
+    else:
+        for step in range(N):
+            b_grad = _backward_step(
+                keys_in, keys_out, chunk_decay, entering_grad, corrections_grad, corrections_grad_total, leaving_grad,
+                b_grad, i_v, i_bh, N - 1 - step, N, C, K, V, BK, BV, HAS_ENTERING_GRAD, HAS_CORRECTIONS_GRAD,
+                PRECISION,
+            )
+    p_initial = tl.make_block_ptr(initial_grad + state_base, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+    tl.store(p_initial, b_grad, boundary_check=(0, 1))
+
+
+def triton_state_pass_forward(updates, keys_in, keys_out, chunk_decay, initial_state):
+    """(entering states [B, H, N, K, V], corrections [B, H, N, C, V], final state [B, H, K, V]), float32;
+    operands as in kernels/gdn/state_pass.py, contiguous float32 on one CUDA device (or the interpreter)."""
+    batch, heads, n_chunks, chunk_size, key_dim = keys_in.shape
+    value_dim = updates.shape[-1]
+    launch = LAUNCH["forward"]
+    bk, bv = block_size(key_dim, 256), block_size(value_dim, launch["block_v"])
+    device = keys_in.device
+    entering = new_output((batch, heads, n_chunks, key_dim, value_dim), torch.float32, device)
+    corrections = new_output(updates.shape, torch.float32, device)
+    final_state = new_output((batch, heads, key_dim, value_dim), torch.float32, device)
+    grid = (cdiv(value_dim, bv), batch * heads)
+    gdn_state_pass_forward_kernel[grid](
+        updates, keys_in, keys_out, chunk_decay, initial_state if initial_state is not None else final_state,
+        entering, corrections, final_state, n_chunks,
+        C=chunk_size, K=key_dim, V=value_dim, BK=bk, BV=bv, HAS_INITIAL_STATE=initial_state is not None,
+        INTERPRETED=INTERPRETED, PRECISION=launch["precision"], **launch_options(launch),
+    )
+    return entering, corrections, final_state
+
+
+def triton_state_pass_backward(keys_in, keys_out, chunk_decay, entering_grad, corrections_grad, final_grad, value_dim):
+    """(total corrections gradient [B, H, N, C, V], gradient of each chunk's leaving state [B, H, N, K, V],
+    initial-state gradient [B, H, K, V]), float32; None gradients count as zeros."""
+    batch, heads, n_chunks, chunk_size, key_dim = keys_in.shape
+    launch = LAUNCH["backward"]
+    bk, bv = block_size(key_dim, 256), block_size(value_dim, launch["block_v"])
+    device = keys_in.device
+    total = new_output((batch, heads, n_chunks, chunk_size, value_dim), torch.float32, device)
+    leaving = new_output((batch, heads, n_chunks, key_dim, value_dim), torch.float32, device)
+    initial_grad = new_output((batch, heads, key_dim, value_dim), torch.float32, device)
+    grid = (cdiv(value_dim, bv), batch * heads)
+    gdn_state_pass_backward_kernel[grid](
+        keys_in, keys_out, chunk_decay,
+        entering_grad if entering_grad is not None else total,
+        corrections_grad if corrections_grad is not None else total,
+        final_grad if final_grad is not None else total,
+        total, leaving, initial_grad, n_chunks,
+        C=chunk_size, K=key_dim, V=value_dim, BK=bk, BV=bv,
+        HAS_ENTERING_GRAD=entering_grad is not None, HAS_CORRECTIONS_GRAD=corrections_grad is not None,
+        HAS_FINAL_GRAD=final_grad is not None, INTERPRETED=INTERPRETED, PRECISION=launch["precision"],
+        **launch_options(launch),
+    )
+    return total, leaving, initial_grad
