@@ -31,6 +31,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 SETTINGS = {
     "default": {},
     "cublaslt": {"TORCH_BLAS_PREFER_CUBLASLT": "1"},
@@ -85,8 +88,7 @@ def chunk_gemms(rows: int, d_model: int, mlp_width: int):
 def worker(args: argparse.Namespace) -> dict:
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from trace_gaps import compute_intervals, load_events, memset_starts, step_gaps
+    from benchmarks.trace_gaps import compute_intervals, load_events, memset_starts, step_gaps
 
     if not torch.cuda.is_available():
         raise SystemExit("gemm_memsets.py replays CUDA graphs: it needs a GPU")

@@ -29,9 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import capture_graph, gradient_step, make_inputs  # noqa: E402
+from benchmarks.kernels import capture_graph, gradient_step, make_inputs  # noqa: E402
 
 
 @triton.jit
