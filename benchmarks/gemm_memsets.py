@@ -1,8 +1,8 @@
 """The GEMMs of one GLA block's chunk under CUDA-graph replay, per cuBLAS setting: time, kernels, memsets, gaps.
 
-On an H200 (torch 2.11) nearly every cuBLAS GEMM kernel of a replayed chunk graph comes after a 4-byte memset,
-a graph node of its own, and the launch gaps that hold one average 9 us against 2.5 us for the others
-(docs/benchmarks.md). This script replays the linear layers of one chunk of a GLA block with its SwiGLU MLP
+With a cuBLAS workspace nearly every GEMM kernel of a replayed chunk graph comes after a small memset, a graph
+node of its own with a longer launch gap ahead of the next kernel ([Note: GEMMs without a workspace in CUDA
+graphs]; the measurements are in docs/benchmarks.md). This script replays the linear layers of one chunk of a GLA block with its SwiGLU MLP
 (forward GEMMs, input-gradient GEMMs, and weight gradients added into ``.grad`` with ``addmm_``, as the
 runtime's CUDA-graph stages do), at the benchmark model's sizes, once per setting, each in a fresh process
 because cuBLAS reads its environment once:

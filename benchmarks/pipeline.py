@@ -180,8 +180,7 @@ def job_environment(systems: list[str], device: str, cublas_workspace: str) -> t
     """The environment of a torchrun job over ``systems``, and its cuBLAS workspace setting in words.
 
     [Note: GEMMs without a workspace in CUDA graphs] (schedlang.runtime.cublas): replayed graphs gain from no
-    workspace, but eager chunks lose badly (8 eager chunks on 2 H200s: 138K tokens/s with torch's workspace,
-    87K without; Schedule1F1B unchanged either way). Every system of a job shares one process and one setting,
+    workspace, but eager chunks lose badly. Every system of a job shares one process and one setting,
     so ``auto`` gives no workspace only to a job whose schedlang systems all replay graphs, as schedlang's
     runtime does; ``none`` and ``default`` force one.
     """
