@@ -1,7 +1,8 @@
 """Where the host's time goes when a chunk-sized operator call runs eagerly (issues 4 and 5).
 
-A chunk call is short on the GPU, so eagerly its cost is the host's: argument checks, autograd, output allocations and the Triton launches. This script times, for gla and
-simple_gla with a state in and out (B=1, H=16, D=128, bf16):
+A chunk call is short on the GPU, so eagerly its cost is the host's: argument checks, autograd, output
+allocations and the Triton launches. This script times, for gla and simple_gla with a state in and out (B=1,
+H=16, D=128, bf16):
 
 - host_ms: wall time per forward+backward with the GPU never waited for inside the loop (the host issues
   ``--calls`` steps, then synchronises once), against

@@ -22,8 +22,7 @@ from schedlang.kernels.common.triton_scan import chunk_state_scan, new_output, r
 
 CHUNK = 64
 LAUNCH = register_launch_table("simple_gla", __name__, {
-    # tile edges (the largest; smaller dimensions get smaller tiles) and launch options per kernel,
-    # [Note: launch tables]
+    # tile edges (the largest; smaller dimensions get smaller tiles) and launch options per kernel ([Note: launch tables])
     "updates": dict(block_k=64, block_v=128, num_warps=4, num_stages=3),
     "updates_with_gradients": dict(block_k=128, block_v=64, num_warps=8, num_stages=3),
     "output": dict(block_k=64, block_v=128, num_warps=8, num_stages=3),
