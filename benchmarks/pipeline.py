@@ -51,6 +51,7 @@ if __package__ in (None, ""):  # run as a file: the benchmarks package lives in 
 
 from benchmarks.common import (  # noqa: E402
     gib,
+    kernel_seconds_of_step,
     memory_now,
     model_state_bytes,
     peak_memory,
@@ -127,14 +128,13 @@ class TorchSystem:
 
         from schedlang.runtime.data import TokenSource
         from schedlang.runtime.model import build_stage_model
-        from schedlang.runtime.trainer import build_optimizer, zero_gradients
+        from schedlang.runtime.trainer import DTYPES, build_optimizer, zero_gradients
 
         self.mesh = mesh
         config = configs.model
-        dtype = torch.bfloat16 if mesh.device.type == "cuda" else torch.float32
         layers = configs.pipeline.stage_layers[mesh.stage]
         model = build_stage_model(
-            config, layers, mesh.is_first_stage, mesh.is_last_stage, 0, mesh.device, dtype
+            config, layers, mesh.is_first_stage, mesh.is_last_stage, 0, mesh.device, DTYPES[configs.train.dtype]
         )
         self.module = FullSequenceStage(model)
         # the optimizer schedlang's trainer builds (fused AdamW on CUDA): only the schedules differ
@@ -195,45 +195,6 @@ def job_environment(systems: list[str], device: str, cublas_workspace: str) -> t
     return environment, ", ".join(f"{name}={environment.get(name, '(unset)')}" for name in WORKSPACE_FREE_SETTINGS)
 
 
-KERNELS_KEPT = 40
-"""How many kernel names, by total time, a record keeps (``kernels``: name -> seconds in the profiled step)."""
-
-
-def kernel_seconds_of_step(
-    system, device: torch.device, trace: Path | None = None
-) -> tuple[float, float, dict[str, float]]:
-    """One more step under torch.profiler: seconds of compute kernels, of communication kernels, and per name.
-
-    Against the step time this splits a rank's step into its own GPU work, communication and idle time
-    (bubbles, waits, host-bound launch gaps): the figure that says why a schedule is slower than its model.
-    The per-name totals (the ``KERNELS_KEPT`` largest) say where one system's GPU work differs from another's;
-    ``trace`` (a path) also gets the step as a Chrome trace, which shows when kernels overlap.
-    """
-    if device.type != "cuda":
-        return 0.0, 0.0, {}
-    # One step first, not waited for: the profiled step then queues behind it as every step of the timed loop
-    # does. Profiled from an idle GPU, the first stage's host work at the start of a step (zeroing the
-    # gradients, the tokens) showed as an 8 ms wait that the steady state hides.
-    system.step()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
-        system.step()
-        synchronize(device)
-    if trace is not None:
-        profiler.export_chrome_trace(str(trace))
-    compute = communication = 0.0
-    by_name: dict[str, float] = {}
-    for event in profiler.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            seconds = event.device_time_total / 1e6
-            by_name[event.name] = by_name.get(event.name, 0.0) + seconds
-            if "nccl" in event.name.lower():
-                communication += seconds
-            else:
-                compute += seconds
-    largest = sorted(by_name.items(), key=lambda item: -item[1])[:KERNELS_KEPT]
-    return compute, communication, dict(largest)
-
-
 def measure(
     name: str, mesh, model: BenchmarkModel, length: int, microbatches: int, warmup: int, steps: int,
     trace_dir: str | None = None,
@@ -273,7 +234,7 @@ def measure(
     }
     trace = Path(trace_dir) / f"trace-{name.replace(':', '-')}-stage{mesh.stage}.json" if trace_dir else None
     record["kernel_seconds"], record["communication_kernel_seconds"], record["kernels"] = kernel_seconds_of_step(
-        system, device, trace
+        system.step, device, trace
     )
     system.close()
     del system

@@ -25,8 +25,10 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -40,6 +42,11 @@ from schedlang.runtime.sequence_parallel import (
     sequence_parallel_chunk_gla,
 )
 
+if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import synchronize  # noqa: E402
+
 METHOD_VARIANTS = [
     (SequenceParallelMethod.RING, 1),
     (SequenceParallelMethod.ALLSCAN, 1),
@@ -47,11 +54,6 @@ METHOD_VARIANTS = [
     (SequenceParallelMethod.ALLSCAN, 16),
     (SequenceParallelMethod.ALLGATHER, 1),
 ]
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _time_interleaved(steps: dict, device: torch.device, warmup: int, iterations: int) -> dict:
@@ -67,10 +69,10 @@ def _time_interleaved(steps: dict, device: torch.device, warmup: int, iterations
     for _ in range(iterations):
         for name, step in steps.items():
             dist.barrier()
-            _synchronize(device)
+            synchronize(device)
             start = time.perf_counter()
             step()
-            _synchronize(device)
+            synchronize(device)
             elapsed = torch.tensor([(time.perf_counter() - start) * 1e3], dtype=torch.float64)
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             samples[name].append(elapsed.item())
