@@ -8,10 +8,9 @@ median over iterations of the slowest rank's time; the steps take turns within e
   several block counts, all-gather); its ratio to ``one-device``;
 * ``one-device``: ``chunk_gla`` on L tokens on rank 0 (the other ranks wait at the barrier);
 * ``scan``: the cross-rank scan alone, forward and reverse, on the layer's ``[1, H, K, V]`` float32 state;
-* ``rank-work`` (world size 1 only): what a middle rank computes, without communication: the operator's
-  phases with the boundary terms read and an incoming state and final-state gradient given
-  ([Note: span phases] in kernels/common/function.py); its ratio to ``one-device`` is the compute that
-  sequence parallelism adds.
+* ``rank-work`` (world size 1 only): what a rank computes, without communication: the operator's phases
+  scanned from zero and finished from a given incoming state and final-state gradient ([Note: span phases]
+  in kernels/common/function.py); its ratio to ``one-device`` is the compute that sequence parallelism adds.
 
 A world size of 1 runs the sequence-parallel layer on a group of one rank (no communication).
 
@@ -119,16 +118,16 @@ def _rank_work_step(inputs, backend):
     q, k, v, g, grad_output = (tensor.contiguous() for tensor in inputs)
     implementation = implementation_for(backend, q)
     scale = q.shape[-1] ** -0.5
-    state = torch.randn(1, q.shape[2], q.shape[3], v.shape[3], device=q.device) * 0.1
+    incoming = torch.randn(1, q.shape[2], q.shape[3], v.shape[3], device=q.device) * 0.1
 
     def step():
         prepared = implementation.prepare_forward(q, k, v, g)
-        implementation.local_final_state(prepared)
+        scanned = implementation.scan_forward(prepared, None)
         implementation.total_log_decay(prepared).exp()
-        implementation.finish_forward(prepared, q, k, v, g, scale, state, False)
+        implementation.finish_forward(prepared, scanned, q, k, v, g, scale, incoming, False)
         prepared = implementation.prepare_backward(q, k, v, g, grad_output, scale, None)
-        implementation.local_initial_state_gradient(prepared)
-        implementation.finish_backward(prepared, q, k, v, g, scale, state, grad_output, state, None)
+        scanned = implementation.scan_backward(prepared, None, None, None)
+        implementation.finish_backward(prepared, scanned, q, k, v, g, scale, grad_output, incoming, incoming)
 
     return step
 
