@@ -10,11 +10,14 @@ small row blocks of the state so that many programs run it at once.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
+from schedlang.kernels.common.function import ScannedBackward, ScannedForward
 from schedlang.kernels.common.launch_tables import register_launch_table
 from schedlang.kernels.common.sizes import cdiv, launch_options, next_power_of_2, states_dtype
 
@@ -228,22 +231,45 @@ def chunk_state_scan_pair(
     return states, state_grads, initial_grad
 
 
-def recurrence_gradients(gates_and_updates, g, k, v, q, do, scale, initial_state, final_state_grad, saved_states, chunk_gate_of):
-    """The start of every chunked backward: (gates, the states entering each chunk, the gradients of the
-    states leaving each chunk, the gradient of the initial state).
+@dataclass(frozen=True)
+class PreparedChunks:
+    """What the first phase of a Triton forward or backward leaves ([Note: span phases] in function.py): the
+    operator's gates, the per-chunk state updates (None where the phase needs none), the per-chunk
+    state-gradient updates (backward only) and the per-chunk log decay ``[B, H, NT, K]`` or ``[B, H, NT]``."""
 
-    ``gates_and_updates`` is the operator's one-launch gate and update kernel (returning gates, updates,
-    gradient updates), ``chunk_gate_of(gates)`` its per-chunk log decay. Without ``saved_states`` the states
-    are recomputed beside the state-gradient scan (one launch for both scans); with the forward's states the
-    update kernel forms the gradient updates alone and only the reverse scan runs.
-    """
-    dtype = states_dtype(k.dtype)
+    gates: Any
+    updates: torch.Tensor | None
+    grad_updates: torch.Tensor | None
+    chunk_gate: torch.Tensor
+
+
+def prepare_chunks(gates_and_updates, chunk_gate_of, g, k, v, q=None, do=None, scale=1.0, saved_states=None) -> PreparedChunks:
+    """Phase one of a Triton forward (no q, do) or backward: one launch of the operator's gate and update
+    kernel. A backward given the forward's states forms the state-gradient updates alone."""
+    gates, updates, grad_updates = gates_and_updates(g, k, v, q, do, scale, state_updates=saved_states is None)
+    return PreparedChunks(gates, updates, grad_updates, chunk_gate_of(gates))
+
+
+def scan_forward(prepared: PreparedChunks, initial_state: torch.Tensor | None) -> ScannedForward:
+    """Phase two of a Triton forward: the chunk states from initial_state (zero when None)."""
+    states, final_state = chunk_state_scan(
+        prepared.updates, prepared.chunk_gate, initial_state, prepared.updates.dtype, reverse=False
+    )
+    return ScannedForward(states, final_state)
+
+
+def scan_backward(prepared: PreparedChunks, initial_state, final_state_grad, saved_states) -> ScannedBackward:
+    """Phase two of a Triton backward: the states entering each chunk, the gradients of the states leaving each
+    chunk and the gradient of the initial state. Without ``saved_states`` the states are recomputed beside
+    the state-gradient scan (one launch for both scans); with the forward's states only the reverse scan runs."""
+    dtype = prepared.grad_updates.dtype
     if saved_states is None:
-        gates, updates, grad_updates = gates_and_updates(g, k, v, q, do, scale)
-        states, state_grads, initial_grad = chunk_state_scan_pair(
-            updates, grad_updates, chunk_gate_of(gates), initial_state, final_state_grad, dtype
-        )
-        return gates, states, state_grads, initial_grad
-    gates, _, grad_updates = gates_and_updates(g, k, v, q, do, scale, state_updates=False)
-    state_grads, initial_grad = chunk_state_scan(grad_updates, chunk_gate_of(gates), final_state_grad, dtype, reverse=True)
-    return gates, saved_states, state_grads, initial_grad
+        return ScannedBackward(*chunk_state_scan_pair(
+            prepared.updates, prepared.grad_updates, prepared.chunk_gate, initial_state, final_state_grad, dtype
+        ))
+    state_grads, initial_grad = chunk_state_scan(prepared.grad_updates, prepared.chunk_gate, final_state_grad, dtype, reverse=True)
+    return ScannedBackward(saved_states, state_grads, initial_grad)
+
+
+def total_log_decay(prepared: PreparedChunks) -> torch.Tensor:
+    return prepared.chunk_gate.sum(dim=2)

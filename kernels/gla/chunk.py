@@ -8,18 +8,19 @@ from schedlang.kernels.common import Backend, check_recurrence_arguments, resolv
 from schedlang.kernels.common.function import ChunkRecurrenceFunction, Implementation, torch_implementation
 from schedlang.kernels.gla import chunk_torch
 
-TORCH_IMPLEMENTATION = torch_implementation(
-    chunk_torch.chunk_gla_forward,
-    chunk_torch.chunk_states,
-    chunk_torch.chunk_state_gradients,
-    chunk_torch.intra_chunk_gradients,
-)
+TORCH_IMPLEMENTATION = torch_implementation(chunk_torch)
 
 
 def _triton_implementation() -> Implementation:
     from schedlang.kernels.gla.chunk_triton import TRITON_IMPLEMENTATION
 
     return TRITON_IMPLEMENTATION
+
+
+def implementation_for(backend: str, q: torch.Tensor) -> Implementation:
+    """The Implementation ``backend`` ("auto", "triton" or "torch") picks for operands like ``q``."""
+    chosen = resolve_backend(backend, q.device, matmul_dtype=q.dtype)
+    return TORCH_IMPLEMENTATION if chosen is Backend.TORCH else _triton_implementation()
 
 
 def chunk_gla(
@@ -50,10 +51,9 @@ def chunk_gla(
     Gradients flow to q, k, v, g and initial_state, and from the final state.
     """
     shape = check_recurrence_arguments(q, k, v, g, initial_state, gate_per_key=True)
-    chosen = resolve_backend(backend, q.device, matmul_dtype=q.dtype)
+    implementation = implementation_for(backend, q)
     if scale is None:
         scale = shape.key_dim**-0.5
-    implementation = TORCH_IMPLEMENTATION if chosen is Backend.TORCH else _triton_implementation()
     output, final_state = ChunkRecurrenceFunction.apply(
         q, k, v, g, initial_state, float(scale), implementation, bool(save_states)
     )
