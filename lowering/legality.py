@@ -22,9 +22,9 @@ tasks, the order violations, and at most one deadlock.
 * ``MISSING_TASK``: a task of the graph that no order runs (with a split
   backward, every ``W`` too); it points at its stage's line when there is one.
 * ``ORDER_VIOLATION``: on one stage, a task placed before one of its
-  same-stage predecessors (STATE_FORWARD, FORWARD_BACKWARD, STATE_BACKWARD of
-  Eq. 8, and BACKWARD_WEIGHT, ``B`` before ``W``); the cross-stage constraints
-  can only be broken through a cycle, which the deadlock check reports.
+  same-stage predecessors (by a rule that keeps the stage, such as ``B``
+  before ``W``); the cross-stage constraints can only be broken through a
+  cycle, which the deadlock check reports.
 * ``DEADLOCK``: the orders plus the dependency edges form a cycle. Found by
   running the per-stage queues (each stage's next task runs once its
   predecessors are done) in O(tasks + edges); a cycle of waiting tasks is
@@ -33,10 +33,12 @@ tasks, the order violations, and at most one deadlock.
   violations and lets a missing task run as soon as its predecessors are done,
   on no stage.
 
-Tasks are numbered arithmetically (``kind, stage, microbatch, chunk`` in
-mixed radix, the kinds F, B and, split, W) and predecessors computed from the
-number, so the check of a 262,144-task schedule never builds the NetworkX
-graph.
+The constraints are the table of edge rules ([Note: edge rules] in
+schedlang.lowering.dependencies), :data:`EDGE_RULES` unless the caller passes
+another. Tasks are numbered arithmetically (``kind, stage, microbatch, chunk``
+in mixed radix, the kinds F, B and, split, W) and each number's predecessors
+and successors translated from the table once per kind, stage and chunk, so
+the check stays linear in tasks + edges and never builds the NetworkX graph.
 """
 
 from __future__ import annotations

@@ -51,6 +51,20 @@ def _send_order(order: Sequence[TaskId], kind: TaskKind) -> list[tuple[int, int]
     return [(task.microbatch, task.chunk) for task in order if task.kind is kind]
 
 
+def _first_positions(sends: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
+    """Where each message first appears in a send order (what ``sends.index`` would find, in O(1))."""
+    positions: dict[tuple[int, int], int] = {}
+    for position, key in enumerate(sends):
+        positions.setdefault(key, position)
+    return positions
+
+
+def _position(positions: dict[tuple[int, int], int], key: tuple[int, int]) -> int:
+    if key not in positions:
+        raise ValueError(f"{key} is not in list: the neighbouring stage never sends it (orders must be checked)")
+    return positions[key]
+
+
 def place_stage_actions(orders: Sequence[Sequence[TaskId]]) -> tuple[tuple[Action, ...], ...]:
     """Expand checked per-stage task orders into per-stage action lists; see the module docstring."""
     n_stages = len(orders)
@@ -58,6 +72,8 @@ def place_stage_actions(orders: Sequence[Sequence[TaskId]]) -> tuple[tuple[Actio
     for stage, order in enumerate(orders):
         activations_from_previous = _send_order(orders[stage - 1], TaskKind.FORWARD) if stage > 0 else []
         gradients_from_next = _send_order(orders[stage + 1], TaskKind.BACKWARD) if stage + 1 < n_stages else []
+        activation_positions = _first_positions(activations_from_previous)
+        gradient_positions = _first_positions(gradients_from_next)
         received_activations = 0
         received_gradients = 0
         actions: list[Action] = []
@@ -65,9 +81,10 @@ def place_stage_actions(orders: Sequence[Sequence[TaskId]]) -> tuple[tuple[Actio
             key = (task.microbatch, task.chunk)
             if task.kind is TaskKind.FORWARD:
                 if stage > 0:
-                    needed = activations_from_previous.index(key, 0) + 1
+                    needed = _position(activation_positions, key) + 1
                     while received_activations < needed:
-                        actions.append(Action(ActionKind.RECV_ACTIVATION, *activations_from_previous[received_activations]))
+                        message = activations_from_previous[received_activations]
+                        actions.append(Action(ActionKind.RECV_ACTIVATION, *message))
                         received_activations += 1
                 actions.append(Action(ActionKind.FORWARD, *key))
                 if stage + 1 < n_stages:
@@ -76,9 +93,10 @@ def place_stage_actions(orders: Sequence[Sequence[TaskId]]) -> tuple[tuple[Actio
                 actions.append(Action(ActionKind.WEIGHT, *key))
             else:
                 if stage + 1 < n_stages:
-                    needed = gradients_from_next.index(key, 0) + 1
+                    needed = _position(gradient_positions, key) + 1
                     while received_gradients < needed:
-                        actions.append(Action(ActionKind.RECV_GRADIENT, *gradients_from_next[received_gradients]))
+                        message = gradients_from_next[received_gradients]
+                        actions.append(Action(ActionKind.RECV_GRADIENT, *message))
                         received_gradients += 1
                 actions.append(Action(ActionKind.BACKWARD, *key))
                 if stage > 0:
