@@ -117,14 +117,14 @@ class EdgeRule:
         if task.kind is not self.after:
             return None
         stage, chunk = task.stage + self.stage_offset, task.chunk + self.chunk_offset
-        return _inside(TaskId(self.before, stage, task.microbatch, chunk), n_stages, n_chunks)
+        return TaskId(self.before, stage, task.microbatch, chunk) if _inside(stage, chunk, n_stages, n_chunks) else None
 
     def successor(self, task: TaskId, n_stages: int, n_chunks: int) -> TaskId | None:
         """The task that waits for ``task`` by this rule, or None: the exact inverse of :meth:`predecessor`."""
         if task.kind is not self.before:
             return None
         stage, chunk = task.stage - self.stage_offset, task.chunk - self.chunk_offset
-        return _inside(TaskId(self.after, stage, task.microbatch, chunk), n_stages, n_chunks)
+        return TaskId(self.after, stage, task.microbatch, chunk) if _inside(stage, chunk, n_stages, n_chunks) else None
 
     def joins(self, source: TaskId, destination: TaskId) -> bool:
         """Whether the edge ``source -> destination`` is one of this rule's (in a graph large enough to hold both)."""
@@ -141,8 +141,8 @@ def _shifted(index: str, offset: int) -> str:
     return index if offset == 0 else f"{index}{offset:+d}"
 
 
-def _inside(task: TaskId, n_stages: int, n_chunks: int) -> TaskId | None:
-    return task if 0 <= task.stage < n_stages and 0 <= task.chunk < n_chunks else None
+def _inside(stage: int, chunk: int, n_stages: int, n_chunks: int) -> bool:
+    return 0 <= stage < n_stages and 0 <= chunk < n_chunks
 
 
 class EdgeRules:
@@ -198,22 +198,24 @@ class EdgeRules:
         self, task: TaskId, n_stages: int, n_chunks: int, split_backward: bool
     ) -> list[tuple[TaskId, EdgeRule]]:
         """Every task ``task`` waits for, with the rule that makes it wait, in table order."""
-        result = []
+        kind, result = task.kind, []
         for rule in self._applicable[bool(split_backward)]:
-            earlier = rule.predecessor(task, n_stages, n_chunks)
-            if earlier is not None:
-                result.append((earlier, rule))
+            if rule.after is kind:  # what rule.predecessor checks first, without the call
+                earlier = rule.predecessor(task, n_stages, n_chunks)
+                if earlier is not None:
+                    result.append((earlier, rule))
         return result
 
     def successors(
         self, task: TaskId, n_stages: int, n_chunks: int, split_backward: bool
     ) -> list[tuple[TaskId, EdgeRule]]:
         """Every task that waits for ``task``, with the rule that makes it wait, in table order."""
-        result = []
+        kind, result = task.kind, []
         for rule in self._applicable[bool(split_backward)]:
-            later = rule.successor(task, n_stages, n_chunks)
-            if later is not None:
-                result.append((later, rule))
+            if rule.before is kind:  # what rule.successor checks first, without the call
+                later = rule.successor(task, n_stages, n_chunks)
+                if later is not None:
+                    result.append((later, rule))
         return result
 
     def edge_rule(self, source: TaskId, destination: TaskId) -> EdgeRule | None:
