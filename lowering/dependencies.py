@@ -28,7 +28,7 @@ that extends the table sees all of them follow. A new dependency is a new
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 
@@ -114,17 +114,22 @@ class EdgeRule:
 
     def predecessor(self, task: TaskId, n_stages: int, n_chunks: int) -> TaskId | None:
         """The task this rule makes ``task`` wait for, or None (another kind, or a position outside the graph)."""
-        if task.kind is not self.after:
-            return None
-        stage, chunk = task.stage + self.stage_offset, task.chunk + self.chunk_offset
-        return TaskId(self.before, stage, task.microbatch, chunk) if _inside(stage, chunk, n_stages, n_chunks) else None
+        return self._shift(task, self.after, self.before, +1, n_stages, n_chunks)
 
     def successor(self, task: TaskId, n_stages: int, n_chunks: int) -> TaskId | None:
         """The task that waits for ``task`` by this rule, or None: the exact inverse of :meth:`predecessor`."""
-        if task.kind is not self.before:
+        return self._shift(task, self.before, self.after, -1, n_stages, n_chunks)
+
+    def _shift(
+        self, task: TaskId, kind: TaskKind, other_kind: TaskKind, sign: int, n_stages: int, n_chunks: int
+    ) -> TaskId | None:
+        """``task`` (of ``kind``) moved by ``sign`` times the rule's offsets, as ``other_kind``, if inside."""
+        if task.kind is not kind:
             return None
-        stage, chunk = task.stage - self.stage_offset, task.chunk - self.chunk_offset
-        return TaskId(self.after, stage, task.microbatch, chunk) if _inside(stage, chunk, n_stages, n_chunks) else None
+        stage, chunk = task.stage + sign * self.stage_offset, task.chunk + sign * self.chunk_offset
+        if 0 <= stage < n_stages and 0 <= chunk < n_chunks:
+            return TaskId(other_kind, stage, task.microbatch, chunk)
+        return None
 
     def joins(self, source: TaskId, destination: TaskId) -> bool:
         """Whether the edge ``source -> destination`` is one of this rule's (in a graph large enough to hold both)."""
@@ -139,10 +144,6 @@ class EdgeRule:
 
 def _shifted(index: str, offset: int) -> str:
     return index if offset == 0 else f"{index}{offset:+d}"
-
-
-def _inside(stage: int, chunk: int, n_stages: int, n_chunks: int) -> bool:
-    return 0 <= stage < n_stages and 0 <= chunk < n_chunks
 
 
 class EdgeRules:
@@ -198,24 +199,27 @@ class EdgeRules:
         self, task: TaskId, n_stages: int, n_chunks: int, split_backward: bool
     ) -> list[tuple[TaskId, EdgeRule]]:
         """Every task ``task`` waits for, with the rule that makes it wait, in table order."""
-        kind, result = task.kind, []
-        for rule in self._applicable[bool(split_backward)]:
-            if rule.after is kind:  # what rule.predecessor checks first, without the call
-                earlier = rule.predecessor(task, n_stages, n_chunks)
-                if earlier is not None:
-                    result.append((earlier, rule))
-        return result
+        return self._neighbours(EdgeRule.predecessor, task, n_stages, n_chunks, split_backward)
 
     def successors(
         self, task: TaskId, n_stages: int, n_chunks: int, split_backward: bool
     ) -> list[tuple[TaskId, EdgeRule]]:
         """Every task that waits for ``task``, with the rule that makes it wait, in table order."""
-        kind, result = task.kind, []
+        return self._neighbours(EdgeRule.successor, task, n_stages, n_chunks, split_backward)
+
+    def _neighbours(
+        self,
+        neighbour_by: Callable[[EdgeRule, TaskId, int, int], TaskId | None],
+        task: TaskId,
+        n_stages: int,
+        n_chunks: int,
+        split_backward: bool,
+    ) -> list[tuple[TaskId, EdgeRule]]:
+        result = []
         for rule in self._applicable[bool(split_backward)]:
-            if rule.before is kind:  # what rule.successor checks first, without the call
-                later = rule.successor(task, n_stages, n_chunks)
-                if later is not None:
-                    result.append((later, rule))
+            neighbour = neighbour_by(rule, task, n_stages, n_chunks)
+            if neighbour is not None:
+                result.append((neighbour, rule))
         return result
 
     def edge_rule(self, source: TaskId, destination: TaskId) -> EdgeRule | None:
