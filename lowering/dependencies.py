@@ -14,16 +14,19 @@ rules join (so a split backward, the only graph with a ``B -> W`` rule, is the
 only graph with ``W`` tasks).
 
 Because a rule is a shift, its inverse is the opposite shift:
-:meth:`EdgeRule.predecessor` and :meth:`EdgeRule.successor` read the same two
-offsets, so successors are never written a second time. Everything else is
-derived from the table: the rule's formula and whether it joins two tasks of
-one stage, the task graph (schedlang.lowering.graph), the legality checker's
-numbered predecessors, successors and waiting counts
-(schedlang.lowering.legality), and the DOT exporter's edge classes
-(schedlang.lowering.export.dot). Each of those takes the table as a parameter
-(``rules``), :data:`EDGE_RULES` by default, so a caller, a test among them,
-that extends the table sees all of them follow. A new dependency is a new
-:class:`Dependency` member and a new row here, and nothing else.
+:meth:`EdgeRule.predecessor` and :meth:`EdgeRule.successor` apply the same two
+offsets with opposite signs, so successors are never written a second time,
+and :meth:`EdgeRule.joins` (which rule an edge is) asks the predecessor too.
+Everything else is derived from the table (:class:`EdgeRules`, which indexes
+the rows once, like tinygrad's ``PatternMatcher``): each rule's formula, origin
+and whether it joins two tasks of one stage; the task graph and its arithmetic
+neighbours (schedlang.lowering.graph); the legality checker's numbered
+predecessors, successors and waiting counts (schedlang.lowering.legality); the
+DOT exporter's edge classes (schedlang.lowering.export.dot). Each of those
+takes the table as a parameter (``rules``), :data:`EDGE_RULES` by default, so
+a caller that extends it (``EDGE_RULES + (rule,)``; a test does) sees all of
+them follow. A new dependency is a new :class:`Dependency` member and a new
+row here, and nothing else.
 """
 
 from __future__ import annotations
@@ -132,14 +135,11 @@ class EdgeRule:
         return None
 
     def joins(self, source: TaskId, destination: TaskId) -> bool:
-        """Whether the edge ``source -> destination`` is one of this rule's (in a graph large enough to hold both)."""
-        return (
-            source.kind is self.before
-            and destination.kind is self.after
-            and source.microbatch == destination.microbatch
-            and source.stage == destination.stage + self.stage_offset
-            and source.chunk == destination.chunk + self.chunk_offset
-        )
+        """Whether ``source -> destination`` is an edge of this rule: ``source`` is the task :meth:`predecessor`
+        gives for ``destination`` in a graph just large enough to hold both."""
+        n_stages = max(source.stage, destination.stage) + 1
+        n_chunks = max(source.chunk, destination.chunk) + 1
+        return self.predecessor(destination, n_stages, n_chunks) == source
 
 
 def _shifted(index: str, offset: int) -> str:
