@@ -1,5 +1,8 @@
 """The legality pass: are the per-stage program orders a legal, deadlock-free schedule?
 
+(One module over 500 lines: the report types, the four checks and the deadlock's cycle and step grid all
+work on the private task numbering below, which no other pass should see.)
+
 Input: the dimensions (stages P, microbatches M, chunks N), whether the
 backward is split (``pipeline { split_backward = true }``: every ``(r, a, i)``
 then also has a ``W`` task, which must follow its ``B``; [Note: split
@@ -159,10 +162,10 @@ class _TaskNumbering:
 
     Each number's predecessors and successors are the rule table's ([Note: edge rules] in
     schedlang.lowering.dependencies), kept as differences of numbers (with the rule, for predecessors,
-    whose messages name it). A rule shifts the
-    stage and the chunk and never the microbatch, so whether a neighbour lies inside the graph depends only
-    on a task's kind, stage and chunk: the table is asked once per such class, about its microbatch-0 task,
-    and the M tasks of the class share the answer. That keeps the numbering linear in tasks + edges.
+    whose messages name it). A rule shifts the stage and the chunk and never the microbatch, so whether a
+    neighbour lies inside the graph depends only on a task's kind, stage and chunk: the table is asked once
+    per such class, about its microbatch-0 task, and the M tasks of the class share the answer. That keeps
+    the numbering linear in tasks + edges.
     """
 
     def __init__(self, dimensions: _Dimensions, rules: EdgeRules) -> None:
@@ -179,12 +182,12 @@ class _TaskNumbering:
         """Per number: where each predecessor is (its number minus this one) and the rule that links them."""
         self.successor_differences: list[tuple[int, ...]] = []
         """Per number: where each successor is (its number minus this one)."""
+        split = dimensions.split_backward
         for kind in self.kinds:
             for stage in range(n_stages):
                 predecessor_row, successor_row = [], []
                 for chunk in range(n_chunks):
                     task = TaskId(kind, stage, 0, chunk)
-                    split = dimensions.split_backward
                     predecessor_row.append(self._steps(task, rules.predecessors(task, n_stages, n_chunks, split)))
                     successors = self._steps(task, rules.successors(task, n_stages, n_chunks, split))
                     successor_row.append(tuple(difference for difference, _ in successors))
