@@ -79,6 +79,7 @@ class Applies(Enum):
     SPLIT_BACKWARD = "split_backward"  # only with pipeline { split_backward = true }
 
     def holds(self, split_backward: bool) -> bool:
+        """Whether a rule that applies this way holds in a graph that does (or does not) split its backward."""
         return self is Applies.ALWAYS or split_backward
 
     @property
@@ -158,15 +159,15 @@ class EdgeRules:
     def __init__(self, *rules: EdgeRule) -> None:
         self.rules = rules
         shapes: dict[tuple[TaskKind, TaskKind, int, int], EdgeRule] = {}
-        names: set[Dependency] = set()
+        self._by_dependency: dict[Dependency, EdgeRule] = {}
         for rule in self.rules:
             shape = (rule.before, rule.after, rule.stage_offset, rule.chunk_offset)
             if shape in shapes:
                 raise ValueError(f"{rule.dependency} joins the same tasks as {shapes[shape].dependency}")
-            if rule.dependency in names:
+            if rule.dependency in self._by_dependency:
                 raise ValueError(f"two rules are named {rule.dependency}")
             shapes[shape] = rule
-            names.add(rule.dependency)
+            self._by_dependency[rule.dependency] = rule
         self._applicable = {split: tuple(r for r in self.rules if r.applies.holds(split)) for split in (False, True)}
         self._kinds = {
             split: tuple(kind for kind in TaskKind if any(kind in (r.before, r.after) for r in applicable))
@@ -183,8 +184,8 @@ class EdgeRules:
         return EdgeRules(*self.rules, *more)
 
     def rule(self, dependency: Dependency) -> EdgeRule:
-        """The row named ``dependency``."""
-        return next(rule for rule in self.rules if rule.dependency is dependency)
+        """The row named ``dependency`` (KeyError if none is)."""
+        return self._by_dependency[dependency]
 
     def applicable(self, split_backward: bool) -> tuple[EdgeRule, ...]:
         """The rules that hold in a graph that does (or does not) split its backward, in table order."""

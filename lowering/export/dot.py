@@ -59,12 +59,10 @@ _NODE_FILL: dict[TaskKind, str] = {
     TaskKind.WEIGHT: "#d9ead3",
 }
 
-_KIND_RANK = {TaskKind.FORWARD: 0, TaskKind.BACKWARD: 1, TaskKind.WEIGHT: 2}
+_KIND_RANK = {kind: rank for rank, kind in enumerate(TaskKind)}  # F, B, W: the order TaskKind declares
 
 
-def classify_edge(
-    source: TaskId, destination: TaskId, rules: EdgeRules = EDGE_RULES
-) -> Dependency | None:
+def classify_edge(source: TaskId, destination: TaskId, rules: EdgeRules = EDGE_RULES) -> Dependency | None:
     """The constraint of the rule table ([Note: edge rules]: Eq. 8 and the split backward's ``B -> W``) that an
     edge ``source -> destination`` encodes, or None if it is none."""
     rule = rules.edge_rule(source, destination)
