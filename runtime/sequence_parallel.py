@@ -5,16 +5,14 @@ The tokens of one span are split contiguously over the ``P`` ranks of a group
 formulation, as phases of the single-device operator ([Note: span phases] in
 ``schedlang.kernels.common.function``):
 
-1. each rank prepares its chunks (gate sums and per-chunk state updates) and
-   scans them from a zero state, exactly as one device would; the scan's last
-   value is ``S_local(p)``, its final state from zero, and
-   ``gamma(p) = exp(sum of g over its tokens)`` (per key row for ``gla``, one
-   scalar per head for ``simple_gla``);
+1. each rank prepares its chunks (gate sums and per-chunk state updates, which
+   need no state) and reads from them ``S_local(p)``, its final state from a
+   zero initial state, and ``gamma(p) = exp(sum of g over its tokens)`` (per key
+   row for ``gla``, one scalar per head for ``simple_gla``);
 2. a cross-rank scan gives the state entering each rank,
    ``S_in(0) = initial_state`` and ``S_in(p) = gamma(p-1) * S_in(p-1) + S_local(p-1)``;
-3. each rank finishes the operator from ``S_in(p)``: the output kernels add
-   ``exp(prefix decay) * S_in(p)`` to each chunk state as they load it, so its
-   outputs are exactly those of the single-device operator on the whole span.
+3. each rank finishes the operator from ``S_in(p)``: its outputs and final
+   state are exactly those of the single-device operator on the whole span.
 
 The backward mirrors it ([Note: sequence-parallel gradients]). Three methods
 implement the scan: :class:`SequenceParallelMethod`.
@@ -31,12 +29,18 @@ gradient) and ``A(p)`` the total gradient of ``S_out(p)``. Then
     d initial_state = B(0)
 
 which is the same decayed scan run from the last rank down, with local term
-``dS_in(p)``, the same decays, and boundary ``A(P-1)``. Each rank's backward
-scan runs from a zero final-state gradient, its last value is ``dS_in(p)``;
-each rank sends one state gradient, as many bytes as the forward, then
-finishes the operator's backward from ``S_in(p)`` and ``A(p)``: the gradients
-of its q, k, v and g, including those through ``gamma(p)``, are the
-single-device operator's.
+``dS_in(p)``, the same decays, and boundary ``A(P-1)``. Each rank sends one
+state gradient, as many bytes as the forward, then finishes the operator's
+backward from ``S_in(p)`` and ``A(p)``: the gradients of its q, k, v and g,
+including those through ``gamma(p)``, are the single-device operator's.
+
+[Note: local terms on demand]
+A rank reads its local term (``S_local`` in the forward, ``dS_in`` in the
+backward: one store-free pass over its chunk updates) only when the term
+enters the scan. In the ring and All-Scan the last rank of each direction
+sends nothing, so it scans a zero instead: on two ranks each rank reads one
+local term per step, not two. The last rank's final state is then its own
+kernel's, broadcast to the others.
 
 Contract for callers that chain spans (the pipeline runtime):
 
@@ -120,14 +124,22 @@ def scan_states(
     return allgather_scan(local, decay, boundary, position)
 
 
-def _last_carry_everywhere(result: ScanResult, config: ScanConfig, direction: ScanDirection) -> torch.Tensor:
-    """The carry leaving the last rank of the scan, on every rank (broadcast if needed)."""
+def _sends_local_term(config: ScanConfig, direction: ScanDirection) -> bool:
+    """Whether this rank's local term enters the scan: every rank's does in an all-gather, and in the
+    point-to-point methods every rank's but the last one's in the scan's direction, whose carry out goes
+    nowhere ([Note: local terms on demand])."""
+    return config.method is SequenceParallelMethod.ALLGATHER or not ScanPosition.of(config.group, direction).is_last
+
+
+def _final_state_everywhere(result: ScanResult, kernel_final_state: torch.Tensor, config: ScanConfig) -> torch.Tensor:
+    """The state after the span on every rank: the all-gather's combined value, or the last rank's own final
+    state broadcast from there."""
     if result.last_carry_out is not None:
         return result.last_carry_out
-    position = ScanPosition.of(config.group, direction)
-    carry = result.carry_out if position.is_last else torch.empty_like(result.carry_out)
-    dist.broadcast(carry, group=config.group, group_src=position.last_rank)
-    return carry
+    position = ScanPosition.of(config.group, ScanDirection.FORWARD)
+    final_state = kernel_final_state.contiguous() if position.is_last else torch.empty_like(result.carry_in)
+    dist.broadcast(final_state, group=config.group, group_src=position.last_rank)
+    return final_state
 
 
 @dataclass(frozen=True)
@@ -144,9 +156,7 @@ class SequenceParallelFunction(torch.autograd.Function):
     """``(q, k, v, g, initial_state) -> (o, final_state)`` for this rank's tokens of a span split over the group.
 
     Shapes as :func:`sequence_parallel_chunk_gla`; ``final_state`` is None unless
-    ``config.scan.output_final_state``. Each rank runs the operator's phases ([Note: span phases]): prepare and
-    scan its chunks from zero, pass the scan's last value through the cross-rank scan, and finish from the
-    state that scan hands back. Backward: [Note: sequence-parallel gradients].
+    ``config.scan.output_final_state``. Backward: [Note: sequence-parallel gradients].
     """
 
     @staticmethod
@@ -155,29 +165,25 @@ class SequenceParallelFunction(torch.autograd.Function):
         group = config.scan.group
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         prepared = implementation.prepare_forward(q, k, v, g)
-        boundary = initial_state if rank == 0 else None
-        final_state = None
-        decay = None
-        if size == 1:
-            state_in = boundary
-            scanned = implementation.scan_forward(prepared, state_in)
-            o, kernel_final_state, saved_states = implementation.finish_forward(
-                prepared, scanned, q, k, v, g, config.scale, None, config.save_states
-            )
-            if config.scan.output_final_state:
-                final_state = kernel_final_state
-        else:
-            scanned = implementation.scan_forward(prepared, None)
-            decay = _decay_view(implementation.total_log_decay(prepared).exp())
-            if boundary is not None:
-                boundary = boundary.to(decay.dtype)
-            result = scan_states(scanned.final_state, decay, boundary, config.scan, ScanDirection.FORWARD)
-            state_in = boundary if rank == 0 else result.carry_in
-            if config.scan.output_final_state:
-                final_state = _last_carry_everywhere(result, config.scan, ScanDirection.FORWARD)
-            o, _, saved_states = implementation.finish_forward(
-                prepared, scanned, q, k, v, g, config.scale, state_in, config.save_states
-            )
+        decay = _decay_view(implementation.total_log_decay(prepared).exp())
+        boundary = initial_state.to(decay.dtype) if (initial_state is not None and rank == 0) else None
+        state_in, final_state = boundary, None
+        result = None
+        if size > 1:
+            if _sends_local_term(config.scan, ScanDirection.FORWARD):
+                local_state = implementation.local_final_state(prepared)
+            else:
+                local_state = _zero_state(q, v, decay.dtype)
+            result = scan_states(local_state, decay, boundary, config.scan, ScanDirection.FORWARD)
+            if rank > 0:
+                state_in = result.carry_in
+        o, kernel_final_state, saved_states = implementation.finish_forward(
+            prepared, q, k, v, g, config.scale, state_in, config.save_states
+        )
+        if config.scan.output_final_state:
+            final_state = kernel_final_state
+            if result is not None:
+                final_state = _final_state_everywhere(result, kernel_final_state, config.scan)
         ctx.config = config
         ctx.initial_state_given = initial_state is not None
         ctx.save_for_backward(q, k, v, g, state_in, decay, saved_states)
@@ -192,33 +198,35 @@ class SequenceParallelFunction(torch.autograd.Function):
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         do = (grad_output if grad_output is not None else torch.zeros_like(v)).contiguous()
         prepared = implementation.prepare_backward(q, k, v, g, do, config.scale, saved_states)
-        if size == 1:
-            scanned = implementation.scan_backward(prepared, state_in, grad_final_state, saved_states)
-            dq, dk, dv, dg, d_initial = implementation.finish_backward(
-                prepared, scanned, q, k, v, g, config.scale, do, None, None
-            )
-        else:
-            scanned = implementation.scan_backward(prepared, None, None, saved_states)
+        if config.scan.output_final_state and grad_final_state is None:
+            grad_final_state = torch.zeros(decay.shape[:2] + (q.shape[-1], v.shape[-1]), dtype=decay.dtype, device=q.device)
+        state_out_grad = grad_final_state
+        if size > 1:
             position = ScanPosition.of(group, ScanDirection.REVERSE)
             boundary = None
             if config.scan.output_final_state:
                 # final_state was a broadcast from the last rank: its adjoint sums every rank's gradient there.
-                if grad_final_state is None:
-                    boundary = torch.zeros_like(scanned.initial_grad, dtype=decay.dtype)
-                else:
-                    boundary = grad_final_state.to(decay.dtype).contiguous().clone()
+                boundary = grad_final_state.to(decay.dtype).contiguous().clone()
                 dist.reduce(boundary, group=group, group_dst=position.first_rank)
                 if not position.is_first:
                     boundary = None
-            local_grad = scanned.initial_grad.to(decay.dtype)
+            if _sends_local_term(config.scan, ScanDirection.REVERSE):
+                local_grad = implementation.local_initial_state_gradient(prepared)
+            else:
+                local_grad = _zero_state(q, v, decay.dtype)
             result = scan_states(local_grad, decay, boundary, config.scan, ScanDirection.REVERSE)
-            dq, dk, dv, dg, d_initial = implementation.finish_backward(
-                prepared, scanned, q, k, v, g, config.scale, do, state_in, result.carry_in
-            )
+            state_out_grad = result.carry_in
+        dq, dk, dv, dg, d_initial = implementation.finish_backward(
+            prepared, q, k, v, g, config.scale, state_in, do, state_out_grad, saved_states
+        )
         grad_initial_state = None
         if ctx.initial_state_given:
             grad_initial_state = d_initial if rank == 0 else torch.zeros_like(d_initial)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), grad_initial_state, None
+
+
+def _zero_state(q: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[3], dtype=dtype, device=q.device)
 
 
 def _decay_view(gamma: torch.Tensor) -> torch.Tensor:

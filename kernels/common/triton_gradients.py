@@ -6,8 +6,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from schedlang.kernels.common.triton_incoming import add_incoming
-
 
 @triton.jit
 def chunk_score_gradients(
@@ -29,14 +27,10 @@ def chunk_score_gradients(
 @triton.jit
 def chunk_state_products(
     do, v, states, state_grads, value_base, chunk_offset, i_n, key_start, T,
-    incoming_state, state_weight, incoming_grad, grad_weight, i_bh, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    SCALAR_GATE: tl.constexpr, CORRECT_STATES: tl.constexpr, CORRECT_GRADS: tl.constexpr,
 ):
     """For keys [key_start, key_start + BK): do S_n^T and v dS^T ([BT, BK]) and sum_v(S_n * dS) ([BK]), with S_n
-    the state entering the chunk and dS the gradient of the state leaving it ([K, V] each at chunk_offset).
-    With CORRECT_STATES / CORRECT_GRADS the stored ones are local and the incoming terms are added as they load
-    (kernels/common/triton_incoming.py)."""
+    the state entering the chunk and dS the gradient of the state leaving it ([K, V] each at chunk_offset)."""
     b_do_s = tl.zeros([BT, BK], dtype=tl.float32)
     b_v_ds = tl.zeros([BT, BK], dtype=tl.float32)
     b_s_ds = tl.zeros([BK], dtype=tl.float32)
@@ -50,10 +44,6 @@ def chunk_state_products(
         b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
         b_ht = tl.load(p_ht, boundary_check=(0, 1))
         b_dht = tl.load(p_dht, boundary_check=(0, 1))
-        if CORRECT_STATES:
-            b_ht = add_incoming(b_ht, incoming_state, state_weight, i_bh, i_n, NT, key_start, i_v * BV, K, V, BK, BV, SCALAR_GATE, True)
-        if CORRECT_GRADS:
-            b_dht = add_incoming(b_dht, incoming_grad, grad_weight, i_bh, i_n, NT, key_start, i_v * BV, K, V, BK, BV, SCALAR_GATE, True)
         b_do_s += tl.dot(b_do.to(b_ht.dtype), b_ht)
         b_v_ds += tl.dot(b_v.to(b_dht.dtype), b_dht)
         b_s_ds += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)

@@ -8,7 +8,12 @@ from schedlang.kernels.common import Backend, check_recurrence_arguments, resolv
 from schedlang.kernels.common.function import ChunkRecurrenceFunction, Implementation, torch_implementation
 from schedlang.kernels.gla import chunk_torch
 
-TORCH_IMPLEMENTATION = torch_implementation(chunk_torch)
+TORCH_IMPLEMENTATION = torch_implementation(
+    chunk_torch.chunk_gla_forward,
+    chunk_torch.chunk_states,
+    chunk_torch.chunk_state_gradients,
+    chunk_torch.intra_chunk_gradients,
+)
 
 
 def _triton_implementation() -> Implementation:

@@ -21,16 +21,17 @@ import torch
 import triton
 import triton.language as tl
 
-from schedlang.kernels.common.function import Implementation, ScannedBackward, ScannedForward
+from schedlang.kernels.common.function import Implementation
 from schedlang.kernels.common.launch_tables import register_launch_table
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, next_power_of_2, states_dtype
-from schedlang.kernels.common.triton_incoming import IncomingTerms
 from schedlang.kernels.common.triton_scan import (
     PreparedChunks,
+    chunk_state_scan,
+    local_final_state,
+    local_initial_state_gradient,
     new_output,
     prepare_chunks,
-    scan_backward,
-    scan_forward,
+    recurrence_gradients,
     total_log_decay,
 )
 from schedlang.kernels.gla.triton_smooth import (
@@ -225,29 +226,24 @@ def prepare_forward(q, k, v, g) -> PreparedChunks:
     return prepare_chunks(gates_and_updates, _chunk_gate, g, k, v)
 
 
-def finish_forward(prepared: PreparedChunks, scanned: ScannedForward, q, k, v, g, scale, incoming_state, save_states=False):
+def finish_forward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, save_states=False):
     q, k, v, g = _contiguous(q, k, v, g)
     args = _launch_args(q, v)
     batch, _, heads, _ = q.shape
     span_limit = smooth_span_limit(q.dtype)
     gates = prepared.gates
-    states = scanned.states
-    incoming = IncomingTerms.of(gates.total, state=incoming_state)
-    final_state = scanned.final_state
-    if incoming_state is not None:
-        final_state = final_state + incoming.decayed(incoming.state)
+    states, final_state = chunk_state_scan(prepared.updates, gates.total, initial_state, states_dtype(k.dtype), reverse=False)
     output = new_output(v.shape, v.dtype, v.device)
     launch = LAUNCH["smooth_output"]
     smooth_args = dict(args, BK=block_size(args["K"], launch["block_k"]), BV=block_size(args["V"], launch["block_v"]))
     gla_fwd_kernel_smooth_output[(cdiv(args["V"], smooth_args["BV"]), args["NT"], batch * heads)](
         q, k, v, gates.cumsum, gates.mid, gates.span, states, output, scale, span_limit, **smooth_args,
-        **incoming.state_args(states), **launch_options(launch),
+        **launch_options(launch),
     )
     scores = intra_scores(q, k, gates, scale, span_limit)
     n_all = batch * heads * args["NT"]
     gla_fwd_kernel_output[steep_grid(n_all, cdiv(args["V"], args["BV"]))](
-        q, v, gates.cumsum, gates.span, states, scores, output, scale, span_limit, n_all=n_all, CG=STEEP_GROUP, **args,
-        **incoming.state_args(states),
+        q, v, gates.cumsum, gates.span, states, scores, output, scale, span_limit, n_all=n_all, CG=STEEP_GROUP, **args
     )
     return output, final_state, (states if save_states else None)
 
@@ -257,19 +253,16 @@ def prepare_backward(q, k, v, g, do, scale, saved_states=None) -> PreparedChunks
     return prepare_chunks(gates_and_updates, _chunk_gate, g, k, v, q, do, scale, saved_states)
 
 
-def finish_backward(
-    prepared: PreparedChunks, scanned: ScannedBackward, q, k, v, g, scale, do, incoming_state, incoming_state_grad
-):
+def finish_backward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None):
     q, k, v, g, do = _contiguous(q, k, v, g, do)
     args = _launch_args(q, v)
     batch, length, heads, key_dim = q.shape
     n_chunks = args["NT"]
     span_limit = smooth_span_limit(q.dtype)
     gates = prepared.gates
-    states, state_grads, initial_grad = scanned.states, scanned.state_grads, scanned.initial_grad
-    incoming = IncomingTerms.of(gates.total, state=incoming_state, grad=incoming_state_grad)
-    if incoming_state_grad is not None:
-        initial_grad = initial_grad + incoming.decayed(incoming.grad)
+    states, state_grads, initial_grad = recurrence_gradients(
+        prepared, initial_state, final_state_grad, saved_states, states_dtype(k.dtype)
+    )
     dv = new_output(v.shape, v.dtype, v.device)
     dq = new_output(q.shape, q.dtype, q.device)
     dk = new_output(k.shape, k.dtype, k.device)
@@ -280,22 +273,21 @@ def finish_backward(
     smooth_args = dict(args, BK=block_size(key_dim, launch["block_k"]), BV=block_size(args["V"], launch["block_v"]))
     gla_bwd_kernel_smooth_dv[(cdiv(args["V"], smooth_args["BV"]), n_chunks, batch * heads)](
         q, k, do, gates.cumsum, gates.total, gates.mid, gates.span, state_grads, dv, scale, span_limit,
-        **smooth_args, **incoming.grad_args(state_grads), **launch_options(launch),
+        **smooth_args, **launch_options(launch),
     )
     launch = LAUNCH["smooth_dqkg"]
     dqkg_args = dict(args, BK=block_size(key_dim, launch["block_k"]), BV=block_size(args["V"], launch["block_v"]))
     key_splits = min(launch["key_splits"], cdiv(key_dim, dqkg_args["BK"]))
     gla_bwd_kernel_smooth_dqkg[(n_chunks, batch * heads, key_splits)](
         q, k, v, do, gates.cumsum, gates.total, gates.mid, gates.span, states, state_grads, dq, dk, dg,
-        scale, span_limit, KS=key_splits, **dqkg_args, **incoming.state_args(states), **incoming.grad_args(state_grads),
-        **launch_options(launch),
+        scale, span_limit, KS=key_splits, **dqkg_args, **launch_options(launch),
     )
     # steep chunks: sub-chunk scores, then dv, the intra-chunk dq/dk and the state terms
     scores = intra_scores(q, k, gates, scale, span_limit)
     score_grads = new_output((batch, length, heads, CHUNK), torch.float32, q.device)
     gla_bwd_kernel_dv[steep_grid(n_all, cdiv(args["V"], args["BV"]))](
         k, v, do, gates.cumsum, gates.total, gates.span, scores, state_grads, dv, score_grads, scale, span_limit,
-        n_all=n_all, CG=STEEP_GROUP, **args, **incoming.grad_args(state_grads),
+        n_all=n_all, CG=STEEP_GROUP, **args,
     )
     dq_intra = new_output(q.shape, torch.float32, q.device)
     dk_intra = new_output(q.shape, torch.float32, q.device)
@@ -307,13 +299,12 @@ def finish_backward(
     )
     gla_bwd_kernel_inter[steep_grid(n_all, cdiv(key_dim, args["BK"]))](
         q, k, v, do, gates.cumsum, gates.total, gates.span, states, state_grads, dq_intra, dk_intra, dq, dk, dg,
-        scale, span_limit, n_all=n_all, CG=STEEP_GROUP, **args, **incoming.state_args(states),
-        **incoming.grad_args(state_grads),
+        scale, span_limit, n_all=n_all, CG=STEEP_GROUP, **args,
     )
     return dq, dk, dv, dg, initial_grad
 
 
 TRITON_IMPLEMENTATION = Implementation(
-    "triton", prepare_forward, scan_forward, finish_forward, prepare_backward, scan_backward, finish_backward,
-    total_log_decay,
+    "triton", prepare_forward, finish_forward, prepare_backward, finish_backward,
+    local_final_state, local_initial_state_gradient, total_log_decay,
 )

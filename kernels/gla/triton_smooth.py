@@ -11,8 +11,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from schedlang.kernels.common.triton_incoming import add_incoming
-
 from schedlang.kernels.common.triton_gradients import chunk_score_gradients, chunk_state_products
 from schedlang.kernels.gla.triton_shared import chunk_is_smooth, store_key_gradients
 
@@ -39,9 +37,9 @@ def smooth_gated_block(
 
 @triton.jit
 def gla_fwd_kernel_smooth_output(
-    q, k, v, gate_cumsum, gate_mid, gate_span, states, output, scale, span_limit, T, NT, incoming_state, state_weight,
+    q, k, v, gate_cumsum, gate_mid, gate_span, states, output, scale, span_limit, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    KP: tl.constexpr, CORRECT_STATES: tl.constexpr,
+    KP: tl.constexpr,
 ):
     # o = scale * (q * exp(gc)) S_n + (causal A) v with A = scale * (q * exp(gc - mid)) (k * exp(mid - gc))^T.
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -60,8 +58,6 @@ def gla_fwd_kernel_smooth_output(
         )
         p_h = tl.make_block_ptr(state_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
         b_h = tl.load(p_h, boundary_check=(0, 1))
-        if CORRECT_STATES:
-            b_h = add_incoming(b_h, incoming_state, state_weight, i_bh, i_n, NT, i_k * BK, i_v * BV, K, V, BK, BV, False, False)
         # the transpose of a gated input, not of a product's accumulator (see the module docstring)
         b_scores += tl.dot(b_qg, tl.trans(b_kg))
         b_o += tl.dot((b_q * tl.exp(b_gc)).to(b_h.dtype), b_h)
@@ -76,9 +72,8 @@ def gla_fwd_kernel_smooth_output(
 @triton.jit
 def gla_bwd_kernel_smooth_dv(
     q, k, do, gate_cumsum, chunk_gate, gate_mid, gate_span, state_grads, dv, scale, span_limit, T, NT,
-    incoming_grad, grad_weight,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    KP: tl.constexpr, CORRECT_GRADS: tl.constexpr,
+    KP: tl.constexpr,
 ):
     # dv = (causal A)^T do + (k * exp(gl - gc)) dS_leaving; A^T is formed directly as
     # (k * exp(mid - gc)) (q * exp(gc - mid))^T, never by transposing a product.
@@ -99,8 +94,6 @@ def gla_bwd_kernel_smooth_dv(
         )
         p_dh = tl.make_block_ptr(grad_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
         b_dh = tl.load(p_dh, boundary_check=(0, 1))
-        if CORRECT_GRADS:
-            b_dh = add_incoming(b_dh, incoming_grad, grad_weight, i_bh, i_n, NT, i_k * BK, i_v * BV, K, V, BK, BV, False, False)
         o_k = i_k * BK + tl.arange(0, BK)
         b_gl = tl.load(chunk_gate + (i_bh * NT + i_n) * K + o_k, mask=o_k < K, other=0.0)
         b_scores_t += tl.dot(b_kg, tl.trans(b_qg))
@@ -117,16 +110,14 @@ def gla_bwd_kernel_smooth_dv(
 @triton.jit
 def _smooth_dqkg_block(
     q, k, do, v, gate_cumsum, chunk_gate, gate_mid, states, state_grads, dq, dk, dg, b_dscores, b_dscores_t,
-    scale, row_valid, i_n, i_k, i_bh, T, NT, incoming_state, state_weight, incoming_grad, grad_weight,
+    scale, row_valid, i_n, i_k, i_bh, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    CORRECT_STATES: tl.constexpr, CORRECT_GRADS: tl.constexpr,
 ):
     # dq, dk and dg of keys [i_k * BK, ...) of chunk i_n, given the chunk's masked, scaled dA and dA^T
     i_b, i_h = i_bh // H, i_bh % H
     b_dq, b_dk, b_boundary = chunk_state_products(
         do, v, states, state_grads, i_b * T * H * V + i_h * V, (i_bh * NT + i_n).to(tl.int64) * K * V, i_n,
-        i_k * BK, T, incoming_state, state_weight, incoming_grad, grad_weight, i_bh, NT, H, K, V, BT, BK, BV,
-        False, CORRECT_STATES, CORRECT_GRADS,
+        i_k * BK, T, H, K, V, BT, BK, BV,
     )
     base = i_b * T * H * K + i_h * K
     o_k = i_k * BK + tl.arange(0, BK)
@@ -155,9 +146,9 @@ def _smooth_dqkg_block(
 @triton.jit
 def gla_bwd_kernel_smooth_dqkg(
     q, k, v, do, gate_cumsum, chunk_gate, gate_mid, gate_span, states, state_grads, dq, dk, dg,
-    scale, span_limit, T, NT, incoming_state, state_weight, incoming_grad, grad_weight,
+    scale, span_limit, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    KP: tl.constexpr, KS: tl.constexpr, CORRECT_STATES: tl.constexpr, CORRECT_GRADS: tl.constexpr,
+    KP: tl.constexpr, KS: tl.constexpr,
 ):
     # One program per smooth chunk and split of the keys (grid axis 2, KS splits). dA = scale * do v^T
     # (causal) and dA^T = scale * v do^T (formed directly), once per program; then for each block of keys:
@@ -178,6 +169,5 @@ def gla_bwd_kernel_smooth_dqkg(
         if i_k // tl.cdiv(tl.cdiv(K, BK), KS) == i_split:
             _smooth_dqkg_block(
                 q, k, do, v, gate_cumsum, chunk_gate, gate_mid, states, state_grads, dq, dk, dg, b_dscores, b_dscores_t,
-                scale, row_valid, i_n, i_k, i_bh, T, NT, incoming_state, state_weight, incoming_grad, grad_weight,
-                H, K, V, BT, BK, BV, CORRECT_STATES, CORRECT_GRADS,
+                scale, row_valid, i_n, i_k, i_bh, T, NT, H, K, V, BT, BK, BV,
             )

@@ -11,8 +11,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from schedlang.kernels.common.triton_incoming import add_incoming
-
 from schedlang.kernels.common.triton_gradients import chunk_state_products
 from schedlang.kernels.gla.triton_shared import chunk_is_steep, group_has_steep_chunk, store_key_gradients
 
@@ -86,9 +84,9 @@ def gla_fwd_kernel_intra_scores(
 
 @triton.jit
 def gla_fwd_kernel_output(
-    q, v, gate_cumsum, gate_span, states, scores, output, scale, span_limit, T, NT, n_all, incoming_state, state_weight,
+    q, v, gate_cumsum, gate_span, states, scores, output, scale, span_limit, T, NT, n_all,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    KP: tl.constexpr, CG: tl.constexpr, CORRECT_STATES: tl.constexpr,
+    KP: tl.constexpr, CG: tl.constexpr,
 ):
     # The output of a steep chunk from its sub-chunk scores.
     i_group, i_v = tl.program_id(0), tl.program_id(1)
@@ -108,10 +106,6 @@ def gla_fwd_kernel_output(
                     b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
                     b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
                     b_h = tl.load(p_h, boundary_check=(0, 1))
-                    if CORRECT_STATES:
-                        b_h = add_incoming(
-                            b_h, incoming_state, state_weight, i_bh, i_n, NT, i_k * BK, i_v * BV, K, V, BK, BV, False, False
-                        )
                     b_o += tl.dot((b_q * tl.exp(b_gc)).to(b_h.dtype), b_h)
                 b_o *= scale
                 o_t = tl.arange(0, BT)
@@ -128,9 +122,8 @@ def gla_fwd_kernel_output(
 @triton.jit
 def gla_bwd_kernel_dv(
     k, v, do, gate_cumsum, chunk_gate, gate_span, scores, state_grads, dv, score_grads, scale, span_limit, T, NT, n_all,
-    incoming_grad, grad_weight,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    KP: tl.constexpr, CG: tl.constexpr, CORRECT_GRADS: tl.constexpr,
+    KP: tl.constexpr, CG: tl.constexpr,
 ):
     # Steep chunks: dv = scores^T do + (k * exp(gl - gc)) dS_leaving; the program with i_v == 0 also writes
     # score_grads = scale * do v^T (causal), used by the intra-chunk dq/dk.
@@ -161,10 +154,6 @@ def gla_bwd_kernel_dv(
                     b_gc = tl.load(p_gc, boundary_check=(0, 1), padding_option="zero")
                     b_gl = tl.load(chunk_gate + (i_bh * NT + i_n) * K + o_k, mask=o_k < K, other=0.0)
                     b_dh = tl.load(p_dh, boundary_check=(0, 1))
-                    if CORRECT_GRADS:
-                        b_dh = add_incoming(
-                            b_dh, incoming_grad, grad_weight, i_bh, i_n, NT, i_k * BK, i_v * BV, K, V, BK, BV, False, False
-                        )
                     b_dv += tl.dot((b_k * tl.exp(b_gl[None, :] - b_gc)).to(b_dh.dtype), b_dh)
                 p_dv = tl.make_block_ptr(dv + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
                 tl.store(p_dv, b_dv.to(p_dv.dtype.element_ty), boundary_check=(0, 1))
@@ -276,9 +265,9 @@ def gla_bwd_kernel_intra(
 @triton.jit
 def gla_bwd_kernel_inter(
     q, k, v, do, gate_cumsum, chunk_gate, gate_span, states, state_grads, dq_intra, dk_intra, dq, dk, dg,
-    scale, span_limit, T, NT, n_all, incoming_state, state_weight, incoming_grad, grad_weight,
+    scale, span_limit, T, NT, n_all,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    KP: tl.constexpr, CG: tl.constexpr, CORRECT_STATES: tl.constexpr, CORRECT_GRADS: tl.constexpr,
+    KP: tl.constexpr, CG: tl.constexpr,
 ):
     # Steep chunks: adds the state terms to dq/dk and forms
     # dg = reverse-cumsum_in_chunk(q dq - k dk) + sum_v(S_{n+1} dS_{n+1}).
@@ -291,9 +280,7 @@ def gla_bwd_kernel_inter(
                 o_k = i_k * BK + tl.arange(0, BK)
                 chunk_offset = (i_bh * NT + i_n).to(tl.int64) * K * V
                 b_dq, b_dk, b_boundary = chunk_state_products(
-                    do, v, states, state_grads, i_b * T * H * V + i_h * V, chunk_offset, i_n, i_k * BK, T,
-                    incoming_state, state_weight, incoming_grad, grad_weight, i_bh, NT, H, K, V, BT, BK, BV,
-                    False, CORRECT_STATES, CORRECT_GRADS,
+                    do, v, states, state_grads, i_b * T * H * V + i_h * V, chunk_offset, i_n, i_k * BK, T, H, K, V, BT, BK, BV
                 )
                 base = i_b * T * H * K + i_h * K
                 p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))

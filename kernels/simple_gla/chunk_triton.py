@@ -14,17 +14,18 @@ import torch
 import triton
 import triton.language as tl
 
-from schedlang.kernels.common.function import Implementation, ScannedBackward, ScannedForward
+from schedlang.kernels.common.function import Implementation
 from schedlang.kernels.common.launch_tables import register_launch_table
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, states_dtype
-from schedlang.kernels.common.triton_incoming import IncomingTerms, add_incoming
 from schedlang.kernels.common.triton_gradients import chunk_score_gradients, chunk_state_products
 from schedlang.kernels.common.triton_scan import (
     PreparedChunks,
+    chunk_state_scan,
+    local_final_state,
+    local_initial_state_gradient,
     new_output,
     prepare_chunks,
-    scan_backward,
-    scan_forward,
+    recurrence_gradients,
     total_log_decay,
 )
 
@@ -85,9 +86,8 @@ def simple_gla_kernel_gates_and_updates(
 
 @triton.jit
 def simple_gla_fwd_kernel_output(
-    q, k, v, gate_cumsum, states, output, scale, T, NT, incoming_state, state_weight,
+    q, k, v, gate_cumsum, states, output, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    CORRECT_STATES: tl.constexpr,
 ):
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -101,8 +101,6 @@ def simple_gla_fwd_kernel_output(
         b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
         b_kt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero")
         b_h = tl.load(p_h, boundary_check=(0, 1))
-        if CORRECT_STATES:
-            b_h = add_incoming(b_h, incoming_state, state_weight, i_bh, i_n, NT, i_k * BK, i_v * BV, K, V, BK, BV, True, False)
         b_scores += tl.dot(b_q, b_kt)
         b_inter += tl.dot(b_q.to(b_h.dtype), b_h)
     o_i = tl.arange(0, BT)
@@ -119,9 +117,8 @@ def simple_gla_fwd_kernel_output(
 
 @triton.jit
 def simple_gla_bwd_kernel_dv(
-    q, k, do, gate_cumsum, chunk_gate, state_grads, dv, scale, T, NT, incoming_grad, grad_weight,
+    q, k, do, gate_cumsum, chunk_gate, state_grads, dv, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    CORRECT_GRADS: tl.constexpr,
 ):
     # dv_j = sum_{i>=j} scale (q_i . k_j) exp(gc_i - gc_j) do_i + k_j exp(gl - gc_j) dS_leaving
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -144,8 +141,6 @@ def simple_gla_bwd_kernel_dv(
         b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
         b_qt = tl.load(p_qt, boundary_check=(0, 1), padding_option="zero")
         b_dh = tl.load(p_dh, boundary_check=(0, 1))
-        if CORRECT_GRADS:
-            b_dh = add_incoming(b_dh, incoming_grad, grad_weight, i_bh, i_n, NT, i_k * BK, i_v * BV, K, V, BK, BV, True, False)
         b_scores_t += tl.dot(b_k, b_qt)
         b_dv += tl.dot(b_k.to(b_dh.dtype), b_dh)
     anticausal = o_i[:, None] <= o_i[None, :]
@@ -160,9 +155,7 @@ def simple_gla_bwd_kernel_dv(
 @triton.jit
 def simple_gla_bwd_kernel_dqkg(
     q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq, dk, dg, scale, T, NT,
-    incoming_state, state_weight, incoming_grad, grad_weight,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    CORRECT_STATES: tl.constexpr, CORRECT_GRADS: tl.constexpr,
 ):
     # One program per chunk with the whole key dimension (BK >= K), so dg's sum over keys stays in the program.
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
@@ -171,9 +164,7 @@ def simple_gla_bwd_kernel_dqkg(
     value_base = i_b * T * H * V + i_h * V
     b_ds, b_ds_t = chunk_score_gradients(do, v, value_base, i_n, T, H, V, BT, BV)
     b_dq, b_dk, b_boundary = chunk_state_products(
-        do, v, states, state_grads, value_base, chunk_offset, i_n, 0, T,
-        incoming_state, state_weight, incoming_grad, grad_weight, i_bh, NT, H, K, V, BT, BK, BV,
-        True, CORRECT_STATES, CORRECT_GRADS,
+        do, v, states, state_grads, value_base, chunk_offset, i_n, 0, T, H, K, V, BT, BK, BV
     )
     o_i = tl.arange(0, BT)
     o_t = i_n * BT + o_i
@@ -243,24 +234,20 @@ def prepare_forward(q, k, v, g) -> PreparedChunks:
     return prepare_chunks(gates_and_updates, _chunk_gate, g, k, v)
 
 
-def finish_forward(prepared: PreparedChunks, scanned: ScannedForward, q, k, v, g, scale, incoming_state, save_states=False):
+def finish_forward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, save_states=False):
     q, k, v, g = [tensor.contiguous() for tensor in (q, k, v, g)]
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
     n_chunks = cdiv(length, CHUNK)
     gate_cumsum, chunk_gate = prepared.gates
-    states = scanned.states
-    incoming = IncomingTerms.of(chunk_gate, state=incoming_state)
-    final_state = scanned.final_state
-    if incoming_state is not None:
-        final_state = final_state + incoming.decayed(incoming.state)
+    states, final_state = chunk_state_scan(prepared.updates, chunk_gate, initial_state, states_dtype(k.dtype), reverse=False)
     output = new_output(v.shape, v.dtype, v.device)
     launch = LAUNCH["output"]
     block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])
     simple_gla_fwd_kernel_output[(cdiv(value_dim, block_v), n_chunks, batch * heads)](
         q, k, v, gate_cumsum, states, output, scale, length, n_chunks,
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
-        **incoming.state_args(states), **launch_options(launch),
+        **launch_options(launch),
     )
     return output, final_state, (states if save_states else None)
 
@@ -272,25 +259,22 @@ def prepare_backward(q, k, v, g, do, scale, saved_states=None) -> PreparedChunks
     return prepare_chunks(gates_and_updates, _chunk_gate, g, k, v, q, do, scale, saved_states)
 
 
-def finish_backward(
-    prepared: PreparedChunks, scanned: ScannedBackward, q, k, v, g, scale, do, incoming_state, incoming_state_grad
-):
+def finish_backward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None):
     q, k, v, g, do = [tensor.contiguous() for tensor in (q, k, v, g, do)]
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
     n_chunks = cdiv(length, CHUNK)
     gate_cumsum, chunk_gate = prepared.gates
-    states, state_grads, initial_grad = scanned.states, scanned.state_grads, scanned.initial_grad
-    incoming = IncomingTerms.of(chunk_gate, state=incoming_state, grad=incoming_state_grad)
-    if incoming_state_grad is not None:
-        initial_grad = initial_grad + incoming.decayed(incoming.grad)
+    states, state_grads, initial_grad = recurrence_gradients(
+        prepared, initial_state, final_state_grad, saved_states, states_dtype(k.dtype)
+    )
     launch = LAUNCH["dv"]
     block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])
     dv = new_output(v.shape, v.dtype, v.device)
     simple_gla_bwd_kernel_dv[(cdiv(value_dim, block_v), n_chunks, batch * heads)](
         q, k, do, gate_cumsum, chunk_gate, state_grads, dv, scale, length, n_chunks,
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
-        **incoming.grad_args(state_grads), **launch_options(launch),
+        **launch_options(launch),
     )
     dq = new_output(q.shape, q.dtype, q.device)
     dk = new_output(k.shape, k.dtype, k.device)
@@ -298,13 +282,12 @@ def finish_backward(
     simple_gla_bwd_kernel_dqkg[(n_chunks, batch * heads)](
         q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq, dk, dg, scale, length, n_chunks,
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_size(key_dim, 256),
-        BV=block_size(value_dim, LAUNCH["dqkg"]["block_v"]), **incoming.state_args(states),
-        **incoming.grad_args(state_grads), **launch_options(LAUNCH["dqkg"]),
+        BV=block_size(value_dim, LAUNCH["dqkg"]["block_v"]), **launch_options(LAUNCH["dqkg"]),
     )
     return dq, dk, dv, dg, initial_grad
 
 
 TRITON_IMPLEMENTATION = Implementation(
-    "triton", prepare_forward, scan_forward, finish_forward, prepare_backward, scan_backward, finish_backward,
-    total_log_decay,
+    "triton", prepare_forward, finish_forward, prepare_backward, finish_backward,
+    local_final_state, local_initial_state_gradient, total_log_decay,
 )

@@ -1,9 +1,9 @@
 """The operators' phases ([Note: span phases]) put back together across emulated ranks equal the whole span.
 
-One process plays P sequence-parallel ranks: each prepares and scans its slice from a zero state (and, in the
-backward, from a zero final-state gradient), the cross-rank scan of the scans' last values that the runtime's
-collectives run is done here by hand, and each rank finishes from its incoming state and final-state gradient,
-its kernels adding them to the local chunk states as they load them. Outputs, final state and every gradient are compared with the float64 naive recurrence
+One process plays P sequence-parallel ranks: each prepares its slice, reads its boundary terms (the final state
+from a zero state, the initial-state gradient from its outputs alone, the total log decay), the scan that the
+runtime's collectives run is done here by hand, and each rank finishes from its incoming state and its
+final-state gradient. Outputs, final state and every gradient are compared with the float64 naive recurrence
 on the whole span. On a CPU the Triton path runs in the interpreter at tiny sizes; on a GPU at real sizes,
 float32 and bfloat16, which is the check of the GPU path of sequence parallelism that needs one device only.
 """
@@ -42,18 +42,15 @@ def run_emulated_ranks(implementation, inputs, lengths, save_states):
     tensors = [[tensor[:, piece].contiguous() for tensor in (inputs.q, inputs.k, inputs.v, inputs.g)] for piece in slices]
     scale = inputs.q.shape[-1] ** -0.5
     prepared = [implementation.prepare_forward(*rank_tensors) for rank_tensors in tensors]
-    scanned = [implementation.scan_forward(rank_prepared, None) for rank_prepared in prepared]
     decays = [_decay_view(implementation.total_log_decay(rank_prepared)) for rank_prepared in prepared]
     states_in = [inputs.initial_state]
-    for rank_scanned, decay in zip(scanned[:-1], decays[:-1]):
+    for rank_prepared, decay in zip(prepared[:-1], decays[:-1]):
         carry = states_in[-1]
-        local = rank_scanned.final_state
+        local = implementation.local_final_state(rank_prepared)
         states_in.append(local if carry is None else decay * carry + local)
     outputs, saved = [], []
-    for rank_tensors, rank_prepared, rank_scanned, state_in in zip(tensors, prepared, scanned, states_in):
-        o, final_state, rank_saved = implementation.finish_forward(
-            rank_prepared, rank_scanned, *rank_tensors, scale, state_in, save_states
-        )
+    for rank_tensors, rank_prepared, state_in in zip(tensors, prepared, states_in):
+        o, final_state, rank_saved = implementation.finish_forward(rank_prepared, *rank_tensors, scale, state_in, save_states)
         outputs.append(o)
         saved.append(rank_saved)
     output_grads = [inputs.output_grad[:, piece].contiguous() for piece in slices]
@@ -61,18 +58,14 @@ def run_emulated_ranks(implementation, inputs, lengths, save_states):
         implementation.prepare_backward(*rank_tensors, do, scale, rank_saved)
         for rank_tensors, do, rank_saved in zip(tensors, output_grads, saved)
     ]
-    scanned_backward = [
-        implementation.scan_backward(rank_prepared, None, None, rank_saved)
-        for rank_prepared, rank_saved in zip(prepared_backward, saved)
-    ]
     state_out_grads = [inputs.final_state_grad]
     for rank in range(len(lengths) - 1, 0, -1):
-        local = scanned_backward[rank].initial_grad
+        local = implementation.local_initial_state_gradient(prepared_backward[rank])
         state_out_grads.insert(0, local + decays[rank] * state_out_grads[0])
     grads = [
-        implementation.finish_backward(rank_prepared, rank_scanned, *rank_tensors, scale, do, state_in, state_out_grad)
-        for rank_prepared, rank_scanned, rank_tensors, state_in, do, state_out_grad in zip(
-            prepared_backward, scanned_backward, tensors, states_in, output_grads, state_out_grads
+        implementation.finish_backward(rank_prepared, *rank_tensors, scale, state_in, do, state_out_grad, rank_saved)
+        for rank_prepared, rank_tensors, state_in, do, state_out_grad, rank_saved in zip(
+            prepared_backward, tensors, states_in, output_grads, state_out_grads, saved
         )
     ]
     result = {"o": torch.cat(outputs, dim=1), "final_state": final_state}
@@ -91,7 +84,7 @@ def run_emulated_ranks(implementation, inputs, lengths, save_states):
 def test_phases_across_emulated_ranks_equal_the_whole_span(
     monkeypatch, operator_name, steep, backend, shape, lengths, random_initial_state, save_states, dtype_name
 ):
-    """``steep``: every GLA chunk takes the sub-chunk kernels (span limit 0), which read states on their own."""
+    """``steep``: every GLA chunk takes the sub-chunk kernels (span limit 0)."""
     if steep:
         if backend != "triton":
             pytest.skip("the PyTorch path has no steep kernels")
