@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from schedlang.cli import main as schedlang_main
-from schedlang.frontend import load_program, load_program_text
-from schedlang.lowering.codegen import UnsupportedScheduleError, render_train_script
+from schedlang.compiler import compile_schedule
+from schedlang.diagnostics import ScheduleError
+from schedlang.frontend import load_program_text
 from schedlang.lowering.legality import IllegalScheduleError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,9 +22,14 @@ GOLDEN = Path(__file__).with_name("golden")
 RUNNABLE_EXAMPLES = tuple(sorted(path.stem for path in (ROOT / "examples").glob("*.sched")))
 
 
+def render_train_script(program) -> str:
+    """Every pass after the checker's, through codegen."""
+    return compile_schedule(program).script
+
+
 @pytest.mark.parametrize("name", RUNNABLE_EXAMPLES)
 def test_generated_script_matches_golden(name):
-    script = render_train_script(load_program(ROOT / "examples" / f"{name}.sched"))
+    script = compile_schedule(ROOT / "examples" / f"{name}.sched").script
     golden = GOLDEN / f"{name}.train.py"
     if os.environ.get("SCHEDLANG_UPDATE_GOLDEN") == "1":
         golden.write_text(script, encoding="utf-8")
@@ -32,7 +38,7 @@ def test_generated_script_matches_golden(name):
 
 @pytest.mark.parametrize("name", RUNNABLE_EXAMPLES)
 def test_generated_script_is_tidy_python(name):
-    script = render_train_script(load_program(ROOT / "examples" / f"{name}.sched"))
+    script = compile_schedule(ROOT / "examples" / f"{name}.sched").script
     ast.parse(script)
     assert script.endswith("\n") and not script.endswith("\n\n")
     for number, line in enumerate(script.splitlines(), 1):
@@ -75,18 +81,18 @@ def test_gdn_layers_compile_into_the_model_config():
 
 def test_sequence_parallel_gdn_is_refused_at_the_sequence_key():
     text = tiny(layers="[gla, gdn]", sequence=2)
-    program = load_program_text(text, "t.sched")
-    with pytest.raises(UnsupportedScheduleError, match="gdn layers: the delta rule") as error:
-        render_train_script(program)
+    with pytest.raises(ScheduleError, match="gdn layers: the delta rule") as error:
+        load_program_text(text, "t.sched")
     line = text.splitlines()[2]
-    assert (error.value.span.line, error.value.span.column) == (3, line.index("sequence") + 1)
+    (diagnostic,) = error.value.diagnostics
+    assert (diagnostic.span.line, diagnostic.span.column) == (3, line.index("sequence") + 1)
 
 
 def test_sequence_parallel_attention_is_refused_at_the_sequence_key():
-    program = load_program_text(tiny(layers="[gla, attn]", sequence=2), "t.sched")
-    with pytest.raises(UnsupportedScheduleError, match="sequence-parallel softmax attention") as error:
-        render_train_script(program)
-    assert error.value.span.line == 3
+    with pytest.raises(ScheduleError, match="sequence-parallel softmax attention") as error:
+        load_program_text(tiny(layers="[gla, attn]", sequence=2), "t.sched")
+    (diagnostic,) = error.value.diagnostics
+    assert diagnostic.span.line == 3
 
 
 def test_sequence_parallel_mesh_reaches_the_pipeline_config():
@@ -178,9 +184,9 @@ def test_extra_warmup_reaches_the_stage_action_lists():
     ids=["uneven-chunks", "recompute", "sequence-parallel", "attention"],
 )
 def test_cuda_graphs_refusals_point_at_the_key_that_breaks_them(text, key, message):
-    program = load_program_text(text, "t.sched")
-    with pytest.raises(UnsupportedScheduleError, match="cuda_graphs = true replays") as error:
-        render_train_script(program)
-    assert message in str(error.value)
-    line = text.splitlines()[error.value.span.line - 1]
-    assert line[error.value.span.column - 1 :].startswith(key.split()[0]), (line, error.value.span)
+    with pytest.raises(ScheduleError, match="cuda_graphs = true replays") as error:
+        load_program_text(text, "t.sched")
+    (diagnostic,) = error.value.diagnostics
+    assert message in diagnostic.message
+    line = text.splitlines()[diagnostic.span.line - 1]
+    assert line[diagnostic.span.column - 1 :].startswith(key.split()[0]), (line, diagnostic.span)

@@ -14,7 +14,7 @@ from schedlang.lowering.program import (
     TaskToken,
     TrainSpec,
 )
-from schedlang.lowering.source import Span
+from schedlang.vocabulary import Span
 from schedlang.lowering.tasks import TaskId
 
 
