@@ -138,8 +138,9 @@ def revise(program: ScheduleProgram, **changes) -> ScheduleProgram:
     Each change is named by its key (``extra_warmup=2``, ``chunks=8``) or, where a key belongs to two
     blocks, by ``block.key`` (``**{"mesh.data": 2}``). A value is a bool, number, enum, or a list of those,
     or a str of schedule text written as is (``parallel="ring"``). The changed keys replace the written
-    values in the schedule's text (or are added to their block), and the whole text is checked again, so
-    an illegal variant raises ``ScheduleError`` pointing into the revised line. Raises ``ValueError`` for
+    values in the schedule's text (or are added on the line of their block's closing brace, so that no
+    line moves), and the whole text is checked again, so an illegal variant raises ``ScheduleError``
+    pointing into the revised line. Raises ``ValueError`` for
     a key the language does not have, or a program built without schedule text.
     """
     if program.source_text is None:
