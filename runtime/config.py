@@ -55,7 +55,7 @@ class PipelineConfig:
     """How one step runs: stages, chunks, microbatches and each stage's action list.
 
     ``stage_actions[r]`` is the static list of actions of every rank of stage
-    ``r`` in text form (see :mod:`schedlang.runtime.actions`).
+    ``r`` in text form (see :mod:`schedlang.vocabulary.actions`).
     """
 
     stage_layers: tuple[tuple[int, ...], ...]

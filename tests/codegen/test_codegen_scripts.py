@@ -22,7 +22,7 @@ GOLDEN = Path(__file__).with_name("golden")
 RUNNABLE_EXAMPLES = tuple(sorted(path.stem for path in (ROOT / "examples").glob("*.sched")))
 
 
-def render_train_script(program) -> str:
+def compiled_script(program) -> str:
     """Every pass after the checker's, through codegen."""
     return compile_schedule(program).script
 
@@ -63,7 +63,7 @@ def tiny(layers="[gla] * 2", sequence=1, order="1f1b", data="synthetic(seed = 0)
 def test_user_strings_appear_only_as_literals(tmp_path):
     hostile = "x\'\'\'); import os; os.system(\'true\') #"
     program = load_program_text(tiny(data=f'bytes(path = "{hostile}")'), "t.sched")
-    script = render_train_script(program)
+    script = compiled_script(program)
     tree = ast.parse(script)
     assigned = {
         node.targets[0].id: node.value for node in tree.body if isinstance(node, ast.Assign) and len(node.targets) == 1
@@ -75,7 +75,7 @@ def test_user_strings_appear_only_as_literals(tmp_path):
 
 
 def test_gdn_layers_compile_into_the_model_config():
-    script = render_train_script(load_program_text(tiny(layers="[gla, gdn]"), "t.sched"))
+    script = compiled_script(load_program_text(tiny(layers="[gla, gdn]"), "t.sched"))
     assert "layers=('gla', 'gdn')," in script
 
 
@@ -96,7 +96,7 @@ def test_sequence_parallel_attention_is_refused_at_the_sequence_key():
 
 
 def test_sequence_parallel_mesh_reaches_the_pipeline_config():
-    script = render_train_script(load_program_text(tiny(sequence=2), "t.sched"))
+    script = compiled_script(load_program_text(tiny(sequence=2), "t.sched"))
     assert "MESH_SHAPE = (2, 2, 1)" in script
     assert "    sequence_parallel=2,\n    sequence_method='allscan',\n    scan_blocks=1,\n" in script
 
@@ -111,7 +111,7 @@ def test_illegal_schedule_is_refused_with_the_legality_report(tmp_path, capsys):
     text = tiny(order="explicit").replace("order = explicit }", "order = explicit" + ILLEGAL_ORDER + "}")
     program = load_program_text(text, "t.sched")
     with pytest.raises(IllegalScheduleError):
-        render_train_script(program)
+        compiled_script(program)
     schedule = tmp_path / "illegal.sched"
     schedule.write_text(text, encoding="utf-8")
     output = tmp_path / "train.py"
@@ -141,9 +141,9 @@ def with_graphs(text: str, pipeline_extra: str = "", chunks: str = "2") -> str:
 
 
 def test_cuda_graphs_reach_the_pipeline_config():
-    script = render_train_script(load_program_text(with_graphs(tiny()), "t.sched"))
+    script = compiled_script(load_program_text(with_graphs(tiny()), "t.sched"))
     assert "    scan_blocks=1,\n    cuda_graphs=True,\n)" in script
-    plain = render_train_script(load_program_text(tiny(), "t.sched"))
+    plain = compiled_script(load_program_text(tiny(), "t.sched"))
     assert "cuda_graphs" not in plain
 
 
@@ -161,14 +161,14 @@ def test_extra_warmup_reaches_the_stage_action_lists():
     source = (ROOT / "examples" / "gla_stateflow.sched").read_text()
     text = source.replace("order        = 1f1b", "order        = 1f1b  extra_warmup = 2")
     assert text != source
-    script = render_train_script(load_program_text(text, "warm.sched"))
+    script = compiled_script(load_program_text(text, "warm.sched"))
     assert "1f1b order with 2 extra warm-up forwards" in script
-    warmed, plain = _compute_actions(script), _compute_actions(render_train_script(load_program_text(source, "p.sched")))
+    warmed, plain = _compute_actions(script), _compute_actions(compiled_script(load_program_text(source, "p.sched")))
     assert [action[0] for action in warmed[0][:8]] == ["F"] * 7 + ["B"]
     assert [action[0] for action in plain[0][:6]] == ["F"] * 5 + ["B"]
     assert warmed[1] == plain[1]  # the last stage keeps its order
     assert sorted(warmed[0]) == sorted(plain[0])
-    listed = render_train_script(load_program_text(text.replace("extra_warmup = 2", "extra_warmup = [2, 0]"), "l.sched"))
+    listed = compiled_script(load_program_text(text.replace("extra_warmup = 2", "extra_warmup = [2, 0]"), "l.sched"))
     assert "1f1b order with [2, 0] extra warm-up forwards per stage" in listed
     assert _compute_actions(listed) == warmed
 

@@ -5,10 +5,11 @@ import torch
 
 from lowering_programs import make_program
 from schedlang.lowering.parameters import stage_parameters
-from schedlang.lowering.program import LayerKind, MlpKind, MlpSpec, ModelSpec
+from schedlang.lowering.program import MlpKind, MlpSpec, ModelSpec
 from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.linear import Linear
 from schedlang.runtime.model import StageModel
+from schedlang.vocabulary import LayerKind
 
 
 @pytest.mark.parametrize(

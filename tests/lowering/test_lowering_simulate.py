@@ -17,11 +17,11 @@ from schedlang.lowering.cost import (
 )
 from schedlang.lowering.legality import IllegalScheduleError
 from schedlang.lowering.parameters import stage_parameters
-from schedlang.lowering.program import LayerKind, MeshSpec
+from schedlang.lowering.program import MeshSpec
 from schedlang.lowering.simulate import simulate
 from schedlang.lowering.tasks import TaskId
 from schedlang.lowering.timeline import MessageKind, Stream
-from schedlang.vocabulary import SequenceParallelMethod
+from schedlang.vocabulary import LayerKind, SequenceParallelMethod
 
 
 def compute_intervals(timeline):
