@@ -183,15 +183,14 @@ class RuntimeConfigs:
 def compile_schedule_text(text: str) -> RuntimeConfigs:
     """Compile schedule text as ``schedlang compile`` does and return the runtime configs of its script.
 
-    The text is parsed and checked by the front end; code generation gets the orders, refuses an illegal or
-    unsupported schedule, places the communication and renders the training script, whose module-level
-    MODEL, PIPELINE and TRAIN are the configs returned: the benchmark runs the generated script's own values.
-    Raises ``ScheduleError`` (front end), ``IllegalScheduleError`` or ``UnsupportedScheduleError``.
+    ``schedlang.compiler.compile_schedule`` runs every pass (parse, check, order, legality, placement, codegen);
+    the module-level MODEL, PIPELINE and TRAIN of the training script it renders are the configs returned: the
+    benchmark runs the generated script's own values. Raises ``ScheduleError`` (parse, check: including what the
+    runtime cannot run) or ``IllegalScheduleError``.
     """
-    from schedlang.frontend import load_program_text
-    from schedlang.lowering.codegen import render_train_script
+    from schedlang.compiler import ScheduleText, compile_schedule
 
-    script = render_train_script(load_program_text(text, SCHEDULE_FILENAME), "pipeline_benchmark_train.py")
+    script = compile_schedule(ScheduleText(text, SCHEDULE_FILENAME), script_name="pipeline_benchmark_train.py").script
     namespace = {"__name__": "pipeline_benchmark_train"}
     exec(compile(script, "<pipeline_benchmark_train.py>", "exec"), namespace)
     return RuntimeConfigs(namespace["MODEL"], namespace["PIPELINE"], namespace["TRAIN"])
