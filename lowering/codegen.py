@@ -23,6 +23,7 @@ from schedlang.lowering.legality import IllegalScheduleError, check_orders
 from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.placement import place_stage_actions
 from schedlang.lowering.program import LayerKind, MlpKind, Recompute, ScheduleProgram
+from schedlang.lowering.script_text import docstring_script_name
 from schedlang.lowering.source import Span
 
 ACTIONS_PER_LINE = 8
@@ -222,7 +223,7 @@ def build_view(program: ScheduleProgram, script_name: str = "train.py") -> Train
     return TrainScriptView(
         title=f"schedule {program.name}" if _SAFE_NAME.match(program.name) else "a schedule",
         source_literal=repr(Path(program.source_file).name),
-        script_name=script_name,
+        script_name=docstring_script_name(script_name),
         order_name=_order_name(program.pipeline),
         mesh_shape=mesh_shape,
         mesh_shape_literal=repr(mesh_shape),
