@@ -32,9 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from schedlang.diagnostics import ScheduleError
+    from schedlang.outputs import refuse_outputs_over_inputs
 
     args = build_parser().parse_args(argv)
     try:
+        refuse_outputs_over_inputs(args)
         return args.handler(args)
     except ScheduleError as error:
         print(error.render(), file=sys.stderr)

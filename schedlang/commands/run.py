@@ -44,6 +44,7 @@ def _refuse_graphs_on_cpu(path: str, program) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from schedlang.commands.common import write_output
     from schedlang.commands.compile import IllegalScheduleReport, generate_script
     from schedlang.frontend import load_program
     from schedlang.launch import LaunchRequest, launch, read_metrics
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         print(str(report), file=sys.stderr)
         return 1
     if args.keep_script:
-        Path(args.keep_script).write_text(script, encoding="utf-8")
+        write_output(args.keep_script, script)
     with tempfile.TemporaryDirectory(prefix="schedlang-run-") as directory:
         script_path = Path(directory) / "train.py"
         script_path.write_text(script, encoding="utf-8")
