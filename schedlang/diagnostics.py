@@ -19,6 +19,13 @@ from enum import Enum
 from typing import Iterable, Mapping
 
 from schedlang.lowering.source import Span
+from schedlang.source_lines import (
+    MAX_SHOWN_DIAGNOSTICS,
+    clip_source_line,
+    clip_text,
+    more_diagnostics_line,
+    split_source,
+)
 
 
 class Severity(str, Enum):
@@ -54,24 +61,26 @@ def _caret_line(source_line: str, span: Span) -> str:
     return indent + "^" + "~" * (width - 1)
 
 
-def format_diagnostic(diagnostic: Diagnostic, source_text: str | None) -> str:
+def format_diagnostic(
+    diagnostic: Diagnostic, source_text: str | None, source_lines: list[str] | None = None
+) -> str:
     """``file:line:col: error: message``, the source line, a caret line, an optional hint.
 
     ``source_text`` is the whole file the span points into; when it is ``None``
     or the span's line is not in it, only the first line (and the hint) is given.
+    ``source_lines`` is that text already split (schedlang.source_lines bounds what is shown).
     """
     span = diagnostic.span
-    lines = [f"{span.file}:{span.line}:{span.column}: {diagnostic.severity}: {diagnostic.message}"]
-    if source_text is not None:
-        # Lark counts lines by '\n' only; str.splitlines would also split at
-        # form feeds and other separators and shift the line numbers.
-        source_lines = [line.rstrip("\r") for line in source_text.split("\n")]
+    lines = [f"{span.file}:{span.line}:{span.column}: {diagnostic.severity}: {clip_text(diagnostic.message)}"]
+    if source_lines is None and source_text is not None:
+        source_lines = split_source(source_text)
+    if source_lines is not None:
         if 1 <= span.line <= len(source_lines):
-            source_line = source_lines[span.line - 1]
+            source_line, caret_span = clip_source_line(source_lines[span.line - 1], span)
             lines.append(source_line)
-            lines.append(_caret_line(source_line, span))
+            lines.append(_caret_line(source_line, caret_span))
     if diagnostic.hint:
-        lines.append(f"  hint: {diagnostic.hint}")
+        lines.append(f"  hint: {clip_text(diagnostic.hint)}")
     return "\n".join(lines)
 
 
@@ -90,10 +99,11 @@ class ScheduleError(Exception):
         return sum(1 for diagnostic in self.diagnostics if diagnostic.severity is Severity.ERROR)
 
     def render(self) -> str:
-        parts = [
-            format_diagnostic(diagnostic, self.sources.get(diagnostic.span.file))
-            for diagnostic in self.diagnostics
-        ]
+        split = {name: split_source(text) for name, text in self.sources.items()}
+        shown = self.diagnostics[:MAX_SHOWN_DIAGNOSTICS]
+        parts = [format_diagnostic(diagnostic, None, split.get(diagnostic.span.file)) for diagnostic in shown]
+        if len(self.diagnostics) > len(shown):
+            parts.append(more_diagnostics_line(len(self.diagnostics) - len(shown)))
         count = self.error_count
         if count > 1:
             parts.append(f"{count} errors")

@@ -46,10 +46,15 @@ def read_source(path: str | Path) -> str:
 
 def load_program_text(text: str, filename: str = "<memory>") -> ScheduleProgram:
     """Parse and check schedule text given in memory."""
+    from schedlang.limits import check_program_limits, check_syntax_limits
     from schedlang.parser import parse_text
     from schedlang.semantics import lower_to_program
 
-    return lower_to_program(parse_text(text, filename), text)
+    tree = parse_text(text, filename)
+    check_syntax_limits(tree, text)
+    program = lower_to_program(tree, text)
+    check_program_limits(program, text)
+    return program
 
 
 def load_program(path: str | Path) -> ScheduleProgram:

@@ -46,7 +46,8 @@ def _refuse_graphs_on_cpu(path: str, program) -> None:
 def run(args: argparse.Namespace) -> int:
     from schedlang.commands.common import write_output
     from schedlang.commands.compile import IllegalScheduleReport, generate_script
-    from schedlang.frontend import load_program
+    from schedlang.frontend import load_program, read_source
+    from schedlang.limits import check_machine_fits
     from schedlang.launch import LaunchRequest, launch, read_metrics
 
     program = load_program(args.file)
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if device == "cuda" and _default_device() != "cuda":
         print("schedlang: error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
         return 1
+    check_machine_fits(program, device, read_source(args.file))
     if program.pipeline.cuda_graphs and device != "cuda":
         _refuse_graphs_on_cpu(args.file, program)
     try:
