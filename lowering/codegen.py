@@ -19,6 +19,7 @@ from pathlib import Path
 
 import jinja2
 
+from schedlang.lowering import paths
 from schedlang.lowering.legality import IllegalScheduleError, check_orders
 from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.placement import place_stage_actions
@@ -184,14 +185,6 @@ def _layers_text(layers: tuple[int, ...]) -> str:
     return f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
 
 
-def _resolve_data_path(program: ScheduleProgram) -> str | None:
-    """A relative corpus path is relative to the schedule file, as the user wrote it there."""
-    path = program.train.data.path
-    if path is None or Path(path).is_absolute() or program.source_file.startswith("<"):
-        return path
-    return str((Path(program.source_file).parent / path).resolve())
-
-
 def build_view(program: ScheduleProgram, script_name: str = "train.py") -> TrainScriptView:
     """Check the schedule and precompute every value the template prints."""
     check_supported(program)
@@ -260,9 +253,9 @@ def build_view(program: ScheduleProgram, script_name: str = "train.py") -> Train
             momentum=repr(float(train.optimizer.momentum)),
             data_kind=repr(train.data.kind.value),
             data_seed=repr(train.data.seed),
-            data_path=repr(_resolve_data_path(program)),
+            data_path=repr(paths.data_path(program)),
             grad_clip=repr(None if train.grad_clip is None else float(train.grad_clip)),
-            checkpoint_directory=repr(None if checkpoint is None else checkpoint.directory),
+            checkpoint_directory=repr(paths.checkpoint_directory(program)),
             checkpoint_every=repr(0 if checkpoint is None else checkpoint.every),
             log_every=repr(train.log_every),
         ),
