@@ -255,7 +255,7 @@ def build_view(program: ScheduleProgram, script_name: str = "train.py") -> Train
             data_seed=repr(train.data.seed),
             data_path=repr(paths.data_path(program)),
             grad_clip=repr(None if train.grad_clip is None else float(train.grad_clip)),
-            checkpoint_directory=repr(paths.checkpoint_directory(program)),
+            checkpoint_directory=repr(None if checkpoint is None else checkpoint.directory),
             checkpoint_every=repr(0 if checkpoint is None else checkpoint.every),
             log_every=repr(train.log_every),
         ),

@@ -2,11 +2,14 @@
 
 ``train.data = bytes(path = ...)`` and ``train.checkpoint = "..." every N`` both follow it, so a schedule
 means the same files whatever directory ``compile`` or ``run`` is started from; the generated script
-holds the resolved absolute paths. A schedule given as text in memory (no file) keeps its paths as written.
+holds the resolved absolute paths (``schedlang compile`` and ``run`` apply :func:`with_resolved_paths`;
+codegen resolves the data path of any program it renders). A schedule given as text in memory (no file)
+keeps its paths as written.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from schedlang.lowering.program import ScheduleProgram
@@ -26,3 +29,13 @@ def checkpoint_directory(program: ScheduleProgram) -> str | None:
 
 def data_path(program: ScheduleProgram) -> str | None:
     return resolve_schedule_path(program, program.train.data.path)
+
+
+def with_resolved_paths(program: ScheduleProgram) -> ScheduleProgram:
+    """``program`` with its data path and checkpoint directory resolved by :func:`resolve_schedule_path`."""
+    train = program.train
+    checkpoint = train.checkpoint
+    if checkpoint is not None:
+        checkpoint = dataclasses.replace(checkpoint, directory=checkpoint_directory(program))
+    data = dataclasses.replace(train.data, path=data_path(program))
+    return dataclasses.replace(program, train=dataclasses.replace(train, data=data, checkpoint=checkpoint))

@@ -26,11 +26,12 @@ def generate_script(schedule_path: str, script_name: str = "train.py") -> str:
     """Load, check and render; raises ``ScheduleError`` for every user-facing problem."""
     from schedlang.diagnostics import Diagnostic, ScheduleError
     from schedlang.frontend import load_program, read_source
+    from schedlang.lowering import paths
     from schedlang.lowering.codegen import UnsupportedScheduleError, render_train_script
     from schedlang.lowering.legality import IllegalScheduleError, render_report
     from schedlang.lowering.source import Span
 
-    program = load_program(schedule_path)
+    program = paths.with_resolved_paths(load_program(schedule_path))
     try:
         return render_train_script(program, script_name)
     except IllegalScheduleError as error:
