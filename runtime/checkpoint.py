@@ -36,6 +36,7 @@ from typing import Callable, Mapping
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from schedlang.runtime.checkpoint_manifest import RUN_RECORD_KEY, first_mismatch
@@ -231,7 +232,7 @@ def load_checkpoint(
             _load_tensors(step_directory, model, optimizer)
         except CheckpointError:
             raise
-        except Exception as error:  # noqa: BLE001 - any failure to read a checkpoint is reported the same way
+        except (Exception, CheckpointException) as error:  # any failure to read a checkpoint is reported alike
             if say is not None:
                 reason = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
                 say(f"schedlang: checkpoint {_unreadable_file(step_directory)} cannot be read ({reason[:200]}); "
