@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from schedlang.runtime.lifetime import die_with_parent
+
 MESH_DIMENSIONS = ("pipeline", "sequence", "data")
 
 
@@ -81,6 +83,7 @@ def init_mesh(pipeline: int, sequence: int, data: int, device_type: str, timeout
     """
     if not dist.is_initialized():
         require_launcher(pipeline * sequence * data)
+        die_with_parent()
     device = resolve_device(device_type)
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"

@@ -1,13 +1,15 @@
 """What ``schedlang run`` checks about this machine and its files before it launches anything.
 
 The schedule's paths are resolved by the one rule of schedlang.lowering.paths (relative to the schedule
-file). A data file that is missing, a directory, a pipe or a device, or unreadable, is refused at the
-``train.data`` key; the ranks would otherwise each fail (or block) on it.
+file). A data path that is a directory, a pipe or a device, or unreadable, is refused at the
+``train.data`` key: a pipe would block every rank, a device fill its memory. A missing file is left to
+the ranks, whose error names it (schedlang.runtime.data).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 from schedlang.diagnostics import Diagnostic, ScheduleError
@@ -21,8 +23,8 @@ def check_data_file(program, text: str) -> None:
     from schedlang.runtime.data import data_file_problem
 
     path = paths.data_path(program)
-    if path is None:
-        return
+    if path is None or not os.path.exists(path):
+        return  # each rank names a missing file in its own error; only what would hang them is caught here
     problem = data_file_problem(path)
     if problem is not None:
         span = program.spans.get("train.data.path") or program.spans.get("train.data")
