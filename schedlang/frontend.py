@@ -13,6 +13,7 @@ from pathlib import Path
 from schedlang.diagnostics import Diagnostic, ScheduleError
 from schedlang.lowering.program import ScheduleProgram
 from schedlang.lowering.source import Span
+from schedlang.source_lines import normalize_source_text
 
 
 def read_source(path: str | Path) -> str:
@@ -32,7 +33,7 @@ def read_source(path: str | Path) -> str:
     except OSError as error:
         raise OSError(f"cannot read schedule file '{path}': {error.strerror or error}") from None
     try:
-        return data.decode("utf-8")
+        return normalize_source_text(data.decode("utf-8"))
     except UnicodeDecodeError as error:
         readable = data[: error.start].decode("utf-8")
         line = readable.count("\n") + 1
@@ -50,6 +51,7 @@ def load_program_text(text: str, filename: str = "<memory>") -> ScheduleProgram:
     from schedlang.parser import parse_text
     from schedlang.semantics import lower_to_program
 
+    text = normalize_source_text(text)
     tree = parse_text(text, filename)
     check_syntax_limits(tree, text)
     program = lower_to_program(tree, text)

@@ -4,7 +4,8 @@ A schedule is refused, with an error at the key that makes it too large, when it
 
 - ``MAX_CHUNKS`` chunks per sequence (checked on the syntax tree, before the chunk boundaries exist);
 - ``MAX_TASKS`` tasks in the task graph: stages x microbatches x chunks x 2 (3 with split backwards);
-- ``MAX_RANKS`` ranks in the mesh (pipeline x sequence x data).
+- ``MAX_RANKS`` ranks in the mesh (pipeline x sequence x data);
+- an MLP ``MAX_MLP_RATIO`` times wider than ``d_model`` (``swiglu(ratio = 1e308)`` has no width).
 
 ``schedlang run`` also refuses a mesh with more ranks than this machine can hold: one per GPU on CUDA,
 and on the CPU ``CPU_RANKS_PER_CORE`` per core (at least ``MIN_CPU_RANKS``). docs/reliability.md lists
@@ -22,6 +23,7 @@ from schedlang.lowering.source import Span
 MAX_CHUNKS = 4096
 MAX_TASKS = 1 << 20
 MAX_RANKS = 1 << 16
+MAX_MLP_RATIO = 64.0
 CPU_RANKS_PER_CORE = 4
 MIN_CPU_RANKS = 8
 
@@ -78,7 +80,7 @@ def _largest_key_span(program, keys: tuple[str, ...]) -> Span:
 
 
 def check_program_limits(program, text: str) -> None:
-    """Refuse a program with more than ``MAX_TASKS`` tasks or ``MAX_RANKS`` ranks, at the largest factor's key."""
+    """Refuse a program above ``MAX_RANKS``, ``MAX_MLP_RATIO`` or ``MAX_TASKS``, at the key (the largest factor's)."""
     world_size = program.mesh.world_size
     if world_size > MAX_RANKS:
         _refuse(
@@ -86,6 +88,14 @@ def check_program_limits(program, text: str) -> None:
             f" x data {program.mesh.data}), more than the limit of {MAX_RANKS}",
             _largest_key_span(program, ("mesh.pipeline", "mesh.sequence", "mesh.data")),
             "see docs/reliability.md for the limits on a schedule's size",
+            text,
+        )
+    mlp = program.model.mlp
+    if mlp.kind.value == "swiglu" and mlp.ratio > MAX_MLP_RATIO:
+        _refuse(
+            f"'model.mlp.ratio' = {mlp.ratio:g} is above the limit of {MAX_MLP_RATIO:g}",
+            program.spans.get("model.mlp.ratio") or _largest_key_span(program, ()),
+            "the SwiGLU width is ratio x d_model; see docs/reliability.md for the limits on a schedule's size",
             text,
         )
     tasks = task_count(program)

@@ -6,12 +6,18 @@ Rules, checked before any work is done:
 - No output may be one of the command's inputs (the schedule file): ``compile X.sched -o X.sched``,
   ``run X.sched --metrics X.sched`` and the like are refused, whatever path spelling names the file.
 - ``compile`` without ``-o`` writes ``train.py`` only when there is none yet, or with ``--force``.
+- JSON output is strict JSON: a value that is not finite (an infinite makespan on a link of 1e-320 B/s)
+  is written as ``null``, never as ``NaN`` or ``Infinity``.
+- A reader that stops early (``schedlang ... | head``) ends the command quietly.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
+import sys
 from pathlib import Path
 
 STANDARD_OUTPUT = "-"
@@ -62,3 +68,27 @@ def launch_hint(schedule_path: str, script: str) -> str:
 
     world_size = load_program(schedule_path).mesh.world_size
     return f"torchrun --nproc-per-node {world_size} {shlex.quote(script)}"
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def strict_json(value, indent: int | None = 2) -> str:
+    """``json.dumps`` with every non-finite float written as ``null``."""
+    return json.dumps(_finite(value), indent=indent, allow_nan=False)
+
+
+def end_quietly_on_broken_pipe() -> int:
+    """After ``BrokenPipeError``: point standard output at /dev/null so the interpreter's final flush is
+    silent, and return the status a shell gives a command a pipe closed on (128 + SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141

@@ -5,6 +5,10 @@ quadratic in the input. Each source is split into lines once per report, a shown
 ``MAX_SHOWN_LINE`` characters around the span (``...`` marks what was cut), a message to
 ``MAX_SHOWN_MESSAGE``, and a report shows at most ``MAX_SHOWN_DIAGNOSTICS`` diagnostics, then says how
 many more there are.
+
+Before any of that, :func:`normalize_source_text` gives every reader the same text: a UTF-8 byte-order
+mark is dropped and ``\r\n`` and lone ``\r`` line ends become ``\n``, which is the only line end Lark
+counts, so a file saved with classic Mac line ends gets right line numbers.
 """
 
 from __future__ import annotations
@@ -17,6 +21,17 @@ MAX_SHOWN_DIAGNOSTICS = 50
 MAX_SHOWN_LINE = 160
 MAX_SHOWN_MESSAGE = 400
 ELLIPSIS = "..."
+
+
+BYTE_ORDER_MARK = "\ufeff"
+
+
+def normalize_source_text(text: str) -> str:
+    """``text`` without a leading byte-order mark and with ``\n`` line ends only (columns are unchanged)."""
+    text = text.removeprefix(BYTE_ORDER_MARK)
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
 
 
 def split_source(text: str) -> list[str]:

@@ -29,7 +29,6 @@ it splits.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from schedlang.commands.common import (
@@ -39,6 +38,7 @@ from schedlang.commands.common import (
     load_legal_program,
     print_legality_report,
 )
+from schedlang.outputs import strict_json
 
 HELP = "simulate the schedule: makespan, bubble fraction and peak activations per stage"
 
@@ -202,13 +202,13 @@ def run(args: argparse.Namespace) -> int:
         if results is None:
             return 1
         if args.json:
-            print(json.dumps({"file": str(args.file), "sweep": results}, indent=2))
+            print(strict_json({"file": str(args.file), "sweep": results}))
         else:
             print_sweep(results, args)
         return 0
     result = simulate_program(program, orders, args)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(strict_json(result))
         return 0
     print(
         f"{args.file}: {program.n_stages} stages x {program.n_microbatches} microbatches x "
