@@ -227,7 +227,8 @@ def load_checkpoint(
                 if mismatch is not None:
                     key, was, now = mismatch
                     raise CheckpointMismatchError(
-                        f"checkpoint {step_directory} was written for {key} = {was}, but this schedule has {key} = {now}"
+                        f"checkpoint {step_directory} was written for {key} = {was}, "
+                        f"but this schedule has {key} = {now}"
                     )
             _load_tensors(step_directory, model, optimizer)
         except CheckpointError:

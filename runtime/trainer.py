@@ -225,11 +225,10 @@ class Trainer:
         def report(done: int, loss: PendingLoss, clock_token) -> None:
             losses.append(loss.value())  # returns once that step has finished on every rank
             elapsed = clock.seconds(clock_token)
-            if reporter is not None:
-                reporter.report(
-                    StepMetrics(done, losses[-1], tokens_per_step / elapsed, elapsed, peak_memory_bytes(self.mesh.device)),
-                    show=done % config.log_every == 0 or done == steps,
-                )
+            if reporter is not None:  # every step goes to --metrics; log_every thins the printed lines only
+                peak = peak_memory_bytes(self.mesh.device)
+                metrics = StepMetrics(done, losses[-1], tokens_per_step / elapsed, elapsed, peak)
+                reporter.report(metrics, show=done % config.log_every == 0 or done == steps)
 
         try:
             first = self.resume(steps)
