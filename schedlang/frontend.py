@@ -51,7 +51,6 @@ def load_program_text(text: str, filename: str = "<memory>") -> ScheduleProgram:
     from schedlang.parser import parse_text
     from schedlang.semantics import lower_to_program
 
-    text = normalize_source_text(text)
     tree = parse_text(text, filename)
     check_syntax_limits(tree, text)
     program = lower_to_program(tree, text)

@@ -6,9 +6,10 @@ quadratic in the input. Each source is split into lines once per report, a shown
 ``MAX_SHOWN_MESSAGE``, and a report shows at most ``MAX_SHOWN_DIAGNOSTICS`` diagnostics, then says how
 many more there are.
 
-Before any of that, :func:`normalize_source_text` gives every reader the same text: a UTF-8 byte-order
-mark is dropped and ``\r\n`` and lone ``\r`` line ends become ``\n``, which is the only line end Lark
-counts, so a file saved with classic Mac line ends gets right line numbers.
+Before any of that, :func:`normalize_source_text` gives every reader of a schedule file the same text
+(schedlang.frontend.read_source applies it): a UTF-8 byte-order mark is dropped and ``\r\n`` and lone
+``\r`` line ends become ``\n``, which is the only line end Lark counts, so a file saved with classic Mac
+line ends gets right line numbers. Text given in memory is parsed as it is.
 """
 
 from __future__ import annotations
