@@ -18,7 +18,7 @@ import os
 
 from schedlang import ast
 from schedlang.diagnostics import Diagnostic, ScheduleError
-from schedlang.lowering.source import Span
+from schedlang.vocabulary import Span
 
 MAX_CHUNKS = 4096
 MAX_TASKS = 1 << 20

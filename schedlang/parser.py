@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from pathlib import Path
 
 from lark import Lark, Token, Tree
 from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from schedlang import ast
 from schedlang.diagnostics import Diagnostic, ScheduleError
-from schedlang.lowering.source import Span
+from schedlang.vocabulary import Span
 
 # Python refuses to convert longer digit strings; a schedule never needs them.
 _MAX_INTEGER_DIGITS = 1000
@@ -75,13 +74,6 @@ def parse_text(text: str, filename: str = "<memory>") -> ast.ScheduleFile:
             "the file nests lists or calls too deeply to read", Span(filename, 1, 1, 1, 2)
         )
         raise ScheduleError([diagnostic], {filename: text}) from None
-
-
-def parse_file(path: str | Path) -> ast.ScheduleFile:
-    from schedlang.frontend import read_source
-
-    text = read_source(path)
-    return parse_text(text, str(path))
 
 
 def _parse_tree(text: str, filename: str) -> Tree:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from schedlang.diagnostics import Diagnostic, ScheduleError
 from schedlang.lowering import paths
-from schedlang.lowering.source import Span
+from schedlang.vocabulary import Span
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 

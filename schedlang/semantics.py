@@ -31,33 +31,29 @@ from enum import Enum
 from typing import Callable, TypeVar
 
 from schedlang import ast
+from schedlang.capabilities import capability_diagnostics
 from schedlang.diagnostics import Diagnostic, ScheduleError
 from schedlang.lowering.partition import model_balanced_boundaries, uniform_boundaries
 from schedlang.lowering.program import (
     CheckpointSpec,
-    DataKind,
     DataSpec,
-    DType,
-    LayerKind,
     MeshSpec,
     MlpKind,
     MlpSpec,
     ModelSpec,
-    OptimizerKind,
     OptimizerSpec,
     OrderKind,
     PartitionKind,
     PipelineSpec,
     Recompute,
     ScheduleProgram,
-    SequenceParallel,
     SequenceSpec,
     StageOrder,
     TaskToken,
     TrainSpec,
 )
-from schedlang.lowering.source import Span
 from schedlang.lowering.tasks import TaskId, TaskKind
+from schedlang.vocabulary import DataKind, DType, LayerKind, OptimizerKind, SequenceParallelMethod, Span
 
 BLOCK_KEYS: dict[str, tuple[str, ...]] = {
     "model": ("vocab", "d_model", "layers", "heads", "head_dim", "mlp", "stages"),
@@ -609,10 +605,10 @@ class _Lowering:
                 return None
         return kind, alpha
 
-    def parallel(self, head_dim: int | None) -> tuple[SequenceParallel, int] | None:
+    def parallel(self, head_dim: int | None) -> tuple[SequenceParallelMethod, int] | None:
         value = self.value("sequence", "parallel")
         if value is None:
-            return SequenceParallel.ALLSCAN, 1
+            return SequenceParallelMethod.ALLSCAN, 1
         call = self.call(
             value,
             "sequence.parallel",
@@ -621,7 +617,7 @@ class _Lowering:
         )
         if call is None:
             return None
-        method = SequenceParallel(call.name)
+        method = SequenceParallelMethod(call.name)
         blocks = 1
         if "blocks" in call.arguments:
             blocks_value = call.arguments["blocks"].value
@@ -1132,6 +1128,7 @@ class _Lowering:
         sequence = self.sequence(model, mesh, head_dim)
         pipeline = self.pipeline(mesh, sequence)
         train = self.train()
+        self.diagnostics.extend(capability_diagnostics(model, mesh, sequence, pipeline, self.spans, self.file_start()))
         if self.diagnostics:
             ordered = sorted(
                 self.diagnostics, key=lambda diagnostic: (diagnostic.span.line, diagnostic.span.column)

@@ -13,7 +13,7 @@ from schedlang.frontend import load_program_text
 from schedlang.limits import MAX_CHUNKS, MAX_RANKS, MAX_TASKS
 from schedlang.lowering.cost import FlopsCostModel
 from schedlang.lowering.program import ModelSpec
-from schedlang.source_lines import MAX_SHOWN_DIAGNOSTICS
+from schedlang.vocabulary.source_lines import MAX_SHOWN_DIAGNOSTICS
 
 TEMPLATE = """schedule big
 model {{ vocab = 64  d_model = 16  heads = 1  head_dim = 16  layers = [gla] * {layers} }}

@@ -7,7 +7,7 @@ quadratic in the input. Each source is split into lines once per report, a shown
 many more there are.
 
 Before any of that, :func:`normalize_source_text` gives every reader of a schedule file the same text
-(schedlang.frontend.read_source applies it): a UTF-8 byte-order mark is dropped and ``\r\n`` and lone
+(schedlang.frontend.read_source applies it; render_message in schedlang.vocabulary.source the bounds): a UTF-8 byte-order mark is dropped and ``\r\n`` and lone
 ``\r`` line ends become ``\n``, which is the only line end Lark counts, so a file saved with classic Mac
 line ends gets right line numbers. Text given in memory is parsed as it is.
 """
@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from schedlang.lowering.source import Span
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from schedlang.vocabulary.source import Span
 
 MAX_SHOWN_DIAGNOSTICS = 50
 MAX_SHOWN_LINE = 160
