@@ -1,11 +1,11 @@
 """The GEMMs of one GLA block's chunk under CUDA-graph replay, per cuBLAS setting: time, kernels, memsets, gaps.
 
-On an H200 (torch 2.11) nearly every cuBLAS GEMM kernel of a replayed chunk graph comes after a 4-byte memset,
-a graph node of its own, and the launch gaps that hold one average 9 us against 2.5 us for the others
-(docs/benchmarks.md). This script replays the linear layers of one chunk of a GLA block with its SwiGLU MLP
-(forward GEMMs, input-gradient GEMMs, and weight gradients added into ``.grad`` with ``addmm_``, as the
-runtime's CUDA-graph stages do), at the benchmark model's sizes, once per setting, each in a fresh process
-because cuBLAS reads its environment once:
+With a cuBLAS workspace nearly every GEMM kernel of a replayed chunk graph comes after a small memset, a graph
+node of its own with a longer launch gap ahead of the next kernel ([Note: GEMMs without a workspace in CUDA
+graphs]; the measurements are in docs/benchmarks.md). This script replays the linear layers of one chunk of a
+GLA block with its SwiGLU MLP (forward GEMMs, input-gradient GEMMs, and weight gradients added into ``.grad``
+with ``addmm_``, as the runtime's CUDA-graph stages do), at the benchmark model's sizes, once per setting, each
+in a fresh process because cuBLAS reads its environment once:
 
 - ``default``: torch's choices;
 - ``cublaslt``: ``TORCH_BLAS_PREFER_CUBLASLT=1``, torch's cuBLASLt path;
@@ -30,6 +30,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SETTINGS = {
     "default": {},
@@ -85,8 +88,7 @@ def chunk_gemms(rows: int, d_model: int, mlp_width: int):
 def worker(args: argparse.Namespace) -> dict:
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from trace_gaps import compute_intervals, load_events, memset_starts, step_gaps
+    from benchmarks.trace_gaps import compute_intervals, load_events, memset_starts, step_gaps
 
     if not torch.cuda.is_available():
         raise SystemExit("gemm_memsets.py replays CUDA graphs: it needs a GPU")

@@ -1,8 +1,8 @@
 """Where the host's time goes when a chunk-sized operator call runs eagerly (issues 4 and 5).
 
-A chunk call is short on the GPU (about 0.5 ms for GLA forward+backward at T=4K), so eagerly its cost is the
-host's: argument checks, autograd, output allocations and the Triton launches. This script times, for gla and
-simple_gla with a state in and out (B=1, H=16, D=128, bf16):
+A chunk call is short on the GPU, so eagerly its cost is the host's: argument checks, autograd, output
+allocations and the Triton launches. This script times, for gla and simple_gla with a state in and out (B=1,
+H=16, D=128, bf16):
 
 - host_ms: wall time per forward+backward with the GPU never waited for inside the loop (the host issues
   ``--calls`` steps, then synchronises once), against
@@ -29,9 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import capture_graph, gradient_step, make_inputs  # noqa: E402
+from benchmarks.kernels import capture_graph, gradient_step, make_inputs  # noqa: E402
 
 
 @triton.jit

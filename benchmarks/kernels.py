@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import sys
 import time
@@ -32,12 +33,28 @@ import torch.nn.functional as F
 import triton
 
 from schedlang.kernels import chunk_gla, chunk_simple_gla
+from schedlang.kernels.common.launch_tables import launch_overrides
 from schedlang.kernels.gdn import chunk_gated_delta_rule
 
 CHUNK = 64
 OURS = {"gla": chunk_gla, "simple_gla": chunk_simple_gla, "gdn": chunk_gated_delta_rule}
 """Each operator is called as ``function(*operands, initial_state=..., output_final_state=...)``, with the operands
 that make_inputs draws for it: (q, k, v, g), and for gdn (q, k, v, g, beta)."""
+
+
+TRITON_KERNEL_MODULES = (
+    "schedlang.kernels.common.triton_scan",
+    "schedlang.kernels.gla.chunk_triton",
+    "schedlang.kernels.simple_gla.chunk_triton",
+    "schedlang.kernels.gdn.state_pass_triton",
+)
+"""The modules that register a launch table (the operators import them at their first Triton call)."""
+
+
+def import_launch_tables() -> None:
+    """Import every module of TRITON_KERNEL_MODULES, so that each launch table is registered."""
+    for name in TRITON_KERNEL_MODULES:
+        importlib.import_module(name)
 
 
 def load_peer():
@@ -187,34 +204,6 @@ def kernel_breakdown(function, inputs, with_state: bool) -> list[tuple[str, floa
     return sorted(totals.items(), key=lambda item: -item[1])
 
 
-def launch_tables() -> dict:
-    """The kernels' live launch tables, by name: {"gla": {entry: {...}}, "simple_gla": {...}, "gdn": {...},
-    "scan": {...}}."""
-    from schedlang.kernels.common import triton_scan
-    from schedlang.kernels.gdn import state_pass_triton as gdn_triton
-    from schedlang.kernels.gla import chunk_triton as gla_triton
-    from schedlang.kernels.simple_gla import chunk_triton as simple_gla_triton
-
-    return {
-        "gla": gla_triton.LAUNCH,
-        "simple_gla": simple_gla_triton.LAUNCH,
-        "gdn": gdn_triton.LAUNCH,
-        "scan": triton_scan.SCAN_LAUNCH,
-    }
-
-
-def apply_launch_table(path: str) -> None:
-    """Load launch-table overrides (benchmarks/tune_kernels.py --out, laid out as launch_tables()) into the
-    kernels' tables."""
-    with open(path) as handle:
-        overrides = json.load(handle)
-    tables = launch_tables()
-    for operator in ("gla", "simple_gla", "gdn"):
-        for entry, values in overrides.get(operator, {}).items():
-            tables[operator][entry].update(values)
-    tables["scan"].update(overrides.get("scan", {}))
-
-
 def print_table(rows: list[dict]) -> None:
     """The markdown table; per token is of the graph replay where there is one (issue 5's chunk calls), and
     "vs longest" divides it by the per-token time of the same operator's longest call with state in/out."""
@@ -291,10 +280,21 @@ def main() -> int:
     parser.add_argument("--json", help="write every figure to this file")
     parser.add_argument("--cpu-torch-path", action="store_true", help="time the pure-PyTorch path on the CPU and stop")
     parser.add_argument("--peer-only", action="store_true", help="time fla alone (fills its autotuning cache)")
-    parser.add_argument("--launch-table", help="launch-table overrides to time with (benchmarks/tune_kernels.py --out)")
+    parser.add_argument(
+        "--launch-table", help="launch-table overrides to time with, {table: {entry: {knob: value}}} "
+        "(benchmarks/tune_kernels.py --out; kernels/common/launch_tables.py)"
+    )
     args = parser.parse_args()
+    overrides = {}
+    import_launch_tables()
     if args.launch_table:
-        apply_launch_table(args.launch_table)
+        with open(args.launch_table) as handle:
+            overrides = json.load(handle)
+    with launch_overrides(overrides):
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     if args.cpu_torch_path:
         print(f"# CPU, {torch.get_num_threads()} threads, torch {torch.__version__}")
         print("| op | T | H | D | fwd (ms) | fwd+bwd (ms) |")

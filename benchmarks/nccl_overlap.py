@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from trace_gaps import is_communication_kernel, load_events
+if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.trace_gaps import is_communication_kernel, load_events  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,20 @@ that fits, trying increasing lengths (by default 64K to 128K in 16K steps:
 doubling could not separate the two systems at PP2), one step per length, each attempt in a fresh
 torchrun job so an out-of-memory rank cannot wedge the next attempt.
 
+Each schedlang system is a schedule file (benchmarks/pipeline_schedule.py fills one template with the model and
+the system's keys) compiled as ``schedlang compile`` compiles it; the benchmark runs the generated script's
+configs under its own timing loop. The torch peer takes its model and stage split from the same text.
+
 Driver (plain python, launches torchrun jobs):
     python benchmarks/pipeline.py --out results/ [--device cuda] [--length 32768] [--chunks 1 4 8 16 8g]
         [--first-stage-layers 9] [--split-mlp]
-    (a chunk count ending in g replays the chunks from CUDA graphs: pipeline { cuda_graphs = true }; a suffix
-    +E, as in 8g+2, adds E warm-up forwards on stage 0: pipeline { extra_warmup = E }; a final w, as in 8g+2w,
-    splits the backwards and defers stage 1's cool-down weight gradients: pipeline { split_backward = true };
-    --cublas-workspace auto, the default, gives a job whose schedlang systems all replay graphs, torch's too, no
-    cuBLAS workspace, as schedlang's runtime gives its graph stages: see job_environment)
+    (a system name gives the schedule's keys, benchmarks.pipeline_schedule.variant_keys: a chunk count N is
+    sequence { chunks = N }; a g after it, pipeline { cuda_graphs = true }; +E, as in 8g+2, extra_warmup = E;
+    a final w, as in 8g+2w, split_backward = true, then f for forward_before_weight = true and dD for
+    extra_deferred_weights = D, as in 2g+1wfd2; --first-stage-layers is model { stages = ... }, --split-mlp
+    writes model { layers = [gla, mlp] * 16 }; --cublas-workspace auto, the default, gives a job whose
+    schedlang systems all replay graphs, torch's too, no cuBLAS workspace, as schedlang's runtime gives its
+    graph stages: see job_environment)
 Worker (what the driver launches):
     torchrun --nproc-per-node 2 benchmarks/pipeline.py --worker --systems torch schedlang:16 --length 32768
 A tiny CPU run of the whole path: python benchmarks/pipeline.py --device cpu --tiny --out /tmp/bench
@@ -27,14 +33,12 @@ A tiny CPU run of the whole path: python benchmarks/pipeline.py --device cpu --t
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
-import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -42,109 +46,39 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-MODEL_DEFAULTS = dict(vocab=32000, d_model=2048, layers=16, heads=16, head_dim=128, mlp_ratio=8 / 3)
-TINY_MODEL = dict(vocab=256, d_model=64, layers=4, heads=2, head_dim=32, mlp_ratio=2.0)
+if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-SPLIT_MLP = False
-"""--split-mlp: the model's layer list is [gla, mlp] * L ([Note: separate MLP layers]), the same network with
-stage boundaries possible between a mixer and its MLP; --first-stage-layers then counts entries of that list."""
-
-
-def model_config(tiny: bool):
-    from schedlang.runtime.config import ModelConfig
-
-    values = TINY_MODEL if tiny else MODEL_DEFAULTS
-    return ModelConfig(
-        vocab=values["vocab"],
-        d_model=values["d_model"],
-        layers=(("gla", "mlp") if SPLIT_MLP else ("gla",)) * values["layers"],
-        heads=values["heads"],
-        head_dim=values["head_dim"],
-        mlp_ratio=values["mlp_ratio"],
-    )
-
-
-FIRST_STAGE_LAYERS: int | None = None
-"""Layers on stage 0 (--first-stage-layers; None: half). Stage 1 also holds the LM head and the loss, so at
-vocab 32000 an even split leaves it the slower stage: measure both systems on the same split."""
-
-
-def stage_layers(n_layers: int) -> tuple[tuple[int, ...], ...]:
-    first = n_layers // 2 if FIRST_STAGE_LAYERS is None else FIRST_STAGE_LAYERS
-    if not 0 < first < n_layers:
-        raise ValueError(f"stage 0 must hold between 1 and {n_layers - 1} of the {n_layers} layers, got {first}")
-    return (tuple(range(first)), tuple(range(first, n_layers)))
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def memory_now(device: torch.device) -> int:
-    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-
-
-def reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_memory(device: torch.device) -> int:
-    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-
-
-def peak_reserved(device: torch.device) -> int:
-    """What the caching allocator held at most. Unlike the allocated peak it sees CUDA-graph pools whole: the
-    intermediate tensors of a captured graph are freed in the allocator's books at the end of capture, yet
-    every replay writes their blocks, which stay reserved in the graph's private pool."""
-    return torch.cuda.max_memory_reserved(device) if device.type == "cuda" else 0
-
-
-def release(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+from benchmarks.common import (  # noqa: E402
+    gib,
+    kernel_seconds_of_step,
+    memory_now,
+    model_state_bytes,
+    peak_memory,
+    peak_reserved,
+    release,
+    reserved_now,
+    reset_peak,
+    synchronize,
+)
+from benchmarks.pipeline_schedule import (  # noqa: E402
+    FULL_MODEL,
+    TINY_MODEL,
+    TORCH_SYSTEM,
+    BenchmarkModel,
+    RuntimeConfigs,
+    system_configs,
+    variant_keys,
+)
 
 
 class SchedlangSystem:
-    """schedlang's runtime: one Trainer with the 1F1B chunk order placed by the lowering."""
+    """schedlang's runtime: one Trainer running the configs of a compiled schedule."""
 
-    def __init__(
-        self,
-        mesh,
-        config,
-        length: int,
-        n_chunks: int,
-        microbatches: int,
-        cuda_graphs: bool = False,
-        extra_warmup: int = 0,
-        split_backward: bool = False,
-        forward_before_weight: bool = False,
-        extra_deferred_weights: int = 0,
-    ) -> None:
-        from schedlang.lowering.orders import one_f_one_b_orders
-        from schedlang.lowering.placement import place_stage_actions
-        from schedlang.runtime.config import OptimizerConfig, PipelineConfig, TrainConfig
+    def __init__(self, mesh, configs: RuntimeConfigs) -> None:
         from schedlang.runtime.trainer import Trainer
 
-        boundaries = tuple(length * index // n_chunks for index in range(n_chunks + 1))
-        orders = one_f_one_b_orders(
-            2, microbatches, n_chunks, extra_warmup, split_backward, forward_before_weight, extra_deferred_weights
-        )
-        actions = place_stage_actions(orders)
-        pipeline = PipelineConfig(
-            stage_layers=stage_layers(len(config.layers)),
-            chunk_boundaries=boundaries,
-            microbatches=microbatches,
-            microbatch_size=1,
-            stage_actions=tuple(tuple(str(action) for action in stage) for stage in actions),
-            cuda_graphs=cuda_graphs,
-        )
-        dtype = "bf16" if mesh.device.type == "cuda" else "fp32"
-        train = TrainConfig(steps=1, seed=0, dtype=dtype, optimizer=OptimizerConfig(lr=1e-4))
-        self.trainer = Trainer(config, pipeline, train, mesh, timeout_s=600.0)
+        self.trainer = Trainer(configs.model, configs.pipeline, configs.train, mesh, timeout_s=600.0)
         self.step_index = 0
         self.pending_loss = None  # read one step late, as Trainer.train does: [Note: loss without a barrier]
 
@@ -189,27 +123,27 @@ def full_sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 class TorchSystem:
     """torch.distributed.pipelining.Schedule1F1B over full-sequence microbatches."""
 
-    def __init__(self, mesh, config, length: int, microbatches: int) -> None:
+    def __init__(self, mesh, configs: RuntimeConfigs, microbatches: int) -> None:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
         from schedlang.runtime.data import TokenSource
-        from schedlang.runtime.config import DataConfig, OptimizerConfig, TrainConfig
         from schedlang.runtime.model import build_stage_model
-        from schedlang.runtime.trainer import build_optimizer, zero_gradients
+        from schedlang.runtime.trainer import DTYPES, build_optimizer, zero_gradients
 
         self.mesh = mesh
-        dtype = torch.bfloat16 if mesh.device.type == "cuda" else torch.float32
-        layers = stage_layers(len(config.layers))[mesh.stage]
+        config = configs.model
+        layers = configs.pipeline.stage_layers[mesh.stage]
         model = build_stage_model(
-            config, layers, mesh.is_first_stage, mesh.is_last_stage, 0, mesh.device, dtype
+            config, layers, mesh.is_first_stage, mesh.is_last_stage, 0, mesh.device, DTYPES[configs.train.dtype]
         )
         self.module = FullSequenceStage(model)
         # the optimizer schedlang's trainer builds (fused AdamW on CUDA): only the schedules differ
-        self.optimizer = build_optimizer(self.module.parameters(), TrainConfig(optimizer=OptimizerConfig(lr=1e-4)))
+        self.optimizer = build_optimizer(self.module.parameters(), configs.train)
         self.zero_gradients = zero_gradients
         stage = PipelineStage(self.module, stage_index=mesh.stage, num_stages=2, device=mesh.device)
         self.schedule = Schedule1F1B(stage, n_microbatches=microbatches, loss_fn=full_sequence_loss)
-        self.tokens = TokenSource(DataConfig(), config.vocab, length, microbatches)
+        length = configs.pipeline.chunk_boundaries[-1]
+        self.tokens = TokenSource(configs.train.data, config.vocab, length, microbatches)
         self.step_index = 0
 
     def model_state_bytes(self) -> int:
@@ -230,73 +164,23 @@ class TorchSystem:
         self.schedule = None
 
 
-def model_state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of the weights, their gradients and the optimizer's state: what a step keeps whatever the schedule."""
-    tensors = [parameter for parameter in module.parameters()]
-    tensors += [parameter.grad for parameter in module.parameters() if parameter.grad is not None]
-    tensors += [value for state in optimizer.state.values() for value in state.values() if torch.is_tensor(value)]
-    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+def train_dtype(device: str) -> str:
+    """The ``train.dtype`` of every system: bf16 on a GPU, fp32 on the CPU."""
+    return "bf16" if device == "cuda" else "fp32"
 
 
-@dataclass(frozen=True)
-class SchedlangVariant:
-    """A schedlang system's name: schedlang:8, schedlang:8g to replay CUDA graphs, schedlang:8g+2 with 2 extra
-    warm-up forwards on stage 0, schedlang:8g+2w (or 8gw) with split backwards; after the ``w``, ``f`` for
-    ``forward_before_weight`` and ``d2`` for ``extra_deferred_weights = 2`` (2g+1wfd2: [Note: forward before
-    weight gradients] and [Note: split backward] in schedlang.lowering.orders)."""
-
-    chunks: int
-    cuda_graphs: bool
-    extra_warmup: int
-    split_backward: bool
-    forward_before_weight: bool = False
-    extra_deferred_weights: int = 0
-
-    PATTERN = re.compile(
-        r"(?P<chunks>\d+)(?P<graphs>g?)(?:\+(?P<extra>\d+))?"
-        r"(?:(?P<split>w)(?P<forward_first>f?)(?:d(?P<deferred>\d+))?)?"
-    )
-
-    @classmethod
-    def parse(cls, name: str) -> "SchedlangVariant":
-        _, spec = name.split(":")
-        match = cls.PATTERN.fullmatch(spec)
-        if match is None:
-            raise ValueError(f"{name!r}: a schedlang system is schedlang:<chunks>[g][+<extra>][w[f][d<deferred>]]")
-        return cls(
-            int(match["chunks"]),
-            bool(match["graphs"]),
-            int(match["extra"] or 0),
-            bool(match["split"]),
-            bool(match["forward_first"]),
-            int(match["deferred"] or 0),
-        )
-
-
-def build_system(name: str, mesh, config, length: int, microbatches: int):
-    if name == "torch":
-        return TorchSystem(mesh, config, length, microbatches)
-    variant = SchedlangVariant.parse(name)
-    return SchedlangSystem(
-        mesh,
-        config,
-        length,
-        variant.chunks,
-        microbatches,
-        variant.cuda_graphs,
-        variant.extra_warmup,
-        variant.split_backward,
-        variant.forward_before_weight,
-        variant.extra_deferred_weights,
-    )
+def build_system(name: str, mesh, model: BenchmarkModel, length: int, microbatches: int):
+    configs = system_configs(name, model, length, microbatches, train_dtype(mesh.device.type))
+    if name == TORCH_SYSTEM:
+        return TorchSystem(mesh, configs, microbatches)
+    return SchedlangSystem(mesh, configs)
 
 
 def job_environment(systems: list[str], device: str, cublas_workspace: str) -> tuple[dict[str, str], str]:
     """The environment of a torchrun job over ``systems``, and its cuBLAS workspace setting in words.
 
     [Note: GEMMs without a workspace in CUDA graphs] (schedlang.runtime.cublas): replayed graphs gain from no
-    workspace, but eager chunks lose badly (8 eager chunks on 2 H200s: 138K tokens/s with torch's workspace,
-    87K without; Schedule1F1B unchanged either way). Every system of a job shares one process and one setting,
+    workspace, but eager chunks lose badly. Every system of a job shares one process and one setting,
     so ``auto`` gives no workspace only to a job whose schedlang systems all replay graphs, as schedlang's
     runtime does; ``none`` and ``default`` force one.
     """
@@ -305,60 +189,21 @@ def job_environment(systems: list[str], device: str, cublas_workspace: str) -> t
         return environment, "(CPU)"
     from schedlang.runtime.cublas import WORKSPACE_FREE_SETTINGS, use_workspace_free_gemms
 
-    variants = [SchedlangVariant.parse(name) for name in systems if name != "torch"]
-    graphs_only = all(variant.cuda_graphs for variant in variants)
+    graphs_only = all(variant_keys(name).cuda_graphs for name in systems if name != TORCH_SYSTEM)
     if cublas_workspace == "none" or (cublas_workspace == "auto" and graphs_only):
         use_workspace_free_gemms(environment)
     return environment, ", ".join(f"{name}={environment.get(name, '(unset)')}" for name in WORKSPACE_FREE_SETTINGS)
 
 
-KERNELS_KEPT = 40
-"""How many kernel names, by total time, a record keeps (``kernels``: name -> seconds in the profiled step)."""
-
-
-def kernel_seconds_of_step(
-    system, device: torch.device, trace: Path | None = None
-) -> tuple[float, float, dict[str, float]]:
-    """One more step under torch.profiler: seconds of compute kernels, of communication kernels, and per name.
-
-    Against the step time this splits a rank's step into its own GPU work, communication and idle time
-    (bubbles, waits, host-bound launch gaps): the figure that says why a schedule is slower than its model.
-    The per-name totals (the ``KERNELS_KEPT`` largest) say where one system's GPU work differs from another's;
-    ``trace`` (a path) also gets the step as a Chrome trace, which shows when kernels overlap.
-    """
-    if device.type != "cuda":
-        return 0.0, 0.0, {}
-    # One step first, not waited for: the profiled step then queues behind it as every step of the timed loop
-    # does. Profiled from an idle GPU, the first stage's host work at the start of a step (zeroing the
-    # gradients, the tokens) showed as an 8 ms wait that the steady state hides.
-    system.step()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
-        system.step()
-        synchronize(device)
-    if trace is not None:
-        profiler.export_chrome_trace(str(trace))
-    compute = communication = 0.0
-    by_name: dict[str, float] = {}
-    for event in profiler.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            seconds = event.device_time_total / 1e6
-            by_name[event.name] = by_name.get(event.name, 0.0) + seconds
-            if "nccl" in event.name.lower():
-                communication += seconds
-            else:
-                compute += seconds
-    largest = sorted(by_name.items(), key=lambda item: -item[1])[:KERNELS_KEPT]
-    return compute, communication, dict(largest)
-
-
 def measure(
-    name: str, mesh, config, length: int, microbatches: int, warmup: int, steps: int, trace_dir: str | None = None
+    name: str, mesh, model: BenchmarkModel, length: int, microbatches: int, warmup: int, steps: int,
+    trace_dir: str | None = None,
 ) -> dict:
     device = mesh.device
     release(device)
     reset_peak(device)
     started_build = time.perf_counter()
-    system = build_system(name, mesh, config, length, microbatches)
+    system = build_system(name, mesh, model, length, microbatches)
     for _ in range(warmup):
         system.step()
     synchronize(device)
@@ -389,14 +234,14 @@ def measure(
     }
     trace = Path(trace_dir) / f"trace-{name.replace(':', '-')}-stage{mesh.stage}.json" if trace_dir else None
     record["kernel_seconds"], record["communication_kernel_seconds"], record["kernels"] = kernel_seconds_of_step(
-        system, device, trace
+        system.step, device, trace
     )
     system.close()
     del system
     release(device)
     # what the finished system left reserved: a leak (graph pools kept alive by a reference cycle) shows here
     # and inflates every later system's memory figures
-    record["reserved_after_release_bytes"] = torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
+    record["reserved_after_release_bytes"] = reserved_now(device)
     return record
 
 
@@ -405,11 +250,11 @@ def worker(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     mesh = init_mesh(2, 1, 1, args.device, timeout_s=600.0)
-    config = model_config(args.tiny)
+    model = benchmark_model(args)
     records = []
     for name in args.systems:
         record = measure(
-            name, mesh, config, args.length, args.microbatches, args.warmup, args.steps, args.trace_dir
+            name, mesh, model, args.length, args.microbatches, args.warmup, args.steps, args.trace_dir
         )
         gathered = [None, None]
         dist.all_gather_object(gathered, record)
@@ -496,10 +341,6 @@ def activation_ratio(mine: list[dict], peer: list[dict], key: str) -> float:
     return max(record[key] for record in mine) / max(max(record[key] for record in peer), 1)
 
 
-def gib(n_bytes: int) -> str:
-    return f"{n_bytes / 2**30:.1f}"
-
-
 def summary_lines(header: str, systems: list[str], records: list[dict]) -> list[str]:
     """The throughput job's table (one row per system and stage) and each schedlang system's ratios to torch.
 
@@ -523,13 +364,13 @@ def summary_lines(header: str, systems: list[str], records: list[dict]) -> list[
             f"{gib(record['peak_minus_model_state_bytes'])} | {gib(record.get('peak_reserved_bytes', 0))} | "
             f"{gib(record.get('reserved_after_release_bytes', 0))} |"
         )
-    torch_records = [record for record in records if record["system"] == "torch"]
+    torch_records = [record for record in records if record["system"] == TORCH_SYSTEM]
     if not torch_records:
         return lines
     torch_rate = min(record["tokens_per_second"] for record in torch_records)
     for name in systems:
         mine = [record for record in records if record["system"] == name]
-        if name == "torch" or not mine:
+        if name == TORCH_SYSTEM or not mine:
             continue
         rate = min(record["tokens_per_second"] for record in mine)
         lines.append(
@@ -537,7 +378,7 @@ def summary_lines(header: str, systems: list[str], records: list[dict]) -> list[
             f"activation peak x{activation_ratio(mine, torch_records, 'activation_peak_bytes'):.2f}, "
             f"peak - model state x{activation_ratio(mine, torch_records, 'peak_minus_model_state_bytes'):.2f}, "
             f"reserved peak x{activation_ratio(mine, torch_records, 'peak_reserved_bytes'):.2f}"
-            + (" (graph pools: only the reserved peak sees them whole)" if SchedlangVariant.parse(name).cuda_graphs else "")
+            + (" (graph pools: only the reserved peak sees them whole)" if variant_keys(name).cuda_graphs else "")
         )
     return lines
 
@@ -550,12 +391,14 @@ def driver(args: argparse.Namespace) -> int:
     started = time.monotonic()
     backend = kernel_preflight(args.device)
     os.environ["SCHEDLANG_KERNEL_BACKEND"] = backend
-    systems = [f"schedlang:{n}" for n in args.chunks] + ["torch"]
+    systems = [f"schedlang:{n}" for n in args.chunks] + [TORCH_SYSTEM]
+    model, dtype = benchmark_model(args), train_dtype(args.device)
+    for name in systems:  # the checker refuses a bad system here, before any job starts
+        split = system_configs(name, model, args.length, args.microbatches, dtype).pipeline.stage_layers
     _, workspace = job_environment(systems, args.device, args.cublas_workspace)
     code, records = launch_worker(
         args, systems, args.length, args.warmup, args.steps, out / "throughput.json", args.throughput_timeout
     )
-    split = stage_layers(len(model_config(args.tiny).layers))
     header = (
         f"kernel backend: {backend}; length {args.length}, {args.microbatches} microbatches, PP2, "
         f"{'layer-list entries ([gla, mlp] * L)' if args.split_mlp else 'layers'} per stage "
@@ -584,6 +427,12 @@ def driver(args: argparse.Namespace) -> int:
     (out / "summary.md").write_text(summary + "\n", encoding="utf-8")
     print(summary)
     return 0
+
+
+def benchmark_model(args: argparse.Namespace) -> BenchmarkModel:
+    """The model the options ask for: --tiny, --split-mlp, --first-stage-layers."""
+    base = TINY_MODEL if args.tiny else FULL_MODEL
+    return replace(base, split_mlp=args.split_mlp, first_stage_layers=args.first_stage_layers)
 
 
 def main() -> int:
@@ -621,9 +470,6 @@ def main() -> int:
     )
     parser.add_argument("--search-timeout", type=float, default=120.0)
     args = parser.parse_args()
-    global FIRST_STAGE_LAYERS, SPLIT_MLP
-    FIRST_STAGE_LAYERS = args.first_stage_layers
-    SPLIT_MLP = args.split_mlp
     if args.preflight:
         return preflight()
     return worker(args) if args.worker else driver(args)

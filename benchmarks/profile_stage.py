@@ -24,13 +24,15 @@ import io
 import pstats
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pipeline  # noqa: E402
+from benchmarks.pipeline_schedule import FULL_MODEL, TORCH_SYSTEM, system_configs  # noqa: E402
 
 
 def run_once(model, inputs, targets, n_chunks: int, upstream) -> None:
@@ -86,12 +88,13 @@ def main() -> int:
         "--in-place-weight-gradients", action="store_true", help="linear layers add weight gradients into .grad"
     )
     args = parser.parse_args()
-    pipeline.FIRST_STAGE_LAYERS = args.first_stage_layers
-    pipeline.SPLIT_MLP = args.split_mlp
-    config = pipeline.model_config(tiny=False)
+    model_options = replace(FULL_MODEL, split_mlp=args.split_mlp, first_stage_layers=args.first_stage_layers)
+    configs = system_configs(TORCH_SYSTEM, model_options, args.length, 1, "bf16")
+    config = configs.model
     device = torch.device("cuda")
     first, last = args.stage == 0, args.stage == 1
-    model = build_stage_model(config, pipeline.stage_layers(len(config.layers))[args.stage], first, last, 0, device, torch.bfloat16)
+    layers = configs.pipeline.stage_layers[args.stage]
+    model = build_stage_model(config, layers, first, last, 0, device, torch.bfloat16)
     tokens = torch.randint(0, config.vocab, (1, args.length + 1), device=device)
     if first:
         inputs = tokens[:, :-1]

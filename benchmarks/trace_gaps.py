@@ -5,9 +5,9 @@ or gzipped JSON), merges the intervals of the compute kernels (every GPU kernel 
 idle time of the step (first kernel start to last kernel end) into gaps shorter than ``--long-us`` (kernel
 launch gaps, even inside CUDA-graph replays) and long ones (waits for the other stage, fill and drain), which
 it lists with their offset into the step, so that a wait at the start (fill), in the middle or at the end
-(drain) reads off directly. Memsets are not compute: a launch gap with one inside (cuBLAS zeroes a 4-byte
-counter before most of its H200 GEMM kernels, a node of its own in a CUDA graph, and every such node adds a
-gap) is counted once more on its own, to say what those memsets cost.
+(drain) reads off directly. Memsets are not compute: a launch gap with one inside (cuBLAS zeroes a small
+counter before most of its GEMM kernels, a node of its own in a CUDA graph, and every such node adds a gap) is
+counted once more on its own, to say what those memsets cost.
 
     python3 benchmarks/trace_gaps.py traces/trace-schedlang-8g+2-stage*.json [--long-us 50] [--top 12]
 """

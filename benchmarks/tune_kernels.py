@@ -7,8 +7,12 @@
     python benchmarks/tune_kernels.py --operators gdn --length 32768   # the gated delta rule's state pass
     python benchmarks/kernels.py --launch-table tuned.json  # time (and compare with fla) under the tuned table
 
-The tables are kernels/gla/chunk_triton.py LAUNCH, kernels/simple_gla/chunk_triton.py LAUNCH and
-kernels/common/triton_scan.py SCAN_LAUNCH (and kernels/gdn/state_pass_triton.py LAUNCH): tile edges, key splits, num_warps and num_stages per kernel.
+The tables are the registered launch tables (kernels/common/launch_tables.py): "gla" (kernels/gla/chunk_triton.py
+LAUNCH), "simple_gla" (kernels/simple_gla/chunk_triton.py LAUNCH), "scan" (kernels/common/triton_scan.py
+SCAN_LAUNCH) and "gdn" (kernels/gdn/state_pass_triton.py LAUNCH): tile edges, key splits, num_warps and num_stages
+per kernel. Every candidate runs under ``launch_overrides``; no table is edited. At the end the tuner prints the
+overrides it kept (and writes them with --out, the layout ``launch_overrides`` and kernels.py --launch-table take)
+and each changed table as it would be written in its module, for a person to paste there.
 Coordinate descent, one pass: for each entry and each knob, every candidate value is timed as the operator's
 whole forward+backward (median of triton.testing.do_bench) and kept when it is at least 1% faster. A candidate
 must also reproduce the output and every gradient of the starting table within 2% relative (bfloat16
@@ -20,20 +24,23 @@ skipped. With --budget the sweep stops at that many seconds and keeps what it fo
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import pathlib
 import sys
 import time
+from pathlib import Path
 
 import torch
 import triton
 
 from schedlang.kernels import chunk_gated_delta_rule, chunk_gla, chunk_simple_gla
-from schedlang.kernels.common import triton_scan
-from schedlang.kernels.gdn import state_pass_triton as gdn_triton
-from schedlang.kernels.gla import chunk_triton as gla_triton
-from schedlang.kernels.simple_gla import chunk_triton as simple_gla_triton
+from schedlang.kernels.common.launch_tables import LAUNCH_TABLES, launch_overrides, table_source
+
+if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.kernels import capture_graph, gradient_step, import_launch_tables, make_inputs  # noqa: E402
+
+import_launch_tables()
 
 TOLERANCE = 2e-2
 KEEP_IF_FASTER = 0.99
@@ -56,34 +63,26 @@ CANDIDATES = {
         "dv": TILE_AND_LAUNCH,
         "dqkg": dict(block_v=[16, 32, 64], num_warps=[4, 8], num_stages=[1, 2, 3]),
     },
-    # no 8 warps: the backward miscompiled with them on an H200 (6% off, or an illegal memory access that ends
-    # the sweep's CUDA context; kernels/gdn/state_pass_triton.py LAUNCH)
+    # no 8 warps: the backward miscompiled with them on an H200 ([Note: launch tables])
     "gdn": {
         entry: dict(block_v=[16, 32, 64], precision=["ieee", "tf32x3"], num_warps=[2, 4], num_stages=[1, 2, 3])
         for entry in ("forward", "backward")
     },
 }
 OPERATORS = {
-    "gla": (chunk_gla, gla_triton.LAUNCH),
-    "simple_gla": (chunk_simple_gla, simple_gla_triton.LAUNCH),
-    "gdn": (chunk_gated_delta_rule, gdn_triton.LAUNCH),
+    "gla": (chunk_gla, "gla"),
+    "simple_gla": (chunk_simple_gla, "simple_gla"),
+    "gdn": (chunk_gated_delta_rule, "gdn"),
 }
+"""operator -> (the function timed, the name of its launch table)."""
+
+Overrides = dict[str, dict[str, dict[str, object]]]
+"""table -> entry -> knob -> value, as ``launch_overrides`` takes them."""
 
 
-def load_kernel_benchmark():
-    """benchmarks/kernels.py as a module (its inputs and timing step), without putting 'kernels' on sys.path."""
-    path = pathlib.Path(__file__).with_name("kernels.py")
-    spec = importlib.util.spec_from_file_location("kernel_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-BENCHMARK = load_kernel_benchmark()
-
-
-def table_entry(operator: str, entry: str) -> dict:
-    return triton_scan.SCAN_LAUNCH if entry == "scan" else OPERATORS[operator][1][entry]
+def table_entry(operator: str, entry: str) -> tuple[str, str]:
+    """The (table, entry) a CANDIDATES entry of ``operator`` names: "scan" is the state scan's shared table."""
+    return ("scan", "scan") if entry == "scan" else (OPERATORS[operator][1], entry)
 
 
 def relative_difference(results, reference) -> float:
@@ -99,36 +98,37 @@ def measure(step, graph: bool = False) -> tuple[float, list[torch.Tensor]]:
     if not graph:
         results = [tensor.clone() for tensor in step()]
         return triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median"), results
-    captured_graph, captured = BENCHMARK.capture_graph(step)
+    captured_graph, captured = capture_graph(step)
     results = [tensor.clone() for tensor in captured]
     return triton.testing.do_bench(captured_graph.replay, warmup=25, rep=100, return_mode="median"), results
 
 
-def sweep(operator: str, measure_step, deadline: float, log, entries=None) -> tuple[float, float]:
-    """Coordinate descent over CANDIDATES[operator] (only ``entries`` of it, if given), editing the tables in
-    place; returns (start, end) ms.
+def sweep(operator: str, measure_step, deadline: float, log, entries=None, tuned: Overrides | None = None):
+    """Coordinate descent over CANDIDATES[operator] (only ``entries`` of it, if given); returns (start, end) ms.
 
-    ``measure_step()`` times the operator under the tables as they are now: (ms, output and gradients). A
-    candidate is kept only if it is at least 1% faster than the best so far and its results are within
-    TOLERANCE of the starting table's; a candidate that raises is skipped."""
-    start_ms, reference = measure_step()
+    ``tuned`` holds the overrides kept so far (from earlier operators too: they share the scan table); the sweep
+    starts from them and adds what it keeps. ``measure_step()`` times the operator under the active overrides:
+    (ms, output and gradients). A candidate is kept only if it is at least 1% faster than the best so far and its
+    results are within TOLERANCE of the starting table's; a candidate that raises is skipped."""
+    tuned = {} if tuned is None else tuned
+    with launch_overrides(tuned):
+        start_ms, reference = measure_step()
     best_ms = start_ms
     log({"operator": operator, "start_ms": start_ms})
     for entry, knobs in CANDIDATES[operator].items():
         if entries and entry not in entries:
             continue
-        table = table_entry(operator, entry)
+        table_name, entry_name = table_entry(operator, entry)
         for knob, values in knobs.items():
-            if knob not in table:
-                continue
             for value in values:
-                if time.monotonic() > deadline or value == table[knob]:
+                with launch_overrides(tuned):
+                    current = LAUNCH_TABLES[table_name][entry_name]
+                if knob not in current or time.monotonic() > deadline or value == current[knob]:
                     continue
-                kept = table[knob]
-                table[knob] = value
                 record = {"operator": operator, "entry": entry, knob: value}
                 try:
-                    milliseconds, results = measure_step()
+                    with launch_overrides(tuned), launch_overrides({table_name: {entry_name: {knob: value}}}):
+                        milliseconds, results = measure_step()
                     difference = relative_difference(results, reference)
                     record.update(ms=round(milliseconds, 4), rel_diff=difference)
                 except Exception as error:  # a launch that does not fit is a result, not a reason to stop
@@ -139,8 +139,7 @@ def sweep(operator: str, measure_step, deadline: float, log, entries=None) -> tu
                 if milliseconds < best_ms * KEEP_IF_FASTER and difference <= TOLERANCE:
                     best_ms = milliseconds
                     record["kept"] = True
-                else:
-                    table[knob] = kept
+                    tuned.setdefault(table_name, {}).setdefault(entry_name, {})[knob] = value
                 log(record)
     return start_ms, best_ms
 
@@ -154,7 +153,7 @@ def main() -> int:
     parser.add_argument("--state", action="store_true", help="calls with an initial state in and the final state out")
     parser.add_argument("--graph", action="store_true", help="time CUDA-graph replays of the step (issue 5)")
     parser.add_argument("--budget", type=float, default=1e9, help="seconds for the whole sweep")
-    parser.add_argument("--out", help="write the tuned tables (kernels.py --launch-table reads them)")
+    parser.add_argument("--out", help="write the kept overrides (kernels.py --launch-table reads them)")
     parser.add_argument("--entries", nargs="+", help="sweep only these table entries (e.g. scan)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -166,16 +165,18 @@ def main() -> int:
     def log(record):
         print(json.dumps(record), flush=True)
 
-    summary = {}
+    summary, tuned = {}, {}
     for operator in args.operators:
-        inputs = BENCHMARK.make_inputs(operator, args.length, args.heads, args.dim, with_state=args.state)
-        step = BENCHMARK.gradient_step(OPERATORS[operator][0], inputs, with_state=args.state)
-        summary[operator] = sweep(operator, lambda: measure(step, args.graph), deadline, log, args.entries)
-    tables = BENCHMARK.launch_tables()
+        inputs = make_inputs(operator, args.length, args.heads, args.dim, with_state=args.state)
+        step = gradient_step(OPERATORS[operator][0], inputs, with_state=args.state)
+        summary[operator] = sweep(operator, lambda: measure(step, args.graph), deadline, log, args.entries, tuned)
     if args.out:
         with open(args.out, "w") as handle:
-            json.dump(tables, handle, indent=1)
-    print(json.dumps(tables))
+            json.dump(tuned, handle, indent=1)
+    print(json.dumps(tuned))
+    with launch_overrides(tuned):
+        for name in tuned:
+            print(table_source(LAUNCH_TABLES[name]))
     mode = ("state in/out, " if args.state else "") + ("graph replay" if args.graph else "eager")
     print(f"| op | T | fwd+bwd ({mode}), starting table (ms) | tuned (ms) | ratio |")
     print("|---|---|---|---|---|")

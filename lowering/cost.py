@@ -158,11 +158,10 @@ def mlp_flops_per_token(model: ModelSpec) -> float:
 KERNELS_PER_MIXER_FORWARD = 18
 KERNELS_PER_MLP_FORWARD = 5
 KERNELS_PER_STAGE_END_FORWARD = 5
-"""Kernel launches of one chunk's forward (a backward launches about twice as many), counted from an H200 trace of
-the runtime's GLA blocks (docs/benchmarks.md: 81 kernels per block per chunk, forward and backward, before the
-fused SwiGLU and gate activation took 4 of them): a mixer's norm, projections, gate activation, recurrence
-kernels and residual add; an MLP's norm, two GEMMs, activation and residual add; the embedding, or the final
-norm, head and loss."""
+"""Kernel launches of one chunk's forward (a backward launches about twice as many), counted from a GPU trace of
+the runtime's GLA blocks (docs/benchmarks.md, "Measurements behind the runtime"): a mixer's norm, projections,
+gate activation, recurrence kernels and residual add; an MLP's norm, two GEMMs, activation and residual add; the
+embedding, or the final norm, head and loss."""
 
 
 def layer_kind_counts(model: ModelSpec, layers: tuple[int, ...]) -> Counter:

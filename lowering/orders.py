@@ -17,85 +17,56 @@ with one chunk per microbatch the orders are the classic full-sequence ones.
 
   [Note: extra warm-up] A stage's first backward waits for the last chunk of
   the first microbatch to go forward and backward through every stage below
-  it, which with chunks takes several of this stage's chunk forwards (on an
-  H200, stage 1's forward and backward of a chunk took as long as 2.7 of
-  stage 0's chunk forwards), while 1F1B's warm-up leaves it one. ``extra_warmup
-  = e`` (``pipeline { extra_warmup = e }``) adds ``e`` forwards to the warm-up
-  of every stage but the last (whose first backward waits on nothing
-  downstream), so that a bottleneck upstream stage does not idle there, and
-  with it the cool-down; the price is ``e`` more chunks of activations in
-  flight on those stages, ``e / N`` microbatches. A list ``[e_0, ..., e_{P-1}]``
-  sets it per stage, for a deeper pipeline whose slow stage is not the first:
-  the last entry is 0 and no entry exceeds the one before it by more than 1
-  (``e_r <= e_{r-1} + 1``), since stage ``r`` can run no more warm-up forwards
-  than stage ``r - 1`` sends before it waits for its own first backward. The
-  orders stay legal and deadlock free (tests/lowering check them for ranges of
-  ``P, M, N, e`` and for every such list up to 4 stages).
+  it, which with chunks takes several of this stage's chunk forwards, while
+  1F1B's warm-up leaves it one. ``pipeline { extra_warmup = e }`` adds ``e``
+  forwards to the warm-up (and the cool-down) of every stage but the last,
+  whose first backward waits on nothing downstream; those stages hold ``e``
+  more chunks of activations in flight. A list ``[e_0, ..., e_{P-1}]`` sets it
+  per stage: the last entry is 0 and ``e_r <= e_{r-1} + 1``, since stage ``r``
+  can run no more warm-up forwards than stage ``r - 1`` sends before it waits
+  for its own first backward. The orders stay legal and deadlock free
+  (tests/lowering check ranges of ``P, M, N, e`` and every such list up to 4
+  stages).
 * Explicit: the tasks as written in the schedule file, in the stage of their
   ``stage r:`` line.
 
 [Note: split backward]
 With ``pipeline { split_backward = true }`` (zero-bubble pipelining, Qi et al.
 2023, applied to chunks) every unit also has a ``W`` task on every stage: the
-weight gradients of the stage's linear layers, ``dW = dY^T X`` per layer, which
-nothing downstream waits for, while ``B`` keeps what the previous stage and
-the previous chunk wait for (input and state gradients, and the gradients of
-the parameters outside linear layers). ``W(r, a, i)`` depends only on
-``B(r, a, i)``. The generated orders put ``W`` right after its ``B``, except
-on stage ``r > 0`` for the backwards whose gradient stage ``r - 1`` consumes
-in *its* cool-down (the backwards after its last forward; in 1F1B the last
+weight gradients ``dW = dY^T X`` of the stage's linear layers, which nothing
+waits for; ``B`` keeps what the previous stage and the previous chunk wait for
+(input and state gradients, and the gradients of parameters outside linear
+layers). ``W(r, a, i)`` depends only on ``B(r, a, i)``. The generated orders
+put ``W`` right after its ``B``, except on stage ``r > 0`` for the backwards
+whose gradient stage ``r - 1`` consumes in its cool-down (in 1F1B the last
 ``w_{r-1}`` units in backward order, ``w`` the warm-up count; in GPipe all):
-their ``W`` tasks move to the end of the step, in backward order. In its
-cool-down a stage has no forward left to fill a wait, so it runs at the pace
-of the gradients stage ``r`` sends, one per ``F + B`` of stage ``r`` while
-stage ``r`` still runs forwards and one per ``B`` after; with ``W`` deferred
-they come one per ``F + B - W`` and ``B - W``, so stage ``r - 1`` waits less,
-and stage ``r`` runs its deferred ``W`` tasks while stage ``r - 1`` finishes
-(the pipeline's drain). On two H200s, deferring only stage 1's own cool-down
-left stage 0 waiting a chunk's ``F + B - B`` of stage 1 three times in a row
-at the start of its longer cool-down (it runs ``w_0 = N + 1 + e`` backwards
-there against stage 1's ``N``), and stage 1 waiting for it at the end: the
-rule above defers exactly those. The first stage's ``W`` stays after its
-``B``: no stage waits on its backwards. A deferred chunk holds the inputs and
-output gradients of its linear layers until its ``W``, so stage ``r`` holds
-up to ``w_{r-1}`` chunks in flight (instead of ``w_r``, Eq. 13) at its last
-forward. Sends are unchanged and ``W`` waits on nothing of another stage, so
-the orders stay legal and deadlock free.
-
-``pipeline { extra_deferred_weights = d }`` defers the ``W`` of ``d`` more
-backwards on every stage ``r > 0`` (its last ``w_{r-1} + d``, all if fewer):
-their gradients go upstream one ``W`` earlier each, so the upstream stage
-finishes its cool-down, its optimizer step and the next step's first forward
-earlier, and stage ``r`` runs the extra ``W`` tasks in the time it used to
-wait for that forward (the fill at the start of every step). It costs ``d``
-chunks more in flight: stage ``r > 0`` holds ``min(MN, w_{r-1} + d)``
-(checked against the runtime's graph slots for ``P <= 4, M, N <= 4, e <= 2,
-d <= 5``). On two H200s at 2 chunks, ``d = 2``
-took the step from 0.84 to 0.82 s (1.154x -> 1.178-1.181x Schedule1F1B) at
-2.03x its reserved memory on stage 1 (docs/benchmarks.md).
+those ``W`` tasks move to the end of the step, in backward order, so each such
+gradient goes upstream one ``W`` sooner and stage ``r`` runs the deferred
+``W`` tasks in the pipeline's drain. ``extra_deferred_weights = d`` defers the
+``W`` of ``d`` more backwards on every stage ``r > 0`` (its last
+``w_{r-1} + d``, all if fewer). The first stage's ``W`` stays after its ``B``.
+A deferred chunk holds its linear layers' inputs and output gradients until
+its ``W``: stage ``r > 0`` holds up to ``min(M N, w_{r-1} + d)`` chunks in
+flight at its last forward (checked against the runtime's graph slots for
+``P <= 4, M, N <= 4, e <= 2, d <= 5``). Sends are unchanged and ``W`` waits on
+nothing of another stage, so the orders stay legal and deadlock free.
 
 [Note: forward before weight gradients]
 A send on NCCL is a kernel that stays on the sender's GPU until the receiver
-posts the matching receive, holding 16 of an H200's 132 streaming
-multiprocessors; the GEMMs sized for all of them that ran beside such kernels
-took about a third longer (25.6 ms more over 73 ms). In the generated 1F1B order with split backwards, stage ``r > 0``
-runs ``B(j)`` (sends its gradient) ``W(j) F(k)``: stage ``r - 1`` has sent
-``k``'s activation by then (its forward of ``k`` ran while stage ``r`` ran
-``B(j)``), so that send waits there for all of ``W(j)``, every cycle. On two
-H200s (split-MLP 1B model, 2 chunks, docs/benchmarks.md) this cost stage 0
-25.7 ms of compute per 0.84 s step, in the GEMMs that ran beside such sends.
+posts the matching receive, and compute kernels beside it run slower. With
+split backwards, stage ``r > 0`` would run ``B(j) W(j) F(k)`` while ``k``'s
+activation has already been sent, so that send waits for all of ``W(j)``.
 ``pipeline { forward_before_weight = true }`` has every stage that receives
-activations run ``B(j) F(k) W(j)`` instead (the ``W`` moves after the next
-forward, when there is one; the deferred ``W`` tasks above stay at the end):
-the receive is posted as soon as the gradient is out, and the send that
-waited for it completes at once (stage 0's loss: 0.3 ms). ``B(k)`` starts when
-it did before (after ``F(k)`` and ``W(j)`` either way), so the gradients
-upstream arrive as before. ``W`` still follows its ``B`` and precedes the end
-of the step, so the orders stay legal and deadlock free (tested for ranges of
-``P, M, N, e``). ``W(j)`` now holds chunk ``j``'s linear-layer inputs across
-``F(k)``, yet no stage's most chunks in flight grows (tests/lowering checks it
-for ``P <= 5, M <= 6, N <= 8, e <= 3``): a stage ``r > 0`` peaks at its last
-forward, where it holds stage ``r - 1``'s warm-up count of chunks either way.
+activations run ``B(j) F(k) W(j)`` instead (when there is a next forward; the
+deferred ``W`` tasks stay at the end): the receive is posted as soon as the
+gradient is out. ``B(k)`` starts when it did before, so gradients upstream
+arrive as before; ``W`` still follows its ``B``, so the orders stay legal and
+deadlock free, and no stage's most chunks in flight grows (tests/lowering
+checks both for ranges of ``P, M, N, e``): a stage ``r > 0`` peaks at its last
+forward either way.
+
+The measurements behind these three rules are in docs/benchmarks.md,
+"Measurements behind the pipeline orders".
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
 """cuBLAS without a workspace, for stages that replay their chunks from CUDA graphs.
 
 [Note: GEMMs without a workspace in CUDA graphs]
-On an H200 (torch 2.11 and its cuBLAS) nearly every GEMM kernel of a captured chunk
-comes after a 4-byte memset of cuBLAS's workspace, a graph node of its own. In a
-replayed graph the launch gap ahead of a kernel that follows such a memset
-averaged 9 us against 2.5 us for the others: 18.7 ms of launch gaps in a 0.85 s
-step of the benchmark's second stage (2,040 memsets, docs/benchmarks.md). With
-no workspace (``CUBLAS_WORKSPACE_CONFIG=:0:0`` for cuBLAS and
-``CUBLASLT_WORKSPACE_SIZE=0`` for cuBLASLt) cuBLAS picks kernels that need
-none: the memsets are gone, the GEMM kernels themselves run about 1% slower,
-and the pipelined step got 0.5% faster (Schedule1F1B, eager, in the same job:
-unchanged). Eager chunks must not have it: without a workspace every GEMM call
-costs more host time, and 8 eager chunks per sequence, already host-bound, fell
-from 138K to 87K tokens/s on the same benchmark. So only graph-replaying stages
-ask for it.
+With a workspace, nearly every GEMM kernel of a captured chunk comes after a
+small memset of cuBLAS's workspace, a graph node of its own with a longer
+launch gap ahead of the kernel that follows. With no workspace
+(``CUBLAS_WORKSPACE_CONFIG=:0:0`` for cuBLAS and ``CUBLASLT_WORKSPACE_SIZE=0``
+for cuBLASLt) cuBLAS picks kernels that need none, and the memsets are gone.
+Eager chunks must not have it: without a workspace every GEMM call costs more
+host time, and a many-chunk eager step is already host-bound. So only
+graph-replaying stages ask for it. The measurements are in docs/benchmarks.md,
+"Measurements behind the runtime".
 
 torch reads both variables once, when the process creates its first cuBLAS
 handle, so they must be set before the first GEMM. Nothing is set when the

@@ -352,8 +352,7 @@ class StageExecutor:
         # gradient of a stage's last linear layer is the received gradient buffer itself (the residual add
         # hands it through unchanged; a graph slot copies it into its own buffer, but the tests' stand-in
         # for graphs does not). Had B given that buffer back to the pool, the next receive of that shape
-        # would overwrite it before this W read it: the middle stage of a 3-stage 1F1B with split backwards
-        # formed a down-projection gradient 34% off that way. So B keeps the receive buffers of a unit whose
-        # W is deferred, and W gives them back.
+        # could overwrite it before this W read it. So B keeps the receive buffers of a unit whose W is
+        # deferred, and W gives them back (test_runtime_exactness.py: p3_n2_split_backward_middle_stage).
         for buffer in self.weight_buffers.pop(key, ()):
             self.messenger.pool.give_back(buffer)

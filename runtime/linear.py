@@ -3,9 +3,8 @@
 [Note: in-place weight gradients]
 A stage run in N sequence chunks runs N backwards per microbatch, and after each one autograd adds the
 chunk's weight gradients into ``.grad`` with a separate elementwise kernel that reads and writes every
-weight gradient once more. On an H200 (docs/benchmarks.md, profile_stage at 32K tokens) those additions
-were the largest single part of the GPU work that chunking adds to a stage: 5.6 of 12.7 ms per microbatch
-at 8 chunks, 11.6 of 23.4 at 16. With ``accumulate_into_grad`` set, a :class:`Linear`'s backward instead
+weight gradient once more: the largest single part of the GPU work that chunking adds to a stage
+(docs/benchmarks.md, "Measurements behind the runtime"). With ``accumulate_into_grad`` set, a :class:`Linear`'s backward instead
 forms ``weight.grad += dy^T x`` in the weight-gradient GEMM itself (``addmm_``, beta = 1, as Megatron-LM's
 gradient-accumulation fusion does) and hands autograd no weight gradient.
 
@@ -14,8 +13,7 @@ in place); whoever asks autograd for the weight's gradient (``torch.autograd.gra
 must accept that (``allow_unused``). The runtime sets the flag only on stages replayed from CUDA graphs
 (:mod:`schedlang.runtime.graphs`): there the captured backward writes into ``.grad`` at replay and costs no
 host time, while in eager runs, whose many-chunk steps are already host-bound, the custom autograd function
-would cost about as much host time as it saves GPU time (9 us more per linear forward+backward on the
-development CPU; a 2048-wide GLA block's 9 linears against about 90 us of additions on an H200). Biases keep
+would cost about as much host time as it saves GPU time (same section of docs/benchmarks.md). Biases keep
 autograd's accumulation (they are tiny).
 
 [Note: deferred weight gradients]
@@ -48,8 +46,8 @@ class WeightGradientRecorder:
 
     def record(self, input_rows: torch.Tensor, output_grad_rows: torch.Tensor, weight: torch.Tensor) -> None:
         # Detached: a saved input carries its grad_fn, whose graph holds the autograd node whose context holds
-        # this recorder, a reference cycle through C++ objects that Python's collector cannot break (on an
-        # H200 every step of a split schedule leaked its CUDA-graph pools, about 20 GB a system).
+        # this recorder, a reference cycle through C++ objects that Python's collector cannot break, which would
+        # keep every step's CUDA-graph pools alive.
         self.records.append((input_rows.detach(), output_grad_rows.detach(), weight))
 
     def clear(self) -> None:

@@ -246,7 +246,7 @@ class CausalAttentionMixer(HeadMixer):
 
 MLP_WIDTH_MULTIPLE = 8
 """SwiGLU widths are rounded up to a multiple of 8: bf16 matrices whose rows are not 16-byte aligned
-send cuBLAS to its slow unaligned kernels (measured: 60% of a stage's time at d_model 2048, ratio 8/3)."""
+send cuBLAS to its slow unaligned kernels (docs/benchmarks.md, "Measurements behind the runtime")."""
 
 
 def swiglu_width(d_model: int, ratio: float) -> int:

@@ -4,9 +4,8 @@
 Only last-stage ranks hold any loss, so reporting it needs a sum over every rank. A plain all-reduce on
 the compute stream followed by ``float()`` is a barrier between the stages: a stage that finishes its step
 early waits for the last one before it may take its optimizer step and start the next step's forwards,
-so the next step's fill (the later stages waiting for the first chunk forward) is paid in full every step.
-On two H200s the first stage idled 13 ms at the end of a 0.92 s step that way, and the last stage about
-as long at the start of the next (docs/benchmarks.md); torch's pipeline schedules keep the loss on the
+so the next step's fill (the later stages waiting for the first chunk forward) is paid in full every step
+(docs/benchmarks.md, "Measurements behind the runtime"); torch's pipeline schedules keep the loss on the
 last stage and have no such barrier. :class:`PendingLoss` runs the all-reduce on a side stream, copies
 the sum to pinned host memory there and records an event; ``value()`` waits for that event only, so a
 caller that asks for step ``k``'s loss after queueing step ``k + 1`` overlaps the two. On the CPU (gloo)

@@ -37,8 +37,9 @@ def build_optimizer(parameters, config: TrainConfig) -> torch.optim.Optimizer:
     """SGD or AdamW as the schedule asks; on CUDA, AdamW is torch's fused implementation.
 
     The optimizer step sits on a pipeline's critical path at the step boundary: the first stage's next
-    forward waits for it, and the later stages for that forward. On an H200 stage of about 0.5B parameters
-    torch's default (foreach) AdamW ran 182 kernels in 6.6 ms; the fused one is one pass over the state.
+    forward waits for it, and the later stages for that forward. The fused AdamW is one pass over the state,
+    where torch's default (foreach) one launches many kernels (docs/benchmarks.md, "Measurements behind the
+    runtime").
     """
     parameters = list(parameters)
     optimizer = config.optimizer

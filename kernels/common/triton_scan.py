@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from schedlang.kernels.common.launch_tables import register_launch_table
 from schedlang.kernels.common.sizes import cdiv, launch_options, next_power_of_2, states_dtype
 
 
@@ -158,16 +159,18 @@ def chunk_state_scan_pair_kernel(
         )
 
 
-SCAN_LAUNCH = dict(block_k=8, block_v=32, prefetch=1, num_warps=4, num_stages=3, pair_max_chunks=64)
+SCAN_LAUNCH = register_launch_table("scan", __name__, {
+    "scan": dict(block_k=8, block_v=32, prefetch=1, num_warps=4, num_stages=3, pair_max_chunks=64),
+})
 """Tile of the state each scan program walks along the chunks (small tiles: more programs walk at once), whether
 it loads three steps ahead ([Note: scan prefetch]), its launch options, and the most chunks for which the
 backward runs its two scans as one launch ([Note: paired scans]); read at call time
-(benchmarks/tune_kernels.py sweeps it). Measured on an H200 at T=4K, state in/out, graph replay (docs/benchmarks.md):
-GLA forward+backward 0.551 ms with the old (16 x 32, no prefetch), 0.526 with this; prefetch at 16 x 32 took 0.661."""
+([Note: launch tables] in kernels/common/launch_tables.py, which also says where the measurements are)."""
 
 
 def _scanblock_size(key_dim: int, value_dim: int) -> tuple[int, int]:
-    return min(SCAN_LAUNCH["block_k"], next_power_of_2(key_dim)), min(SCAN_LAUNCH["block_v"], next_power_of_2(value_dim))
+    launch = SCAN_LAUNCH["scan"]
+    return min(launch["block_k"], next_power_of_2(key_dim)), min(launch["block_v"], next_power_of_2(value_dim))
 
 
 def chunk_state_scan(
@@ -194,7 +197,8 @@ def chunk_state_scan(
         initial_state.contiguous() if initial_state is not None else updates, final_state, n_chunks,
         K=key_dim, V=value_dim, BK=block_k, BV=block_v,
         SCALAR_GATE=chunk_gate.dim() == 3, REVERSE=reverse, HAS_INITIAL=initial_state is not None,
-        INTERPRETED=INTERPRETED, PREFETCH=bool(SCAN_LAUNCH["prefetch"]), STORE=True, **launch_options(SCAN_LAUNCH),
+        INTERPRETED=INTERPRETED, PREFETCH=bool(SCAN_LAUNCH["scan"]["prefetch"]), STORE=True,
+        **launch_options(SCAN_LAUNCH["scan"]),
     )
     return states, final_state
 
@@ -213,7 +217,8 @@ def chunk_state_scan_last(updates: torch.Tensor, chunk_gate: torch.Tensor, rever
         updates, chunk_gate.contiguous(), updates, updates, last, n_chunks,
         K=key_dim, V=value_dim, BK=block_k, BV=block_v,
         SCALAR_GATE=chunk_gate.dim() == 3, REVERSE=reverse, HAS_INITIAL=False,
-        INTERPRETED=INTERPRETED, PREFETCH=bool(SCAN_LAUNCH["prefetch"]), STORE=False, **launch_options(SCAN_LAUNCH),
+        INTERPRETED=INTERPRETED, PREFETCH=bool(SCAN_LAUNCH["scan"]["prefetch"]), STORE=False,
+        **launch_options(SCAN_LAUNCH["scan"]),
     )
     return last
 
@@ -243,7 +248,7 @@ def chunk_state_scan_pair(
         chunk_gate.contiguous(), n_chunks, batch * heads,
         K=key_dim, V=value_dim, BK=block_k, BV=block_v, SCALAR_GATE=chunk_gate.dim() == 3,
         HAS_INITIAL=initial_state is not None, HAS_FINAL_GRAD=final_state_grad is not None,
-        INTERPRETED=INTERPRETED, PREFETCH=bool(SCAN_LAUNCH["prefetch"]), **launch_options(SCAN_LAUNCH),
+        INTERPRETED=INTERPRETED, PREFETCH=bool(SCAN_LAUNCH["scan"]["prefetch"]), **launch_options(SCAN_LAUNCH["scan"]),
     )
     return states, state_grads, initial_grad
 
@@ -291,11 +296,11 @@ def recurrence_gradients(prepared: PreparedChunks, initial_state, final_state_gr
     backward share that wait when they run as one launch (chunk_state_scan_pair). With many chunks each scan
     alone keeps the memory system busy, and the paired launch is no faster than two, and slower when it also
     loads a boundary state (an initial state or a final-state gradient): above
-    SCAN_LAUNCH["pair_max_chunks"] the two scans run as separate launches.
+    SCAN_LAUNCH["scan"]["pair_max_chunks"] the two scans run as separate launches.
     """
     if saved_states is not None:
         states = saved_states
-    elif prepared.chunk_gate.shape[2] <= SCAN_LAUNCH["pair_max_chunks"]:
+    elif prepared.chunk_gate.shape[2] <= SCAN_LAUNCH["scan"]["pair_max_chunks"]:
         return chunk_state_scan_pair(
             prepared.updates, prepared.grad_updates, prepared.chunk_gate, initial_state, final_state_grad, dtype
         )

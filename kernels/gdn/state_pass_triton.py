@@ -14,19 +14,17 @@ import torch
 import triton
 import triton.language as tl
 
+from schedlang.kernels.common.launch_tables import register_launch_table
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options
 from schedlang.kernels.common.triton_scan import INTERPRETED, new_output
 
-LAUNCH = {
+LAUNCH = register_launch_table("gdn", __name__, {
     "forward": {"block_v": 32, "precision": "tf32x3", "num_warps": 4, "num_stages": 3},
     "backward": {"block_v": 16, "precision": "tf32x3", "num_warps": 4, "num_stages": 3},
-}
-"""Launch table, read at call time: value columns per program (a [K, 32] float32 state slice is 16 KiB at
-K = 128), the products' input precision, warps, stages. Tuned on an H200 (benchmarks/tune_kernels.py
---operators gdn --length 32768): the operator's forward+backward went from 155 ms ("ieee", 32 columns both
-ways) to 31.5 ms, results within 4e-5 of the "ieee" table. Keep the backward at 4 warps: with 8 (16 columns,
-"tf32x3", Triton 3.6, H200) its results were 6% off the 4-warp ones in a fresh process, and in the sweep it hit
-an illegal memory access (docs/benchmarks.md); 2 warps gave bit-identical results."""
+})
+"""Launch table, read at call time ([Note: launch tables]): value columns per program (a [K, 32] float32 state
+slice is 16 KiB at K = 128), the products' input precision, warps, stages. The backward runs at most 4 warps:
+Triton 3.6 miscompiled it at 8 on an H200 (docs/benchmarks.md, "Launch tables")."""
 
 
 @triton.jit

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from schedlang.kernels.common.function import Implementation
+from schedlang.kernels.common.launch_tables import register_launch_table
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, next_power_of_2, states_dtype
 from schedlang.kernels.common.triton_scan import (
     PreparedChunks,
@@ -54,21 +55,19 @@ exp(gc - mid) and exp(mid - gc) then stay within exp(+-30), far inside bfloat16'
 FLOAT16_SPAN_LIMIT = 8.0
 """float16 overflows at 65504: its gated operands keep their factors within exp(+-4)."""
 
-LAUNCH = {
-    # tile edges (the largest; smaller dimensions get smaller tiles) and launch options per kernel, picked on an
-    # H200 by benchmarks/tune_kernels.py (B=1, T=16K, H=16, D=128, bf16; docs/benchmarks.md), which sweeps this
-    # table. block_v = 128 covers the whole value dimension, so each chunk's scores are formed once.
+LAUNCH = register_launch_table("gla", __name__, {
+    # tile edges (the largest; smaller dimensions get smaller tiles) and launch options per kernel,
+    # [Note: launch tables]. block_v = 128 covers the whole value dimension, so each chunk's scores are formed once.
     "updates": dict(block_k=64, num_warps=4, num_stages=3),
     "updates_with_gradients": dict(block_k=64, num_warps=4, num_stages=3),
     "smooth_output": dict(block_k=32, block_v=128, num_warps=8, num_stages=4),
     "smooth_dv": dict(block_k=32, block_v=128, num_warps=8, num_stages=3),
     "smooth_dqkg": dict(block_k=64, block_v=64, key_splits=1, num_warps=8, num_stages=3),
-}
-"""The launch table of the Triton GLA kernels (read at call time: the tuning benchmark edits it in place)."""
+})
+"""The launch table of the Triton GLA kernels, read at call time (kernels/common/launch_tables.py)."""
 STEEP_GROUP = 8  # a power of two
 """Chunks per program of the steep-path kernels: on smooth data each program only loads its group's spans, so the
-cost of those launches falls with the number of programs (with one program per chunk, the five early-exit launches
-took about 0.1 ms of a GLA forward+backward at 16K in the H200 profile, docs/benchmarks.md)."""
+cost of those launches falls with the number of programs ([Note: launch tables] says where it was measured)."""
 
 
 def steep_grid(n_all: int, blocks: int = 1) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from schedlang.kernels.common.function import Implementation
+from schedlang.kernels.common.launch_tables import register_launch_table
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, states_dtype
 from schedlang.kernels.common.triton_gradients import chunk_score_gradients, chunk_state_products
 from schedlang.kernels.common.triton_scan import (
@@ -29,16 +30,15 @@ from schedlang.kernels.common.triton_scan import (
 )
 
 CHUNK = 64
-LAUNCH = {
-    # tile edges (the largest; smaller dimensions get smaller tiles) and launch options per kernel, picked on an
-    # H200 by benchmarks/tune_kernels.py (B=1, T=16K, H=16, D=128, bf16; docs/benchmarks.md)
+LAUNCH = register_launch_table("simple_gla", __name__, {
+    # tile edges (the largest; smaller dimensions get smaller tiles) and launch options per kernel ([Note: launch tables])
     "updates": dict(block_k=64, block_v=128, num_warps=4, num_stages=3),
     "updates_with_gradients": dict(block_k=128, block_v=64, num_warps=8, num_stages=3),
     "output": dict(block_k=64, block_v=128, num_warps=8, num_stages=3),
     "dv": dict(block_k=64, block_v=128, num_warps=8, num_stages=3),
     "dqkg": dict(block_v=64, num_warps=8, num_stages=3),  # all keys (up to 256) in one tile
-}
-"""The launch table of the Triton simple-GLA kernels (read at call time: the tuning benchmark edits it in place)."""
+})
+"""The launch table of the Triton simple-GLA kernels, read at call time (kernels/common/launch_tables.py)."""
 
 
 @triton.jit

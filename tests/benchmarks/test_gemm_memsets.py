@@ -1,17 +1,12 @@
 """benchmarks/gemm_memsets.py replays the linear layers of a GLA block: they must be the runtime model's."""
 
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from gemm_memsets import block_linears  # noqa: E402
-
-from schedlang.runtime.config import ModelConfig  # noqa: E402
-from schedlang.vocabulary import LayerKind  # noqa: E402
-from schedlang.runtime.linear import Linear  # noqa: E402
-from schedlang.runtime.model import build_stage_model, swiglu_width  # noqa: E402
+from benchmarks.gemm_memsets import block_linears
+from schedlang.runtime.config import ModelConfig
+from schedlang.runtime.linear import Linear
+from schedlang.runtime.model import build_stage_model, swiglu_width
+from schedlang.vocabulary import LayerKind
 
 
 def test_the_benchmark_replays_the_linear_layers_of_a_runtime_gla_block():

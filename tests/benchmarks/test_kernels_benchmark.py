@@ -2,26 +2,15 @@
 operator takes them (checked against the float64 token-by-token reference), and its forward+backward closure
 returns one finite gradient per input. The timings themselves need a GPU."""
 
-import importlib.util
-import pathlib
-
 import pytest
 import torch
 
+from benchmarks import kernels as benchmark
 from schedlang.kernels.gdn import naive_recurrent_gated_delta_rule
 from schedlang.kernels.gla.naive import naive_recurrent_gla
 from schedlang.kernels.simple_gla.naive import naive_recurrent_simple_gla
 
-PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
 REFERENCES = {"gla": naive_recurrent_gla, "simple_gla": naive_recurrent_simple_gla, "gdn": naive_recurrent_gated_delta_rule}
-
-
-@pytest.fixture(scope="module")
-def benchmark():
-    spec = importlib.util.spec_from_file_location("kernels_benchmark_under_test", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def in_float64(function):
@@ -34,7 +23,7 @@ def in_float64(function):
 
 @pytest.mark.parametrize("operator", ["gla", "simple_gla", "gdn"])
 @pytest.mark.parametrize("with_state", [False, True])
-def test_operands_reach_the_operator_in_its_order(benchmark, operator, with_state):
+def test_operands_reach_the_operator_in_its_order(operator, with_state):
     torch.manual_seed(0)
     inputs = benchmark.make_inputs(operator, 40, 2, 16, with_state, device="cpu")
     function = benchmark.OURS[operator]
@@ -47,7 +36,7 @@ def test_operands_reach_the_operator_in_its_order(benchmark, operator, with_stat
         assert gradient.shape == leaf.shape and bool(torch.isfinite(gradient).all())
 
 
-def test_gdn_inputs_are_what_gated_deltanet_feeds(benchmark):
+def test_gdn_inputs_are_what_gated_deltanet_feeds():
     q, k, v, g, beta, state = benchmark.make_inputs("gdn", 32, 2, 16, True, device="cpu")
     assert torch.allclose(k.float().norm(dim=-1), torch.ones(1, 32, 2), atol=1e-2)
     assert bool(((beta > 0) & (beta < 1)).all()) and bool((g <= 0).all())

@@ -1,11 +1,6 @@
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from nccl_overlap import KernelRun, kernel_runs, merged, overlap_cost, overlap_with  # noqa: E402
+from benchmarks.nccl_overlap import KernelRun, kernel_runs, merged, overlap_cost, overlap_with
 
 
 def kernel(name, start, duration):

@@ -2,13 +2,10 @@
 
 import gzip
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from trace_gaps import compute_intervals, load_events, memset_starts, step_gaps  # noqa: E402
+from benchmarks.trace_gaps import compute_intervals, load_events, memset_starts, step_gaps
 
 
 def _kernel(name: str, ts: float, dur: float) -> dict:

@@ -149,18 +149,17 @@ def test_gla_smooth_and_steep_chunk_paths_each_match_the_reference(monkeypatch, 
 def test_gla_launch_table_variants_stay_exact(monkeypatch, entry, overrides):
     """benchmarks/tune_kernels.py sweeps chunk_triton.LAUNCH: every tile and split it may pick must give the
     reference, on mixed smooth and steep chunks, with steep groups (STEEP_GROUP = 4, 3 chunks a head) that straddle heads."""
+    from schedlang.kernels.common.launch_tables import launch_overrides
     from schedlang.kernels.gla import chunk_triton
 
-    table = {name: dict(values) for name, values in chunk_triton.LAUNCH.items()}
-    table[entry].update(overrides)
-    monkeypatch.setattr(chunk_triton, "LAUNCH", table)
     monkeypatch.setattr(chunk_triton, "STEEP_GROUP", 4)
     operator = OPERATORS["gla"]
     dtype, tolerance = DTYPES["float32"]
     inputs = make_inputs(operator, 1, 1000 if ON_GPU else 180, 2, 64, "strong", True, dtype, DEVICE, generator_seed=5)
     spans = _chunk_gate_spans(inputs.g.cpu())
     assert 0 < int((spans <= chunk_triton.SPAN_LIMIT).sum()) < len(spans)
-    assert_close(run_with_grads(operator.chunked, inputs, backend="triton"), reference(operator, inputs), tolerance)
+    with launch_overrides({"gla": {entry: overrides}}):
+        assert_close(run_with_grads(operator.chunked, inputs, backend="triton"), reference(operator, inputs), tolerance)
 
 
 @pytest.mark.parametrize("operator_name", ["gla", "simple_gla"])
@@ -170,17 +169,18 @@ def test_gla_launch_table_variants_stay_exact(monkeypatch, entry, overrides):
     [dict(prefetch=0), dict(prefetch=1), dict(prefetch=1, block_k=8, block_v=16), dict(pair_max_chunks=0)],
     ids=["no_prefetch", "prefetch", "prefetch-8x16", "separate_backward_scans"],
 )
-def test_scan_variants_stay_exact(monkeypatch, operator_name, length, scan):
+def test_scan_variants_stay_exact(operator_name, length, scan):
     """Both loops of the state scan (operands loaded three steps ahead, or each step's own), over fewer chunks
     than the prefetch depth (1 and 3 chunks) and many, with an initial state and a final-state gradient; and
     the backward's two scans as one launch or two ([Note: paired scans])."""
-    from schedlang.kernels.common import triton_scan
+    from schedlang.kernels.common import triton_scan  # noqa: F401 (registers the scan's launch table)
+    from schedlang.kernels.common.launch_tables import launch_overrides
 
-    monkeypatch.setattr(triton_scan, "SCAN_LAUNCH", dict(triton_scan.SCAN_LAUNCH, **scan))
     operator = OPERATORS[operator_name]
     dtype, tolerance = DTYPES["float32"]
     inputs = make_inputs(operator, 2, length, 2, 32, "weak", True, dtype, DEVICE, generator_seed=11)
-    assert_close(run_with_grads(operator.chunked, inputs, backend="triton"), reference(operator, inputs), tolerance)
+    with launch_overrides({"scan": {"scan": scan}}):
+        assert_close(run_with_grads(operator.chunked, inputs, backend="triton"), reference(operator, inputs), tolerance)
 
 
 @pytest.mark.parametrize("operator_name", ["gla", "simple_gla"])

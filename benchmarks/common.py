@@ -1,0 +1,101 @@
+"""Helpers the benchmark scripts share: waiting for a device, its memory figures, the kernel time of a profiled
+step, byte counts in words.
+
+Every function takes the ``torch.device`` a measurement runs on and is a no-op (or 0) off CUDA, so a script's
+whole path runs on the CPU too; only the numbers need a GPU.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def memory_now(device: torch.device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device) -> int:
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+
+
+def peak_reserved(device: torch.device) -> int:
+    """What the caching allocator held at most. Unlike the allocated peak it sees CUDA-graph pools whole: the
+    intermediate tensors of a captured graph are freed in the allocator's books at the end of capture, yet
+    every replay writes their blocks, which stay reserved in the graph's private pool."""
+    return torch.cuda.max_memory_reserved(device) if device.type == "cuda" else 0
+
+
+def reserved_now(device: torch.device) -> int:
+    return torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
+
+
+def release(device: torch.device) -> None:
+    """Drop unreachable tensors and hand the allocator's free blocks back, so the next figure starts clean."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def model_state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the weights, their gradients and the optimizer's state: what a step keeps whatever the schedule."""
+    tensors = [parameter for parameter in module.parameters()]
+    tensors += [parameter.grad for parameter in module.parameters() if parameter.grad is not None]
+    tensors += [value for state in optimizer.state.values() for value in state.values() if torch.is_tensor(value)]
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+
+def gib(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:.1f}"
+
+
+KERNELS_KEPT = 40
+"""How many kernel names, by total time, a record keeps (``kernels``: name -> seconds in the profiled step)."""
+
+
+def kernel_seconds_of_step(
+    step, device: torch.device, trace: Path | None = None
+) -> tuple[float, float, dict[str, float]]:
+    """One more ``step()`` under torch.profiler: seconds of compute kernels, of communication kernels, and per name.
+
+    Against the step time this splits a rank's step into its own GPU work, communication and idle time
+    (bubbles, waits, host-bound launch gaps): the figure that says why a schedule is slower than its model.
+    The per-name totals (the ``KERNELS_KEPT`` largest) say where one system's GPU work differs from another's;
+    ``trace`` (a path) also gets the step as a Chrome trace, which shows when kernels overlap.
+    """
+    if device.type != "cuda":
+        return 0.0, 0.0, {}
+    # One step first, not waited for: the profiled step then queues behind it as every step of a timed loop
+    # does. Profiled from an idle GPU, the host work at the start of a step (zeroing the gradients, the tokens)
+    # would show as a wait that the steady state hides.
+    step()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        step()
+        synchronize(device)
+    if trace is not None:
+        profiler.export_chrome_trace(str(trace))
+    compute = communication = 0.0
+    by_name: dict[str, float] = {}
+    for event in profiler.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            seconds = event.device_time_total / 1e6
+            by_name[event.name] = by_name.get(event.name, 0.0) + seconds
+            if "nccl" in event.name.lower():
+                communication += seconds
+            else:
+                compute += seconds
+    largest = sorted(by_name.items(), key=lambda item: -item[1])[:KERNELS_KEPT]
+    return compute, communication, dict(largest)
