@@ -8,7 +8,7 @@ data-parallel replicas save identical, deduplicated entries. Every checkpoint
 also holds the run record of schedlang.runtime.checkpoint_manifest, compared
 with the schedule before any tensor is loaded.
 
-[Note: checkpoint trust boundary] torch's checkpoint metadata (``.metadata``)
+[Note: checkpoint trust boundary] The checkpoint metadata torch writes (``.metadata``)
 is a pickle, so loading a checkpoint can run code its writer chose. A resume
 therefore trusts only what the user running it wrote: the checkpoint
 directory, the step directory and every file in it must be owned by the

@@ -78,7 +78,7 @@ def _signal_group(process: subprocess.Popen, signum: int) -> None:
 def launch(request: LaunchRequest) -> int:
     """Run the job to completion with its output on this terminal; returns torchrun's exit status.
 
-    [Note: stopping a run] torchrun runs in a process group of its own, so a SIGINT or SIGTERM reaches
+    [Note: stopping a run] The launcher, torchrun, runs in a process group of its own, so a SIGINT or SIGTERM reaches
     this process only; it is passed on to torchrun as SIGTERM, and torchrun ends every rank (each rank
     also dies with its launcher: schedlang.runtime.lifetime). What has not exited after
     ``GRACE_SECONDS`` is killed. Then :class:`LaunchInterrupted` carries ``128 + signal`` out, one line
