@@ -17,7 +17,9 @@ from pathlib import Path
 
 import jinja2
 
+from schedlang.lowering import paths
 from schedlang.lowering.program import MlpKind, Recompute, ScheduleProgram
+from schedlang.lowering.script_text import docstring_script_name
 from schedlang.vocabulary import Action
 
 ACTIONS_PER_LINE = 8
@@ -125,14 +127,6 @@ def _layers_text(layers: tuple[int, ...]) -> str:
     return f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
 
 
-def _resolve_data_path(program: ScheduleProgram) -> str | None:
-    """A relative corpus path is relative to the schedule file, as the user wrote it there."""
-    path = program.train.data.path
-    if path is None or Path(path).is_absolute() or program.source_file.startswith("<"):
-        return path
-    return str((Path(program.source_file).parent / path).resolve())
-
-
 def build_view(
     program: ScheduleProgram, stage_actions: Sequence[Sequence[Action]], script_name: str = "train.py"
 ) -> TrainScriptView:
@@ -160,7 +154,7 @@ def build_view(
     return TrainScriptView(
         title=f"schedule {program.name}" if _SAFE_NAME.match(program.name) else "a schedule",
         source_literal=repr(Path(program.source_file).name),
-        script_name=script_name,
+        script_name=docstring_script_name(script_name),
         order_name=_order_name(program.pipeline),
         mesh_shape=mesh_shape,
         mesh_shape_literal=repr(mesh_shape),
@@ -197,7 +191,7 @@ def build_view(
             momentum=repr(float(train.optimizer.momentum)),
             data_kind=repr(train.data.kind.value),
             data_seed=repr(train.data.seed),
-            data_path=repr(_resolve_data_path(program)),
+            data_path=repr(paths.data_path(program)),
             grad_clip=repr(None if train.grad_clip is None else float(train.grad_clip)),
             checkpoint_directory=repr(None if checkpoint is None else checkpoint.directory),
             checkpoint_every=repr(0 if checkpoint is None else checkpoint.every),

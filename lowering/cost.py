@@ -33,6 +33,7 @@ turns that unit into the timeline's.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -163,12 +164,21 @@ gate activation, recurrence kernels and residual add; an MLP's norm, two GEMMs, 
 embedding, or the final norm, head and loss."""
 
 
+def layer_kind_counts(model: ModelSpec, layers: tuple[int, ...]) -> Counter:
+    """How many of ``layers`` are of each kind: per-layer sums go over kinds, since ``model.has_mlp`` reads the
+    whole model and calling it once per layer made the cost model quadratic in the layer count."""
+    return Counter(model.layers[layer] for layer in layers)
+
+
 def kernel_launches(model: ModelSpec, layers: tuple[int, ...], is_first: bool, is_last: bool) -> int:
     """Kernels one chunk's forward launches on a stage holding ``layers``."""
     count = sum(
-        (KERNELS_PER_MIXER_FORWARD if model.layers[layer].is_mixer else 0)
-        + (KERNELS_PER_MLP_FORWARD if model.has_mlp(model.layers[layer]) else 0)
-        for layer in layers
+        n_layers
+        * (
+            (KERNELS_PER_MIXER_FORWARD if kind.is_mixer else 0)
+            + (KERNELS_PER_MLP_FORWARD if model.has_mlp(kind) else 0)
+        )
+        for kind, n_layers in layer_kind_counts(model, layers).items()
     )
     return count + KERNELS_PER_STAGE_END_FORWARD * (is_first + is_last)
 
@@ -181,9 +191,8 @@ def head_flops_per_token(model: ModelSpec) -> float:
 def linear_layers(model: ModelSpec, layers: tuple[int, ...], is_last: bool) -> int:
     """Linear layers on a stage holding ``layers``: one weight-gradient GEMM each, what a ``W`` task launches."""
     count = sum(
-        LINEAR_LAYERS_PER_MIXER.get(model.layers[layer], 0)
-        + (LINEAR_LAYERS_PER_MLP if model.has_mlp(model.layers[layer]) else 0)
-        for layer in layers
+        n_layers * (LINEAR_LAYERS_PER_MIXER.get(kind, 0) + (LINEAR_LAYERS_PER_MLP if model.has_mlp(kind) else 0))
+        for kind, n_layers in layer_kind_counts(model, layers).items()
     )
     return count + is_last  # the LM head
 
@@ -207,8 +216,17 @@ class FlopsCostModel:
         self.batch = program.pipeline.microbatch_size
         self.sequence_ranks = program.mesh.sequence
         self.state_bytes_per_layer = self.batch * model.heads * model.head_dim * model.head_dim * self.element_bytes
+        self.stage_kinds = [layer_kind_counts(model, layers) for layers in program.stage_layers]
         self.recurrent_layers = [
-            sum(model.layers[layer].is_recurrent for layer in layers) for layers in program.stage_layers
+            sum(n_layers for kind, n_layers in kinds.items() if kind.is_recurrent) for kinds in self.stage_kinds
+        ]
+        self.stage_launches = [
+            kernel_launches(model, layers, stage == 0, stage == program.n_stages - 1)
+            for stage, layers in enumerate(program.stage_layers)
+        ]
+        self.stage_linear_layers = [
+            linear_layers(model, layers, stage == program.n_stages - 1)
+            for stage, layers in enumerate(program.stage_layers)
         ]
         self.forward_seconds = [
             [self._stage_chunk_seconds(stage, chunk) for chunk in range(program.n_chunks)]
@@ -247,14 +265,14 @@ class FlopsCostModel:
         tokens = program.sequence.chunk_length(chunk)
         is_last = stage == program.n_stages - 1
         per_token = 0.0
-        for layer in program.stage_layers[stage]:
-            kind = model.layers[layer]
-            per_token += mixer_projection_flops_per_token(kind, model.d_model, model.heads, model.head_dim)
-            per_token += mlp_flops_per_token(model) if model.has_mlp(kind) else 0.0
+        for kind, n_layers in self.stage_kinds[stage].items():
+            projections = mixer_projection_flops_per_token(kind, model.d_model, model.heads, model.head_dim)
+            per_token += n_layers * projections
+            per_token += n_layers * mlp_flops_per_token(model) if model.has_mlp(kind) else 0.0
         if is_last:
             per_token += head_flops_per_token(model)
         seconds = self.batch * per_token * tokens / self.sequence_ranks / hardware.throughput_flops
-        return seconds + linear_layers(model, program.stage_layers[stage], is_last) * hardware.kernel_gap_s
+        return seconds + self.stage_linear_layers[stage] * hardware.kernel_gap_s
 
     def _stage_chunk_seconds(self, stage: int, chunk: int) -> float:
         program, model, hardware = self.program, self.program.model, self.hardware
@@ -264,19 +282,19 @@ class FlopsCostModel:
         per_token = 0.0
         pairs_flops = 0.0
         attention_layers = 0
-        for layer in program.stage_layers[stage]:
-            kind = model.layers[layer]
-            per_token += mixer_flops_per_token(kind, model.d_model, model.heads, model.head_dim, kernel_chunk)
-            per_token += mlp_flops_per_token(model) if model.has_mlp(kind) else 0.0
+        for kind, n_layers in self.stage_kinds[stage].items():
+            mixer = mixer_flops_per_token(kind, model.d_model, model.heads, model.head_dim, kernel_chunk)
+            per_token += n_layers * mixer
+            per_token += n_layers * mlp_flops_per_token(model) if model.has_mlp(kind) else 0.0
             if kind is LayerKind.ATTN:
-                attention_layers += 1
-                pairs_flops += attention_pair_flops(model.heads, model.head_dim) * (prefix * tokens + tokens * tokens / 2)
+                attention_layers += n_layers
+                pair = attention_pair_flops(model.heads, model.head_dim) * (prefix * tokens + tokens * tokens / 2)
+                pairs_flops += n_layers * pair
         if stage == program.n_stages - 1:
             per_token += head_flops_per_token(model)
         flops = self.batch * (per_token * tokens + pairs_flops) / self.sequence_ranks
         seconds = flops / hardware.throughput_flops
-        launches = kernel_launches(model, program.stage_layers[stage], stage == 0, stage == program.n_stages - 1)
-        seconds += launches * hardware.kernel_gap_s
+        seconds += self.stage_launches[stage] * hardware.kernel_gap_s
         return seconds + self._sequence_parallel_seconds(stage, tokens, attention_layers)
 
     def _sequence_parallel_seconds(self, stage: int, tokens: int, attention_layers: int) -> float:

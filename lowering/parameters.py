@@ -8,6 +8,7 @@ follow ``schedlang.runtime.model``; tests/lowering/test_lowering_parameters.py b
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from schedlang.lowering.program import MlpKind, ModelSpec, ScheduleProgram
@@ -59,8 +60,10 @@ def stage_parameters(program: ScheduleProgram, stage: int) -> ParameterCount:
     """The layers of ``stage``, plus the embedding on the first stage and the final norm and head on the last."""
     model = program.model
     count = ParameterCount(0, 0)
-    for layer in program.stage_layers[stage]:
-        count = count + layer_parameters(model, model.layers[layer])
+    kinds = Counter(model.layers[layer] for layer in program.stage_layers[stage])
+    for kind, n_layers in kinds.items():  # once per kind: layer_parameters looks at the whole model
+        one = layer_parameters(model, kind)
+        count = count + ParameterCount(one.linear_weights * n_layers, one.other * n_layers)
     if stage == 0:
         count = count + ParameterCount(0, model.vocab * model.d_model)
     if stage == program.n_stages - 1:

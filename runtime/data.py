@@ -21,6 +21,8 @@ exist on every machine that runs this code.
 
 from __future__ import annotations
 
+import os
+import stat
 import sysconfig
 from pathlib import Path
 
@@ -45,9 +47,42 @@ def default_corpus_files() -> list[Path]:
     return sorted(path for path in root.rglob("*.py") if "site-packages" not in path.parts)
 
 
+class DataFileError(ValueError):
+    """A data path that is not a readable regular file; the message is one line naming it."""
+
+
+def data_file_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a corpus, or None when it is a readable regular file.
+
+    Only regular files are read: a FIFO would block the rank forever and a device such as ``/dev/zero``
+    would be read until memory runs out. ``stat`` does not open the file, so asking never blocks.
+    """
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return f"data file {path} does not exist"
+    except OSError as error:
+        return f"data file {path} cannot be read: {error.strerror or error}"
+    if stat.S_ISDIR(info.st_mode):
+        return f"data file {path} is a directory; name a text file in it"
+    if not stat.S_ISREG(info.st_mode):
+        return f"data file {path} is not a regular file (a pipe, socket or device); copy the data into a file"
+    if not os.access(path, os.R_OK):
+        return f"data file {path} cannot be read: permission denied"
+    return None
+
+
 def read_corpus(path: str | None, limit_bytes: int = DEFAULT_CORPUS_LIMIT_BYTES) -> torch.Tensor:
+    """The corpus as token ids: the file at ``path`` (a regular file, else :class:`DataFileError`), or with no
+    path the first ``limit_bytes`` of the default corpus."""
     if path is not None:
-        data = Path(path).read_bytes()
+        problem = data_file_problem(path)
+        if problem is not None:
+            raise DataFileError(problem)
+        try:
+            data = Path(path).read_bytes()
+        except OSError as error:
+            raise DataFileError(f"data file {path} cannot be read: {error.strerror or error}") from None
     else:
         pieces, total = [], 0
         for file in default_corpus_files():

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from schedlang.runtime.lifetime import die_with_parent
+
 MESH_DIMENSIONS = ("pipeline", "sequence", "data")
 
 
@@ -55,12 +57,33 @@ def resolve_device(device_type: str) -> torch.device:
     return torch.device("cpu")
 
 
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def require_launcher(world_size: int) -> None:
+    """Exit with the torchrun command line when the process was started without torchrun's environment."""
+    missing = [name for name in LAUNCHER_VARIABLES if name not in os.environ]
+    if missing:
+        import shlex
+        import sys
+
+        script = shlex.quote(sys.argv[0] or "train.py")
+        raise SystemExit(
+            f"{script}: error: this script is one rank of a {world_size}-process job and needs torchrun's "
+            f"environment ({', '.join(missing)} not set); launch it with: "
+            f"torchrun --nproc-per-node {world_size} {script}"
+        )
+
+
 def init_mesh(pipeline: int, sequence: int, data: int, device_type: str, timeout_s: float = 300.0) -> RuntimeMesh:
     """Join the job torchrun started and build the mesh; gloo on CPU, NCCL on CUDA.
 
     The world size must equal ``pipeline * sequence * data``: the schedule
     fixes the mesh, so a mismatched launch is an error rather than a resize.
     """
+    if not dist.is_initialized():
+        require_launcher(pipeline * sequence * data)
+        die_with_parent()
     device = resolve_device(device_type)
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"

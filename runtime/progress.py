@@ -38,15 +38,18 @@ def progress_line(metrics: StepMetrics, total_steps: int) -> str:
 
 
 class StepReporter:
-    """Prints one progress line per step and appends one JSON object per step to ``metrics_path``."""
+    """Appends one JSON object per step to ``metrics_path``, whatever ``log_every`` is, and prints the progress
+    lines the trainer asks to show."""
 
     def __init__(self, total_steps: int, metrics_path: str | None, stream: TextIO = sys.stdout) -> None:
         self.total_steps = total_steps
         self.stream = stream
         self.metrics_file = open(metrics_path, "a", encoding="utf-8") if metrics_path else None
 
-    def report(self, metrics: StepMetrics) -> None:
-        print(progress_line(metrics, self.total_steps), file=self.stream, flush=True)
+    def report(self, metrics: StepMetrics, show: bool = True) -> None:
+        """Append the step to the metrics file; print its progress line too when ``show`` (``log_every``)."""
+        if show:
+            print(progress_line(metrics, self.total_steps), file=self.stream, flush=True)
         if self.metrics_file is not None:
             self.metrics_file.write(json.dumps(asdict(metrics)) + "\n")
             self.metrics_file.flush()

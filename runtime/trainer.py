@@ -192,11 +192,21 @@ class Trainer:
         if dist.is_initialized():
             dist.destroy_process_group()
 
-    def resume(self) -> int:
-        if self.train_config.checkpoint_directory:
-            from schedlang.runtime.checkpoint import load_checkpoint
+    def run_record(self) -> dict[str, str]:
+        """What each checkpoint records and a resume compares (schedlang.runtime.checkpoint_manifest)."""
+        from schedlang.runtime.checkpoint_manifest import run_record
 
-            self.start_step = load_checkpoint(self.train_config.checkpoint_directory, self.model, self.optimizer)
+        mesh_shape = (self.mesh.n_stages, self.pipeline_config.sequence_parallel, self.pipeline_config.data_parallel)
+        return run_record(self.model_config, self.pipeline_config, self.train_config, mesh_shape)
+
+    def resume(self, steps: int | None = None) -> int:
+        """Load the newest checkpoint; exits (one line) when it is refused or has reached ``steps`` already."""
+        if self.train_config.checkpoint_directory:
+            from schedlang.runtime.checkpoint import resume_or_exit
+
+            self.start_step = resume_or_exit(
+                self.train_config.checkpoint_directory, self.model, self.optimizer, self.run_record(), steps
+            )
         return self.start_step
 
     def train(self, steps: int, metrics_path: str | None = None, stop_after: int | None = None) -> list[float]:
@@ -214,13 +224,13 @@ class Trainer:
         def report(done: int, loss: PendingLoss, clock_token) -> None:
             losses.append(loss.value())  # returns once that step has finished on every rank
             elapsed = clock.seconds(clock_token)
-            if reporter is not None and (done % config.log_every == 0 or done == steps):
-                reporter.report(
-                    StepMetrics(done, losses[-1], tokens_per_step / elapsed, elapsed, peak_memory_bytes(self.mesh.device))
-                )
+            if reporter is not None:  # every step goes to --metrics; log_every thins the printed lines only
+                peak = peak_memory_bytes(self.mesh.device)
+                metrics = StepMetrics(done, losses[-1], tokens_per_step / elapsed, elapsed, peak)
+                reporter.report(metrics, show=done % config.log_every == 0 or done == steps)
 
         try:
-            first = self.resume()
+            first = self.resume(steps)
             clock = StepClock(self.mesh.device)
             for step in range(first, steps):
                 loss = self.queue_step(step)
@@ -230,7 +240,7 @@ class Trainer:
                 if config.checkpoint_directory and config.checkpoint_every and done % config.checkpoint_every == 0:
                     from schedlang.runtime.checkpoint import save_checkpoint
 
-                    save_checkpoint(config.checkpoint_directory, done, self.model, self.optimizer)
+                    save_checkpoint(config.checkpoint_directory, done, self.model, self.optimizer, self.run_record())
                 if pending is not None:
                     report(*pending)
                 pending = (done, loss, token)

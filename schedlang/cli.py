@@ -16,11 +16,21 @@ import sys
 COMMAND_NAMES = ("check", "simulate", "viz", "export", "compile", "run")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("schedlang")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="schedlang",
         description="Compile, check, simulate and visualize pipeline schedules for linear-recurrence models.",
     )
+    parser.add_argument("--version", action="version", version=f"schedlang {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_NAMES:
         module = importlib.import_module(f"schedlang.commands.{name}")
@@ -32,13 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from schedlang.diagnostics import ScheduleError
+    from schedlang.outputs import end_quietly_on_broken_pipe, refuse_outputs_over_inputs
 
     args = build_parser().parse_args(argv)
     try:
+        refuse_outputs_over_inputs(args)
         return args.handler(args)
     except ScheduleError as error:
         print(error.render(), file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        return end_quietly_on_broken_pipe()
     except OSError as error:
         print(f"schedlang: error: {error}", file=sys.stderr)
         return 1

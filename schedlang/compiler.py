@@ -30,6 +30,7 @@ from pathlib import Path
 
 from schedlang import ast
 from schedlang.frontend import read_source
+from schedlang.limits import check_program_limits, check_syntax_limits
 from schedlang.lowering.codegen import render_train_script
 from schedlang.lowering.cost import CostModelKind, Hardware, make_cost_model
 from schedlang.lowering.legality import IllegalScheduleError, LegalityReport, check_orders
@@ -102,9 +103,11 @@ def compile_schedule(
     else:
         text, filename = _text_of(schedule)
         syntax = parse_text(text, filename)
+        check_syntax_limits(syntax, text)
         if through is Pass.PARSE:
             return Compilation(program=None, syntax=syntax)
         program = replace(lower_to_program(syntax, text), source_text=text)
+        check_program_limits(program, text)
     result = Compilation(program=program, syntax=syntax)
     if through <= Pass.CHECK:
         return result

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from schedlang.vocabulary import Severity, Span, render_message
+from schedlang.vocabulary.source_lines import MAX_SHOWN_DIAGNOSTICS, more_diagnostics_line, split_source
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,14 @@ class Diagnostic:
         return cls(Severity.ERROR, message, span, hint)
 
 
-def format_diagnostic(diagnostic: Diagnostic, source_text: str | None) -> str:
+def format_diagnostic(
+    diagnostic: Diagnostic, source_text: str | None, source_lines: list[str] | None = None
+) -> str:
     """``file:line:col: error: message``, the source line, a caret line, an optional hint
     (:func:`schedlang.vocabulary.source.render_message`, the one renderer)."""
-    return render_message(diagnostic.span, diagnostic.message, source_text, diagnostic.severity, diagnostic.hint)
+    return render_message(
+        diagnostic.span, diagnostic.message, source_text, diagnostic.severity, diagnostic.hint, source_lines
+    )
 
 
 class ScheduleError(Exception):
@@ -54,10 +59,11 @@ class ScheduleError(Exception):
         return sum(1 for diagnostic in self.diagnostics if diagnostic.severity is Severity.ERROR)
 
     def render(self) -> str:
-        parts = [
-            format_diagnostic(diagnostic, self.sources.get(diagnostic.span.file))
-            for diagnostic in self.diagnostics
-        ]
+        split = {name: split_source(text) for name, text in self.sources.items()}  # once per file
+        shown = self.diagnostics[:MAX_SHOWN_DIAGNOSTICS]
+        parts = [format_diagnostic(diagnostic, None, split.get(diagnostic.span.file)) for diagnostic in shown]
+        if len(self.diagnostics) > len(shown):
+            parts.append(more_diagnostics_line(len(self.diagnostics) - len(shown)))
         count = self.error_count
         if count > 1:
             parts.append(f"{count} errors")

@@ -13,6 +13,7 @@ from pathlib import Path
 from schedlang.diagnostics import Diagnostic, ScheduleError
 from schedlang.lowering.program import ScheduleProgram
 from schedlang.vocabulary import Span
+from schedlang.vocabulary.source_lines import normalize_source_text
 
 
 def read_source(path: str | Path) -> str:
@@ -32,7 +33,7 @@ def read_source(path: str | Path) -> str:
     except OSError as error:
         raise OSError(f"cannot read schedule file '{path}': {error.strerror or error}") from None
     try:
-        return data.decode("utf-8")
+        return normalize_source_text(data.decode("utf-8"))
     except UnicodeDecodeError as error:
         readable = data[: error.start].decode("utf-8")
         line = readable.count("\n") + 1

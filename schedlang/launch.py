@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -49,18 +50,68 @@ def torchrun_command(request: LaunchRequest) -> list[str]:
 
 
 def launch_environment(request: LaunchRequest) -> dict[str, str]:
-    """Share the CPU cores among the ranks instead of letting each start one thread per core."""
+    """Share the CPU cores among the ranks instead of letting each start one thread per core; keep torch's
+    temporary files (torchrun's error files, caches) in the script's directory, which ``run`` removes."""
     environment = dict(os.environ)
     environment.setdefault("PYTHONUNBUFFERED", "1")
+    environment["TMPDIR"] = str(request.script.parent)
     if request.device == "cpu":
         environment.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // request.nproc)))
     return environment
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+GRACE_SECONDS = 20.0
+
+
+class LaunchInterrupted(SystemExit):
+    """``schedlang run`` was stopped by a signal after its job was ended; exits ``128 + signal``."""
+
+
+def _signal_group(process: subprocess.Popen, signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def launch(request: LaunchRequest) -> int:
-    """Run the job to completion with its output on this terminal; returns torchrun's exit status."""
-    completed = subprocess.run(torchrun_command(request), env=launch_environment(request), check=False)
-    return completed.returncode
+    """Run the job to completion with its output on this terminal; returns torchrun's exit status.
+
+    [Note: stopping a run] The launcher, torchrun, runs in a process group of its own, so a SIGINT or SIGTERM reaches
+    this process only; it is passed on to torchrun as SIGTERM, and torchrun ends every rank (each rank
+    also dies with its launcher: schedlang.runtime.lifetime). What has not exited after
+    ``GRACE_SECONDS`` is killed. Then :class:`LaunchInterrupted` carries ``128 + signal`` out, one line
+    having said why, and the caller's temporary directory is removed on the way.
+    """
+    process = subprocess.Popen(torchrun_command(request), env=launch_environment(request), start_new_session=True)
+    received: list[int] = []
+
+    def stop(signum, frame) -> None:
+        received.append(signum)
+        _signal_group(process, signal.SIGTERM)
+
+    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
+    try:
+        status = process.wait()
+    except BaseException:
+        _signal_group(process, signal.SIGKILL)
+        process.wait()
+        raise
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if not received:
+        return status
+    try:
+        process.wait(timeout=GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        _signal_group(process, signal.SIGKILL)
+        process.wait()
+    _signal_group(process, signal.SIGKILL)  # anything of the group torchrun left behind
+    name = signal.Signals(received[0]).name
+    print(f"schedlang: stopped by {name}; torchrun and its ranks were ended", file=sys.stderr, flush=True)
+    raise LaunchInterrupted(128 + received[0])
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
+from schedlang.vocabulary.source_lines import clip_source_line, clip_text, split_source
+
 
 @dataclass(frozen=True)
 class Span:
@@ -64,24 +66,28 @@ def render_message(
     source_text: str | None = None,
     severity: Severity = Severity.ERROR,
     hint: str | None = None,
+    source_lines: list[str] | None = None,
 ) -> str:
     """``file:line:col: severity: message``, the source line and carets, an optional hint.
 
     ``source_text`` is the whole file the span points into; when it is ``None`` or the span's line is not
     in it, only the first line (and the hint) is given. Without a span the message has no position.
+    ``source_lines`` is that text already split; long lines and messages are clipped
+    (schedlang.vocabulary.source_lines).
     """
+    message = clip_text(message)
     if span is None:
         lines = [f"{severity}: {message}"]
     else:
         lines = [f"{span.file}:{span.line}:{span.column}: {severity}: {message}"]
-        if source_text is not None:
-            source_lines = [line.rstrip("\r") for line in source_text.split("\n")]
-            if 1 <= span.line <= len(source_lines):
-                source_line = source_lines[span.line - 1]
-                lines.append(source_line)
-                lines.append(caret_line(source_line, span))
+        if source_lines is None and source_text is not None:
+            source_lines = split_source(source_text)
+        if source_lines is not None and 1 <= span.line <= len(source_lines):
+            source_line, caret_span = clip_source_line(source_lines[span.line - 1], span)
+            lines.append(source_line)
+            lines.append(caret_line(source_line, caret_span))
     if hint:
-        lines.append(f"  hint: {hint}")
+        lines.append(f"  hint: {clip_text(hint)}")
     return "\n".join(lines)
 
 

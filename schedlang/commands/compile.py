@@ -16,7 +16,11 @@ HELP = "generate a torch.distributed training script (run it with torchrun) from
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="schedule file (.sched)")
-    parser.add_argument("-o", "--output", default="train.py", help="where to write the script (default: train.py)")
+    parser.add_argument(
+        "-o", "--output", default=None,
+        help="where to write the script; '-' for standard output (default: train.py, if there is none yet)",
+    )
+    parser.add_argument("--force", action="store_true", help="replace an existing train.py when -o is not given")
 
 
 def generate_script(schedule_path: str, script_name: str = "train.py") -> str:
@@ -24,9 +28,10 @@ def generate_script(schedule_path: str, script_name: str = "train.py") -> str:
     :class:`IllegalScheduleReport` for illegal orders."""
     from schedlang.compiler import compile_schedule
     from schedlang.frontend import load_program
+    from schedlang.lowering import paths
     from schedlang.lowering.legality import IllegalScheduleError, render_report
 
-    program = load_program(schedule_path)
+    program = paths.with_resolved_paths(load_program(schedule_path))
     try:
         return compile_schedule(program, script_name=script_name).script
     except IllegalScheduleError as error:
@@ -38,13 +43,18 @@ class IllegalScheduleReport(Exception):
 
 
 def run(args: argparse.Namespace) -> int:
-    output = Path(args.output)
+    from schedlang.outputs import STANDARD_OUTPUT, compile_output, launch_hint
+
+    output = Path(compile_output(args))
     try:
         script = generate_script(args.file, output.name)
     except IllegalScheduleReport as report:
         print(str(report), file=sys.stderr)
         print(f"schedlang: error: {args.file} is not a legal schedule; nothing was generated", file=sys.stderr)
         return 1
+    if str(output) == STANDARD_OUTPUT:
+        sys.stdout.write(script)
+        return 0
     output.write_text(script, encoding="utf-8")
-    print(f"wrote {output} (run it with: torchrun --nproc-per-node N {output})")
+    print(f"wrote {output} (run it with: {launch_hint(args.file, str(output))})")
     return 0

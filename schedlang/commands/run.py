@@ -44,8 +44,11 @@ def _refuse_graphs_on_cpu(path: str, program) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from schedlang.commands.common import write_output
     from schedlang.commands.compile import IllegalScheduleReport, generate_script
-    from schedlang.frontend import load_program
+    from schedlang.frontend import load_program, read_source
+    from schedlang.limits import check_machine_fits
+    from schedlang.preflight import check_data_file, timeout_problem, will_resume
     from schedlang.launch import LaunchRequest, launch, read_metrics
 
     program = load_program(args.file)
@@ -62,10 +65,15 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         print("schedlang: error: --steps must be at least 1", file=sys.stderr)
         return 1
+    if timeout_problem(args.timeout):
+        print(f"schedlang: error: {timeout_problem(args.timeout)}", file=sys.stderr)
+        return 1
     device = args.device or _default_device()
     if device == "cuda" and _default_device() != "cuda":
         print("schedlang: error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
         return 1
+    check_machine_fits(program, device, read_source(args.file))
+    check_data_file(program, read_source(args.file))
     if program.pipeline.cuda_graphs and device != "cuda":
         _refuse_graphs_on_cpu(args.file, program)
     try:
@@ -74,13 +82,14 @@ def run(args: argparse.Namespace) -> int:
         print(str(report), file=sys.stderr)
         return 1
     if args.keep_script:
-        Path(args.keep_script).write_text(script, encoding="utf-8")
+        write_output(args.keep_script, script)
     with tempfile.TemporaryDirectory(prefix="schedlang-run-") as directory:
         script_path = Path(directory) / "train.py"
         script_path.write_text(script, encoding="utf-8")
         metrics = Path(args.metrics) if args.metrics else Path(directory) / "metrics.jsonl"
         metrics.parent.mkdir(parents=True, exist_ok=True)
-        metrics.write_text("", encoding="utf-8")
+        if not (args.metrics and will_resume(program)):  # a resumed run appends to its metrics
+            metrics.write_text("", encoding="utf-8")
         steps = args.steps or program.train.steps
         print(f"schedlang: training {program.name} for {steps} steps on {nproc} {device} process(es)", flush=True)
         status = launch(LaunchRequest(script_path, nproc, device, args.steps, metrics, args.timeout))

@@ -30,7 +30,6 @@ is checked as the file would be had it been written with those values.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from schedlang.commands.common import (
@@ -39,6 +38,7 @@ from schedlang.commands.common import (
     compile_legal,
     cost_settings_from_arguments,
 )
+from schedlang.outputs import strict_json
 
 HELP = "simulate the schedule: makespan, bubble fraction and peak activations per stage"
 
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         if results is None:
             return 1
         if args.json:
-            print(json.dumps({"file": str(args.file), "sweep": results}, indent=2))
+            print(strict_json({"file": str(args.file), "sweep": results}))
         else:
             print_sweep(results, args)
         return 0
@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     if result is None:
         return 1
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(strict_json(result))
         return 0
     print(
         f"{args.file}: {program.n_stages} stages x {program.n_microbatches} microbatches x "
