@@ -67,6 +67,9 @@ def spec_default(spec_type: type, field_name: str) -> object:
 class Key:
     """One key of one block.
 
+    ``default_from``: a spec dataclass (the key's default is that class's
+    default for its field of the same name), :data:`REQUIRED`, a
+    :class:`Derived`, or the default itself where no field holds it.
     ``accepts_none``: the name ``none`` is read as ``None`` (the spec's "off").
     ``accepts_every``: the value may be an ``"x" every N`` clause.
     ``in_block_example``: the key is shown (with the required ones) in the
@@ -76,7 +79,7 @@ class Key:
     block: str
     name: str
     reader: Reader
-    default: object
+    default_from: object
     example: str
     accepts_none: bool = False
     accepts_every: bool = False
@@ -88,8 +91,19 @@ class Key:
 
     @property
     def required(self) -> bool:
-        return self.default is REQUIRED
+        return self.default_from is REQUIRED
 
+    @property
+    def default(self) -> object:
+        """The value an absent key reads as (``REQUIRED`` or a ``Derived`` stand as themselves)."""
+        if isinstance(self.default_from, type) and dataclasses.is_dataclass(self.default_from):
+            return spec_default(self.default_from, self.name)
+        return self.default_from
+
+
+_EVEN_SPLIT = Derived("the layers split evenly over the mesh.pipeline stages")
+_PARTITION_OF_CHUNKS = Derived("uniform, or explicit when chunks lists the boundaries")
+_SCAN_DEFAULT = (spec_default(SequenceSpec, "parallel"), spec_default(SequenceSpec, "scan_blocks"))
 
 SCHEMA: tuple[Key, ...] = (
     Key("model", "vocab", Integer(1, 1 << 24), REQUIRED, "vocab = 256"),
@@ -97,120 +111,35 @@ SCHEMA: tuple[Key, ...] = (
     Key("model", "layers", model.read_layers, REQUIRED, "layers = [gla] * 4"),
     Key("model", "heads", Integer(1, 4096), REQUIRED, "heads = 2"),
     Key("model", "head_dim", Integer(1, model.MAX_HEAD_DIM), REQUIRED, "head_dim = 64"),
-    Key("model", "mlp", model.read_mlp, spec_default(ModelSpec, "mlp"), "mlp = swiglu(ratio = 4)"),
-    Key(
-        "model",
-        "stages",
-        model.read_stage_assignment,
-        Derived("the layers split evenly over mesh.pipeline stages"),
-        "stages = [[0, 1], [2, 3]]",
-    ),
-    Key("mesh", "pipeline", Integer(1, MAX_MESH_SIZE), spec_default(MeshSpec, "pipeline"), "pipeline = 2"),
-    Key("mesh", "sequence", Integer(1, MAX_MESH_SIZE), spec_default(MeshSpec, "sequence"), "sequence = 2"),
-    Key("mesh", "data", Integer(1, MAX_MESH_SIZE), spec_default(MeshSpec, "data"), "data = 2"),
+    Key("model", "mlp", model.read_mlp, ModelSpec, "mlp = swiglu(ratio = 4)"),
+    Key("model", "stages", model.read_stage_assignment, _EVEN_SPLIT, "stages = [[0, 1], [2, 3]]"),
+    Key("mesh", "pipeline", Integer(1, MAX_MESH_SIZE), MeshSpec, "pipeline = 2"),
+    Key("mesh", "sequence", Integer(1, MAX_MESH_SIZE), MeshSpec, "sequence = 2"),
+    Key("mesh", "data", Integer(1, MAX_MESH_SIZE), MeshSpec, "data = 2"),
     Key("sequence", "length", Integer(1, sequence.MAX_LENGTH), REQUIRED, "length = 4096"),
     Key("sequence", "chunks", sequence.read_chunks, 1, "chunks = 4", in_block_example=True),
-    Key(
-        "sequence",
-        "partition",
-        sequence.read_partition,
-        Derived("uniform, or explicit when chunks lists the boundaries"),
-        "partition = balanced(alpha = 1)",
-    ),
-    Key(
-        "sequence",
-        "kernel_chunk",
-        sequence.read_kernel_chunk,
-        spec_default(SequenceSpec, "kernel_chunk"),
-        "kernel_chunk = 64",
-    ),
-    Key(
-        "sequence",
-        "parallel",
-        sequence.read_parallel,
-        (spec_default(SequenceSpec, "parallel"), spec_default(SequenceSpec, "scan_blocks")),
-        "parallel = allscan(blocks = 2)",
-    ),
+    Key("sequence", "partition", sequence.read_partition, _PARTITION_OF_CHUNKS, "partition = balanced(alpha = 1)"),
+    Key("sequence", "kernel_chunk", sequence.read_kernel_chunk, SequenceSpec, "kernel_chunk = 64"),
+    Key("sequence", "parallel", sequence.read_parallel, _SCAN_DEFAULT, "parallel = allscan(blocks = 2)"),
     Key("pipeline", "microbatches", Integer(1, pipeline.MAX_MICROBATCHES), REQUIRED, "microbatches = 4"),
+    Key("pipeline", "order", Choice(OrderKind, "pipeline order"), PipelineSpec, "order = 1f1b", in_block_example=True),
+    Key("pipeline", "microbatch_size", Integer(1, 1 << 20), PipelineSpec, "microbatch_size = 2"),
+    Key("pipeline", "recompute", Choice(Recompute, "recompute mode"), PipelineSpec, "recompute = full"),
+    Key("pipeline", "cuda_graphs", Boolean(), PipelineSpec, "cuda_graphs = true"),
+    Key("pipeline", "extra_warmup", pipeline.read_extra_warmup, PipelineSpec, "extra_warmup = [1, 0]"),
+    Key("pipeline", "split_backward", Boolean(), PipelineSpec, "split_backward = true"),
+    Key("pipeline", "forward_before_weight", Boolean(), PipelineSpec, "forward_before_weight = true"),
+    Key("pipeline", "extra_deferred_weights", Integer(0, pipeline.MAX_MICROBATCHES), PipelineSpec, "extra_deferred_weights = 2"),
+    Key("train", "steps", Integer(1, 1 << 40), TrainSpec, "steps = 20"),
+    Key("train", "optimizer", train.read_optimizer, TrainSpec, "optimizer = adamw(lr = 3e-3)"),
+    Key("train", "dtype", Choice(DType, "dtype"), TrainSpec, "dtype = bf16"),
+    Key("train", "data", train.read_data, TrainSpec, "data = synthetic(seed = 0)"),
+    Key("train", "seed", Integer(0, train.MAX_SEED), TrainSpec, "seed = 1"),
+    Key("train", "grad_clip", Number(0.0, above=True), TrainSpec, "grad_clip = 1.0", accepts_none=True),
+    Key("train", "log_every", Integer(1, 1 << 40), TrainSpec, "log_every = 5"),
     Key(
-        "pipeline",
-        "order",
-        Choice(OrderKind, "pipeline order"),
-        spec_default(PipelineSpec, "order"),
-        "order = 1f1b",
-        in_block_example=True,
-    ),
-    Key(
-        "pipeline",
-        "microbatch_size",
-        Integer(1, 1 << 20),
-        spec_default(PipelineSpec, "microbatch_size"),
-        "microbatch_size = 2",
-    ),
-    Key(
-        "pipeline",
-        "recompute",
-        Choice(Recompute, "recompute mode"),
-        spec_default(PipelineSpec, "recompute"),
-        "recompute = full",
-    ),
-    Key("pipeline", "cuda_graphs", Boolean(), spec_default(PipelineSpec, "cuda_graphs"), "cuda_graphs = true"),
-    Key(
-        "pipeline",
-        "extra_warmup",
-        pipeline.read_extra_warmup,
-        spec_default(PipelineSpec, "extra_warmup"),
-        "extra_warmup = [1, 0]",
-    ),
-    Key(
-        "pipeline",
-        "split_backward",
-        Boolean(),
-        spec_default(PipelineSpec, "split_backward"),
-        "split_backward = true",
-    ),
-    Key(
-        "pipeline",
-        "forward_before_weight",
-        Boolean(),
-        spec_default(PipelineSpec, "forward_before_weight"),
-        "forward_before_weight = true",
-    ),
-    Key(
-        "pipeline",
-        "extra_deferred_weights",
-        Integer(0, pipeline.MAX_MICROBATCHES),
-        spec_default(PipelineSpec, "extra_deferred_weights"),
-        "extra_deferred_weights = 2",
-    ),
-    Key("train", "steps", Integer(1, 1 << 40), spec_default(TrainSpec, "steps"), "steps = 20"),
-    Key(
-        "train",
-        "optimizer",
-        train.read_optimizer,
-        spec_default(TrainSpec, "optimizer"),
-        "optimizer = adamw(lr = 3e-3)",
-    ),
-    Key("train", "dtype", Choice(DType, "dtype"), spec_default(TrainSpec, "dtype"), "dtype = bf16"),
-    Key("train", "data", train.read_data, spec_default(TrainSpec, "data"), "data = synthetic(seed = 0)"),
-    Key("train", "seed", Integer(0, train.MAX_SEED), spec_default(TrainSpec, "seed"), "seed = 1"),
-    Key(
-        "train",
-        "grad_clip",
-        Number(0.0, above=True),
-        spec_default(TrainSpec, "grad_clip"),
-        "grad_clip = 1.0",
-        accepts_none=True,
-    ),
-    Key("train", "log_every", Integer(1, 1 << 40), spec_default(TrainSpec, "log_every"), "log_every = 5"),
-    Key(
-        "train",
-        "checkpoint",
-        train.read_checkpoint,
-        spec_default(TrainSpec, "checkpoint"),
-        'checkpoint = "checkpoints" every 50',
-        accepts_none=True,
-        accepts_every=True,
+        "train", "checkpoint", train.read_checkpoint, TrainSpec, 'checkpoint = "runs/ckpt" every 50',
+        accepts_none=True, accepts_every=True,
     ),
 )
 
