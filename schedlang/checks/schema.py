@@ -167,7 +167,7 @@ def read_key(checker: Checker, path: str) -> object:
     if value is None:
         return INVALID if key.required else key.default
     if isinstance(value, ast.EveryClause) and not key.accepts_every:
-        allowed = ", ".join(key.path for key in SCHEMA if key.accepts_every)
+        allowed = ", ".join(other.path for other in SCHEMA if other.accepts_every)
         checker.error(f"'every' is only allowed in {allowed}", value.span)
         return INVALID
     if key.accepts_none and isinstance(value, ast.Identifier) and value.name == "none":
