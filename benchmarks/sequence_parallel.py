@@ -1,22 +1,27 @@
-"""Time the three sequence-parallel state-passing methods: All-Scan, LASP ring, LASP-2 all-gather.
+"""ZeCO's operator benchmark: one GLA layer split over the ranks of a sequence-parallel group.
 
-Two measurements per method, each forward + backward, each the median over
-iterations of the slowest rank's time:
+Weak scaling, as ZeCO measures it: each of P ranks holds ``--length-per-rank`` tokens, and the peer is one
+device running ``chunk_gla`` on that many tokens, in the same job. Every row is forward + backward, the
+median over iterations of the slowest rank's time; the steps take turns within each iteration.
 
-* ``scan``: the cross-rank state scan alone (``StateScanFunction``) on a state of
-  ``[B, H, K, V]`` float32, with a final state, as in a chained span;
-* ``layer``: the whole ``sequence_parallel_chunk_gla`` on a span of ``--length``
-  tokens split evenly, next to the single-device ``chunk_gla`` on the same span
-  (run on rank 0 of the same job, so the peer shares the machine and the run).
+* ``layer``: ``sequence_parallel_chunk_gla`` on P ranks x L tokens, per scan method (ring, All-Scan with
+  several block counts, all-gather); its ratio to ``one-device``;
+* ``one-device``: ``chunk_gla`` on L tokens on rank 0 (the other ranks wait at the barrier);
+* ``scan``: the cross-rank scan alone, forward and reverse, on the layer's ``[1, H, K, V]`` float32 state;
+* ``rank-work`` (world size 1 only): what a middle rank computes, without communication: the operator's
+  phases with the boundary terms read and an incoming state and final-state gradient given
+  ([Note: span phases] in kernels/common/function.py); its ratio to ``one-device`` is the compute that
+  sequence parallelism adds.
 
-CPU (gloo, one process per rank; ranks share the cores, so this is a functional
-comparison, not a speed claim)::
+A world size of 1 runs the sequence-parallel layer on a group of one rank (no communication).
 
-    python benchmarks/sequence_parallel.py --ranks 2 4
+CPU (gloo, ranks share the cores: a functional run, not a speed claim)::
 
-GPU (NCCL, one GPU per rank, Triton kernels)::
+    python benchmarks/sequence_parallel.py --ranks 1 2 --length-per-rank 512
 
-    python benchmarks/sequence_parallel.py --device cuda --ranks 2 4 8 --length 65536
+GPU (NCCL, one GPU per rank, Triton kernels, bf16 as models train)::
+
+    python benchmarks/sequence_parallel.py --device cuda --dtype bf16 --ranks 1 2 --length-per-rank 32768
 """
 
 from __future__ import annotations
@@ -33,20 +38,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from schedlang.kernels import chunk_gla
-from schedlang.runtime.sequence_parallel import (
-    ScanConfig,
-    SequenceParallelMethod,
-    StateScanFunction,
-    sequence_parallel_chunk_gla,
-)
+from schedlang.kernels.gla.chunk import implementation_for
+from schedlang.runtime.scan_common import ScanDirection
+from schedlang.runtime.sequence_parallel import ScanConfig, SequenceParallelMethod, scan_states, sequence_parallel_chunk_gla
 
-METHOD_VARIANTS = [
-    (SequenceParallelMethod.RING, 1),
-    (SequenceParallelMethod.ALLSCAN, 1),
-    (SequenceParallelMethod.ALLSCAN, 4),
-    (SequenceParallelMethod.ALLSCAN, 16),
-    (SequenceParallelMethod.ALLGATHER, 1),
-]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def method_variants(block_counts: list[int], key_dim: int) -> list[tuple[SequenceParallelMethod, int]]:
+    """(method, blocks) pairs: ring, All-Scan with each block count that fits K rows, all-gather."""
+    allscan = [(SequenceParallelMethod.ALLSCAN, blocks) for blocks in block_counts if 1 <= blocks <= key_dim]
+    return [(SequenceParallelMethod.RING, 1), *allscan, (SequenceParallelMethod.ALLGATHER, 1)]
 
 
 def _synchronize(device: torch.device) -> None:
@@ -54,11 +56,11 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_interleaved(steps: dict, device: torch.device, warmup: int, iterations: int) -> dict:
+def time_interleaved(steps: dict, device: torch.device, warmup: int, iterations: int) -> dict:
     """Median over iterations of the slowest rank's milliseconds, for each named step.
 
-    The steps take turns within every iteration, so load that drifts during the
-    run (a shared machine) falls on all of them alike.
+    The steps take turns within every iteration, so load that drifts during the run falls on all of them
+    alike. The maximum over ranks is reduced on the steps' device (NCCL has no CPU tensors).
     """
     for _ in range(warmup):
         for step in steps.values():
@@ -71,61 +73,74 @@ def _time_interleaved(steps: dict, device: torch.device, warmup: int, iterations
             start = time.perf_counter()
             step()
             _synchronize(device)
-            elapsed = torch.tensor([(time.perf_counter() - start) * 1e3], dtype=torch.float64)
+            elapsed = torch.tensor([(time.perf_counter() - start) * 1e3], dtype=torch.float64, device=device)
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             samples[name].append(elapsed.item())
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def _scan_step(state_shape, method, blocks, device):
-    batch, heads, key_dim, value_dim = state_shape
-    local_state = torch.randn(state_shape, device=device, requires_grad=True)
-    gamma = torch.rand(batch, heads, key_dim, device=device).requires_grad_(True)
-    initial_state = torch.randn(state_shape, device=device, requires_grad=True)
-    config = ScanConfig(group=None, method=method, scan_blocks=blocks, output_final_state=True)
-    grad_state_in = torch.randn(state_shape, device=device)
-
-    def step():
-        state_in, final_state = StateScanFunction.apply(local_state, gamma, initial_state, config)
-        torch.autograd.backward([state_in, final_state], [grad_state_in, torch.zeros_like(final_state)])
-
-    return step
-
-
-def _layer_inputs(length, heads, head_dim, device, generator_seed):
-    generator = torch.Generator().manual_seed(generator_seed)
+def _inputs(length, heads, head_dim, dtype, device, seed):
+    generator = torch.Generator().manual_seed(seed)
     shape = (1, length, heads, head_dim)
-    q = torch.randn(shape, generator=generator)
-    k = torch.randn(shape, generator=generator)
-    v = torch.randn(shape, generator=generator)
-    g = torch.nn.functional.logsigmoid(torch.randn(shape, generator=generator) + 3.0)
-    grad_output = torch.randn(shape, generator=generator)
-    return [tensor.to(device) for tensor in (q, k, v, g, grad_output)]
+    q, k, v, logits, grad_output = (torch.randn(shape, generator=generator) for _ in range(5))
+    k = k / head_dim**0.5
+    g = torch.nn.functional.logsigmoid(logits + 3.0) / 16
+    tensors = [tensor.to(device=device, dtype=dtype) for tensor in (q, k, v, grad_output)]
+    return tensors[0], tensors[1], tensors[2], g.to(device), tensors[3]
 
 
-def _layer_step(full_inputs, rank, world_size, method, blocks, backend):
-    length = full_inputs[0].shape[1]
-    share = length // world_size
-    local = [tensor[:, rank * share : (rank + 1) * share].clone() for tensor in full_inputs]
-    q, k, v, g = (tensor.requires_grad_(True) for tensor in local[:4])
-    grad_output = local[4]
+def _leaves(tensors):
+    return [tensor.clone().requires_grad_(True) for tensor in tensors]
+
+
+def _layer_step(inputs, method, blocks, backend):
+    q, k, v, g = _leaves(inputs[:4])
+    grad_output = inputs[4]
 
     def step():
-        o, _ = sequence_parallel_chunk_gla(
-            q, k, v, g, group=None, method=method, scan_blocks=blocks, backend=backend
-        )
+        o, _ = sequence_parallel_chunk_gla(q, k, v, g, group=None, method=method, scan_blocks=blocks, backend=backend)
         o.backward(grad_output)
 
     return step
 
 
-def _single_device_step(full_inputs, backend):
-    q, k, v, g = (tensor.clone().requires_grad_(True) for tensor in full_inputs[:4])
-    grad_output = full_inputs[4]
+def _one_device_step(inputs, backend):
+    q, k, v, g = _leaves(inputs[:4])
+    grad_output = inputs[4]
 
     def step():
         o, _ = chunk_gla(q, k, v, g, backend=backend)
         o.backward(grad_output)
+
+    return step
+
+
+def _rank_work_step(inputs, backend):
+    q, k, v, g, grad_output = (tensor.contiguous() for tensor in inputs)
+    implementation = implementation_for(backend, q)
+    scale = q.shape[-1] ** -0.5
+    state = torch.randn(1, q.shape[2], q.shape[3], v.shape[3], device=q.device) * 0.1
+
+    def step():
+        prepared = implementation.prepare_forward(q, k, v, g)
+        implementation.local_final_state(prepared)
+        implementation.total_log_decay(prepared).exp()
+        implementation.finish_forward(prepared, q, k, v, g, scale, state, False)
+        prepared = implementation.prepare_backward(q, k, v, g, grad_output, scale, None)
+        implementation.local_initial_state_gradient(prepared)
+        implementation.finish_backward(prepared, q, k, v, g, scale, state, grad_output, state, None)
+
+    return step
+
+
+def _scan_step(state_shape, method, blocks, device):
+    local = torch.randn(state_shape, device=device)
+    decay = torch.rand(*state_shape[:3], 1, device=device)
+    config = ScanConfig(group=None, method=method, scan_blocks=blocks, output_final_state=False)
+
+    def step():
+        scan_states(local, decay, None, config, ScanDirection.FORWARD)
+        scan_states(local, decay, None, config, ScanDirection.REVERSE)
 
     return step
 
@@ -137,69 +152,65 @@ def _worker(rank, world_size, init_file, arguments, result_file):
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     dist.init_process_group(
-        "nccl" if device.type == "cuda" else "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=world_size,
+        "nccl" if device.type == "cuda" else "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
     )
     backend = "triton" if device.type == "cuda" else "torch"
-    rows = []
-    for state_shape in arguments.state_shapes:
-        steps = {
-            (method, blocks): _scan_step(state_shape, method, blocks, device)
-            for method, blocks in METHOD_VARIANTS
-            if blocks <= state_shape[2]
-        }
-        timings = _time_interleaved(steps, device, arguments.warmup, arguments.iterations)
-        for (method, blocks), milliseconds in timings.items():
-            rows.append(dict(kind="scan", ranks=world_size, shape=list(state_shape), method=method.value, blocks=blocks, ms=milliseconds))
-
-    full_inputs = _layer_inputs(arguments.length, arguments.heads, arguments.head_dim, device, 0)
-    layer_shape = [1, arguments.length, arguments.heads, arguments.head_dim]
-    steps = {
-        (method.value, blocks): _layer_step(full_inputs, rank, world_size, method, blocks, backend)
-        for method, blocks in METHOD_VARIANTS
-    }
-    # The single-device peer: rank 0 runs the whole span while the others wait at the barrier.
-    steps[("single-device", 0)] = _single_device_step(full_inputs, backend) if rank == 0 else (lambda: None)
-    timings = _time_interleaved(steps, device, arguments.warmup, arguments.iterations)
-    for (method, blocks), milliseconds in timings.items():
-        ranks = 1 if method == "single-device" else world_size
-        rows.append(dict(kind="layer", ranks=ranks, shape=layer_shape, method=method, blocks=blocks, ms=milliseconds))
-
+    dtype = DTYPES[arguments.dtype]
+    length, heads, head_dim = arguments.length_per_rank, arguments.heads, arguments.head_dim
+    inputs = _inputs(length, heads, head_dim, dtype, device, seed=rank)
+    variants = method_variants(arguments.blocks, head_dim) if world_size > 1 else [(SequenceParallelMethod.ALLSCAN, 1)]
+    steps = {("layer", method.value, blocks): _layer_step(inputs, method, blocks, backend) for method, blocks in variants}
+    steps[("one-device", "-", 0)] = _one_device_step(inputs, backend) if rank == 0 else (lambda: None)
+    if world_size == 1:
+        steps[("rank-work", "-", 0)] = _rank_work_step(inputs, backend)
+    else:
+        state_shape = (1, heads, head_dim, head_dim)
+        for method, blocks in variants:
+            steps[("scan", method.value, blocks)] = _scan_step(state_shape, method, blocks, device)
+    timings = time_interleaved(steps, device, arguments.warmup, arguments.iterations)
+    rows = [
+        dict(kind=kind, ranks=world_size, length_per_rank=length, heads=heads, head_dim=head_dim, dtype=arguments.dtype,
+             method=method, blocks=blocks, ms=milliseconds)
+        for (kind, method, blocks), milliseconds in timings.items()
+    ]
     if rank == 0:
         with open(result_file, "w") as handle:
             json.dump(rows, handle)
     dist.destroy_process_group()
 
 
-def _print_table(rows):
-    print("| what | ranks | shape | method | blocks | ms (fwd+bwd, median of slowest rank) | vs ring |")
-    print("|---|---|---|---|---|---|---|")
-    ring_time = {
-        (row["kind"], row["ranks"], tuple(row["shape"])): row["ms"] for row in rows if row["method"] == "ring"
-    }
+def summary_table(rows: list[dict]) -> str:
+    """A Markdown table of the rows, each layer and rank-work row with its ratio to one-device in its job."""
+    one_device = {row["ranks"]: row["ms"] for row in rows if row["kind"] == "one-device"}
+    lines = [
+        "| what | ranks | tokens per rank | method | blocks | ms (fwd+bwd, median of slowest rank) | vs one device |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
-        peer = ring_time.get((row["kind"], row["ranks"], tuple(row["shape"])))
-        ratio = f"{row['ms'] / peer:.2f}x" if peer else "-"
-        shape = "x".join(str(size) for size in row["shape"])
-        print(f"| {row['kind']} | {row['ranks']} | {shape} | {row['method']} | {row['blocks'] or '-'} | {row['ms']:.3f} | {ratio} |")
+        peer = one_device.get(row["ranks"])
+        ratio = f"{row['ms'] / peer:.3f}x" if peer and row["kind"] in ("layer", "rank-work") else "-"
+        lines.append(
+            f"| {row['kind']} | {row['ranks']} | {row['length_per_rank']} | {row['method']} | {row['blocks'] or '-'} "
+            f"| {row['ms']:.3f} | {ratio} |"
+        )
+    return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--length", type=int, default=2048, help="tokens of the span in the layer measurement")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--length-per-rank", type=int, default=1024, help="tokens each rank holds (weak scaling)")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--blocks", type=int, nargs="+", default=[1, 4, 16], help="All-Scan block counts")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=20)
-    arguments = parser.parse_args()
-    arguments.state_shapes = [(1, 4, 64, 64), (1, 16, 128, 128)]
-    for world_size in arguments.ranks:
-        if arguments.length % world_size:
-            parser.error(f"--length {arguments.length} is not divisible by {world_size} ranks")
+    parser.add_argument("--json", help="also write the rows here")
+    arguments = parser.parse_args(argv)
+    if arguments.device == "cuda" and max(arguments.ranks) > torch.cuda.device_count():
+        parser.error(f"--ranks {max(arguments.ranks)} needs as many GPUs; {torch.cuda.device_count()} visible")
     rows = []
     for world_size in arguments.ranks:
         with tempfile.TemporaryDirectory() as directory:
@@ -212,7 +223,11 @@ def main() -> None:
             )
             with open(result_file) as handle:
                 rows.extend(json.load(handle))
-    _print_table(rows)
+    print(summary_table(rows))
+    if arguments.json:
+        with open(arguments.json, "w") as handle:
+            json.dump(rows, handle, indent=1)
+    return rows
 
 
 if __name__ == "__main__":

@@ -2,39 +2,37 @@
 
 The tokens of one span are split contiguously over the ``P`` ranks of a group
 (rank ``p`` holds positions ``t_p .. t_{p+1} - 1``; lengths may differ). ZeCO's
-formulation:
+formulation, as phases of the single-device operator ([Note: span phases] in
+``schedlang.kernels.common.function``):
 
-1. each rank runs the single-device kernel on its own tokens from a zero state:
-   ``o_local``, ``S_local`` (state after its last token), and its cumulative
-   log-decay ``G_t = sum_{s <= t} g_s`` within the rank, whose last value gives
-   the rank's total decay ``gamma = exp(G_last)`` (per key row for ``gla``, one
-   scalar per head for ``simple_gla``);
+1. each rank prepares its chunks (gate sums and per-chunk state updates, which
+   need no state) and reads from them ``S_local(p)``, its final state from a
+   zero initial state, and ``gamma(p) = exp(sum of g over its tokens)`` (per key
+   row for ``gla``, one scalar per head for ``simple_gla``);
 2. a cross-rank scan gives the state entering each rank,
    ``S_in(0) = initial_state`` and ``S_in(p) = gamma(p-1) * S_in(p-1) + S_local(p-1)``;
-3. the output is corrected with plain differentiable torch ops,
-   ``o_t += (q_t * scale * exp(G_t)) @ S_in``, because the recurrence is linear
-   in its initial state.
+3. each rank finishes the operator from ``S_in(p)``: its outputs and final
+   state are exactly those of the single-device operator on the whole span.
 
-The scan is :class:`StateScanFunction`, whose backward is the reverse scan
-derived in [Note: sequence-parallel gradients]. Three methods implement it:
-:class:`SequenceParallelMethod`.
+The backward mirrors it ([Note: sequence-parallel gradients]). Three methods
+implement the scan: :class:`SequenceParallelMethod`.
 
 [Note: sequence-parallel gradients]
 Write ``S_out(p) = gamma(p) * S_in(p) + S_local(p)`` (so ``S_in(p+1) = S_out(p)``
-and ``final_state = S_out(P-1)``). Let ``dS_in(p)`` be the gradient the rest of
-rank ``p``'s graph sends into ``S_in(p)`` (through the output correction) and
-``A(p)`` the total gradient of ``S_out(p)``. Then
+and ``final_state = S_out(P-1)``). Let ``dS_in(p)`` be the gradient rank ``p``'s
+own outputs send into ``S_in(p)`` (its backward from a zero final-state
+gradient) and ``A(p)`` the total gradient of ``S_out(p)``. Then
 
     A(P-1)   = sum over ranks of the gradients given to final_state
     B(p)     = dS_in(p) + gamma(p) * A(p)          total gradient of S_in(p)
     A(p-1)   = B(p)
-    dS_local(p) = A(p)
-    dgamma(p)   = sum over V of A(p) * S_in(p)     (and over K for a scalar gate)
     d initial_state = B(0)
 
 which is the same decayed scan run from the last rank down, with local term
 ``dS_in(p)``, the same decays, and boundary ``A(P-1)``. Each rank sends one
-state gradient, as many bytes as the forward.
+state gradient, as many bytes as the forward, then finishes the operator's
+backward from ``S_in(p)`` and ``A(p)``: the gradients of its q, k, v and g,
+including those through ``gamma(p)``, are the single-device operator's.
 
 Contract for callers that chain spans (the pipeline runtime):
 
@@ -59,7 +57,10 @@ from enum import Enum
 import torch
 import torch.distributed as dist
 
-from schedlang.kernels import chunk_gla, chunk_simple_gla
+from schedlang.kernels.common import check_recurrence_arguments
+from schedlang.kernels.common.function import Implementation
+from schedlang.kernels.gla.chunk import implementation_for as gla_implementation
+from schedlang.kernels.simple_gla.chunk import implementation_for as simple_gla_implementation
 from schedlang.runtime.allgather_scan import allgather_scan
 from schedlang.runtime.allscan import allscan_scan
 from schedlang.runtime.ring import ring_scan
@@ -125,53 +126,80 @@ def _last_carry_everywhere(result: ScanResult, config: ScanConfig, direction: Sc
     return carry
 
 
-class StateScanFunction(torch.autograd.Function):
-    """``(S_local, gamma, initial_state) -> (S_in, final_state)`` across the group.
+@dataclass(frozen=True)
+class SpanConfig:
+    """What the sequence-parallel Function needs besides tensors."""
 
-    Shapes: ``S_local`` ``[B, H, K, V]``; ``gamma`` ``[B, H, K]`` (vector gate)
-    or ``[B, H]`` (scalar gate); ``initial_state`` ``[B, H, K, V]`` or None.
-    ``final_state`` is returned only when ``config.output_final_state``.
-    Backward: [Note: sequence-parallel gradients].
+    scan: ScanConfig
+    scale: float
+    implementation: Implementation
+    save_states: bool
+
+
+class SequenceParallelFunction(torch.autograd.Function):
+    """``(q, k, v, g, initial_state) -> (o, final_state)`` for this rank's tokens of a span split over the group.
+
+    Shapes as :func:`sequence_parallel_chunk_gla`; ``final_state`` is None unless
+    ``config.scan.output_final_state``. Backward: [Note: sequence-parallel gradients].
     """
 
     @staticmethod
-    def forward(ctx, local_state, gamma, initial_state, config: ScanConfig):
-        decay = _decay_view(gamma)
-        rank = dist.get_rank(config.group)
-        boundary = initial_state if rank == 0 else None
-        result = scan_states(local_state, decay, boundary, config, ScanDirection.FORWARD)
+    def forward(ctx, q, k, v, g, initial_state, config: SpanConfig):
+        implementation = config.implementation
+        group = config.scan.group
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        prepared = implementation.prepare_forward(q, k, v, g)
+        decay = _decay_view(implementation.total_log_decay(prepared).exp())
+        boundary = initial_state.to(decay.dtype) if (initial_state is not None and rank == 0) else None
+        state_in, final_state = boundary, None
+        if size > 1:
+            local_state = implementation.local_final_state(prepared)
+            result = scan_states(local_state, decay, boundary, config.scan, ScanDirection.FORWARD)
+            if rank > 0:
+                state_in = result.carry_in
+            if config.scan.output_final_state:
+                final_state = _last_carry_everywhere(result, config.scan, ScanDirection.FORWARD)
+        o, kernel_final_state, saved_states = implementation.finish_forward(
+            prepared, q, k, v, g, config.scale, state_in, config.save_states
+        )
+        if size == 1 and config.scan.output_final_state:
+            final_state = kernel_final_state
         ctx.config = config
-        ctx.gamma_shape = gamma.shape
         ctx.initial_state_given = initial_state is not None
-        ctx.save_for_backward(decay, result.carry_in)
-        if not config.output_final_state:
-            return result.carry_in
-        final_state = _last_carry_everywhere(result, config, ScanDirection.FORWARD)
-        return result.carry_in, final_state
+        ctx.save_for_backward(q, k, v, g, state_in, decay, saved_states)
+        return o, final_state
 
     @staticmethod
-    def backward(ctx, grad_state_in, grad_final_state=None):
-        config: ScanConfig = ctx.config
-        decay, state_in = ctx.saved_tensors
-        position = ScanPosition.of(config.group, ScanDirection.REVERSE)
-        boundary = None
-        if config.output_final_state:
-            # final_state was a broadcast from the last rank: its adjoint sums the
-            # gradients of every rank's copy onto the last rank.
-            boundary = grad_final_state.contiguous().clone()
-            if position.size > 1:
-                dist.reduce(boundary, group=config.group, group_dst=position.first_rank)
-            if not position.is_first:
-                boundary = None
-        result = scan_states(grad_state_in.contiguous(), decay, boundary, config, ScanDirection.REVERSE)
-        grad_local_state = result.carry_in
-        grad_gamma = (grad_local_state * state_in).sum(dim=-1)
-        if len(ctx.gamma_shape) == 2:
-            grad_gamma = grad_gamma.sum(dim=-1)
+    def backward(ctx, grad_output, grad_final_state):
+        config: SpanConfig = ctx.config
+        implementation = config.implementation
+        q, k, v, g, state_in, decay, saved_states = ctx.saved_tensors
+        group = config.scan.group
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        do = (grad_output if grad_output is not None else torch.zeros_like(v)).contiguous()
+        prepared = implementation.prepare_backward(q, k, v, g, do, config.scale, saved_states)
+        if config.scan.output_final_state and grad_final_state is None:
+            grad_final_state = torch.zeros(decay.shape[:2] + (q.shape[-1], v.shape[-1]), dtype=decay.dtype, device=q.device)
+        state_out_grad = grad_final_state
+        if size > 1:
+            position = ScanPosition.of(group, ScanDirection.REVERSE)
+            boundary = None
+            if config.scan.output_final_state:
+                # final_state was a broadcast from the last rank: its adjoint sums every rank's gradient there.
+                boundary = grad_final_state.to(decay.dtype).contiguous().clone()
+                dist.reduce(boundary, group=group, group_dst=position.first_rank)
+                if not position.is_first:
+                    boundary = None
+            local_grad = implementation.local_initial_state_gradient(prepared)
+            result = scan_states(local_grad, decay, boundary, config.scan, ScanDirection.REVERSE)
+            state_out_grad = result.carry_in
+        dq, dk, dv, dg, d_initial = implementation.finish_backward(
+            prepared, q, k, v, g, config.scale, state_in, do, state_out_grad, saved_states
+        )
         grad_initial_state = None
         if ctx.initial_state_given:
-            grad_initial_state = result.carry_out if position.rank == 0 else torch.zeros_like(state_in)
-        return grad_local_state, grad_gamma, grad_initial_state, None
+            grad_initial_state = d_initial if rank == 0 else torch.zeros_like(d_initial)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), grad_initial_state, None
 
 
 def _decay_view(gamma: torch.Tensor) -> torch.Tensor:
@@ -181,64 +209,7 @@ def _decay_view(gamma: torch.Tensor) -> torch.Tensor:
     return gamma[..., None].contiguous()
 
 
-def sequence_parallel_combine(
-    o_local: torch.Tensor,
-    local_state: torch.Tensor,
-    q: torch.Tensor,
-    g: torch.Tensor,
-    *,
-    group: dist.ProcessGroup | None,
-    method: SequenceParallelMethod | str,
-    scan_blocks: int,
-    scale: float,
-    gate: GateKind | str,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Turn one rank's zero-state kernel results into the exact sequence-parallel output.
-
-    This is steps 2 and 3 of the module docstring; the kernel call (step 1) is
-    :func:`sequence_parallel_chunk_gla`'s job, kept apart so any kernel that
-    returns ``(o_local, S_local)`` from a zero state can be used.
-
-    Args:
-        o_local: ``[B, T_p, H, V]`` this rank's output computed from a zero state.
-        local_state: ``[B, H, K, V]`` this rank's final state from a zero state.
-        q: ``[B, T_p, H, K]`` queries (unscaled).
-        g: ``[B, T_p, H, K]`` (vector gate) or ``[B, T_p, H]`` (scalar) log-decays.
-        scale: the query scale the kernel used.
-        initial_state: ``[B, H, K, V]`` state before the span, read on group rank 0.
-
-    Returns:
-        ``(o, final_state)``; ``final_state`` is None unless requested.
-    """
-    method = SequenceParallelMethod(method)
-    gate = GateKind(gate)
-    _check_arguments(local_state, q, g, gate, scan_blocks, method)
-    state_dtype = local_state.dtype
-    gate_cumsum = g.to(state_dtype).cumsum(dim=1)
-    gamma = gate_cumsum[:, -1].exp()
-    token_decay = gate_cumsum.exp()
-    if gate is GateKind.SCALAR:
-        token_decay = token_decay[..., None]
-    config = ScanConfig(
-        group=group,
-        method=method,
-        scan_blocks=scan_blocks,
-        output_final_state=output_final_state,
-    )
-    if initial_state is not None:
-        initial_state = initial_state.to(state_dtype)
-    scanned = StateScanFunction.apply(local_state, gamma, initial_state, config)
-    state_in, final_state = scanned if output_final_state else (scanned, None)
-    query_decayed = q.to(state_dtype) * scale * token_decay
-    correction = torch.einsum("bthk,bhkv->bthv", query_decayed, state_in)
-    o = (o_local.to(state_dtype) + correction).to(o_local.dtype)
-    return o, final_state
-
-
 def _check_arguments(
-    local_state: torch.Tensor,
     q: torch.Tensor,
     g: torch.Tensor,
     gate: GateKind,
@@ -253,7 +224,7 @@ def _check_arguments(
         )
     if q.shape[1] == 0:
         raise ValueError("every rank of the sequence-parallel group needs at least one token")
-    key_dim = local_state.shape[-2]
+    key_dim = q.shape[-1]
     if method is SequenceParallelMethod.ALLSCAN and not 1 <= scan_blocks <= key_dim:
         raise ValueError(
             f"allscan(blocks = {scan_blocks}) needs 1 <= blocks <= key head dim ({key_dim}): "
@@ -275,6 +246,7 @@ def sequence_parallel_chunk_gla(
     scale: float | None = None,
     backend: str = "auto",
     gate: GateKind | str = GateKind.VECTOR,
+    save_states: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """GLA (vector gate) or simple GLA (scalar gate) over a span split across ``group``.
 
@@ -291,33 +263,28 @@ def sequence_parallel_chunk_gla(
         method: :class:`SequenceParallelMethod` (or the lowering enum / its value).
         scan_blocks: All-Scan pipeline depth, ``1 <= scan_blocks <= K``; ignored by
             the other methods.
-        backend: passed to the kernel: "torch" (PyTorch path, any device), "triton"
+        backend: the kernel backend: "torch" (PyTorch path, any device), "triton"
             (CUDA, or Triton's interpreter), "auto" (the kernel's choice).
         initial_state: ``[B, H, K, V]`` state before the span, read on group rank 0.
         output_final_state: also return the state after the span, on every rank.
         scale: query scale, default ``K ** -0.5``.
+        save_states: keep the chunk states for the backward (the kernels' option).
 
     Returns:
         ``(o, final_state)``: ``o`` ``[B, T_p, H, V]``; ``final_state`` ``[B, H, K, V]``
         float32 (or None when not requested).
     """
+    method = SequenceParallelMethod(method)
     gate = GateKind(gate)
+    _check_arguments(q, g, gate, scan_blocks, method)
+    check_recurrence_arguments(q, k, v, g, initial_state, gate_per_key=gate is GateKind.VECTOR)
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    kernel = chunk_gla if gate is GateKind.VECTOR else chunk_simple_gla
-    o_local, local_state = kernel(
-        q, k, v, g, scale=scale, initial_state=None, output_final_state=True, backend=backend
+    implementation_for = gla_implementation if gate is GateKind.VECTOR else simple_gla_implementation
+    config = SpanConfig(
+        scan=ScanConfig(group=group, method=method, scan_blocks=scan_blocks, output_final_state=output_final_state),
+        scale=float(scale),
+        implementation=implementation_for(backend, q),
+        save_states=bool(save_states),
     )
-    return sequence_parallel_combine(
-        o_local,
-        local_state,
-        q,
-        g,
-        group=group,
-        method=method,
-        scan_blocks=scan_blocks,
-        scale=scale,
-        gate=gate,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-    )
+    return SequenceParallelFunction.apply(q, k, v, g, initial_state, config)

@@ -10,6 +10,8 @@ small row blocks of the state so that many programs run it at once.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -60,9 +62,9 @@ def _scan_operands(
 def _scan_step(
     updates, chunk_gate, states, b_state, b_u0, b_d0, b_u1, b_d1, b_u2, b_d2, i_bh, step, o_k, i_k, i_v, NT,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    SCALAR_GATE: tl.constexpr, REVERSE: tl.constexpr, PREFETCH: tl.constexpr,
+    SCALAR_GATE: tl.constexpr, REVERSE: tl.constexpr, PREFETCH: tl.constexpr, STORE: tl.constexpr,
 ):
-    """Stores the state entering step ``step`` and advances it; with PREFETCH, (b_u0, b_d0) hold this step's
+    """Stores the state entering step ``step`` (with STORE) and advances it; with PREFETCH, (b_u0, b_d0) hold this step's
     operands, loaded three steps earlier, and the operands of step + 3 are loaded; returns the state and the
     operands rotated one step."""
     if PREFETCH:
@@ -70,9 +72,10 @@ def _scan_step(
     else:
         b_u0, b_d0 = _scan_operands(updates, chunk_gate, i_bh, step, o_k, i_k, i_v, NT, K, V, BK, BV, SCALAR_GATE, REVERSE)
         b_u3, b_d3 = b_u0, b_d0
-    _, offset = _step_chunk(i_bh, step, NT, K, V, REVERSE)
-    p_state = tl.make_block_ptr(states + offset, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-    tl.store(p_state, b_state.to(p_state.dtype.element_ty), boundary_check=(0, 1))
+    if STORE:
+        _, offset = _step_chunk(i_bh, step, NT, K, V, REVERSE)
+        p_state = tl.make_block_ptr(states + offset, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_state, b_state.to(p_state.dtype.element_ty), boundary_check=(0, 1))
     b_state = b_state * b_d0[:, None] + b_u0
     return b_state, b_u1, b_d1, b_u2, b_d2, b_u3, b_d3
 
@@ -82,7 +85,7 @@ def _scan(
     updates, chunk_gate, states, initial_state, final_state, i_k, i_v, i_bh, NT,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     SCALAR_GATE: tl.constexpr, REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, INTERPRETED: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, STORE: tl.constexpr,
 ):
     # [Note: scan prefetch] The chain S_{n+1} = exp(gamma_n) S_n + U_n is one multiply-add per step; U_n and
     # gamma_n do not depend on it. With PREFETCH the loop loads the operands of step + 3 and uses those loaded
@@ -105,14 +108,14 @@ def _scan(
         while step < NT:
             b_state, b_u0, b_d0, b_u1, b_d1, b_u2, b_d2 = _scan_step(
                 updates, chunk_gate, states, b_state, b_u0, b_d0, b_u1, b_d1, b_u2, b_d2, i_bh, step, o_k, i_k, i_v,
-                NT, K, V, BK, BV, SCALAR_GATE, REVERSE, PREFETCH,
+                NT, K, V, BK, BV, SCALAR_GATE, REVERSE, PREFETCH, STORE,
             )
             step += 1
     else:
         for step in range(NT):
             b_state, b_u0, b_d0, b_u1, b_d1, b_u2, b_d2 = _scan_step(
                 updates, chunk_gate, states, b_state, b_u0, b_d0, b_u1, b_d1, b_u2, b_d2, i_bh, step, o_k, i_k, i_v,
-                NT, K, V, BK, BV, SCALAR_GATE, REVERSE, PREFETCH,
+                NT, K, V, BK, BV, SCALAR_GATE, REVERSE, PREFETCH, STORE,
             )
     p_final = tl.make_block_ptr(final_state + i_bh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
     tl.store(p_final, b_state, boundary_check=(0, 1))
@@ -123,12 +126,12 @@ def chunk_state_scan_kernel(
     updates, chunk_gate, states, initial_state, final_state, NT,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     SCALAR_GATE: tl.constexpr, REVERSE: tl.constexpr, HAS_INITIAL: tl.constexpr, INTERPRETED: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, STORE: tl.constexpr,
 ):
     i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     _scan(
         updates, chunk_gate, states, initial_state, final_state, i_k, i_v, i_bh, NT,
-        K, V, BK, BV, SCALAR_GATE, REVERSE, HAS_INITIAL, INTERPRETED, PREFETCH,
+        K, V, BK, BV, SCALAR_GATE, REVERSE, HAS_INITIAL, INTERPRETED, PREFETCH, STORE,
     )
 
 
@@ -146,12 +149,12 @@ def chunk_state_scan_pair_kernel(
     if i_z < BH:
         _scan(
             updates, chunk_gate, states, initial_state, final_state, i_k, i_v, i_z, NT,
-            K, V, BK, BV, SCALAR_GATE, False, HAS_INITIAL, INTERPRETED, PREFETCH,
+            K, V, BK, BV, SCALAR_GATE, False, HAS_INITIAL, INTERPRETED, PREFETCH, True,
         )
     else:
         _scan(
             grad_updates, chunk_gate, state_grads, final_state_grad, initial_grad, i_k, i_v, i_z - BH, NT,
-            K, V, BK, BV, SCALAR_GATE, True, HAS_FINAL_GRAD, INTERPRETED, PREFETCH,
+            K, V, BK, BV, SCALAR_GATE, True, HAS_FINAL_GRAD, INTERPRETED, PREFETCH, True,
         )
 
 
@@ -190,9 +193,28 @@ def chunk_state_scan(
         initial_state.contiguous() if initial_state is not None else updates, final_state, n_chunks,
         K=key_dim, V=value_dim, BK=block_k, BV=block_v,
         SCALAR_GATE=chunk_gate.dim() == 3, REVERSE=reverse, HAS_INITIAL=initial_state is not None,
-        INTERPRETED=INTERPRETED, PREFETCH=bool(SCAN_LAUNCH["prefetch"]), **launch_options(SCAN_LAUNCH),
+        INTERPRETED=INTERPRETED, PREFETCH=bool(SCAN_LAUNCH["prefetch"]), STORE=True, **launch_options(SCAN_LAUNCH),
     )
     return states, final_state
+
+
+def chunk_state_scan_last(updates: torch.Tensor, chunk_gate: torch.Tensor, reverse: bool) -> torch.Tensor:
+    """The last value of ``chunk_state_scan(updates, chunk_gate, None, ..., reverse)`` alone, float32
+    ``[B, H, K, V]``: the span's final state from a zero initial state (forward), or the gradient of its initial
+    state from the outputs alone, with a zero final-state gradient (reverse). It reads every update once and
+    stores no chunk state: what one rank of a sequence-parallel group sends before it knows its incoming
+    state ([Note: span phases] in kernels/common/function.py)."""
+    batch, heads, n_chunks, key_dim, value_dim = updates.shape
+    last = new_output((batch, heads, key_dim, value_dim), torch.float32, updates.device)
+    block_k, block_v = _scanblock_size(key_dim, value_dim)
+    grid = (cdiv(key_dim, block_k), cdiv(value_dim, block_v), batch * heads)
+    chunk_state_scan_kernel[grid](
+        updates, chunk_gate.contiguous(), updates, updates, last, n_chunks,
+        K=key_dim, V=value_dim, BK=block_k, BV=block_v,
+        SCALAR_GATE=chunk_gate.dim() == 3, REVERSE=reverse, HAS_INITIAL=False,
+        INTERPRETED=INTERPRETED, PREFETCH=bool(SCAN_LAUNCH["prefetch"]), STORE=False, **launch_options(SCAN_LAUNCH),
+    )
+    return last
 
 
 def chunk_state_scan_pair(
@@ -225,22 +247,47 @@ def chunk_state_scan_pair(
     return states, state_grads, initial_grad
 
 
-def recurrence_gradients(gates_and_updates, g, k, v, q, do, scale, initial_state, final_state_grad, saved_states, chunk_gate_of):
-    """The start of every chunked backward: (gates, the states entering each chunk, the gradients of the
-    states leaving each chunk, the gradient of the initial state).
+@dataclass(frozen=True)
+class PreparedChunks:
+    """What the first phase of a Triton forward or backward leaves ([Note: span phases] in function.py): the
+    operator's gates, the per-chunk state updates (None where the phase needs none), the per-chunk
+    state-gradient updates (backward only) and the per-chunk log decay ``[B, H, NT, K]`` or ``[B, H, NT]``."""
 
-    ``gates_and_updates`` is the operator's one-launch gate and update kernel (returning gates, updates,
-    gradient updates), ``chunk_gate_of(gates)`` its per-chunk log decay. Without ``saved_states`` the states
-    are recomputed beside the state-gradient scan (one launch for both scans); with the forward's states the
-    update kernel forms the gradient updates alone and only the reverse scan runs.
+    gates: Any
+    updates: torch.Tensor | None
+    grad_updates: torch.Tensor | None
+    chunk_gate: torch.Tensor
+
+
+def prepare_chunks(gates_and_updates, chunk_gate_of, g, k, v, q=None, do=None, scale=1.0, saved_states=None) -> PreparedChunks:
+    """Phase one of a Triton forward (no q, do) or backward: one launch of the operator's gate and update
+    kernel. A backward given the forward's states forms the state-gradient updates alone."""
+    gates, updates, grad_updates = gates_and_updates(g, k, v, q, do, scale, state_updates=saved_states is None)
+    return PreparedChunks(gates, updates, grad_updates, chunk_gate_of(gates))
+
+
+def local_final_state(prepared: PreparedChunks) -> torch.Tensor:
+    return chunk_state_scan_last(prepared.updates, prepared.chunk_gate, reverse=False)
+
+
+def local_initial_state_gradient(prepared: PreparedChunks) -> torch.Tensor:
+    return chunk_state_scan_last(prepared.grad_updates, prepared.chunk_gate, reverse=True)
+
+
+def total_log_decay(prepared: PreparedChunks) -> torch.Tensor:
+    return prepared.chunk_gate.sum(dim=2)
+
+
+def recurrence_gradients(prepared: PreparedChunks, initial_state, final_state_grad, saved_states, dtype):
+    """The start of every chunked backward after its first phase: (the states entering each chunk, the
+    gradients of the states leaving each chunk, the gradient of the initial state).
+
+    Without ``saved_states`` the states are recomputed beside the state-gradient scan (one launch for both
+    scans); with the forward's states only the reverse scan runs.
     """
-    dtype = states_dtype(k.dtype)
     if saved_states is None:
-        gates, updates, grad_updates = gates_and_updates(g, k, v, q, do, scale)
-        states, state_grads, initial_grad = chunk_state_scan_pair(
-            updates, grad_updates, chunk_gate_of(gates), initial_state, final_state_grad, dtype
+        return chunk_state_scan_pair(
+            prepared.updates, prepared.grad_updates, prepared.chunk_gate, initial_state, final_state_grad, dtype
         )
-        return gates, states, state_grads, initial_grad
-    gates, _, grad_updates = gates_and_updates(g, k, v, q, do, scale, state_updates=False)
-    state_grads, initial_grad = chunk_state_scan(grad_updates, chunk_gate_of(gates), final_state_grad, dtype, reverse=True)
-    return gates, saved_states, state_grads, initial_grad
+    state_grads, initial_grad = chunk_state_scan(prepared.grad_updates, prepared.chunk_gate, final_state_grad, dtype, reverse=True)
+    return saved_states, state_grads, initial_grad

@@ -23,7 +23,16 @@ import triton.language as tl
 
 from schedlang.kernels.common.function import Implementation
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, next_power_of_2, states_dtype
-from schedlang.kernels.common.triton_scan import chunk_state_scan, new_output, recurrence_gradients
+from schedlang.kernels.common.triton_scan import (
+    PreparedChunks,
+    chunk_state_scan,
+    local_final_state,
+    local_initial_state_gradient,
+    new_output,
+    prepare_chunks,
+    recurrence_gradients,
+    total_log_decay,
+)
 from schedlang.kernels.gla.triton_smooth import (
     gla_bwd_kernel_smooth_dqkg,
     gla_bwd_kernel_smooth_dv,
@@ -209,13 +218,22 @@ def _contiguous(*tensors):
     return [tensor.contiguous() for tensor in tensors]
 
 
-def forward(q, k, v, g, scale, initial_state, save_states=False):
+def _chunk_gate(gates: ChunkGates) -> torch.Tensor:
+    return gates.total
+
+
+def prepare_forward(q, k, v, g) -> PreparedChunks:
+    k, v, g = _contiguous(k, v, g)
+    return prepare_chunks(gates_and_updates, _chunk_gate, g, k, v)
+
+
+def finish_forward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, save_states=False):
     q, k, v, g = _contiguous(q, k, v, g)
     args = _launch_args(q, v)
     batch, _, heads, _ = q.shape
     span_limit = smooth_span_limit(q.dtype)
-    gates, updates, _ = gates_and_updates(g, k, v)
-    states, final_state = chunk_state_scan(updates, gates.total, initial_state, states_dtype(k.dtype), reverse=False)
+    gates = prepared.gates
+    states, final_state = chunk_state_scan(prepared.updates, gates.total, initial_state, states_dtype(k.dtype), reverse=False)
     output = new_output(v.shape, v.dtype, v.device)
     launch = LAUNCH["smooth_output"]
     smooth_args = dict(args, BK=block_size(args["K"], launch["block_k"]), BV=block_size(args["V"], launch["block_v"]))
@@ -231,14 +249,20 @@ def forward(q, k, v, g, scale, initial_state, save_states=False):
     return output, final_state, (states if save_states else None)
 
 
-def backward(q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None):
+def prepare_backward(q, k, v, g, do, scale, saved_states=None) -> PreparedChunks:
+    q, k, v, g, do = _contiguous(q, k, v, g, do)
+    return prepare_chunks(gates_and_updates, _chunk_gate, g, k, v, q, do, scale, saved_states)
+
+
+def finish_backward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None):
     q, k, v, g, do = _contiguous(q, k, v, g, do)
     args = _launch_args(q, v)
     batch, length, heads, key_dim = q.shape
     n_chunks = args["NT"]
     span_limit = smooth_span_limit(q.dtype)
-    gates, states, state_grads, initial_grad = recurrence_gradients(
-        gates_and_updates, g, k, v, q, do, scale, initial_state, final_state_grad, saved_states, lambda gates: gates.total
+    gates = prepared.gates
+    states, state_grads, initial_grad = recurrence_gradients(
+        prepared, initial_state, final_state_grad, saved_states, states_dtype(k.dtype)
     )
     dv = new_output(v.shape, v.dtype, v.device)
     dq = new_output(q.shape, q.dtype, q.device)
@@ -281,4 +305,7 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad, saved_state
     return dq, dk, dv, dg, initial_grad
 
 
-TRITON_IMPLEMENTATION = Implementation("triton", forward, backward)
+TRITON_IMPLEMENTATION = Implementation(
+    "triton", prepare_forward, finish_forward, prepare_backward, finish_backward,
+    local_final_state, local_initial_state_gradient, total_log_decay,
+)

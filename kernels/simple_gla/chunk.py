@@ -22,6 +22,12 @@ def _triton_implementation() -> Implementation:
     return TRITON_IMPLEMENTATION
 
 
+def implementation_for(backend: str, q: torch.Tensor) -> Implementation:
+    """The Implementation ``backend`` ("auto", "triton" or "torch") picks for operands like ``q``."""
+    chosen = resolve_backend(backend, q.device, matmul_dtype=q.dtype)
+    return TORCH_IMPLEMENTATION if chosen is Backend.TORCH else _triton_implementation()
+
+
 def chunk_simple_gla(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -50,10 +56,9 @@ def chunk_simple_gla(
     Gradients flow to q, k, v, g and initial_state, and from the final state.
     """
     shape = check_recurrence_arguments(q, k, v, g, initial_state, gate_per_key=False)
-    chosen = resolve_backend(backend, q.device, matmul_dtype=q.dtype)
+    implementation = implementation_for(backend, q)
     if scale is None:
         scale = shape.key_dim**-0.5
-    implementation = TORCH_IMPLEMENTATION if chosen is Backend.TORCH else _triton_implementation()
     output, final_state = ChunkRecurrenceFunction.apply(
         q, k, v, g, initial_state, float(scale), implementation, bool(save_states)
     )

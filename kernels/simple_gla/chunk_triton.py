@@ -17,7 +17,16 @@ import triton.language as tl
 from schedlang.kernels.common.function import Implementation
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, states_dtype
 from schedlang.kernels.common.triton_gradients import chunk_score_gradients, chunk_state_products
-from schedlang.kernels.common.triton_scan import chunk_state_scan, new_output, recurrence_gradients
+from schedlang.kernels.common.triton_scan import (
+    PreparedChunks,
+    chunk_state_scan,
+    local_final_state,
+    local_initial_state_gradient,
+    new_output,
+    prepare_chunks,
+    recurrence_gradients,
+    total_log_decay,
+)
 
 CHUNK = 64
 LAUNCH = {
@@ -216,13 +225,22 @@ def gates_and_updates(g, k, v, q=None, do=None, scale: float = 1.0, state_update
     return (gate_cumsum, chunk_gate), updates, grad_updates
 
 
-def forward(q, k, v, g, scale, initial_state, save_states=False):
+def _chunk_gate(gates) -> torch.Tensor:
+    return gates[1]
+
+
+def prepare_forward(q, k, v, g) -> PreparedChunks:
+    k, v, g = [tensor.contiguous() for tensor in (k, v, g)]
+    return prepare_chunks(gates_and_updates, _chunk_gate, g, k, v)
+
+
+def finish_forward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, save_states=False):
     q, k, v, g = [tensor.contiguous() for tensor in (q, k, v, g)]
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
     n_chunks = cdiv(length, CHUNK)
-    (gate_cumsum, chunk_gate), updates, _ = gates_and_updates(g, k, v)
-    states, final_state = chunk_state_scan(updates, chunk_gate, initial_state, states_dtype(k.dtype), reverse=False)
+    gate_cumsum, chunk_gate = prepared.gates
+    states, final_state = chunk_state_scan(prepared.updates, chunk_gate, initial_state, states_dtype(k.dtype), reverse=False)
     output = new_output(v.shape, v.dtype, v.device)
     launch = LAUNCH["output"]
     block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])
@@ -234,15 +252,21 @@ def forward(q, k, v, g, scale, initial_state, save_states=False):
     return output, final_state, (states if save_states else None)
 
 
-def backward(q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None):
+def prepare_backward(q, k, v, g, do, scale, saved_states=None) -> PreparedChunks:
+    q, k, v, g, do = [tensor.contiguous() for tensor in (q, k, v, g, do)]
+    if q.shape[-1] > 256:
+        raise ValueError(f"the Triton simple-GLA backward supports K <= 256, got K = {q.shape[-1]}; use backend='torch'")
+    return prepare_chunks(gates_and_updates, _chunk_gate, g, k, v, q, do, scale, saved_states)
+
+
+def finish_backward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None):
     q, k, v, g, do = [tensor.contiguous() for tensor in (q, k, v, g, do)]
     batch, length, heads, key_dim = q.shape
     value_dim = v.shape[-1]
-    if key_dim > 256:
-        raise ValueError(f"the Triton simple-GLA backward supports K <= 256, got K = {key_dim}; use backend='torch'")
     n_chunks = cdiv(length, CHUNK)
-    (gate_cumsum, chunk_gate), states, state_grads, initial_grad = recurrence_gradients(
-        gates_and_updates, g, k, v, q, do, scale, initial_state, final_state_grad, saved_states, lambda gates: gates[1]
+    gate_cumsum, chunk_gate = prepared.gates
+    states, state_grads, initial_grad = recurrence_gradients(
+        prepared, initial_state, final_state_grad, saved_states, states_dtype(k.dtype)
     )
     launch = LAUNCH["dv"]
     block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])
@@ -263,4 +287,7 @@ def backward(q, k, v, g, scale, initial_state, do, final_state_grad, saved_state
     return dq, dk, dv, dg, initial_grad
 
 
-TRITON_IMPLEMENTATION = Implementation("triton", forward, backward)
+TRITON_IMPLEMENTATION = Implementation(
+    "triton", prepare_forward, finish_forward, prepare_backward, finish_backward,
+    local_final_state, local_initial_state_gradient, total_log_decay,
+)

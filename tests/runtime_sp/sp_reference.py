@@ -26,5 +26,8 @@ def naive_gla(q, k, v, g, scale, initial_state=None):
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """||actual - expected|| / ||expected||, compared absolutely below a norm of 1: a rank whose slice starts
+    the span from a zero state has a reference dg of exactly zero at its one token, which the kernels reach
+    only to rounding (every input is of order one)."""
     difference = (actual.double() - expected.double()).norm()
-    return (difference / expected.double().norm().clamp_min(1e-30)).item()
+    return (difference / expected.double().norm().clamp_min(1.0)).item()

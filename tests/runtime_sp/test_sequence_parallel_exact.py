@@ -2,12 +2,14 @@
 
 Every case checks, on every rank: the output slice, the final state (and that
 it is bit-identical on all ranks), and the gradients of q, k, v, g and
-initial_state, against a single-device run on the whole span. Two kinds of
-case: the scan and correction alone, with a float64 token-by-token recurrence
-as the local kernel and as the reference; and the whole
-``sequence_parallel_chunk_gla`` with the PyTorch path of the project's kernels,
-against ``chunk_gla`` / ``chunk_simple_gla`` on one device, in float64 and float32,
-with spans long enough that ranks hold several kernel chunks.
+initial_state, against a single-device run on the whole span. The reference is
+a float64 token-by-token recurrence, or (``via_kernel``) ``chunk_gla`` /
+``chunk_simple_gla`` on one device in the case's dtype, with spans long enough
+that ranks hold several kernel chunks. The ranks run the PyTorch path of the
+project's kernels, or (``backend="triton"``) the Triton kernels in Triton's
+interpreter, which is the path a GPU run takes: its prepared updates, the
+store-free scans that read each rank's boundary terms, and the finish from
+the incoming state.
 The loss gives each rank its own weights for the final state, so the
 sum-over-ranks rule for its gradient is exercised too. Spawning is slow, so
 each spawned world runs many cases and reports every failing one.
@@ -28,7 +30,6 @@ from schedlang.runtime.sequence_parallel import (
     GateKind,
     SequenceParallelMethod,
     sequence_parallel_chunk_gla,
-    sequence_parallel_combine,
 )
 from sp_harness import run_on_ranks
 from sp_reference import naive_gla, relative_error
@@ -50,6 +51,8 @@ class Case:
     via_kernel: bool = False
     dtype: torch.dtype = torch.float64
     chained_spans: bool = False  # two spans, the first's final_state feeding the second
+    backend: str = "torch"
+    value_dim: int = VALUE_DIM
 
     @property
     def name(self) -> str:
@@ -57,7 +60,7 @@ class Case:
             f"{self.method.value}-blocks{self.scan_blocks}-{self.gate.value}-K{self.key_dim}"
             f"-init{int(self.with_initial_state)}-final{int(self.output_final_state)}-T{self.total_length}"
             f"-{'kernel' if self.via_kernel else 'naive'}-{str(self.dtype).removeprefix('torch.')}"
-            f"{'-chained' if self.chained_spans else ''}"
+            f"{'-chained' if self.chained_spans else ''}-{self.backend}-V{self.value_dim}"
         )
 
 
@@ -90,6 +93,24 @@ def _cases() -> list[Case]:
     return cases
 
 
+def _interpreter_cases() -> list[Case]:
+    """The Triton path (interpreted on CPU): every method, both gates, float32, several chunks per rank."""
+    cases = []
+    seed = 200
+    for method in SequenceParallelMethod:
+        for gate in GateKind:
+            cases.append(
+                Case(method, gate, 2, key_dim=16, value_dim=16, seed=seed, total_length=211, via_kernel=True,
+                     dtype=torch.float32, backend="triton")
+            )
+            seed += 1
+    cases.append(
+        Case(SequenceParallelMethod.ALLSCAN, GateKind.VECTOR, 2, key_dim=16, value_dim=16, seed=seed, total_length=150,
+             via_kernel=True, dtype=torch.float32, backend="triton", chained_spans=True)
+    )
+    return cases
+
+
 CASES = _cases()
 
 
@@ -119,11 +140,11 @@ def _make_inputs(case: Case, group_size: int) -> dict:
         "lengths": lengths,
         "q": randn(BATCH, total_length, HEADS, case.key_dim),
         "k": randn(BATCH, total_length, HEADS, case.key_dim),
-        "v": randn(BATCH, total_length, HEADS, VALUE_DIM),
+        "v": randn(BATCH, total_length, HEADS, case.value_dim),
         "g": F.logsigmoid(randn(*gate_shape) + 2.0) * strength,
-        "initial_state": randn(BATCH, HEADS, case.key_dim, VALUE_DIM) if case.with_initial_state else None,
-        "output_weight": randn(BATCH, total_length, HEADS, VALUE_DIM),
-        "final_weights": [randn(BATCH, HEADS, case.key_dim, VALUE_DIM) for _ in range(group_size)],
+        "initial_state": randn(BATCH, HEADS, case.key_dim, case.value_dim) if case.with_initial_state else None,
+        "output_weight": randn(BATCH, total_length, HEADS, case.value_dim),
+        "final_weights": [randn(BATCH, HEADS, case.key_dim, case.value_dim) for _ in range(group_size)],
     }
 
 
@@ -164,10 +185,7 @@ def _run_sequence_parallel(case: Case, local: dict, initial_state, group):
         initial_state=initial_state,
         output_final_state=case.output_final_state,
     )
-    if case.via_kernel:
-        return sequence_parallel_chunk_gla(local["q"], local["k"], local["v"], local["g"], backend="torch", **options)
-    o_local, local_state = naive_gla(local["q"], local["k"], local["v"], local["g"], scale)
-    return sequence_parallel_combine(o_local, local_state, local["q"], local["g"], **options)
+    return sequence_parallel_chunk_gla(local["q"], local["k"], local["v"], local["g"], backend=case.backend, **options)
 
 
 def _check_chained_spans(case: Case, group, failures: list[str], label: str) -> None:
@@ -306,28 +324,30 @@ def test_lowering_enum_and_its_string_value_name_the_same_method():
     assert {SequenceParallelMethod(member.value) for member in SequenceParallel} == set(SequenceParallelMethod)
 
 
-def _combine_arguments(key_dim=8, gate_dims=4, scan_blocks=2):
-    q = torch.zeros(1, 3, 1, key_dim)
-    g = torch.zeros(1, 3, 1, key_dim) if gate_dims == 4 else torch.zeros(1, 3, 1)
+@pytest.mark.slow
+def test_the_triton_path_matches_the_single_device_computation():
+    run_on_ranks(2, check_cases, _interpreter_cases(), None)
+
+
+def _arguments(key_dim=8, gate_dims=4, scan_blocks=2):
     return dict(
-        o_local=torch.zeros(1, 3, 1, 2),
-        local_state=torch.zeros(1, 1, key_dim, 2),
-        q=q,
-        g=g,
+        q=torch.zeros(1, 3, 1, key_dim),
+        k=torch.zeros(1, 3, 1, key_dim),
+        v=torch.zeros(1, 3, 1, 2),
+        g=torch.zeros(1, 3, 1, key_dim) if gate_dims == 4 else torch.zeros(1, 3, 1),
         group=None,
         method="allscan",
         scan_blocks=scan_blocks,
-        scale=1.0,
     )
 
 
 def test_gate_kind_must_match_the_shape_of_g():
     with pytest.raises(ValueError, match=r"gate='scalar' needs g with 3 dims"):
-        sequence_parallel_combine(**_combine_arguments(gate_dims=4), gate="scalar")
+        sequence_parallel_chunk_gla(**_arguments(gate_dims=4), gate="scalar")
     with pytest.raises(ValueError, match=r"gate='vector' needs g with 4 dims"):
-        sequence_parallel_combine(**_combine_arguments(gate_dims=3), gate="vector")
+        sequence_parallel_chunk_gla(**_arguments(gate_dims=3), gate="vector")
 
 
 def test_more_scan_blocks_than_state_rows_is_refused():
     with pytest.raises(ValueError, match=r"allscan\(blocks = 9\) needs 1 <= blocks <= key head dim \(8\)"):
-        sequence_parallel_combine(**_combine_arguments(scan_blocks=9), gate="vector")
+        sequence_parallel_chunk_gla(**_arguments(scan_blocks=9), gate="vector")
