@@ -64,7 +64,11 @@ class Checker:
         return path in self.assignments
 
     def get(self, path: str):
-        """The value of ``"block.key"`` (its default when absent), or ``None`` when it is invalid."""
+        """The value of ``"block.key"`` (its default when absent), or ``None`` when it is invalid.
+
+        A key whose row accepts ``none`` also reads as ``None`` when written so;
+        :meth:`valid` tells the two apart.
+        """
         value = self._read(path)
         return None if value is INVALID else value
 
