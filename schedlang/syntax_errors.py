@@ -22,6 +22,7 @@ from typing import Callable
 
 from lark import Token
 
+from schedlang.checks.schema import BLOCKS
 from schedlang.diagnostics import Diagnostic
 from schedlang.lowering.source import Span
 
@@ -287,7 +288,7 @@ SYNTAX_RULES: tuple[SyntaxRule, ...] = (
         ("schedule t\n42\n",),
         lambda at: at.inside is None and "NAME" in at.expected and at.token.type != "NAME",
         lambda at: Diagnostic.error(
-            f"expected a block name (model, mesh, sequence, pipeline, train), found {shown(at.token)}", at.span
+            f"expected a block name ({', '.join(BLOCKS)}), found {shown(at.token)}", at.span
         ),
     ),
     SyntaxRule(
