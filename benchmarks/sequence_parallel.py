@@ -8,10 +8,12 @@ median over iterations of the slowest rank's time; the steps take turns within e
   several block counts, all-gather); its ratio to ``one-device``;
 * ``one-device``: ``chunk_gla`` on L tokens on rank 0 (the other ranks wait at the barrier);
 * ``scan``: the cross-rank scan alone, forward and reverse, on the layer's ``[1, H, K, V]`` float32 state;
-* ``rank-work`` (world size 1 only): what a middle rank computes, without communication: the operator's
-  phases with the boundary terms read and an incoming state and final-state gradient given
-  ([Note: span phases] in kernels/common/function.py); its ratio to ``one-device`` is the compute that
-  sequence parallelism adds.
+* ``rank-work`` (world size 1 only): what one rank computes, without communication: the operator's phases
+  finished from a given incoming state and final-state gradient, with the local terms it reads
+  ([Note: span phases] in kernels/common/function.py, [Note: local terms on demand] in
+  runtime/sequence_parallel.py): ``end``, one per step (either rank of two), ``middle``, both. Its peer is
+  ``one-device-phases``, the same operator's phases without autograd on the same tokens: the ratio is the
+  compute that sequence parallelism adds.
 
 A world size of 1 runs the sequence-parallel layer on a group of one rank (no communication).
 
@@ -115,7 +117,8 @@ def _one_device_step(inputs, backend):
     return step
 
 
-def _rank_work_step(inputs, backend):
+def _rank_work_step(inputs, backend, forward_local_term: bool, backward_local_term: bool):
+    """One rank's compute, without communication: the local terms it reads and its finish from a given state."""
     q, k, v, g, grad_output = (tensor.contiguous() for tensor in inputs)
     implementation = implementation_for(backend, q)
     scale = q.shape[-1] ** -0.5
@@ -123,12 +126,27 @@ def _rank_work_step(inputs, backend):
 
     def step():
         prepared = implementation.prepare_forward(q, k, v, g)
-        implementation.local_final_state(prepared)
         implementation.total_log_decay(prepared).exp()
+        if forward_local_term:
+            implementation.local_final_state(prepared)
         implementation.finish_forward(prepared, q, k, v, g, scale, state, False)
         prepared = implementation.prepare_backward(q, k, v, g, grad_output, scale, None)
-        implementation.local_initial_state_gradient(prepared)
+        if backward_local_term:
+            implementation.local_initial_state_gradient(prepared)
         implementation.finish_backward(prepared, q, k, v, g, scale, state, grad_output, state, None)
+
+    return step
+
+
+def _phases_step(inputs, backend):
+    """The single-device operator's own phases, without autograd: the peer of the rank-work rows."""
+    q, k, v, g, grad_output = (tensor.contiguous() for tensor in inputs)
+    implementation = implementation_for(backend, q)
+    scale = q.shape[-1] ** -0.5
+
+    def step():
+        implementation.forward(q, k, v, g, scale, None, False)
+        implementation.backward(q, k, v, g, scale, None, grad_output, None, None)
 
     return step
 
@@ -162,7 +180,9 @@ def _worker(rank, world_size, init_file, arguments, result_file):
     steps = {("layer", method.value, blocks): _layer_step(inputs, method, blocks, backend) for method, blocks in variants}
     steps[("one-device", "-", 0)] = _one_device_step(inputs, backend) if rank == 0 else (lambda: None)
     if world_size == 1:
-        steps[("rank-work", "-", 0)] = _rank_work_step(inputs, backend)
+        steps[("rank-work", "end", 0)] = _rank_work_step(inputs, backend, True, False)
+        steps[("rank-work", "middle", 0)] = _rank_work_step(inputs, backend, True, True)
+        steps[("one-device-phases", "-", 0)] = _phases_step(inputs, backend)
     else:
         state_shape = (1, heads, head_dim, head_dim)
         for method, blocks in variants:
@@ -180,15 +200,17 @@ def _worker(rank, world_size, init_file, arguments, result_file):
 
 
 def summary_table(rows: list[dict]) -> str:
-    """A Markdown table of the rows, each layer and rank-work row with its ratio to one-device in its job."""
+    """A Markdown table of the rows: each layer row with its ratio to one-device in its job, each rank-work row
+    with its ratio to one-device-phases (the same operator without autograd)."""
     one_device = {row["ranks"]: row["ms"] for row in rows if row["kind"] == "one-device"}
+    phases = {row["ranks"]: row["ms"] for row in rows if row["kind"] == "one-device-phases"}
     lines = [
-        "| what | ranks | tokens per rank | method | blocks | ms (fwd+bwd, median of slowest rank) | vs one device |",
+        "| what | ranks | tokens per rank | method | blocks | ms (fwd+bwd, median of slowest rank) | vs its peer |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        peer = one_device.get(row["ranks"])
-        ratio = f"{row['ms'] / peer:.3f}x" if peer and row["kind"] in ("layer", "rank-work") else "-"
+        peer = {"layer": one_device, "rank-work": phases}.get(row["kind"], {}).get(row["ranks"])
+        ratio = f"{row['ms'] / peer:.3f}x" if peer else "-"
         lines.append(
             f"| {row['kind']} | {row['ranks']} | {row['length_per_rank']} | {row['method']} | {row['blocks'] or '-'} "
             f"| {row['ms']:.3f} | {ratio} |"

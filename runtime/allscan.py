@@ -8,10 +8,15 @@ from its predecessor. With ``P`` ranks the carry reaches the last rank after
 about ``tau(state) + (P - 1) * tau(state) / n_blocks`` (ZeCO Eq. 12) instead
 of ``P * tau(state)`` for an unpipelined pass.
 
-Every receive is posted up front (one ``irecv`` per block, each into its own
-buffer), then blocks are waited on, combined and sent with ``isend`` in order.
-Each block carries its index as the message tag so that transports that match
-by tag (gloo) pair them correctly; NCCL keeps per-peer order.
+[Note: All-Scan messages]
+Blocks pay off only where a rank forwards what it receives. The first rank has
+its whole carry at once and the last rank forwards nothing, so a hop into the
+last rank carries the state as one message, and the first rank's blocks go out
+as one batched group of sends. On two ranks All-Scan therefore sends exactly
+what the ring sends, whatever the block count. A middle rank posts one receive
+per block up front, then waits, combines and sends block by block. Each block
+carries its index as the message tag so that transports that match by tag
+(gloo) pair them correctly; NCCL keeps per-peer order.
 """
 
 from __future__ import annotations
@@ -20,6 +25,22 @@ import torch
 import torch.distributed as dist
 
 from schedlang.runtime.scan_common import ScanPosition, ScanResult, combine, split_rows
+
+
+def _blocks_on_hop_into(receiver_is_last: bool, n_blocks: int) -> int:
+    """Messages on one hop: one into the last rank, ``n_blocks`` elsewhere ([Note: All-Scan messages])."""
+    return 1 if receiver_is_last else n_blocks
+
+
+def _send_blocks(blocks: list[torch.Tensor], position: ScanPosition) -> list:
+    """Start sending ``blocks`` to the next rank, as one batched group when there are several."""
+    operations = [
+        dist.P2POp(dist.isend, block, group=position.group, group_peer=position.next_rank, tag=index)
+        for index, block in enumerate(blocks)
+    ]
+    if len(operations) == 1:
+        return [dist.isend(blocks[0], group=position.group, group_dst=position.next_rank, tag=0)]
+    return dist.batch_isend_irecv(operations)
 
 
 def allscan_scan(
@@ -38,35 +59,33 @@ def allscan_scan(
         position: this rank's place in the scan.
         n_blocks: number of row blocks, ``1 <= n_blocks <= K``.
     """
-    local_blocks = split_rows(local, n_blocks)
-    decay_blocks = split_rows(decay, n_blocks)
-
+    outgoing_blocks = 0 if position.is_last else _blocks_on_hop_into(position.next_rank == position.last_rank, n_blocks)
     if position.is_first:
-        incoming = split_rows(boundary, n_blocks) if boundary is not None else [None] * n_blocks
-        receives = []
+        carry_in = boundary if boundary is not None else torch.zeros_like(local)
+        carry_out = combine(decay, boundary, local)
+        sends = _send_blocks(split_rows(carry_out, outgoing_blocks), position) if outgoing_blocks else []
     else:
-        incoming = [torch.empty_like(block) for block in local_blocks]
+        incoming_blocks = _blocks_on_hop_into(position.is_last, n_blocks)
+        incoming = [torch.empty_like(block) for block in split_rows(local, incoming_blocks)]
         receives = [
             dist.irecv(buffer, group=position.group, group_src=position.previous_rank, tag=index)
             for index, buffer in enumerate(incoming)
         ]
-
-    outgoing = []
-    sends = []
-    for index in range(n_blocks):
-        if receives:
-            receives[index].wait()
-        block_out = combine(decay_blocks[index], incoming[index], local_blocks[index])
-        outgoing.append(block_out)
-        if not position.is_last:
-            sends.append(
-                dist.isend(block_out, group=position.group, group_dst=position.next_rank, tag=index)
-            )
+        if outgoing_blocks == incoming_blocks:
+            # a middle rank forwarding block by block
+            local_blocks, decay_blocks = split_rows(local, incoming_blocks), split_rows(decay, incoming_blocks)
+            outgoing, sends = [], []
+            for index, receive in enumerate(receives):
+                receive.wait()
+                outgoing.append(combine(decay_blocks[index], incoming[index], local_blocks[index]))
+                sends.append(dist.isend(outgoing[-1], group=position.group, group_dst=position.next_rank, tag=index))
+            carry_in, carry_out = torch.cat(incoming, dim=-2), torch.cat(outgoing, dim=-2)
+        else:
+            for receive in receives:
+                receive.wait()
+            carry_in = torch.cat(incoming, dim=-2) if len(incoming) > 1 else incoming[0]
+            carry_out = combine(decay, carry_in, local)
+            sends = _send_blocks(split_rows(carry_out, outgoing_blocks), position) if outgoing_blocks else []
     for send in sends:
         send.wait()
-
-    if incoming[0] is None:
-        carry_in = torch.zeros_like(local)
-    else:
-        carry_in = torch.cat(incoming, dim=-2)
-    return ScanResult(carry_in=carry_in, carry_out=torch.cat(outgoing, dim=-2))
+    return ScanResult(carry_in=carry_in, carry_out=carry_out)

@@ -34,6 +34,14 @@ state gradient, as many bytes as the forward, then finishes the operator's
 backward from ``S_in(p)`` and ``A(p)``: the gradients of its q, k, v and g,
 including those through ``gamma(p)``, are the single-device operator's.
 
+[Note: local terms on demand]
+A rank reads its local term (``S_local`` in the forward, ``dS_in`` in the
+backward: one store-free pass over its chunk updates) only when the term
+enters the scan. In the ring and All-Scan the last rank of each direction
+sends nothing, so it scans a zero instead: on two ranks each rank reads one
+local term per step, not two. The last rank's final state is then its own
+kernel's, broadcast to the others.
+
 Contract for callers that chain spans (the pipeline runtime):
 
 * ``initial_state`` is read on group rank 0 only. Its gradient is returned on
@@ -116,14 +124,22 @@ def scan_states(
     return allgather_scan(local, decay, boundary, position)
 
 
-def _last_carry_everywhere(result: ScanResult, config: ScanConfig, direction: ScanDirection) -> torch.Tensor:
-    """The carry leaving the last rank of the scan, on every rank (broadcast if needed)."""
+def _sends_local_term(config: ScanConfig, direction: ScanDirection) -> bool:
+    """Whether this rank's local term enters the scan: every rank's does in an all-gather, and in the
+    point-to-point methods every rank's but the last one's in the scan's direction, whose carry out goes
+    nowhere ([Note: local terms on demand])."""
+    return config.method is SequenceParallelMethod.ALLGATHER or not ScanPosition.of(config.group, direction).is_last
+
+
+def _final_state_everywhere(result: ScanResult, kernel_final_state: torch.Tensor, config: ScanConfig) -> torch.Tensor:
+    """The state after the span on every rank: the all-gather's combined value, or the last rank's own final
+    state broadcast from there."""
     if result.last_carry_out is not None:
         return result.last_carry_out
-    position = ScanPosition.of(config.group, direction)
-    carry = result.carry_out if position.is_last else torch.empty_like(result.carry_out)
-    dist.broadcast(carry, group=config.group, group_src=position.last_rank)
-    return carry
+    position = ScanPosition.of(config.group, ScanDirection.FORWARD)
+    final_state = kernel_final_state.contiguous() if position.is_last else torch.empty_like(result.carry_in)
+    dist.broadcast(final_state, group=config.group, group_src=position.last_rank)
+    return final_state
 
 
 @dataclass(frozen=True)
@@ -152,18 +168,22 @@ class SequenceParallelFunction(torch.autograd.Function):
         decay = _decay_view(implementation.total_log_decay(prepared).exp())
         boundary = initial_state.to(decay.dtype) if (initial_state is not None and rank == 0) else None
         state_in, final_state = boundary, None
+        result = None
         if size > 1:
-            local_state = implementation.local_final_state(prepared)
+            if _sends_local_term(config.scan, ScanDirection.FORWARD):
+                local_state = implementation.local_final_state(prepared)
+            else:
+                local_state = _zero_state(q, v, decay.dtype)
             result = scan_states(local_state, decay, boundary, config.scan, ScanDirection.FORWARD)
             if rank > 0:
                 state_in = result.carry_in
-            if config.scan.output_final_state:
-                final_state = _last_carry_everywhere(result, config.scan, ScanDirection.FORWARD)
         o, kernel_final_state, saved_states = implementation.finish_forward(
             prepared, q, k, v, g, config.scale, state_in, config.save_states
         )
-        if size == 1 and config.scan.output_final_state:
+        if config.scan.output_final_state:
             final_state = kernel_final_state
+            if result is not None:
+                final_state = _final_state_everywhere(result, kernel_final_state, config.scan)
         ctx.config = config
         ctx.initial_state_given = initial_state is not None
         ctx.save_for_backward(q, k, v, g, state_in, decay, saved_states)
@@ -190,7 +210,10 @@ class SequenceParallelFunction(torch.autograd.Function):
                 dist.reduce(boundary, group=group, group_dst=position.first_rank)
                 if not position.is_first:
                     boundary = None
-            local_grad = implementation.local_initial_state_gradient(prepared)
+            if _sends_local_term(config.scan, ScanDirection.REVERSE):
+                local_grad = implementation.local_initial_state_gradient(prepared)
+            else:
+                local_grad = _zero_state(q, v, decay.dtype)
             result = scan_states(local_grad, decay, boundary, config.scan, ScanDirection.REVERSE)
             state_out_grad = result.carry_in
         dq, dk, dv, dg, d_initial = implementation.finish_backward(
@@ -200,6 +223,10 @@ class SequenceParallelFunction(torch.autograd.Function):
         if ctx.initial_state_given:
             grad_initial_state = d_initial if rank == 0 else torch.zeros_like(d_initial)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), grad_initial_state, None
+
+
+def _zero_state(q: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[3], dtype=dtype, device=q.device)
 
 
 def _decay_view(gamma: torch.Tensor) -> torch.Tensor:

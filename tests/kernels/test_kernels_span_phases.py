@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from kernel_reference_cases import OPERATORS, assert_close, make_inputs, reference
+from schedlang.kernels.gla import chunk_triton as gla_chunk_triton
 from schedlang.kernels.gla.chunk import implementation_for as gla_implementation
 from schedlang.kernels.simple_gla.chunk import implementation_for as simple_gla_implementation
 
@@ -75,12 +76,19 @@ def run_emulated_ranks(implementation, inputs, lengths, save_states):
     return result
 
 
-@pytest.mark.parametrize("operator_name", sorted(OPERATORS))
+@pytest.mark.parametrize("operator_name, steep", [("gla", False), ("gla", True), ("simple_gla", False)], ids=["gla", "gla-steep", "simple_gla"])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("shape, lengths", CASES, ids=lambda case: "B{}-T{}-H{}-D{}".format(*case) if len(case) == 4 else "-".join(map(str, case)))
 @pytest.mark.parametrize("random_initial_state, save_states", [(False, False), (True, True)], ids=["zero_state", "random_state-saved"])
 @pytest.mark.parametrize("dtype_name", sorted(DTYPES))
-def test_phases_across_emulated_ranks_equal_the_whole_span(operator_name, backend, shape, lengths, random_initial_state, save_states, dtype_name):
+def test_phases_across_emulated_ranks_equal_the_whole_span(
+    monkeypatch, operator_name, steep, backend, shape, lengths, random_initial_state, save_states, dtype_name
+):
+    """``steep``: every GLA chunk takes the sub-chunk kernels (span limit 0)."""
+    if steep:
+        if backend != "triton":
+            pytest.skip("the PyTorch path has no steep kernels")
+        monkeypatch.setattr(gla_chunk_triton, "SPAN_LIMIT", 0.0)
     operator = OPERATORS[operator_name]
     dtype, tolerance = DTYPES[dtype_name]
     if backend == "triton" and dtype == torch.bfloat16 and not ON_GPU:
