@@ -26,10 +26,13 @@ from schedlang.checks.mesh import build_mesh
 from schedlang.checks.model import build_model
 from schedlang.checks.pipeline import build_pipeline
 from schedlang.checks.rules import RULES
+from schedlang.checks.schema import BLOCK_KEYS
 from schedlang.checks.sequence import build_sequence
 from schedlang.checks.train import build_train
 from schedlang.diagnostics import ScheduleError
 from schedlang.lowering.program import ScheduleProgram
+
+__all__ = ["BLOCK_KEYS", "lower_to_program"]
 
 
 def lower_to_program(schedule_file: ast.ScheduleFile, source_text: str) -> ScheduleProgram:

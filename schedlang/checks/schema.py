@@ -148,6 +148,9 @@ BLOCKS: dict[str, tuple[Key, ...]] = {
     block: tuple(key for key in SCHEMA if key.block == block) for block in dict.fromkeys(key.block for key in SCHEMA)
 }
 
+# The key names of each block, for code that only asks whether a name is a key (``revise``).
+BLOCK_KEYS: dict[str, tuple[str, ...]] = {block: tuple(key.name for key in keys) for block, keys in BLOCKS.items()}
+
 
 def block_example(block: str) -> str:
     """``model { vocab = 256  ... }``: the block with its required keys and those marked for the example."""
