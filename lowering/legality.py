@@ -1,5 +1,8 @@
 """The legality pass: are the per-stage program orders a legal, deadlock-free schedule?
 
+(One module over 500 lines: the report types, the four checks and the deadlock's cycle and step grid all
+work on the private task numbering below, which no other pass should see.)
+
 Input: the dimensions (stages P, microbatches M, chunks N), whether the
 backward is split (``pipeline { split_backward = true }``: every ``(r, a, i)``
 then also has a ``W`` task, which must follow its ``B``; [Note: split
@@ -22,9 +25,9 @@ tasks, the order violations, and at most one deadlock.
 * ``MISSING_TASK``: a task of the graph that no order runs (with a split
   backward, every ``W`` too); it points at its stage's line when there is one.
 * ``ORDER_VIOLATION``: on one stage, a task placed before one of its
-  same-stage predecessors (STATE_FORWARD, FORWARD_BACKWARD, STATE_BACKWARD of
-  Eq. 8, and BACKWARD_WEIGHT, ``B`` before ``W``); the cross-stage constraints
-  can only be broken through a cycle, which the deadlock check reports.
+  same-stage predecessors (by a rule that keeps the stage, such as ``B``
+  before ``W``); the cross-stage constraints can only be broken through a
+  cycle, which the deadlock check reports.
 * ``DEADLOCK``: the orders plus the dependency edges form a cycle. Found by
   running the per-stage queues (each stage's next task runs once its
   predecessors are done) in O(tasks + edges); a cycle of waiting tasks is
@@ -33,10 +36,12 @@ tasks, the order violations, and at most one deadlock.
   violations and lets a missing task run as soon as its predecessors are done,
   on no stage.
 
-Tasks are numbered arithmetically (``kind, stage, microbatch, chunk`` in
-mixed radix, the kinds F, B and, split, W) and predecessors computed from the
-number, so the check of a 262,144-task schedule never builds the NetworkX
-graph.
+The constraints are the table of edge rules ([Note: edge rules] in
+schedlang.lowering.dependencies), :data:`EDGE_RULES` unless the caller passes
+another. Tasks are numbered arithmetically (``kind, stage, microbatch, chunk``
+in mixed radix, the kinds F, B and, split, W) and each number's predecessors
+and successors translated from the table once per kind, stage and chunk, so
+the check stays linear in tasks + edges and never builds the NetworkX graph.
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from schedlang.lowering.graph import Dependency, task_kinds
+from schedlang.lowering.dependencies import EDGE_RULES, Dependency, EdgeRule, EdgeRules
+from schedlang.lowering.graph import task_kinds
 from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.program import OrderKind, ScheduleProgram
 from schedlang.lowering.report import format_error
@@ -150,32 +156,56 @@ class _Dimensions:
     split_backward: bool = False
 
 
-_FORWARD, _BACKWARD, _WEIGHT = TaskKind.FORWARD, TaskKind.BACKWARD, TaskKind.WEIGHT
-"""Module constants: the per-task loops below compare kinds by identity, and a global is faster to read than an
-Enum class attribute."""
-
-
 class _TaskNumbering:
-    """Tasks as integers: ``kind * PMN + stage * MN + microbatch * N + chunk``, kinds F = 0, B = 1, W = 2.
+    """Tasks as integers: ``kind * PMN + stage * MN + microbatch * N + chunk``, the kinds numbered in the
+    order of the rule table's ``task_kinds`` (F = 0, B = 1, and with a split backward W = 2).
 
-    Without a split backward there is no W and the numbers stop at ``2 PMN``.
+    Each number's predecessors and successors are the rule table's ([Note: edge rules] in
+    schedlang.lowering.dependencies), kept as differences of numbers (with the rule, for predecessors,
+    whose messages name it). A rule shifts the stage and the chunk and never the microbatch, so whether a
+    neighbour lies inside the graph depends only on a task's kind, stage and chunk: the table is asked once
+    per such class, about its microbatch-0 task, and the M tasks of the class share the answer. That keeps
+    the numbering linear in tasks + edges.
     """
 
-    def __init__(self, dimensions: _Dimensions) -> None:
-        self.n_stages = dimensions.n_stages
-        self.n_microbatches = dimensions.n_microbatches
-        self.n_chunks = dimensions.n_chunks
+    def __init__(self, dimensions: _Dimensions, rules: EdgeRules) -> None:
+        n_stages, n_microbatches, n_chunks = dimensions.n_stages, dimensions.n_microbatches, dimensions.n_chunks
+        self.n_stages = n_stages
+        self.n_microbatches = n_microbatches
+        self.n_chunks = n_chunks
         self.split_backward = dimensions.split_backward
-        self.kinds = task_kinds(dimensions.split_backward)
-        self.per_stage = dimensions.n_microbatches * dimensions.n_chunks
-        self.per_kind = dimensions.n_stages * self.per_stage
-        self.backward_end = 2 * self.per_kind  # the first W number
+        self.kinds = rules.task_kinds(dimensions.split_backward)
+        self.per_stage = n_microbatches * n_chunks
+        self.per_kind = n_stages * self.per_stage
         self.total = len(self.kinds) * self.per_kind
+        self.predecessor_steps: list[tuple[tuple[int, EdgeRule], ...]] = []
+        """Per number: where each predecessor is (its number minus this one) and the rule that links them."""
+        self.successor_differences: list[tuple[int, ...]] = []
+        """Per number: where each successor is (its number minus this one)."""
+        split = dimensions.split_backward
+        for kind in self.kinds:
+            for stage in range(n_stages):
+                predecessor_row, successor_row = [], []
+                for chunk in range(n_chunks):
+                    task = TaskId(kind, stage, 0, chunk)
+                    predecessor_row.append(self._steps(task, rules.predecessors(task, n_stages, n_chunks, split)))
+                    successors = self._steps(task, rules.successors(task, n_stages, n_chunks, split))
+                    successor_row.append(tuple(difference for difference, _ in successors))
+                self.predecessor_steps.extend(predecessor_row * n_microbatches)
+                self.successor_differences.extend(successor_row * n_microbatches)
+
+    def _steps(self, task: TaskId, neighbours: list[tuple[TaskId, EdgeRule]]) -> tuple[tuple[int, EdgeRule], ...]:
+        number = self.number(task)
+        return tuple((self.number(neighbour) - number, rule) for neighbour, rule in neighbours)
 
     def number(self, task: TaskId) -> int:
-        kind = task.kind  # compared by identity: hashing an Enum member runs Python code
-        index = 0 if kind is _FORWARD else 1 if kind is _BACKWARD else 2
-        return index * self.per_kind + task.stage * self.per_stage + task.microbatch * self.n_chunks + task.chunk
+        """The number of a task of the graph (its kind among :attr:`kinds`; the caller checks)."""
+        return (
+            self.kinds.index(task.kind) * self.per_kind  # tuple.index compares by identity first: no Enum hashing
+            + task.stage * self.per_stage
+            + task.microbatch * self.n_chunks
+            + task.chunk
+        )
 
     def task(self, number: int) -> TaskId:
         kind, rest = divmod(number, self.per_kind)
@@ -183,26 +213,9 @@ class _TaskNumbering:
         microbatch, chunk = divmod(rest, self.n_chunks)
         return TaskId(self.kinds[kind], stage, microbatch, chunk)
 
-    def predecessors(self, number: int) -> list[tuple[int, Dependency]]:
-        """Predecessors computed from the number alone (see schedlang.lowering.graph)."""
-        per_kind, per_stage, n_chunks = self.per_kind, self.per_stage, self.n_chunks
-        stage = (number % per_kind) // per_stage
-        chunk = number % n_chunks
-        result = []
-        if number < per_kind:
-            if stage > 0:
-                result.append((number - per_stage, Dependency.STAGE_FORWARD))
-            if chunk > 0:
-                result.append((number - 1, Dependency.STATE_FORWARD))
-        elif number >= self.backward_end:
-            result.append((number - per_kind, Dependency.BACKWARD_WEIGHT))
-        else:
-            result.append((number - per_kind, Dependency.FORWARD_BACKWARD))
-            if stage < self.n_stages - 1:
-                result.append((number + per_stage, Dependency.STAGE_BACKWARD))
-            if chunk < n_chunks - 1:
-                result.append((number + 1, Dependency.STATE_BACKWARD))
-        return result
+    def predecessors(self, number: int) -> list[tuple[int, EdgeRule]]:
+        """The predecessors of task ``number`` and the rule that links each one, in table order."""
+        return [(number + difference, rule) for difference, rule in self.predecessor_steps[number]]
 
 
 _KIND_WORDS = {TaskKind.FORWARD: "forward", TaskKind.BACKWARD: "backward", TaskKind.WEIGHT: "weight gradients"}
@@ -271,6 +284,7 @@ def check_orders(
     orders: Sequence[Sequence[TaskId]] | None = None,
     *,
     split_backward: bool | None = None,
+    rules: EdgeRules = EDGE_RULES,
 ) -> LegalityReport:
     """Check per-stage orders against Eq. 8 and for deadlock; see the module docstring.
 
@@ -278,10 +292,11 @@ def check_orders(
     ``orders`` defaults to the program's own orders; ``orders[r]`` is what stage
     ``r`` runs, first to last. ``split_backward`` says whether every task triple
     has a ``W`` task: a program's ``pipeline.split_backward`` (giving another
-    value raises ValueError), False by default for dimensions.
+    value raises ValueError), False by default for dimensions. ``rules`` is the
+    table of edge rules checked against ([Note: edge rules]).
     """
     dimensions, rows, order_span = _resolve(program_or_dims, orders, split_backward)
-    numbering = _TaskNumbering(dimensions)
+    numbering = _TaskNumbering(dimensions, rules)
     violations: list[Violation] = []
 
     kept_orders, kept_spans, line_spans = _keep_known_unique(dimensions, numbering, rows, violations)
@@ -347,7 +362,7 @@ def _keep_known_unique(
         spans_out = kept_spans[stage]
         for index, task in enumerate(tasks):
             span = None if token_spans is None else token_spans[index]
-            problem = _unknown_reason(task, stage, n_microbatches, n_chunks, dimensions.split_backward)
+            problem = _unknown_reason(task, stage, n_microbatches, n_chunks, numbering.kinds)
             if problem is not None:
                 violations.append(Violation(ViolationKind.UNKNOWN_TASK, (task,), problem, span))
                 continue
@@ -371,11 +386,11 @@ def _keep_known_unique(
 
 
 def _unknown_reason(
-    task: TaskId, stage: int, n_microbatches: int, n_chunks: int, split_backward: bool
+    task: TaskId, stage: int, n_microbatches: int, n_chunks: int, kinds: tuple[TaskKind, ...]
 ) -> str | None:
     if not isinstance(task, TaskId) or not isinstance(task.kind, TaskKind):
         raise TypeError(f"orders must hold TaskId values, got {task!r}")
-    if not split_backward and task.kind is _WEIGHT:
+    if task.kind not in kinds:  # the only kind a graph of the rule table can lack is the split backward's W
         return (
             f"stage {stage}: {task.local_form()} is a weight-gradient task ({_describe(task)}), but the "
             "backward is not split; set `split_backward = true` in the pipeline block, or drop the W tasks"
@@ -408,8 +423,8 @@ def _check_stage_orders(
     for stage, order in enumerate(kept_orders):
         spans = kept_spans[stage]
         for step, number in enumerate(order):
-            for predecessor, dependency in numbering.predecessors(number):
-                if not dependency.same_stage:
+            for predecessor, rule in numbering.predecessors(number):
+                if not rule.same_stage:
                     continue
                 predecessor_step = position[predecessor]
                 if predecessor_step <= step:
@@ -421,11 +436,11 @@ def _check_stage_orders(
                         ViolationKind.ORDER_VIOLATION,
                         (task, before),
                         f"stage {stage} runs {task.local_form()} (step {step}) before "
-                        f"{before.local_form()} (step {predecessor_step}), but {dependency.origin} requires "
-                        f"{dependency.formula}: {dependency.reason}; move {task.local_form()} "
+                        f"{before.local_form()} (step {predecessor_step}), but {rule.origin} requires "
+                        f"{rule.formula}: {rule.reason}; move {task.local_form()} "
                         f"after {before.local_form()}",
                         None if spans is None else spans[step],
-                        dependency,
+                        rule.dependency,
                     )
                 )
     return violated_edges
@@ -450,24 +465,8 @@ def _run_queues(
     A task not in any order (missing) runs, on no stage, as soon as its
     predecessors are done. Edges in ``violated_edges`` are not counted.
     """
-    n_stages, per_kind, per_stage, n_chunks, total, split = (
-        numbering.n_stages,
-        numbering.per_kind,
-        numbering.per_stage,
-        numbering.n_chunks,
-        numbering.total,
-        numbering.split_backward,
-    )
-    last_stage = n_stages - 1
-    waiting = [0] * total
-    for number in range(per_kind):
-        stage = number // per_stage
-        chunk = number % n_chunks
-        waiting[number] = (stage > 0) + (chunk > 0)
-        waiting[number + per_kind] = 1 + (stage < last_stage) + (chunk < n_chunks - 1)
-    if split:
-        waiting[2 * per_kind :] = [1] * per_kind  # W waits for its B alone
-    backward_end = numbering.backward_end
+    n_stages, total, successor_differences = numbering.n_stages, numbering.total, numbering.successor_differences
+    waiting = list(map(len, numbering.predecessor_steps))
     for edge in violated_edges:
         waiting[edge % total] -= 1
 
@@ -482,25 +481,8 @@ def _run_queues(
 
     def finish(number: int) -> None:
         completion.append(number)
-        if number < per_kind:
-            stage = number // per_stage
-            chunk = number % n_chunks
-            successors = [number + per_kind]
-            if stage < last_stage:
-                successors.append(number + per_stage)
-            if chunk < n_chunks - 1:
-                successors.append(number + 1)
-        elif number < backward_end:
-            stage = (number - per_kind) // per_stage
-            chunk = number % n_chunks
-            successors = [number + per_kind] if split else []
-            if stage > 0:
-                successors.append(number - per_stage)
-            if chunk > 0:
-                successors.append(number - 1)
-        else:
-            return  # nothing waits for a W
-        for successor in successors:
+        for difference in successor_differences[number]:
+            successor = number + difference
             if violated_edges and number * total + successor in violated_edges:
                 continue
             waiting[successor] -= 1
@@ -533,18 +515,19 @@ def execution_order(
     orders: Sequence[Sequence[TaskId]],
     *,
     split_backward: bool | None = None,
+    rules: EdgeRules = EDGE_RULES,
 ) -> tuple[TaskId, ...]:
     """Every task in one global order that respects Eq. 8 (and ``B`` before ``W``) and each stage's order.
 
-    The simulator processes tasks in this order. ``split_backward`` as for
-    :func:`check_orders`. Raises :class:`IllegalScheduleError` unless the
-    orders are legal.
+    The simulator processes tasks in this order. ``split_backward`` and
+    ``rules`` as for :func:`check_orders`. Raises :class:`IllegalScheduleError`
+    unless the orders are legal.
     """
-    report = check_orders(program_or_dims, orders, split_backward=split_backward)
+    report = check_orders(program_or_dims, orders, split_backward=split_backward, rules=rules)
     if not report.is_legal:
         raise IllegalScheduleError(report)
     numbering = _TaskNumbering(
-        _Dimensions(report.n_stages, report.n_microbatches, report.n_chunks, report.split_backward)
+        _Dimensions(report.n_stages, report.n_microbatches, report.n_chunks, report.split_backward), rules
     )
     kept_orders = [[numbering.number(task) for task in order] for order in orders]
     position = [0] * numbering.total
@@ -554,12 +537,12 @@ def execution_order(
 
 def _undone_predecessor(
     numbering: _TaskNumbering, number: int, done: list[bool], violated_edges: set[int]
-) -> tuple[int, Dependency]:
-    for predecessor, dependency in numbering.predecessors(number):
+) -> tuple[int, EdgeRule]:
+    for predecessor, rule in numbering.predecessors(number):
         if violated_edges and predecessor * numbering.total + number in violated_edges:
             continue
         if not done[predecessor]:
-            return predecessor, dependency
+            return predecessor, rule
     raise AssertionError(f"task {numbering.task(number)} is stuck but all its predecessors are done")
 
 
@@ -578,12 +561,13 @@ def _deadlock(
     owner = {number: stage for stage, order in enumerate(kept_orders) for number in order}
     first_stuck = next(stage for stage, step in enumerate(stuck) if step is not None)
     links: list[DeadlockWait] = []
+    formulas: list[str] = []  # per link, the rule its stuck task waits by
     seen: dict[int, int] = {}
     stage = first_stuck
     while stage not in seen:
         seen[stage] = len(links)
         head = kept_orders[stage][stuck[stage]]
-        direct, dependency = _undone_predecessor(numbering, head, done, violated_edges)
+        direct, rule = _undone_predecessor(numbering, head, done, violated_edges)
         blocker, through = direct, []
         while blocker not in owner:
             through.append(numbering.task(blocker))
@@ -594,16 +578,17 @@ def _deadlock(
                 stuck[stage],
                 numbering.task(head),
                 numbering.task(direct),
-                dependency,
+                rule.dependency,
                 owner[blocker],
                 numbering.task(blocker),
                 position[blocker],
                 tuple(through),
             )
         )
+        formulas.append(rule.formula)
         stage = owner[blocker]
     cycle = tuple(links[seen[stage] :])
-    lines = [_describe_wait(link) for link in cycle]
+    lines = [_describe_wait(link, formula) for link, formula in zip(cycle, formulas[seen[stage] :])]
     lines.append("")
     grid = format_step_grid([[numbering.task(number) for number in order] for order in kept_orders], stuck)
     lines.extend(grid.splitlines())
@@ -621,10 +606,10 @@ def _deadlock(
     )
 
 
-def _describe_wait(link: DeadlockWait) -> str:
+def _describe_wait(link: DeadlockWait, formula: str) -> str:
     text = (
         f"stage {link.stage} is stuck at {link.stuck_task} (step {link.step}): it needs {link.waits_for} "
-        f"({link.dependency.formula})"
+        f"({formula})"
     )
     for missing, needed in zip(link.through_missing, link.through_missing[1:] + (link.next_task,)):
         text += f"; {missing} is in no order and needs {needed}"

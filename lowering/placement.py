@@ -51,6 +51,28 @@ def _send_order(order: Sequence[TaskId], kind: TaskKind) -> list[tuple[int, int]
     return [(task.microbatch, task.chunk) for task in order if task.kind is kind]
 
 
+class _Inbox:
+    """What one neighbour sends this stage, in the neighbour's send order, and how much of it is received."""
+
+    def __init__(self, sends: list[tuple[int, int]], receive: ActionKind) -> None:
+        self.sends = sends
+        self.receive = receive
+        self.received = 0
+        self.positions: dict[tuple[int, int], int] = {}
+        """Where each message first stands in ``sends`` (what ``sends.index`` finds, without the scan)."""
+        for position, key in enumerate(sends):
+            self.positions.setdefault(key, position)
+
+    def receive_through(self, key: tuple[int, int], actions: list[Action]) -> None:
+        """Receive every message not received yet, up to and including ``key``, in the sender's order."""
+        if key not in self.positions:
+            raise ValueError(f"{key} is not in list: the neighbouring stage never sends it (orders must be checked)")
+        needed = self.positions[key] + 1
+        while self.received < needed:
+            actions.append(Action(self.receive, *self.sends[self.received]))
+            self.received += 1
+
+
 def place_stage_actions(orders: Sequence[Sequence[TaskId]]) -> tuple[tuple[Action, ...], ...]:
     """Expand checked per-stage task orders into per-stage action lists; see the module docstring."""
     n_stages = len(orders)
@@ -58,17 +80,14 @@ def place_stage_actions(orders: Sequence[Sequence[TaskId]]) -> tuple[tuple[Actio
     for stage, order in enumerate(orders):
         activations_from_previous = _send_order(orders[stage - 1], TaskKind.FORWARD) if stage > 0 else []
         gradients_from_next = _send_order(orders[stage + 1], TaskKind.BACKWARD) if stage + 1 < n_stages else []
-        received_activations = 0
-        received_gradients = 0
+        activations = _Inbox(activations_from_previous, ActionKind.RECV_ACTIVATION)
+        gradients = _Inbox(gradients_from_next, ActionKind.RECV_GRADIENT)
         actions: list[Action] = []
         for task in order:
             key = (task.microbatch, task.chunk)
             if task.kind is TaskKind.FORWARD:
                 if stage > 0:
-                    needed = activations_from_previous.index(key, 0) + 1
-                    while received_activations < needed:
-                        actions.append(Action(ActionKind.RECV_ACTIVATION, *activations_from_previous[received_activations]))
-                        received_activations += 1
+                    activations.receive_through(key, actions)
                 actions.append(Action(ActionKind.FORWARD, *key))
                 if stage + 1 < n_stages:
                     actions.append(Action(ActionKind.SEND_ACTIVATION, *key))
@@ -76,10 +95,7 @@ def place_stage_actions(orders: Sequence[Sequence[TaskId]]) -> tuple[tuple[Actio
                 actions.append(Action(ActionKind.WEIGHT, *key))
             else:
                 if stage + 1 < n_stages:
-                    needed = gradients_from_next.index(key, 0) + 1
-                    while received_gradients < needed:
-                        actions.append(Action(ActionKind.RECV_GRADIENT, *gradients_from_next[received_gradients]))
-                        received_gradients += 1
+                    gradients.receive_through(key, actions)
                 actions.append(Action(ActionKind.BACKWARD, *key))
                 if stage > 0:
                     actions.append(Action(ActionKind.SEND_GRADIENT, *key))

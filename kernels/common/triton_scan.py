@@ -158,9 +158,10 @@ def chunk_state_scan_pair_kernel(
         )
 
 
-SCAN_LAUNCH = dict(block_k=8, block_v=32, prefetch=1, num_warps=4, num_stages=3)
+SCAN_LAUNCH = dict(block_k=8, block_v=32, prefetch=1, num_warps=4, num_stages=3, pair_max_chunks=64)
 """Tile of the state each scan program walks along the chunks (small tiles: more programs walk at once), whether
-it loads three steps ahead ([Note: scan prefetch]) and its launch options; read at call time
+it loads three steps ahead ([Note: scan prefetch]), its launch options, and the most chunks for which the
+backward runs its two scans as one launch ([Note: paired scans]); read at call time
 (benchmarks/tune_kernels.py sweeps it). Measured on an H200 at T=4K, state in/out, graph replay (docs/benchmarks.md):
 GLA forward+backward 0.551 ms with the old (16 x 32, no prefetch), 0.526 with this; prefetch at 16 x 32 took 0.661."""
 
@@ -282,12 +283,23 @@ def recurrence_gradients(prepared: PreparedChunks, initial_state, final_state_gr
     """The start of every chunked backward after its first phase: (the states entering each chunk, the
     gradients of the states leaving each chunk, the gradient of the initial state).
 
-    Without ``saved_states`` the states are recomputed beside the state-gradient scan (one launch for both
-    scans); with the forward's states only the reverse scan runs.
+    Without ``saved_states`` the states are recomputed beside the state-gradient scan; with the forward's
+    states only the reverse scan runs.
+
+    [Note: paired scans]
+    A scan is one chain per program; with few chunks it leaves the GPU mostly waiting, and the two scans of a
+    backward share that wait when they run as one launch (chunk_state_scan_pair). With many chunks each scan
+    alone keeps the memory system busy, and the paired launch is no faster than two, and slower when it also
+    loads a boundary state (an initial state or a final-state gradient): above
+    SCAN_LAUNCH["pair_max_chunks"] the two scans run as separate launches.
     """
-    if saved_states is None:
+    if saved_states is not None:
+        states = saved_states
+    elif prepared.chunk_gate.shape[2] <= SCAN_LAUNCH["pair_max_chunks"]:
         return chunk_state_scan_pair(
             prepared.updates, prepared.grad_updates, prepared.chunk_gate, initial_state, final_state_grad, dtype
         )
+    else:
+        states, _ = chunk_state_scan(prepared.updates, prepared.chunk_gate, initial_state, dtype, reverse=False)
     state_grads, initial_grad = chunk_state_scan(prepared.grad_updates, prepared.chunk_gate, final_state_grad, dtype, reverse=True)
-    return saved_states, state_grads, initial_grad
+    return states, state_grads, initial_grad

@@ -12,8 +12,10 @@ same-stage hand-offs of saved tensors (``FORWARD_BACKWARD``, and
 ``BACKWARD_WEIGHT`` with a hollow arrowhead) grey. Nothing here runs Graphviz.
 
 An edge without a ``"dependency"`` attribute (a hand-built graph) is
-classified from its endpoints, which determine the Eq. 8 constraint; an edge
-that is no constraint of Eq. 8 is drawn bold red so it stands out.
+classified from its endpoints by the table of edge rules ([Note: edge rules]
+in schedlang.lowering.dependencies); an edge that is no rule's is drawn bold
+red so it stands out, and one of a rule the caller's table adds without a
+style here is drawn black.
 
 The text is deterministic: nodes and edges are sorted, so it can be diffed
 against a golden file.
@@ -26,7 +28,7 @@ from enum import Enum
 
 import networkx as nx
 
-from schedlang.lowering.graph import Dependency
+from schedlang.lowering.dependencies import EDGE_RULES, Dependency, EdgeRules
 from schedlang.lowering.tasks import TaskId, TaskKind
 
 
@@ -48,42 +50,23 @@ _EDGE_STYLES: dict[Dependency | None, str] = {
     None: 'color="#cc0000", style=bold',  # an edge that is no constraint of Eq. 8
 }
 
+_UNSTYLED_RULE_EDGE = 'color="#000000"'
+"""An edge of a rule that the caller's table adds and that has no style of its own above."""
+
 _NODE_FILL: dict[TaskKind, str] = {
     TaskKind.FORWARD: "#cfe2f3",
     TaskKind.BACKWARD: "#fce5cd",
     TaskKind.WEIGHT: "#d9ead3",
 }
 
-_KIND_RANK = {TaskKind.FORWARD: 0, TaskKind.BACKWARD: 1, TaskKind.WEIGHT: 2}
+_KIND_RANK = {kind: rank for rank, kind in enumerate(TaskKind)}  # F, B, W: the order TaskKind declares
 
 
-_SAME_UNIT_EDGES = {
-    (TaskKind.FORWARD, TaskKind.BACKWARD): Dependency.FORWARD_BACKWARD,
-    (TaskKind.BACKWARD, TaskKind.WEIGHT): Dependency.BACKWARD_WEIGHT,
-}
-"""Edges between two tasks of one stage, microbatch and chunk, by their kinds."""
-
-
-def classify_edge(source: TaskId, destination: TaskId) -> Dependency | None:
-    """The Eq. 8 constraint (or the split backward's ``B -> W``) that an edge ``source -> destination`` encodes,
-    or None if it is none."""
-    if source.microbatch != destination.microbatch:
-        return None
-    same_kind = source.kind is destination.kind
-    if same_kind and source.chunk == destination.chunk:
-        if source.kind is TaskKind.FORWARD and destination.stage == source.stage + 1:
-            return Dependency.STAGE_FORWARD
-        if source.kind is TaskKind.BACKWARD and destination.stage == source.stage - 1:
-            return Dependency.STAGE_BACKWARD
-    if same_kind and source.stage == destination.stage:
-        if source.kind is TaskKind.FORWARD and destination.chunk == source.chunk + 1:
-            return Dependency.STATE_FORWARD
-        if source.kind is TaskKind.BACKWARD and destination.chunk == source.chunk - 1:
-            return Dependency.STATE_BACKWARD
-    if source.stage == destination.stage and source.chunk == destination.chunk:
-        return _SAME_UNIT_EDGES.get((source.kind, destination.kind))
-    return None
-
+def classify_edge(source: TaskId, destination: TaskId, rules: EdgeRules = EDGE_RULES) -> Dependency | None:
+    """The constraint of the rule table ([Note: edge rules]: Eq. 8 and the split backward's ``B -> W``) that an
+    edge ``source -> destination`` encodes, or None if it is none."""
+    rule = rules.edge_rule(source, destination)
+    return None if rule is None else rule.dependency
 
 
 def task_sort_key(task: TaskId) -> tuple[int, int, int, int]:
@@ -118,6 +101,7 @@ def task_graph_to_dot(
     orders: Sequence[Sequence[TaskId]] | None = None,
     program_order_edges: ProgramOrderEdges = ProgramOrderEdges.INVISIBLE,
     name: str = "schedule",
+    rules: EdgeRules = EDGE_RULES,
 ) -> str:
     """Render ``graph`` as DOT text; see the module docstring for the contract.
 
@@ -129,6 +113,8 @@ def task_graph_to_dot(
             left to right in the order it runs.
         program_order_edges: how those chains are drawn.
         name: the graph's name (quoted, so any text is accepted).
+        rules: the table that classifies edges without a ``"dependency"``
+            attribute ([Note: edge rules]).
     """
     tasks = list(graph.nodes)
     for task in tasks:
@@ -158,8 +144,9 @@ def task_graph_to_dot(
         graph.edges, key=lambda edge: (task_sort_key(edge[0]), task_sort_key(edge[1]))
     )
     for source, destination in dependency_edges:
-        dependency = graph.edges[source, destination].get("dependency") or classify_edge(source, destination)
-        lines.append(f"  {_quoted(source)} -> {_quoted(destination)} [{_EDGE_STYLES[dependency]}];")
+        dependency = graph.edges[source, destination].get("dependency") or classify_edge(source, destination, rules)
+        style = _EDGE_STYLES.get(dependency, _UNSTYLED_RULE_EDGE)
+        lines.append(f"  {_quoted(source)} -> {_quoted(destination)} [{style}];")
 
     if orders and program_order_edges is not ProgramOrderEdges.NONE:
         if program_order_edges is ProgramOrderEdges.INVISIBLE:

@@ -165,10 +165,15 @@ def test_gla_launch_table_variants_stay_exact(monkeypatch, entry, overrides):
 
 @pytest.mark.parametrize("operator_name", ["gla", "simple_gla"])
 @pytest.mark.parametrize("length", [40, 130, 1000 if ON_GPU else 300])
-@pytest.mark.parametrize("scan", [dict(prefetch=0), dict(prefetch=1), dict(prefetch=1, block_k=8, block_v=16)])
+@pytest.mark.parametrize(
+    "scan",
+    [dict(prefetch=0), dict(prefetch=1), dict(prefetch=1, block_k=8, block_v=16), dict(pair_max_chunks=0)],
+    ids=["no_prefetch", "prefetch", "prefetch-8x16", "separate_backward_scans"],
+)
 def test_scan_variants_stay_exact(monkeypatch, operator_name, length, scan):
     """Both loops of the state scan (operands loaded three steps ahead, or each step's own), over fewer chunks
-    than the prefetch depth (1 and 3 chunks) and many, with an initial state and a final-state gradient."""
+    than the prefetch depth (1 and 3 chunks) and many, with an initial state and a final-state gradient; and
+    the backward's two scans as one launch or two ([Note: paired scans])."""
     from schedlang.kernels.common import triton_scan
 
     monkeypatch.setattr(triton_scan, "SCAN_LAUNCH", dict(triton_scan.SCAN_LAUNCH, **scan))

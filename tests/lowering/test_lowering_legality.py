@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from lowering_programs import explicit_program, make_program
@@ -209,3 +211,23 @@ def test_dimensions_need_orders_and_must_be_positive():
         check_orders((1, 1, 1))
     with pytest.raises(ValueError, match="n_chunks must be at least 1"):
         check_orders((1, 1, 0), [[]])
+
+
+def test_the_largest_checked_size_is_legal_and_one_moved_forward_there_deadlocks():
+    """64 stages x 64 microbatches x 32 chunks (262,144 tasks). The check is linear in tasks + edges, so even a
+    slow run of it stays far inside the bound; a check quadratic in tasks would not."""
+    dims = (64, 64, 32)
+    orders = [list(order) for order in one_f_one_b_orders(*dims)]
+    started = time.perf_counter()
+    assert check_orders(dims, orders).is_legal
+    # Stage 0 runs 0F1.31 after its first backward, which waits (through stage 1's backward) for stage 1's
+    # forward of that very chunk.
+    moved = orders[0].pop(orders[0].index(TaskId.parse("0F1.31")))
+    orders[0].insert(orders[0].index(TaskId.parse("0B0.31")) + 1, moved)
+    report = check_orders(dims, orders)
+    assert time.perf_counter() - started < 120
+    assert [violation.kind for violation in report.violations] == [ViolationKind.DEADLOCK]
+    assert [(link.stage, str(link.stuck_task), link.dependency) for link in report.violations[0].cycle] == [
+        (0, "0B0.31", Dependency.STAGE_BACKWARD),
+        (1, "1F1.31", Dependency.STAGE_FORWARD),
+    ]
