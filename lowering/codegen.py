@@ -1,41 +1,27 @@
-"""Code generation: checked program -> one readable torch.distributed training script.
+"""Code generation: checked program + placed actions -> one readable torch.distributed training script.
 
-Input: a :class:`ScheduleProgram` from the front end. This pass first gets
-the per-stage orders (``schedlang.lowering.orders``) and refuses an illegal
-schedule with the legality report (:class:`IllegalScheduleError`); it refuses
-features the runtime cannot execute with :class:`UnsupportedScheduleError`
-carrying the span of the key that asks for them. Then it places the
-communication (``schedlang.lowering.placement``), builds a view model in
-which every value from the schedule file is already a Python literal
-(``repr``), and renders ``templates/train.py.jinja``. The template only
-arranges those literals; user text never becomes code.
+Input: a :class:`ScheduleProgram` from the front end, whose checker has already refused what the runtime
+cannot run (the capabilities list, ``schedlang.vocabulary.capabilities``), and the per-stage action lists
+the placement pass made from its legal orders (``schedlang.compiler.compile_schedule`` runs the passes
+before this one). This pass builds a view model in which every value from the schedule file is already
+a Python literal (``repr``), and renders ``templates/train.py.jinja``. The template only arranges those
+literals; user text never becomes code.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
 
-from schedlang.lowering.legality import IllegalScheduleError, check_orders
-from schedlang.lowering.orders import stage_orders
-from schedlang.lowering.placement import place_stage_actions
-from schedlang.lowering.program import LayerKind, MlpKind, Recompute, ScheduleProgram
-from schedlang.lowering.source import Span
+from schedlang.lowering.program import MlpKind, Recompute, ScheduleProgram
+from schedlang.vocabulary import Action
 
 ACTIONS_PER_LINE = 8
 _SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
-
-
-class UnsupportedScheduleError(ValueError):
-    """A legal schedule asking for something the runtime does not execute."""
-
-    def __init__(self, message: str, span: Span | None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.span = span
 
 
 def make_environment() -> jinja2.Environment:
@@ -113,50 +99,6 @@ class TrainScriptView:
     cuda_graphs: bool = False
 
 
-def check_supported(program: ScheduleProgram) -> None:
-    """Refuse what the runtime cannot run yet, pointing at the key that asks for it."""
-    if program.mesh.sequence > 1 and LayerKind.ATTN in program.model.layers:
-        raise UnsupportedScheduleError(
-            f"mesh.sequence = {program.mesh.sequence} with attn layers: sequence-parallel softmax attention is not "
-            "implemented; use sequence = 1 (the pipeline still cuts each sequence into chunks)",
-            program.spans.get("mesh.sequence"),
-        )
-    if program.mesh.sequence > 1 and LayerKind.GDN in program.model.layers:
-        raise UnsupportedScheduleError(
-            f"mesh.sequence = {program.mesh.sequence} with gdn layers: the delta rule's state transition is a full "
-            "matrix, not the diagonal decay the All-Scan, ring and all-gather methods pass; use sequence = 1 "
-            "(the pipeline still cuts each sequence into chunks)",
-            program.spans.get("mesh.sequence"),
-        )
-    if program.pipeline.cuda_graphs:
-        _check_cuda_graphs(program)
-
-
-def _check_cuda_graphs(program: ScheduleProgram) -> None:
-    """Captured graphs need one static shape per chunk and no collectives inside a chunk."""
-    lengths = sorted({program.sequence.chunk_length(chunk) for chunk in range(program.n_chunks)})
-    refusals = (
-        (len(lengths) > 1, "sequence.chunks", f"chunks of different lengths {lengths}; cut the sequence evenly"),
-        (
-            program.pipeline.recompute is Recompute.FULL,
-            "pipeline.recompute",
-            "recompute = full; graphs keep each chunk's activations in their own memory already",
-        ),
-        (program.mesh.sequence > 1, "mesh.sequence", f"mesh.sequence = {program.mesh.sequence}; use sequence = 1"),
-        (
-            LayerKind.ATTN in program.model.layers,
-            "model.layers",
-            "attn layers, which read a key prefix that grows chunk by chunk; use gla and simple_gla layers",
-        ),
-    )
-    for refused, key, reason in refusals:
-        if refused:
-            raise UnsupportedScheduleError(
-                f"pipeline.cuda_graphs = true replays one captured graph per chunk shape; this schedule has {reason}",
-                program.spans.get(key) or program.spans.get("pipeline.cuda_graphs"),
-            )
-
-
 def _action_lines(actions) -> tuple[str, ...]:
     texts = [repr(str(action)) + "," for action in actions]
     return tuple(" ".join(texts[start : start + ACTIONS_PER_LINE]) for start in range(0, len(texts), ACTIONS_PER_LINE))
@@ -191,14 +133,10 @@ def _resolve_data_path(program: ScheduleProgram) -> str | None:
     return str((Path(program.source_file).parent / path).resolve())
 
 
-def build_view(program: ScheduleProgram, script_name: str = "train.py") -> TrainScriptView:
-    """Check the schedule and precompute every value the template prints."""
-    check_supported(program)
-    orders = stage_orders(program)
-    report = check_orders(program)  # the program's own orders keep the span of every explicit task
-    if not report.is_legal:
-        raise IllegalScheduleError(report)
-    stage_actions = place_stage_actions(orders)
+def build_view(
+    program: ScheduleProgram, stage_actions: Sequence[Sequence[Action]], script_name: str = "train.py"
+) -> TrainScriptView:
+    """Every value the template prints, precomputed."""
     model, train = program.model, program.train
     n_stages = program.n_stages
     stages = []
@@ -268,7 +206,9 @@ def build_view(program: ScheduleProgram, script_name: str = "train.py") -> Train
     )
 
 
-def render_train_script(program: ScheduleProgram, script_name: str = "train.py") -> str:
-    """The training script's text; see the module docstring for what is checked first."""
+def render_train_script(
+    program: ScheduleProgram, stage_actions: Sequence[Sequence[Action]], script_name: str = "train.py"
+) -> str:
+    """The training script's text; see the module docstring for what its inputs must satisfy."""
     template = make_environment().get_template("train.py.jinja")
-    return template.render(view=build_view(program, script_name))
+    return template.render(view=build_view(program, stage_actions, script_name))

@@ -37,17 +37,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from schedlang.lowering.program import (
-    DType,
-    LayerKind,
-    MlpKind,
-    ModelSpec,
-    ScheduleProgram,
-    SequenceParallel,
-)
+from schedlang.lowering.program import MlpKind, ModelSpec, ScheduleProgram
 from schedlang.lowering.parameters import stage_parameters
 from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.lowering.timeline import MessageKind
+from schedlang.vocabulary import DType, LayerKind, SequenceParallelMethod
 
 
 class CostModelKind(str, Enum):
@@ -294,9 +288,9 @@ class FlopsCostModel:
         model, hardware = self.program.model, self.hardware
         state_bytes = self.state_bytes_per_layer
         method = self.program.sequence.parallel
-        if method is SequenceParallel.RING:
+        if method is SequenceParallelMethod.RING:
             per_layer = (ranks - 1) * hardware.transfer_time(state_bytes)
-        elif method is SequenceParallel.ALLGATHER:
+        elif method is SequenceParallelMethod.ALLGATHER:
             per_layer = math.ceil(math.log2(ranks)) * hardware.latency_s + (
                 (ranks - 1) * state_bytes / hardware.bandwidth_bytes_per_s
             )

@@ -54,9 +54,8 @@ from schedlang.lowering.dependencies import EDGE_RULES, Dependency, EdgeRule, Ed
 from schedlang.lowering.graph import task_kinds
 from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.program import OrderKind, ScheduleProgram
-from schedlang.lowering.report import format_error
-from schedlang.lowering.source import Span
 from schedlang.lowering.tasks import TaskId, TaskKind
+from schedlang.vocabulary import Span, format_error
 
 
 class ViolationKind(str, Enum):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schedlang.lowering.program import LayerKind, MlpKind, ModelSpec, ScheduleProgram
+from schedlang.lowering.program import MlpKind, ModelSpec, ScheduleProgram
+from schedlang.vocabulary import LayerKind
 
 MLP_WIDTH_MULTIPLE = 8
 """The runtime rounds SwiGLU widths up to a multiple of 8 (``schedlang.runtime.model.swiglu_width``)."""

@@ -31,7 +31,8 @@ from schedlang.lowering.cost import (
     mixer_flops_per_token,
     mlp_flops_per_token,
 )
-from schedlang.lowering.program import LayerKind, ModelSpec, OrderKind, PartitionKind, ScheduleProgram
+from schedlang.lowering.program import ModelSpec, OrderKind, PartitionKind, ScheduleProgram
+from schedlang.vocabulary import LayerKind
 
 
 def _kernel_blocks(length: int, kernel_chunk: int) -> int:

@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from schedlang.lowering.tasks import TaskId, TaskKind
-from schedlang.runtime.actions import Action, ActionKind
+from schedlang.vocabulary import Action, ActionKind
 
 
 def _send_order(order: Sequence[TaskId], kind: TaskKind) -> list[tuple[int, int]]:

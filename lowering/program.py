@@ -26,33 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from schedlang.lowering.source import Span
 from schedlang.lowering.tasks import TaskId
-
-
-class LayerKind(str, Enum):
-    """Layer kinds: token mixers (the recurrent ones carry state across chunks) and ``mlp``.
-
-    [Note: separate MLP layers] A mixing layer is a pre-norm residual block of its mixer and the model's
-    MLP, unless the layer list names ``mlp`` layers: then the MLPs stand where those are (each its own
-    pre-norm residual block) and the mixing layers hold only their mixer, as Megatron-LM's hybrid layer
-    patterns do. ``[gla, mlp] * L`` is the same network as ``[gla] * L``, with twice as many places to
-    cut it into pipeline stages: a stage may end between a mixer and its MLP.
-    """
-
-    GLA = "gla"
-    SIMPLE_GLA = "simple_gla"
-    GDN = "gdn"
-    ATTN = "attn"
-    MLP = "mlp"
-
-    @property
-    def is_recurrent(self) -> bool:
-        return self in (LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GDN)
-
-    @property
-    def is_mixer(self) -> bool:
-        return self is not LayerKind.MLP
+from schedlang.vocabulary import DataKind, DType, LayerKind, OptimizerKind, RunRequest, SequenceParallelMethod, Span
 
 
 class MlpKind(str, Enum):
@@ -100,14 +75,6 @@ class MeshSpec:
         return self.pipeline * self.sequence * self.data
 
 
-class SequenceParallel(str, Enum):
-    """How ranks of the sequence-parallel group pass recurrent state."""
-
-    ALLSCAN = "allscan"  # ZeCO All-Scan: pipelined scan over blocks of state rows
-    RING = "ring"  # LASP: state passed rank to rank around a ring
-    ALLGATHER = "allgather"  # LASP-2: all-gather of local states, prefix combined locally
-
-
 class PartitionKind(str, Enum):
     UNIFORM = "uniform"
     BALANCED = "balanced"  # StateFlow Eq. 9-11
@@ -121,7 +88,7 @@ class SequenceSpec:
     kernel_chunk: int = 64
     partition: PartitionKind = PartitionKind.UNIFORM
     balance_alpha: float | None = None  # set for PartitionKind.BALANCED
-    parallel: SequenceParallel = SequenceParallel.ALLSCAN
+    parallel: SequenceParallelMethod = SequenceParallelMethod.ALLSCAN
     scan_blocks: int = 1  # All-Scan pipeline depth (blocks of state rows)
 
     @property
@@ -180,11 +147,6 @@ class PipelineSpec:
     extra_deferred_weights: int = 0
 
 
-class OptimizerKind(str, Enum):
-    ADAMW = "adamw"
-    SGD = "sgd"
-
-
 @dataclass(frozen=True)
 class OptimizerSpec:
     kind: OptimizerKind = OptimizerKind.ADAMW
@@ -194,23 +156,11 @@ class OptimizerSpec:
     momentum: float = 0.0  # SGD only
 
 
-class DataKind(str, Enum):
-    SYNTHETIC = "synthetic"
-    BYTES = "bytes"
-
-
 @dataclass(frozen=True)
 class DataSpec:
     kind: DataKind = DataKind.SYNTHETIC
     seed: int = 0
     path: str | None = None  # for DataKind.BYTES; None means the default corpus
-
-
-class DType(str, Enum):
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP64 = "fp64"
 
 
 @dataclass(frozen=True)
@@ -246,6 +196,9 @@ class ScheduleProgram:
     spans: dict[str, Span] = field(default_factory=dict, compare=False, hash=False)
     """Where each key was written, by dotted path (``"pipeline.order"``), for
     diagnostics raised after the front end."""
+    source_text: str | None = field(default=None, compare=False, hash=False, repr=False)
+    """The schedule text the program was checked from, kept by the front end so that a variant can be
+    checked again (``schedlang.compiler.revise``); None for a program built by hand."""
 
     @property
     def n_stages(self) -> int:
@@ -258,3 +211,14 @@ class ScheduleProgram:
     @property
     def n_chunks(self) -> int:
         return self.sequence.n_chunks
+
+
+def run_request(model: ModelSpec, mesh: MeshSpec, sequence: SequenceSpec, pipeline: PipelineSpec) -> RunRequest:
+    """What a schedule asks the runtime to run, for the capabilities list (schedlang.vocabulary.capabilities)."""
+    return RunRequest(
+        layers=model.layers,
+        sequence_parallel=mesh.sequence,
+        chunk_lengths=tuple(sequence.chunk_length(chunk) for chunk in range(sequence.n_chunks)),
+        recompute=pipeline.recompute is Recompute.FULL,
+        cuda_graphs=pipeline.cuda_graphs,
+    )

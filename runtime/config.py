@@ -9,32 +9,8 @@ independent of the front end.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 
-
-class MixerKind(str, Enum):
-    """The layers the runtime can execute chunk by chunk: token mixers, and the MLP as a layer of its own."""
-
-    GLA = "gla"
-    SIMPLE_GLA = "simple_gla"
-    GDN = "gdn"  # Gated DeltaNet (gated delta rule), pure-PyTorch chunked path
-    ATTN = "attn"  # causal softmax attention over sequence-wide K/V buffers (schedlang.runtime.kv_buffers)
-    MLP = "mlp"  # the model's SwiGLU as its own residual block; mixing layers then hold no MLP
-
-    @property
-    def carries_state(self) -> bool:
-        """Whether the layer hands a recurrent state from chunk to chunk."""
-        return self in (MixerKind.GLA, MixerKind.SIMPLE_GLA, MixerKind.GDN)
-
-
-class OptimizerKind(str, Enum):
-    ADAMW = "adamw"
-    SGD = "sgd"
-
-
-class DataKind(str, Enum):
-    SYNTHETIC = "synthetic"
-    BYTES = "bytes"
+from schedlang.vocabulary import DataKind, DType, LayerKind, OptimizerKind, RunRequest, SequenceParallelMethod
 
 
 @dataclass(frozen=True)
@@ -50,28 +26,28 @@ class ModelConfig:
 
     vocab: int
     d_model: int
-    layers: tuple[MixerKind, ...]
+    layers: tuple[LayerKind, ...]
     heads: int
     head_dim: int
     mlp_ratio: float = 4.0
     norm_eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "layers", tuple(MixerKind(kind) for kind in self.layers))
-        if MixerKind.MLP in self.layers and self.mlp_ratio <= 0:
+        object.__setattr__(self, "layers", tuple(LayerKind(kind) for kind in self.layers))
+        if LayerKind.MLP in self.layers and self.mlp_ratio <= 0:
             raise ValueError("mlp layers need an MLP: mlp_ratio must be > 0")
 
-    def has_mlp(self, kind: MixerKind) -> bool:
+    def has_mlp(self, kind: LayerKind) -> bool:
         """Whether a layer of ``kind`` holds the MLP."""
-        if kind is MixerKind.MLP:
+        if kind is LayerKind.MLP:
             return True
-        return self.mlp_ratio > 0 and MixerKind.MLP not in self.layers
+        return self.mlp_ratio > 0 and LayerKind.MLP not in self.layers
 
     @property
     def init_depth(self) -> int:
         """``2 x`` the mixing layers: output projections start at std ``0.02 / sqrt(init_depth)`` (GPT-2's scaling
         for a stack of mixer-and-MLP blocks), the same for ``[gla] * L`` and ``[gla, mlp] * L``."""
-        return max(1, 2 * sum(kind is not MixerKind.MLP for kind in self.layers))
+        return max(1, 2 * sum(kind is not LayerKind.MLP for kind in self.layers))
 
 
 @dataclass(frozen=True)
@@ -79,7 +55,7 @@ class PipelineConfig:
     """How one step runs: stages, chunks, microbatches and each stage's action list.
 
     ``stage_actions[r]`` is the static list of actions of every rank of stage
-    ``r`` in text form (see :mod:`schedlang.runtime.actions`).
+    ``r`` in text form (see :mod:`schedlang.vocabulary.actions`).
     """
 
     stage_layers: tuple[tuple[int, ...], ...]
@@ -90,26 +66,12 @@ class PipelineConfig:
     data_parallel: int = 1
     recompute: bool = False
     sequence_parallel: int = 1
-    sequence_method: str = "allscan"  # values of schedlang.runtime.sequence_parallel.SequenceParallelMethod
+    sequence_method: SequenceParallelMethod = SequenceParallelMethod.ALLSCAN
     scan_blocks: int = 1
     cuda_graphs: bool = False  # replay each chunk's forward/backward from CUDA graphs (schedlang.runtime.graphs)
 
     def __post_init__(self) -> None:
-        if self.cuda_graphs:
-            lengths = {end - start for start, end in zip(self.chunk_boundaries, self.chunk_boundaries[1:])}
-            refused = [
-                reason
-                for reason, present in (
-                    (f"chunks of different lengths {sorted(lengths)}", len(lengths) > 1),
-                    ("recompute", self.recompute),
-                    (f"sequence_parallel = {self.sequence_parallel}", self.sequence_parallel > 1),
-                )
-                if present
-            ]
-            if refused:
-                raise ValueError(
-                    f"cuda_graphs needs one static chunk shape and no collectives; refused: {', '.join(refused)}"
-                )
+        object.__setattr__(self, "sequence_method", SequenceParallelMethod(self.sequence_method))
 
     @property
     def n_stages(self) -> int:
@@ -131,6 +93,10 @@ class PipelineConfig:
             start + length * sequence_index // self.sequence_parallel,
             start + length * (sequence_index + 1) // self.sequence_parallel,
         )
+
+    @property
+    def chunk_lengths(self) -> tuple[int, ...]:
+        return tuple(end - start for start, end in zip(self.chunk_boundaries, self.chunk_boundaries[1:]))
 
     @property
     def sequences_per_replica(self) -> int:
@@ -168,10 +134,24 @@ class DataConfig:
 class TrainConfig:
     steps: int = 10
     seed: int = 0
-    dtype: str = "fp32"
+    dtype: DType = DType.FP32
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     grad_clip: float | None = None
     checkpoint_directory: str | None = None
     checkpoint_every: int = 0
     log_every: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", DType(self.dtype))
+
+
+def run_request(model: ModelConfig, pipeline: PipelineConfig) -> RunRequest:
+    """What these records ask the runtime to run, for the capabilities list (schedlang.vocabulary.capabilities)."""
+    return RunRequest(
+        layers=model.layers,
+        sequence_parallel=pipeline.sequence_parallel,
+        chunk_lengths=pipeline.chunk_lengths,
+        recompute=pipeline.recompute,
+        cuda_graphs=pipeline.cuda_graphs,
+    )

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from schedlang.runtime.config import DataConfig, DataKind
+from schedlang.runtime.config import DataConfig
+from schedlang.vocabulary import DataKind
 
 RECALL_PERIOD = 24
 SYNTHETIC_ALPHABET = 32

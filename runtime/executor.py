@@ -50,13 +50,13 @@ from dataclasses import dataclass
 
 import torch
 
-from schedlang.runtime.actions import Action, ActionKind, deferred_weight_units
 from schedlang.runtime.graphs import GraphedChunks
 from schedlang.runtime.kv_buffers import ChunkPosition, SequenceKV
 from schedlang.runtime.linear import WeightGradientRecorder, recording_weight_gradients
 from schedlang.runtime.model import StageModel
 from schedlang.runtime.p2p import StageMessenger
 from schedlang.runtime.state_store import ChunkRecord, StateStore
+from schedlang.vocabulary import Action, ActionKind, deferred_weight_units
 
 
 @dataclass(frozen=True)

@@ -57,13 +57,13 @@ from typing import Callable
 import torch
 from torch import nn
 
-from schedlang.runtime.actions import Action, ActionKind, deferred_weight_units
 from schedlang.runtime.linear import (
     WeightGradientRecorder,
     accumulate_weight_gradients_into_grad,
     recording_weight_gradients,
 )
 from schedlang.runtime.model import StageModel
+from schedlang.vocabulary import Action, ActionKind, deferred_weight_units
 
 GraphMaker = Callable[..., nn.Module]
 """``torch.cuda.make_graphed_callables``'s signature for one module: (module, sample_args, **options)."""

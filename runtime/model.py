@@ -20,9 +20,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from schedlang.runtime.config import MixerKind, ModelConfig
+from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.kv_buffers import AttentionChunk, BufferedChunkAttention, ChunkPosition
 from schedlang.runtime.linear import Linear
+from schedlang.vocabulary import LayerKind
 
 GATE_LOGIT_NORMALIZER = 16.0
 """GLA divides the log-sigmoid gate by 16 so forget gates start close to 1 (GLA paper, section 4)."""
@@ -117,10 +118,10 @@ class GatedLinearMixer(HeadMixer):
     the chunked kernel with state in and out, and an output projection.
     """
 
-    def __init__(self, config: ModelConfig, kind: MixerKind) -> None:
+    def __init__(self, config: ModelConfig, kind: LayerKind) -> None:
         super().__init__(config)
         self.kind = kind
-        gate_width = config.heads * config.head_dim if kind is MixerKind.GLA else config.heads
+        gate_width = config.heads * config.head_dim if kind is LayerKind.GLA else config.heads
         self.gate_proj = Linear(config.d_model, gate_width, bias=True)
         self.sequence_context: SequenceParallelContext | None = None
 
@@ -137,8 +138,8 @@ class GatedLinearMixer(HeadMixer):
         shape = self.head_shape(hidden)
         q, k, v = self.project_qkv(hidden)
         gate = log_sigmoid_gate(self.gate_proj(hidden), GATE_LOGIT_NORMALIZER, kernel_backend(hidden.device))
-        kernel = chunk_gla if self.kind is MixerKind.GLA else chunk_simple_gla
-        gate = gate.view(shape) if self.kind is MixerKind.GLA else gate.view(batch, length, self.heads)
+        kernel = chunk_gla if self.kind is LayerKind.GLA else chunk_simple_gla
+        gate = gate.view(shape) if self.kind is LayerKind.GLA else gate.view(batch, length, self.heads)
         if self.sequence_context is None:
             mixed, final_state = kernel(
                 q,
@@ -171,7 +172,7 @@ class GatedLinearMixer(HeadMixer):
             output_final_state=True,
             scale=self.head_dim**-0.5,
             backend=kernel_backend(q.device),
-            gate=GateKind.VECTOR if self.kind is MixerKind.GLA else GateKind.SCALAR,
+            gate=GateKind.VECTOR if self.kind is LayerKind.GLA else GateKind.SCALAR,
         )
 
 
@@ -285,14 +286,14 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block: mixing layer, then SwiGLU MLP (if any); an ``mlp`` layer is the MLP alone."""
 
-    def __init__(self, config: ModelConfig, kind: MixerKind) -> None:
+    def __init__(self, config: ModelConfig, kind: LayerKind) -> None:
         super().__init__()
-        self.mixer_norm = RMSNorm(config.d_model, config.norm_eps) if kind is not MixerKind.MLP else None
-        if kind is MixerKind.MLP:
+        self.mixer_norm = RMSNorm(config.d_model, config.norm_eps) if kind is not LayerKind.MLP else None
+        if kind is LayerKind.MLP:
             self.mixer = None
-        elif kind is MixerKind.ATTN:
+        elif kind is LayerKind.ATTN:
             self.mixer = CausalAttentionMixer(config)
-        elif kind is MixerKind.GDN:
+        elif kind is LayerKind.GDN:
             self.mixer = GatedDeltaMixer(config)
         else:
             self.mixer = GatedLinearMixer(config, kind)

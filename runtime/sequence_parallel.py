@@ -73,18 +73,7 @@ from schedlang.runtime.allgather_scan import allgather_scan
 from schedlang.runtime.allscan import allscan_scan
 from schedlang.runtime.ring import ring_scan
 from schedlang.runtime.scan_common import ScanDirection, ScanPosition, ScanResult
-
-
-class SequenceParallelMethod(str, Enum):
-    """How the ranks of the sequence-parallel group pass recurrent state.
-
-    The values equal those of ``schedlang.lowering.program.SequenceParallel``,
-    so generated code may pass either enum or its string value.
-    """
-
-    ALLSCAN = "allscan"  # ZeCO All-Scan: blocks of rows pipelined rank to rank
-    RING = "ring"  # LASP: the whole state passed rank to rank
-    ALLGATHER = "allgather"  # LASP-2: all-gather of local states, prefix combined locally
+from schedlang.vocabulary import SequenceParallelMethod
 
 
 class GateKind(str, Enum):

@@ -18,8 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from schedlang.runtime.actions import Action, deferred_weight_units
-from schedlang.runtime.config import MixerKind, ModelConfig, OptimizerKind, PipelineConfig, TrainConfig
+from schedlang.runtime.config import ModelConfig, PipelineConfig, TrainConfig, run_request
 from schedlang.runtime.cublas import use_workspace_free_gemms
 from schedlang.runtime.data import TokenSource
 from schedlang.runtime.executor import StageExecutor, StepShape
@@ -29,8 +28,9 @@ from schedlang.runtime.model import SequenceParallelContext, build_stage_model
 from schedlang.runtime.p2p import StageMessenger
 from schedlang.runtime.progress import StepMetrics, StepReporter
 from schedlang.runtime.step_loss import PendingLoss, StepClock
+from schedlang.vocabulary import Action, DType, OptimizerKind, deferred_weight_units, require_supported
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
+DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16, DType.FP64: torch.float64}
 
 
 def build_optimizer(parameters, config: TrainConfig) -> torch.optim.Optimizer:
@@ -78,6 +78,8 @@ class Trainer:
     graph_maker: GraphMaker | None = None  # torch.cuda.make_graphed_callables unless a test passes a stand-in
 
     def __post_init__(self) -> None:
+        """Refuses (``UnsupportedRunError``) what the capabilities list says the runtime cannot run."""
+        require_supported(run_request(self.model_config, self.pipeline_config))
         pipeline, mesh = self.pipeline_config, self.mesh
         self.dtype = DTYPES[self.train_config.dtype]
         self.model = build_stage_model(
@@ -133,10 +135,6 @@ class Trainer:
     def _chunk_graphs(self, actions: tuple[Action, ...], global_tokens: int) -> GraphedChunks | None:
         if not self.pipeline_config.cuda_graphs:
             return None
-        if MixerKind.ATTN in self.model_config.layers:
-            raise ValueError(
-                "pipeline { cuda_graphs = true } needs one shape per chunk: attn layers read a prefix that grows"
-            )
         maker = self.graph_maker
         if maker is None:
             if self.mesh.device.type != "cuda":

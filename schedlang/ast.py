@@ -1,7 +1,7 @@
 """The syntax tree of a schedule file, as written.
 
 One frozen dataclass per grammar rule of ``schedlang/grammar.lark``, each with
-the :class:`~schedlang.lowering.source.Span` it was parsed from. Values are kept
+the :class:`~schedlang.vocabulary.source.Span` it was parsed from. Values are kept
 raw (an ``IntLiteral`` keeps its text, an ``Identifier`` is not yet a layer
 kind or an order): deciding what they mean, and whether they are allowed, is
 the semantic pass's job (``schedlang.semantics``), which needs the spans to
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from schedlang.lowering.source import Span
+from schedlang.vocabulary import Span
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""Loading a schedule: read the file, parse it, lower it to a checked program.
+"""Loading a schedule: read the file, then parse and check it (the first two passes of
+:func:`schedlang.compiler.compile_schedule`).
 
-This is the entry point every command and later pass uses:
 :func:`load_program` returns a :class:`~schedlang.lowering.program.ScheduleProgram`
 or raises :class:`~schedlang.diagnostics.ScheduleError` listing every problem
 found in the file (or ``OSError`` when the file cannot be opened).
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from schedlang.diagnostics import Diagnostic, ScheduleError
 from schedlang.lowering.program import ScheduleProgram
-from schedlang.lowering.source import Span
+from schedlang.vocabulary import Span
 
 
 def read_source(path: str | Path) -> str:
@@ -46,10 +46,9 @@ def read_source(path: str | Path) -> str:
 
 def load_program_text(text: str, filename: str = "<memory>") -> ScheduleProgram:
     """Parse and check schedule text given in memory."""
-    from schedlang.parser import parse_text
-    from schedlang.semantics import lower_to_program
+    from schedlang.compiler import Pass, ScheduleText, compile_schedule
 
-    return lower_to_program(parse_text(text, filename), text)
+    return compile_schedule(ScheduleText(text, filename), through=Pass.CHECK).program
 
 
 def load_program(path: str | Path) -> ScheduleProgram:

@@ -24,7 +24,6 @@ from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedInput, Un
 
 from schedlang import ast
 from schedlang.diagnostics import Diagnostic, ScheduleError
-from schedlang.lowering.source import Span
 from schedlang.syntax_errors import (
     CLOSER_OF,
     SyntaxSituation,
@@ -33,6 +32,7 @@ from schedlang.syntax_errors import (
     token_end_span,
     token_span,
 )
+from schedlang.vocabulary import Span
 
 # Python refuses to convert longer digit strings; a schedule never needs them.
 _MAX_INTEGER_DIGITS = 1000

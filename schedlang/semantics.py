@@ -20,6 +20,7 @@ they are complete and legal is the legality pass's question.
 from __future__ import annotations
 
 from schedlang import ast
+from schedlang.capabilities import capability_diagnostics
 from schedlang.checks.collect import collect_keys
 from schedlang.checks.context import Checker
 from schedlang.checks.mesh import build_mesh
@@ -47,6 +48,9 @@ def lower_to_program(schedule_file: ast.ScheduleFile, source_text: str) -> Sched
     pipeline = build_pipeline(checker)
     train = build_train(checker)
     stage_layers = checker.derived["model.stages"]
+    checker.diagnostics.extend(
+        capability_diagnostics(model, mesh, sequence, pipeline, checker.spans, checker.file_start())
+    )
     if checker.diagnostics:
         ordered = sorted(checker.diagnostics, key=lambda diagnostic: (diagnostic.span.line, diagnostic.span.column))
         raise ScheduleError(ordered, {checker.filename: source_text})

@@ -24,7 +24,7 @@ from lark import Token
 
 from schedlang.checks.schema import BLOCKS
 from schedlang.diagnostics import Diagnostic
-from schedlang.lowering.source import Span
+from schedlang.vocabulary import Span
 
 CLOSER_OF = {"LBRACE": "RBRACE", "LSQB": "RSQB", "LPAR": "RPAR"}
 _BRACKET_TEXT = {"LBRACE": "{", "LSQB": "[", "LPAR": "(", "RBRACE": "}", "RSQB": "]", "RPAR": ")"}

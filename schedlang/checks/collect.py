@@ -13,7 +13,7 @@ from schedlang import ast
 from schedlang.checks.context import Checker
 from schedlang.checks.readers import suggest
 from schedlang.checks.schema import BLOCKS, KEYS, block_example, required_blocks
-from schedlang.lowering.source import Span
+from schedlang.vocabulary import Span
 
 
 def collect_keys(checker: Checker) -> None:

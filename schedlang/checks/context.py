@@ -17,7 +17,7 @@ from schedlang import ast
 from schedlang.checks.readers import INVALID
 from schedlang.checks.schema import read_key
 from schedlang.diagnostics import Diagnostic
-from schedlang.lowering.source import Span
+from schedlang.vocabulary import Span
 
 
 class Checker:

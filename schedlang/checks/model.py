@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 from schedlang import ast
 from schedlang.checks.readers import choice_hint, read_call, read_integer, read_number
-from schedlang.lowering.program import LayerKind, MlpKind, MlpSpec, ModelSpec
+from schedlang.lowering.program import MlpKind, MlpSpec, ModelSpec
+from schedlang.vocabulary import LayerKind
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker

@@ -21,7 +21,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from schedlang import ast
-from schedlang.lowering.source import Span
+from schedlang.vocabulary import Span
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker

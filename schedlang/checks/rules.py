@@ -22,7 +22,8 @@ from schedlang.checks.model import build_model
 from schedlang.checks.sequence import build_sequence
 from schedlang.checks.stages import read_explicit_orders
 from schedlang.lowering.partition import model_balanced_boundaries, uniform_boundaries
-from schedlang.lowering.program import LayerKind, MlpKind, OrderKind, PartitionKind
+from schedlang.lowering.program import MlpKind, OrderKind, PartitionKind
+from schedlang.vocabulary import LayerKind
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker

@@ -22,7 +22,6 @@ from schedlang.checks import model, pipeline, sequence, train
 from schedlang.checks.mesh import MAX_MESH_SIZE
 from schedlang.checks.readers import INVALID, Boolean, Choice, Integer, Number, Reader
 from schedlang.lowering.program import (
-    DType,
     MeshSpec,
     ModelSpec,
     OrderKind,
@@ -31,6 +30,7 @@ from schedlang.lowering.program import (
     SequenceSpec,
     TrainSpec,
 )
+from schedlang.vocabulary import DType
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker

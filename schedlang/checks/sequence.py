@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 from schedlang import ast
 from schedlang.checks.model import MAX_HEAD_DIM
 from schedlang.checks.readers import read_call, read_integer, read_number
-from schedlang.lowering.program import PartitionKind, SequenceParallel, SequenceSpec
+from schedlang.lowering.program import PartitionKind, SequenceSpec
+from schedlang.vocabulary import SequenceParallelMethod
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -75,17 +76,17 @@ def read_partition(checker: Checker, value: ast.Value, path: str) -> tuple[Parti
     return kind, alpha
 
 
-def read_parallel(checker: Checker, value: ast.Value, path: str) -> tuple[SequenceParallel, int] | None:
+def read_parallel(checker: Checker, value: ast.Value, path: str) -> tuple[SequenceParallelMethod, int] | None:
     """``allscan(blocks = k)``, ``ring`` or ``allgather``: the method and All-Scan's block count."""
     signatures = {
-        SequenceParallel.ALLSCAN.value: ("blocks",),
-        SequenceParallel.RING.value: (),
-        SequenceParallel.ALLGATHER.value: (),
+        SequenceParallelMethod.ALLSCAN.value: ("blocks",),
+        SequenceParallelMethod.RING.value: (),
+        SequenceParallelMethod.ALLGATHER.value: (),
     }
     call = read_call(checker, value, path, signatures, "sequence-parallel method")
     if call is None:
         return None
-    method = SequenceParallel(call.name)
+    method = SequenceParallelMethod(call.name)
     if "blocks" not in call.arguments:
         return method, SequenceSpec.scan_blocks
     blocks = read_integer(checker, call.arguments["blocks"].value, f"{path}.blocks", 1, MAX_HEAD_DIM)

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 from schedlang import ast
 from schedlang.checks.readers import read_call, read_integer, read_number
-from schedlang.lowering.program import CheckpointSpec, DataKind, DataSpec, OptimizerKind, OptimizerSpec, TrainSpec
+from schedlang.lowering.program import CheckpointSpec, DataSpec, OptimizerSpec, TrainSpec
+from schedlang.vocabulary import DataKind, OptimizerKind
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker

@@ -1,7 +1,8 @@
-"""Pieces several subcommands share: loading a legal program, the cost-model options, writing output.
+"""Pieces several subcommands share: compiling a legal schedule, the cost-model options, writing output.
 
-``load_legal_program`` prints an illegal schedule's report exactly as
-``schedlang check`` does, so every command that refuses one says the same thing.
+``compile_legal`` runs :func:`schedlang.compiler.compile_schedule` (or its prefix) and prints an illegal
+schedule's report exactly as ``schedlang check`` does, so every command that refuses one says the same
+thing.
 """
 
 from __future__ import annotations
@@ -11,27 +12,24 @@ import sys
 from pathlib import Path
 
 
-def print_legality_report(path: str, program, report) -> None:
-    """Every violation of ``report``, with carets into the schedule file, on standard error."""
-    from schedlang.frontend import read_source
+def print_legality_report(program, report) -> None:
+    """Every violation of ``report``, with carets into the program's schedule text, on standard error."""
     from schedlang.lowering.legality import render_report
 
-    text = read_source(path)
-    print(render_report(report, {str(path): text, program.source_file: text}), file=sys.stderr)
+    print(render_report(report, {program.source_file: program.source_text}), file=sys.stderr)
 
 
-def load_legal_program(path: str):
-    """The checked program and its orders, or None after printing why the schedule is illegal."""
-    from schedlang.frontend import load_program
-    from schedlang.lowering.legality import check_orders
-    from schedlang.lowering.orders import stage_orders
+def compile_legal(program, through, cost=None):
+    """The rest of :func:`~schedlang.compiler.compile_schedule` for a checked program, up to ``through``,
+    or None after printing why the schedule is illegal."""
+    from schedlang.compiler import compile_schedule
+    from schedlang.lowering.legality import IllegalScheduleError
 
-    program = load_program(path)
-    report = check_orders(program)
-    if not report.is_legal:
-        print_legality_report(path, program, report)
+    try:
+        return compile_schedule(program, through=through, cost=cost)
+    except IllegalScheduleError as error:
+        print_legality_report(program, error.report)
         return None
-    return program, stage_orders(program)
 
 
 def add_cost_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,13 +67,13 @@ def check_hardware_arguments(args: argparse.Namespace, command: str) -> None:
             raise SystemExit(f"schedlang {command}: error: --{flag} must not be negative, got {getattr(args, name)}")
 
 
-def cost_model_from_arguments(args: argparse.Namespace, program):
-    """The kind named by ``--cost-model`` and the cost model built with the hardware options."""
-    from schedlang.lowering.cost import CostModelKind, Hardware, make_cost_model
+def cost_settings_from_arguments(args: argparse.Namespace):
+    """The cost model named by ``--cost-model``, with the hardware options, for the cost pass."""
+    from schedlang.compiler import CostSettings
+    from schedlang.lowering.cost import CostModelKind, Hardware
 
-    kind = CostModelKind(args.cost_model)
     hardware = Hardware(args.throughput, args.latency, args.bandwidth, args.memory_bandwidth, args.kernel_gap)
-    return kind, make_cost_model(kind, program, hardware)
+    return CostSettings(CostModelKind(args.cost_model), hardware)
 
 
 def write_output(output: str, content: str | bytes) -> None:

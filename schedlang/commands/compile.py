@@ -1,7 +1,8 @@
 """``schedlang compile FILE -o train.py``: generate the training script of a schedule.
 
-The schedule is loaded and checked; an illegal one is refused with the
-legality report (exit 1), as is one asking for what the runtime cannot run.
+Runs every pass of :func:`schedlang.compiler.compile_schedule`; an illegal
+schedule is refused with the legality report (exit 1), and one asking for
+what the runtime cannot run with the checker's errors at the keys that ask.
 """
 
 from __future__ import annotations
@@ -19,24 +20,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def generate_script(schedule_path: str, script_name: str = "train.py") -> str:
-    """Load, check and render; raises ``ScheduleError`` for every user-facing problem."""
-    from schedlang.diagnostics import Diagnostic, ScheduleError
-    from schedlang.frontend import load_program, read_source
-    from schedlang.lowering.codegen import UnsupportedScheduleError, render_train_script
+    """Every pass through codegen; raises ``ScheduleError`` for a schedule the checker refuses and
+    :class:`IllegalScheduleReport` for illegal orders."""
+    from schedlang.compiler import compile_schedule
+    from schedlang.frontend import load_program
     from schedlang.lowering.legality import IllegalScheduleError, render_report
-    from schedlang.lowering.source import Span
 
     program = load_program(schedule_path)
     try:
-        return render_train_script(program, script_name)
+        return compile_schedule(program, script_name=script_name).script
     except IllegalScheduleError as error:
-        text = read_source(schedule_path)
-        raise IllegalScheduleReport(
-            render_report(error.report, {str(schedule_path): text, program.source_file: text})
-        ) from None
-    except UnsupportedScheduleError as error:
-        span = error.span or Span(str(schedule_path), 1, 1, 1, 1)
-        raise ScheduleError([Diagnostic.error(error.message, span)], {span.file: read_source(schedule_path)}) from None
+        raise IllegalScheduleReport(render_report(error.report, {program.source_file: program.source_text})) from None
 
 
 class IllegalScheduleReport(Exception):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from enum import Enum
 
-from schedlang.commands.common import load_legal_program, write_output
+from schedlang.commands.common import compile_legal, write_output
 
 HELP = "export the pipeline order, e.g. as the CSV torch.distributed.pipelining loads (one chunk per microbatch)"
 
@@ -31,23 +31,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from schedlang.compiler import Pass
     from schedlang.diagnostics import Diagnostic, ScheduleError
-    from schedlang.frontend import read_source
+    from schedlang.frontend import load_program
     from schedlang.lowering.export.torch_csv import ChunkedScheduleError, torch_csv_text
 
-    loaded = load_legal_program(args.file)
-    if loaded is None:
+    compilation = compile_legal(load_program(args.file), Pass.LEGALITY)
+    if compilation is None:
         return 1
-    program, orders = loaded
+    program = compilation.program
     try:
-        text = torch_csv_text(orders, program.n_chunks)
+        text = torch_csv_text(compilation.orders, program.n_chunks)
     except ChunkedScheduleError as error:
         span = program.spans.get("sequence.chunks") or program.spans.get("sequence")
         if span is None:
             raise SystemExit(f"{args.file}: error: {error}") from None
-        source = read_source(args.file)
-        raise ScheduleError(
-            [Diagnostic.error(str(error), span)], {str(args.file): source, program.source_file: source}
-        ) from None
+        raise ScheduleError([Diagnostic.error(str(error), span)], {program.source_file: program.source_text}) from None
     write_output(args.output, text)
     return 0

@@ -23,7 +23,8 @@ schedule's ``pipeline.extra_warmup`` the same way (with ``--chunks``, every
 pair): more warm-up forwards keep a bottleneck upstream stage busy at the cost
 of ``E`` chunks of activations ([Note: extra warm-up] in lowering/orders.py).
 ``--split-backward`` applies to every row, and the table says for each whether
-it splits.
+it splits. Every variant is made with :func:`schedlang.compiler.revise`, so it
+is checked as the file would be had it been written with those values.
 """
 
 from __future__ import annotations
@@ -35,9 +36,8 @@ import sys
 from schedlang.commands.common import (
     add_cost_model_arguments,
     check_hardware_arguments,
-    cost_model_from_arguments,
-    load_legal_program,
-    print_legality_report,
+    compile_legal,
+    cost_settings_from_arguments,
 )
 
 HELP = "simulate the schedule: makespan, bubble fraction and peak activations per stage"
@@ -62,15 +62,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cost_model_arguments(parser)
 
 
-def simulate_program(program, orders, args: argparse.Namespace) -> dict:
-    """Simulate one checked program under the cost model the arguments name; the JSON fields of the module doc."""
+def simulate_program(program, args: argparse.Namespace) -> dict | None:
+    """Simulate one checked program under the cost model the arguments name; the JSON fields of the module doc.
+    None after printing why the program is illegal."""
+    from schedlang.compiler import Pass
     from schedlang.lowering.cost import CostModelKind
     from schedlang.lowering.memory import stateflow_makespan, stateflow_peak_activations
-    from schedlang.lowering.simulate import simulate
     from schedlang.lowering.timeline import Stream
 
-    kind, cost_model = cost_model_from_arguments(args, program)
-    timeline = simulate(program, orders, cost_model)
+    cost = cost_settings_from_arguments(args)
+    compilation = compile_legal(program, Pass.COST, cost)
+    if compilation is None:
+        return None
+    kind, orders, timeline = cost.kind, compilation.orders, compilation.timeline
     busy = [0.0] * program.n_stages
     for interval in timeline.tasks:
         if interval.stream is Stream.COMPUTE:
@@ -108,8 +112,7 @@ def simulate_program(program, orders, args: argparse.Namespace) -> dict:
 
 def with_split_backward(program, args: argparse.Namespace):
     """The program as ``--split-backward`` asks (unchanged without it), or None after printing why it cannot."""
-    from dataclasses import replace
-
+    from schedlang.compiler import revise
     from schedlang.lowering.program import OrderKind
 
     if not args.split_backward or program.pipeline.split_backward:
@@ -121,17 +124,15 @@ def with_split_backward(program, args: argparse.Namespace):
             file=sys.stderr,
         )
         return None
-    return replace(program, pipeline=replace(program.pipeline, split_backward=True))
+    return revise(program, split_backward=True)
 
 
 def sweep(program, args: argparse.Namespace) -> list[dict] | None:
     """One result per (``--chunks`` count, ``--extra-warmup`` value), or None after printing why one cannot be
     simulated. A flag left out keeps the schedule's own value; ``program`` is already split as
     ``--split-backward`` asks."""
-    from dataclasses import replace
-
-    from schedlang.lowering.legality import check_orders
-    from schedlang.lowering.orders import stage_orders
+    from schedlang.compiler import revise
+    from schedlang.diagnostics import ScheduleError
     from schedlang.lowering.partition import recut
     from schedlang.lowering.program import OrderKind
 
@@ -145,18 +146,27 @@ def sweep(program, args: argparse.Namespace) -> list[dict] | None:
         return None
     results = []
     for n_chunks in args.chunks or [None]:
-        try:
-            variant = program if n_chunks is None else recut(program, n_chunks)
-        except ValueError as error:
-            print(f"schedlang simulate: error: {args.file}: cannot simulate {n_chunks} chunks: {error}", file=sys.stderr)
-            return None
-        for extra in extras:
-            warmed = replace(variant, pipeline=replace(variant.pipeline, extra_warmup=extra))
-            report = check_orders(warmed)
-            if not report.is_legal:
-                print_legality_report(args.file, warmed, report)
+        changes = {}
+        if n_chunks is not None:
+            try:
+                recut(program, n_chunks)  # refuses a schedule written for one chunk count, or too many chunks
+            except ValueError as error:
+                message = f"schedlang simulate: error: {args.file}: cannot simulate {n_chunks} chunks: {error}"
+                print(message, file=sys.stderr)
                 return None
-            results.append(simulate_program(warmed, stage_orders(warmed), args))
+            changes["chunks"] = n_chunks
+        for extra in extras:
+            if args.extra_warmup:
+                changes["extra_warmup"] = extra
+            try:
+                variant = revise(program, **changes)
+            except ScheduleError as error:
+                print(error.render(), file=sys.stderr)
+                return None
+            result = simulate_program(variant, args)
+            if result is None:
+                return None
+            results.append(result)
     return results
 
 
@@ -186,17 +196,15 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"schedlang simulate: error: --chunks must be positive, got {args.chunks}")
     if args.extra_warmup is not None and min(args.extra_warmup) < 0:
         raise SystemExit(f"schedlang simulate: error: --extra-warmup must be at least 0, got {args.extra_warmup}")
-    loaded = load_legal_program(args.file)
-    if loaded is None:
-        return 1
-    program, orders = loaded
-    split = with_split_backward(program, args)
-    if split is None:
-        return 1
-    if split is not program:
-        from schedlang.lowering.orders import stage_orders
+    from schedlang.compiler import Pass
+    from schedlang.frontend import load_program
 
-        program, orders = split, stage_orders(split)
+    program = load_program(args.file)
+    if compile_legal(program, Pass.LEGALITY) is None:
+        return 1
+    program = with_split_backward(program, args)
+    if program is None:
+        return 1
     if args.chunks or args.extra_warmup:
         results = sweep(program, args)
         if results is None:
@@ -206,7 +214,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             print_sweep(results, args)
         return 0
-    result = simulate_program(program, orders, args)
+    result = simulate_program(program, args)
+    if result is None:
+        return 1
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

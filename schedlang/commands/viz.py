@@ -20,8 +20,8 @@ from enum import Enum
 from schedlang.commands.common import (
     add_cost_model_arguments,
     check_hardware_arguments,
-    cost_model_from_arguments,
-    load_legal_program,
+    compile_legal,
+    cost_settings_from_arguments,
     write_output,
 )
 
@@ -48,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from schedlang.compiler import Pass
+    from schedlang.frontend import load_program
     from schedlang.lowering.cost import CostModelKind
     from schedlang.lowering.export.chrome import (
         MICROSECONDS_PER_SECOND,
@@ -58,30 +60,32 @@ def run(args: argparse.Namespace) -> int:
     from schedlang.lowering.export.dot import ProgramOrderEdges, task_graph_to_dot
     from schedlang.lowering.export.gantt import gantt_png
     from schedlang.lowering.graph import chunk_tokens, task_graph
-    from schedlang.lowering.simulate import simulate
 
     output_format = VizFormat(args.format)
     check_hardware_arguments(args, "viz")
-    loaded = load_legal_program(args.file)
-    if loaded is None:
-        return 1
-    program, orders = loaded
+    program = load_program(args.file)
 
     if output_format is VizFormat.DOT:
+        compilation = compile_legal(program, Pass.LEGALITY)
+        if compilation is None:
+            return 1
         text = task_graph_to_dot(
             task_graph(program),
-            orders=orders,
+            orders=compilation.orders,
             program_order_edges=ProgramOrderEdges(args.program_order),
             name=program.name,
         )
         write_output(args.output, text)
         return 0
 
-    kind, cost_model = cost_model_from_arguments(args, program)
-    timeline = simulate(program, orders, cost_model)
-    time_unit_name = "unit" if kind is CostModelKind.UNIT else "s"
+    cost = cost_settings_from_arguments(args)
+    compilation = compile_legal(program, Pass.COST, cost)
+    if compilation is None:
+        return 1
+    timeline = compilation.timeline
+    time_unit_name = "unit" if cost.kind is CostModelKind.UNIT else "s"
     if output_format is VizFormat.CHROME:
-        scale = MICROSECONDS_PER_UNIT_COST if kind is CostModelKind.UNIT else MICROSECONDS_PER_SECOND
+        scale = MICROSECONDS_PER_UNIT_COST if cost.kind is CostModelKind.UNIT else MICROSECONDS_PER_SECOND
         trace = timeline_to_chrome_trace(
             timeline,
             chunk_lengths=chunk_tokens(program),

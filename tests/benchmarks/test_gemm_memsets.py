@@ -8,13 +8,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from gemm_memsets import block_linears  # noqa: E402
 
-from schedlang.runtime.config import MixerKind, ModelConfig  # noqa: E402
+from schedlang.runtime.config import ModelConfig  # noqa: E402
+from schedlang.vocabulary import LayerKind  # noqa: E402
 from schedlang.runtime.linear import Linear  # noqa: E402
 from schedlang.runtime.model import build_stage_model, swiglu_width  # noqa: E402
 
 
 def test_the_benchmark_replays_the_linear_layers_of_a_runtime_gla_block():
-    config = ModelConfig(vocab=32, d_model=64, layers=(MixerKind.GLA,), heads=2, head_dim=32, mlp_ratio=8 / 3)
+    config = ModelConfig(vocab=32, d_model=64, layers=(LayerKind.GLA,), heads=2, head_dim=32, mlp_ratio=8 / 3)
     block = build_stage_model(config, (0,), False, False, 0, torch.device("cpu"), torch.float32).layers["0"]
     shapes = sorted(
         (module.in_features, module.out_features, module.bias is not None)

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from schedlang.cli import main as schedlang_main
-from schedlang.frontend import load_program, load_program_text
-from schedlang.lowering.codegen import UnsupportedScheduleError, render_train_script
+from schedlang.compiler import compile_schedule
+from schedlang.diagnostics import ScheduleError
+from schedlang.frontend import load_program_text
 from schedlang.lowering.legality import IllegalScheduleError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,9 +22,14 @@ GOLDEN = Path(__file__).with_name("golden")
 RUNNABLE_EXAMPLES = tuple(sorted(path.stem for path in (ROOT / "examples").glob("*.sched")))
 
 
+def compiled_script(program) -> str:
+    """Every pass after the checker's, through codegen."""
+    return compile_schedule(program).script
+
+
 @pytest.mark.parametrize("name", RUNNABLE_EXAMPLES)
 def test_generated_script_matches_golden(name):
-    script = render_train_script(load_program(ROOT / "examples" / f"{name}.sched"))
+    script = compile_schedule(ROOT / "examples" / f"{name}.sched").script
     golden = GOLDEN / f"{name}.train.py"
     if os.environ.get("SCHEDLANG_UPDATE_GOLDEN") == "1":
         golden.write_text(script, encoding="utf-8")
@@ -32,7 +38,7 @@ def test_generated_script_matches_golden(name):
 
 @pytest.mark.parametrize("name", RUNNABLE_EXAMPLES)
 def test_generated_script_is_tidy_python(name):
-    script = render_train_script(load_program(ROOT / "examples" / f"{name}.sched"))
+    script = compile_schedule(ROOT / "examples" / f"{name}.sched").script
     ast.parse(script)
     assert script.endswith("\n") and not script.endswith("\n\n")
     for number, line in enumerate(script.splitlines(), 1):
@@ -57,7 +63,7 @@ def tiny(layers="[gla] * 2", sequence=1, order="1f1b", data="synthetic(seed = 0)
 def test_user_strings_appear_only_as_literals(tmp_path):
     hostile = "x\'\'\'); import os; os.system(\'true\') #"
     program = load_program_text(tiny(data=f'bytes(path = "{hostile}")'), "t.sched")
-    script = render_train_script(program)
+    script = compiled_script(program)
     tree = ast.parse(script)
     assigned = {
         node.targets[0].id: node.value for node in tree.body if isinstance(node, ast.Assign) and len(node.targets) == 1
@@ -69,28 +75,28 @@ def test_user_strings_appear_only_as_literals(tmp_path):
 
 
 def test_gdn_layers_compile_into_the_model_config():
-    script = render_train_script(load_program_text(tiny(layers="[gla, gdn]"), "t.sched"))
+    script = compiled_script(load_program_text(tiny(layers="[gla, gdn]"), "t.sched"))
     assert "layers=('gla', 'gdn')," in script
 
 
 def test_sequence_parallel_gdn_is_refused_at_the_sequence_key():
     text = tiny(layers="[gla, gdn]", sequence=2)
-    program = load_program_text(text, "t.sched")
-    with pytest.raises(UnsupportedScheduleError, match="gdn layers: the delta rule") as error:
-        render_train_script(program)
+    with pytest.raises(ScheduleError, match="gdn layers: the delta rule") as error:
+        load_program_text(text, "t.sched")
     line = text.splitlines()[2]
-    assert (error.value.span.line, error.value.span.column) == (3, line.index("sequence") + 1)
+    (diagnostic,) = error.value.diagnostics
+    assert (diagnostic.span.line, diagnostic.span.column) == (3, line.index("sequence") + 1)
 
 
 def test_sequence_parallel_attention_is_refused_at_the_sequence_key():
-    program = load_program_text(tiny(layers="[gla, attn]", sequence=2), "t.sched")
-    with pytest.raises(UnsupportedScheduleError, match="sequence-parallel softmax attention") as error:
-        render_train_script(program)
-    assert error.value.span.line == 3
+    with pytest.raises(ScheduleError, match="sequence-parallel softmax attention") as error:
+        load_program_text(tiny(layers="[gla, attn]", sequence=2), "t.sched")
+    (diagnostic,) = error.value.diagnostics
+    assert diagnostic.span.line == 3
 
 
 def test_sequence_parallel_mesh_reaches_the_pipeline_config():
-    script = render_train_script(load_program_text(tiny(sequence=2), "t.sched"))
+    script = compiled_script(load_program_text(tiny(sequence=2), "t.sched"))
     assert "MESH_SHAPE = (2, 2, 1)" in script
     assert "    sequence_parallel=2,\n    sequence_method='allscan',\n    scan_blocks=1,\n" in script
 
@@ -105,7 +111,7 @@ def test_illegal_schedule_is_refused_with_the_legality_report(tmp_path, capsys):
     text = tiny(order="explicit").replace("order = explicit }", "order = explicit" + ILLEGAL_ORDER + "}")
     program = load_program_text(text, "t.sched")
     with pytest.raises(IllegalScheduleError):
-        render_train_script(program)
+        compiled_script(program)
     schedule = tmp_path / "illegal.sched"
     schedule.write_text(text, encoding="utf-8")
     output = tmp_path / "train.py"
@@ -135,9 +141,9 @@ def with_graphs(text: str, pipeline_extra: str = "", chunks: str = "2") -> str:
 
 
 def test_cuda_graphs_reach_the_pipeline_config():
-    script = render_train_script(load_program_text(with_graphs(tiny()), "t.sched"))
+    script = compiled_script(load_program_text(with_graphs(tiny()), "t.sched"))
     assert "    scan_blocks=1,\n    cuda_graphs=True,\n)" in script
-    plain = render_train_script(load_program_text(tiny(), "t.sched"))
+    plain = compiled_script(load_program_text(tiny(), "t.sched"))
     assert "cuda_graphs" not in plain
 
 
@@ -155,14 +161,14 @@ def test_extra_warmup_reaches_the_stage_action_lists():
     source = (ROOT / "examples" / "gla_stateflow.sched").read_text()
     text = source.replace("order        = 1f1b", "order        = 1f1b  extra_warmup = 2")
     assert text != source
-    script = render_train_script(load_program_text(text, "warm.sched"))
+    script = compiled_script(load_program_text(text, "warm.sched"))
     assert "1f1b order with 2 extra warm-up forwards" in script
-    warmed, plain = _compute_actions(script), _compute_actions(render_train_script(load_program_text(source, "p.sched")))
+    warmed, plain = _compute_actions(script), _compute_actions(compiled_script(load_program_text(source, "p.sched")))
     assert [action[0] for action in warmed[0][:8]] == ["F"] * 7 + ["B"]
     assert [action[0] for action in plain[0][:6]] == ["F"] * 5 + ["B"]
     assert warmed[1] == plain[1]  # the last stage keeps its order
     assert sorted(warmed[0]) == sorted(plain[0])
-    listed = render_train_script(load_program_text(text.replace("extra_warmup = 2", "extra_warmup = [2, 0]"), "l.sched"))
+    listed = compiled_script(load_program_text(text.replace("extra_warmup = 2", "extra_warmup = [2, 0]"), "l.sched"))
     assert "1f1b order with [2, 0] extra warm-up forwards per stage" in listed
     assert _compute_actions(listed) == warmed
 
@@ -178,9 +184,9 @@ def test_extra_warmup_reaches_the_stage_action_lists():
     ids=["uneven-chunks", "recompute", "sequence-parallel", "attention"],
 )
 def test_cuda_graphs_refusals_point_at_the_key_that_breaks_them(text, key, message):
-    program = load_program_text(text, "t.sched")
-    with pytest.raises(UnsupportedScheduleError, match="cuda_graphs = true replays") as error:
-        render_train_script(program)
-    assert message in str(error.value)
-    line = text.splitlines()[error.value.span.line - 1]
-    assert line[error.value.span.column - 1 :].startswith(key.split()[0]), (line, error.value.span)
+    with pytest.raises(ScheduleError, match="cuda_graphs = true replays") as error:
+        load_program_text(text, "t.sched")
+    (diagnostic,) = error.value.diagnostics
+    assert message in diagnostic.message
+    line = text.splitlines()[diagnostic.span.line - 1]
+    assert line[diagnostic.span.column - 1 :].startswith(key.split()[0]), (line, diagnostic.span)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from schedlang.lowering.program import (
-    LayerKind,
     MeshSpec,
     ModelSpec,
     OrderKind,
@@ -12,6 +11,7 @@ from schedlang.lowering.program import (
     SequenceSpec,
     TrainSpec,
 )
+from schedlang.vocabulary import LayerKind
 
 
 def tiny_program(

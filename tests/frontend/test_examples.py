@@ -8,15 +8,9 @@ from dataclasses import replace
 import pytest
 
 from schedlang.frontend import load_program, load_program_text
-from schedlang.lowering.program import (
-    DataKind,
-    LayerKind,
-    OptimizerKind,
-    OrderKind,
-    PartitionKind,
-    SequenceParallel,
-)
+from schedlang.lowering.program import OrderKind, PartitionKind
 from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary import DataKind, LayerKind, OptimizerKind, SequenceParallelMethod
 
 from .helpers import EXAMPLES
 
@@ -167,7 +161,7 @@ def test_other_examples_values():
 
     parallel = load_program(EXAMPLES / "sequence_parallel.sched")
     assert parallel.mesh.sequence == 2 and parallel.mesh.world_size == 4
-    assert parallel.sequence.parallel is SequenceParallel.ALLSCAN
+    assert parallel.sequence.parallel is SequenceParallelMethod.ALLSCAN
     assert parallel.sequence.scan_blocks == 4
     assert all(parallel.sequence.chunk_length(c) % 128 == 0 for c in range(parallel.n_chunks))
     assert parallel.train.checkpoint.directory == "checkpoints/sequence_parallel"

@@ -6,7 +6,7 @@ import pytest
 
 from schedlang.diagnostics import Diagnostic, ScheduleError, format_diagnostic
 from schedlang.frontend import load_program, read_source
-from schedlang.lowering.source import Span
+from schedlang.vocabulary import Span
 
 from .helpers import VALID, replace_line
 

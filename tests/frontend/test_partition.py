@@ -13,8 +13,9 @@ from schedlang.lowering.partition import (
     layer_flop_coefficients,
     uniform_boundaries,
 )
-from schedlang.lowering.program import LayerKind, MlpKind, MlpSpec, ModelSpec
+from schedlang.lowering.program import MlpKind, MlpSpec, ModelSpec
 from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary import LayerKind
 
 
 def chunk_costs(boundaries, n_linear, n_softmax, linear_cost, dense_cost, softmax_cost):

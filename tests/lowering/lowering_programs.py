@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from schedlang.lowering.program import (
-    LayerKind,
     MeshSpec,
     ModelSpec,
     OrderKind,
@@ -14,8 +13,8 @@ from schedlang.lowering.program import (
     TaskToken,
     TrainSpec,
 )
-from schedlang.lowering.source import Span
 from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary import LayerKind, Span
 
 
 def make_program(

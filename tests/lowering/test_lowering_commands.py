@@ -253,3 +253,12 @@ def test_check_reports_weight_task_mistakes_at_their_tokens(tmp_path, capsys):
         "B[r,a,i] before W[r,a,i]" in err
     )
     assert err.strip().splitlines()[-1] == "illegal: 3 violations (2 stages, 2 microbatches, 2 chunks, 24 tasks)"
+
+
+def test_simulate_sweeps_only_variants_the_checker_accepts(capsys):
+    """Each swept variant is the schedule revised and checked again, as if the file had been written so."""
+    path = str(EXAMPLES / "gla_stateflow.sched")
+    assert run_command(simulate, [path, "--extra-warmup", "0", str(1 << 21)]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}:" in err and "'pipeline.extra_warmup' must be <= 1048576, found 2097152" in err
+    assert f"extra_warmup = {1 << 21}" in err and "^~~~~~~" in err  # the revised line, with the caret under it

@@ -5,10 +5,11 @@ import torch
 
 from lowering_programs import make_program
 from schedlang.lowering.parameters import stage_parameters
-from schedlang.lowering.program import LayerKind, MlpKind, MlpSpec, ModelSpec
-from schedlang.runtime.config import MixerKind, ModelConfig
+from schedlang.lowering.program import MlpKind, MlpSpec, ModelSpec
+from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.linear import Linear
 from schedlang.runtime.model import StageModel
+from schedlang.vocabulary import LayerKind
 
 
 @pytest.mark.parametrize(
@@ -26,7 +27,7 @@ def test_stage_counts_equal_the_runtime_model(layers, mlp):
     model = ModelSpec(vocab=300, d_model=96, layers=layers, heads=3, head_dim=32, mlp=mlp)
     program = program.__class__(**{**program.__dict__, "model": model})
     config = ModelConfig(
-        vocab=300, d_model=96, layers=tuple(MixerKind(kind.value) for kind in layers), heads=3, head_dim=32,
+        vocab=300, d_model=96, layers=layers, heads=3, head_dim=32,
         mlp_ratio=0.0 if mlp.kind is MlpKind.NONE else mlp.ratio,
     )
     for stage, indices in enumerate(program.stage_layers):

@@ -17,10 +17,11 @@ from schedlang.lowering.cost import (
 )
 from schedlang.lowering.legality import IllegalScheduleError
 from schedlang.lowering.parameters import stage_parameters
-from schedlang.lowering.program import LayerKind, MeshSpec, SequenceParallel
+from schedlang.lowering.program import MeshSpec
 from schedlang.lowering.simulate import simulate
 from schedlang.lowering.tasks import TaskId
 from schedlang.lowering.timeline import MessageKind, Stream
+from schedlang.vocabulary import LayerKind, SequenceParallelMethod
 
 
 def compute_intervals(timeline):
@@ -128,9 +129,9 @@ STATE_BYTES = 2 * 64 * 64 * 4  # heads x Dk x Dv x fp32
 @pytest.mark.parametrize(
     ("method", "exchange_seconds"),
     [
-        (SequenceParallel.RING, 3 * (1e-3 + STATE_BYTES / 1e9)),  # S - 1 hops in sequence
-        (SequenceParallel.ALLGATHER, 2 * 1e-3 + 3 * STATE_BYTES / 1e9),  # log2 S latencies, S - 1 states
-        (SequenceParallel.ALLSCAN, (3 + 3) * (1e-3 + STATE_BYTES / 4 / 1e9)),  # S - 1 + K - 1 block steps
+        (SequenceParallelMethod.RING, 3 * (1e-3 + STATE_BYTES / 1e9)),  # S - 1 hops in sequence
+        (SequenceParallelMethod.ALLGATHER, 2 * 1e-3 + 3 * STATE_BYTES / 1e9),  # log2 S latencies, S - 1 states
+        (SequenceParallelMethod.ALLSCAN, (3 + 3) * (1e-3 + STATE_BYTES / 4 / 1e9)),  # S - 1 + K - 1 block steps
     ],
 )
 def test_flops_model_sequence_parallel_splits_compute_and_adds_state_exchange(method, exchange_seconds):

@@ -12,16 +12,15 @@ from pathlib import Path
 
 import torch
 
-from schedlang.frontend import load_program_text
-from schedlang.lowering.codegen import render_train_script
+from schedlang import compiler
 
 WORKER = Path(__file__).with_name("rank_worker.py")
 
 
 def compile_schedule(text: str, directory: Path, name: str) -> Path:
-    program = load_program_text(text, f"{name}.sched")
     path = directory / f"{name}.py"
-    path.write_text(render_train_script(program, path.name), encoding="utf-8")
+    script = compiler.compile_schedule(compiler.ScheduleText(text, f"{name}.sched"), script_name=path.name).script
+    path.write_text(script, encoding="utf-8")
     return path
 
 

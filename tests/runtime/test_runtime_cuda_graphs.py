@@ -13,9 +13,9 @@ import torch
 from runtime_harness import compile_schedule, relative_error, run_job
 from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders, one_f_one_b_warmup
 from schedlang.lowering.placement import place_stage_actions
-from schedlang.runtime.actions import Action, deferred_weight_units
 from schedlang.runtime.cublas import WORKSPACE_FREE_SETTINGS
 from schedlang.runtime.graphs import slots_needed
+from schedlang.vocabulary import Action, deferred_weight_units
 
 
 @pytest.mark.parametrize("n_stages, n_microbatches, n_chunks", [(1, 3, 4), (2, 4, 5), (4, 8, 3)])

@@ -10,14 +10,14 @@ import torch
 from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders
 from schedlang.lowering.placement import place_stage_actions
 from schedlang.lowering.tasks import TaskId
-from schedlang.runtime.actions import Action, ActionKind
-from schedlang.runtime.config import DataConfig, DataKind, MixerKind, ModelConfig
+from schedlang.runtime.config import DataConfig, ModelConfig
 from schedlang.runtime.data import RECALL_PERIOD, TokenSource, default_corpus_files
 from schedlang.runtime.model import build_stage_model
 from schedlang.runtime.state_store import StateStore
+from schedlang.vocabulary import Action, ActionKind, DataKind, LayerKind
 
 MODEL = ModelConfig(
-    vocab=64, d_model=32, layers=(MixerKind.GLA, MixerKind.SIMPLE_GLA, MixerKind.GLA), heads=2, head_dim=16, mlp_ratio=2.0
+    vocab=64, d_model=32, layers=(LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GLA), heads=2, head_dim=16, mlp_ratio=2.0
 )
 
 
@@ -132,7 +132,7 @@ def test_separate_mlp_layers_compute_the_blocks_network():
 
 @pytest.mark.parametrize("d_model, ratio, width", [(2048, 8 / 3, 5464), (32, 2.0, 64), (100, 1.0, 104), (3, 1.0, 8)])
 def test_swiglu_width_is_rounded_up_to_aligned_rows(d_model, ratio, width):
-    config = ModelConfig(vocab=16, d_model=d_model, layers=(MixerKind.GLA,), heads=1, head_dim=8, mlp_ratio=ratio)
+    config = ModelConfig(vocab=16, d_model=d_model, layers=(LayerKind.GLA,), heads=1, head_dim=8, mlp_ratio=ratio)
     block = build_stage_model(config, (0,), True, True, 0, torch.device("cpu"), torch.float32).layers["0"]
     assert block.mlp.gate_up_proj.weight.shape == (2 * width, d_model)
     assert block.mlp.down_proj.weight.shape == (d_model, width)
@@ -197,7 +197,7 @@ def test_receive_buffers_are_reused_by_shape():
     assert pool.get((2, 4), torch.float32, torch.device("cpu")).shape == (2, 4)
 
 
-def _hybrid_stage(dtype, layers=(MixerKind.GLA, MixerKind.ATTN, MixerKind.ATTN), device="cpu", **sizes):
+def _hybrid_stage(dtype, layers=(LayerKind.GLA, LayerKind.ATTN, LayerKind.ATTN), device="cpu", **sizes):
     config = ModelConfig(**{"vocab": 64, "d_model": 32, "layers": layers, "heads": 2, "head_dim": 16, **sizes})
     return build_stage_model(config, tuple(range(len(layers))), True, True, 5, torch.device(device), dtype)
 
@@ -261,7 +261,7 @@ def test_chunked_attention_saves_no_prefix_copies():
         step = 256 // n_chunks
         saved = {}
         # attention-heavy: wide K/V, no MLP, so copied prefixes (8.5x the keys here) would dominate
-        stage = _hybrid_stage(torch.float32, (MixerKind.ATTN,) * 2, d_model=16, heads=4, head_dim=32, mlp_ratio=0)
+        stage = _hybrid_stage(torch.float32, (LayerKind.ATTN,) * 2, d_model=16, heads=4, head_dim=32, mlp_ratio=0)
         _run_chunks_like_the_executor(stage, tokens, [(i * step, (i + 1) * step) for i in range(n_chunks)], saved)
         totals[n_chunks] = sum(saved.values())
     assert totals[16] < 1.3 * totals[1], totals

@@ -24,7 +24,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from schedlang.lowering.program import SequenceParallel
 from schedlang.kernels import chunk_gla, chunk_simple_gla
 from schedlang.runtime.sequence_parallel import (
     GateKind,
@@ -319,9 +318,11 @@ def test_subgroups_use_group_ranks_and_a_group_of_one_runs_alone():
     run_on_ranks(4, check_cases, cases, layout)
 
 
-def test_lowering_enum_and_its_string_value_name_the_same_method():
-    assert SequenceParallelMethod(SequenceParallel.ALLSCAN) is SequenceParallelMethod.ALLSCAN
-    assert {SequenceParallelMethod(member.value) for member in SequenceParallel} == set(SequenceParallelMethod)
+def test_the_runtime_names_methods_with_the_vocabulary_enum():
+    from schedlang import vocabulary
+
+    assert SequenceParallelMethod is vocabulary.SequenceParallelMethod
+    assert SequenceParallelMethod("ring") is SequenceParallelMethod.RING
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The per-rank instruction set a generated script lists for each pipeline stage.
+"""The per-rank instruction set: what the lowering's placement emits and a generated script's runtime runs.
 
 An action is one compute task (``F0.1``: forward of microbatch 0, chunk 1;
 ``B0.1``: its backward; ``W0.1``: the weight gradients of its linear layers,
@@ -8,7 +8,7 @@ activation that ``F0.1`` of this stage consumes from the previous stage,
 ``RECV_B0.1`` / ``SEND_B0.1`` do the same for activation gradients in the
 other direction. The text forms parse back exactly with :meth:`Action.parse`.
 Which actions a stage lists, and in which order, is decided by the lowering
-(``schedlang.lowering.placement``); the executor only runs them.
+(``schedlang.lowering.placement``); the runtime's executor only runs them.
 """
 
 from __future__ import annotations

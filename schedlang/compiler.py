@@ -1,0 +1,201 @@
+"""The compiler's passes, in order, on one screen: :func:`compile_schedule`; and :func:`revise`.
+
+::
+
+    parse      text -> ast.ScheduleFile                     schedlang.parser
+    check      ast -> ScheduleProgram                       schedlang.semantics (every key and value; the chunk
+               boundaries, cut by lowering.partition; what the runtime can run, schedlang.capabilities)
+    order      program -> per-stage task orders             lowering.orders
+    legality   program -> LegalityReport (Eq. 8, deadlock)  lowering.legality
+    placement  orders -> per-rank action lists              lowering.placement
+    cost       program + orders -> Timeline                 lowering.simulate (only when a cost model is asked for)
+    codegen    program + actions -> training script         lowering.codegen
+
+Every command of the CLI runs this function, or its prefix (``through=Pass.LEGALITY``), so they all
+accept and refuse the same schedules. A user error surfaces as
+:class:`~schedlang.diagnostics.ScheduleError` (parse, check) or
+:class:`~schedlang.lowering.legality.IllegalScheduleError` carrying the legality report.
+
+:func:`revise` is how a variant of a schedule is made (``schedlang simulate`` sweeps chunk counts and
+warm-ups with it): it writes the changed keys into the schedule's text and checks the result from the
+start, so a variant is held to every rule the file is.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from enum import Enum
+from pathlib import Path
+
+from schedlang import ast
+from schedlang.frontend import read_source
+from schedlang.lowering.codegen import render_train_script
+from schedlang.lowering.cost import CostModelKind, Hardware, make_cost_model
+from schedlang.lowering.legality import IllegalScheduleError, LegalityReport, check_orders
+from schedlang.lowering.orders import StageOrders, stage_orders
+from schedlang.lowering.placement import place_stage_actions
+from schedlang.lowering.program import ScheduleProgram
+from schedlang.lowering.simulate import simulate
+from schedlang.lowering.timeline import Timeline
+from schedlang.parser import parse_text
+from schedlang.semantics import BLOCK_KEYS, lower_to_program
+from schedlang.vocabulary import Action
+
+
+class Pass(int, Enum):
+    """The passes in the order they run; ``through`` names the last one wanted."""
+
+    PARSE = 1
+    CHECK = 2
+    ORDER = 3
+    LEGALITY = 4
+    PLACEMENT = 5
+    COST = 6
+    CODEGEN = 7
+
+
+@dataclass(frozen=True)
+class ScheduleText:
+    """Schedule text held in memory, and the file name its diagnostics give."""
+
+    text: str
+    filename: str = "<memory>"
+
+
+@dataclass(frozen=True)
+class CostSettings:
+    """The cost model the cost pass simulates under."""
+
+    kind: CostModelKind = CostModelKind.UNIT
+    hardware: Hardware = Hardware()
+
+
+@dataclass(frozen=True)
+class Compilation:
+    """What each pass produced; a pass not run (past ``through``, or handed a program) left ``None``."""
+
+    program: ScheduleProgram | None
+    syntax: ast.ScheduleFile | None = None
+    orders: StageOrders | None = None
+    legality: LegalityReport | None = None
+    stage_actions: tuple[tuple[Action, ...], ...] | None = None
+    timeline: Timeline | None = None
+    script: str | None = None
+
+
+def compile_schedule(
+    schedule: str | os.PathLike | ScheduleText | ScheduleProgram,
+    through: Pass = Pass.CODEGEN,
+    cost: CostSettings | None = None,
+    script_name: str = "train.py",
+) -> Compilation:
+    """Run the passes in order up to ``through``; see the module docstring.
+
+    ``schedule`` is a file path, schedule text, or a program already checked (which starts at the order
+    pass). The cost pass runs only when ``cost`` is given. Raises ``ScheduleError``, ``OSError`` (an
+    unreadable file) or ``IllegalScheduleError`` (orders that break Eq. 8 or deadlock).
+    """
+    syntax = None
+    if isinstance(schedule, ScheduleProgram):
+        program = schedule
+    else:
+        text, filename = _text_of(schedule)
+        syntax = parse_text(text, filename)
+        if through is Pass.PARSE:
+            return Compilation(program=None, syntax=syntax)
+        program = replace(lower_to_program(syntax, text), source_text=text)
+    result = Compilation(program=program, syntax=syntax)
+    if through <= Pass.CHECK:
+        return result
+    result = replace(result, orders=stage_orders(program))
+    if through is Pass.ORDER:
+        return result
+    legality = check_orders(program)  # the program's own orders keep the span of every explicit task
+    if not legality.is_legal:
+        raise IllegalScheduleError(legality)
+    result = replace(result, legality=legality)
+    if through is Pass.LEGALITY:
+        return result
+    result = replace(result, stage_actions=place_stage_actions(result.orders))
+    if cost is not None and through >= Pass.COST:
+        cost_model = make_cost_model(cost.kind, program, cost.hardware)
+        result = replace(result, timeline=simulate(program, result.orders, cost_model))
+    if through < Pass.CODEGEN:
+        return result
+    return replace(result, script=render_train_script(program, result.stage_actions, script_name))
+
+
+def _text_of(schedule: str | os.PathLike | ScheduleText) -> tuple[str, str]:
+    if isinstance(schedule, ScheduleText):
+        return schedule.text, schedule.filename
+    return read_source(schedule), str(schedule) if isinstance(schedule, str) else str(Path(schedule))
+
+
+def revise(program: ScheduleProgram, **changes) -> ScheduleProgram:
+    """``program`` with schedule keys set to new values, checked again from the text up.
+
+    Each change is named by its key (``extra_warmup=2``, ``chunks=8``) or, where a key belongs to two
+    blocks, by ``block.key`` (``**{"mesh.data": 2}``). A value is a bool, number, enum, or a list of those,
+    or a str of schedule text written as is (``parallel="ring"``). The changed keys replace the written
+    values in the schedule's text (or are added on the line of their block's closing brace, so that no
+    line moves), and the whole text is checked again, so an illegal variant raises ``ScheduleError``
+    pointing into the revised line. Raises ``ValueError`` for
+    a key the language does not have, or a program built without schedule text.
+    """
+    if program.source_text is None:
+        raise ValueError("revise needs a program checked from schedule text; this one was built by hand")
+    text = program.source_text
+    syntax = parse_text(text, program.source_file)
+    edits = [_edit(text, syntax, *_block_and_key(name), _schedule_literal(value)) for name, value in changes.items()]
+    for start, end, replacement in sorted(edits, key=lambda edit: edit[0], reverse=True):
+        text = text[:start] + replacement + text[end:]
+    return compile_schedule(ScheduleText(text, program.source_file), through=Pass.CHECK).program
+
+
+def _block_and_key(name: str) -> tuple[str, str]:
+    if "." in name:
+        block, key = name.split(".", 1)
+        if key in BLOCK_KEYS.get(block, ()):
+            return block, key
+        raise ValueError(f"revise: the schedule language has no key '{name}'")
+    blocks = [block for block, keys in BLOCK_KEYS.items() if name in keys]
+    if len(blocks) == 1:
+        return blocks[0], name
+    if blocks:
+        raise ValueError(f"revise: '{name}' is a key of {' and '.join(blocks)}; name it as block.key")
+    raise ValueError(f"revise: the schedule language has no key '{name}'")
+
+
+def _schedule_literal(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Enum):
+        return str(value.value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_schedule_literal(item) for item in value) + "]"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _edit(text: str, syntax: ast.ScheduleFile, block_name: str, key: str, literal: str) -> tuple[int, int, str]:
+    """(start, end, replacement) that writes ``key = literal`` into ``block_name`` of ``text``."""
+    block = next((block for block in syntax.blocks if block.name == block_name), None)
+    if block is None:
+        return len(text), len(text), f"\n{block_name} {{ {key} = {literal} }}\n"
+    for item in block.items:
+        if isinstance(item, ast.Assignment) and item.key == key:
+            value = item.value.span
+            return _offset(text, value.line, value.column), _offset(text, value.end_line, value.end_column), literal
+    closing = text.rfind("}", 0, _offset(text, block.span.end_line, block.span.end_column))
+    return closing, closing, f" {key} = {literal} "
+
+
+def _offset(text: str, line: int, column: int) -> int:
+    """The index in ``text`` of a 1-based (line, column) position, lines split at ``\\n`` as Lark counts."""
+    lines = text.split("\n")
+    return sum(len(earlier) + 1 for earlier in lines[: line - 1]) + column - 1
+
+
+__all__ = ["Compilation", "CostSettings", "Pass", "ScheduleText", "compile_schedule", "revise"]

@@ -1,0 +1,116 @@
+"""What the runtime can run: one list, consulted by the checker and by the runtime.
+
+Each :class:`Capability` row is a condition on a :class:`RunRequest` under which the runtime refuses to
+run, the reason it gives, and the schedule key the refusal concerns. The front end's checker turns every
+refusal of a schedule into a diagnostic at that key (all of them in one run), so ``check``, ``simulate``,
+``viz`` and ``compile`` agree on what is runnable; the runtime raises :class:`UnsupportedRunError` with
+the same reasons when it is handed a configuration the rows refuse. A new runtime limit (or a lifted
+one) is a row added (or removed) here, and nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from schedlang.vocabulary.kinds import LayerKind
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """The features of a schedule that the rows read, in the terms both the program and the runtime's
+    configuration records can state."""
+
+    layers: tuple[LayerKind, ...]
+    sequence_parallel: int  # ranks of the sequence-parallel group (mesh.sequence)
+    chunk_lengths: tuple[int, ...]
+    recompute: bool
+    cuda_graphs: bool
+
+
+@dataclass(frozen=True)
+class Capability:
+    """A refusal: when ``refuses(request)`` holds, the runtime cannot run it, for ``reason(request)``.
+
+    ``keys`` are the schedule keys the refusal concerns, most specific first; a diagnostic points at the
+    first one the schedule file writes.
+    """
+
+    keys: tuple[str, ...]
+    refuses: Callable[[RunRequest], bool]
+    reason: Callable[[RunRequest], str]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    keys: tuple[str, ...]
+    message: str
+
+
+_GRAPHS = "pipeline.cuda_graphs = true replays one captured graph per chunk shape; this schedule has "
+
+
+def _distinct_lengths(request: RunRequest) -> list[int]:
+    return sorted(set(request.chunk_lengths))
+
+
+CAPABILITIES: tuple[Capability, ...] = (
+    Capability(
+        ("mesh.sequence",),
+        lambda request: request.sequence_parallel > 1 and LayerKind.ATTN in request.layers,
+        lambda request: f"mesh.sequence = {request.sequence_parallel} with attn layers: sequence-parallel softmax "
+        "attention is not implemented; use sequence = 1 (the pipeline still cuts each sequence into chunks)",
+    ),
+    Capability(
+        ("mesh.sequence",),
+        lambda request: request.sequence_parallel > 1 and LayerKind.GDN in request.layers,
+        lambda request: f"mesh.sequence = {request.sequence_parallel} with gdn layers: the delta rule's state "
+        "transition is a full matrix, not the diagonal decay the All-Scan, ring and all-gather methods pass; use "
+        "sequence = 1 (the pipeline still cuts each sequence into chunks)",
+    ),
+    Capability(
+        ("sequence.chunks", "pipeline.cuda_graphs"),
+        lambda request: request.cuda_graphs and len(_distinct_lengths(request)) > 1,
+        lambda request: _GRAPHS + f"chunks of different lengths {_distinct_lengths(request)}; cut the sequence evenly",
+    ),
+    Capability(
+        ("pipeline.recompute", "pipeline.cuda_graphs"),
+        lambda request: request.cuda_graphs and request.recompute,
+        lambda request: _GRAPHS + "recompute = full; graphs keep each chunk's activations in their own memory already",
+    ),
+    Capability(
+        ("mesh.sequence", "pipeline.cuda_graphs"),
+        lambda request: request.cuda_graphs and request.sequence_parallel > 1,
+        lambda request: _GRAPHS + f"mesh.sequence = {request.sequence_parallel}; use sequence = 1",
+    ),
+    Capability(
+        ("model.layers", "pipeline.cuda_graphs"),
+        lambda request: request.cuda_graphs and LayerKind.ATTN in request.layers,
+        lambda request: _GRAPHS + "attn layers, which read a key prefix that grows chunk by chunk; use gla and "
+        "simple_gla layers",
+    ),
+)
+
+
+def refusals(request: RunRequest) -> tuple[Refusal, ...]:
+    """Every row of :data:`CAPABILITIES` that refuses ``request``, in the list's order."""
+    return tuple(
+        Refusal(capability.keys, capability.reason(request))
+        for capability in CAPABILITIES
+        if capability.refuses(request)
+    )
+
+
+class UnsupportedRunError(ValueError):
+    """A configuration the runtime cannot run; ``refusals`` holds every reason."""
+
+    def __init__(self, refused: tuple[Refusal, ...]) -> None:
+        self.refusals = refused
+        super().__init__("the runtime cannot run this configuration: " + "; ".join(r.message for r in refused))
+
+
+def require_supported(request: RunRequest) -> None:
+    """Return if the runtime can run ``request``; raise :class:`UnsupportedRunError` naming every refusal."""
+    refused = refusals(request)
+    if refused:
+        raise UnsupportedRunError(refused)

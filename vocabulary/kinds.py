@@ -1,0 +1,66 @@
+"""The names a schedule, the lowering and the runtime share: one enum per choice a schedule makes.
+
+Each enum's values are the words of the schedule language (``layers = [gla, attn]``, ``adamw(...)``,
+``parallel = ring``), so a generated script may pass either the enum or its string value to the runtime's
+configuration records, and the front end reads the words straight into these types.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class LayerKind(str, Enum):
+    """Layer kinds: token mixers (the recurrent ones carry state across chunks) and ``mlp``.
+
+    ``gdn`` is Gated DeltaNet (the gated delta rule); ``attn`` is causal softmax attention, which the
+    runtime runs over sequence-wide K/V buffers (``schedlang.runtime.kv_buffers``).
+
+    [Note: separate MLP layers] A mixing layer is a pre-norm residual block of its mixer and the model's
+    MLP, unless the layer list names ``mlp`` layers: then the MLPs stand where those are (each its own
+    pre-norm residual block) and the mixing layers hold only their mixer, as Megatron-LM's hybrid layer
+    patterns do. ``[gla, mlp] * L`` is the same network as ``[gla] * L``, with twice as many places to
+    cut it into pipeline stages: a stage may end between a mixer and its MLP.
+    """
+
+    GLA = "gla"
+    SIMPLE_GLA = "simple_gla"
+    GDN = "gdn"
+    ATTN = "attn"
+    MLP = "mlp"
+
+    @property
+    def is_recurrent(self) -> bool:
+        """Whether the layer hands a recurrent state from chunk to chunk."""
+        return self in (LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GDN)
+
+    @property
+    def is_mixer(self) -> bool:
+        return self is not LayerKind.MLP
+
+
+class OptimizerKind(str, Enum):
+    ADAMW = "adamw"
+    SGD = "sgd"
+
+
+class DataKind(str, Enum):
+    SYNTHETIC = "synthetic"
+    BYTES = "bytes"  # a byte-level corpus: a file, or the default one when no path is given
+
+
+class SequenceParallelMethod(str, Enum):
+    """How the ranks of the sequence-parallel group pass recurrent state."""
+
+    ALLSCAN = "allscan"  # ZeCO All-Scan: blocks of state rows pipelined rank to rank
+    RING = "ring"  # LASP: the whole state passed rank to rank around a ring
+    ALLGATHER = "allgather"  # LASP-2: all-gather of local states, prefix combined locally
+
+
+class DType(str, Enum):
+    """Parameter and activation precision."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP64 = "fp64"
