@@ -56,6 +56,7 @@ CASES = {
     "unknown_argument": ({22: "  optimizer = adamw(rl = 1)"}, "", 22, "rl", "unknown argument 'rl' of adamw"),
     "duplicate_argument": ({22: "  optimizer = adamw(lr = 1, lr = 2)"}, "", 22, "lr", "duplicate argument 'lr' of adamw", 2),
     "every_outside_checkpoint": ({22: "  steps = 5 every 2"}, "", 22, "5", "'every' is only allowed in train.checkpoint"),
+    "every_in_a_call_valued_key": ({15: "  kernel_chunk = 64  parallel = ring every 2"}, "", 15, "ring", "'every' is only allowed in train.checkpoint"),
     "layers_not_a_list": ({5: "  layers = gla"}, "", 5, "gla", "'model.layers' must be a list of layer kinds such as [gla] * 4, found 'gla'"),
     "layers_empty": ({5: "  layers = []"}, "", 5, "[]", "'model.layers' is empty; a model needs at least one layer"),
     "unknown_layer_kind": ({5: "  layers = [gla, glaa] * 2"}, "", 5, "glaa", "unknown layer kind 'glaa'"),
@@ -156,3 +157,11 @@ def test_did_you_mean_hints():
     assert "did you mean 'head_dim'?" in hints
     assert "did you mean '1f1b'? (expected one of gpipe, 1f1b, explicit)" in hints
     assert "add e.g. `head_dim = 64`" in hints
+
+
+def test_chunks_are_not_read_when_the_length_cannot_be_shared():
+    """A refused length settles the boundaries: the chunk count's own problem is not reported on top."""
+    text = edited({10: "  pipeline = 2  sequence = 4", 13: "  length = 4160", 14: "  chunks = 0"})
+    assert [message for _, _, message in diagnostics_of(text)] == [
+        "with mesh.sequence = 4 the length must be a multiple of 4 * kernel_chunk = 256, found 4160"
+    ]

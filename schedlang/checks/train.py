@@ -1,0 +1,111 @@
+"""The ``train`` block: readers of its calls and its checkpoint clause, and its spec.
+
+Contract: the readers follow ``schedlang.checks.readers``; an argument left out
+keeps the default of :class:`OptimizerSpec` or :class:`DataSpec`.
+:func:`build_train` is pure.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from schedlang import ast
+from schedlang.checks.readers import read_call, read_integer, read_number
+from schedlang.lowering.program import CheckpointSpec, DataSpec, OptimizerSpec, TrainSpec
+from schedlang.vocabulary import DataKind, OptimizerKind
+
+if TYPE_CHECKING:
+    from schedlang.checks.context import Checker
+
+MAX_SEED = (1 << 63) - 1
+
+OPTIMIZER_ARGUMENTS = {
+    OptimizerKind.ADAMW.value: ("lr", "weight_decay", "betas"),
+    OptimizerKind.SGD.value: ("lr", "momentum", "weight_decay"),
+}
+DATA_ARGUMENTS = {DataKind.SYNTHETIC.value: ("seed",), DataKind.BYTES.value: ("path", "seed")}
+
+TRAIN_KEYS = (
+    "train.steps",
+    "train.optimizer",
+    "train.dtype",
+    "train.data",
+    "train.seed",
+    "train.grad_clip",
+    "train.log_every",
+    "train.checkpoint",
+)
+
+
+def read_optimizer(checker: Checker, value: ast.Value, path: str) -> OptimizerSpec | None:
+    """``adamw(lr, weight_decay, betas)`` or ``sgd(lr, momentum, weight_decay)``."""
+    call = read_call(checker, value, path, OPTIMIZER_ARGUMENTS, "optimizer")
+    if call is None:
+        return None
+    readers = {
+        "lr": lambda item, where: read_number(checker, item, where, 0.0, above=True),
+        "weight_decay": lambda item, where: read_number(checker, item, where, 0.0),
+        "momentum": lambda item, where: read_number(checker, item, where, 0.0, below=1.0),
+        "betas": lambda item, where: read_betas(checker, item, where),
+    }
+    fields: dict[str, object] = {"kind": OptimizerKind(call.name)}
+    for name, reader in readers.items():
+        if name in call.arguments:
+            fields[name] = reader(call.arguments[name].value, f"{path}.{name}")
+    if any(field is None for field in fields.values()):
+        return None
+    return OptimizerSpec(**fields)
+
+
+def read_betas(checker: Checker, value: ast.Value, path: str) -> tuple[float, float] | None:
+    if not isinstance(value, ast.ListLiteral) or len(value.items) != 2:
+        checker.error(f"'{path}' must be a list of two numbers, e.g. [0.9, 0.95]", value.span)
+        return None
+    betas = [read_number(checker, item, path, 0.0, below=1.0) for item in value.items]
+    return None if None in betas else (betas[0], betas[1])
+
+
+def read_data(checker: Checker, value: ast.Value, path: str) -> DataSpec | None:
+    """``synthetic(seed = s)`` or ``bytes(path = "file", seed = s)``."""
+    call = read_call(checker, value, path, DATA_ARGUMENTS, "data source")
+    if call is None:
+        return None
+    seed = DataSpec.seed
+    if "seed" in call.arguments:
+        seed = read_integer(checker, call.arguments["seed"].value, f"{path}.seed", 0, MAX_SEED)
+    data_path = DataSpec.path
+    if "path" in call.arguments:
+        path_value = call.arguments["path"].value
+        if isinstance(path_value, ast.StringLiteral) and path_value.value:
+            data_path = path_value.value
+        else:
+            checker.error(f"'{path}.path' must be a non-empty string such as \"data.txt\"", path_value.span)
+            return None
+    if seed is None:
+        return None
+    return DataSpec(DataKind(call.name), seed, data_path)
+
+
+def read_checkpoint(checker: Checker, value: ast.Value, path: str) -> CheckpointSpec | None:
+    """``"dir" every N``: a non-empty directory and ``N >= 1``."""
+    if not isinstance(value, ast.EveryClause):
+        checker.error(
+            f"'{path}' must be a directory and an interval, found '{checker.text_of(value.span)}'",
+            value.span,
+            hint='write `checkpoint = "checkpoints" every 50`',
+        )
+        return None
+    directory = value.value
+    every = read_integer(checker, value.every, f"{path} every", 1)
+    if not isinstance(directory, ast.StringLiteral) or not directory.value:
+        checker.error('the checkpoint directory must be a non-empty string, e.g. "checkpoints"', directory.span)
+        return None
+    if every is None:
+        return None
+    return CheckpointSpec(directory.value, every)
+
+
+def build_train(checker: Checker) -> TrainSpec | None:
+    if not checker.valid(*TRAIN_KEYS):
+        return None
+    return TrainSpec(**{path.split(".", 1)[1]: checker.get(path) for path in TRAIN_KEYS})
