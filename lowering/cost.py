@@ -106,6 +106,25 @@ class Hardware:
         return self.latency_s + n_bytes / self.bandwidth_bytes_per_s
 
 
+def state_scan_seconds(
+    method: SequenceParallelMethod, ranks: int, blocks: int, state_bytes: float, hardware: Hardware
+) -> float:
+    """Alpha-beta time until the last of ``ranks`` sequence-parallel ranks holds its incoming state (one
+    direction of one layer's scan, docs/sequence-parallel.md's table): the ring passes the whole state rank
+    to rank; All-Scan pipelines ``blocks`` row blocks through the middle ranks and sends one whole message
+    into the last rank ([Note: All-Scan messages]); the all-gather is a ring all-gather of every rank's
+    state, ``ceil(log2 P)`` latencies deep."""
+    if ranks <= 1:
+        return 0.0
+    if method is SequenceParallelMethod.RING:
+        return (ranks - 1) * hardware.transfer_time(state_bytes)
+    if method is SequenceParallelMethod.ALLGATHER:
+        return math.ceil(math.log2(ranks)) * hardware.latency_s + (ranks - 1) * state_bytes / hardware.bandwidth_bytes_per_s
+    if ranks == 2:
+        return hardware.transfer_time(state_bytes)
+    return (ranks - 3 + blocks) * hardware.transfer_time(state_bytes / blocks) + hardware.transfer_time(state_bytes)
+
+
 def mixer_projection_flops_per_token(kind: LayerKind, d_model: int, heads: int, head_dim: int) -> float:
     """Forward FLOPs per token of one token-mixing layer's linear layers (0 for ``mlp``): also the FLOPs of
     their weight gradients."""
@@ -303,17 +322,8 @@ class FlopsCostModel:
         if ranks == 1:
             return 0.0
         model, hardware = self.program.model, self.hardware
-        state_bytes = self.state_bytes_per_layer
-        method = self.program.sequence.parallel
-        if method is SequenceParallelMethod.RING:
-            per_layer = (ranks - 1) * hardware.transfer_time(state_bytes)
-        elif method is SequenceParallelMethod.ALLGATHER:
-            per_layer = math.ceil(math.log2(ranks)) * hardware.latency_s + (
-                (ranks - 1) * state_bytes / hardware.bandwidth_bytes_per_s
-            )
-        else:
-            blocks = self.program.sequence.scan_blocks
-            per_layer = (ranks - 1 + blocks - 1) * hardware.transfer_time(state_bytes / blocks)
+        sequence = self.program.sequence
+        per_layer = state_scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self.state_bytes_per_layer, hardware)
         key_value_bytes = 2 * self.batch * tokens // ranks * model.heads * model.head_dim * self.element_bytes
         attention = attention_layers * (ranks - 1) * hardware.transfer_time(key_value_bytes)
         return self.recurrent_layers[stage] * per_layer + attention

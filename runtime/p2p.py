@@ -37,7 +37,16 @@ import torch.distributed as dist
 
 
 class PeerTimeoutError(RuntimeError):
-    """A receive did not complete: the peer died, hung or never sent."""
+    """A message did not complete in time: the peer hung or never sent."""
+
+
+class PeerLostError(PeerTimeoutError):
+    """A message failed before its time was up because the connection to the peer closed: the peer died."""
+
+
+def _is_timeout(error: RuntimeError) -> bool:
+    """Whether a failed wait ran out of time (as opposed to losing its connection)."""
+    return "timed out" in str(error).lower() or "timeout" in str(error).lower()
 
 
 @dataclass
@@ -152,7 +161,7 @@ class StageMessenger:
         try:
             return dist.batch_isend_irecv(operations)
         except RuntimeError as error:
-            raise PeerTimeoutError(f"{what}: the connection failed: {str(error).splitlines()[0]}") from error
+            raise PeerLostError(f"{what}: the connection failed: {str(error).splitlines()[0]}") from error
 
     def _wait(self, works: list, what: str) -> None:
         if self.watchdog is not None:
@@ -164,9 +173,10 @@ class StageMessenger:
             for work in works:
                 work.wait(self.timeout)
         except RuntimeError as error:
-            raise PeerTimeoutError(
-                f"{what} and gave up after {self.timeout.total_seconds():g}s: {str(error).splitlines()[0]}"
-            ) from error
+            first_line = str(error).splitlines()[0]
+            if not _is_timeout(error):
+                raise PeerLostError(f"{what}, but the connection closed (the peer process ended): {first_line}") from error
+            raise PeerTimeoutError(f"{what} and gave up after {self.timeout.total_seconds():g}s: {first_line}") from error
 
     def finish_sends(self) -> None:
         """Wait for every send of the step, so their tensors may be freed or reused."""
