@@ -131,7 +131,8 @@ STATE_BYTES = 2 * 64 * 64 * 4  # heads x Dk x Dv x fp32
     [
         (SequenceParallelMethod.RING, 3 * (1e-3 + STATE_BYTES / 1e9)),  # S - 1 hops in sequence
         (SequenceParallelMethod.ALLGATHER, 2 * 1e-3 + 3 * STATE_BYTES / 1e9),  # log2 S latencies, S - 1 states
-        (SequenceParallelMethod.ALLSCAN, (3 + 3) * (1e-3 + STATE_BYTES / 4 / 1e9)),  # S - 1 + K - 1 block steps
+        # S - 3 + K block steps through the middle ranks, then the whole state into the last rank
+        (SequenceParallelMethod.ALLSCAN, (1 + 4) * (1e-3 + STATE_BYTES / 4 / 1e9) + (1e-3 + STATE_BYTES / 1e9)),
     ],
 )
 def test_flops_model_sequence_parallel_splits_compute_and_adds_state_exchange(method, exchange_seconds):
