@@ -276,7 +276,7 @@ def sequence_parallel_chunk_gla(
         g: ``[B, T_p, H, K]`` for ``gate="vector"``, ``[B, T_p, H]`` for ``"scalar"``:
             log-space forget gates (``<= 0``).
         group: the sequence-parallel process group (None: the default group).
-        method: :class:`SequenceParallelMethod` (or the lowering enum / its value).
+        method: :class:`SequenceParallelMethod` (the vocabulary's enum) or its string value.
         scan_blocks: All-Scan pipeline depth, ``1 <= scan_blocks <= K``; ignored by
             the other methods.
         backend: the kernel backend: "torch" (PyTorch path, any device), "triton"
