@@ -26,8 +26,8 @@ The recurrence is linear in its initial state: S_out = gamma * S_in + S_local, w
 state from a zero initial state and gamma = exp(sum of g over the span); likewise the gradient of S_in is
 dS_in_local + gamma * dS_out, where dS_in_local flows from the outputs alone. A sequence-parallel rank
 therefore prepares (the per-chunk updates, which need no state), reads S_local from its prepared updates,
-lets the cross-rank scan turn the ranks' (S_local, gamma) into its S_in while nothing waits on it, then
-finishes exactly as the single-device operator does from S_in. The backward does the same with the
+passes (S_local, gamma) into the cross-rank scan, and, once its S_in arrives, finishes exactly as the
+single-device operator does from S_in. The backward does the same with the
 state-gradient updates and the final-state gradient. No output correction is ever formed: each rank runs
 the operator's own kernels once, from the state that really enters its span.
 

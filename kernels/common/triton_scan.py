@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from schedlang.kernels.common.function import Implementation
 from schedlang.kernels.common.launch_tables import register_launch_table
 from schedlang.kernels.common.sizes import cdiv, launch_options, next_power_of_2, states_dtype
 
@@ -308,3 +309,12 @@ def recurrence_gradients(prepared: PreparedChunks, initial_state, final_state_gr
         states, _ = chunk_state_scan(prepared.updates, prepared.chunk_gate, initial_state, dtype, reverse=False)
     state_grads, initial_grad = chunk_state_scan(prepared.grad_updates, prepared.chunk_gate, final_state_grad, dtype, reverse=True)
     return states, state_grads, initial_grad
+
+
+def triton_implementation(prepare_forward, finish_forward, prepare_backward, finish_backward) -> Implementation:
+    """An operator's Triton Implementation from its four phase functions; the boundary terms it reads from its
+    prepared chunks are the same for every operator (store-free scans and the summed chunk decays)."""
+    return Implementation(
+        "triton", prepare_forward, finish_forward, prepare_backward, finish_backward,
+        local_final_state, local_initial_state_gradient, total_log_decay,
+    )

@@ -21,18 +21,15 @@ import torch
 import triton
 import triton.language as tl
 
-from schedlang.kernels.common.function import Implementation
 from schedlang.kernels.common.launch_tables import register_launch_table
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, next_power_of_2, states_dtype
 from schedlang.kernels.common.triton_scan import (
     PreparedChunks,
     chunk_state_scan,
-    local_final_state,
-    local_initial_state_gradient,
     new_output,
     prepare_chunks,
     recurrence_gradients,
-    total_log_decay,
+    triton_implementation,
 )
 from schedlang.kernels.gla.triton_smooth import (
     gla_bwd_kernel_smooth_dqkg,
@@ -304,7 +301,4 @@ def finish_backward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, 
     return dq, dk, dv, dg, initial_grad
 
 
-TRITON_IMPLEMENTATION = Implementation(
-    "triton", prepare_forward, finish_forward, prepare_backward, finish_backward,
-    local_final_state, local_initial_state_gradient, total_log_decay,
-)
+TRITON_IMPLEMENTATION = triton_implementation(prepare_forward, finish_forward, prepare_backward, finish_backward)
