@@ -123,8 +123,12 @@ class StageOrder:
 
 
 class Recompute(str, Enum):
-    NONE = "none"
-    FULL = "full"  # recompute a chunk's forward inside its backward
+    """Which parts of a chunk's forward its backward recomputes instead of keeping their activations."""
+
+    NONE = "none"  # keep every activation
+    MLP = "mlp"  # recompute each layer's MLP block (its input is kept)
+    MIXER = "mixer"  # recompute each layer's token mixer (gla, simple_gla, gdn, attn; its input is kept)
+    FULL = "full"  # recompute a chunk's whole forward inside its backward
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,8 @@ class PipelineSpec:
     explicit_orders: tuple[StageOrder, ...] = ()  # only for OrderKind.EXPLICIT
     microbatch_size: int = 1  # sequences per microbatch
     recompute: Recompute = Recompute.NONE
+    # keep a chunk's saved activations in pinned host memory between its forward and its backward
+    offload: bool = False
     cuda_graphs: bool = False
     # 1f1b only: forwards added to every stage's warm-up but the last's, or a tuple with one count per stage
     extra_warmup: int | tuple[int, ...] = 0
