@@ -212,7 +212,9 @@ CONFIGURATIONS = {
         "p4_s2_n2_allgather": schedule_text(
             "p4_s2_n2_allgather", 4, "2", 2, 2, sequence=2, parallel="allgather", stages="[[0], [1, 2], [3], [4, 5]]"
         ),
-        "p2_s4_n2_ring": schedule_text("p2_s4_n2_ring", 2, "[0, 64, 160]", 4, 1, sequence=4, parallel="ring", kernel_chunk=8),
+        "p2_s4_n2_ring": schedule_text(
+            "p2_s4_n2_ring", 2, "[0, 64, 160]", 4, 1, sequence=4, parallel="ring", kernel_chunk=8
+        ),
         "p2_s4_n3_allscan": schedule_text(
             "p2_s4_n3_allscan", 2, "[0, 32, 96, 160]", 2, 2, sequence=4, parallel="allscan(blocks = 4)", kernel_chunk=8
         ),
