@@ -73,6 +73,7 @@ class TrainView:
     checkpoint_directory: str
     checkpoint_every: str
     log_every: str
+    lr_schedule: str
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,10 @@ def build_view(
             checkpoint_directory=repr(None if checkpoint is None else checkpoint.directory),
             checkpoint_every=repr(0 if checkpoint is None else checkpoint.every),
             log_every=repr(train.log_every),
+            lr_schedule=(
+                f"LearningRateScheduleConfig(kind={train.lr_schedule.kind.value!r}, "
+                f"warmup={train.lr_schedule.warmup!r}, min_lr={float(train.lr_schedule.min_lr)!r})"
+            ),
         ),
     )
 

@@ -32,6 +32,7 @@ from schedlang.vocabulary import (
     DataKind,
     DType,
     LayerKind,
+    LearningRateScheduleKind,
     OptimizerKind,
     RunRequest,
     SequenceParallelMethod,
@@ -172,6 +173,16 @@ class OptimizerSpec:
 
 
 @dataclass(frozen=True)
+class LearningRateScheduleSpec:
+    """``train.lr_schedule``: ``warmup`` steps rising linearly to the optimizer's lr, then ``kind`` down to
+    ``min_lr`` at the last of ``train.steps``."""
+
+    kind: LearningRateScheduleKind = LearningRateScheduleKind.CONSTANT
+    warmup: int = 0
+    min_lr: float = 0.0
+
+
+@dataclass(frozen=True)
 class DataSpec:
     kind: DataKind = DataKind.SYNTHETIC
     seed: int = 0
@@ -194,6 +205,7 @@ class TrainSpec:
     grad_clip: float | None = None
     checkpoint: CheckpointSpec | None = None
     log_every: int = 1
+    lr_schedule: LearningRateScheduleSpec = LearningRateScheduleSpec()
 
 
 @dataclass(frozen=True)

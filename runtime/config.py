@@ -15,6 +15,7 @@ from schedlang.vocabulary import (
     DataKind,
     DType,
     LayerKind,
+    LearningRateScheduleKind,
     OptimizerKind,
     RunRequest,
     SequenceParallelMethod,
@@ -144,6 +145,19 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class LearningRateScheduleConfig:
+    """``warmup`` steps rising linearly to the optimizer's lr, then ``kind`` down to ``min_lr`` at the run's
+    last step (schedlang.runtime.lr_schedule)."""
+
+    kind: LearningRateScheduleKind = LearningRateScheduleKind.CONSTANT
+    warmup: int = 0
+    min_lr: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", LearningRateScheduleKind(self.kind))
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     steps: int = 10
     seed: int = 0
@@ -154,6 +168,7 @@ class TrainConfig:
     checkpoint_directory: str | None = None
     checkpoint_every: int = 0
     log_every: int = 1
+    lr_schedule: LearningRateScheduleConfig = field(default_factory=LearningRateScheduleConfig)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DType(self.dtype))

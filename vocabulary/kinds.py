@@ -44,6 +44,14 @@ class OptimizerKind(str, Enum):
     SGD = "sgd"
 
 
+class LearningRateScheduleKind(str, Enum):
+    """How the learning rate moves over the run after its linear warm-up (``train.lr_schedule``)."""
+
+    CONSTANT = "constant"
+    COSINE = "cosine"  # half a cosine from the optimizer's lr down to min_lr at the last step
+    LINEAR = "linear"  # a straight line from the optimizer's lr down to min_lr at the last step
+
+
 class DataKind(str, Enum):
     SYNTHETIC = "synthetic"
     BYTES = "bytes"  # a byte-level corpus: a file, or the default one when no path is given

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from schedlang import ast
 from schedlang.checks.readers import read_call, read_integer, read_number
-from schedlang.lowering.program import CheckpointSpec, DataSpec, OptimizerSpec, TrainSpec
-from schedlang.vocabulary import DataKind, OptimizerKind
+from schedlang.lowering.program import CheckpointSpec, DataSpec, LearningRateScheduleSpec, OptimizerSpec, TrainSpec
+from schedlang.vocabulary import DataKind, LearningRateScheduleKind, OptimizerKind
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -24,6 +24,7 @@ OPTIMIZER_ARGUMENTS = {
     OptimizerKind.SGD.value: ("lr", "momentum", "weight_decay"),
 }
 DATA_ARGUMENTS = {DataKind.SYNTHETIC.value: ("seed",), DataKind.BYTES.value: ("path", "seed")}
+SCHEDULE_ARGUMENTS = {kind.value: ("warmup", "min_lr") for kind in LearningRateScheduleKind}
 
 TRAIN_KEYS = (
     "train.steps",
@@ -34,6 +35,7 @@ TRAIN_KEYS = (
     "train.grad_clip",
     "train.log_every",
     "train.checkpoint",
+    "train.lr_schedule",
 )
 
 
@@ -84,6 +86,21 @@ def read_data(checker: Checker, value: ast.Value, path: str) -> DataSpec | None:
     if seed is None:
         return None
     return DataSpec(DataKind(call.name), seed, data_path)
+
+
+def read_lr_schedule(checker: Checker, value: ast.Value, path: str) -> LearningRateScheduleSpec | None:
+    """``constant``, ``cosine(warmup = N, min_lr = x)`` or ``linear(warmup = N, min_lr = x)``."""
+    call = read_call(checker, value, path, SCHEDULE_ARGUMENTS, "learning-rate schedule")
+    if call is None:
+        return None
+    fields: dict[str, object] = {"kind": LearningRateScheduleKind(call.name)}
+    if "warmup" in call.arguments:
+        fields["warmup"] = read_integer(checker, call.arguments["warmup"].value, f"{path}.warmup", 0, 1 << 40)
+    if "min_lr" in call.arguments:
+        fields["min_lr"] = read_number(checker, call.arguments["min_lr"].value, f"{path}.min_lr", 0.0)
+    if any(field is None for field in fields.values()):
+        return None
+    return LearningRateScheduleSpec(**fields)
 
 
 def read_checkpoint(checker: Checker, value: ast.Value, path: str) -> CheckpointSpec | None:
