@@ -20,7 +20,7 @@ import jinja2
 from schedlang.lowering import paths
 from schedlang.lowering.program import MlpKind, Recompute, ScheduleProgram
 from schedlang.lowering.script_text import docstring_script_name
-from schedlang.vocabulary import Action
+from schedlang.vocabulary import Action, DataKind
 
 ACTIONS_PER_LINE = 8
 _SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
@@ -69,6 +69,7 @@ class TrainView:
     data_kind: str
     data_seed: str
     data_path: str
+    data_dtype: str  # ", dtype=..." for tokens data, else empty
     grad_clip: str
     checkpoint_directory: str
     checkpoint_every: str
@@ -193,6 +194,7 @@ def build_view(
             data_kind=repr(train.data.kind.value),
             data_seed=repr(train.data.seed),
             data_path=repr(paths.data_path(program)),
+            data_dtype=f", dtype={train.data.dtype.value!r}" if train.data.kind is DataKind.TOKENS else "",
             grad_clip=repr(None if train.grad_clip is None else float(train.grad_clip)),
             checkpoint_directory=repr(None if checkpoint is None else checkpoint.directory),
             checkpoint_every=repr(0 if checkpoint is None else checkpoint.every),

@@ -37,6 +37,7 @@ from schedlang.vocabulary import (
     RunRequest,
     SequenceParallelMethod,
     Span,
+    TokenFileDType,
 )
 
 
@@ -186,7 +187,8 @@ class LearningRateScheduleSpec:
 class DataSpec:
     kind: DataKind = DataKind.SYNTHETIC
     seed: int = 0
-    path: str | None = None  # for DataKind.BYTES; None means the default corpus
+    path: str | None = None  # for DataKind.BYTES (None: the default corpus) and DataKind.TOKENS (required)
+    dtype: TokenFileDType = TokenFileDType.UINT16  # DataKind.TOKENS only
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from schedlang.vocabulary import (
     OptimizerKind,
     RunRequest,
     SequenceParallelMethod,
+    TokenFileDType,
 )
 
 
@@ -138,10 +139,12 @@ class OptimizerConfig:
 class DataConfig:
     kind: DataKind = DataKind.SYNTHETIC
     seed: int = 0
-    path: str | None = None  # DataKind.BYTES only; None reads the default corpus
+    path: str | None = None  # DataKind.BYTES (None reads the default corpus) and DataKind.TOKENS
+    dtype: TokenFileDType = TokenFileDType.UINT16  # DataKind.TOKENS only
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", DataKind(self.kind))
+        object.__setattr__(self, "dtype", TokenFileDType(self.dtype))
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,17 @@ ln(alphabet)) before recall sets in.
 ``bytes``: byte-level language modelling over a text file; with no path, the
 Python standard library's own ``.py`` sources, read in sorted order, which
 exist on every machine that runs this code.
+
+``tokens``: a flat file of token ids, ``uint16`` or ``uint32``, no header (the
+layout nanoGPT and Megatron's ``.bin`` files use), memory-mapped, so a corpus
+larger than memory costs only the pages a step reads. Each sequence starts at a
+position drawn from the step's generator, as for ``bytes``.
+
+:func:`data_problem` is the one rule for what makes a data source unusable (no
+such file, not a regular file, empty, shorter than one sequence, a size that is
+not a whole number of ids, an id outside the vocabulary); ``schedlang check``
+and ``run`` ask it before any rank starts, and :class:`TokenSource` raises with
+its message if a rank still meets one.
 """
 
 from __future__ import annotations
@@ -26,15 +37,18 @@ import stat
 import sysconfig
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from schedlang.runtime.config import DataConfig
-from schedlang.vocabulary import DataKind
+from schedlang.vocabulary import DataKind, TokenFileDType
 
 RECALL_PERIOD = 24
 SYNTHETIC_ALPHABET = 32
 BYTE_VOCAB = 256
 DEFAULT_CORPUS_LIMIT_BYTES = 16 * 1024 * 1024
+TOKEN_NUMPY_TYPES = {TokenFileDType.UINT16: np.dtype("<u2"), TokenFileDType.UINT32: np.dtype("<u4")}
+SCAN_BLOCK_TOKENS = 1 << 24  # ids read at a time when a tokens file is scanned for ids outside the vocabulary
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -72,6 +86,50 @@ def data_file_problem(path: str) -> str | None:
     return None
 
 
+def data_problem(config: DataConfig, vocab: int, length: int, scan_ids: bool = True) -> str | None:
+    """Why ``config`` cannot feed sequences of ``length + 1`` tokens to a model of ``vocab`` ids; None when it
+    can. With ``scan_ids`` it reads the whole of a tokens file (in blocks) to find ids outside the vocabulary;
+    without, only the file's size and kind are looked at."""
+    if config.kind is DataKind.SYNTHETIC:
+        return None
+    if config.kind is DataKind.BYTES and vocab < BYTE_VOCAB:
+        return f"bytes data needs a vocabulary of at least {BYTE_VOCAB}, the model has {vocab}"
+    if config.path is None:
+        return None if config.kind is DataKind.BYTES else "tokens data needs the file of token ids"
+    problem = data_file_problem(config.path)
+    if problem is not None:
+        return problem
+    size = os.stat(config.path).st_size
+    item = 1 if config.kind is DataKind.BYTES else TOKEN_NUMPY_TYPES[config.dtype].itemsize
+    if size == 0:
+        return f"data file {config.path} is empty"
+    if size % item:
+        return (
+            f"data file {config.path} has {size} bytes, not a whole number of {config.dtype.value} token ids "
+            f"({item} bytes each): is the dtype right?"
+        )
+    if size // item <= length + 1:
+        unit = "bytes" if config.kind is DataKind.BYTES else "token ids"
+        return f"data file {config.path} holds {size // item} {unit}, fewer than one sequence of {length + 1}"
+    if config.kind is DataKind.TOKENS and scan_ids:
+        return _id_outside_vocabulary(config, vocab)
+    return None
+
+
+def _id_outside_vocabulary(config: DataConfig, vocab: int) -> str | None:
+    ids = np.memmap(config.path, dtype=TOKEN_NUMPY_TYPES[config.dtype], mode="r")
+    for start in range(0, ids.size, SCAN_BLOCK_TOKENS):
+        block = np.asarray(ids[start : start + SCAN_BLOCK_TOKENS])
+        outside = np.flatnonzero(block >= vocab)
+        if outside.size:
+            position = start + int(outside[0])
+            return (
+                f"data file {config.path} holds token id {int(ids[position])} at position {position}, but "
+                f"model.vocab = {vocab}: is the dtype right, or the vocabulary too small?"
+            )
+    return None
+
+
 def read_corpus(path: str | None, limit_bytes: int = DEFAULT_CORPUS_LIMIT_BYTES) -> torch.Tensor:
     """The corpus as token ids: the file at ``path`` (a regular file, else :class:`DataFileError`), or with no
     path the first ``limit_bytes`` of the default corpus."""
@@ -104,17 +162,29 @@ class TokenSource:
         self.length = length
         self.global_batch = global_batch
         self.corpus: torch.Tensor | None = None
+        self.token_ids: np.memmap | None = None
+        # `check` and `run` scanned a tokens file's ids before launch; each batch is checked again as it is read
+        problem = data_problem(config, vocab, length, scan_ids=False)
+        if problem is not None:
+            raise DataFileError(problem)
         if config.kind is DataKind.BYTES:
-            if vocab < BYTE_VOCAB:
-                raise ValueError(f"bytes data needs a vocabulary of at least {BYTE_VOCAB}, the model has {vocab}")
             self.corpus = read_corpus(config.path)
             if self.corpus.numel() <= length + 1:
-                raise ValueError(
+                raise DataFileError(
                     f"the corpus has {self.corpus.numel()} bytes, fewer than one sequence of {length + 1}"
                 )
+        elif config.kind is DataKind.TOKENS:
+            self.token_ids = np.memmap(config.path, dtype=TOKEN_NUMPY_TYPES[config.dtype], mode="r")
 
     def global_batch_tokens(self, step: int) -> torch.Tensor:
         generator = step_generator(self.config.seed, step)
+        if self.token_ids is not None:
+            starts = torch.randint(0, self.token_ids.size - self.length - 1, (self.global_batch,), generator=generator)
+            rows = np.stack([np.asarray(self.token_ids[start : start + self.length + 1]) for start in starts.tolist()])
+            if rows.max() >= self.vocab:
+                problem = _id_outside_vocabulary(self.config, self.vocab)
+                raise DataFileError(problem or f"data file {self.config.path} changed while it was read")
+            return torch.from_numpy(rows.astype(np.int64))
         if self.corpus is not None:
             starts = torch.randint(0, self.corpus.numel() - self.length - 1, (self.global_batch,), generator=generator)
             offsets = torch.arange(self.length + 1)

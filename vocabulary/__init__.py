@@ -30,6 +30,7 @@ from schedlang.vocabulary.kinds import (
     LearningRateScheduleKind,
     OptimizerKind,
     SequenceParallelMethod,
+    TokenFileDType,
 )
 from schedlang.vocabulary.source import Severity, Span, caret_line, format_error, render_message
 
@@ -48,6 +49,7 @@ __all__ = [
     "RunRequest",
     "SequenceParallelMethod",
     "Severity",
+    "TokenFileDType",
     "Span",
     "UnsupportedRunError",
     "caret_line",

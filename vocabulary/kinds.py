@@ -55,6 +55,14 @@ class LearningRateScheduleKind(str, Enum):
 class DataKind(str, Enum):
     SYNTHETIC = "synthetic"
     BYTES = "bytes"  # a byte-level corpus: a file, or the default one when no path is given
+    TOKENS = "tokens"  # a flat file of token ids (the nanoGPT / Megatron layout), memory-mapped
+
+
+class TokenFileDType(str, Enum):
+    """The integer type of each token id in a ``tokens`` data file (little-endian, no header)."""
+
+    UINT16 = "uint16"
+    UINT32 = "uint32"
 
 
 class SequenceParallelMethod(str, Enum):

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from schedlang import ast
-from schedlang.checks.readers import read_call, read_integer, read_number
+from schedlang.checks.readers import read_call, read_choice, read_integer, read_number
 from schedlang.lowering.program import CheckpointSpec, DataSpec, LearningRateScheduleSpec, OptimizerSpec, TrainSpec
-from schedlang.vocabulary import DataKind, LearningRateScheduleKind, OptimizerKind
+from schedlang.vocabulary import DataKind, LearningRateScheduleKind, OptimizerKind, TokenFileDType
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -23,7 +23,11 @@ OPTIMIZER_ARGUMENTS = {
     OptimizerKind.ADAMW.value: ("lr", "weight_decay", "betas"),
     OptimizerKind.SGD.value: ("lr", "momentum", "weight_decay"),
 }
-DATA_ARGUMENTS = {DataKind.SYNTHETIC.value: ("seed",), DataKind.BYTES.value: ("path", "seed")}
+DATA_ARGUMENTS = {
+    DataKind.SYNTHETIC.value: ("seed",),
+    DataKind.BYTES.value: ("path", "seed"),
+    DataKind.TOKENS.value: ("path", "dtype", "seed"),
+}
 SCHEDULE_ARGUMENTS = {kind.value: ("warmup", "min_lr") for kind in LearningRateScheduleKind}
 
 TRAIN_KEYS = (
@@ -68,10 +72,21 @@ def read_betas(checker: Checker, value: ast.Value, path: str) -> tuple[float, fl
 
 
 def read_data(checker: Checker, value: ast.Value, path: str) -> DataSpec | None:
-    """``synthetic(seed = s)`` or ``bytes(path = "file", seed = s)``."""
+    """``synthetic(seed = s)``, ``bytes(path = "file", seed = s)`` or ``tokens(path = "file", dtype = t, seed = s)``
+    (``path`` required)."""
     call = read_call(checker, value, path, DATA_ARGUMENTS, "data source")
     if call is None:
         return None
+    if call.name == DataKind.TOKENS.value and "path" not in call.arguments:
+        checker.error(
+            "tokens data needs the file of token ids", call.span, hint='write `tokens(path = "train.bin")`'
+        )
+        return None
+    dtype = DataSpec.dtype
+    if "dtype" in call.arguments:
+        dtype = read_choice(checker, call.arguments["dtype"].value, f"{path}.dtype", TokenFileDType, "token dtype")
+        if dtype is None:
+            return None
     seed = DataSpec.seed
     if "seed" in call.arguments:
         seed = read_integer(checker, call.arguments["seed"].value, f"{path}.seed", 0, MAX_SEED)
@@ -85,7 +100,7 @@ def read_data(checker: Checker, value: ast.Value, path: str) -> DataSpec | None:
             return None
     if seed is None:
         return None
-    return DataSpec(DataKind(call.name), seed, data_path)
+    return DataSpec(DataKind(call.name), seed, data_path, dtype)
 
 
 def read_lr_schedule(checker: Checker, value: ast.Value, path: str) -> LearningRateScheduleSpec | None:
