@@ -69,7 +69,7 @@ class TrainView:
     data_kind: str
     data_seed: str
     data_path: str
-    data_dtype: str  # ", dtype=..." for tokens data, else empty
+    data_dtype: str  # ", dtype=..." for tokens data, ", tokenizer=..." for text data, else empty
     grad_clip: str
     checkpoint_directory: str
     checkpoint_every: str
@@ -101,6 +101,15 @@ class TrainScriptView:
     scan_blocks: str
     train: TrainView
     cuda_graphs: str = ""  # the mode's value as a literal, empty without graphs
+
+
+def _data_extras(program: ScheduleProgram) -> str:
+    data = program.train.data
+    if data.kind is DataKind.TOKENS:
+        return f", dtype={data.dtype.value!r}"
+    if data.kind is DataKind.TEXT:
+        return f", tokenizer={paths.tokenizer_path(program)!r}"
+    return ""
 
 
 def _action_lines(actions) -> tuple[str, ...]:
@@ -194,7 +203,7 @@ def build_view(
             data_kind=repr(train.data.kind.value),
             data_seed=repr(train.data.seed),
             data_path=repr(paths.data_path(program)),
-            data_dtype=f", dtype={train.data.dtype.value!r}" if train.data.kind is DataKind.TOKENS else "",
+            data_dtype=_data_extras(program),
             grad_clip=repr(None if train.grad_clip is None else float(train.grad_clip)),
             checkpoint_directory=repr(None if checkpoint is None else checkpoint.directory),
             checkpoint_every=repr(0 if checkpoint is None else checkpoint.every),

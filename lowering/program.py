@@ -189,6 +189,7 @@ class DataSpec:
     seed: int = 0
     path: str | None = None  # for DataKind.BYTES (None: the default corpus) and DataKind.TOKENS (required)
     dtype: TokenFileDType = TokenFileDType.UINT16  # DataKind.TOKENS only
+    tokenizer: str | None = None  # DataKind.TEXT only: a Hugging Face tokenizer.json
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,7 @@ class DataConfig:
     seed: int = 0
     path: str | None = None  # DataKind.BYTES (None reads the default corpus) and DataKind.TOKENS
     dtype: TokenFileDType = TokenFileDType.UINT16  # DataKind.TOKENS only
+    tokenizer: str | None = None  # DataKind.TEXT only: a Hugging Face tokenizer.json
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", DataKind(self.kind))

@@ -21,7 +21,9 @@ exist on every machine that runs this code.
 ``tokens``: a flat file of token ids, ``uint16`` or ``uint32``, no header (the
 layout nanoGPT and Megatron's ``.bin`` files use), memory-mapped, so a corpus
 larger than memory costs only the pages a step reads. Each sequence starts at a
-position drawn from the step's generator, as for ``bytes``.
+position drawn from the step's generator, as for ``bytes``. ``text``: a text
+file tokenised once into such a file (schedlang.runtime.text_data), then read
+the same way.
 
 :func:`data_problem` is the one rule for what makes a data source unusable (no
 such file, not a regular file, empty, shorter than one sequence, a size that is
@@ -65,8 +67,9 @@ class DataFileError(ValueError):
     """A data path that is not a readable regular file; the message is one line naming it."""
 
 
-def data_file_problem(path: str) -> str | None:
-    """Why ``path`` cannot be a corpus, or None when it is a readable regular file.
+def data_file_problem(path: str, what: str = "data file") -> str | None:
+    """Why ``path`` cannot be a corpus (``what``: how messages name it), or None when it is a readable
+    regular file.
 
     Only regular files are read: a FIFO would block the rank forever and a device such as ``/dev/zero``
     would be read until memory runs out. ``stat`` does not open the file, so asking never blocks.
@@ -74,16 +77,27 @@ def data_file_problem(path: str) -> str | None:
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        return f"data file {path} does not exist"
+        return f"{what} {path} does not exist"
     except OSError as error:
-        return f"data file {path} cannot be read: {error.strerror or error}"
+        return f"{what} {path} cannot be read: {error.strerror or error}"
     if stat.S_ISDIR(info.st_mode):
-        return f"data file {path} is a directory; name a text file in it"
+        return f"{what} {path} is a directory; name a text file in it"
     if not stat.S_ISREG(info.st_mode):
-        return f"data file {path} is not a regular file (a pipe, socket or device); copy the data into a file"
+        return f"{what} {path} is not a regular file (a pipe, socket or device); copy the data into a file"
     if not os.access(path, os.R_OK):
-        return f"data file {path} cannot be read: permission denied"
+        return f"{what} {path} cannot be read: permission denied"
     return None
+
+
+def tokens_of(config: DataConfig) -> DataConfig:
+    """``config`` as the tokens file its ranks read: text data tokenised (once: the cache of
+    :mod:`schedlang.runtime.text_data`), other kinds as they are. Raises what the tokenizer raises."""
+    if config.kind is not DataKind.TEXT:
+        return config
+    from schedlang.runtime.text_data import ensure_tokenised
+
+    cached = ensure_tokenised(config.path, config.tokenizer)
+    return DataConfig(DataKind.TOKENS, config.seed, str(cached), TokenFileDType.UINT32)
 
 
 def data_problem(config: DataConfig, vocab: int, length: int, scan_ids: bool = True) -> str | None:
@@ -95,10 +109,22 @@ def data_problem(config: DataConfig, vocab: int, length: int, scan_ids: bool = T
     if config.kind is DataKind.BYTES and vocab < BYTE_VOCAB:
         return f"bytes data needs a vocabulary of at least {BYTE_VOCAB}, the model has {vocab}"
     if config.path is None:
-        return None if config.kind is DataKind.BYTES else "tokens data needs the file of token ids"
+        return None if config.kind is DataKind.BYTES else f"{config.kind.value} data needs a file"
     problem = data_file_problem(config.path)
+    if problem is None and config.kind is DataKind.TEXT:
+        problem = data_file_problem(config.tokenizer, "tokenizer file")
     if problem is not None:
         return problem
+    if config.kind is DataKind.TEXT:
+        from schedlang.runtime.text_data import TokenizerUnavailableError
+
+        try:
+            tokens = tokens_of(config)
+        except TokenizerUnavailableError as error:
+            return str(error)
+        problem = data_problem(tokens, vocab, length, scan_ids)
+        named = f"the text {config.path} tokenised by {config.tokenizer}"
+        return None if problem is None else problem.replace(f"data file {tokens.path}", named)
     size = os.stat(config.path).st_size
     item = 1 if config.kind is DataKind.BYTES else TOKEN_NUMPY_TYPES[config.dtype].itemsize
     if size == 0:
@@ -167,6 +193,7 @@ class TokenSource:
         problem = data_problem(config, vocab, length, scan_ids=False)
         if problem is not None:
             raise DataFileError(problem)
+        config = self.config = tokens_of(config)  # text data: its cached tokens file
         if config.kind is DataKind.BYTES:
             self.corpus = read_corpus(config.path)
             if self.corpus.numel() <= length + 1:

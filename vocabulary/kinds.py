@@ -56,6 +56,7 @@ class DataKind(str, Enum):
     SYNTHETIC = "synthetic"
     BYTES = "bytes"  # a byte-level corpus: a file, or the default one when no path is given
     TOKENS = "tokens"  # a flat file of token ids (the nanoGPT / Megatron layout), memory-mapped
+    TEXT = "text"  # a text file tokenised once by a Hugging Face tokenizer.json into a cached tokens file
 
 
 class TokenFileDType(str, Enum):

@@ -27,6 +27,7 @@ DATA_ARGUMENTS = {
     DataKind.SYNTHETIC.value: ("seed",),
     DataKind.BYTES.value: ("path", "seed"),
     DataKind.TOKENS.value: ("path", "dtype", "seed"),
+    DataKind.TEXT.value: ("path", "tokenizer", "seed"),
 }
 SCHEDULE_ARGUMENTS = {kind.value: ("warmup", "min_lr") for kind in LearningRateScheduleKind}
 
@@ -82,6 +83,18 @@ def read_data(checker: Checker, value: ast.Value, path: str) -> DataSpec | None:
             "tokens data needs the file of token ids", call.span, hint='write `tokens(path = "train.bin")`'
         )
         return None
+    if call.name == DataKind.TEXT.value and not {"path", "tokenizer"} <= set(call.arguments):
+        checker.error(
+            "text data needs the text file and the tokenizer",
+            call.span,
+            hint='write `text(path = "corpus.txt", tokenizer = "tokenizer.json")`',
+        )
+        return None
+    tokenizer = None
+    if "tokenizer" in call.arguments:
+        tokenizer = read_file_name(checker, call.arguments["tokenizer"].value, f"{path}.tokenizer", "tokenizer.json")
+        if tokenizer is None:
+            return None
     dtype = DataSpec.dtype
     if "dtype" in call.arguments:
         dtype = read_choice(checker, call.arguments["dtype"].value, f"{path}.dtype", TokenFileDType, "token dtype")
@@ -92,15 +105,19 @@ def read_data(checker: Checker, value: ast.Value, path: str) -> DataSpec | None:
         seed = read_integer(checker, call.arguments["seed"].value, f"{path}.seed", 0, MAX_SEED)
     data_path = DataSpec.path
     if "path" in call.arguments:
-        path_value = call.arguments["path"].value
-        if isinstance(path_value, ast.StringLiteral) and path_value.value:
-            data_path = path_value.value
-        else:
-            checker.error(f"'{path}.path' must be a non-empty string such as \"data.txt\"", path_value.span)
+        data_path = read_file_name(checker, call.arguments["path"].value, f"{path}.path", "data.txt")
+        if data_path is None:
             return None
     if seed is None:
         return None
-    return DataSpec(DataKind(call.name), seed, data_path, dtype)
+    return DataSpec(DataKind(call.name), seed, data_path, dtype, tokenizer)
+
+
+def read_file_name(checker: Checker, value: ast.Value, path: str, example: str) -> str | None:
+    if isinstance(value, ast.StringLiteral) and value.value:
+        return value.value
+    checker.error(f"'{path}' must be a non-empty string such as \"{example}\"", value.span)
+    return None
 
 
 def read_lr_schedule(checker: Checker, value: ast.Value, path: str) -> LearningRateScheduleSpec | None:

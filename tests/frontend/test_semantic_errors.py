@@ -54,6 +54,7 @@ CASES = {
     "call_of_wrong_type": ({22: "  optimizer = 3"}, "", 22, "3", "'train.optimizer' must be a optimizer (adamw, sgd), found '3'"),
     "unknown_call": ({22: "  optimizer = adam(lr = 1)"}, "", 22, "adam", "unknown optimizer 'adam'"),
     "tokens_without_path": ({22: "  data = tokens(dtype = uint32)"}, "", 22, "tokens", "tokens data needs the file of token ids"),
+    "text_without_tokenizer": ({22: '  data = text(path = "c.txt")'}, "", 22, "text", "text data needs the text file and the tokenizer"),
     "unknown_token_dtype": ({22: '  data = tokens(path = "t.bin", dtype = int8)'}, "", 22, "int8", "unknown token dtype 'int8'"),
     "unknown_lr_schedule": ({22: "  lr_schedule = cosin"}, "", 22, "cosin", "unknown learning-rate schedule 'cosin'"),
     "negative_warmup": ({22: "  lr_schedule = cosine(warmup = -1)"}, "", 22, "-1", "'train.lr_schedule.warmup' must be >= 0, found -1"),

@@ -144,3 +144,74 @@ def test_a_batch_with_an_id_outside_the_vocabulary_stops_the_rank_with_its_posit
     with pytest.raises(DataFileError, match="holds token id 900 at position 50, but model.vocab = 64"):
         for step in range(50):
             source.global_batch_tokens(step)
+
+
+@pytest.fixture
+def text_corpus(tmp_path, monkeypatch):
+    """A corpus, a byte-level BPE tokenizer trained on it (vocabulary about 290) and a private cache."""
+    tokenizers = pytest.importorskip("tokenizers")
+    monkeypatch.setenv("SCHEDLANG_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(300)))
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["[UNK]"], initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train([str(corpus)], trainer)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    return corpus, tmp_path / "tokenizer.json", tokenizer
+
+
+def text_schedule(vocab: int = 320, tokenizer: str = "tokenizer.json") -> str:
+    train = f'data = text(path = "corpus.txt", tokenizer = "{tokenizer}")'
+    return one_rank_schedule(train=train).replace("vocab = 64", f"vocab = {vocab}")
+
+
+def test_text_data_is_tokenised_once_into_the_cache_and_trains(tmp_path, text_corpus):
+    from schedlang.runtime.text_data import tokenised_path
+
+    corpus, tokenizer_file, tokenizer = text_corpus
+    schedule = tmp_path / "text.sched"
+    schedule.write_text(text_schedule(), encoding="utf-8")
+    first = run_cli("check", schedule, timeout=120)
+    assert first.returncode == 0, first.stderr
+    cached = tokenised_path(str(corpus), str(tokenizer_file))
+    assert str(cached).startswith(str(tmp_path / "cache"))
+    expected = [i for line in corpus.read_text().splitlines(keepends=True) for i in tokenizer.encode(line).ids]
+    assert np.fromfile(cached, dtype="<u4").tolist() == expected
+    written = cached.stat().st_mtime_ns
+    assert run_cli("check", schedule, timeout=120).returncode == 0
+    assert cached.stat().st_mtime_ns == written  # not tokenised again
+    completed = run_cli("run", schedule, "--device", "cpu", timeout=240)
+    assert completed.returncode == 0, completed.stderr
+    assert "done: loss" in completed.stdout and "tokenising" not in completed.stderr
+    corpus.write_text(corpus.read_text() + "one more line\n")
+    assert tokenised_path(str(corpus), str(tokenizer_file)) != cached  # an edited corpus is tokenised again
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("missing_tokenizer", "tokenizer file {tokenizer} does not exist"),
+        ("broken_tokenizer", "tokenizer {tokenizer} does not load: "),
+        ("small_vocabulary", "the text {corpus} tokenised by {tokenizer} holds token id "),
+    ],
+)
+def test_text_data_problems_are_found_at_check_time(tmp_path, text_corpus, case, expected):
+    corpus, tokenizer_file, _ = text_corpus
+    text = text_schedule()
+    if case == "missing_tokenizer":
+        tokenizer_file = tmp_path / "nothing.json"
+        text = text_schedule(tokenizer="nothing.json")
+    elif case == "broken_tokenizer":
+        tokenizer_file.write_text("{not json", encoding="utf-8")
+    else:
+        text = text_schedule(vocab=100)
+    schedule = tmp_path / "text.sched"
+    schedule.write_text(text, encoding="utf-8")
+    completed = run_cli("check", schedule, timeout=120)
+    assert completed.returncode == 1
+    column = text.splitlines()[5].index("path =") + 1
+    error = f"{schedule}:6:{column}: error: {expected.format(tokenizer=tokenizer_file, corpus=corpus)}"
+    assert f"\n{error}" in f"\n{completed.stderr}", completed.stderr  # after the tokeniser's progress lines
