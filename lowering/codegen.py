@@ -75,6 +75,7 @@ class TrainView:
     checkpoint_every: str
     log_every: str
     lr_schedule: str
+    tensorboard_directory: str
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,7 @@ def build_view(
             checkpoint_directory=repr(None if checkpoint is None else checkpoint.directory),
             checkpoint_every=repr(0 if checkpoint is None else checkpoint.every),
             log_every=repr(train.log_every),
+            tensorboard_directory=repr(paths.tensorboard_directory(program)),
             lr_schedule=(
                 f"LearningRateScheduleConfig(kind={train.lr_schedule.kind.value!r}, "
                 f"warmup={train.lr_schedule.warmup!r}, min_lr={float(train.lr_schedule.min_lr)!r})"

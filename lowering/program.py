@@ -209,6 +209,7 @@ class TrainSpec:
     checkpoint: CheckpointSpec | None = None
     log_every: int = 1
     lr_schedule: LearningRateScheduleSpec = LearningRateScheduleSpec()
+    log: str | None = None  # a TensorBoard directory: train.log = tensorboard(directory = "...")
 
 
 @dataclass(frozen=True)

@@ -173,6 +173,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     log_every: int = 1
     lr_schedule: LearningRateScheduleConfig = field(default_factory=LearningRateScheduleConfig)
+    tensorboard_directory: str | None = None  # TensorBoard scalars of every step (schedlang.runtime.progress)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DType(self.dtype))

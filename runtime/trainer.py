@@ -226,7 +226,9 @@ class Trainer:
         invocation, as a kill would; the tests use it to check resumption.
         """
         config = self.train_config
-        reporter = StepReporter(steps, metrics_path) if self.mesh.rank == 0 else None
+        reporter = None
+        if self.mesh.rank == 0:
+            reporter = StepReporter(steps, metrics_path, tensorboard_directory=config.tensorboard_directory)
         tokens_per_step = self.pipeline_config.global_batch * self.pipeline_config.sequence_length
         losses: list[float] = []
         pending = None  # (step number done, its loss, its clock token): read after the next step is queued

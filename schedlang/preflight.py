@@ -33,6 +33,17 @@ def check_data_file(program, text: str) -> None:
         raise ScheduleError([Diagnostic.error(problem, span)], {span.file: text})
 
 
+def check_tensorboard(program, text: str) -> None:
+    """Raise ``ScheduleError`` at ``train.log`` when it asks for TensorBoard and the package is missing."""
+    import importlib.util
+
+    if program.train.log is None or importlib.util.find_spec("tensorboard") is not None:
+        return
+    span = program.spans.get("train.log") or Span(program.source_file, 1, 1, 1, 2)
+    message = "train.log = tensorboard(...) writes through the tensorboard package, which is not installed"
+    raise ScheduleError([Diagnostic.error(message, span, "pip install tensorboard")], {span.file: text})
+
+
 def will_resume(program) -> bool:
     """Whether the schedule's checkpoint directory holds a checkpoint its run would resume from."""
     directory = paths.checkpoint_directory(program)

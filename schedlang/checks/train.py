@@ -41,6 +41,7 @@ TRAIN_KEYS = (
     "train.log_every",
     "train.checkpoint",
     "train.lr_schedule",
+    "train.log",
 )
 
 
@@ -133,6 +134,18 @@ def read_lr_schedule(checker: Checker, value: ast.Value, path: str) -> LearningR
     if any(field is None for field in fields.values()):
         return None
     return LearningRateScheduleSpec(**fields)
+
+
+def read_log(checker: Checker, value: ast.Value, path: str) -> str | None:
+    """``tensorboard(directory = "runs/x")``: the TensorBoard directory (``none``, the default, is read by the
+    schema row)."""
+    call = read_call(checker, value, path, {"tensorboard": ("directory",)}, "log")
+    if call is None:
+        return None
+    if "directory" not in call.arguments:
+        checker.error("tensorboard needs the directory it writes to", call.span, hint='write `tensorboard(directory = "runs/x")`')
+        return None
+    return read_file_name(checker, call.arguments["directory"].value, f"{path}.directory", "runs/x")
 
 
 def read_checkpoint(checker: Checker, value: ast.Value, path: str) -> CheckpointSpec | None:

@@ -24,12 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from schedlang.compiler import Pass
     from schedlang.frontend import load_program, read_source
-    from schedlang.preflight import check_data_file
+    from schedlang.preflight import check_data_file, check_tensorboard
 
     program = load_program(args.file)
     compilation = compile_legal(program, Pass.LEGALITY)
     if compilation is None:
         return 1
     check_data_file(program, read_source(args.file))
+    check_tensorboard(program, read_source(args.file))
     print(f"{args.file}: {compilation.legality.summary()}")
     return 0

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from schedlang.commands.compile import IllegalScheduleReport, generate_script
     from schedlang.frontend import load_program, read_source
     from schedlang.limits import check_machine_fits
-    from schedlang.preflight import check_data_file, timeout_problem, will_resume
+    from schedlang.preflight import check_data_file, check_tensorboard, timeout_problem, will_resume
     from schedlang.launch import LaunchRequest, Nodes, launch, nodes_problem, read_metrics
 
     program = load_program(args.file)
@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     check_machine_fits(program, device, read_source(args.file), args.nnodes)
     check_data_file(program, read_source(args.file))
+    check_tensorboard(program, read_source(args.file))
     if program.pipeline.cuda_graphs and device != "cuda":
         _refuse_graphs_on_cpu(args.file, program)
     try:

@@ -97,6 +97,7 @@ TRAIN = TrainConfig(
     checkpoint_every=0,
     log_every=1,
     lr_schedule=LearningRateScheduleConfig(kind='constant', warmup=0, min_lr=0.0),
+    tensorboard_directory=None,
 )
 
 
