@@ -16,7 +16,9 @@ stay where the caller keeps them. This replaces one call with a lower-right caus
 is a materialised ``[queries, keys]`` mask saved by every chunk (growing with the square of the sequence).
 
 Kernels (:class:`PartKernel`): on the CPU torch's flash attention for CPU; on CUDA its memory-efficient
-attention (float32, float16, bfloat16); elsewhere (float64 on CUDA) the same two outputs written in tensor
+attention in float32, 16-bit inputs upcast around each call (a float32 copy of one part's keys and values at
+a time, linear in the sequence and never saved: the 16-bit kernels' backward did not reproduce the
+gradients from a merged log-sum-exp); elsewhere (float64 on CUDA) the same two outputs written in tensor
 ops, which form one part's scores at a time and keep none of them.
 """
 
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 import torch
+import torch.nn.functional as F
 
 aten = torch.ops.aten
 
@@ -38,6 +41,8 @@ class PartKernel(Enum):
 
 
 EFFICIENT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+EFFICIENT_LSE_ROWS = 32
+"""The memory-efficient kernels keep the log-sum-exp of ``L`` queries in ``ceil(L / 32) * 32`` rows."""
 
 
 def part_kernel(q: torch.Tensor) -> PartKernel:
@@ -67,7 +72,7 @@ def _part_forward(q: torch.Tensor, part: AttentionPart, scale: float) -> tuple[t
         )
     if kernel is PartKernel.CUDA_EFFICIENT:
         output, log_sum_exp, _, _ = aten._scaled_dot_product_efficient_attention(
-            q, part.keys, part.values, None, True, 0.0, part.causal, scale=scale
+            q.float(), part.keys.float(), part.values.float(), None, True, 0.0, part.causal, scale=scale
         )
         return output, log_sum_exp[..., : q.shape[2]]
     scores = torch.matmul(q, part.keys.transpose(-1, -2)) * scale
@@ -93,11 +98,15 @@ def _part_backward(
         )
     if kernel is PartKernel.CUDA_EFFICIENT:
         empty = torch.empty((), dtype=torch.int64, device=q.device)
+        # the kernel reads the log-sum-exp padded as its forward wrote it (rows to a multiple of 32)
+        queries = q.shape[2]
+        padding = -(-queries // EFFICIENT_LSE_ROWS) * EFFICIENT_LSE_ROWS - queries
+        padded_log_sum_exp = F.pad(log_sum_exp, (0, padding))
         dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
-            output_grad, q, part.keys, part.values, None, output, log_sum_exp.contiguous(), empty, empty,
-            0.0, [True, True, True, False], part.causal, scale=scale,
+            output_grad.float(), q.float(), part.keys.float(), part.values.float(), None, output.float(),
+            padded_log_sum_exp, empty, empty, 0.0, [True, True, True, False], part.causal, scale=scale,
         )
-        return dq, dk, dv
+        return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
     scores = torch.matmul(q, part.keys.transpose(-1, -2)) * scale
     if part.causal:
         scores = scores.masked_fill(_above_diagonal(scores), -math.inf)

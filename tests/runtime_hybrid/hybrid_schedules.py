@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schedlang.vocabulary import LayerKind, RunRequest, refusals
+from schedlang.runtime.config import ModelConfig, PipelineConfig, run_request
+from schedlang.vocabulary import refusals
 
 STEPS = 2
 SEQUENCE_LENGTH = 96
 GLOBAL_BATCH = 12
-MODELS = {"gla": "[gla, gla, gla, attn] * 4", "gdn": "[gdn, gdn, gdn, attn] * 4"}
+REPEATS = 4
+MODELS = {"gla": ("gla", "gla", "gla", "attn"), "gdn": ("gdn", "gdn", "gdn", "attn")}  # repeated REPEATS times
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class Mesh:
     microbatches: int = 2
     kernel_chunk: int = 16  # each rank's slice of a chunk holds whole kernel chunks
     stages: str = ""  # the layer split, where 16 layers do not divide evenly
+    recompute: bool = False  # pipeline.recompute = full: B reruns F, its K/V gather included
 
     @property
     def ranks(self) -> int:
@@ -33,7 +36,7 @@ class Mesh:
 
     @property
     def name(self) -> str:
-        return f"p{self.pipeline}_s{self.sequence}_d{self.data}"
+        return f"p{self.pipeline}_s{self.sequence}_d{self.data}{'_recompute' if self.recompute else ''}"
 
 
 MESHES = (
@@ -46,7 +49,7 @@ MESHES = (
     Mesh(data=2),
     Mesh(data=3),
     Mesh(data=4, microbatches=3),
-    Mesh(pipeline=2, sequence=2, parallel="allgather", microbatches=2),
+    Mesh(pipeline=2, sequence=2, parallel="allgather", microbatches=2, recompute=True),
 )
 REFERENCE = Mesh(microbatches=1)
 
@@ -58,22 +61,31 @@ def schedule_text(model: str, mesh: Mesh, name: str | None = None) -> str:
     return f"""schedule {name or f"{model}_{mesh.name}"}
 model {{
   vocab = 64  d_model = 32  heads = 2  head_dim = 16
-  layers = {MODELS[model]}
+  layers = [{", ".join(MODELS[model])}] * {REPEATS}
   mlp = swiglu(ratio = 2)
   {f"stages = {mesh.stages}" if mesh.stages else ""}
 }}
 mesh {{ pipeline = {mesh.pipeline}  sequence = {mesh.sequence}  data = {mesh.data} }}
 sequence {{ length = {SEQUENCE_LENGTH}  chunks = {chunks}  kernel_chunk = {mesh.kernel_chunk}  parallel = {mesh.parallel} }}
-pipeline {{ microbatches = {mesh.microbatches}  microbatch_size = {microbatch_size}  order = 1f1b }}
+pipeline {{ microbatches = {mesh.microbatches}  microbatch_size = {microbatch_size}  order = 1f1b  recompute = {"full" if mesh.recompute else "none"} }}
 train {{ steps = {STEPS}  seed = 3  optimizer = adamw(lr = 1e-2)  data = synthetic(seed = 4) }}
 """
 
 
 def runtime_refuses(model: str, mesh: Mesh) -> bool:
     """Whether the runtime's capabilities list refuses this model on this mesh (read at collection)."""
-    layers = tuple(LayerKind(word) for word in ("gla" if model == "gla" else "gdn", "attn"))
-    request = RunRequest(
-        layers=layers, sequence_parallel=mesh.sequence, chunk_lengths=(SEQUENCE_LENGTH // 2,) * 2,
-        recompute=False, cuda_graphs=False,
+    layers = MODELS[model] * REPEATS
+    request = run_request(
+        ModelConfig(vocab=64, d_model=32, layers=layers, heads=2, head_dim=16),
+        PipelineConfig(
+            stage_layers=(tuple(range(len(layers))),),
+            chunk_boundaries=(0, SEQUENCE_LENGTH // 2, SEQUENCE_LENGTH),
+            microbatches=mesh.microbatches,
+            microbatch_size=GLOBAL_BATCH // (mesh.microbatches * mesh.data),
+            stage_actions=((),),
+            data_parallel=mesh.data,
+            recompute=mesh.recompute,
+            sequence_parallel=mesh.sequence,
+        ),
     )
     return bool(refusals(request))
