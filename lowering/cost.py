@@ -119,10 +119,19 @@ def state_scan_seconds(
     if method is SequenceParallelMethod.RING:
         return (ranks - 1) * hardware.transfer_time(state_bytes)
     if method is SequenceParallelMethod.ALLGATHER:
-        return math.ceil(math.log2(ranks)) * hardware.latency_s + (ranks - 1) * state_bytes / hardware.bandwidth_bytes_per_s
+        return allgather_seconds(ranks, state_bytes, hardware)
     if ranks == 2:
         return hardware.transfer_time(state_bytes)
     return (ranks - 3 + blocks) * hardware.transfer_time(state_bytes / blocks) + hardware.transfer_time(state_bytes)
+
+
+def allgather_seconds(ranks: int, bytes_per_rank: float, hardware: Hardware) -> float:
+    """Alpha-beta time of an all-gather of ``bytes_per_rank`` from each of ``ranks`` ranks (every rank receives
+    the other ``ranks - 1`` contributions, ``ceil(log2 P)`` latencies deep); the reduce-scatter that is its
+    adjoint moves the same bytes."""
+    if ranks <= 1:
+        return 0.0
+    return math.ceil(math.log2(ranks)) * hardware.latency_s + (ranks - 1) * bytes_per_rank / hardware.bandwidth_bytes_per_s
 
 
 def mixer_projection_flops_per_token(kind: LayerKind, d_model: int, heads: int, head_dim: int) -> float:
@@ -164,6 +173,21 @@ def mixer_flops_per_token(kind: LayerKind, d_model: int, heads: int, head_dim: i
 def attention_pair_flops(heads: int, head_dim: int) -> float:
     """Forward FLOPs per causal query-key pair of one softmax attention layer: q k and p v."""
     return 4 * heads * head_dim
+
+
+def attention_pairs(prefix: int, tokens: int, ranks: int) -> float:
+    """Causal query-key pairs of one attention layer for a chunk of ``tokens`` after ``prefix`` earlier keys, on
+    the slowest of ``ranks`` sequence-parallel ranks (each holding ``tokens / ranks`` contiguous queries): the
+    last, whose queries see the prefix, every earlier rank's slice and their own triangle. With one rank,
+    Eq. 9's ``c s + s^2 / 2``; summed over the ranks the pairs are the same, the last rank holds
+    ``c s / S + k s^2 / S`` of them (:func:`last_rank_square_share`)."""
+    queries = tokens / ranks
+    return (prefix + (ranks - 1) * queries) * queries + queries * queries / 2
+
+
+def last_rank_square_share(ranks: int) -> float:
+    """``k`` in the last rank's ``(c s + k s^2) / S`` pairs (:func:`attention_pairs`): ``(2 S - 1) / (2 S)``."""
+    return (2 * ranks - 1) / (2 * ranks)
 
 
 def mlp_flops_per_token(model: ModelSpec) -> float:
@@ -307,25 +331,28 @@ class FlopsCostModel:
             per_token += n_layers * mlp_flops_per_token(model) if model.has_mlp(kind) else 0.0
             if kind is LayerKind.ATTN:
                 attention_layers += n_layers
-                pair = attention_pair_flops(model.heads, model.head_dim) * (prefix * tokens + tokens * tokens / 2)
-                pairs_flops += n_layers * pair
+                pairs = attention_pairs(prefix, tokens, self.sequence_ranks)
+                pairs_flops += n_layers * attention_pair_flops(model.heads, model.head_dim) * pairs
         if stage == program.n_stages - 1:
             per_token += head_flops_per_token(model)
-        flops = self.batch * (per_token * tokens + pairs_flops) / self.sequence_ranks
+        # the chunk takes as long as its slowest sequence-parallel rank, whose attention pairs these are
+        flops = self.batch * (per_token * tokens / self.sequence_ranks + pairs_flops)
         seconds = flops / hardware.throughput_flops
         seconds += self.stage_launches[stage] * hardware.kernel_gap_s
         return seconds + self._sequence_parallel_seconds(stage, tokens, attention_layers)
 
     def _sequence_parallel_seconds(self, stage: int, tokens: int, attention_layers: int) -> float:
-        """State (and K/V) exchange between the sequence-parallel ranks of one chunk."""
+        """State exchange between the sequence-parallel ranks of one chunk, and each attention layer's all-gather
+        of the chunk's keys and values ([Note: sequence-parallel attention] in schedlang.runtime.attention_parallel;
+        its backward reduce-scatters as many bytes)."""
         ranks = self.sequence_ranks
         if ranks == 1:
             return 0.0
         model, hardware = self.program.model, self.hardware
         sequence = self.program.sequence
         per_layer = state_scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self.state_bytes_per_layer, hardware)
-        key_value_bytes = 2 * self.batch * tokens // ranks * model.heads * model.head_dim * self.element_bytes
-        attention = attention_layers * (ranks - 1) * hardware.transfer_time(key_value_bytes)
+        key_value_bytes = 2 * self.batch * -(-tokens // ranks) * model.heads * model.head_dim * self.element_bytes
+        attention = attention_layers * allgather_seconds(ranks, key_value_bytes, hardware)
         return self.recurrent_layers[stage] * per_layer + attention
 
     def task_duration(self, task: TaskId) -> float:

@@ -18,6 +18,19 @@ boundaries used are blended with equal chunking, c_i(alpha) =
 multiple of the kernel chunk (the paper rounds to 128, its kernel chunk).
 The per-layer coefficients come from :func:`layer_flop_coefficients`, which
 takes them from the ``flops`` cost model so the simulator sees the cut balanced.
+
+Under sequence parallelism (``S`` ranks, each holding ``s_i / S`` contiguous
+tokens of every chunk) a chunk takes as long as its slowest rank, the last one,
+whose queries also attend to the keys of every earlier rank's slice
+(:func:`schedlang.lowering.cost.attention_pairs`):
+
+    S Cost_i = (L_lin C_lin + C_dense) s_i + L_soft C_soft (c_i s_i + k s_i^2),  k = (2S - 1) / (2S)
+
+With ``S = 1`` this is Eq. 9 (``k = 1/2``) and the closed form above applies;
+otherwise no prefix function has these differences, and the equal-cost cut is
+found by bisection on the common cost: from ``c_0 = 0`` each chunk is as long as
+that cost allows (the positive root of its quadratic), and the cost is the one
+whose ``N`` chunks end at ``T``. The blend and rounding are the same.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ from dataclasses import dataclass, replace
 
 from schedlang.lowering.cost import (
     attention_pair_flops,
+    last_rank_square_share,
     head_flops_per_token,
     mixer_flops_per_token,
     mlp_flops_per_token,
@@ -79,6 +93,38 @@ def _hybrid_boundary(
     return 2.0 * target / (a + math.sqrt(a * a + 2.0 * b * target))
 
 
+BISECTION_STEPS = 200
+"""Halvings of the common chunk cost; the bracket shrinks to float precision well before."""
+
+
+def _sequence_parallel_boundaries(
+    length: int, n_chunks: int, linear_coefficient: float, quadratic_coefficient: float, square_share: float
+) -> list[float]:
+    """The ``n_chunks - 1`` inner boundaries of equal ``a s + b (c s + k s^2)`` chunks (``k = square_share``),
+    by bisection on that cost; see [Note: balanced chunking]."""
+    a, b, k = linear_coefficient, quadratic_coefficient, square_share
+
+    def cut(cost: float) -> list[float]:
+        boundaries, start = [], 0.0
+        for _ in range(n_chunks):
+            slope = a + b * start
+            # the positive root of b k s^2 + slope s - cost = 0, written without cancellation
+            start += 2.0 * cost / (slope + math.sqrt(slope * slope + 4.0 * b * k * cost))
+            boundaries.append(start)
+        return boundaries
+
+    low, high = 0.0, a * length + b * k * length * length  # one chunk of the whole sequence costs this much
+    for _ in range(BISECTION_STEPS):
+        middle = (low + high) / 2.0
+        if middle in (low, high):
+            break
+        if cut(middle)[-1] < length:
+            low = middle
+        else:
+            high = middle
+    return cut(high)[:-1]
+
+
 def balanced_boundaries(
     length: int,
     n_chunks: int,
@@ -89,11 +135,13 @@ def balanced_boundaries(
     linear_cost_per_token: float,
     dense_cost_per_token: float,
     softmax_cost_per_pair: float,
+    sequence_ranks: int = 1,
 ) -> tuple[int, ...]:
     """StateFlow's FLOP-balanced boundaries blended with equal ones by ``alpha``.
 
     See [Note: balanced chunking]. ``alpha = 0`` gives equal chunks, ``alpha = 1``
-    equal FLOPs, ``alpha > 1`` overshoots towards shorter late chunks. After
+    equal FLOPs (on the slowest of ``sequence_ranks`` ranks), ``alpha > 1``
+    overshoots towards shorter late chunks. After
     rounding to multiples of ``kernel_chunk``, boundaries that collide are moved
     apart by one kernel chunk (earlier ones down, later ones up), so the result
     is strictly increasing whenever ``n_chunks`` kernel chunks fit in the length.
@@ -110,6 +158,8 @@ def balanced_boundaries(
             raise ValueError(f"{name} must be a finite number >= 0, got {value}")
     if n_linear_layers < 0 or n_softmax_layers < 0:
         raise ValueError("layer counts must be >= 0")
+    if sequence_ranks < 1:
+        raise ValueError(f"sequence_ranks must be >= 1, got {sequence_ranks}")
     linear_coefficient = n_linear_layers * linear_cost_per_token + dense_cost_per_token
     quadratic_coefficient = n_softmax_layers * softmax_cost_per_pair
     if linear_coefficient == 0.0 and quadratic_coefficient == 0.0:
@@ -117,10 +167,18 @@ def balanced_boundaries(
 
     # The largest multiple of kernel_chunk strictly inside the sequence.
     last_inner = (length - 1) // kernel_chunk * kernel_chunk
+    if sequence_ranks > 1 and quadratic_coefficient > 0.0:
+        hybrids = _sequence_parallel_boundaries(
+            length, n_chunks, linear_coefficient, quadratic_coefficient, last_rank_square_share(sequence_ranks)
+        )
+    else:
+        hybrids = [
+            _hybrid_boundary(index / n_chunks, length, linear_coefficient, quadratic_coefficient)
+            for index in range(1, n_chunks)
+        ]
     inner = []
-    for index in range(1, n_chunks):
+    for index, hybrid in zip(range(1, n_chunks), hybrids):
         equal = index * length / n_chunks
-        hybrid = _hybrid_boundary(index / n_chunks, length, linear_coefficient, quadratic_coefficient)
         blended = (1.0 - alpha) * equal + alpha * hybrid
         rounded = int(math.floor(blended / kernel_chunk + 0.5)) * kernel_chunk
         inner.append(min(max(rounded, kernel_chunk), last_inner))
@@ -182,20 +240,22 @@ def layer_flop_coefficients(model: ModelSpec, kernel_chunk: int) -> LayerFlopCoe
 
 
 def model_balanced_boundaries(
-    model: ModelSpec, length: int, n_chunks: int, alpha: float, kernel_chunk: int
+    model: ModelSpec, length: int, n_chunks: int, alpha: float, unit: int, sequence_ranks: int = 1
 ) -> tuple[int, ...]:
-    """:func:`balanced_boundaries` with the coefficients of ``model``."""
-    coefficients = layer_flop_coefficients(model, kernel_chunk)
+    """:func:`balanced_boundaries` with the coefficients of ``model``, boundaries on multiples of ``unit``
+    (the kernel chunk times ``sequence_ranks``, [Note: sequence-parallel alignment])."""
+    coefficients = layer_flop_coefficients(model, unit // sequence_ranks)
     return balanced_boundaries(
         length,
         n_chunks,
         alpha,
-        kernel_chunk,
+        unit,
         coefficients.n_linear_layers,
         coefficients.n_softmax_layers,
         coefficients.linear_cost_per_token,
         coefficients.dense_cost_per_token,
         coefficients.softmax_cost_per_pair,
+        sequence_ranks,
     )
 
 
@@ -222,7 +282,9 @@ def recut(program: ScheduleProgram, n_chunks: int) -> ScheduleProgram:
         raise ValueError("explicit chunk boundaries fix the chunk count; sweep a uniform or balanced partition")
     unit = sequence.kernel_chunk * program.mesh.sequence
     if sequence.partition is PartitionKind.BALANCED:
-        boundaries = model_balanced_boundaries(program.model, sequence.length, n_chunks, sequence.balance_alpha, unit)
+        boundaries = model_balanced_boundaries(
+            program.model, sequence.length, n_chunks, sequence.balance_alpha, unit, program.mesh.sequence
+        )
     else:
         boundaries = uniform_boundaries(sequence.length, n_chunks, unit)
     return replace(program, sequence=replace(sequence, boundaries=boundaries))

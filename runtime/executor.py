@@ -79,6 +79,8 @@ class StepShape:
     d_model: int
     global_tokens: int
     recompute: bool
+    # each chunk's token range on every rank of the sequence-parallel group, in group-rank order; () without one
+    sequence_slices: tuple[tuple[tuple[int, int], ...], ...] = ()
 
     @property
     def n_chunks(self) -> int:
@@ -110,7 +112,7 @@ class StageExecutor:
         self.graphs = graphs  # [Note: graph slots] in schedlang.runtime.graphs
         self.step_graphs = step_graphs  # [Note: step graphs] in schedlang.runtime.step_graphs
         # [Note: sequence-wide K/V] in schedlang.runtime.kv_buffers
-        self.kv = SequenceKV(max(end for _, end in shape.local_chunk_bounds)) if model.has_attention else None
+        self.kv = SequenceKV(shape.chunk_boundaries[-1]) if model.has_attention else None
         self.store = StateStore()
         if graphs is not None and graphs.splitting:  # [Note: splitting slots]: every chunk's W replays a graph
             self.deferred_weights = frozenset(
@@ -300,7 +302,8 @@ class StageExecutor:
         position = None
         if self.kv is not None:
             start, end = self.shape.local_chunk_bounds[chunk]
-            position = ChunkPosition(self.kv, microbatch, start, end)
+            slices = self.shape.sequence_slices[chunk] if self.shape.sequence_slices else None
+            position = ChunkPosition(self.kv, microbatch, start, end, slices)
         recorder = None
         if deferred and torch.is_grad_enabled():
             recorder = self.weight_recorders[(microbatch, chunk)] = WeightGradientRecorder()

@@ -16,6 +16,13 @@ Aliases rather than views: a later chunk writes its keys into the same buffer, a
 buffer's version counter, so autograd would refuse the earlier chunk's saved keys as modified in place; an
 alias made with ``set_`` has its own counter, and the region it covers is never written again (with
 recomputation it is rewritten with the same values).
+
+Each chunk's attention runs in two parts, the prefix and its own square causal block, merged by their
+log-sum-exp ([Note: attention in parts] in :mod:`schedlang.runtime.attention_parts`): what autograd saves
+per chunk is its queries, output and log-sum-exp, and aliases of the buffers, so the saved bytes of a
+sequence are linear in its length whatever the chunk count. Under sequence parallelism each chunk's forward
+also gathers the other ranks' slices into the buffers, and its backward reduce-scatters the chunk's region
+of the gradient buffers ([Note: sequence-parallel attention] in :mod:`schedlang.runtime.attention_parallel`).
 """
 
 from __future__ import annotations
@@ -23,7 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
+import torch.distributed as dist
+
+from schedlang.runtime.attention_parallel import Slices, gather_chunk, reduce_scatter_chunk_gradients
+from schedlang.runtime.attention_parts import AttentionPart, attend_in_parts, attention_parts_backward
 
 
 @dataclass
@@ -65,12 +75,17 @@ class SequenceKV:
 
 @dataclass(frozen=True)
 class ChunkPosition:
-    """Where the chunk a stage runs sits in its microbatch's sequence, with that microbatch's K/V buffers."""
+    """Where the chunk a stage runs sits in its microbatch's sequence, with that microbatch's K/V buffers.
+
+    ``start .. end`` are the positions this rank holds; under sequence parallelism ``sequence_slices`` are
+    the chunk's positions on each rank of the group, in group-rank order (None: this rank holds the chunk).
+    """
 
     kv: SequenceKV
     microbatch: int
     start: int
     end: int
+    sequence_slices: Slices | None = None
 
 
 @dataclass(frozen=True)
@@ -91,39 +106,54 @@ def _alias(view: torch.Tensor) -> torch.Tensor:
     return alias
 
 
-def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """Queries of the chunk's last q.shape[2] positions over keys [0, end): causal, aligned bottom-right."""
-    from torch.nn.attention.bias import causal_lower_right
-
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=causal_lower_right(q.shape[2], keys.shape[2]))
+def _parts(keys: torch.Tensor, values: torch.Tensor, start: int) -> tuple[AttentionPart, AttentionPart]:
+    """The prefix before ``start`` (all visible) and the chunk's own block ``start .. end`` (causal)."""
+    return (
+        AttentionPart(keys[:, :, :start], values[:, :, :start], causal=False),
+        AttentionPart(keys[:, :, start:], values[:, :, start:], causal=True),
+    )
 
 
 class BufferedChunkAttention(torch.autograd.Function):
-    """Attention of one chunk's q, k, v ([B, H, L, D]) over the sequence-wide buffers; see the note."""
+    """Attention of one chunk's q, k, v ([B, H, L, D]) over the sequence-wide buffers; see the note.
+
+    ``group``: the sequence-parallel group the chunk is split over (then ``chunk.position.sequence_slices``
+    says how), or None.
+    """
 
     @staticmethod
-    def forward(ctx, q, k, v, chunk: AttentionChunk):
+    def forward(ctx, q, k, v, chunk: AttentionChunk, group: dist.ProcessGroup | None):
         buffers, start, end = chunk.buffers(k), chunk.position.start, chunk.position.end
+        slices = chunk.position.sequence_slices
+        if group is not None and slices is None:
+            raise ValueError("sequence-parallel attention needs the chunk's sequence_slices")
         buffers.keys[:, :, start:end] = k
         buffers.values[:, :, start:end] = v
-        with torch.enable_grad():
-            leaves = [
-                tensor.requires_grad_(True)
-                for tensor in (q.detach(), _alias(buffers.keys[:, :, :end]), _alias(buffers.values[:, :, :end]))
-            ]
-            output = _attend(*leaves)
-        ctx.leaves, ctx.output, ctx.buffers, ctx.bounds = leaves, output, buffers, (start, end)
-        return output.detach()
+        if group is not None:
+            gather_chunk(buffers.keys, buffers.values, slices, group)
+        keys, values = _alias(buffers.keys[:, :, :end]), _alias(buffers.values[:, :, :end])
+        output, log_sum_exp = attend_in_parts(q, _parts(keys, values, start))
+        ctx.save_for_backward(q, keys, values, output, log_sum_exp)
+        ctx.buffers, ctx.start, ctx.end, ctx.slices, ctx.group = buffers, start, end, slices, group
+        return output
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, output_grad):
-        start, end = ctx.bounds
-        dq, dkeys, dvalues = torch.autograd.grad(ctx.output, ctx.leaves, output_grad)
+        q, keys, values, output, log_sum_exp = ctx.saved_tensors
+        start, end = ctx.start, ctx.end
+        dq, (prefix_grads, own_grads) = attention_parts_backward(
+            output_grad, q, _parts(keys, values, start), output, log_sum_exp
+        )
         key_grads, value_grads = ctx.buffers.gradient_buffers()
-        key_grads[:, :, :start] += dkeys[:, :, :start]
-        value_grads[:, :, :start] += dvalues[:, :, :start]
-        dk = dkeys[:, :, start:end] + key_grads[:, :, start:end]
-        dv = dvalues[:, :, start:end] + value_grads[:, :, start:end]
-        ctx.leaves = ctx.output = ctx.buffers = None
-        return dq, dk, dv, None
+        if prefix_grads is not None:
+            key_grads[:, :, :start] += prefix_grads[0]
+            value_grads[:, :, :start] += prefix_grads[1]
+        key_grads[:, :, start:end] += own_grads[0]
+        value_grads[:, :, start:end] += own_grads[1]
+        if ctx.group is not None:
+            dk, dv = reduce_scatter_chunk_gradients(key_grads, value_grads, ctx.slices, ctx.group)
+        else:
+            dk, dv = key_grads[:, :, start:end], value_grads[:, :, start:end]
+        ctx.buffers = None
+        return dq, dk, dv, None, None

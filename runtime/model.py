@@ -226,8 +226,14 @@ class CausalAttentionMixer(HeadMixer):
     gradients reach earlier chunks' keys and values through the gradient
     buffers, so chunking changes nothing in the arithmetic except its
     blocking. The prefix grows with the position in the sequence, which is why
-    StateFlow balances hybrid chunks (section 3.2).
+    StateFlow balances hybrid chunks (section 3.2). With a ``sequence_context`` the chunk is split over
+    that group and its keys and values are all-gathered over it ([Note: sequence-parallel attention] in
+    :mod:`schedlang.runtime.attention_parallel`).
     """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.sequence_context: SequenceParallelContext | None = None
 
     def reset_parameters(self, generator: torch.Generator, output_std: float) -> None:
         self.init_projections(generator, output_std)
@@ -237,10 +243,13 @@ class CausalAttentionMixer(HeadMixer):
         batch, length, _ = hidden.shape
         # [B, H, L, D]
         q, k, v = (tensor.transpose(1, 2) for tensor in self.project_qkv(hidden))
+        group = None if self.sequence_context is None else self.sequence_context.group
         if chunk is None:
+            if group is not None:
+                raise ValueError("sequence-parallel attention runs chunk by chunk: pass the chunk's position")
             mixed = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            mixed = BufferedChunkAttention.apply(q, k, v, chunk)
+            mixed = BufferedChunkAttention.apply(q, k, v, chunk, group)
         return self.o_proj(mixed.transpose(1, 2).reshape(batch, length, -1)), None
 
 
@@ -408,6 +417,6 @@ def build_stage_model(
                 module.weight.fill_(1.0)
     model.reset_parameters(seed)
     for module in model.modules():
-        if isinstance(module, GatedLinearMixer):
+        if isinstance(module, (GatedLinearMixer, CausalAttentionMixer)):
             module.sequence_context = sequence_context
     return model.to(dtype)

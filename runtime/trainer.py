@@ -125,6 +125,14 @@ class Trainer:
                 d_model=self.model_config.d_model,
                 global_tokens=global_tokens,
                 recompute=pipeline.recompute,
+                sequence_slices=(
+                    tuple(
+                        tuple(pipeline.local_bounds(chunk, index) for index in range(pipeline.sequence_parallel))
+                        for chunk in range(pipeline.n_chunks)
+                    )
+                    if pipeline.sequence_parallel > 1
+                    else ()
+                ),
             ),
             actions,
             messenger,

@@ -58,12 +58,6 @@ def _distinct_lengths(request: RunRequest) -> list[int]:
 CAPABILITIES: tuple[Capability, ...] = (
     Capability(
         ("mesh.sequence",),
-        lambda request: request.sequence_parallel > 1 and LayerKind.ATTN in request.layers,
-        lambda request: f"mesh.sequence = {request.sequence_parallel} with attn layers: sequence-parallel softmax "
-        "attention is not implemented; use sequence = 1 (the pipeline still cuts each sequence into chunks)",
-    ),
-    Capability(
-        ("mesh.sequence",),
         lambda request: request.sequence_parallel > 1 and LayerKind.GDN in request.layers,
         lambda request: f"mesh.sequence = {request.sequence_parallel} with gdn layers: the delta rule's state "
         "transition is a full matrix, not the diagonal decay the All-Scan, ring and all-gather methods pass; use "

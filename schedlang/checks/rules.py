@@ -233,7 +233,7 @@ def _computed_boundaries(checker: Checker, n_chunks, length, unit, partition, ch
             model = build_model(checker)
             if model is None:
                 return None
-            return model_balanced_boundaries(model, length, n_chunks, alpha, unit)
+            return model_balanced_boundaries(model, length, n_chunks, alpha, unit, build_mesh(checker).sequence)
         return uniform_boundaries(length, n_chunks, unit)
     except ValueError as error:
         blocks = -(-length // unit)

@@ -95,7 +95,6 @@ UNEVEN = (0, 64, 256)
 # (schedule, [(key the diagnostic points at, words of its message)]) in file order.
 REFUSALS = [
     (Features(layers=("gla", "gdn"), sequence=2), [("sequence", "with gdn layers: the delta rule")]),
-    (Features(layers=("gla", "attn"), sequence=2), [("sequence", "sequence-parallel softmax attention")]),
     (Features(cuda_graphs=True, sequence=2), [("sequence", "this schedule has mesh.sequence = 2")]),
     (Features(cuda_graphs=True, boundaries=UNEVEN), [("chunks", "chunks of different lengths [64, 192]")]),
     (Features(cuda_graphs="step", sequence=2), [("sequence", "cuda_graphs = step replays captured graphs")]),
@@ -105,7 +104,6 @@ REFUSALS = [
         Features(("gla", "attn", "gdn", "gla"), sequence=2, boundaries=UNEVEN, cuda_graphs=True, recompute=True),
         [
             ("layers", "this schedule has attn layers"),
-            ("sequence", "with attn layers: sequence-parallel softmax attention"),
             ("sequence", "with gdn layers: the delta rule"),
             ("sequence", "this schedule has mesh.sequence = 2"),
             ("chunks", "chunks of different lengths [64, 192]"),

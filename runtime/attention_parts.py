@@ -1,0 +1,169 @@
+"""Softmax attention of a block of queries over keys in two parts, merged by their log-sum-exp.
+
+[Note: attention in parts]
+A chunk's queries (positions ``start .. end - 1``) attend to two blocks of keys: the prefix, every key before
+``start``, all of them visible; and the chunk's own keys, a square block under the causal mask. Each part
+runs as one fused kernel that returns its output ``O_j`` and, per query, the log-sum-exp ``L_j`` of its
+scaled scores. Then
+
+    L = logaddexp(L_1, L_2)        O = exp(L_1 - L) * O_1 + exp(L_2 - L) * O_2
+
+is the attention over both blocks (flash attention's merge). The backward runs each part's fused backward
+from the *merged* ``O`` and ``L``: a kernel forms its probabilities as ``exp(S - L)`` and its row terms from
+``O``, so it returns that part's exact share of ``dQ`` (the two are added), ``dK`` and ``dV``. Nothing of
+size (queries x keys) is formed in memory, nor saved: the forward keeps ``q``, ``O`` and ``L``, and the keys
+stay where the caller keeps them. This replaces one call with a lower-right causal bias, which on the CPU
+is a materialised ``[queries, keys]`` mask saved by every chunk (growing with the square of the sequence).
+
+Kernels (:class:`PartKernel`): on the CPU torch's flash attention for CPU; on CUDA its memory-efficient
+attention in float32, 16-bit inputs upcast around each call (a float32 copy of one part's keys and values at
+a time, linear in the sequence and never saved: the 16-bit kernels' backward did not reproduce the
+gradients from a merged log-sum-exp); elsewhere (float64 on CUDA) the same two outputs written in tensor
+ops, which form one part's scores at a time and keep none of them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+import torch.nn.functional as F
+
+aten = torch.ops.aten
+
+
+class PartKernel(Enum):
+    CPU_FLASH = "cpu_flash"
+    CUDA_EFFICIENT = "cuda_efficient"
+    TENSOR_OPS = "tensor_ops"
+
+
+EFFICIENT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+EFFICIENT_LSE_ROWS = 32
+"""The memory-efficient kernels keep the log-sum-exp of ``L`` queries in ``ceil(L / 32) * 32`` rows."""
+
+
+def part_kernel(q: torch.Tensor) -> PartKernel:
+    """The fused kernel for ``q``'s device and dtype, or the tensor-op form where none takes them."""
+    if q.device.type == "cpu":
+        return PartKernel.CPU_FLASH
+    if q.device.type == "cuda" and q.dtype in EFFICIENT_DTYPES:
+        return PartKernel.CUDA_EFFICIENT
+    return PartKernel.TENSOR_OPS
+
+
+@dataclass(frozen=True)
+class AttentionPart:
+    """One block of keys and values ``[B, H, S, D]``, and whether the causal (square) mask applies."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    causal: bool
+
+
+def _part_forward(q: torch.Tensor, part: AttentionPart, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output [B, H, L, D], log-sum-exp [B, H, L]) of one part."""
+    kernel = part_kernel(q)
+    if kernel is PartKernel.CPU_FLASH:
+        return aten._scaled_dot_product_flash_attention_for_cpu(
+            q, part.keys, part.values, 0.0, part.causal, scale=scale
+        )
+    if kernel is PartKernel.CUDA_EFFICIENT:
+        output, log_sum_exp, _, _ = aten._scaled_dot_product_efficient_attention(
+            q.float(), part.keys.float(), part.values.float(), None, True, 0.0, part.causal, scale=scale
+        )
+        return output, log_sum_exp[..., : q.shape[2]]
+    scores = torch.matmul(q, part.keys.transpose(-1, -2)) * scale
+    if part.causal:
+        scores = scores.masked_fill(_above_diagonal(scores), -math.inf)
+    log_sum_exp = torch.logsumexp(scores, dim=-1)
+    return torch.matmul(torch.exp(scores - log_sum_exp[..., None]), part.values), log_sum_exp
+
+
+def _part_backward(
+    output_grad: torch.Tensor,
+    q: torch.Tensor,
+    part: AttentionPart,
+    output: torch.Tensor,
+    log_sum_exp: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This part's (dq, dk, dv), from the merged output and log-sum-exp; see the note."""
+    kernel = part_kernel(q)
+    if kernel is PartKernel.CPU_FLASH:
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            output_grad, q, part.keys, part.values, output, log_sum_exp, 0.0, part.causal, scale=scale
+        )
+    if kernel is PartKernel.CUDA_EFFICIENT:
+        empty = torch.empty((), dtype=torch.int64, device=q.device)
+        # the kernel reads the log-sum-exp padded as its forward wrote it (rows to a multiple of 32)
+        queries = q.shape[2]
+        padding = -(-queries // EFFICIENT_LSE_ROWS) * EFFICIENT_LSE_ROWS - queries
+        padded_log_sum_exp = F.pad(log_sum_exp, (0, padding))
+        dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
+            output_grad.float(), q.float(), part.keys.float(), part.values.float(), None, output.float(),
+            padded_log_sum_exp, empty, empty, 0.0, [True, True, True, False], part.causal, scale=scale,
+        )
+        return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
+    scores = torch.matmul(q, part.keys.transpose(-1, -2)) * scale
+    if part.causal:
+        scores = scores.masked_fill(_above_diagonal(scores), -math.inf)
+    probabilities = torch.exp(scores - log_sum_exp[..., None])
+    row_terms = (output_grad * output).sum(dim=-1, keepdim=True)
+    score_grads = probabilities * (torch.matmul(output_grad, part.values.transpose(-1, -2)) - row_terms) * scale
+    dq = torch.matmul(score_grads, part.keys)
+    return dq, torch.matmul(score_grads.transpose(-1, -2), q), torch.matmul(probabilities.transpose(-1, -2), output_grad)
+
+
+def _above_diagonal(scores: torch.Tensor) -> torch.Tensor:
+    rows, columns = scores.shape[-2:]
+    return torch.ones(rows, columns, dtype=torch.bool, device=scores.device).triu(1)
+
+
+def attend_in_parts(
+    q: torch.Tensor, parts: tuple[AttentionPart, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention of ``q`` ``[B, H, L, D]`` over the union of ``parts``: (output in q's dtype, log-sum-exp).
+
+    Parts with no keys are skipped; at least one must have some.
+    """
+    scale = q.shape[-1] ** -0.5
+    merged_output = merged_log_sum_exp = None
+    for part in parts:
+        if part.keys.shape[2] == 0:
+            continue
+        output, log_sum_exp = _part_forward(q, part, scale)
+        if merged_output is None:
+            merged_output, merged_log_sum_exp = output.to(log_sum_exp.dtype), log_sum_exp
+            continue
+        combined = torch.logaddexp(merged_log_sum_exp, log_sum_exp)
+        merged_output = (
+            torch.exp(merged_log_sum_exp - combined)[..., None] * merged_output
+            + torch.exp(log_sum_exp - combined)[..., None] * output.to(log_sum_exp.dtype)
+        )
+        merged_log_sum_exp = combined
+    return merged_output.to(q.dtype), merged_log_sum_exp
+
+
+def attention_parts_backward(
+    output_grad: torch.Tensor,
+    q: torch.Tensor,
+    parts: tuple[AttentionPart, ...],
+    output: torch.Tensor,
+    log_sum_exp: torch.Tensor,
+) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor] | None]]:
+    """``dq`` and, per part, ``(dk, dv)`` (None for a part without keys), from :func:`attend_in_parts`' results."""
+    scale = q.shape[-1] ** -0.5
+    output_grad = output_grad.contiguous()
+    dq = None
+    part_grads: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+    for part in parts:
+        if part.keys.shape[2] == 0:
+            part_grads.append(None)
+            continue
+        part_dq, dk, dv = _part_backward(output_grad, q, part, output, log_sum_exp, scale)
+        dq = part_dq if dq is None else dq + part_dq
+        part_grads.append((dk, dv))
+    return dq, part_grads

@@ -1,0 +1,124 @@
+"""Chunked softmax attention over the sequence-wide K/V buffers: exact in parts, linear saved memory, and exact
+across a sequence-parallel group.
+
+* [Note: attention in parts]: the prefix and the chunk's own causal block merged by log-sum-exp equal one
+  causal attention over the whole sequence, forward and gradients, with each kernel (torch's CPU flash
+  attention, and the tensor-op form used where no fused kernel takes the dtype).
+* [Note: sequence-wide K/V]: the bytes autograd saves for a sequence (distinct storages seen by
+  ``saved_tensors_hooks``: an alias of a buffer is not a copy) do not grow with the chunk count and grow
+  linearly with the sequence: no chunk saves its prefix, nor a (queries x keys) mask or matrix.
+* [Note: sequence-parallel attention]: chunks split over 2 and 3 gloo ranks, uneven slices, give every rank's
+  outputs and q/k/v gradients of the single-device attention.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from schedlang.runtime import attention_parts
+from schedlang.runtime.attention_parts import AttentionPart, PartKernel, attend_in_parts, attention_parts_backward
+from schedlang.runtime.kv_buffers import AttentionChunk, BufferedChunkAttention, ChunkPosition, SequenceKV
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime_sp"))
+
+from sp_harness import run_on_ranks  # noqa: E402
+
+BATCH, HEADS, DIM = 2, 2, 16
+
+
+def whole_sequence(length: int, dtype=torch.float64, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(BATCH, HEADS, length, DIM, dtype=dtype, generator=generator) for _ in range(4)]
+
+
+@pytest.mark.parametrize("kernel", [PartKernel.CPU_FLASH, PartKernel.TENSOR_OPS])
+@pytest.mark.parametrize("start, end", [(0, 37), (23, 37), (36, 37), (1, 63)])
+def test_attention_in_parts_equals_causal_attention(kernel, start, end, monkeypatch):
+    monkeypatch.setattr(attention_parts, "part_kernel", lambda q: kernel)
+    q, k, v, output_grad = whole_sequence(end)
+    reference_leaves = [tensor.clone().requires_grad_(True) for tensor in (q, k, v)]
+    reference = F.scaled_dot_product_attention(*reference_leaves, is_causal=True)[:, :, start:]
+    reference.backward(output_grad[:, :, start:])
+    parts = (
+        AttentionPart(k[:, :, :start], v[:, :, :start], causal=False),
+        AttentionPart(k[:, :, start:], v[:, :, start:], causal=True),
+    )
+    output, log_sum_exp = attend_in_parts(q[:, :, start:], parts)
+    torch.testing.assert_close(output, reference.detach(), rtol=1e-12, atol=1e-12)
+    dq, part_grads = attention_parts_backward(output_grad[:, :, start:], q[:, :, start:], parts, output, log_sum_exp)
+    torch.testing.assert_close(dq, reference_leaves[0].grad[:, :, start:], rtol=1e-10, atol=1e-12)
+    assert (part_grads[0] is None) == (start == 0)
+    for index, (dk, dv) in enumerate(grads for grads in part_grads if grads is not None):
+        keys = slice(0, start) if start and index == 0 else slice(start, end)
+        torch.testing.assert_close(dk, reference_leaves[1].grad[:, :, keys], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(dv, reference_leaves[2].grad[:, :, keys], rtol=1e-10, atol=1e-12)
+
+
+def saved_bytes_of_chunks(length: int, n_chunks: int) -> int:
+    """Distinct storage bytes autograd saves running one attention layer's chunks of one sequence."""
+    q, k, v, _ = whole_sequence(length, torch.float32)
+    kv, saved = SequenceKV(length), {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    bounds = [length * index // n_chunks for index in range(n_chunks + 1)]
+    leaves = [tensor.requires_grad_(True) for tensor in (q, k, v)]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        for start, end in zip(bounds, bounds[1:]):
+            chunk = AttentionChunk(ChunkPosition(kv, 0, start, end), layer=0)
+            # the projections' outputs as the model hands them on: fresh tensors per chunk
+            q_chunk, k_chunk, v_chunk = (leaf[:, :, start:end] * 1.0 for leaf in leaves)
+            BufferedChunkAttention.apply(q_chunk, k_chunk, v_chunk, chunk, None)
+    return sum(saved.values())
+
+
+def test_saved_bytes_do_not_grow_with_the_chunk_count_and_are_linear_in_the_sequence():
+    four, sixteen = saved_bytes_of_chunks(512, 4), saved_bytes_of_chunks(512, 16)
+    assert sixteen <= four, (four, sixteen)
+    double = saved_bytes_of_chunks(1024, 16)
+    assert double <= 2.1 * sixteen, (sixteen, double)  # the (queries x keys) mask made this 3x
+
+
+def _sequence_parallel_worker(rank: int, world_size: int, chunk_bounds: tuple[int, ...]) -> None:
+    import torch.distributed as dist
+
+    length = chunk_bounds[-1]
+    q, k, v, output_grad = whole_sequence(length, seed=3)
+    reference_leaves = [tensor.clone().requires_grad_(True) for tensor in (q, k, v)]
+    reference = F.scaled_dot_product_attention(*reference_leaves, is_causal=True)
+    reference.backward(output_grad)
+    kv, group = SequenceKV(length), dist.group.WORLD
+    leaves = [tensor.clone().requires_grad_(True) for tensor in (q, k, v)]
+    outputs = []
+    for chunk_start, chunk_end in zip(chunk_bounds, chunk_bounds[1:]):
+        size = chunk_end - chunk_start
+        slices = tuple(
+            (chunk_start + size * index // world_size, chunk_start + size * (index + 1) // world_size)
+            for index in range(world_size)
+        )
+        start, end = slices[rank]
+        chunk = AttentionChunk(ChunkPosition(kv, 0, start, end, slices), layer=0)
+        mine = [leaf[:, :, start:end] for leaf in leaves]
+        outputs.append(((start, end), BufferedChunkAttention.apply(*mine, chunk, group)))
+    for (start, end), output in reversed(outputs):  # B(a, i + 1) before B(a, i), as Eq. 8 orders them
+        torch.testing.assert_close(output, reference[:, :, start:end].detach(), rtol=1e-12, atol=1e-12)
+        output.backward(output_grad[:, :, start:end])
+    for (start, end), _ in outputs:
+        for leaf, reference_leaf in zip(leaves, reference_leaves):
+            torch.testing.assert_close(
+                leaf.grad[:, :, start:end], reference_leaf.grad[:, :, start:end], rtol=1e-10, atol=1e-12
+            )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size, chunk_bounds", [(2, (0, 13, 40, 41 + 20)), (3, (0, 30, 47))])
+def test_sequence_parallel_attention_equals_one_device(world_size, chunk_bounds):
+    run_on_ranks(world_size, _sequence_parallel_worker, chunk_bounds)
