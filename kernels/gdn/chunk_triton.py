@@ -7,7 +7,9 @@ products again, the state pass again unless the forward kept its states (``save_
 state-free gradients, the backward state pass, and one kernel per chunk for dq, dk, dv, dbeta and dg.
 
 The forward keeps gc, the chunk decays and T for the backward (T is [B, H, N, 64, 64] float32: 64 values per
-token and head); with ``save_states`` also S_n and Delta_n (float32, [B, H, N, K, V] and [B, H, N, 64, V]).
+token and head); with ``save_states`` also S_n and Delta_n ([B, H, N, K, V] and [B, H, N, 64, V]). Those, U, W,
+KE and the leaving-state gradients are stored in the states' dtype (kernels/common/sizes.py: 16 bits for
+16-bit inputs, else float32); every kernel reads them as float32 and accumulates in float32.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from schedlang.kernels.common.sizes import block_size, cdiv, launch_options
+from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, states_dtype
 from schedlang.kernels.common.triton_scan import new_output
 from schedlang.kernels.gdn.state_pass_triton import LAUNCH, triton_state_pass_backward, triton_state_pass_forward
 from schedlang.kernels.gdn.triton_backward import gdn_bwd_kernel_chunk
@@ -31,6 +33,12 @@ SUB_CHUNK = 16
 def products_precision(dtype: torch.dtype) -> str:
     """The input precision of the per-chunk kernels' products for inputs of ``dtype``."""
     return LAUNCH["products"]["float32" if dtype == torch.float32 else "reduced"]
+
+
+def state_pass_precision(dtype: torch.dtype) -> str | None:
+    """The state pass's input precision for inputs of ``dtype``: its own table entry's for float32 inputs (None),
+    the per-chunk kernels' for 16-bit ones, whose operands it reads already rounded to 16 bits."""
+    return None if dtype == torch.float32 else products_precision(dtype)
 
 
 @dataclass(frozen=True)
@@ -67,14 +75,16 @@ def solve_chunks(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> Solved
 
 
 def apply_inverse(k, v, beta, solved: SolvedChunks, with_updates: bool = True):
-    """(U [B, H, N, C, V] or None without ``with_updates``, W [B, H, N, C, K], KE [B, H, N, C, K]), float32."""
+    """(U [B, H, N, C, V] or None without ``with_updates``, W [B, H, N, C, K], KE [B, H, N, C, K]) in the
+    states' dtype (kernels/common/sizes.py: 16 bits for 16-bit inputs)."""
     sizes = _sizes(k, v)
     batch, n_chunks = k.shape[0], sizes["N"]
     device = k.device
     chunked = (batch, sizes["H"], n_chunks, CHUNK)
-    updates = new_output(chunked + (sizes["V"],), torch.float32, device) if with_updates else None
-    keys_in = new_output(chunked + (sizes["K"],), torch.float32, device)
-    keys_out = new_output(chunked + (sizes["K"],), torch.float32, device)
+    stored = states_dtype(k.dtype)
+    updates = new_output(chunked + (sizes["V"],), stored, device) if with_updates else None
+    keys_in = new_output(chunked + (sizes["K"],), stored, device)
+    keys_out = new_output(chunked + (sizes["K"],), stored, device)
     launch = LAUNCH["wy_apply"]
     gdn_fwd_kernel_wy_apply[(n_chunks, batch * sizes["H"])](
         k, v, beta, solved.gate_cumsum, solved.inverse, updates if with_updates else keys_in, keys_in, keys_out,
@@ -149,7 +159,8 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         solved = solve_chunks(k, g, beta)
         updates, keys_in, keys_out = apply_inverse(k, v, beta, solved)
         states, corrections, final_state = triton_state_pass_forward(
-            updates, keys_in, keys_out, solved.chunk_decay, _float32(initial_state)
+            updates, keys_in, keys_out, solved.chunk_decay, _float32(initial_state),
+            state_pass_precision(k.dtype), states_dtype(k.dtype),
         )
         output = chunk_output(q, k, v, solved, states, corrections, scale)
         kept = (states, corrections) if save_states else (None, None)
@@ -165,12 +176,14 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         updates, keys_in, keys_out = apply_inverse(k, v, beta, solved, with_updates=not saved)
         if not saved:
             states, corrections, _ = triton_state_pass_forward(
-                updates, keys_in, keys_out, solved.chunk_decay, _float32(initial_state)
+                updates, keys_in, keys_out, solved.chunk_decay, _float32(initial_state),
+                state_pass_precision(k.dtype), states_dtype(k.dtype),
             )
         do = torch.zeros_like(v) if output_grad is None else output_grad.contiguous()
         entering_grad, corrections_grad = output_gradients(q, k, v, do, solved, ctx.scale)
         total, leaving, initial_grad = triton_state_pass_backward(
-            keys_in, keys_out, solved.chunk_decay, entering_grad, corrections_grad, _float32(final_state_grad), v.shape[-1]
+            keys_in, keys_out, solved.chunk_decay, entering_grad, corrections_grad, _float32(final_state_grad), v.shape[-1],
+            state_pass_precision(k.dtype), states_dtype(k.dtype),
         )
         dq, dk, dv, dbeta, dg = chunk_gradients(
             q, k, v, beta, do, solved, states, leaving, corrections, total, ctx.scale

@@ -45,7 +45,7 @@ def gdn_fwd_kernel_output(
     mask = o_c[:, None] >= o_c[None, :]
     b_scores = tl.where(mask, tl.exp(tl.where(mask, b_gc[:, None] - b_gc[None, :], 0.0)) * b_qk, 0.0)
     p_delta = tl.make_block_ptr(corrections + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
-    b_delta = tl.load(p_delta, boundary_check=(0, 1), padding_option="zero")
+    b_delta = tl.load(p_delta, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
     b_o = tl.exp(b_gc)[:, None] * b_qs + tl.dot(b_scores, b_delta, input_precision=PRECISION)
     value_base = (i_b * T * H + i_h).to(tl.int64) * V
     p_o = tl.make_block_ptr(output + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))

@@ -120,7 +120,7 @@ def gdn_fwd_kernel_wy_apply(
     PRECISION: tl.constexpr, UPDATES: tl.constexpr,
 ):
     # One program per (chunk, batch * head): U = T (beta v) (with UPDATES), W = T (beta exp(gc) k) and
-    # KE = exp(gc_C - gc) k, stored chunk by chunk ([B, H, N, C, *], float32) for the state pass.
+    # KE = exp(gc_C - gc) k, stored chunk by chunk ([B, H, N, C, *], in the outputs' dtype) for the state pass.
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     chunk = i_bh.to(tl.int64) * N + i_n
@@ -137,13 +137,13 @@ def gdn_fwd_kernel_wy_apply(
             b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
             b_u = tl.dot(b_t, b_beta[:, None] * b_v, input_precision=PRECISION)
             p_u = tl.make_block_ptr(updates + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
-            tl.store(p_u, b_u, boundary_check=(0, 1))
+            tl.store(p_u, b_u.to(p_u.dtype.element_ty), boundary_check=(0, 1))
     key_base = (i_b * T * H + i_h).to(tl.int64) * K
     for i_k in range(tl.cdiv(K, BK)):
         p_k = tl.make_block_ptr(k + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
         b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
         b_w = tl.dot(b_t, (b_beta * tl.exp(b_gc))[:, None] * b_k, input_precision=PRECISION)
         p_w = tl.make_block_ptr(keys_in + chunk * C * K, (C, K), (K, 1), (0, i_k * BK), (C, BK), (1, 0))
-        tl.store(p_w, b_w, boundary_check=(0, 1))
+        tl.store(p_w, b_w.to(p_w.dtype.element_ty), boundary_check=(0, 1))
         p_ke = tl.make_block_ptr(keys_out + chunk * C * K, (C, K), (K, 1), (0, i_k * BK), (C, BK), (1, 0))
-        tl.store(p_ke, tl.exp(b_last - b_gc)[:, None] * b_k, boundary_check=(0, 1))
+        tl.store(p_ke, (tl.exp(b_last - b_gc)[:, None] * b_k).to(p_ke.dtype.element_ty), boundary_check=(0, 1))
