@@ -36,8 +36,8 @@ def products_precision(dtype: torch.dtype) -> str:
 
 
 def state_pass_precision(dtype: torch.dtype) -> str | None:
-    """The state pass's input precision for inputs of ``dtype``: its own table entry's for float32 inputs (None),
-    the per-chunk kernels' for 16-bit ones, whose operands it reads already rounded to 16 bits."""
+    """The state pass's input precision for inputs of ``dtype``: its own table entry's for float32 inputs (None);
+    16-bit inputs give it 16-bit operands, whose products take the per-chunk kernels' setting."""
     return None if dtype == torch.float32 else products_precision(dtype)
 
 

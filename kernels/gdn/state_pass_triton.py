@@ -2,10 +2,12 @@
 
 One program per (value block, batch * head) walks the chunks in order (forward) or in reverse (backward) and
 keeps its ``[K, BV]`` slice of the state, or of the state's gradient, in registers. Value columns never mix
-in either recurrence, so the value blocks are independent programs. Operands are float32; the products'
-``input_precision`` comes from the launch table: "ieee" (plain float32) or "tf32x3" (tensor cores, three
-tf32 products, float32-level error), never plain "tf32", since this is where rounding compounds chunk after
-chunk. Transposed operands are loaded transposed from memory.
+in either recurrence, so the value blocks are independent programs. The state (or its gradient) stays float32
+in registers; each product takes it, or the corrections, rounded to the dtype of the operand it meets (W or KE).
+Float32 operands take the launch table's ``input_precision``: "ieee" (plain float32) or "tf32x3" (tensor cores,
+three tf32 products, float32-level error), never plain "tf32", since this is where rounding compounds chunk
+after chunk. 16-bit operands (kernels/gdn/chunk_triton.py stores them so for 16-bit inputs) run as 16-bit
+products with float32 accumulation. Transposed operands are loaded transposed from memory.
 """
 
 from __future__ import annotations
@@ -50,12 +52,12 @@ def _forward_step(
     p_w = tl.make_block_ptr(keys_in + chunk * C * K, (C, K), (K, 1), (0, 0), (C, BK), (1, 0))
     p_ke_t = tl.make_block_ptr(keys_out + chunk * C * K, (K, C), (1, K), (0, 0), (BK, C), (0, 1))
     b_u = tl.load(p_u, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-    b_w = tl.load(p_w, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-    b_delta = b_u - tl.dot(b_w, b_state, input_precision=PRECISION)
+    b_w = tl.load(p_w, boundary_check=(0, 1), padding_option="zero")
+    b_delta = b_u - tl.dot(b_w, b_state.to(b_w.dtype), input_precision=PRECISION)
     p_delta = tl.make_block_ptr(corrections + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
     tl.store(p_delta, b_delta.to(p_delta.dtype.element_ty), boundary_check=(0, 1))
-    b_ke_t = tl.load(p_ke_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-    return tl.load(chunk_decay + chunk) * b_state + tl.dot(b_ke_t, b_delta, input_precision=PRECISION)
+    b_ke_t = tl.load(p_ke_t, boundary_check=(0, 1), padding_option="zero")
+    return tl.load(chunk_decay + chunk) * b_state + tl.dot(b_ke_t, b_delta.to(b_ke_t.dtype), input_precision=PRECISION)
 
 
 @triton.jit
@@ -101,16 +103,16 @@ def _backward_step(
     p_leaving = tl.make_block_ptr(leaving_grad + chunk * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
     tl.store(p_leaving, b_grad.to(p_leaving.dtype.element_ty), boundary_check=(0, 1))
     p_ke = tl.make_block_ptr(keys_out + chunk * C * K, (C, K), (K, 1), (0, 0), (C, BK), (1, 0))
-    b_ke = tl.load(p_ke, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-    b_delta_grad = tl.dot(b_ke, b_grad, input_precision=PRECISION)
+    b_ke = tl.load(p_ke, boundary_check=(0, 1), padding_option="zero")
+    b_delta_grad = tl.dot(b_ke, b_grad.to(b_ke.dtype), input_precision=PRECISION)
     if HAS_CORRECTIONS_GRAD:
         p_dd = tl.make_block_ptr(corrections_grad + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
         b_delta_grad += tl.load(p_dd, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
     p_total = tl.make_block_ptr(corrections_grad_total + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
     tl.store(p_total, b_delta_grad, boundary_check=(0, 1))
     p_w_t = tl.make_block_ptr(keys_in + chunk * C * K, (K, C), (1, K), (0, 0), (BK, C), (0, 1))
-    b_w_t = tl.load(p_w_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-    b_grad = tl.load(chunk_decay + chunk) * b_grad - tl.dot(b_w_t, b_delta_grad, input_precision=PRECISION)
+    b_w_t = tl.load(p_w_t, boundary_check=(0, 1), padding_option="zero")
+    b_grad = tl.load(chunk_decay + chunk) * b_grad - tl.dot(b_w_t, b_delta_grad.to(b_w_t.dtype), input_precision=PRECISION)
     if HAS_ENTERING_GRAD:
         p_de = tl.make_block_ptr(entering_grad + chunk * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
         b_grad += tl.load(p_de, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
