@@ -42,7 +42,9 @@ def gdn_bwd_kernel_chunk(
     b_last = tl.sum(tl.where(o_c == C - 1, b_gc, 0.0), axis=0)
     b_e = tl.exp(b_gc)
     b_decay = decay_matrix(b_gc, True, C)
+    dt = tl.float32  # products of 16-bit operands gave wrong dv and NaN dk here (H200, Triton 3.6)
     b_t = tl.load(inverse + chunk * C * C + o_c[:, None] * C + o_c[None, :])
+    b_t_t = tl.load(inverse + chunk * C * C + o_c[None, :] * C + o_c[:, None]).to(dt)
     key_base = (i_b * T * H + i_h).to(tl.int64) * K
     value_base = (i_b * T * H + i_h).to(tl.int64) * V
     # 1. value blocks
@@ -52,15 +54,17 @@ def gdn_bwd_kernel_chunk(
     for i_v in range(tl.cdiv(V, BV)):
         p_v = tl.make_block_ptr(v + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
         p_do = tl.make_block_ptr(do + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
-        p_delta = tl.make_block_ptr(corrections + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
+        p_v_t = tl.make_block_ptr(v + value_base, (V, T), (1, H * V), (i_v * BV, i_n * C), (BV, C), (0, 1))
+        p_delta_t = tl.make_block_ptr(corrections + chunk * C * V, (V, C), (1, V), (i_v * BV, 0), (BV, C), (0, 1))
         p_dd = tl.make_block_ptr(corrections_grad + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
         b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_delta = tl.load(p_delta, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_v_t = tl.load(p_v_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
+        b_delta_t = tl.load(p_delta_t, boundary_check=(0, 1), padding_option="zero")
         b_dd = tl.load(p_dd, boundary_check=(0, 1), padding_option="zero")
-        b_p += tl.dot(b_do, tl.trans(b_delta), input_precision=PRECISION)
-        b_dt += tl.dot(b_dd, tl.trans(b_beta[:, None] * b_v), input_precision=PRECISION)
-        b_tdu = tl.dot(tl.trans(b_t), b_dd, input_precision=PRECISION)
+        b_p += tl.dot(b_do.to(dt), b_delta_t.to(dt), input_precision=PRECISION)
+        b_dt += tl.dot(b_dd.to(dt), (b_v_t * b_beta[None, :]).to(dt), input_precision=PRECISION)
+        b_tdu = tl.dot(b_t_t, b_dd.to(dt), input_precision=PRECISION)
         b_dbeta += tl.sum(b_v * b_tdu, axis=1)
         p_dv = tl.make_block_ptr(dv + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
         tl.store(p_dv, (b_beta[:, None] * b_tdu).to(p_dv.dtype.element_ty), boundary_check=(0, 1))
@@ -90,19 +94,20 @@ def gdn_bwd_kernel_chunk(
             b_dd = tl.load(p_dd, boundary_check=(0, 1), padding_option="zero")
             b_s_t = tl.load(p_s_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
             b_g_t = tl.load(p_g_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-            b_dos += tl.dot(b_do, b_s_t, input_precision=PRECISION)
-            b_dds += tl.dot(b_dd, b_s_t, input_precision=PRECISION)
-            b_dke += tl.dot(b_delta, b_g_t, input_precision=PRECISION)
+            b_dos += tl.dot(b_do.to(dt), b_s_t.to(dt), input_precision=PRECISION)
+            b_dds += tl.dot(b_dd.to(dt), b_s_t.to(dt), input_precision=PRECISION)
+            b_dke += tl.dot(b_delta.to(dt), b_g_t.to(dt), input_precision=PRECISION)
             b_state_products += tl.sum(b_s_t * b_g_t, axis=0)
-        b_dq_intra = tl.dot(b_dp, b_k, input_precision=PRECISION)
+        b_dq_intra = tl.dot(b_dp.to(dt), b_k.to(dt), input_precision=PRECISION)
         b_dq = b_e[:, None] * b_dos + b_dq_intra
         p_dq = tl.make_block_ptr(dq + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
         tl.store(p_dq, (b_dq * scale).to(p_dq.dtype.element_ty), boundary_check=(0, 1))
         b_dk = tl.dot(tl.trans(b_dp), b_q, input_precision=PRECISION)
         b_dgc += tl.sum(b_q * b_dq, axis=1) - tl.sum(b_k * b_dk, axis=1)
-        b_gated = (b_beta * b_e)[:, None] * b_k
-        b_dt -= tl.dot(b_dds, tl.trans(b_gated), input_precision=PRECISION)
-        b_tdw = -tl.dot(tl.trans(b_t), b_dds, input_precision=PRECISION)
+        p_k_t = tl.make_block_ptr(k + key_base, (K, T), (1, H * K), (i_k * BK, i_n * C), (BK, C), (0, 1))
+        b_gated_t = tl.load(p_k_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32) * (b_beta * b_e)[None, :]
+        b_dt -= tl.dot(b_dds.to(dt), b_gated_t.to(dt), input_precision=PRECISION)
+        b_tdw = -tl.dot(b_t_t, b_dds.to(dt), input_precision=PRECISION)
         b_dk += (b_beta * b_e)[:, None] * b_tdw
         b_kw = tl.sum(b_k * b_tdw, axis=1)
         b_dbeta += b_e * b_kw
@@ -114,14 +119,14 @@ def gdn_bwd_kernel_chunk(
         p_dk = tl.make_block_ptr(dk + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
         tl.store(p_dk, b_dk, boundary_check=(0, 1))
     # 3. A = beta D o K K^T
-    b_da = -tl.dot(tl.dot(tl.trans(b_t), b_dt, input_precision=PRECISION), tl.trans(b_t), input_precision=PRECISION)
+    b_da = -tl.dot(tl.dot(b_t_t, b_dt.to(dt), input_precision=PRECISION).to(dt), b_t_t, input_precision=PRECISION)
     b_dad = tl.where(o_c[:, None] > o_c[None, :], b_da, 0.0) * b_decay
     b_z_t = tl.trans(b_beta[:, None] * b_dad)
     tl.debug_barrier()
     for i_k in range(tl.cdiv(K, BK)):
         p_k = tl.make_block_ptr(k + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
         b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_row = tl.dot(b_dad, b_k, input_precision=PRECISION)
+        b_row = tl.dot(b_dad.to(dt), b_k.to(dt), input_precision=PRECISION)
         b_column = tl.dot(b_z_t, b_k, input_precision=PRECISION)
         b_row_k = tl.sum(b_k * b_row, axis=1)
         b_dbeta += b_row_k

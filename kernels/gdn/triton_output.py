@@ -29,6 +29,7 @@ def gdn_fwd_kernel_output(
     i_b, i_h = i_bh // H, i_bh % H
     chunk = i_bh.to(tl.int64) * N + i_n
     o_c = tl.arange(0, C)
+    dt = q.dtype.element_ty
     b_gc = tl.load(gate_cumsum + chunk * C + o_c)
     key_base = (i_b * T * H + i_h).to(tl.int64) * K
     b_qs = tl.zeros([C, BV], dtype=tl.float32)
@@ -36,17 +37,18 @@ def gdn_fwd_kernel_output(
     for i_k in range(tl.cdiv(K, BK)):
         p_q = tl.make_block_ptr(q + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
         p_k = tl.make_block_ptr(k + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
+        p_k_t = tl.make_block_ptr(k + key_base, (K, T), (1, H * K), (i_k * BK, i_n * C), (BK, C), (0, 1))
         p_s = tl.make_block_ptr(states + chunk * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_s = tl.load(p_s, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(dt)
+        b_k_t = tl.load(p_k_t, boundary_check=(0, 1), padding_option="zero").to(dt)
+        b_s = tl.load(p_s, boundary_check=(0, 1), padding_option="zero").to(dt)
         b_qs += tl.dot(b_q, b_s, input_precision=PRECISION)
-        b_qk += tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION)
+        b_qk += tl.dot(b_q, b_k_t, input_precision=PRECISION)
     mask = o_c[:, None] >= o_c[None, :]
     b_scores = tl.where(mask, tl.exp(tl.where(mask, b_gc[:, None] - b_gc[None, :], 0.0)) * b_qk, 0.0)
     p_delta = tl.make_block_ptr(corrections + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
     b_delta = tl.load(p_delta, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-    b_o = tl.exp(b_gc)[:, None] * b_qs + tl.dot(b_scores, b_delta, input_precision=PRECISION)
+    b_o = tl.exp(b_gc)[:, None] * b_qs + tl.dot(b_scores.to(dt), b_delta.to(dt), input_precision=PRECISION)
     value_base = (i_b * T * H + i_h).to(tl.int64) * V
     p_o = tl.make_block_ptr(output + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
     tl.store(p_o, (b_o * scale).to(p_o.dtype.element_ty), boundary_check=(0, 1))
@@ -64,27 +66,28 @@ def gdn_bwd_kernel_output_terms(
     i_b, i_h = i_bh // H, i_bh % H
     chunk = i_bh.to(tl.int64) * N + i_n
     o_c = tl.arange(0, C)
+    dt = q.dtype.element_ty
     b_gc = tl.load(gate_cumsum + chunk * C + o_c)
     key_base = (i_b * T * H + i_h).to(tl.int64) * K
     value_base = (i_b * T * H + i_h).to(tl.int64) * V
     b_kq = tl.zeros([C, C], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        p_q = tl.make_block_ptr(q + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
+        p_q_t = tl.make_block_ptr(q + key_base, (K, T), (1, H * K), (i_k * BK, i_n * C), (BK, C), (0, 1))
         p_k = tl.make_block_ptr(k + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
-        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_kq += tl.dot(b_k, tl.trans(b_q), input_precision=PRECISION)
+        b_q_t = tl.load(p_q_t, boundary_check=(0, 1), padding_option="zero")
+        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(dt)
+        b_kq += tl.dot(b_k, b_q_t.to(dt), input_precision=PRECISION)
         # [BK, C]: (exp(gc) scale q)^T of these keys
-        b_qg_t = tl.trans(b_q * (tl.exp(b_gc) * scale)[:, None])
+        b_qg_t = (b_q_t.to(tl.float32) * (tl.exp(b_gc) * scale)[None, :]).to(dt)
         for i_v in range(tl.cdiv(V, BV)):
             p_do = tl.make_block_ptr(do + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
             b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
             p_ds = tl.make_block_ptr(entering_grad + chunk * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-            tl.store(p_ds, tl.dot(b_qg_t, b_do, input_precision=PRECISION), boundary_check=(0, 1))
+            tl.store(p_ds, tl.dot(b_qg_t, b_do.to(dt), input_precision=PRECISION), boundary_check=(0, 1))
     mask = o_c[:, None] <= o_c[None, :]
     b_scores_t = tl.where(mask, tl.exp(tl.where(mask, b_gc[None, :] - b_gc[:, None], 0.0)) * b_kq * scale, 0.0)
     for i_v in range(tl.cdiv(V, BV)):
         p_do = tl.make_block_ptr(do + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
         b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
         p_dd = tl.make_block_ptr(corrections_grad + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
-        tl.store(p_dd, tl.dot(b_scores_t, b_do, input_precision=PRECISION), boundary_check=(0, 1))
+        tl.store(p_dd, tl.dot(b_scores_t.to(dt), b_do.to(dt), input_precision=PRECISION), boundary_check=(0, 1))

@@ -68,8 +68,9 @@ def gdn_fwd_kernel_wy_solve(
     key_base = (i_b * T * H + i_h).to(tl.int64) * K
     for i_k in range(tl.cdiv(K, BK)):
         p_k = tl.make_block_ptr(k + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_kk += tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
+        p_k_t = tl.make_block_ptr(k + key_base, (K, T), (1, H * K), (i_k * BK, i_n * C), (BK, C), (0, 1))
+        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+        b_kk += tl.dot(b_k, tl.load(p_k_t, boundary_check=(0, 1), padding_option="zero"), input_precision=PRECISION)
     b_a = b_beta[:, None] * decay_matrix(b_gc, False, C) * b_kk
     base = inverse + chunk * C * C
     tl.store(base + o_c[:, None] * C + o_c[None, :], b_a)
@@ -129,20 +130,21 @@ def gdn_fwd_kernel_wy_apply(
     b_beta = tl.load(beta + (i_b * T + token).to(tl.int64) * H + i_h, mask=token < T, other=0.0).to(tl.float32)
     b_gc = tl.load(gate_cumsum + chunk * C + o_c)
     b_last = tl.sum(tl.where(o_c == C - 1, b_gc, 0.0), axis=0)
-    b_t = tl.load(inverse + chunk * C * C + o_c[:, None] * C + o_c[None, :])
+    dt = k.dtype.element_ty
+    b_t = tl.load(inverse + chunk * C * C + o_c[:, None] * C + o_c[None, :]).to(dt)
     if UPDATES:
         value_base = (i_b * T * H + i_h).to(tl.int64) * V
         for i_v in range(tl.cdiv(V, BV)):
             p_v = tl.make_block_ptr(v + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
             b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-            b_u = tl.dot(b_t, b_beta[:, None] * b_v, input_precision=PRECISION)
+            b_u = tl.dot(b_t, (b_beta[:, None] * b_v).to(dt), input_precision=PRECISION)
             p_u = tl.make_block_ptr(updates + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
             tl.store(p_u, b_u.to(p_u.dtype.element_ty), boundary_check=(0, 1))
     key_base = (i_b * T * H + i_h).to(tl.int64) * K
     for i_k in range(tl.cdiv(K, BK)):
         p_k = tl.make_block_ptr(k + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
         b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_w = tl.dot(b_t, (b_beta * tl.exp(b_gc))[:, None] * b_k, input_precision=PRECISION)
+        b_w = tl.dot(b_t, ((b_beta * tl.exp(b_gc))[:, None] * b_k).to(dt), input_precision=PRECISION)
         p_w = tl.make_block_ptr(keys_in + chunk * C * K, (C, K), (K, 1), (0, i_k * BK), (C, BK), (1, 0))
         tl.store(p_w, b_w.to(p_w.dtype.element_ty), boundary_check=(0, 1))
         p_ke = tl.make_block_ptr(keys_out + chunk * C * K, (C, K), (K, 1), (0, i_k * BK), (C, BK), (1, 0))
