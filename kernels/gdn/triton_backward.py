@@ -13,7 +13,7 @@ T = (I + A)^-1 and gc. kernels/gdn/README.md ("Backward") derives the terms; in 
 4. dg = the chunk's reverse cumsum of dgc.
 
 dk passes through its float32 output between steps 2 and 3, behind a barrier. Products take float32 operands
-at the launch's ``PRECISION``.
+at the launch's ``PRECISION`` whatever the inputs' dtype.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ D the inclusive decay matrix of kernels/gdn/triton_wy.py:
     dDelta_n(outputs) = (D o Q~ K^T)^T dO_n = (D^T o K Q~^T) dO_n
 
 The two gradients need no state, so they are formed for all chunks at once before the backward state pass,
-which adds them into its recurrence. Products take float32 operands at the launch's ``PRECISION``; the
-transposed score matrix is formed directly as K Q~^T.
+which adds them into its recurrence. Products take their operands in the inputs' dtype (16-bit products
+with float32 accumulation for 16-bit inputs, float32 at the launch's ``PRECISION`` otherwise); transposed
+operands are loaded transposed from memory, and the transposed score matrix is formed directly as K Q~^T.
 """
 
 from __future__ import annotations

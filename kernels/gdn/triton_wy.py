@@ -8,8 +8,10 @@ Per chunk of C = 64 tokens (kernels/gdn/README.md derives every formula):
 The solve inverts the four 16 x 16 diagonal blocks of I + A by forward substitution in registers (all four
 at once, one row per step) and composes the off-diagonal blocks of T from them with products
 (T_ij = -T_ii sum_{j <= m < i} A_im T_mj). A passes through the chunk's slot of the ``inverse`` output on
-its way to the block loads; a barrier orders the program's stores before its loads. Every product takes
-float32 operands at the launch's ``PRECISION``; padded tokens load as k = v = 0, g = beta = 0.
+its way to the block loads; a barrier orders the program's stores before its loads. The block products of
+the solve take float32 operands at the launch's ``PRECISION``; K K^T and the WY products take theirs in the
+inputs' dtype (16-bit products with float32 accumulation for 16-bit inputs), transposed operands loaded
+transposed from memory. Padded tokens load as k = v = 0, g = beta = 0.
 """
 
 from __future__ import annotations
