@@ -27,16 +27,17 @@ LAUNCH = register_launch_table("gdn", __name__, {
     "wy_apply": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
     "output": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
     "output_gradients": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
-    "chunk_gradients": {"block_k": 32, "block_v": 32, "num_warps": 4, "num_stages": 1},
+    "chunk_gradients": {"block_k": 32, "block_v": 32, "products_16bit": 0, "num_warps": 4, "num_stages": 1},
     "products": {"float32": "tf32x3", "reduced": "tf32"},
 })
 """Launch table of every gdn kernel, read at call time ([Note: launch tables]). "forward" and "backward" are the
 state pass's: value columns per program (a [K, 32] float32 state slice is 16 KiB at K = 128), the products'
 input precision, warps, stages. The others are the per-chunk kernels of kernels/gdn/chunk_triton.py: tile
 edges (the largest; smaller dimensions get smaller tiles), warps, stages; "products" is their products'
-input precision for float32 inputs and for 16-bit ones. Everything runs at most 4 warps: Triton 3.6
-miscompiled the state pass's backward at 8 on an H200 (docs/benchmarks.md, "Launch tables"), and these
-kernels transpose registers feeding products, which 3.6 miscompiles with 8 warps on Hopper."""
+input precision for float32 inputs and for 16-bit ones; "products_16bit" = 1 gives the per-chunk backward
+16-bit operands for 16-bit inputs ([Note: 16-bit backward products] in triton_backward.py). Everything runs
+at most 4 warps: Triton 3.6 miscompiled the state pass's backward at 8 on an H200 (docs/benchmarks.md,
+"Launch tables")."""
 
 
 @triton.jit

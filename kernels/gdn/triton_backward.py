@@ -12,8 +12,15 @@ T = (I + A)^-1 and gc. kernels/gdn/README.md ("Backward") derives the terms; in 
    what step 2 stored), dbeta and dgc;
 4. dg = the chunk's reverse cumsum of dgc.
 
-dk passes through its float32 output between steps 2 and 3, behind a barrier. Products take float32 operands
-at the launch's ``PRECISION`` whatever the inputs' dtype.
+dk passes through its float32 output between steps 2 and 3, and D o P and Z = beta o dA o D through the
+chunk's [C, C] float32 slot of ``scratch``, each behind a barrier, so that their transposes are loaded
+transposed and no register tile is ever transposed. Products take float32 operands at the launch's
+``PRECISION``, or with PRODUCTS_16BIT (16-bit inputs only) operands rounded to the inputs' dtype.
+
+[Note: 16-bit backward products]
+An earlier form of this kernel, which transposed D o P and Z in registers, returned wrong dv and NaN dk with
+16-bit products on an H200 (Triton 3.6) and right gradients with float32 ones; the launch table therefore keeps
+PRODUCTS_16BIT off until this form has been checked on a GPU with tests/kernels/test_kernels_gdn.py.
 """
 
 from __future__ import annotations
@@ -27,9 +34,9 @@ from schedlang.kernels.gdn.triton_wy import decay_matrix, load_chunk_gates
 @triton.jit
 def gdn_bwd_kernel_chunk(
     q, k, v, beta, do, gate_cumsum, inverse, states, leaving_grad, corrections, corrections_grad,
-    dq, dk, dv, dbeta, dg, scale, T, N,
+    dq, dk, dv, dbeta, dg, scratch, scale, T, N,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, PRODUCTS_16BIT: tl.constexpr,
 ):
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -42,8 +49,10 @@ def gdn_bwd_kernel_chunk(
     b_last = tl.sum(tl.where(o_c == C - 1, b_gc, 0.0), axis=0)
     b_e = tl.exp(b_gc)
     b_decay = decay_matrix(b_gc, True, C)
-    dt = tl.float32  # products of 16-bit operands gave wrong dv and NaN dk here (H200, Triton 3.6)
-    b_t = tl.load(inverse + chunk * C * C + o_c[:, None] * C + o_c[None, :])
+    if PRODUCTS_16BIT:
+        dt = q.dtype.element_ty
+    else:
+        dt = tl.float32
     b_t_t = tl.load(inverse + chunk * C * C + o_c[None, :] * C + o_c[:, None]).to(dt)
     key_base = (i_b * T * H + i_h).to(tl.int64) * K
     value_base = (i_b * T * H + i_h).to(tl.int64) * V
@@ -68,8 +77,12 @@ def gdn_bwd_kernel_chunk(
         b_dbeta += tl.sum(b_v * b_tdu, axis=1)
         p_dv = tl.make_block_ptr(dv + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
         tl.store(p_dv, (b_beta[:, None] * b_tdu).to(p_dv.dtype.element_ty), boundary_check=(0, 1))
-    # 2. key blocks: the outputs, W, KE and the chunk decay
+    # 2. key blocks: the outputs, W, KE and the chunk decay; (D o P)^T through the chunk's scratch slot
     b_dp = b_decay * b_p
+    scratch_base = scratch + chunk * C * C
+    tl.store(scratch_base + o_c[:, None] * C + o_c[None, :], b_dp)
+    tl.debug_barrier()
+    b_dp_t = tl.load(scratch_base + o_c[None, :] * C + o_c[:, None]).to(dt)
     b_dgc = tl.zeros([C], dtype=tl.float32)
     b_state_products = tl.zeros([BK], dtype=tl.float32)
     b_end_terms = tl.zeros([C], dtype=tl.float32)
@@ -102,7 +115,7 @@ def gdn_bwd_kernel_chunk(
         b_dq = b_e[:, None] * b_dos + b_dq_intra
         p_dq = tl.make_block_ptr(dq + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
         tl.store(p_dq, (b_dq * scale).to(p_dq.dtype.element_ty), boundary_check=(0, 1))
-        b_dk = tl.dot(tl.trans(b_dp), b_q, input_precision=PRECISION)
+        b_dk = tl.dot(b_dp_t, b_q.to(dt), input_precision=PRECISION)
         b_dgc += tl.sum(b_q * b_dq, axis=1) - tl.sum(b_k * b_dk, axis=1)
         p_k_t = tl.make_block_ptr(k + key_base, (K, T), (1, H * K), (i_k * BK, i_n * C), (BK, C), (0, 1))
         b_gated_t = tl.load(p_k_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32) * (b_beta * b_e)[None, :]
@@ -121,13 +134,15 @@ def gdn_bwd_kernel_chunk(
     # 3. A = beta D o K K^T
     b_da = -tl.dot(tl.dot(b_t_t, b_dt.to(dt), input_precision=PRECISION).to(dt), b_t_t, input_precision=PRECISION)
     b_dad = tl.where(o_c[:, None] > o_c[None, :], b_da, 0.0) * b_decay
-    b_z_t = tl.trans(b_beta[:, None] * b_dad)
     tl.debug_barrier()
+    tl.store(scratch_base + o_c[:, None] * C + o_c[None, :], b_beta[:, None] * b_dad)
+    tl.debug_barrier()
+    b_z_t = tl.load(scratch_base + o_c[None, :] * C + o_c[:, None]).to(dt)
     for i_k in range(tl.cdiv(K, BK)):
         p_k = tl.make_block_ptr(k + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
         b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
         b_row = tl.dot(b_dad.to(dt), b_k.to(dt), input_precision=PRECISION)
-        b_column = tl.dot(b_z_t, b_k, input_precision=PRECISION)
+        b_column = tl.dot(b_z_t, b_k.to(dt), input_precision=PRECISION)
         b_row_k = tl.sum(b_k * b_row, axis=1)
         b_dbeta += b_row_k
         b_dgc += b_beta * b_row_k - tl.sum(b_k * b_column, axis=1)
