@@ -151,6 +151,21 @@ def test_triton_backward_matches_autograd_of_the_torch_path(case, save_states):
     assert_close({name: t.cpu() for name, t in actual.items()}, expected, 1e-4)
 
 
+@pytest.mark.parametrize("key_dim, value_dim", [(16, 48), (48, 16)], ids=["K16-V48", "K48-V16"])
+def test_triton_path_takes_a_value_dim_unlike_the_key_dim(key_dim, value_dim):
+    """V = 2K is Gated DeltaNet's usual head shape; neither dimension need be a power of two."""
+    inputs, upstream = make_inputs(1, 80, 2, key_dim, "strong", True, torch.float64, seed=value_dim)
+    wide, wide_upstream = make_inputs(1, 80, 2, value_dim, "strong", True, torch.float64, seed=key_dim)
+    generator = torch.Generator().manual_seed(3)
+    inputs["v"] = wide["v"]
+    inputs["initial_state"] = torch.randn(1, 2, key_dim, value_dim, generator=generator, dtype=torch.float64)
+    upstream = {"o": wide_upstream["o"], "final_state": torch.randn(1, 2, key_dim, value_dim, generator=generator, dtype=torch.float64)}
+    expected = run_with_grads(naive_recurrent_gated_delta_rule, inputs, upstream)
+    on_device_upstream = {name: t.to(DEVICE) for name, t in upstream.items()}
+    actual = run_with_grads(chunk_gated_delta_rule, on_device(inputs, torch.float32), on_device_upstream, backend="triton")
+    assert_close({name: t.cpu() for name, t in actual.items()}, expected, 1e-4)
+
+
 def test_the_wy_solve_inverts_each_chunk():
     """T = (I + A)^-1 chunk by chunk, with A = strictly-lower(beta D o K K^T), against torch.linalg.inv in float64,
     on a sequence that ends inside a chunk (the padded rows of T are identity rows)."""
