@@ -35,7 +35,7 @@ state pass's: value columns per program (a [K, 32] float32 state slice is 16 KiB
 input precision, warps, stages. The others are the per-chunk kernels of kernels/gdn/chunk_triton.py: tile
 edges (the largest; smaller dimensions get smaller tiles), warps, stages; "products" is their products'
 input precision for float32 inputs and for 16-bit ones; "products_16bit" = 1 gives the per-chunk backward
-16-bit operands for 16-bit inputs ([Note: 16-bit backward products] in triton_backward.py). Everything runs
+16-bit operands for 16-bit inputs (the docstring of triton_backward.py says why it is off). Everything runs
 at most 4 warps: Triton 3.6 miscompiled the state pass's backward at 8 on an H200 (docs/benchmarks.md,
 "Launch tables")."""
 

@@ -17,10 +17,10 @@ chunk's [C, C] float32 slot of ``scratch``, each behind a barrier, so that their
 transposed and no register tile is ever transposed. Products take float32 operands at the launch's
 ``PRECISION``, or with PRODUCTS_16BIT (16-bit inputs only) operands rounded to the inputs' dtype.
 
-[Note: 16-bit backward products]
-An earlier form of this kernel, which transposed D o P and Z in registers, returned wrong dv and NaN dk with
-16-bit products on an H200 (Triton 3.6) and right gradients with float32 ones; the launch table therefore keeps
-PRODUCTS_16BIT off until this form has been checked on a GPU with tests/kernels/test_kernels_gdn.py.
+16-bit products: an earlier form of this kernel, which transposed D o P and Z in registers, returned wrong
+dv and NaN dk with 16-bit products on an H200 (Triton 3.6) and right gradients with float32 ones; the launch
+table therefore keeps PRODUCTS_16BIT off until this form has passed
+test_16bit_backward_products_match_the_recurrence (tests/kernels/test_kernels_gdn.py) on a GPU.
 """
 
 from __future__ import annotations

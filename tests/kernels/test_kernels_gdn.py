@@ -215,7 +215,7 @@ def test_invalid_arguments_raise_value_error():
 @pytest.mark.parametrize("shape", [(2, 63, 2, 32), (1, 2048, 4, 128)], ids=lambda s: "B{}-T{}-H{}-D{}".format(*s))
 def test_16bit_backward_products_match_the_recurrence(shape):
     """The per-chunk backward with the launch table's products_16bit on, in bfloat16: what decides whether the
-    table may turn it on ([Note: 16-bit backward products] in kernels/gdn/triton_backward.py)."""
+    table may turn it on (the docstring of kernels/gdn/triton_backward.py)."""
     from schedlang.kernels.common.launch_tables import launch_overrides
 
     inputs, upstream = make_inputs(*shape, "strong", True, torch.float64, seed=sum(shape) + 7)
