@@ -9,7 +9,7 @@ state-free gradients, the backward state pass, and one kernel per chunk for dq, 
 The forward keeps gc, the chunk decays and T for the backward (T is [B, H, N, 64, 64] float32: 64 values per
 token and head); with ``save_states`` also S_n and Delta_n ([B, H, N, K, V] and [B, H, N, 64, V]). Those, U, W,
 KE and the leaving-state gradients are stored in the states' dtype (kernels/common/sizes.py: 16 bits for
-16-bit inputs, else float32); every kernel reads them as float32 and accumulates in float32.
+16-bit inputs, else float32); every product accumulates in float32 (kernels/gdn/README.md, "Precision").
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def _sizes(q_or_k: torch.Tensor, v: torch.Tensor) -> dict:
 
 
 def solve_chunks(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> SolvedChunks:
+    """gc, the chunk decays and T = (I + A)^-1 of every chunk, from one launch."""
     batch, length, heads, key_dim = k.shape
     n_chunks = cdiv(length, CHUNK)
     device = k.device
