@@ -2,10 +2,12 @@
 
 One program per (value block, batch * head) walks the chunks in order (forward) or in reverse (backward) and
 keeps its ``[K, BV]`` slice of the state, or of the state's gradient, in registers. Value columns never mix
-in either recurrence, so the value blocks are independent programs. Operands are float32; the products'
-``input_precision`` comes from the launch table: "ieee" (plain float32) or "tf32x3" (tensor cores, three
-tf32 products, float32-level error), never plain "tf32", since this is where rounding compounds chunk after
-chunk. Transposed operands are loaded transposed from memory.
+in either recurrence, so the value blocks are independent programs. The state (or its gradient) stays float32
+in registers; each product takes it, or the corrections, rounded to the dtype of the operand it meets (W or KE).
+Float32 operands take the launch table's ``input_precision``: "ieee" (plain float32) or "tf32x3" (tensor cores,
+three tf32 products, float32-level error), never plain "tf32", since this is where rounding compounds chunk
+after chunk. 16-bit operands (kernels/gdn/chunk_triton.py stores them so for 16-bit inputs) run as 16-bit
+products with float32 accumulation. Transposed operands are loaded transposed from memory.
 """
 
 from __future__ import annotations
@@ -21,10 +23,21 @@ from schedlang.kernels.common.triton_scan import INTERPRETED, new_output
 LAUNCH = register_launch_table("gdn", __name__, {
     "forward": {"block_v": 32, "precision": "tf32x3", "num_warps": 4, "num_stages": 3},
     "backward": {"block_v": 16, "precision": "tf32x3", "num_warps": 4, "num_stages": 3},
+    "wy_solve": {"block_k": 64, "num_warps": 4, "num_stages": 2},
+    "wy_apply": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
+    "output": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
+    "output_gradients": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
+    "chunk_gradients": {"block_k": 32, "block_v": 32, "products_16bit": 0, "num_warps": 4, "num_stages": 1},
+    "products": {"float32": "tf32x3", "reduced": "tf32"},
 })
-"""Launch table, read at call time ([Note: launch tables]): value columns per program (a [K, 32] float32 state
-slice is 16 KiB at K = 128), the products' input precision, warps, stages. The backward runs at most 4 warps:
-Triton 3.6 miscompiled it at 8 on an H200 (docs/benchmarks.md, "Launch tables")."""
+"""Launch table of every gdn kernel, read at call time ([Note: launch tables]). "forward" and "backward" are the
+state pass's: value columns per program (a [K, 32] float32 state slice is 16 KiB at K = 128), the products'
+input precision, warps, stages. The others are the per-chunk kernels of kernels/gdn/chunk_triton.py: tile
+edges (the largest; smaller dimensions get smaller tiles), warps, stages; "products" is their products'
+input precision for float32 inputs and for 16-bit ones; "products_16bit" = 1 gives the per-chunk backward
+16-bit operands for 16-bit inputs (the docstring of triton_backward.py says why it is off). Everything runs
+at most 4 warps: Triton 3.6 miscompiled the state pass's backward at 8 on an H200 (docs/benchmarks.md,
+"Launch tables")."""
 
 
 @triton.jit
@@ -35,17 +48,17 @@ def _forward_step(
     # Delta_n = U_n - W_n S_n;  S_{n+1} = a_n S_n + KE_n^T Delta_n   (U: updates, W: keys_in, KE: keys_out)
     chunk = i_bh.to(tl.int64) * N + n
     p_enter = tl.make_block_ptr(entering_states + chunk * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-    tl.store(p_enter, b_state, boundary_check=(0, 1))
+    tl.store(p_enter, b_state.to(p_enter.dtype.element_ty), boundary_check=(0, 1))
     p_u = tl.make_block_ptr(updates + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
     p_w = tl.make_block_ptr(keys_in + chunk * C * K, (C, K), (K, 1), (0, 0), (C, BK), (1, 0))
     p_ke_t = tl.make_block_ptr(keys_out + chunk * C * K, (K, C), (1, K), (0, 0), (BK, C), (0, 1))
-    b_u = tl.load(p_u, boundary_check=(0, 1), padding_option="zero")
+    b_u = tl.load(p_u, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
     b_w = tl.load(p_w, boundary_check=(0, 1), padding_option="zero")
-    b_delta = b_u - tl.dot(b_w, b_state, input_precision=PRECISION)
+    b_delta = b_u - tl.dot(b_w, b_state.to(b_w.dtype), input_precision=PRECISION)
     p_delta = tl.make_block_ptr(corrections + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
-    tl.store(p_delta, b_delta, boundary_check=(0, 1))
+    tl.store(p_delta, b_delta.to(p_delta.dtype.element_ty), boundary_check=(0, 1))
     b_ke_t = tl.load(p_ke_t, boundary_check=(0, 1), padding_option="zero")
-    return tl.load(chunk_decay + chunk) * b_state + tl.dot(b_ke_t, b_delta, input_precision=PRECISION)
+    return tl.load(chunk_decay + chunk) * b_state + tl.dot(b_ke_t, b_delta.to(b_ke_t.dtype), input_precision=PRECISION)
 
 
 @triton.jit
@@ -89,10 +102,10 @@ def _backward_step(
     # G = dL/dS_{n+1}:  dDelta_n = dDelta_n(ext) + KE_n G;  G <- a_n G + dS_n(ext) - W_n^T dDelta_n
     chunk = i_bh.to(tl.int64) * N + n
     p_leaving = tl.make_block_ptr(leaving_grad + chunk * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-    tl.store(p_leaving, b_grad, boundary_check=(0, 1))
+    tl.store(p_leaving, b_grad.to(p_leaving.dtype.element_ty), boundary_check=(0, 1))
     p_ke = tl.make_block_ptr(keys_out + chunk * C * K, (C, K), (K, 1), (0, 0), (C, BK), (1, 0))
     b_ke = tl.load(p_ke, boundary_check=(0, 1), padding_option="zero")
-    b_delta_grad = tl.dot(b_ke, b_grad, input_precision=PRECISION)
+    b_delta_grad = tl.dot(b_ke, b_grad.to(b_ke.dtype), input_precision=PRECISION)
     if HAS_CORRECTIONS_GRAD:
         p_dd = tl.make_block_ptr(corrections_grad + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
         b_delta_grad += tl.load(p_dd, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
@@ -100,7 +113,7 @@ def _backward_step(
     tl.store(p_total, b_delta_grad, boundary_check=(0, 1))
     p_w_t = tl.make_block_ptr(keys_in + chunk * C * K, (K, C), (1, K), (0, 0), (BK, C), (0, 1))
     b_w_t = tl.load(p_w_t, boundary_check=(0, 1), padding_option="zero")
-    b_grad = tl.load(chunk_decay + chunk) * b_grad - tl.dot(b_w_t, b_delta_grad, input_precision=PRECISION)
+    b_grad = tl.load(chunk_decay + chunk) * b_grad - tl.dot(b_w_t, b_delta_grad.to(b_w_t.dtype), input_precision=PRECISION)
     if HAS_ENTERING_GRAD:
         p_de = tl.make_block_ptr(entering_grad + chunk * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
         b_grad += tl.load(p_de, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
@@ -142,36 +155,43 @@ def gdn_state_pass_backward_kernel(
     tl.store(p_initial, b_grad, boundary_check=(0, 1))
 
 
-def triton_state_pass_forward(updates, keys_in, keys_out, chunk_decay, initial_state):
-    """(entering states [B, H, N, K, V], corrections [B, H, N, C, V], final state [B, H, K, V]), float32;
-    operands as in kernels/gdn/state_pass.py, contiguous float32 on one CUDA device (or the interpreter)."""
+def triton_state_pass_forward(
+    updates, keys_in, keys_out, chunk_decay, initial_state, precision: str | None = None, stored=torch.float32
+):
+    """(entering states [B, H, N, K, V] and corrections [B, H, N, C, V] in ``stored``, final state [B, H, K, V]
+    float32); operands as in kernels/gdn/state_pass.py, contiguous float32 (or 16-bit: read as float32) on one
+    CUDA device (or the interpreter). ``precision``: the products' input precision, the launch table's if None."""
     batch, heads, n_chunks, chunk_size, key_dim = keys_in.shape
     value_dim = updates.shape[-1]
     launch = LAUNCH["forward"]
     bk, bv = block_size(key_dim, 256), block_size(value_dim, launch["block_v"])
     device = keys_in.device
-    entering = new_output((batch, heads, n_chunks, key_dim, value_dim), torch.float32, device)
-    corrections = new_output(updates.shape, torch.float32, device)
+    entering = new_output((batch, heads, n_chunks, key_dim, value_dim), stored, device)
+    corrections = new_output(updates.shape, stored, device)
     final_state = new_output((batch, heads, key_dim, value_dim), torch.float32, device)
     grid = (cdiv(value_dim, bv), batch * heads)
     gdn_state_pass_forward_kernel[grid](
         updates, keys_in, keys_out, chunk_decay, initial_state if initial_state is not None else final_state,
         entering, corrections, final_state, n_chunks,
         C=chunk_size, K=key_dim, V=value_dim, BK=bk, BV=bv, HAS_INITIAL_STATE=initial_state is not None,
-        INTERPRETED=INTERPRETED, PRECISION=launch["precision"], **launch_options(launch),
+        INTERPRETED=INTERPRETED, PRECISION=precision or launch["precision"], **launch_options(launch),
     )
     return entering, corrections, final_state
 
 
-def triton_state_pass_backward(keys_in, keys_out, chunk_decay, entering_grad, corrections_grad, final_grad, value_dim):
-    """(total corrections gradient [B, H, N, C, V], gradient of each chunk's leaving state [B, H, N, K, V],
-    initial-state gradient [B, H, K, V]), float32; None gradients count as zeros."""
+def triton_state_pass_backward(
+    keys_in, keys_out, chunk_decay, entering_grad, corrections_grad, final_grad, value_dim,
+    precision: str | None = None, stored=torch.float32,
+):
+    """(total corrections gradient [B, H, N, C, V] float32, gradient of each chunk's leaving state [B, H, N, K, V]
+    in ``stored``, initial-state gradient [B, H, K, V] float32); None gradients count as zeros; ``precision`` as
+    in triton_state_pass_forward."""
     batch, heads, n_chunks, chunk_size, key_dim = keys_in.shape
     launch = LAUNCH["backward"]
     bk, bv = block_size(key_dim, 256), block_size(value_dim, launch["block_v"])
     device = keys_in.device
     total = new_output((batch, heads, n_chunks, chunk_size, value_dim), torch.float32, device)
-    leaving = new_output((batch, heads, n_chunks, key_dim, value_dim), torch.float32, device)
+    leaving = new_output((batch, heads, n_chunks, key_dim, value_dim), stored, device)
     initial_grad = new_output((batch, heads, key_dim, value_dim), torch.float32, device)
     grid = (cdiv(value_dim, bv), batch * heads)
     gdn_state_pass_backward_kernel[grid](
@@ -182,7 +202,7 @@ def triton_state_pass_backward(keys_in, keys_out, chunk_decay, entering_grad, co
         total, leaving, initial_grad, n_chunks,
         C=chunk_size, K=key_dim, V=value_dim, BK=bk, BV=bv,
         HAS_ENTERING_GRAD=entering_grad is not None, HAS_CORRECTIONS_GRAD=corrections_grad is not None,
-        HAS_FINAL_GRAD=final_grad is not None, INTERPRETED=INTERPRETED, PRECISION=launch["precision"],
+        HAS_FINAL_GRAD=final_grad is not None, INTERPRETED=INTERPRETED, PRECISION=precision or launch["precision"],
         **launch_options(launch),
     )
     return total, leaving, initial_grad

@@ -1,6 +1,7 @@
-"""The chunked gated delta rule against the token-by-token recurrence: batched PyTorch around a state pass that
-is a Python loop (backend="torch") or one Triton kernel each way (backend="triton"; the interpreter on a CPU,
-real sizes and bfloat16 on a GPU). Kernel outputs are NaN-filled first (tests/kernels/conftest.py)."""
+"""The chunked gated delta rule against the token-by-token recurrence and against autograd of its PyTorch path:
+batched PyTorch around a Python state pass (backend="torch"), or the Triton kernels of kernels/gdn/chunk_triton.py
+with their hand-derived backward (backend="triton"; the interpreter on a CPU, real sizes and bfloat16 on a GPU).
+Kernel outputs are NaN-filled first (tests/kernels/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from schedlang.kernels import chunk_gated_delta_rule
+from schedlang.kernels.common import to_chunks
 from schedlang.kernels.gdn import naive_recurrent_gated_delta_rule
 
 GRADIENT_NAMES = ["dq", "dk", "dv", "dg", "dbeta", "d_initial_state"]
@@ -103,26 +105,83 @@ def test_chaining_pieces_equals_one_call(cuts):
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 if ON_GPU:
-    TRITON_SHAPES = [(2, 63, 2, 32), (2, 1000, 2, 128), (1, 2048, 4, 128), (3, 300, 3, 64)]
+    TRITON_SHAPES = [(2, 63, 2, 32), (2, 1000, 2, 128), (1, 2048, 4, 128), (3, 300, 3, 64), (1, 4096, 2, 64)]
     TRITON_DTYPES = {"float32": (torch.float32, 1e-4), "bfloat16": (torch.bfloat16, 3e-2)}
 else:
-    TRITON_SHAPES = [(1, 63, 2, 16), (2, 130, 1, 32)]
+    TRITON_SHAPES = [(1, 63, 2, 16), (2, 130, 1, 32), (1, 70, 1, 64)]
     TRITON_DTYPES = {"float32": (torch.float32, 1e-4)}
+
+
+def on_device(inputs, dtype):
+    """The inputs in ``dtype`` on DEVICE, the initial state kept in float32 (as a layer passes it)."""
+    moved = {name: None if t is None else t.to(DEVICE, dtype) for name, t in inputs.items()}
+    if moved["initial_state"] is not None:
+        moved["initial_state"] = moved["initial_state"].float()
+    return moved
 
 
 @pytest.mark.parametrize("shape", TRITON_SHAPES, ids=lambda s: "B{}-T{}-H{}-D{}".format(*s))
 @pytest.mark.parametrize("decay, random_state", [("weak", False), ("strong", True)], ids=["weak-zero_state", "strong-random_state"])
 @pytest.mark.parametrize("dtype_name", sorted(TRITON_DTYPES))
-def test_triton_state_pass_matches_the_recurrence(shape, decay, random_state, dtype_name):
+def test_triton_path_matches_the_recurrence(shape, decay, random_state, dtype_name):
     dtype, tolerance = TRITON_DTYPES[dtype_name]
     inputs, upstream = make_inputs(*shape, decay, random_state, torch.float64, seed=sum(shape) + 1)
     expected = run_with_grads(naive_recurrent_gated_delta_rule, inputs, upstream)
-    low = {name: None if t is None else t.to(DEVICE, dtype) for name, t in inputs.items()}
-    if low["initial_state"] is not None:
-        low["initial_state"] = low["initial_state"].float()
-    on_device = {name: t.to(DEVICE) for name, t in upstream.items()}
-    actual = run_with_grads(chunk_gated_delta_rule, low, on_device, backend="triton")
+    on_device_upstream = {name: t.to(DEVICE) for name, t in upstream.items()}
+    actual = run_with_grads(chunk_gated_delta_rule, on_device(inputs, dtype), on_device_upstream, backend="triton")
     assert_close({name: t.cpu() for name, t in actual.items()}, expected, tolerance)
+
+
+TRITON_AGAINST_TORCH = [(1, 100, 2, 32, True), (2, 64, 1, 16, False)] if not ON_GPU else [(2, 1500, 3, 128, True), (1, 777, 2, 64, False)]
+
+
+@pytest.mark.parametrize("save_states", [False, True], ids=["recompute_states", "save_states"])
+@pytest.mark.parametrize("case", TRITON_AGAINST_TORCH, ids=lambda c: "B{}-T{}-H{}-D{}-{}".format(*c[:4], "state" if c[4] else "no_state"))
+def test_triton_backward_matches_autograd_of_the_torch_path(case, save_states):
+    """The hand-derived backward against autograd through the batched PyTorch path in float64: the output, the
+    final state and every gradient (q, k, v, g, beta and the initial state), with and without kept states."""
+    *shape, random_state = case
+    inputs, upstream = make_inputs(*shape, "strong", random_state, torch.float64, seed=sum(shape) + 5)
+    expected = run_with_grads(chunk_gated_delta_rule, inputs, upstream, backend="torch")
+    on_device_upstream = {name: t.to(DEVICE) for name, t in upstream.items()}
+    actual = run_with_grads(
+        chunk_gated_delta_rule, on_device(inputs, torch.float32), on_device_upstream, backend="triton",
+        save_states=save_states,
+    )
+    assert_close({name: t.cpu() for name, t in actual.items()}, expected, 1e-4)
+
+
+@pytest.mark.parametrize("key_dim, value_dim", [(16, 48), (48, 16)], ids=["K16-V48", "K48-V16"])
+def test_triton_path_takes_a_value_dim_unlike_the_key_dim(key_dim, value_dim):
+    """V = 2K is Gated DeltaNet's usual head shape; neither dimension need be a power of two."""
+    inputs, upstream = make_inputs(1, 80, 2, key_dim, "strong", True, torch.float64, seed=value_dim)
+    wide, wide_upstream = make_inputs(1, 80, 2, value_dim, "strong", True, torch.float64, seed=key_dim)
+    generator = torch.Generator().manual_seed(3)
+    inputs["v"] = wide["v"]
+    inputs["initial_state"] = torch.randn(1, 2, key_dim, value_dim, generator=generator, dtype=torch.float64)
+    upstream = {"o": wide_upstream["o"], "final_state": torch.randn(1, 2, key_dim, value_dim, generator=generator, dtype=torch.float64)}
+    expected = run_with_grads(naive_recurrent_gated_delta_rule, inputs, upstream)
+    on_device_upstream = {name: t.to(DEVICE) for name, t in upstream.items()}
+    actual = run_with_grads(chunk_gated_delta_rule, on_device(inputs, torch.float32), on_device_upstream, backend="triton")
+    assert_close({name: t.cpu() for name, t in actual.items()}, expected, 1e-4)
+
+
+def test_the_wy_solve_inverts_each_chunk():
+    """T = (I + A)^-1 chunk by chunk, with A = strictly-lower(beta D o K K^T), against torch.linalg.inv in float64,
+    on a sequence that ends inside a chunk (the padded rows of T are identity rows)."""
+    from schedlang.kernels.gdn.chunk_triton import CHUNK, solve_chunks
+
+    inputs, _ = make_inputs(1, 150, 2, 32, "strong", False, torch.float64, seed=9)
+    k, g, beta = (to_chunks(inputs[name], CHUNK, torch.float64) for name in ("k", "g", "beta"))
+    gc = g.cumsum(-1)
+    strictly_lower = torch.ones(CHUNK, CHUNK, dtype=torch.bool).tril(-1)
+    decay = (gc[..., :, None] - gc[..., None, :]).masked_fill(~strictly_lower, float("-inf")).exp()
+    lower = torch.eye(CHUNK, dtype=torch.float64) + beta[..., None] * decay * (k @ k.transpose(-1, -2))
+    device_inputs = on_device(inputs, torch.float32)
+    solved = solve_chunks(device_inputs["k"], device_inputs["g"], device_inputs["beta"])
+    assert relative_error(solved.inverse.cpu(), torch.linalg.inv(lower)) < 1e-5
+    assert relative_error(solved.gate_cumsum.cpu(), gc) < 1e-6
+    assert relative_error(solved.chunk_decay.cpu(), gc[..., -1].exp()) < 1e-6
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -150,3 +209,18 @@ def test_invalid_arguments_raise_value_error():
         chunk_gated_delta_rule(q, k, v, g, beta, backend="cuda")
     with pytest.raises(ValueError, match="g must have shape"):
         chunk_gated_delta_rule(q, k, v, g[..., None].expand(-1, -1, -1, 16), beta)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="16-bit products run on a GPU only (the interpreter's tl.dot is wrong for bfloat16)")
+@pytest.mark.parametrize("shape", [(2, 63, 2, 32), (1, 2048, 4, 128)], ids=lambda s: "B{}-T{}-H{}-D{}".format(*s))
+def test_16bit_backward_products_match_the_recurrence(shape):
+    """The per-chunk backward with the launch table's products_16bit on, in bfloat16: what decides whether the
+    table may turn it on (the docstring of kernels/gdn/triton_backward.py)."""
+    from schedlang.kernels.common.launch_tables import launch_overrides
+
+    inputs, upstream = make_inputs(*shape, "strong", True, torch.float64, seed=sum(shape) + 7)
+    expected = run_with_grads(naive_recurrent_gated_delta_rule, inputs, upstream)
+    on_device_upstream = {name: t.to(DEVICE) for name, t in upstream.items()}
+    with launch_overrides({"gdn": {"chunk_gradients": {"products_16bit": 1}}}):
+        actual = run_with_grads(chunk_gated_delta_rule, on_device(inputs, torch.bfloat16), on_device_upstream, backend="triton")
+    assert_close({name: t.cpu() for name, t in actual.items()}, expected, 3e-2)

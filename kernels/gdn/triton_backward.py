@@ -1,0 +1,157 @@
+"""The gated delta rule's per-chunk backward after the backward state pass: dq, dk, dv, dbeta and dg.
+
+One program per (chunk, batch * head) has, besides the inputs, the chunk's entering state S, the gradient
+G of its leaving state, its corrections Delta and their total gradient dDelta (kernels/gdn/state_pass.py),
+T = (I + A)^-1 and gc. kernels/gdn/README.md ("Backward") derives the terms; in order:
+
+1. over value blocks: dv = beta o T^T dDelta, the dbeta term of V, dT = dDelta (beta V)^T and
+   P = dO Delta^T;
+2. over key blocks: dq (complete), and into dk, dbeta and dgc the terms of the outputs, of W (dW = -dDelta S^T),
+   of KE (dKE = Delta G^T) and of the chunk decay (<S, G>); dT += dW (beta exp(gc) K)^T;
+3. dA = -strictly-lower(T^T dT T^T), then over key blocks the terms of A = beta D o K K^T into dk (added to
+   what step 2 stored), dbeta and dgc;
+4. dg = the chunk's reverse cumsum of dgc.
+
+dk passes through its float32 output between steps 2 and 3, and D o P and Z = beta o dA o D through the
+chunk's [C, C] float32 slot of ``scratch``, each behind a barrier, so that their transposes are loaded
+transposed and no register tile is ever transposed. Products take float32 operands at the launch's
+``PRECISION``, or with PRODUCTS_16BIT (16-bit inputs only) operands rounded to the inputs' dtype.
+
+16-bit products: an earlier form of this kernel, which transposed D o P and Z in registers, returned wrong
+dv and NaN dk with 16-bit products on an H200 (Triton 3.6) and right gradients with float32 ones; the launch
+table therefore keeps PRODUCTS_16BIT off until this form has passed
+test_16bit_backward_products_match_the_recurrence (tests/kernels/test_kernels_gdn.py) on a GPU.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from schedlang.kernels.gdn.triton_wy import decay_matrix, load_chunk_gates
+
+
+@triton.jit
+def gdn_bwd_kernel_chunk(
+    q, k, v, beta, do, gate_cumsum, inverse, states, leaving_grad, corrections, corrections_grad,
+    dq, dk, dv, dbeta, dg, scratch, scale, T, N,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    PRECISION: tl.constexpr, PRODUCTS_16BIT: tl.constexpr,
+):
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    chunk = i_bh.to(tl.int64) * N + i_n
+    o_c = tl.arange(0, C)
+    token = i_n * C + o_c
+    gate_offset = (i_b * T + token).to(tl.int64) * H + i_h
+    b_beta = tl.load(beta + gate_offset, mask=token < T, other=0.0).to(tl.float32)
+    b_gc = tl.load(gate_cumsum + chunk * C + o_c)
+    b_last = tl.sum(tl.where(o_c == C - 1, b_gc, 0.0), axis=0)
+    b_e = tl.exp(b_gc)
+    b_decay = decay_matrix(b_gc, True, C)
+    if PRODUCTS_16BIT:
+        dt = q.dtype.element_ty
+    else:
+        dt = tl.float32
+    b_t_t = tl.load(inverse + chunk * C * C + o_c[None, :] * C + o_c[:, None]).to(dt)
+    key_base = (i_b * T * H + i_h).to(tl.int64) * K
+    value_base = (i_b * T * H + i_h).to(tl.int64) * V
+    # 1. value blocks
+    b_dbeta = tl.zeros([C], dtype=tl.float32)
+    b_dt = tl.zeros([C, C], dtype=tl.float32)
+    b_p = tl.zeros([C, C], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        p_v = tl.make_block_ptr(v + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
+        p_do = tl.make_block_ptr(do + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
+        p_v_t = tl.make_block_ptr(v + value_base, (V, T), (1, H * V), (i_v * BV, i_n * C), (BV, C), (0, 1))
+        p_delta_t = tl.make_block_ptr(corrections + chunk * C * V, (V, C), (1, V), (i_v * BV, 0), (BV, C), (0, 1))
+        p_dd = tl.make_block_ptr(corrections_grad + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
+        b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_v_t = tl.load(p_v_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
+        b_delta_t = tl.load(p_delta_t, boundary_check=(0, 1), padding_option="zero")
+        b_dd = tl.load(p_dd, boundary_check=(0, 1), padding_option="zero")
+        b_p += tl.dot(b_do.to(dt), b_delta_t.to(dt), input_precision=PRECISION)
+        b_dt += tl.dot(b_dd.to(dt), (b_v_t * b_beta[None, :]).to(dt), input_precision=PRECISION)
+        b_tdu = tl.dot(b_t_t, b_dd.to(dt), input_precision=PRECISION)
+        b_dbeta += tl.sum(b_v * b_tdu, axis=1)
+        p_dv = tl.make_block_ptr(dv + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
+        tl.store(p_dv, (b_beta[:, None] * b_tdu).to(p_dv.dtype.element_ty), boundary_check=(0, 1))
+    # 2. key blocks: the outputs, W, KE and the chunk decay; (D o P)^T through the chunk's scratch slot
+    b_dp = b_decay * b_p
+    scratch_base = scratch + chunk * C * C
+    tl.store(scratch_base + o_c[:, None] * C + o_c[None, :], b_dp)
+    tl.debug_barrier()
+    b_dp_t = tl.load(scratch_base + o_c[None, :] * C + o_c[:, None]).to(dt)
+    b_dgc = tl.zeros([C], dtype=tl.float32)
+    b_state_products = tl.zeros([BK], dtype=tl.float32)
+    b_end_terms = tl.zeros([C], dtype=tl.float32)
+    b_end = tl.exp(b_last - b_gc)
+    for i_k in range(tl.cdiv(K, BK)):
+        p_q = tl.make_block_ptr(q + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
+        p_k = tl.make_block_ptr(k + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
+        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32) * scale
+        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_dos = tl.zeros([C, BK], dtype=tl.float32)
+        b_dds = tl.zeros([C, BK], dtype=tl.float32)
+        b_dke = tl.zeros([C, BK], dtype=tl.float32)
+        for i_v in range(tl.cdiv(V, BV)):
+            p_do = tl.make_block_ptr(do + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
+            p_delta = tl.make_block_ptr(corrections + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
+            p_dd = tl.make_block_ptr(corrections_grad + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
+            # [BV, BK] views of the chunk's [K, V] state and leaving-state gradient
+            p_s_t = tl.make_block_ptr(states + chunk * K * V, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK), (0, 1))
+            p_g_t = tl.make_block_ptr(leaving_grad + chunk * K * V, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK), (0, 1))
+            b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+            b_delta = tl.load(p_delta, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+            b_dd = tl.load(p_dd, boundary_check=(0, 1), padding_option="zero")
+            b_s_t = tl.load(p_s_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+            b_g_t = tl.load(p_g_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+            b_dos += tl.dot(b_do.to(dt), b_s_t.to(dt), input_precision=PRECISION)
+            b_dds += tl.dot(b_dd.to(dt), b_s_t.to(dt), input_precision=PRECISION)
+            b_dke += tl.dot(b_delta.to(dt), b_g_t.to(dt), input_precision=PRECISION)
+            b_state_products += tl.sum(b_s_t * b_g_t, axis=0)
+        b_dq_intra = tl.dot(b_dp.to(dt), b_k.to(dt), input_precision=PRECISION)
+        b_dq = b_e[:, None] * b_dos + b_dq_intra
+        p_dq = tl.make_block_ptr(dq + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
+        tl.store(p_dq, (b_dq * scale).to(p_dq.dtype.element_ty), boundary_check=(0, 1))
+        b_dk = tl.dot(b_dp_t, b_q.to(dt), input_precision=PRECISION)
+        b_dgc += tl.sum(b_q * b_dq, axis=1) - tl.sum(b_k * b_dk, axis=1)
+        p_k_t = tl.make_block_ptr(k + key_base, (K, T), (1, H * K), (i_k * BK, i_n * C), (BK, C), (0, 1))
+        b_gated_t = tl.load(p_k_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32) * (b_beta * b_e)[None, :]
+        b_dt -= tl.dot(b_dds.to(dt), b_gated_t.to(dt), input_precision=PRECISION)
+        b_tdw = -tl.dot(b_t_t, b_dds.to(dt), input_precision=PRECISION)
+        b_dk += (b_beta * b_e)[:, None] * b_tdw
+        b_kw = tl.sum(b_k * b_tdw, axis=1)
+        b_dbeta += b_e * b_kw
+        b_dgc += b_beta * b_e * b_kw
+        b_dk += b_end[:, None] * b_dke
+        b_ke = tl.sum(b_k * b_dke, axis=1) * b_end
+        b_dgc -= b_ke
+        b_end_terms += b_ke
+        p_dk = tl.make_block_ptr(dk + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
+        tl.store(p_dk, b_dk, boundary_check=(0, 1))
+    # 3. A = beta D o K K^T
+    b_da = -tl.dot(tl.dot(b_t_t, b_dt.to(dt), input_precision=PRECISION).to(dt), b_t_t, input_precision=PRECISION)
+    b_dad = tl.where(o_c[:, None] > o_c[None, :], b_da, 0.0) * b_decay
+    tl.debug_barrier()
+    tl.store(scratch_base + o_c[:, None] * C + o_c[None, :], b_beta[:, None] * b_dad)
+    tl.debug_barrier()
+    b_z_t = tl.load(scratch_base + o_c[None, :] * C + o_c[:, None]).to(dt)
+    for i_k in range(tl.cdiv(K, BK)):
+        p_k = tl.make_block_ptr(k + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_row = tl.dot(b_dad.to(dt), b_k.to(dt), input_precision=PRECISION)
+        b_column = tl.dot(b_z_t, b_k.to(dt), input_precision=PRECISION)
+        b_row_k = tl.sum(b_k * b_row, axis=1)
+        b_dbeta += b_row_k
+        b_dgc += b_beta * b_row_k - tl.sum(b_k * b_column, axis=1)
+        p_dk = tl.make_block_ptr(dk + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
+        b_dk = tl.load(p_dk, boundary_check=(0, 1), padding_option="zero")
+        tl.store(p_dk, b_dk + b_beta[:, None] * b_row + b_column, boundary_check=(0, 1))
+    # 4. the chunk-end terms belong to gc_C, the last row; dg is the reverse cumsum of dgc
+    b_dlast = tl.sum(b_state_products, axis=0) * tl.exp(b_last) + tl.sum(b_end_terms, axis=0)
+    b_dgc += tl.where(o_c == C - 1, b_dlast, 0.0)
+    b_dg = tl.sum(b_dgc, axis=0) - tl.cumsum(b_dgc, axis=0) + b_dgc
+    tl.store(dg + gate_offset, b_dg, mask=token < T)
+    tl.store(dbeta + gate_offset, b_dbeta, mask=token < T)
