@@ -323,10 +323,22 @@ class FlopsCostModel:
             return 0.0
         model, hardware = self.program.model, self.hardware
         sequence = self.program.sequence
-        per_layer = state_scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self.state_bytes_per_layer, hardware)
+        scans = sum(
+            n_layers
+            * state_scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self._scan_bytes(kind), hardware)
+            for kind, n_layers in self.stage_kinds[stage].items()
+            if kind.is_recurrent
+        )
         key_value_bytes = 2 * self.batch * tokens // ranks * model.heads * model.head_dim * self.element_bytes
         attention = attention_layers * (ranks - 1) * hardware.transfer_time(key_value_bytes)
-        return self.recurrent_layers[stage] * per_layer + attention
+        return scans + attention
+
+    def _scan_bytes(self, kind: LayerKind) -> float:
+        """What one layer's cross-rank scan carries: the state, and for gdn its ``[K, K]`` transition besides
+        (K = V = head_dim, so twice the state; [Note: transitions] in schedlang.runtime.scan_common)."""
+        if kind is LayerKind.GDN:
+            return 2 * self.state_bytes_per_layer
+        return self.state_bytes_per_layer
 
     def task_duration(self, task: TaskId) -> float:
         stage, chunk = task.stage, task.chunk
