@@ -26,9 +26,10 @@ with the same three methods ([Note: transitions] in
 [Note: sequence-parallel gradients]
 Write ``S_out(p) = gamma(p) * S_in(p) + S_local(p)`` (so ``S_in(p+1) = S_out(p)``
 and ``final_state = S_out(P-1)``; for the gated delta rule read ``gamma(p) *``
-as ``M(p) @`` and, below, ``gamma(p) * A(p)`` as ``M(p)^T @ A(p)``). Let ``dS_in(p)`` be the gradient rank ``p``'s
-own outputs send into ``S_in(p)`` (its backward from a zero final-state
-gradient) and ``A(p)`` the total gradient of ``S_out(p)``. Then
+as ``M(p) @`` and, below, ``gamma(p) * A(p)`` as ``M(p)^T @ A(p)``). Let
+``dS_in(p)`` be the gradient rank ``p``'s own outputs send into ``S_in(p)``
+(its backward from a zero final-state gradient) and ``A(p)`` the total
+gradient of ``S_out(p)``. Then
 
     A(P-1)   = sum over ranks of the gradients given to final_state
     B(p)     = dS_in(p) + gamma(p) * A(p)          total gradient of S_in(p)
@@ -36,8 +37,8 @@ gradient) and ``A(p)`` the total gradient of ``S_out(p)``. Then
     d initial_state = B(0)
 
 which is the same scan run from the last rank down, with local term
-``dS_in(p)``, the adjoint transitions (the same decays), and boundary ``A(P-1)``. Each rank sends one
-state gradient, as many bytes as the forward, then finishes the operator's
+``dS_in(p)``, the adjoint transitions (for GLA the same decays), and boundary
+``A(P-1)``. Each rank sends one state gradient, as many bytes as the forward, then finishes the operator's
 backward from ``S_in(p)`` and ``A(p)``: the gradients of its q, k, v and g,
 including those through ``gamma(p)``, are the single-device operator's.
 
@@ -353,6 +354,7 @@ class StateScanFunction(torch.autograd.Function):
         ctx.config = config
         ctx.transition_kind = transition_kind
         ctx.initial_state_given = initial_state is not None
+        ctx.initial_state_dtype = None if initial_state is None else initial_state.dtype
         ctx.save_for_backward(transition_tensor, state_in)
         return state_in, final_state
 
@@ -377,6 +379,7 @@ class StateScanFunction(torch.autograd.Function):
         grad_initial_state = None
         if ctx.initial_state_given:
             grad_initial_state = result.carry_out if position.rank == 0 else torch.zeros_like(result.carry_out)
+            grad_initial_state = grad_initial_state.to(ctx.initial_state_dtype)
         return state_out_grad, transition.gradient(state_in, state_out_grad), grad_initial_state, None, None
 
 

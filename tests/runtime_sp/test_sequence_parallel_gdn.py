@@ -222,13 +222,14 @@ class OperatorCase:
     dtype: torch.dtype = torch.float64
     via_kernel: bool = False  # reference: single-device chunk_gated_delta_rule instead of the recurrence
     seed: int = 0
+    backend: str = "torch"  # "triton": the state pass a GPU runs, in Triton's interpreter here
 
     @property
     def name(self) -> str:
         return (
             f"gdn-{self.method.value}-blocks{self.scan_blocks}-init{int(self.with_initial_state)}"
             f"-final{int(self.output_final_state)}-T{self.total_length}-{str(self.dtype).removeprefix('torch.')}"
-            f"-{'kernel' if self.via_kernel else 'naive'}"
+            f"-{'kernel' if self.via_kernel else 'naive'}-{self.backend}"
         )
 
 
@@ -242,6 +243,8 @@ def _operator_cases() -> list[OperatorCase]:
         # several kernel chunks per rank, in float32 against the single-device operator
         cases.append(OperatorCase(method, blocks, total_length=301, dtype=torch.float32, via_kernel=True, seed=seed))
         seed += 1
+    cases.append(OperatorCase(SequenceParallelMethod.ALLSCAN, 4, total_length=150, key_dim=16, value_dim=16,
+                              dtype=torch.float32, via_kernel=True, seed=seed, backend="triton"))
     return cases
 
 
@@ -305,7 +308,7 @@ def _check_operator_case(case: OperatorCase, check: Checker) -> None:
     o, final_state = sequence_parallel_gated_delta_rule(
         local["q"], local["k"], local["v"], local["g"], local["beta"], group=None, method=case.method,
         scan_blocks=case.scan_blocks, initial_state=initial_state, output_final_state=case.output_final_state,
-        scale=case.key_dim**-0.5, backend="torch",
+        scale=case.key_dim**-0.5, backend=case.backend,
     )
     loss = (o * inputs["output_weight"][:, start:stop]).sum()
     if case.output_final_state:
