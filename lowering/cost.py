@@ -334,9 +334,10 @@ class FlopsCostModel:
         return scans + attention
 
     def _scan_bytes(self, kind: LayerKind) -> float:
-        """What one layer's cross-rank scan carries: the state, and for gdn its ``[K, K]`` transition besides
-        (K = V = head_dim, so twice the state; [Note: transitions] in schedlang.runtime.scan_common)."""
-        if kind is LayerKind.GDN:
+        """What one layer's cross-rank scan moves per rank: the state; the all-gather also gathers each rank's
+        transition, which for gdn is a ``[K, K]`` matrix per head (K = V = head_dim, so twice the state;
+        [Note: transitions] in schedlang.runtime.scan_common). The point-to-point methods pass carries only."""
+        if kind is LayerKind.GDN and self.program.sequence.parallel is SequenceParallelMethod.ALLGATHER:
             return 2 * self.state_bytes_per_layer
         return self.state_bytes_per_layer
 

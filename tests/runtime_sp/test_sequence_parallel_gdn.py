@@ -371,14 +371,17 @@ def test_allscan_blocks_are_groups_of_value_columns():
         sequence_parallel_gated_delta_rule(*arguments, group=None, method="allscan", scan_blocks=5)
 
 
-def test_the_simulator_sends_the_transition_with_the_state():
-    program = compile_program(ScheduleText(_schedule("scan_bytes", "[gdn, gla]", 1, 2, "ring", 1), "s.sched"),
-                              through=Pass.CHECK).program
+@pytest.mark.parametrize("method", list(SequenceParallelMethod), ids=[method.value for method in SequenceParallelMethod])
+def test_the_simulator_gathers_the_transition_with_the_state(method):
+    """The all-gather moves gdn's [K, K] transition besides the state; the point-to-point methods pass carries."""
+    parallel = "allscan(blocks = 1)" if method is SequenceParallelMethod.ALLSCAN else method.value
+    text = _schedule("scan_bytes", "[gdn, gla]", 1, 4, parallel, 1)
+    program = compile_program(ScheduleText(text, "s.sched"), through=Pass.CHECK).program
     model = FlopsCostModel(program, Hardware())
     state = model.state_bytes_per_layer
-    expected = sum(state_scan_seconds(SequenceParallelMethod.RING, 2, 1, size, Hardware()) for size in (2 * state, state))
-    assert model._sequence_parallel_seconds(0, 96, 0) == pytest.approx(expected)
-
+    gdn_bytes = 2 * state if method is SequenceParallelMethod.ALLGATHER else state
+    expected = sum(state_scan_seconds(method, 4, 1, size, Hardware()) for size in (gdn_bytes, state))
+    assert model._sequence_parallel_seconds(0, 192, 0) == pytest.approx(expected)
 
 
 STEPS = 2
