@@ -7,8 +7,9 @@ Three levels, each against one process:
   rank's pair, of the initial state and through the final state;
 * the operator (``sequence_parallel_gated_delta_rule``): outputs, final state (bit-identical on every rank)
   and the gradients of q, k, v, g, beta and initial_state against the float64 token-by-token recurrence
-  and, in float32, against single-device ``chunk_gated_delta_rule``; every method, uneven splits, with and
-  without initial and final states; a negative control that drops the transition and must fail;
+  and, in float32, against single-device ``chunk_gated_delta_rule`` (one case on the Triton state pass, in
+  Triton's interpreter); every method, uneven splits, with and without initial and final states; a negative
+  control that drops the transition and must fail;
 * a whole model with gdn layers trained with ``mesh.sequence`` 2, 3, 4 and pipeline 2 x sequence 2 against
   the single-process run (losses and every gradient within 1e-5).
 """
