@@ -41,7 +41,7 @@ import torch.multiprocessing as mp
 
 from schedlang.kernels import chunk_gla
 from schedlang.kernels.gla.chunk import implementation_for
-from schedlang.runtime.scan_common import ScanDirection
+from schedlang.runtime.scan_common import DiagonalDecay, ScanDirection
 from schedlang.runtime.sequence_parallel import ScanConfig, SequenceParallelMethod, scan_states, sequence_parallel_chunk_gla
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -153,7 +153,7 @@ def _phases_step(inputs, backend):
 
 def _scan_step(state_shape, method, blocks, device):
     local = torch.randn(state_shape, device=device)
-    decay = torch.rand(*state_shape[:3], 1, device=device)
+    decay = DiagonalDecay(torch.rand(*state_shape[:3], 1, device=device))
     config = ScanConfig(group=None, method=method, scan_blocks=blocks, output_final_state=False)
 
     def step():

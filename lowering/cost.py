@@ -350,10 +350,23 @@ class FlopsCostModel:
             return 0.0
         model, hardware = self.program.model, self.hardware
         sequence = self.program.sequence
-        per_layer = state_scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self.state_bytes_per_layer, hardware)
+        scans = sum(
+            n_layers
+            * state_scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self._scan_bytes(kind), hardware)
+            for kind, n_layers in self.stage_kinds[stage].items()
+            if kind.is_recurrent
+        )
         key_value_bytes = 2 * self.batch * -(-tokens // ranks) * model.heads * model.head_dim * self.element_bytes
         attention = attention_layers * allgather_seconds(ranks, key_value_bytes, hardware)
-        return self.recurrent_layers[stage] * per_layer + attention
+        return scans + attention
+
+    def _scan_bytes(self, kind: LayerKind) -> float:
+        """What one layer's cross-rank scan moves per rank: the state; the all-gather also gathers each rank's
+        transition, which for gdn is a ``[K, K]`` matrix per head (K = V = head_dim, so twice the state;
+        [Note: transitions] in schedlang.runtime.scan_common). The point-to-point methods pass carries only."""
+        if kind is LayerKind.GDN and self.program.sequence.parallel is SequenceParallelMethod.ALLGATHER:
+            return 2 * self.state_bytes_per_layer
+        return self.state_bytes_per_layer
 
     def task_duration(self, task: TaskId) -> float:
         stage, chunk = task.stage, task.chunk

@@ -1,8 +1,8 @@
 """LASP-2 all-gather: every rank gathers all local terms and combines the prefix itself.
 
-One ``all_gather`` moves every rank's ``(x(p), d(p))`` to every rank: each rank
+One ``all_gather`` moves every rank's ``(x(p), T(p))`` to every rank: each rank
 receives ``(P - 1)`` states, and the whole exchange finishes after about
-``P * tau(state)`` on a ring all-gather, but all ranks then compute in
+``P * tau(state + transition)`` on a ring all-gather, but all ranks then compute in
 parallel, with no chain of dependent hops. The first rank folds the boundary
 into what it contributes (it sends its ``carry_out`` instead of ``x``), so the
 boundary itself never travels.
@@ -17,25 +17,25 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from schedlang.runtime.scan_common import ScanPosition, ScanResult, combine
+from schedlang.runtime.scan_common import ScanPosition, ScanResult, Transition, combine
 
 
 def allgather_scan(
     local: torch.Tensor,
-    decay: torch.Tensor,
+    transition: Transition,
     boundary: torch.Tensor | None,
     position: ScanPosition,
 ) -> ScanResult:
-    """Run the decayed scan of ``schedlang.runtime.scan_common`` from one all-gather.
+    """Run the state scan of ``schedlang.runtime.scan_common`` from one all-gather.
 
     Args:
         local: ``[B, H, K, V]`` this rank's local term ``x(p)``.
-        decay: ``[B, H, K, 1]`` or ``[B, H, 1, 1]`` this rank's decay ``d(p)``.
+        transition: this rank's transition ``T(p)``.
         boundary: ``[B, H, K, V]`` carry entering the first rank; read only there.
         position: this rank's place in the scan.
     """
-    contributed = combine(decay, boundary, local) if position.is_first else local
-    payload = torch.cat([contributed.reshape(-1), decay.reshape(-1)])
+    contributed = combine(transition, boundary, local) if position.is_first else local
+    payload = torch.cat([contributed.reshape(-1), transition.payload()])
     gathered = [torch.empty_like(payload) for _ in range(position.size)]
     dist.all_gather(gathered, payload, group=position.group)
 
@@ -49,8 +49,8 @@ def allgather_scan(
             carry = gathered[group_rank][:n_state].view_as(local)
         else:
             rank_local = gathered[group_rank][:n_state].view_as(local)
-            rank_decay = gathered[group_rank][n_state:].view_as(decay)
-            carry = combine(rank_decay, carry, rank_local)
+            rank_transition = transition.from_payload(gathered[group_rank][n_state:])
+            carry = combine(rank_transition, carry, rank_local)
         if group_rank == position.rank:
             carry_out = carry
     if carry_in is None:

@@ -1,10 +1,11 @@
-"""ZeCO All-Scan: the decayed scan pipelined over blocks of state rows.
+"""ZeCO All-Scan: the state scan pipelined over blocks of the state.
 
-The state ``[B, H, K, V]`` is cut into ``n_blocks`` contiguous blocks of K rows
-(ZeCO's ``S^{(k)}``). Rows never mix in the combine ``d * carry + x`` (the
-decay is per key row), so a rank can combine block ``j`` and send it on as
-soon as block ``j`` has arrived, while blocks ``j+1 ..`` are still in flight
-from its predecessor. With ``P`` ranks the carry reaches the last rank after
+The state ``[B, H, K, V]`` is cut into ``n_blocks`` contiguous blocks along the
+axis the transition never mixes ([Note: transitions]): K rows for a decay
+(ZeCO's ``S^{(k)}``), V columns for the gated delta rule's matrix. Each block
+combines with its own block of the transition alone, so a rank can combine
+block ``j`` and send it on as soon as block ``j`` has arrived, while blocks
+``j+1 ..`` are still in flight from its predecessor. With ``P`` ranks the carry reaches the last rank after
 about ``tau(state) + (P - 1) * tau(state) / n_blocks`` (ZeCO Eq. 12) instead
 of ``P * tau(state)`` for an unpipelined pass.
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from schedlang.runtime.scan_common import ScanPosition, ScanResult, combine, split_rows
+from schedlang.runtime.scan_common import ScanPosition, ScanResult, Transition, combine, split_state
 
 
 def _blocks_on_hop_into(receiver_is_last: bool, n_blocks: int) -> int:
@@ -45,47 +46,49 @@ def _send_blocks(blocks: list[torch.Tensor], position: ScanPosition) -> list:
 
 def allscan_scan(
     local: torch.Tensor,
-    decay: torch.Tensor,
+    transition: Transition,
     boundary: torch.Tensor | None,
     position: ScanPosition,
     n_blocks: int,
 ) -> ScanResult:
-    """Run the decayed scan of ``schedlang.runtime.scan_common`` with pipelined blocks.
+    """Run the state scan of ``schedlang.runtime.scan_common`` with pipelined blocks.
 
     Args:
         local: ``[B, H, K, V]`` this rank's local term ``x(p)``.
-        decay: ``[B, H, K, 1]`` or ``[B, H, 1, 1]`` this rank's decay ``d(p)``.
+        transition: this rank's transition ``T(p)``.
         boundary: ``[B, H, K, V]`` carry entering the first rank; read only there.
         position: this rank's place in the scan.
-        n_blocks: number of row blocks, ``1 <= n_blocks <= K``.
+        n_blocks: number of blocks, at least 1 and at most the state's extent along ``transition.block_axis``.
     """
+    axis = transition.block_axis
     outgoing_blocks = 0 if position.is_last else _blocks_on_hop_into(position.next_rank == position.last_rank, n_blocks)
     if position.is_first:
         carry_in = boundary if boundary is not None else torch.zeros_like(local)
-        carry_out = combine(decay, boundary, local)
-        sends = _send_blocks(split_rows(carry_out, outgoing_blocks), position) if outgoing_blocks else []
+        carry_out = combine(transition, boundary, local)
+        sends = _send_blocks(split_state(carry_out, outgoing_blocks, axis), position) if outgoing_blocks else []
     else:
         incoming_blocks = _blocks_on_hop_into(position.is_last, n_blocks)
-        incoming = [torch.empty_like(block) for block in split_rows(local, incoming_blocks)]
+        incoming = [torch.empty_like(block) for block in split_state(local, incoming_blocks, axis)]
         receives = [
             dist.irecv(buffer, group=position.group, group_src=position.previous_rank, tag=index)
             for index, buffer in enumerate(incoming)
         ]
         if outgoing_blocks == incoming_blocks:
             # a middle rank forwarding block by block
-            local_blocks, decay_blocks = split_rows(local, incoming_blocks), split_rows(decay, incoming_blocks)
+            local_blocks = split_state(local, incoming_blocks, axis)
+            transition_blocks = transition.blocks(incoming_blocks)
             outgoing, sends = [], []
             for index, receive in enumerate(receives):
                 receive.wait()
-                outgoing.append(combine(decay_blocks[index], incoming[index], local_blocks[index]))
+                outgoing.append(combine(transition_blocks[index], incoming[index], local_blocks[index]))
                 sends.append(dist.isend(outgoing[-1], group=position.group, group_dst=position.next_rank, tag=index))
-            carry_in, carry_out = torch.cat(incoming, dim=-2), torch.cat(outgoing, dim=-2)
+            carry_in, carry_out = torch.cat(incoming, dim=axis), torch.cat(outgoing, dim=axis)
         else:
             for receive in receives:
                 receive.wait()
-            carry_in = torch.cat(incoming, dim=-2) if len(incoming) > 1 else incoming[0]
-            carry_out = combine(decay, carry_in, local)
-            sends = _send_blocks(split_rows(carry_out, outgoing_blocks), position) if outgoing_blocks else []
+            carry_in = torch.cat(incoming, dim=axis) if len(incoming) > 1 else incoming[0]
+            carry_out = combine(transition, carry_in, local)
+            sends = _send_blocks(split_state(carry_out, outgoing_blocks, axis), position) if outgoing_blocks else []
     for send in sends:
         send.wait()
     return ScanResult(carry_in=carry_in, carry_out=carry_out)

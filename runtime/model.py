@@ -192,6 +192,7 @@ class GatedDeltaMixer(HeadMixer):
         self.beta_proj = Linear(config.d_model, config.heads, bias=True)
         self.output_gate_proj = Linear(config.d_model, config.heads * config.head_dim, bias=False)
         self.output_norm = RMSNorm(config.head_dim, config.norm_eps)
+        self.sequence_context: SequenceParallelContext | None = None
 
     def reset_parameters(self, generator: torch.Generator, output_std: float) -> None:
         self.init_projections(generator, output_std, self.gate_proj, self.beta_proj, self.output_gate_proj)
@@ -208,12 +209,26 @@ class GatedDeltaMixer(HeadMixer):
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         gate = log_sigmoid_gate(self.gate_proj(hidden), GATE_LOGIT_NORMALIZER, kernel_backend(hidden.device))
         beta = torch.sigmoid(self.beta_proj(hidden).float())
-        mixed, final_state = chunk_gated_delta_rule(
-            q, k, v, gate, beta, scale=self.head_dim**-0.5, initial_state=initial_state, output_final_state=True,
-            backend=kernel_backend(q.device),
-        )
+        if self.sequence_context is None:
+            mixed, final_state = chunk_gated_delta_rule(
+                q, k, v, gate, beta, scale=self.head_dim**-0.5, initial_state=initial_state, output_final_state=True,
+                backend=kernel_backend(q.device),
+            )
+        else:
+            mixed, final_state = self._sequence_parallel(q, k, v, gate, beta, initial_state)
         gated = self.output_norm(mixed.to(hidden.dtype)) * F.silu(self.output_gate_proj(hidden).view(shape))
         return self.o_proj(gated.reshape(batch, length, -1)), final_state
+
+    def _sequence_parallel(self, q, k, v, gate, beta, initial_state):
+        """This rank's slice of the chunk; see [Note: sequence-parallel chunks] in the executor."""
+        from schedlang.runtime.sequence_parallel import sequence_parallel_gated_delta_rule
+
+        context = self.sequence_context
+        return sequence_parallel_gated_delta_rule(
+            q, k, v, gate, beta, group=context.group, method=context.method, scan_blocks=context.scan_blocks,
+            initial_state=initial_state, output_final_state=True, scale=self.head_dim**-0.5,
+            backend=kernel_backend(q.device),
+        )
 
 
 class CausalAttentionMixer(HeadMixer):
@@ -417,6 +432,6 @@ def build_stage_model(
                 module.weight.fill_(1.0)
     model.reset_parameters(seed)
     for module in model.modules():
-        if isinstance(module, (GatedLinearMixer, CausalAttentionMixer)):
+        if isinstance(module, (GatedLinearMixer, GatedDeltaMixer, CausalAttentionMixer)):
             module.sequence_context = sequence_context
     return model.to(dtype)

@@ -1,4 +1,4 @@
-"""LASP ring: the decayed scan with the whole state passed rank to rank.
+"""LASP ring: the state scan with the whole state passed rank to rank.
 
 Each rank blocks until the full carry of its predecessor has arrived, combines
 it with its own local term and sends the full result on: ``P - 1`` hops of one
@@ -13,20 +13,20 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from schedlang.runtime.scan_common import ScanPosition, ScanResult, combine
+from schedlang.runtime.scan_common import ScanPosition, ScanResult, Transition, combine
 
 
 def ring_scan(
     local: torch.Tensor,
-    decay: torch.Tensor,
+    transition: Transition,
     boundary: torch.Tensor | None,
     position: ScanPosition,
 ) -> ScanResult:
-    """Run the decayed scan of ``schedlang.runtime.scan_common`` one whole state at a time.
+    """Run the state scan of ``schedlang.runtime.scan_common`` one whole state at a time.
 
     Args:
         local: ``[B, H, K, V]`` this rank's local term ``x(p)``.
-        decay: ``[B, H, K, 1]`` or ``[B, H, 1, 1]`` this rank's decay ``d(p)``.
+        transition: this rank's transition ``T(p)``.
         boundary: ``[B, H, K, V]`` carry entering the first rank; read only there.
         position: this rank's place in the scan.
     """
@@ -35,7 +35,7 @@ def ring_scan(
     else:
         carry_in = torch.empty_like(local)
         dist.recv(carry_in, group=position.group, group_src=position.previous_rank)
-    carry_out = combine(decay, carry_in, local)
+    carry_out = combine(transition, carry_in, local)
     if not position.is_last:
         dist.send(carry_out, group=position.group, group_dst=position.next_rank)
     if carry_in is None:

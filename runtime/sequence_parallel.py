@@ -1,4 +1,4 @@
-"""Exact, differentiable sequence-parallel GLA over the ranks of one process group.
+"""Exact, differentiable sequence-parallel GLA and Gated DeltaNet over the ranks of one process group.
 
 The tokens of one span are split contiguously over the ``P`` ranks of a group
 (rank ``p`` holds positions ``t_p .. t_{p+1} - 1``; lengths may differ). ZeCO's
@@ -17,20 +17,28 @@ formulation, as phases of the single-device operator ([Note: span phases] in
 The backward mirrors it ([Note: sequence-parallel gradients]). Three methods
 implement the scan: :class:`SequenceParallelMethod`.
 
+The gated delta rule's transition across a span is a ``[K, K]`` matrix, not a
+decay ([Note: gdn span map] in ``schedlang.kernels.gdn.span``):
+:func:`sequence_parallel_gated_delta_rule` scans ``(M(p), S_local(p))`` pairs
+with the same three methods ([Note: transitions] in
+``schedlang.runtime.scan_common``) and the same rank contract.
+
 [Note: sequence-parallel gradients]
 Write ``S_out(p) = gamma(p) * S_in(p) + S_local(p)`` (so ``S_in(p+1) = S_out(p)``
-and ``final_state = S_out(P-1)``). Let ``dS_in(p)`` be the gradient rank ``p``'s
-own outputs send into ``S_in(p)`` (its backward from a zero final-state
-gradient) and ``A(p)`` the total gradient of ``S_out(p)``. Then
+and ``final_state = S_out(P-1)``; for the gated delta rule read ``gamma(p) *``
+as ``M(p) @`` and, below, ``gamma(p) * A(p)`` as ``M(p)^T @ A(p)``). Let
+``dS_in(p)`` be the gradient rank ``p``'s own outputs send into ``S_in(p)``
+(its backward from a zero final-state gradient) and ``A(p)`` the total
+gradient of ``S_out(p)``. Then
 
     A(P-1)   = sum over ranks of the gradients given to final_state
     B(p)     = dS_in(p) + gamma(p) * A(p)          total gradient of S_in(p)
     A(p-1)   = B(p)
     d initial_state = B(0)
 
-which is the same decayed scan run from the last rank down, with local term
-``dS_in(p)``, the same decays, and boundary ``A(P-1)``. Each rank sends one
-state gradient, as many bytes as the forward, then finishes the operator's
+which is the same scan run from the last rank down, with local term
+``dS_in(p)``, the adjoint transitions (for GLA the same decays), and boundary
+``A(P-1)``. Each rank sends one state gradient, as many bytes as the forward, then finishes the operator's
 backward from ``S_in(p)`` and ``A(p)``: the gradients of its q, k, v and g,
 including those through ``gamma(p)``, are the single-device operator's.
 
@@ -67,12 +75,21 @@ import torch.distributed as dist
 
 from schedlang.kernels.common import check_recurrence_arguments
 from schedlang.kernels.common.function import Implementation
+from schedlang.kernels.gdn.span import gated_delta_span
 from schedlang.kernels.gla.chunk import implementation_for as gla_implementation
 from schedlang.kernels.simple_gla.chunk import implementation_for as simple_gla_implementation
 from schedlang.runtime.allgather_scan import allgather_scan
 from schedlang.runtime.allscan import allscan_scan
 from schedlang.runtime.ring import ring_scan
-from schedlang.runtime.scan_common import ScanDirection, ScanPosition, ScanResult
+from schedlang.runtime.scan_common import (
+    DiagonalDecay,
+    MatrixTransition,
+    ScanDirection,
+    ScanPosition,
+    ScanResult,
+    Transition,
+    combine,
+)
 from schedlang.vocabulary import SequenceParallelMethod
 
 
@@ -95,22 +112,22 @@ class ScanConfig:
 
 def scan_states(
     local: torch.Tensor,
-    decay: torch.Tensor,
+    transition: Transition,
     boundary: torch.Tensor | None,
     config: ScanConfig,
     direction: ScanDirection,
 ) -> ScanResult:
-    """Dispatch the decayed scan (see ``schedlang.runtime.scan_common``) to one method."""
+    """Dispatch the state scan (see ``schedlang.runtime.scan_common``) to one method."""
     position = ScanPosition.of(config.group, direction)
     if position.size == 1:
         carry_in = boundary if boundary is not None else torch.zeros_like(local)
-        carry_out = torch.addcmul(local, decay, carry_in)
+        carry_out = combine(transition, carry_in, local)
         return ScanResult(carry_in=carry_in, carry_out=carry_out, last_carry_out=carry_out)
     if config.method is SequenceParallelMethod.ALLSCAN:
-        return allscan_scan(local, decay, boundary, position, config.scan_blocks)
+        return allscan_scan(local, transition, boundary, position, config.scan_blocks)
     if config.method is SequenceParallelMethod.RING:
-        return ring_scan(local, decay, boundary, position)
-    return allgather_scan(local, decay, boundary, position)
+        return ring_scan(local, transition, boundary, position)
+    return allgather_scan(local, transition, boundary, position)
 
 
 def _sends_local_term(config: ScanConfig, direction: ScanDirection) -> bool:
@@ -163,7 +180,7 @@ class SequenceParallelFunction(torch.autograd.Function):
                 local_state = implementation.local_final_state(prepared)
             else:
                 local_state = _zero_state(q, v, decay.dtype)
-            result = scan_states(local_state, decay, boundary, config.scan, ScanDirection.FORWARD)
+            result = scan_states(local_state, DiagonalDecay(decay), boundary, config.scan, ScanDirection.FORWARD)
             if rank > 0:
                 state_in = result.carry_in
         o, kernel_final_state, saved_states = implementation.finish_forward(
@@ -203,7 +220,9 @@ class SequenceParallelFunction(torch.autograd.Function):
                 local_grad = implementation.local_initial_state_gradient(prepared)
             else:
                 local_grad = _zero_state(q, v, decay.dtype)
-            result = scan_states(local_grad, decay, boundary, config.scan, ScanDirection.REVERSE)
+            result = scan_states(
+                local_grad, DiagonalDecay(decay).transposed(), boundary, config.scan, ScanDirection.REVERSE
+            )
             state_out_grad = result.carry_in
         dq, dk, dv, dg, d_initial = implementation.finish_backward(
             prepared, q, k, v, g, config.scale, state_in, do, state_out_grad, saved_states
@@ -240,11 +259,15 @@ def _check_arguments(
         )
     if q.shape[1] == 0:
         raise ValueError("every rank of the sequence-parallel group needs at least one token")
-    key_dim = q.shape[-1]
-    if method is SequenceParallelMethod.ALLSCAN and not 1 <= scan_blocks <= key_dim:
+    _check_scan_blocks(method, scan_blocks, q.shape[-1], "key head dim", "rows")
+
+
+def _check_scan_blocks(method: SequenceParallelMethod, scan_blocks: int, extent: int, dim_name: str, part: str) -> None:
+    """All-Scan cuts the state into at most one block per row (decays) or column (matrices) of it."""
+    if method is SequenceParallelMethod.ALLSCAN and not 1 <= scan_blocks <= extent:
         raise ValueError(
-            f"allscan(blocks = {scan_blocks}) needs 1 <= blocks <= key head dim ({key_dim}): "
-            "the blocks are groups of state rows"
+            f"allscan(blocks = {scan_blocks}) needs 1 <= blocks <= {dim_name} ({extent}): "
+            f"the blocks are groups of state {part}"
         )
 
 
@@ -304,3 +327,111 @@ def sequence_parallel_chunk_gla(
         save_states=bool(save_states),
     )
     return SequenceParallelFunction.apply(q, k, v, g, initial_state, config)
+
+
+class StateScanFunction(torch.autograd.Function):
+    """``(local, transition tensor, initial_state) -> (state_in, final_state)``: the scan of
+    ``schedlang.runtime.scan_common`` as a differentiable function of every rank's pair.
+
+    ``transition_kind`` builds the :class:`Transition` from its tensor. ``state_in`` is the carry entering
+    this rank; ``final_state`` (None unless ``config.output_final_state``) the carry leaving the last rank,
+    on every rank. The rank contract of the module docstring holds: ``initial_state`` is read on group rank
+    0 only and the gradients given to ``final_state`` on all ranks are summed. Backward: the reverse scan
+    with the adjoint transitions ([Note: sequence-parallel gradients]); the gradient of ``S_out(p)`` it
+    leaves on rank ``p`` is the local term's, and the transition's follows from it and ``S_in(p)``.
+    """
+
+    @staticmethod
+    def forward(ctx, local, transition_tensor, initial_state, transition_kind, config: ScanConfig):
+        position = ScanPosition.of(config.group, ScanDirection.FORWARD)
+        transition = transition_kind(transition_tensor)
+        boundary = initial_state.to(local.dtype) if (initial_state is not None and position.is_first) else None
+        result = scan_states(local, transition, boundary, config, ScanDirection.FORWARD)
+        state_in = result.carry_in.clone() if result.carry_in is initial_state else result.carry_in
+        final_state = None
+        if config.output_final_state:
+            final_state = _final_state_everywhere(result, result.carry_out, config)
+        ctx.config = config
+        ctx.transition_kind = transition_kind
+        ctx.initial_state_given = initial_state is not None
+        ctx.initial_state_dtype = None if initial_state is None else initial_state.dtype
+        ctx.save_for_backward(transition_tensor, state_in)
+        return state_in, final_state
+
+    @staticmethod
+    def backward(ctx, grad_state_in, grad_final_state):
+        config: ScanConfig = ctx.config
+        transition_tensor, state_in = ctx.saved_tensors
+        position = ScanPosition.of(config.group, ScanDirection.REVERSE)
+        local_grad = grad_state_in if grad_state_in is not None else torch.zeros_like(state_in)
+        boundary = None
+        if config.output_final_state:
+            boundary = grad_final_state if grad_final_state is not None else torch.zeros_like(state_in)
+            boundary = boundary.to(state_in.dtype).contiguous().clone()
+            if position.size > 1:
+                # final_state was a broadcast from the last rank: its adjoint sums every rank's gradient there.
+                dist.reduce(boundary, group=config.group, group_dst=position.first_rank)
+                if not position.is_first:
+                    boundary = None
+        transition = ctx.transition_kind(transition_tensor)
+        result = scan_states(local_grad.contiguous(), transition.transposed(), boundary, config, ScanDirection.REVERSE)
+        state_out_grad = result.carry_in
+        grad_initial_state = None
+        if ctx.initial_state_given:
+            grad_initial_state = result.carry_out if position.rank == 0 else torch.zeros_like(result.carry_out)
+            grad_initial_state = grad_initial_state.to(ctx.initial_state_dtype)
+        return state_out_grad, transition.gradient(state_in, state_out_grad), grad_initial_state, None, None
+
+
+def sequence_parallel_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None,
+    method: SequenceParallelMethod | str,
+    scan_blocks: int,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The gated delta rule (``schedlang.kernels.chunk_gated_delta_rule``) over a span split across ``group``.
+
+    Each rank passes its contiguous slice of the span; the result equals the matching slice of the
+    single-device operator on the whole span started from ``initial_state``. Each rank reads its span's
+    affine map ``(M, S_local)`` ([Note: gdn span map]), the ranks scan the pairs (:class:`StateScanFunction`,
+    with :class:`MatrixTransition`), and each rank forms its outputs from the state entering it. The rank
+    contract for ``initial_state`` and ``final_state`` is the module docstring's.
+
+    Args:
+        q, k: ``[B, T_p, H, K]`` (k L2-normalised per head); v: ``[B, T_p, H, V]``.
+        g: ``[B, T_p, H]`` log forget gate (``<= 0``); beta: ``[B, T_p, H]`` write strength.
+        group: the sequence-parallel process group (None: the default group).
+        method: :class:`SequenceParallelMethod` (the vocabulary's enum) or its string value.
+        scan_blocks: All-Scan pipeline depth, ``1 <= scan_blocks <= V`` (blocks of value columns, which the
+            transition never mixes); ignored by the other methods.
+        initial_state: ``[B, H, K, V]`` state before the span, read on group rank 0.
+        output_final_state: also return the state after the span, on every rank.
+        scale: query scale, default ``K ** -0.5``.
+        backend: the operator's backend ("auto", "triton" or "torch").
+
+    Returns:
+        ``(o, final_state)``: ``o`` ``[B, T_p, H, V]`` in v's dtype; ``final_state`` ``[B, H, K, V]`` in the
+        state dtype (float32, or float64 for float64 inputs), or None when not requested.
+    """
+    method = SequenceParallelMethod(method)
+    if q.shape[1] == 0:
+        raise ValueError("every rank of the sequence-parallel group needs at least one token")
+    check_recurrence_arguments(q, k, v, g, initial_state, gate_per_key=False)
+    _check_scan_blocks(method, scan_blocks, v.shape[-1], "value head dim", "columns")
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    span = gated_delta_span(q, k, v, g, beta, float(scale), backend)
+    config = ScanConfig(group=group, method=method, scan_blocks=scan_blocks, output_final_state=output_final_state)
+    state_in, final_state = StateScanFunction.apply(
+        span.local_final_state.contiguous(), span.transition.contiguous(), initial_state, MatrixTransition, config
+    )
+    return span.output(state_in).to(v.dtype), final_state

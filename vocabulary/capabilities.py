@@ -57,13 +57,6 @@ def _distinct_lengths(request: RunRequest) -> list[int]:
 
 CAPABILITIES: tuple[Capability, ...] = (
     Capability(
-        ("mesh.sequence",),
-        lambda request: request.sequence_parallel > 1 and LayerKind.GDN in request.layers,
-        lambda request: f"mesh.sequence = {request.sequence_parallel} with gdn layers: the delta rule's state "
-        "transition is a full matrix, not the diagonal decay the All-Scan, ring and all-gather methods pass; use "
-        "sequence = 1 (the pipeline still cuts each sequence into chunks)",
-    ),
-    Capability(
         ("sequence.chunks", "pipeline.cuda_graphs"),
         lambda request: request.cuda_graphs is CudaGraphs.CHUNK_SLOTS and len(_distinct_lengths(request)) > 1,
         lambda request: "pipeline.cuda_graphs = true replays one captured graph per chunk shape; this schedule has "

@@ -94,7 +94,6 @@ UNEVEN = (0, 64, 256)
 
 # (schedule, [(key the diagnostic points at, words of its message)]) in file order.
 REFUSALS = [
-    (Features(layers=("gla", "gdn"), sequence=2), [("sequence", "with gdn layers: the delta rule")]),
     (Features(cuda_graphs=True, sequence=2), [("sequence", "this schedule has mesh.sequence = 2")]),
     (Features(cuda_graphs=True, boundaries=UNEVEN), [("chunks", "chunks of different lengths [64, 192]")]),
     (Features(cuda_graphs="step", sequence=2), [("sequence", "cuda_graphs = step replays captured graphs")]),
@@ -104,7 +103,6 @@ REFUSALS = [
         Features(("gla", "attn", "gdn", "gla"), sequence=2, boundaries=UNEVEN, cuda_graphs=True, recompute=True),
         [
             ("layers", "this schedule has attn layers"),
-            ("sequence", "with gdn layers: the delta rule"),
             ("sequence", "this schedule has mesh.sequence = 2"),
             ("chunks", "chunks of different lengths [64, 192]"),
             ("recompute", "recompute = full"),
@@ -167,6 +165,14 @@ def test_step_graphs_take_chunks_of_different_lengths():
 def test_a_supported_schedule_passes_the_runtime_check():
     model, pipeline = Features(layers=("gla", "attn"), cuda_graphs=False).runtime_records()
     assert load_program_text(Features(layers=("gla", "attn")).text(), "t.sched").model.layers[1].value == "attn"
+    with pytest.raises(AttributeError):  # past the capabilities check, the trainer reaches for the mesh
+        Trainer(model, pipeline, TrainConfig(), mesh=None)
+
+
+def test_gdn_layers_pass_the_checker_and_the_runtime_check_with_sequence_parallelism():
+    features = Features(layers=("gla", "gdn"), sequence=2)
+    assert load_program_text(features.text(), "t.sched").mesh.sequence == 2
+    model, pipeline = features.runtime_records()
     with pytest.raises(AttributeError):  # past the capabilities check, the trainer reaches for the mesh
         Trainer(model, pipeline, TrainConfig(), mesh=None)
 

@@ -79,13 +79,9 @@ def test_gdn_layers_compile_into_the_model_config():
     assert "layers=('gla', 'gdn')," in script
 
 
-def test_sequence_parallel_gdn_is_refused_at_the_sequence_key():
-    text = tiny(layers="[gla, gdn]", sequence=2)
-    with pytest.raises(ScheduleError, match="gdn layers: the delta rule") as error:
-        load_program_text(text, "t.sched")
-    line = text.splitlines()[2]
-    (diagnostic,) = error.value.diagnostics
-    assert (diagnostic.span.line, diagnostic.span.column) == (3, line.index("sequence") + 1)
+def test_sequence_parallel_gdn_compiles():
+    script = compiled_script(load_program_text(tiny(layers="[gla, gdn]", sequence=2), "t.sched"))
+    assert "layers=('gla', 'gdn')," in script and "    sequence_parallel=2,\n" in script
 
 
 def test_sequence_parallel_attention_compiles():
@@ -126,11 +122,11 @@ def test_compile_command_writes_the_script(tmp_path):
 
 
 def test_unsupported_schedule_is_a_positioned_compile_error(tmp_path, capsys):
-    schedule = tmp_path / "gdn.sched"
-    schedule.write_text(tiny(layers="[gla, gdn]", sequence=2), encoding="utf-8")
+    schedule = tmp_path / "graphs.sched"
+    schedule.write_text(with_graphs(tiny(sequence=2)), encoding="utf-8")
     assert schedlang_main(["compile", str(schedule), "-o", str(tmp_path / "train.py")]) == 1
     error = capsys.readouterr().err
-    assert f"{schedule}:3:" in error and "error: mesh.sequence = 2 with gdn layers" in error and "^" in error
+    assert f"{schedule}:3:" in error and "error: pipeline.cuda_graphs = true replays" in error and "^" in error
 
 
 def with_graphs(text: str, pipeline_extra: str = "", chunks: str = "2") -> str:
