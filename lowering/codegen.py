@@ -18,7 +18,7 @@ from pathlib import Path
 import jinja2
 
 from schedlang.lowering import paths
-from schedlang.lowering.program import MlpKind, Recompute, ScheduleProgram
+from schedlang.lowering.program import MlpKind, ScheduleProgram
 from schedlang.lowering.script_text import docstring_script_name
 from schedlang.vocabulary import Action
 
@@ -99,6 +99,7 @@ class TrainScriptView:
     scan_blocks: str
     train: TrainView
     cuda_graphs: bool = False
+    offload: bool = False
 
 
 def _action_lines(actions) -> tuple[str, ...]:
@@ -175,11 +176,12 @@ def build_view(
         stage_actions_literal=_tuple_of_names([f"STAGE_{index}_ACTIONS" for index in range(n_stages)]),
         stage_layers_literal=repr(tuple(tuple(layers) for layers in program.stage_layers)),
         chunk_boundaries_literal=repr(tuple(program.sequence.boundaries)),
-        recompute=repr(program.pipeline.recompute is Recompute.FULL),
+        recompute=repr(program.pipeline.recompute.value),
         sequence_parallel=repr(program.mesh.sequence),
         sequence_method=repr(program.sequence.parallel.value),
         scan_blocks=repr(program.sequence.scan_blocks),
         cuda_graphs=program.pipeline.cuda_graphs,
+        offload=program.pipeline.offload,
         train=TrainView(
             steps=repr(train.steps),
             seed=repr(train.seed),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schedlang.vocabulary import DataKind, DType, LayerKind, OptimizerKind, RunRequest, SequenceParallelMethod
+from schedlang.vocabulary import DataKind, DType, LayerKind, OptimizerKind, Recompute, RunRequest, SequenceParallelMethod
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,10 @@ class PipelineConfig:
     """How one step runs: stages, chunks, microbatches and each stage's action list.
 
     ``stage_actions[r]`` is the static list of actions of every rank of stage
-    ``r`` in text form (see :mod:`schedlang.vocabulary.actions`).
+    ``r`` in text form (see :mod:`schedlang.vocabulary.actions`). ``recompute``
+    names what a chunk's backward recomputes ([Note: recompute modes] in
+    :mod:`schedlang.runtime.executor`); ``offload`` keeps what a chunk's forward
+    saves in pinned host memory until its backward (:mod:`schedlang.runtime.offload`).
     """
 
     stage_layers: tuple[tuple[int, ...], ...]
@@ -64,14 +67,16 @@ class PipelineConfig:
     microbatch_size: int
     stage_actions: tuple[tuple[str, ...], ...]
     data_parallel: int = 1
-    recompute: bool = False
+    recompute: Recompute = Recompute.NONE
     sequence_parallel: int = 1
     sequence_method: SequenceParallelMethod = SequenceParallelMethod.ALLSCAN
     scan_blocks: int = 1
     cuda_graphs: bool = False  # replay each chunk's forward/backward from CUDA graphs (schedlang.runtime.graphs)
+    offload: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sequence_method", SequenceParallelMethod(self.sequence_method))
+        object.__setattr__(self, "recompute", Recompute(self.recompute))
 
     @property
     def n_stages(self) -> int:
@@ -153,5 +158,6 @@ def run_request(model: ModelConfig, pipeline: PipelineConfig) -> RunRequest:
         sequence_parallel=pipeline.sequence_parallel,
         chunk_lengths=pipeline.chunk_lengths,
         recompute=pipeline.recompute,
+        offload=pipeline.offload,
         cuda_graphs=pipeline.cuda_graphs,
     )

@@ -65,6 +65,11 @@ class WeightGradientRecorder:
 _active_recorder: WeightGradientRecorder | None = None
 
 
+def active_weight_gradient_recorder() -> WeightGradientRecorder | None:
+    """The recorder of the innermost ``recording_weight_gradients`` block (None outside one)."""
+    return _active_recorder
+
+
 @contextmanager
 def recording_weight_gradients(recorder: WeightGradientRecorder | None) -> Iterator[None]:
     """Linear layers run forward inside this block leave their weight gradients to ``recorder`` (None: no change)."""

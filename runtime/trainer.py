@@ -96,6 +96,7 @@ class Trainer:
                 if pipeline.sequence_parallel > 1
                 else None
             ),
+            recompute=pipeline.recompute,
         )
         self.optimizer = build_optimizer(self.model.parameters(), self.train_config)
         self.tokens = TokenSource(
@@ -122,6 +123,7 @@ class Trainer:
                 d_model=self.model_config.d_model,
                 global_tokens=global_tokens,
                 recompute=pipeline.recompute,
+                offload=pipeline.offload,
             ),
             actions,
             messenger,
