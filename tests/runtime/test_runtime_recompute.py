@@ -282,3 +282,18 @@ def test_offload_moves_the_saved_bytes_off_the_gpu(one_rank_group, tmp_path, lay
     assert abs(loss - reference_loss) <= 1e-6 * abs(reference_loss)
     for key, reference in reference_gradients.items():
         assert relative_error(gradients[key], reference) <= 1e-6, key
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("mode", ["mlp", "mixer", "full"])
+def test_recompute_on_the_gpu_equals_keeping_everything(one_rank_group, tmp_path, mode):
+    """The Triton kernels' autograd functions and the K/V buffers under a rerun, on CUDA."""
+    reference_loss, reference_gradients = first_step(
+        one_rank_trainer(tmp_path, "gpu_none", device="cuda", layers=HYBRID_LAYERS)
+    )
+    loss, gradients = first_step(
+        one_rank_trainer(tmp_path, f"gpu_{mode}", device="cuda", layers=HYBRID_LAYERS, recompute=mode)
+    )
+    assert abs(loss - reference_loss) <= TOLERANCE * abs(reference_loss)
+    for key, reference in reference_gradients.items():
+        assert relative_error(gradients[key], reference) <= TOLERANCE, key
