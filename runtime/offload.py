@@ -118,8 +118,9 @@ class ActivationOffload:
     def _pack(self, chunk: OffloadedChunk, tensor: torch.Tensor) -> torch.Tensor | _HostSaved:
         self.counts.packed += 1
         if tensor.device.type != self.device.type or self.resident(tensor):
-            # detached: a saved output returned as itself would hold its own grad_fn in a reference cycle
-            return tensor.detach()
+            # a leaf (a parameter) comes back as itself; anything else detached, since a saved output returned
+            # as itself would hold its own grad_fn in a reference cycle
+            return tensor if tensor.grad_fn is None else tensor.detach()
         identity = (storage_key(tensor), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()),
                     tensor.dtype, tensor._version)
         index = chunk.index_of.get(identity)
