@@ -98,7 +98,7 @@ class TrainScriptView:
     sequence_method: str
     scan_blocks: str
     train: TrainView
-    cuda_graphs: bool = False
+    cuda_graphs: str = ""  # the mode's value as a literal, empty without graphs
     offload: bool = False
 
 
@@ -180,7 +180,7 @@ def build_view(
         sequence_parallel=repr(program.mesh.sequence),
         sequence_method=repr(program.sequence.parallel.value),
         scan_blocks=repr(program.sequence.scan_blocks),
-        cuda_graphs=program.pipeline.cuda_graphs,
+        cuda_graphs=repr(program.pipeline.cuda_graphs.value) if program.pipeline.cuda_graphs else "",
         offload=program.pipeline.offload,
         train=TrainView(
             steps=repr(train.steps),

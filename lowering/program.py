@@ -27,7 +27,17 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from schedlang.lowering.tasks import TaskId
-from schedlang.vocabulary import DataKind, DType, LayerKind, OptimizerKind, Recompute, RunRequest, SequenceParallelMethod, Span
+from schedlang.vocabulary import (
+    CudaGraphs,
+    DataKind,
+    DType,
+    LayerKind,
+    OptimizerKind,
+    Recompute,
+    RunRequest,
+    SequenceParallelMethod,
+    Span,
+)
 
 
 class MlpKind(str, Enum):
@@ -131,7 +141,7 @@ class PipelineSpec:
     recompute: Recompute = Recompute.NONE
     # keep a chunk's saved activations in pinned host memory between its forward and its backward
     offload: bool = False
-    cuda_graphs: bool = False
+    cuda_graphs: CudaGraphs = CudaGraphs.NONE
     # 1f1b only: forwards added to every stage's warm-up but the last's, or a tuple with one count per stage
     extra_warmup: int | tuple[int, ...] = 0
     # weight gradients of linear layers as W tasks of their own ([Note: split backward] in lowering/orders.py)

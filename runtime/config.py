@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schedlang.vocabulary import DataKind, DType, LayerKind, OptimizerKind, Recompute, RunRequest, SequenceParallelMethod
+from schedlang.vocabulary import (
+    CudaGraphs,
+    DataKind,
+    DType,
+    LayerKind,
+    OptimizerKind,
+    Recompute,
+    RunRequest,
+    SequenceParallelMethod,
+)
 
 
 @dataclass(frozen=True)
@@ -71,12 +80,17 @@ class PipelineConfig:
     sequence_parallel: int = 1
     sequence_method: SequenceParallelMethod = SequenceParallelMethod.ALLSCAN
     scan_blocks: int = 1
-    cuda_graphs: bool = False  # replay each chunk's forward/backward from CUDA graphs (schedlang.runtime.graphs)
+    # replay a chunk's forward/backward from per-slot graphs (schedlang.runtime.graphs), or the whole step's
+    # compute from graphs captured in order into one pool (schedlang.runtime.step_graphs)
+    cuda_graphs: CudaGraphs = CudaGraphs.NONE
     offload: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sequence_method", SequenceParallelMethod(self.sequence_method))
         object.__setattr__(self, "recompute", Recompute(self.recompute))
+        if isinstance(self.cuda_graphs, bool):  # scripts generated before the step mode wrote a flag
+            object.__setattr__(self, "cuda_graphs", CudaGraphs.CHUNK_SLOTS if self.cuda_graphs else CudaGraphs.NONE)
+        object.__setattr__(self, "cuda_graphs", CudaGraphs(self.cuda_graphs))
 
     @property
     def n_stages(self) -> int:

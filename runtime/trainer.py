@@ -23,12 +23,13 @@ from schedlang.runtime.cublas import use_workspace_free_gemms
 from schedlang.runtime.data import TokenSource
 from schedlang.runtime.executor import StageExecutor, StepShape
 from schedlang.runtime.graphs import GraphedChunks, GraphMaker, slots_needed
+from schedlang.runtime.step_graphs import StepGraphs
 from schedlang.runtime.mesh import RuntimeMesh, init_mesh
 from schedlang.runtime.model import SequenceParallelContext, build_stage_model
 from schedlang.runtime.p2p import StageMessenger
 from schedlang.runtime.progress import StepMetrics, StepReporter
 from schedlang.runtime.step_loss import PendingLoss, StepClock
-from schedlang.vocabulary import Action, DType, OptimizerKind, deferred_weight_units, require_supported
+from schedlang.vocabulary import Action, CudaGraphs, DType, OptimizerKind, deferred_weight_units, require_supported
 
 DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16, DType.FP64: torch.float64}
 
@@ -132,11 +133,12 @@ class Trainer:
             mesh.next_stage_rank,
             self.dtype,
             graphs=self._chunk_graphs(actions, global_tokens),
+            step_graphs=StepGraphs(self.model, mesh.device) if pipeline.cuda_graphs is CudaGraphs.STEP else None,
         )
         self.start_step = 0
 
     def _chunk_graphs(self, actions: tuple[Action, ...], global_tokens: int) -> GraphedChunks | None:
-        if not self.pipeline_config.cuda_graphs:
+        if self.pipeline_config.cuda_graphs is not CudaGraphs.CHUNK_SLOTS:
             return None
         maker = self.graph_maker
         if maker is None:

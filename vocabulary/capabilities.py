@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from schedlang.vocabulary.kinds import LayerKind, Recompute
+from schedlang.vocabulary.kinds import CudaGraphs, LayerKind, Recompute
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class RunRequest:
     sequence_parallel: int  # ranks of the sequence-parallel group (mesh.sequence)
     chunk_lengths: tuple[int, ...]
     recompute: Recompute
-    cuda_graphs: bool
+    cuda_graphs: CudaGraphs
     offload: bool = False  # saved activations kept in pinned host memory (pipeline.offload)
 
     def __post_init__(self) -> None:
@@ -51,7 +51,8 @@ class Refusal:
     message: str
 
 
-_GRAPHS = "pipeline.cuda_graphs = true replays one captured graph per chunk shape; this schedule has "
+def _graphs(request: RunRequest) -> str:
+    return f"pipeline.cuda_graphs = {request.cuda_graphs.value} replays captured graphs; this schedule has "
 
 
 def _distinct_lengths(request: RunRequest) -> list[int]:
@@ -74,30 +75,32 @@ CAPABILITIES: tuple[Capability, ...] = (
     ),
     Capability(
         ("sequence.chunks", "pipeline.cuda_graphs"),
-        lambda request: request.cuda_graphs and len(_distinct_lengths(request)) > 1,
-        lambda request: _GRAPHS + f"chunks of different lengths {_distinct_lengths(request)}; cut the sequence evenly",
+        lambda request: request.cuda_graphs is CudaGraphs.CHUNK_SLOTS and len(_distinct_lengths(request)) > 1,
+        lambda request: "pipeline.cuda_graphs = true replays one captured graph per chunk shape; this schedule has "
+        f"chunks of different lengths {_distinct_lengths(request)}; cut the sequence evenly, or use "
+        "cuda_graphs = step, which captures every chunk on its own",
     ),
     Capability(
         ("pipeline.recompute", "pipeline.cuda_graphs"),
         lambda request: request.cuda_graphs and request.recompute is not Recompute.NONE,
-        lambda request: _GRAPHS + f"recompute = {request.recompute.value}; graphs keep each chunk's activations in "
-        "their own memory already",
+        lambda request: _graphs(request) + f"recompute = {request.recompute.value}; graphs keep each chunk's "
+        "activations in their own memory already",
     ),
     Capability(
         ("pipeline.offload", "pipeline.cuda_graphs"),
         lambda request: request.cuda_graphs and request.offload,
-        lambda request: _GRAPHS + "offload = true; a captured graph's saved activations live in its own static "
-        "memory, which copies to the host cannot free",
+        lambda request: _graphs(request) + "offload = true; a captured graph's saved activations live in its "
+        "own memory pool, which copies to the host cannot free",
     ),
     Capability(
         ("mesh.sequence", "pipeline.cuda_graphs"),
         lambda request: request.cuda_graphs and request.sequence_parallel > 1,
-        lambda request: _GRAPHS + f"mesh.sequence = {request.sequence_parallel}; use sequence = 1",
+        lambda request: _graphs(request) + f"mesh.sequence = {request.sequence_parallel}; use sequence = 1",
     ),
     Capability(
         ("model.layers", "pipeline.cuda_graphs"),
         lambda request: request.cuda_graphs and LayerKind.ATTN in request.layers,
-        lambda request: _GRAPHS + "attn layers, which read a key prefix that grows chunk by chunk; use gla and "
+        lambda request: _graphs(request) + "attn layers, which read a key prefix that grows chunk by chunk; use gla and "
         "simple_gla layers",
     ),
 )

@@ -70,6 +70,17 @@ class Recompute(str, Enum):
     FULL = "full"  # recompute a chunk's whole forward inside its backward
 
 
+class CudaGraphs(str, Enum):
+    """How a stage replays CUDA graphs (``pipeline.cuda_graphs``); true in a condition when it replays any."""
+
+    NONE = "false"  # every kernel launched eagerly
+    CHUNK_SLOTS = "true"  # one captured forward and backward per chunk in flight ([Note: graph slots])
+    STEP = "step"  # every compute action of the step, captured in order into one pool ([Note: step graphs])
+
+    def __bool__(self) -> bool:
+        return self is not CudaGraphs.NONE
+
+
 class DType(str, Enum):
     """Parameter and activation precision."""
 

@@ -30,7 +30,7 @@ from schedlang.lowering.program import (
     SequenceSpec,
     TrainSpec,
 )
-from schedlang.vocabulary import DType
+from schedlang.vocabulary import CudaGraphs, DType
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -126,7 +126,7 @@ SCHEMA: tuple[Key, ...] = (
     Key("pipeline", "microbatch_size", Integer(1, 1 << 20), PipelineSpec, "microbatch_size = 2"),
     Key("pipeline", "recompute", Choice(Recompute, "recompute mode"), PipelineSpec, "recompute = mlp"),
     Key("pipeline", "offload", Boolean(), PipelineSpec, "offload = true"),
-    Key("pipeline", "cuda_graphs", Boolean(), PipelineSpec, "cuda_graphs = true"),
+    Key("pipeline", "cuda_graphs", Choice(CudaGraphs, "CUDA-graph mode"), PipelineSpec, "cuda_graphs = step"),
     Key("pipeline", "extra_warmup", pipeline.read_extra_warmup, PipelineSpec, "extra_warmup = [1, 0]"),
     Key("pipeline", "split_backward", Boolean(), PipelineSpec, "split_backward = true"),
     Key("pipeline", "forward_before_weight", Boolean(), PipelineSpec, "forward_before_weight = true"),

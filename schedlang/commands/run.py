@@ -38,7 +38,7 @@ def _refuse_graphs_on_cpu(path: str, program) -> None:
     from schedlang.frontend import read_source
 
     span = program.spans["pipeline.cuda_graphs"]
-    message = "pipeline.cuda_graphs = true replays CUDA graphs, but this run is on the CPU"
+    message = f"pipeline.cuda_graphs = {program.pipeline.cuda_graphs.value} replays CUDA graphs, but this run is on the CPU"
     hint = "set cuda_graphs = false to train here, or run on a machine with a GPU (--device cuda)"
     raise ScheduleError([Diagnostic.error(message, span, hint)], {span.file: read_source(path)})
 

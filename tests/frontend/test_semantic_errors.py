@@ -44,7 +44,7 @@ CASES = {
     "not_below": ({22: "  optimizer = sgd(lr = 0.1, momentum = 1.5)"}, "", 22, "1.5", "'train.optimizer.momentum' must be < 1, found 1.5"),
     "choice_of_wrong_type": ({19: "  order = 3"}, "", 19, "3", "'pipeline.order' must be one of gpipe, 1f1b or explicit, found '3'"),
     "unknown_choice": ({22: "  dtype = fp33"}, "", 22, "fp33", "unknown dtype 'fp33'"),
-    "not_a_boolean": ({19: "  cuda_graphs = yes"}, "", 19, "yes", "'pipeline.cuda_graphs' must be true or false, found 'yes'"),
+    "unknown_graph_mode": ({19: "  cuda_graphs = yes"}, "", 19, "yes", "unknown CUDA-graph mode 'yes'"),
     "negative_extra_warmup": ({19: "  extra_warmup = -1"}, "", 19, "-1", "'pipeline.extra_warmup' must be >= 0, found -1"),
     "extra_warmup_per_stage_length": ({19: "  extra_warmup = [1, 2, 0]"}, "", 19, "[1, 2, 0]", "'pipeline.extra_warmup' lists 3 counts but mesh.pipeline = 2"),
     "extra_warmup_last_stage": ({19: "  extra_warmup = [1, 2]"}, "", 19, "2", "the last stage's extra warm-up must be 0 (its first backward waits on nothing downstream), found 2"),
