@@ -49,7 +49,7 @@ class OffloadedChunk:
         return sum(tensor.numel() * tensor.element_size() for tensor in self.host)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _HostSaved:
     """The packed form of a saved tensor: its chunk and its place among that chunk's copies."""
 
