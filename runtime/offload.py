@@ -15,7 +15,7 @@ the chunk after its backward.
 What stays on the device: tensors whose storage the ``resident`` predicate names (the executor's:
 parameters, and the sequence-wide K/V buffers, [Note: sequence-wide K/V] in
 :mod:`schedlang.runtime.kv_buffers`, which stay on the device anyway) and tensors on another device. A tensor
-saved several times (one input of the q, k and v projections) is copied once.
+saved several times (one input of the q, k and v projections) is copied once, as long as it lives.
 
 On the CPU there is no host memory to move to: the hooks run the same bookkeeping (pack, prefetch, unpack,
 release) with the tensors themselves as the "copies", so the results are exactly those without offload.
@@ -23,6 +23,7 @@ release) with the tensors themselves as the "copies", so the results are exactly
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,7 +41,8 @@ class OffloadedChunk:
     """What one chunk's forward saved: host copies, then (after ``prefetch``) their device copies."""
 
     host: list[torch.Tensor] = field(default_factory=list)
-    index_of: dict[tuple, int] = field(default_factory=dict)  # a saved view's identity -> its copy
+    # a saved view's identity -> its copy's index, and the tensor copied (weakly)
+    index_of: dict[tuple, tuple[int, weakref.ref]] = field(default_factory=dict)
     device: list[torch.Tensor] | None = None
     fetched: torch.cuda.Event | None = None  # the side stream's event after the host-to-device copies
 
@@ -123,9 +125,12 @@ class ActivationOffload:
             return tensor if tensor.grad_fn is None else tensor.detach()
         identity = (storage_key(tensor), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()),
                     tensor.dtype, tensor._version)
-        index = chunk.index_of.get(identity)
-        if index is None:
-            index = chunk.index_of[identity] = len(chunk.host)
+        index, copied = chunk.index_of.get(identity, (None, None))
+        # an address names the same data only while the tensor copied from it lives: once it is freed, the
+        # allocator may give its memory to a new tensor of the same shape
+        if index is None or copied() is None:
+            index = len(chunk.host)
+            chunk.index_of[identity] = (index, weakref.ref(tensor))
             chunk.host.append(self._copy_to_host(tensor))
             self.counts.copied += 1
         return _HostSaved(chunk, index)

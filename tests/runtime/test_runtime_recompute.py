@@ -276,17 +276,29 @@ def gpu_loss(model, tokens: torch.Tensor) -> torch.Tensor:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("stack", list(GPU_STACKS))
 def test_offload_moves_the_saved_bytes_off_the_gpu(stack):
-    """After a forward, the device holds the saved bytes less with offload; the gradients are unchanged."""
+    """After a forward, the device holds less by the bytes of every storage the saved tensors keep alive;
+    the gradients are unchanged."""
     model = gpu_stage(GPU_STACKS[stack])
     tokens = torch.randint(0, 256, (4, 1025), generator=torch.Generator().manual_seed(0)).cuda()
     kept = {storage_key(parameter) for parameter in model.parameters()} | {storage_key(tokens)}
+    saved_storages: dict[int, int] = {}
+
+    def measure(tensor):
+        if storage_key(tensor) not in kept:
+            saved_storages[storage_key(tensor)] = tensor.untyped_storage().nbytes()
+        return tensor
+
     held, gradients = {}, {}
     for offload in (False, True):
         model.zero_grad(set_to_none=True)
         activations = ActivationOffload(torch.device("cuda"), lambda tensor: storage_key(tensor) in kept)
+        if offload:
+            hooks = activations.saving("chunk")
+        else:
+            hooks = torch.autograd.graph.saved_tensors_hooks(measure, lambda tensor: tensor)
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
-        with activations.saving("chunk") if offload else nullcontext() as chunk:
+        with hooks as chunk:
             loss = gpu_loss(model, tokens)
         torch.cuda.synchronize()
         held[offload] = torch.cuda.memory_allocated() - before
@@ -294,14 +306,14 @@ def test_offload_moves_the_saved_bytes_off_the_gpu(stack):
         loss.backward()
         gradients[offload] = {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
         if offload:
-            host_bytes = chunk.host_bytes
-            assert all(tensor.is_pinned() for tensor in chunk.host)
+            assert chunk.host_bytes > 0 and all(tensor.is_pinned() for tensor in chunk.host)
             assert activations.counts.unpacked >= activations.counts.copied > 0
     dropped = held[False] - held[True]
-    # a view saved beside the tensor it views is copied twice but freed once; blocks round up to 512 bytes
-    assert 0.8 * host_bytes <= dropped <= host_bytes + 512 * activations.counts.copied, (dropped, host_bytes)
-    for name, reference in gradients[False].items():
-        assert torch.equal(gradients[True][name], reference), name
+    saved_bytes = sum(saved_storages.values())
+    # the caching allocator rounds every block up to a multiple of 512 bytes
+    assert abs(dropped - saved_bytes) <= 512 * len(saved_storages), (dropped, saved_bytes)
+    for name, reference in gradients[False].items():  # the attention backward may sum in another order
+        assert relative_error(gradients[True][name], reference) <= TOLERANCE, name
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -316,3 +328,30 @@ def test_recompute_on_the_gpu_equals_keeping_everything(mode):
         gradients[recompute] = {name: parameter.grad for name, parameter in model.named_parameters()}
     for name, reference in gradients[Recompute.NONE].items():
         assert relative_error(gradients[mode][name], reference) <= TOLERANCE, name
+
+
+def test_offload_never_takes_a_new_tensor_at_a_freed_address_for_the_old_one():
+    """On CUDA a saved tensor's memory is freed once its copy is queued, and the allocator may give it to a
+    new tensor of the same shape; that one must get a copy of its own. Emulated on the CPU: a copying
+    offload, and two tensors laid on the same memory with version counters of their own."""
+
+    class CopyingOffload(ActivationOffload):
+        def _copy_to_host(self, tensor):
+            return tensor.detach().clone()
+
+    memory = torch.zeros(8).untyped_storage()
+
+    def tensor_at_that_address(value: float) -> torch.Tensor:
+        tensor = torch.empty(0).set_(memory, 0, (8,), (1,))
+        with torch.no_grad():
+            tensor.fill_(value)
+        return torch.empty(0).set_(memory, 0, (8,), (1,))  # version 0, as a freshly allocated tensor
+
+    offload = CopyingOffload(torch.device("cpu"), lambda tensor: False)
+    with offload.saving("chunk"):
+        first = offload._pack(offload.chunks["chunk"], tensor_at_that_address(1.0))
+        second = offload._pack(offload.chunks["chunk"], tensor_at_that_address(2.0))
+    offload.prefetch("chunk")
+    assert offload.counts.copied == 2
+    assert torch.equal(offload._unpack(first), torch.full((8,), 1.0))
+    assert torch.equal(offload._unpack(second), torch.full((8,), 2.0))
