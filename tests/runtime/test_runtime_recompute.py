@@ -184,6 +184,26 @@ def test_offload_hooks_pack_and_unpack_and_change_nothing(one_rank_group, tmp_pa
     assert all(torch.equal(gradients[key], reference_gradients[key]) for key in reference_gradients)
 
 
+class CopyingOffload(ActivationOffload):
+    """CPU stand-in for the copies CUDA makes: each saved tensor's "host copy" is a clone, so a result that
+    read the original instead of its copy, or the wrong copy, would show."""
+
+    def _copy_to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach().clone()
+
+
+@pytest.mark.parametrize("recompute", ["none", "mlp", "mixer"])
+def test_offload_through_real_copies_changes_nothing(one_rank_group, tmp_path, recompute):
+    plain = one_rank_trainer(tmp_path, "plain", layers=HYBRID_LAYERS, recompute=recompute)
+    copying = one_rank_trainer(tmp_path, "copying", layers=HYBRID_LAYERS, recompute=recompute, offload=True)
+    copying.executor.offload = CopyingOffload(torch.device("cpu"), copying.executor._stays_resident)
+    reference_loss, reference_gradients = first_step(plain)
+    loss, gradients = first_step(copying)
+    assert copying.executor.offload.counts.copied > 0
+    assert loss == reference_loss
+    assert all(torch.equal(gradients[key], reference_gradients[key]) for key in reference_gradients)
+
+
 def saved_bytes_of_one_chunk(trainer) -> int:
     """Bytes of the distinct storages (parameters aside) that autograd still holds after one chunk's forward."""
     executor = trainer.executor
@@ -332,12 +352,8 @@ def test_recompute_on_the_gpu_equals_keeping_everything(mode):
 
 def test_offload_never_takes_a_new_tensor_at_a_freed_address_for_the_old_one():
     """On CUDA a saved tensor's memory is freed once its copy is queued, and the allocator may give it to a
-    new tensor of the same shape; that one must get a copy of its own. Emulated on the CPU: a copying
-    offload, and two tensors laid on the same memory with version counters of their own."""
-
-    class CopyingOffload(ActivationOffload):
-        def _copy_to_host(self, tensor):
-            return tensor.detach().clone()
+    new tensor of the same shape; that one must get a copy of its own. Emulated on the CPU: the copying
+    stand-in, and two tensors laid on the same memory with version counters of their own."""
 
     memory = torch.zeros(8).untyped_storage()
 
