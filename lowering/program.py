@@ -32,11 +32,13 @@ from schedlang.vocabulary import (
     DataKind,
     DType,
     LayerKind,
+    LearningRateScheduleKind,
     OptimizerKind,
     Recompute,
     RunRequest,
     SequenceParallelMethod,
     Span,
+    TokenFileDType,
 )
 
 
@@ -164,10 +166,22 @@ class OptimizerSpec:
 
 
 @dataclass(frozen=True)
+class LearningRateScheduleSpec:
+    """``train.lr_schedule``: ``warmup`` steps rising linearly to the optimizer's lr, then ``kind`` down to
+    ``min_lr`` at the last of ``train.steps``."""
+
+    kind: LearningRateScheduleKind = LearningRateScheduleKind.CONSTANT
+    warmup: int = 0
+    min_lr: float = 0.0
+
+
+@dataclass(frozen=True)
 class DataSpec:
     kind: DataKind = DataKind.SYNTHETIC
     seed: int = 0
-    path: str | None = None  # for DataKind.BYTES; None means the default corpus
+    path: str | None = None  # for DataKind.BYTES (None: the default corpus) and DataKind.TOKENS (required)
+    dtype: TokenFileDType = TokenFileDType.UINT16  # DataKind.TOKENS only
+    tokenizer: str | None = None  # DataKind.TEXT only: a Hugging Face tokenizer.json
 
 
 @dataclass(frozen=True)
@@ -186,6 +200,8 @@ class TrainSpec:
     grad_clip: float | None = None
     checkpoint: CheckpointSpec | None = None
     log_every: int = 1
+    lr_schedule: LearningRateScheduleSpec = LearningRateScheduleSpec()
+    log: str | None = None  # a TensorBoard directory: train.log = tensorboard(directory = "...")
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,12 @@ from schedlang.vocabulary import (
     DataKind,
     DType,
     LayerKind,
+    LearningRateScheduleKind,
     OptimizerKind,
     Recompute,
     RunRequest,
     SequenceParallelMethod,
+    TokenFileDType,
 )
 
 
@@ -143,10 +145,26 @@ class OptimizerConfig:
 class DataConfig:
     kind: DataKind = DataKind.SYNTHETIC
     seed: int = 0
-    path: str | None = None  # DataKind.BYTES only; None reads the default corpus
+    path: str | None = None  # DataKind.BYTES (None reads the default corpus) and DataKind.TOKENS
+    dtype: TokenFileDType = TokenFileDType.UINT16  # DataKind.TOKENS only
+    tokenizer: str | None = None  # DataKind.TEXT only: a Hugging Face tokenizer.json
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", DataKind(self.kind))
+        object.__setattr__(self, "dtype", TokenFileDType(self.dtype))
+
+
+@dataclass(frozen=True)
+class LearningRateScheduleConfig:
+    """``warmup`` steps rising linearly to the optimizer's lr, then ``kind`` down to ``min_lr`` at the run's
+    last step (schedlang.runtime.lr_schedule)."""
+
+    kind: LearningRateScheduleKind = LearningRateScheduleKind.CONSTANT
+    warmup: int = 0
+    min_lr: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", LearningRateScheduleKind(self.kind))
 
 
 @dataclass(frozen=True)
@@ -160,6 +178,8 @@ class TrainConfig:
     checkpoint_directory: str | None = None
     checkpoint_every: int = 0
     log_every: int = 1
+    lr_schedule: LearningRateScheduleConfig = field(default_factory=LearningRateScheduleConfig)
+    tensorboard_directory: str | None = None  # TensorBoard scalars of every step (schedlang.runtime.progress)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DType(self.dtype))

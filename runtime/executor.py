@@ -204,22 +204,15 @@ class StageExecutor:
                     graphs.replay(action)
                 if action in graphs.losses:
                     self.loss_sum += graphs.losses[action].double()
-            elif kind in (ActionKind.RECV_ACTIVATION, ActionKind.RECV_GRADIENT):
-                is_gradient = kind is ActionKind.RECV_GRADIENT
-                self.messenger.receive_into(
-                    graphs.received[action],
-                    self.next_stage_rank if is_gradient else self.previous_stage_rank,
-                    is_gradient=is_gradient,
-                    description=f"the {'output gradient' if is_gradient else 'activation'} of {action}",
-                )
             else:
-                is_gradient = kind is ActionKind.SEND_GRADIENT
-                self.messenger.send(
-                    graphs.sent[action],
-                    self.previous_stage_rank if is_gradient else self.next_stage_rank,
-                    is_gradient=is_gradient,
-                    description=f"the {'input gradient' if is_gradient else 'activation'} of {action}",
-                )
+                is_gradient = kind in (ActionKind.RECV_GRADIENT, ActionKind.SEND_GRADIENT)
+                upstream = (kind is ActionKind.RECV_ACTIVATION) or (kind is ActionKind.SEND_GRADIENT)
+                peer = self.previous_stage_rank if upstream else self.next_stage_rank
+                description = f"the {'gradient' if is_gradient else 'activation'} of {action}"
+                if action in graphs.received:
+                    self.messenger.receive_into(graphs.received[action], peer, is_gradient, description)
+                else:
+                    self.messenger.send(graphs.sent[action], peer, is_gradient, description)
         self.messenger.finish_sends()
         return self.loss_sum
 

@@ -5,7 +5,7 @@ so the front end (``schedlang``), the lowering (``schedlang.lowering``), the run
 (``schedlang.runtime``) and the kernels may all import it:
 
 * :mod:`~schedlang.vocabulary.kinds`: the enums a schedule chooses among (layer kinds, optimizers, data
-  sources, sequence-parallel methods, recompute modes, dtypes, CUDA-graph modes);
+  sources, sequence-parallel methods, recompute modes, dtypes, CUDA-graph modes, learning-rate schedules);
 * :mod:`~schedlang.vocabulary.source`: :class:`Span` and the one renderer of ``file:line:col: error:``
   messages with a caret;
 * :mod:`~schedlang.vocabulary.actions`: the per-rank action IR placement emits and the executor runs;
@@ -27,9 +27,11 @@ from schedlang.vocabulary.kinds import (
     DataKind,
     DType,
     LayerKind,
+    LearningRateScheduleKind,
     OptimizerKind,
     Recompute,
     SequenceParallelMethod,
+    TokenFileDType,
 )
 from schedlang.vocabulary.source import Severity, Span, caret_line, format_error, render_message
 
@@ -42,12 +44,14 @@ __all__ = [
     "DType",
     "DataKind",
     "LayerKind",
+    "LearningRateScheduleKind",
     "OptimizerKind",
     "Recompute",
     "Refusal",
     "RunRequest",
     "SequenceParallelMethod",
     "Severity",
+    "TokenFileDType",
     "Span",
     "UnsupportedRunError",
     "caret_line",

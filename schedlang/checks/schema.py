@@ -138,6 +138,8 @@ SCHEMA: tuple[Key, ...] = (
     Key("train", "seed", Integer(0, train.MAX_SEED), TrainSpec, "seed = 1"),
     Key("train", "grad_clip", Number(0.0, above=True), TrainSpec, "grad_clip = 1.0", accepts_none=True),
     Key("train", "log_every", Integer(1, 1 << 40), TrainSpec, "log_every = 5"),
+    Key("train", "lr_schedule", train.read_lr_schedule, TrainSpec, "lr_schedule = cosine(warmup = 100, min_lr = 3e-5)"),
+    Key("train", "log", train.read_log, TrainSpec, 'log = tensorboard(directory = "runs/x")', accepts_none=True),
     Key(
         "train", "checkpoint", train.read_checkpoint, TrainSpec, 'checkpoint = "runs/ckpt" every 50',
         accepts_none=True, accepts_every=True,
