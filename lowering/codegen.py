@@ -18,7 +18,7 @@ from pathlib import Path
 import jinja2
 
 from schedlang.lowering import paths
-from schedlang.lowering.program import MlpKind, Recompute, ScheduleProgram
+from schedlang.lowering.program import MlpKind, ScheduleProgram
 from schedlang.lowering.script_text import docstring_script_name
 from schedlang.vocabulary import Action, DataKind
 
@@ -102,6 +102,7 @@ class TrainScriptView:
     scan_blocks: str
     train: TrainView
     cuda_graphs: str = ""  # the mode's value as a literal, empty without graphs
+    offload: bool = False
 
 
 def _data_extras(program: ScheduleProgram) -> str:
@@ -187,11 +188,12 @@ def build_view(
         stage_actions_literal=_tuple_of_names([f"STAGE_{index}_ACTIONS" for index in range(n_stages)]),
         stage_layers_literal=repr(tuple(tuple(layers) for layers in program.stage_layers)),
         chunk_boundaries_literal=repr(tuple(program.sequence.boundaries)),
-        recompute=repr(program.pipeline.recompute is Recompute.FULL),
+        recompute=repr(program.pipeline.recompute.value),
         sequence_parallel=repr(program.mesh.sequence),
         sequence_method=repr(program.sequence.parallel.value),
         scan_blocks=repr(program.sequence.scan_blocks),
         cuda_graphs=repr(program.pipeline.cuda_graphs.value) if program.pipeline.cuda_graphs else "",
+        offload=program.pipeline.offload,
         train=TrainView(
             steps=repr(train.steps),
             seed=repr(train.seed),

@@ -34,6 +34,7 @@ from schedlang.vocabulary import (
     LayerKind,
     LearningRateScheduleKind,
     OptimizerKind,
+    Recompute,
     RunRequest,
     SequenceParallelMethod,
     Span,
@@ -131,15 +132,6 @@ class StageOrder:
     stage: int
     tasks: tuple[TaskToken, ...]
     span: Span | None = None
-
-
-class Recompute(str, Enum):
-    """Which parts of a chunk's forward its backward recomputes instead of keeping their activations."""
-
-    NONE = "none"  # keep every activation
-    MLP = "mlp"  # recompute each layer's MLP block (its input is kept)
-    MIXER = "mixer"  # recompute each layer's token mixer (gla, simple_gla, gdn, attn; its input is kept)
-    FULL = "full"  # recompute a chunk's whole forward inside its backward
 
 
 @dataclass(frozen=True)
@@ -250,6 +242,7 @@ def run_request(model: ModelSpec, mesh: MeshSpec, sequence: SequenceSpec, pipeli
         layers=model.layers,
         sequence_parallel=mesh.sequence,
         chunk_lengths=tuple(sequence.chunk_length(chunk) for chunk in range(sequence.n_chunks)),
-        recompute=pipeline.recompute is Recompute.FULL,
+        recompute=pipeline.recompute,
+        offload=pipeline.offload,
         cuda_graphs=pipeline.cuda_graphs,
     )

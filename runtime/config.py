@@ -17,6 +17,7 @@ from schedlang.vocabulary import (
     LayerKind,
     LearningRateScheduleKind,
     OptimizerKind,
+    Recompute,
     RunRequest,
     SequenceParallelMethod,
     TokenFileDType,
@@ -65,7 +66,10 @@ class PipelineConfig:
     """How one step runs: stages, chunks, microbatches and each stage's action list.
 
     ``stage_actions[r]`` is the static list of actions of every rank of stage
-    ``r`` in text form (see :mod:`schedlang.vocabulary.actions`).
+    ``r`` in text form (see :mod:`schedlang.vocabulary.actions`). ``recompute``
+    names what a chunk's backward recomputes ([Note: recompute modes] in
+    :mod:`schedlang.runtime.executor`); ``offload`` keeps what a chunk's forward
+    saves in pinned host memory until its backward (:mod:`schedlang.runtime.offload`).
     """
 
     stage_layers: tuple[tuple[int, ...], ...]
@@ -74,16 +78,18 @@ class PipelineConfig:
     microbatch_size: int
     stage_actions: tuple[tuple[str, ...], ...]
     data_parallel: int = 1
-    recompute: bool = False
+    recompute: Recompute = Recompute.NONE
     sequence_parallel: int = 1
     sequence_method: SequenceParallelMethod = SequenceParallelMethod.ALLSCAN
     scan_blocks: int = 1
     # replay a chunk's forward/backward from per-slot graphs (schedlang.runtime.graphs), or the whole step's
     # compute from graphs captured in order into one pool (schedlang.runtime.step_graphs)
     cuda_graphs: CudaGraphs = CudaGraphs.NONE
+    offload: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sequence_method", SequenceParallelMethod(self.sequence_method))
+        object.__setattr__(self, "recompute", Recompute(self.recompute))
         if isinstance(self.cuda_graphs, bool):  # scripts generated before the step mode wrote a flag
             object.__setattr__(self, "cuda_graphs", CudaGraphs.CHUNK_SLOTS if self.cuda_graphs else CudaGraphs.NONE)
         object.__setattr__(self, "cuda_graphs", CudaGraphs(self.cuda_graphs))
@@ -186,5 +192,6 @@ def run_request(model: ModelConfig, pipeline: PipelineConfig) -> RunRequest:
         sequence_parallel=pipeline.sequence_parallel,
         chunk_lengths=pipeline.chunk_lengths,
         recompute=pipeline.recompute,
+        offload=pipeline.offload,
         cuda_graphs=pipeline.cuda_graphs,
     )

@@ -35,9 +35,23 @@ chunk's forward ran with a :class:`WeightGradientRecorder`, ``B`` left them to
 it, and ``W`` applies it (see [Note: deferred weight gradients] in
 :mod:`schedlang.runtime.linear`; with CUDA graphs, [Note: splitting slots]).
 
-With full recomputation ``F`` runs under ``no_grad`` keeping only its inputs
-and initial states, and ``B`` reruns the forward with grad before the
-backward; the arithmetic is the same, so the results are identical.
+[Note: recompute modes]
+``pipeline.recompute`` trades a second forward for the activations a chunk
+keeps from its ``F`` to its ``B``. ``full``: ``F`` runs under ``no_grad``
+keeping only its inputs and initial states, and ``B`` reruns the forward with
+grad before the backward. ``mlp`` and ``mixer``: every block runs that part
+(its pre-norm included) under ``torch.utils.checkpoint`` (non-reentrant), so
+the graph keeps the part's inputs (the residual stream entering it, and the
+mixer's initial state) and the first use of its activations in ``B`` reruns
+it (``Block`` in :mod:`schedlang.runtime.model`). A rerun computes the same
+arithmetic on the same inputs, so the results are identical: a recurrent
+layer's final state handed to ``F(a, i + 1)`` is the first forward's, and
+its gradient flows back through the original graph; an attention layer's
+rerun writes its chunk's keys and values into the sequence-wide buffers
+again, the same values into a region no pending chunk reads differently
+(``B(a, i + 1)`` ran before ``B(a, i)``; [Note: sequence-wide K/V]). With
+``offload`` the tensors a chunk's graph still saves wait for ``B`` in host
+memory ([Note: activation offload] in :mod:`schedlang.runtime.offload`).
 
 With CUDA graphs (``graphs``) ``F`` replays a captured slot instead of
 running the stage eagerly and ``B`` gives the slot back; see
@@ -58,10 +72,11 @@ from schedlang.runtime.graphs import GraphedChunks
 from schedlang.runtime.kv_buffers import ChunkPosition, SequenceKV
 from schedlang.runtime.linear import WeightGradientRecorder, recording_weight_gradients
 from schedlang.runtime.model import StageModel
+from schedlang.runtime.offload import ActivationOffload, storage_key
 from schedlang.runtime.p2p import StageMessenger
 from schedlang.runtime.state_store import ChunkRecord, StateStore
 from schedlang.runtime.step_graphs import StepGraphs
-from schedlang.vocabulary import Action, ActionKind, deferred_weight_units
+from schedlang.vocabulary import Action, ActionKind, Recompute, deferred_weight_units
 
 
 _COMMUNICATION = frozenset(
@@ -78,9 +93,13 @@ class StepShape:
     microbatch_size: int
     d_model: int
     global_tokens: int
-    recompute: bool
+    recompute: Recompute
     # each chunk's token range on every rank of the sequence-parallel group, in group-rank order; () without one
     sequence_slices: tuple[tuple[tuple[int, int], ...], ...] = ()
+    offload: bool = False  # [Note: activation offload]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "recompute", Recompute(self.recompute))
 
     @property
     def n_chunks(self) -> int:
@@ -114,6 +133,10 @@ class StageExecutor:
         # [Note: sequence-wide K/V] in schedlang.runtime.kv_buffers
         self.kv = SequenceKV(shape.chunk_boundaries[-1]) if model.has_attention else None
         self.store = StateStore()
+        self.offload = ActivationOffload(self.model_device, self._stays_resident) if shape.offload else None
+        self.parameter_storages = frozenset(storage_key(parameter) for parameter in model.parameters())
+        backwards = [(action.microbatch, action.chunk) for action in actions if action.kind is ActionKind.BACKWARD]
+        self.next_backward = dict(zip(backwards, backwards[1:]))  # the look-ahead of the offload's prefetch
         if graphs is not None and graphs.splitting:  # [Note: splitting slots]: every chunk's W replays a graph
             self.deferred_weights = frozenset(
                 (action.microbatch, action.chunk) for action in actions if action.kind is ActionKind.WEIGHT
@@ -162,12 +185,14 @@ class StageExecutor:
         return self.loss_sum
 
     def _check_nothing_left(self) -> None:
-        leftovers = self.weight_recorders or self.weight_slots or self.weight_buffers
+        offloaded = sorted(self.offload.chunks) if self.offload is not None else []
+        leftovers = self.weight_recorders or self.weight_slots or self.weight_buffers or offloaded
         if not self.store.is_empty() or self.inbox or self.outbox or leftovers:
             raise RuntimeError(
                 f"stage {self.stage} ended the step with unconsumed data: {self.store.describe_leftovers()}"
                 f" inbox={sorted(map(str, self.inbox))} outbox={sorted(map(str, self.outbox))}"
                 f" weight gradients not applied={sorted(set(self.weight_recorders) | set(self.weight_slots))}"
+                f" offloaded chunks never backpropagated={offloaded}"
             )
 
     def _replay_step(self) -> torch.Tensor:
@@ -211,6 +236,17 @@ class StageExecutor:
     @property
     def model_device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def _stays_resident(self, tensor: torch.Tensor) -> bool:
+        """Whether offload leaves a saved tensor on the device: parameters and the sequence-wide K/V buffers."""
+        storage = storage_key(tensor)
+        if storage in self.parameter_storages:
+            return True
+        if self.kv is None:
+            return False
+        return any(
+            storage in (storage_key(buffers.keys), storage_key(buffers.values)) for buffers in self.kv.open.values()
+        )
 
     def run_action(self, action: Action) -> None:
         kind, microbatch, chunk = action
@@ -319,12 +355,13 @@ class StageExecutor:
     def forward(self, microbatch: int, chunk: int) -> None:
         inputs, input_buffer = self._take_input(microbatch, chunk)
         initial_states = self._initial_states(microbatch, chunk)
-        if self.shape.recompute:
+        if self.shape.recompute is Recompute.FULL:
             with torch.no_grad():
                 outputs, _, _, final_states, _ = self._run_model(inputs, initial_states, microbatch, chunk)
             record = ChunkRecord(inputs, None, initial_states, None, [], input_buffer)
         else:
-            with torch.enable_grad(), self._captured(Action(ActionKind.FORWARD, microbatch, chunk)):
+            saving = nullcontext() if self.offload is None else self.offload.saving((microbatch, chunk))
+            with torch.enable_grad(), self._captured(Action(ActionKind.FORWARD, microbatch, chunk)), saving:
                 outputs, input_leaf, state_leaves, final_states, slot = self._run_model(
                     inputs, initial_states, microbatch, chunk
                 )
@@ -343,7 +380,11 @@ class StageExecutor:
 
     def backward(self, microbatch: int, chunk: int) -> None:
         record = self.store.take_record(microbatch, chunk)
-        if self.shape.recompute:
+        if self.offload is not None:
+            self.offload.prefetch((microbatch, chunk))
+            if (microbatch, chunk) in self.next_backward:
+                self.offload.prefetch(self.next_backward[(microbatch, chunk)])
+        if self.shape.recompute is Recompute.FULL:
             with torch.enable_grad():
                 outputs, input_leaf, state_leaves, final_states, _ = self._run_model(
                     record.inputs, record.initial_states, microbatch, chunk
@@ -374,6 +415,8 @@ class StageExecutor:
         # with step graphs, the gradients handed on (zeros included) are made inside the captured graph
         with self._captured(Action(ActionKind.BACKWARD, microbatch, chunk)):
             torch.autograd.backward(tensors, gradients)
+            if self.offload is not None:
+                self.offload.release((microbatch, chunk))
             # a graph slot's gradients live in its static buffers, which its next forward overwrites
             handed_out = (lambda grad: grad.clone()) if record.graph_slot is not None else (lambda grad: grad)
             if chunk > 0:

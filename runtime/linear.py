@@ -65,6 +65,11 @@ class WeightGradientRecorder:
 _active_recorder: WeightGradientRecorder | None = None
 
 
+def active_weight_gradient_recorder() -> WeightGradientRecorder | None:
+    """The recorder of the innermost ``recording_weight_gradients`` block (None outside one)."""
+    return _active_recorder
+
+
 @contextmanager
 def recording_weight_gradients(recorder: WeightGradientRecorder | None) -> Iterator[None]:
     """Linear layers run forward inside this block leave their weight gradients to ``recorder`` (None: no change)."""
@@ -86,6 +91,9 @@ class _LinearAccumulatingWeightGradient(torch.autograd.Function):
         recorder: WeightGradientRecorder | None,
     ) -> torch.Tensor:
         ctx.save_for_backward(inputs, weight)
+        # the parameter itself: the saved weight may come back as a detached alias, whose .grad is not the
+        # parameter's (recomputation, saved-tensor hooks: [Note: recompute modes] in schedlang.runtime.executor)
+        ctx.weight_parameter = weight
         ctx.has_bias = bias is not None
         ctx.recorder = recorder
         return F.linear(inputs, weight, bias)
@@ -96,15 +104,16 @@ class _LinearAccumulatingWeightGradient(torch.autograd.Function):
         inputs, weight = ctx.saved_tensors
         rows_grad = output_grad.reshape(-1, output_grad.shape[-1])
         input_rows = inputs.reshape(-1, inputs.shape[-1])
+        parameter = ctx.weight_parameter
         if ctx.recorder is not None:
-            ctx.recorder.record(input_rows, rows_grad, weight)
-        elif weight.grad is None:
+            ctx.recorder.record(input_rows, rows_grad, parameter)
+        elif parameter.grad is None:
             raise RuntimeError(
                 "a Linear with accumulate_into_grad ran its backward before its weight had a .grad to add into: "
                 "allocate the gradients (zeros) before the first backward"
             )
         else:
-            weight.grad.addmm_(rows_grad.t(), input_rows)
+            parameter.grad.addmm_(rows_grad.t(), input_rows)
         input_grad = output_grad @ weight if ctx.needs_input_grad[0] else None
         bias_grad = rows_grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return input_grad, None, bias_grad, None

@@ -19,11 +19,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.kv_buffers import AttentionChunk, BufferedChunkAttention, ChunkPosition
-from schedlang.runtime.linear import Linear
-from schedlang.vocabulary import LayerKind
+from schedlang.runtime.linear import Linear, active_weight_gradient_recorder, recording_weight_gradients
+from schedlang.vocabulary import LayerKind, Recompute
 
 GATE_LOGIT_NORMALIZER = 16.0
 """GLA divides the log-sigmoid gate by 16 so forget gates start close to 1 (GLA paper, section 4)."""
@@ -308,7 +309,11 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: mixing layer, then SwiGLU MLP (if any); an ``mlp`` layer is the MLP alone."""
+    """Pre-norm residual block: mixing layer, then SwiGLU MLP (if any); an ``mlp`` layer is the MLP alone.
+
+    ``recompute`` (``mlp`` or ``mixer``; set by :func:`build_stage_model`) names the part, norm included, whose
+    activations the backward recomputes: [Note: recompute modes] in :mod:`schedlang.runtime.executor`.
+    """
 
     def __init__(self, config: ModelConfig, kind: LayerKind) -> None:
         super().__init__()
@@ -324,6 +329,7 @@ class Block(nn.Module):
         has_mlp = config.has_mlp(kind)
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps) if has_mlp else None
         self.mlp = SwiGLU(config.d_model, config.mlp_ratio) if has_mlp else None
+        self.recompute = Recompute.NONE
 
     def reset_parameters(self, generator: torch.Generator, init_depth: int) -> None:
         output_std = INIT_STD / math.sqrt(init_depth)
@@ -337,11 +343,30 @@ class Block(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         final_state = None
         if self.mixer is not None:
-            mixed, final_state = self.mixer(self.mixer_norm(hidden), initial_state)
+            mixed, final_state = self._run_part(Recompute.MIXER, self._mix, hidden, initial_state)
             hidden = hidden + mixed
         if self.mlp is not None:
-            hidden = hidden + self.mlp(self.mlp_norm(hidden))
+            hidden = hidden + self._run_part(Recompute.MLP, self._feed_forward, hidden)
         return hidden, final_state
+
+    def _mix(self, hidden: torch.Tensor, initial_state) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.mixer(self.mixer_norm(hidden), initial_state)
+
+    def _feed_forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.mlp_norm(hidden))
+
+    def _run_part(self, part: Recompute, function, *inputs):
+        """``function(*inputs)``; when ``part`` is recomputed, autograd keeps only ``inputs`` for the backward,
+        which reruns ``function`` (with the forward's weight-gradient recorder, so it saves the same tensors)."""
+        if self.recompute is not part or not torch.is_grad_enabled():
+            return function(*inputs)
+        recorder = active_weight_gradient_recorder()
+
+        def run_with_the_forwards_recorder(*inputs):
+            with recording_weight_gradients(recorder):
+                return function(*inputs)
+
+        return checkpoint(run_with_the_forwards_recorder, *inputs, use_reentrant=False)
 
 
 class StageModel(nn.Module):
@@ -417,11 +442,14 @@ def build_stage_model(
     device: torch.device,
     dtype: torch.dtype,
     sequence_context: SequenceParallelContext | None = None,
+    recompute: Recompute = Recompute.NONE,
 ) -> StageModel:
     """Build a stage on the meta device, then materialise it with its seed-determined weights.
 
     With a ``sequence_context`` every mixing layer runs its slice of each chunk
-    sequence-parallel over that group.
+    sequence-parallel over that group. ``recompute`` ``mlp`` or ``mixer`` makes
+    every block recompute that part in the backward; ``full`` is the executor's
+    (the blocks keep everything when their forward runs with grad).
     """
     with torch.device("meta"):
         model = StageModel(config, layer_indices, is_first, is_last)
@@ -434,4 +462,6 @@ def build_stage_model(
     for module in model.modules():
         if isinstance(module, (GatedLinearMixer, GatedDeltaMixer, CausalAttentionMixer)):
             module.sequence_context = sequence_context
+        if isinstance(module, Block) and recompute in (Recompute.MLP, Recompute.MIXER):
+            module.recompute = Recompute(recompute)
     return model.to(dtype)

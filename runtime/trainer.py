@@ -98,6 +98,7 @@ class Trainer:
                 if pipeline.sequence_parallel > 1
                 else None
             ),
+            recompute=pipeline.recompute,
         )
         self.optimizer = build_optimizer(self.model.parameters(), self.train_config)
         self.scheduler = self._scheduler(start_step=0)
@@ -133,6 +134,7 @@ class Trainer:
                     if pipeline.sequence_parallel > 1
                     else ()
                 ),
+                offload=pipeline.offload,
             ),
             actions,
             messenger,

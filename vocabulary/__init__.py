@@ -5,7 +5,7 @@ so the front end (``schedlang``), the lowering (``schedlang.lowering``), the run
 (``schedlang.runtime``) and the kernels may all import it:
 
 * :mod:`~schedlang.vocabulary.kinds`: the enums a schedule chooses among (layer kinds, optimizers, data
-  sources, sequence-parallel methods, dtypes, CUDA-graph modes, learning-rate schedules);
+  sources, sequence-parallel methods, recompute modes, dtypes, CUDA-graph modes, learning-rate schedules);
 * :mod:`~schedlang.vocabulary.source`: :class:`Span` and the one renderer of ``file:line:col: error:``
   messages with a caret;
 * :mod:`~schedlang.vocabulary.actions`: the per-rank action IR placement emits and the executor runs;
@@ -29,6 +29,7 @@ from schedlang.vocabulary.kinds import (
     LayerKind,
     LearningRateScheduleKind,
     OptimizerKind,
+    Recompute,
     SequenceParallelMethod,
     TokenFileDType,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "LayerKind",
     "LearningRateScheduleKind",
     "OptimizerKind",
+    "Recompute",
     "Refusal",
     "RunRequest",
     "SequenceParallelMethod",

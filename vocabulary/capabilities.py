@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from schedlang.vocabulary.kinds import CudaGraphs, LayerKind
+from schedlang.vocabulary.kinds import CudaGraphs, LayerKind, Recompute
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,12 @@ class RunRequest:
     layers: tuple[LayerKind, ...]
     sequence_parallel: int  # ranks of the sequence-parallel group (mesh.sequence)
     chunk_lengths: tuple[int, ...]
-    recompute: bool
+    recompute: Recompute
     cuda_graphs: CudaGraphs
+    offload: bool = False  # saved activations kept in pinned host memory (pipeline.offload)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "recompute", Recompute(self.recompute))
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,15 @@ CAPABILITIES: tuple[Capability, ...] = (
     ),
     Capability(
         ("pipeline.recompute", "pipeline.cuda_graphs"),
-        lambda request: request.cuda_graphs and request.recompute,
-        lambda request: _graphs(request) + "recompute = full; graphs keep each chunk's activations in their own memory already",
+        lambda request: request.cuda_graphs and request.recompute is not Recompute.NONE,
+        lambda request: _graphs(request) + f"recompute = {request.recompute.value}; graphs keep each chunk's "
+        "activations in their own memory already",
+    ),
+    Capability(
+        ("pipeline.offload", "pipeline.cuda_graphs"),
+        lambda request: request.cuda_graphs and request.offload,
+        lambda request: _graphs(request) + "offload = true; a captured graph's saved activations live in its "
+        "own memory pool, which copies to the host cannot free",
     ),
     Capability(
         ("mesh.sequence", "pipeline.cuda_graphs"),

@@ -74,6 +74,19 @@ class SequenceParallelMethod(str, Enum):
     ALLGATHER = "allgather"  # LASP-2: all-gather of local states, prefix combined locally
 
 
+class Recompute(str, Enum):
+    """Which parts of a chunk's forward its backward recomputes instead of keeping their activations.
+
+    ``mlp`` and ``mixer`` recompute that part of every layer (its input is kept); ``full`` keeps only the
+    chunk's input and initial states and reruns its whole forward in the backward.
+    """
+
+    NONE = "none"  # keep every activation
+    MLP = "mlp"  # recompute each layer's MLP block (its input is kept)
+    MIXER = "mixer"  # recompute each layer's token mixer (gla, simple_gla, gdn, attn; its input is kept)
+    FULL = "full"  # recompute a chunk's whole forward inside its backward
+
+
 class CudaGraphs(str, Enum):
     """How a stage replays CUDA graphs (``pipeline.cuda_graphs``); true in a condition when it replays any."""
 

@@ -24,6 +24,7 @@ PIPELINE_KEYS = (
     "pipeline.order",
     "pipeline.microbatch_size",
     "pipeline.recompute",
+    "pipeline.offload",
     "pipeline.cuda_graphs",
     "pipeline.extra_warmup",
     "pipeline.split_backward",

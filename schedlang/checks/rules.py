@@ -23,7 +23,7 @@ from schedlang.checks.sequence import build_sequence
 from schedlang.checks.stages import read_explicit_orders
 from schedlang.lowering.partition import model_balanced_boundaries, uniform_boundaries
 from schedlang.lowering.program import MlpKind, OrderKind, PartitionKind
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import LayerKind, Recompute
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -361,6 +361,18 @@ def extra_warmup_needs_1f1b(checker: Checker) -> None:
         checker.reject("pipeline.extra_warmup")
 
 
+def offload_needs_saved_activations(checker: Checker) -> None:
+    """``offload = true`` moves what a chunk's forward saves for its backward; ``recompute = full`` saves nothing."""
+    if checker.get("pipeline.offload") and checker.get("pipeline.recompute") is Recompute.FULL:
+        checker.error(
+            "'pipeline.offload' keeps the activations a chunk's forward saves in host memory, but recompute = full "
+            "saves none (its backward reruns the forward)",
+            checker.span_of("pipeline.offload"),
+            hint="remove offload, or recompute only a part of each layer (recompute = mlp or mixer)",
+        )
+        checker.reject("pipeline.offload")
+
+
 def stage_lines_match_order(checker: Checker) -> None:
     """``stage r:`` lines exactly when ``order = explicit``; their tasks name existing microbatches and chunks."""
     order = checker.get("pipeline.order")
@@ -435,6 +447,7 @@ RULES: tuple[Rule, ...] = (
         places_weight_tasks("extra_deferred_weights"),
     ),
     Rule(("pipeline.extra_warmup", "pipeline.order"), extra_warmup_needs_1f1b),
+    Rule(("pipeline.offload", "pipeline.recompute"), offload_needs_saved_activations),
     Rule(
         ("pipeline.order", "pipeline.microbatches", "pipeline.split_backward", "mesh.pipeline", "sequence.chunks"),
         stage_lines_match_order,

@@ -30,7 +30,8 @@ sequence {{ length = 256
   chunks = {chunks}  kernel_chunk = 16 }}
 pipeline {{ microbatches = 2  order = 1f1b
   cuda_graphs = {cuda_graphs}
-  recompute = {recompute} }}
+  recompute = {recompute}
+  offload = {offload} }}
 """
 
 
@@ -42,7 +43,8 @@ class Features:
     sequence: int = 1
     boundaries: tuple[int, ...] = (0, 128, 256)
     cuda_graphs: bool | str = False  # a bool, or a mode's value
-    recompute: bool = False
+    recompute: str = "none"
+    offload: bool = False
 
     def text(self) -> str:
         chunks = "2" if self.boundaries == (0, 128, 256) else str(list(self.boundaries))
@@ -51,7 +53,8 @@ class Features:
             sequence=self.sequence,
             chunks=chunks,
             cuda_graphs=str(self.cuda_graphs).lower(),
-            recompute="full" if self.recompute else "none",
+            recompute=self.recompute,
+            offload=str(self.offload).lower(),
         )
 
     def runtime_records(self) -> tuple[ModelConfig, PipelineConfig]:
@@ -66,6 +69,7 @@ class Features:
                 microbatch_size=1,
                 stage_actions=((), ()),
                 recompute=self.recompute,
+                offload=self.offload,
                 sequence_parallel=self.sequence,
                 cuda_graphs=self.cuda_graphs,
             ),
@@ -97,15 +101,21 @@ REFUSALS = [
     (Features(cuda_graphs=True, sequence=2), [("sequence", "this schedule has mesh.sequence = 2")]),
     (Features(cuda_graphs=True, boundaries=UNEVEN), [("chunks", "chunks of different lengths [64, 192]")]),
     (Features(cuda_graphs="step", sequence=2), [("sequence", "cuda_graphs = step replays captured graphs")]),
-    (Features(cuda_graphs=True, recompute=True), [("recompute", "recompute = full")]),
+    (Features(cuda_graphs=True, recompute="full"), [("recompute", "recompute = full")]),
+    (Features(cuda_graphs=True, recompute="mlp"), [("recompute", "this schedule has recompute = mlp")]),
+    (Features(cuda_graphs="step", offload=True), [("offload", "this schedule has offload = true")]),
     (Features(cuda_graphs=True, layers=("gla", "attn")), [("layers", "this schedule has attn layers")]),
     (
-        Features(("gla", "attn", "gdn", "gla"), sequence=2, boundaries=UNEVEN, cuda_graphs=True, recompute=True),
+        Features(
+            ("gla", "attn", "gdn", "gla"), sequence=2, boundaries=UNEVEN, cuda_graphs=True, recompute="mixer",
+            offload=True,
+        ),
         [
             ("layers", "this schedule has attn layers"),
             ("sequence", "this schedule has mesh.sequence = 2"),
             ("chunks", "chunks of different lengths [64, 192]"),
-            ("recompute", "recompute = full"),
+            ("recompute", "recompute = mixer"),
+            ("offload", "offload = true"),
         ],
     ),
 ]

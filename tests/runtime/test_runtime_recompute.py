@@ -1,0 +1,373 @@
+"""Acceptance (issue 18): recompute = mlp | mixer | full and offload = true change memory, never results.
+
+Exactness: generated scripts run on one process and on a pipeline of 2 stages (gloo) with several chunks, with
+gla layers and with a hybrid stack holding attn and gdn layers, deferred weight gradients, MLPs as layers of
+their own and a sequence-parallel group; each run's losses and every parameter gradient equal those of the
+same schedule with ``recompute = none`` within 1e-5. In one process (a 1-rank gloo group, through the
+generated script's records and ``launch``): the offload hooks run and change nothing, the K/V buffers of attn
+layers are rewritten with the values they hold, and the bytes autograd keeps for a chunk fall in the order
+full < mlp, mixer < none. On a GPU (a stage model, no process group): offload moves the saved bytes off the
+device, and the recomputed parts' gradients equal the kept ones.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import weakref
+from contextlib import nullcontext
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from runtime_harness import compile_schedule, free_port, relative_error, run_job
+from schedlang.runtime.config import ModelConfig
+from schedlang.runtime.kv_buffers import BufferedChunkAttention
+from schedlang.runtime.model import build_stage_model
+from schedlang.runtime.offload import ActivationOffload, storage_key
+from schedlang.runtime.trainer import launch
+from schedlang.vocabulary import ActionKind, LayerKind, Recompute
+
+STEPS = 2
+TOLERANCE = 1e-5
+
+GLA_LAYERS = "[gla, simple_gla] * 2"
+HYBRID_LAYERS = "[gla, attn, gdn, simple_gla]"
+SPLIT_MLP_LAYERS = "[gla, mlp, attn, mlp]"  # [Note: separate MLP layers]
+
+
+def schedule_text(
+    name: str,
+    layers: str,
+    pipeline: int = 2,
+    recompute: str = "none",
+    offload: bool = False,
+    order: str = "1f1b",
+    sequence: int = 1,
+    split_backward: bool = False,
+    chunks: str = "3",
+) -> str:
+    return f"""schedule {name}
+model {{ vocab = 64  d_model = 32  heads = 2  head_dim = 16  layers = {layers}  mlp = swiglu(ratio = 2) }}
+mesh {{ pipeline = {pipeline}  sequence = {sequence} }}
+sequence {{ length = 96  chunks = {chunks}  kernel_chunk = 16  parallel = ring }}
+pipeline {{
+  microbatches = 2  microbatch_size = 2  order = {order}  recompute = {recompute}  offload = {str(offload).lower()}
+  split_backward = {str(split_backward).lower()}
+}}
+train {{ steps = {STEPS}  seed = 3  optimizer = adamw(lr = 1e-2)  data = synthetic(seed = 4) }}
+"""
+
+
+# The variants of each base schedule: (name suffix, recompute, offload)
+MODES = (
+    ("mlp", "mlp", False),
+    ("mixer", "mixer", False),
+    ("full", "full", False),
+    ("offload", "none", True),
+    ("mixer_offload", "mixer", True),
+    ("mlp_offload", "mlp", True),
+)
+
+
+REFERENCE_OF: dict[str, str] = {}  # each compared run -> the recompute = none run of the same schedule
+
+
+def variants(base: str, **settings) -> dict[str, str]:
+    """The base schedule with recompute = none, then each mode of MODES (names ``<base>_<suffix>``)."""
+    reference = f"{base}_none"
+    runs = {reference: schedule_text(reference, **settings)}
+    for suffix, recompute, offload in MODES:
+        name = f"{base}_{suffix}"
+        runs[name] = schedule_text(name, recompute=recompute, offload=offload, **settings)
+        REFERENCE_OF[name] = reference
+    return runs
+
+
+def ring_variants() -> dict[str, str]:
+    """A sequence-parallel group: the rerun mixer runs the ring's collectives again, on both ranks alike."""
+    settings = dict(layers=GLA_LAYERS, pipeline=1, sequence=2)
+    runs = {"p1_s2_n3_ring_none": schedule_text("p1_s2_n3_ring_none", **settings)}
+    for name, recompute, offload in (("p1_s2_n3_ring_mixer", "mixer", False), ("p1_s2_n3_ring_mlp_offload", "mlp", True)):
+        runs[name] = schedule_text(name, recompute=recompute, offload=offload, **settings)
+        REFERENCE_OF[name] = "p1_s2_n3_ring_none"
+    return runs
+
+
+JOBS = {
+    1: {
+        **variants("p1_n3_gla", layers=GLA_LAYERS, pipeline=1),
+        **variants("p1_n3_hybrid", layers=HYBRID_LAYERS, pipeline=1),
+    },
+    2: {
+        **variants("p2_n3_gla", layers=GLA_LAYERS),
+        **variants("p2_n3_hybrid", layers=HYBRID_LAYERS, chunks="[0, 16, 64, 96]"),
+        # deferred W tasks ([Note: deferred weight gradients]): a rerun part records its weight gradients too
+        **variants("p2_n3_split_backward_gpipe", layers=HYBRID_LAYERS, order="gpipe", split_backward=True),
+        **variants("p2_n2_split_mlp", layers=SPLIT_MLP_LAYERS, chunks="2"),
+        **ring_variants(),
+    },
+}
+COMPARED = list(REFERENCE_OF)
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    """Run every schedule; returns name -> (losses, gradients after the first step)."""
+    directory = tmp_path_factory.mktemp("recompute")
+    outcomes = {}
+    for world_size, runs in JOBS.items():
+        names = list(runs)
+        scripts = [compile_schedule(runs[name], directory, name) for name in names]
+        job = run_job(scripts, world_size, STEPS, directory / f"world{world_size}", wall_timeout_s=900.0)
+        assert job.return_codes == [0] * world_size, job.errors
+        for index, name in enumerate(names):
+            outcomes[name] = (job.losses(index), job.gradients(index))
+    return outcomes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", COMPARED)
+def test_losses_and_gradients_equal_those_without_recompute(matrix, name):
+    reference_losses, reference_gradients = matrix[REFERENCE_OF[name]]
+    losses, gradients = matrix[name]
+    assert len(losses) == STEPS
+    for step, (loss, reference) in enumerate(zip(losses, reference_losses)):
+        assert abs(loss - reference) <= TOLERANCE * abs(reference), f"step {step}: {loss} vs {reference}"
+    assert sorted(gradients) == sorted(reference_gradients)
+    errors = {key: relative_error(gradients[key], reference_gradients[key]) for key in reference_gradients}
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= TOLERANCE, f"{worst}: relative error {errors[worst]:.2e}"
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """A 1-rank gloo group, so ``launch`` builds trainers in this process (init_mesh finds it initialised)."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def load_script(path: Path):
+    spec = importlib.util.spec_from_file_location(f"generated_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def one_rank_trainer(tmp_path: Path, name: str, device: str = "cpu", **settings):
+    script = load_script(compile_schedule(schedule_text(name, pipeline=1, **settings), tmp_path, name))
+    return launch(script.MODEL, script.PIPELINE, script.TRAIN, script.MESH_SHAPE, device)
+
+
+def first_step(trainer) -> tuple[float, dict[str, torch.Tensor]]:
+    loss = trainer.forward_backward(0)
+    return loss, trainer.named_gradients()
+
+
+@pytest.mark.parametrize("layers", [GLA_LAYERS, HYBRID_LAYERS], ids=["gla", "hybrid"])
+def test_offload_hooks_pack_and_unpack_and_change_nothing(one_rank_group, tmp_path, layers):
+    plain = one_rank_trainer(tmp_path, "plain", layers=layers)
+    offloaded = one_rank_trainer(tmp_path, "offloaded", layers=layers, offload=True)
+    assert plain.executor.offload is None
+    reference_loss, reference_gradients = first_step(plain)
+    loss, gradients = first_step(offloaded)
+    counts = offloaded.executor.offload.counts
+    backwards = sum(action.kind is ActionKind.BACKWARD for action in offloaded.executor.actions)
+    assert counts.packed > counts.copied > 0  # parameters, K/V buffers and repeats are not copied
+    assert counts.unpacked >= counts.copied
+    assert counts.prefetched_chunks == backwards
+    assert offloaded.executor.offload.chunks == {}  # every chunk released by its backward
+    assert loss == reference_loss
+    assert all(torch.equal(gradients[key], reference_gradients[key]) for key in reference_gradients)
+
+
+class CopyingOffload(ActivationOffload):
+    """CPU stand-in for the copies CUDA makes: each saved tensor's "host copy" is a clone, so a result that
+    read the original instead of its copy, or the wrong copy, would show."""
+
+    def _copy_to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach().clone()
+
+
+@pytest.mark.parametrize("recompute", ["none", "mlp", "mixer"])
+def test_offload_through_real_copies_changes_nothing(one_rank_group, tmp_path, recompute):
+    plain = one_rank_trainer(tmp_path, "plain", layers=HYBRID_LAYERS, recompute=recompute)
+    copying = one_rank_trainer(tmp_path, "copying", layers=HYBRID_LAYERS, recompute=recompute, offload=True)
+    copying.executor.offload = CopyingOffload(torch.device("cpu"), copying.executor._stays_resident)
+    reference_loss, reference_gradients = first_step(plain)
+    loss, gradients = first_step(copying)
+    assert copying.executor.offload.counts.copied > 0
+    assert loss == reference_loss
+    assert all(torch.equal(gradients[key], reference_gradients[key]) for key in reference_gradients)
+
+
+def saved_bytes_of_one_chunk(trainer) -> int:
+    """Bytes of the distinct storages (parameters aside) that autograd still holds after one chunk's forward."""
+    executor = trainer.executor
+    executor.tokens = trainer.tokens.replica_tokens(0, 0, trainer.pipeline_config.sequences_per_replica)
+    parameters = {storage_key(parameter) for parameter in trainer.model.parameters()}
+    packed = []
+
+    class Saved:
+        def __init__(self, tensor):
+            self.tensor = tensor
+
+    def pack(tensor):
+        saved = Saved(tensor)
+        packed.append(weakref.ref(saved))
+        return saved
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda saved: saved.tensor):
+        executor.forward(0, 1)  # a middle chunk: it has initial states, and attn reads a prefix
+    gc.collect()
+    storages = {}
+    for reference in packed:
+        saved = reference()
+        if saved is not None and storage_key(saved.tensor) not in parameters:
+            storages[storage_key(saved.tensor)] = saved.tensor.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def test_each_recompute_mode_keeps_fewer_bytes(one_rank_group, tmp_path):
+    """A chunk's forward runs after chunk 0's (its states and K/V prefix exist) under each mode."""
+    saved = {}
+    for mode in Recompute:
+        trainer = one_rank_trainer(tmp_path, f"saved_{mode.value}", layers=HYBRID_LAYERS, recompute=mode.value)
+        executor = trainer.executor
+        executor.tokens = trainer.tokens.replica_tokens(0, 0, trainer.pipeline_config.sequences_per_replica)
+        executor.forward(0, 0)
+        saved[mode] = saved_bytes_of_one_chunk(trainer)
+    assert saved[Recompute.FULL] < min(saved[Recompute.MLP], saved[Recompute.MIXER]), saved
+    assert max(saved[Recompute.MLP], saved[Recompute.MIXER]) < saved[Recompute.NONE], saved
+
+
+def test_mixer_recompute_rewrites_the_kv_buffers_with_their_values(one_rank_group, tmp_path, monkeypatch):
+    """Every rerun of an attention layer writes into the sequence-wide buffers exactly what they hold."""
+    trainer = one_rank_trainer(tmp_path, "kv", layers=HYBRID_LAYERS, recompute="mixer", order="gpipe")
+    executor = trainer.executor
+    executor.tokens = trainer.tokens.replica_tokens(0, 0, trainer.pipeline_config.sequences_per_replica)
+    forwards = [action for action in executor.actions if action.kind is ActionKind.FORWARD]
+    backwards = [action for action in executor.actions if action.kind is ActionKind.BACKWARD]
+    assert executor.actions == tuple(forwards + backwards)  # gpipe on one stage: every F, then every B
+    for action in forwards:
+        executor.run_action(action)
+    held = {key: (buffers.keys.clone(), buffers.values.clone()) for key, buffers in executor.kv.open.items()}
+    assert held  # one attn layer, two microbatches
+    rewrites = []
+    original = BufferedChunkAttention.forward
+
+    def recording_forward(ctx, q, k, v, chunk):
+        position = chunk.position
+        rewrites.append((position.microbatch, chunk.layer, position.start, k.detach().clone(), v.detach().clone()))
+        return original(ctx, q, k, v, chunk)
+
+    monkeypatch.setattr(BufferedChunkAttention, "forward", staticmethod(recording_forward))
+    for action in backwards:
+        executor.run_action(action)
+    # each chunk's attention reruns for the o_proj's saved tensors and again inside its own backward's
+    # torch.autograd.grad: two graph tasks, each recomputing once
+    assert len(rewrites) == 2 * len(forwards)
+    for microbatch, layer, start, keys, values in rewrites:
+        held_keys, held_values = held[(microbatch, layer)]
+        end = start + keys.shape[2]
+        assert torch.equal(keys, held_keys[:, :, start:end]) and torch.equal(values, held_values[:, :, start:end])
+
+
+def gpu_stage(layers: tuple[LayerKind, ...], recompute: Recompute = Recompute.NONE):
+    config = ModelConfig(vocab=256, d_model=256, layers=layers, heads=4, head_dim=64, mlp_ratio=4.0)
+    indices = tuple(range(len(layers)))
+    return build_stage_model(config, indices, True, True, 5, torch.device("cuda"), torch.float32, recompute=recompute)
+
+
+GPU_STACKS = {
+    "gla": (LayerKind.GLA, LayerKind.SIMPLE_GLA) * 2,
+    "hybrid": (LayerKind.GLA, LayerKind.ATTN, LayerKind.GDN, LayerKind.SIMPLE_GLA),
+}
+
+
+def gpu_loss(model, tokens: torch.Tensor) -> torch.Tensor:
+    hidden, _ = model(tokens[:, :-1], [None] * model.n_states)
+    return model.loss(hidden, tokens[:, 1:]) / tokens[:, 1:].numel()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("stack", list(GPU_STACKS))
+def test_offload_moves_the_saved_bytes_off_the_gpu(stack):
+    """After a forward, the device holds less by the bytes of every storage the saved tensors keep alive;
+    the gradients are unchanged."""
+    model = gpu_stage(GPU_STACKS[stack])
+    tokens = torch.randint(0, 256, (4, 1025), generator=torch.Generator().manual_seed(0)).cuda()
+    kept = {storage_key(parameter) for parameter in model.parameters()} | {storage_key(tokens)}
+    saved_storages: dict[int, int] = {}
+
+    def measure(tensor):
+        if storage_key(tensor) not in kept:
+            saved_storages[storage_key(tensor)] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    held, gradients = {}, {}
+    for offload in (False, True):
+        model.zero_grad(set_to_none=True)
+        activations = ActivationOffload(torch.device("cuda"), lambda tensor: storage_key(tensor) in kept)
+        if offload:
+            hooks = activations.saving("chunk")
+        else:
+            hooks = torch.autograd.graph.saved_tensors_hooks(measure, lambda tensor: tensor)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        with hooks as chunk:
+            loss = gpu_loss(model, tokens)
+        torch.cuda.synchronize()
+        held[offload] = torch.cuda.memory_allocated() - before
+        activations.prefetch("chunk")
+        loss.backward()
+        gradients[offload] = {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
+        if offload:
+            assert chunk.host_bytes > 0 and all(tensor.is_pinned() for tensor in chunk.host)
+            assert activations.counts.unpacked >= activations.counts.copied > 0
+    dropped = held[False] - held[True]
+    saved_bytes = sum(saved_storages.values())
+    # the caching allocator rounds every block up to a multiple of 512 bytes
+    assert abs(dropped - saved_bytes) <= 512 * len(saved_storages), (dropped, saved_bytes)
+    for name, reference in gradients[False].items():  # the attention backward may sum in another order
+        assert relative_error(gradients[True][name], reference) <= TOLERANCE, name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("mode", [Recompute.MLP, Recompute.MIXER])
+def test_recompute_on_the_gpu_equals_keeping_everything(mode):
+    """The Triton kernels' autograd functions rerun under torch.utils.checkpoint, on CUDA."""
+    tokens = torch.randint(0, 256, (2, 513), generator=torch.Generator().manual_seed(1)).cuda()
+    gradients = {}
+    for recompute in (Recompute.NONE, mode):
+        model = gpu_stage(GPU_STACKS["hybrid"], recompute)
+        gpu_loss(model, tokens).backward()
+        gradients[recompute] = {name: parameter.grad for name, parameter in model.named_parameters()}
+    for name, reference in gradients[Recompute.NONE].items():
+        assert relative_error(gradients[mode][name], reference) <= TOLERANCE, name
+
+
+def test_offload_never_takes_a_new_tensor_at_a_freed_address_for_the_old_one():
+    """On CUDA a saved tensor's memory is freed once its copy is queued, and the allocator may give it to a
+    new tensor of the same shape; that one must get a copy of its own. Emulated on the CPU: the copying
+    stand-in, and two tensors laid on the same memory with version counters of their own."""
+
+    memory = torch.zeros(8).untyped_storage()
+
+    def tensor_at_that_address(value: float) -> torch.Tensor:
+        tensor = torch.empty(0).set_(memory, 0, (8,), (1,))
+        with torch.no_grad():
+            tensor.fill_(value)
+        return torch.empty(0).set_(memory, 0, (8,), (1,))  # version 0, as a freshly allocated tensor
+
+    offload = CopyingOffload(torch.device("cpu"), lambda tensor: False)
+    with offload.saving("chunk"):
+        first = offload._pack(offload.chunks["chunk"], tensor_at_that_address(1.0))
+        second = offload._pack(offload.chunks["chunk"], tensor_at_that_address(2.0))
+    offload.prefetch("chunk")
+    assert offload.counts.copied == 2
+    assert torch.equal(offload._unpack(first), torch.full((8,), 1.0))
+    assert torch.equal(offload._unpack(second), torch.full((8,), 2.0))
