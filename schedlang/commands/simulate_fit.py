@@ -210,11 +210,11 @@ def refuse_explicit_partition(program) -> str | None:
     if program.sequence.partition is not PartitionKind.EXPLICIT:
         return None
     return render_message(
-        program.spans.get("sequence.partition") or program.spans.get("sequence.boundaries"),
-        "--fit re-cuts the sequence into each length and chunk count, but this schedule writes its chunk "
+        program.spans.get("sequence.chunks"),
+        "--fit re-cuts the sequence into each length and chunk count, but this schedule places its chunk "
         "boundaries by hand",
         program.source_text,
-        hint="use partition = uniform or balanced to let --fit choose",
+        hint="write a chunk count (chunks = 4) to let --fit choose",
     )
 
 
