@@ -151,7 +151,9 @@ def head_bytes_per_token(sizes: Sizes, device: Device) -> float:
     )
 
 
-def layer_bytes_per_token(model: ModelSpec, kind: LayerKind, sizes: Sizes, recompute: Recompute, device: Device) -> float:
+def layer_bytes_per_token(
+    model: ModelSpec, kind: LayerKind, sizes: Sizes, recompute: Recompute, device: Device
+) -> float:
     """One layer's saved bytes per token under ``recompute`` (``full`` is the stage's business: 0 here)."""
     if recompute is Recompute.FULL:
         return 0.0
@@ -284,7 +286,8 @@ def transient_bytes(program: ScheduleProgram, stage: int, chunk: int, device: De
     sizes = program_sizes(program)
     tokens = local_tokens(program, chunk)
     kinds = set(stage_layer_kinds(program, stage))
-    per_token = max((layer_workspace_bytes_per_token(program.model, kind, sizes, device) for kind in kinds), default=0.0)
+    workspaces = [layer_workspace_bytes_per_token(program.model, kind, sizes, device) for kind in kinds]
+    per_token = max(workspaces, default=0.0)
     if stage == program.n_stages - 1:
         per_token = max(per_token, head_workspace_bytes_per_token(sizes))
     workspace = tokens * (per_token + 2 * sizes.d_model * sizes.element_bytes)

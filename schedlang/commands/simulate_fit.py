@@ -105,7 +105,8 @@ def check_fit_arguments(args: argparse.Namespace) -> int:
     except SizeError as error:
         prefix = f"schedlang simulate {args.file} --fit --device-memory "
         line = prefix + args.device_memory
-        span = Span("<command line>", 1, len(prefix) + error.start + 1, 1, len(prefix) + max(error.end, error.start + 1) + 1)
+        start, end = len(prefix) + error.start + 1, len(prefix) + max(error.end, error.start + 1) + 1
+        span = Span("<command line>", 1, start, 1, end)
         raise SystemExit(render_message(span, f"--device-memory: {error}", line)) from None
     for flag, value in (("--step", args.step), ("--max-length", args.max_length), ("--max-chunks", args.max_chunks)):
         if value < 1:

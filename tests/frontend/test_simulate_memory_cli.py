@@ -58,7 +58,13 @@ def test_json_memory_per_stage_adds_up(capsys):
 
 @pytest.mark.parametrize(
     "text, size",
-    [("80GB", 80 * 10**9), ("141GiB", 141 * GIB), ("1.5TiB", int(1.5 * 2**40)), ("512mib", 512 * 2**20), ("7 GB", 7 * 10**9)],
+    [
+        ("80GB", 80 * 10**9),
+        ("141GiB", 141 * GIB),
+        ("1.5TiB", int(1.5 * 2**40)),
+        ("512mib", 512 * 2**20),
+        ("7 GB", 7 * 10**9),
+    ],
 )
 def test_sizes(text, size):
     assert parse_size(text) == size
@@ -102,7 +108,8 @@ def test_fit_proposes_a_length_that_fits_where_the_next_step_does_not(capsys):
     chosen = evaluate(program, proposal["length"], proposal["n_chunks"], cost)
     assert fits(chosen, device_memory)
     assert chosen.tokens_per_second == pytest.approx(proposal["tokens_per_second"])
-    same_length = [evaluate(program, proposal["length"], count, cost) for count in chunk_counts(proposal["length"], 64, 64)]
+    counts = chunk_counts(proposal["length"], 64, 64)
+    same_length = [evaluate(program, proposal["length"], count, cost) for count in counts]
     assert max(c.tokens_per_second for c in same_length if fits(c, device_memory)) == pytest.approx(
         proposal["tokens_per_second"]
     )
