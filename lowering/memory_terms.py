@@ -281,8 +281,8 @@ def head_workspace_bytes_per_token(sizes: Sizes) -> float:
 def transient_bytes(program: ScheduleProgram, stage: int, chunk: int, device: Device = Device.CUDA) -> float:
     """The most a single task on ``stage`` allocates beyond what outlives it, for chunk ``chunk``: the
     largest layer's backward workspace (or the head's), the output and input gradients of the chunk
-    (``2 b s / S d e``), sequence-parallel messages, and under ``recompute = full`` the whole chunk's
-    activations rebuilt inside the backward."""
+    (``2 b s / S d e``), sequence-parallel messages, and what the backward rebuilds: under
+    ``recompute = full`` the whole chunk's activations, under ``mlp`` or ``mixer`` the largest such part."""
     sizes = program_sizes(program)
     tokens = local_tokens(program, chunk)
     kinds = set(stage_layer_kinds(program, stage))
@@ -291,9 +291,23 @@ def transient_bytes(program: ScheduleProgram, stage: int, chunk: int, device: De
     if stage == program.n_stages - 1:
         per_token = max(per_token, head_workspace_bytes_per_token(sizes))
     workspace = tokens * (per_token + 2 * sizes.d_model * sizes.element_bytes)
-    if program.pipeline.recompute is Recompute.FULL:
+    recompute = program.pipeline.recompute
+    if recompute is Recompute.FULL:
         workspace += chunk_activation_bytes(program, stage, chunk, Recompute.NONE, device)
+    elif recompute in (Recompute.MLP, Recompute.MIXER):
+        rebuilt = [recomputed_part_bytes_per_token(kind, sizes, recompute, device) for kind in kinds]
+        workspace += tokens * max(rebuilt, default=0.0)
     return workspace + sequence_parallel_bytes(program, stage, chunk)
+
+
+def recomputed_part_bytes_per_token(kind: LayerKind, sizes: Sizes, recompute: Recompute, device: Device) -> float:
+    """What a layer's backward rebuilds under ``recompute = mlp`` or ``mixer`` before it can run: the part's
+    saved tensors (a SwiGLU MLP's, or the token mixer's)."""
+    if recompute is Recompute.MIXER:
+        return mixer_bytes_per_token(kind, sizes, device)
+    if recompute is Recompute.MLP and sizes.mlp_hidden:
+        return mlp_bytes_per_token(sizes, device)
+    return 0.0
 
 
 def sequence_parallel_bytes(program: ScheduleProgram, stage: int, chunk: int) -> float:

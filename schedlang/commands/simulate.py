@@ -240,11 +240,11 @@ def run(args: argparse.Namespace) -> int:
     program = load_program(args.file)
     if compile_legal(program, Pass.LEGALITY) is None:
         return 1
-    if args.fit:
-        return run_fit(program, args, device_memory)
     program = with_split_backward(program, args)
     if program is None:
         return 1
+    if args.fit:
+        return run_fit(program, args, device_memory)
     if args.chunks or args.extra_warmup:
         results = sweep(program, args)
         if results is None:

@@ -8,7 +8,7 @@ reserved peak (:mod:`schedlang.lowering.memory_peak`) plus :data:`OUTSIDE_THE_AL
 ``--device-memory``. Lengths are tried in increasing order until one has no chunk count that fits; the
 proposal is the previous length with its fastest fitting chunk count (predicted tokens per second: the
 step's tokens over the simulated makespan). Everything else of the schedule (model, mesh, microbatches,
-order, recompute) stays as written.
+order, recompute, and ``--split-backward`` when given) stays as written.
 
 ``--device-memory`` reads a number and a unit (``80GB``, ``141GiB``, ``1.5TiB``, ``512MiB``); the default is
 what torch reports for an H200 (:data:`DEFAULT_DEVICE_MEMORY`). A size it cannot read is reported at its
@@ -111,6 +111,9 @@ def check_fit_arguments(args: argparse.Namespace) -> int:
     for flag, value in (("--step", args.step), ("--max-length", args.max_length), ("--max-chunks", args.max_chunks)):
         if value < 1:
             raise SystemExit(f"schedlang simulate: error: {flag} must be positive, got {value}")
+    if args.fit and (args.chunks or args.extra_warmup):
+        raise SystemExit("schedlang simulate: error: --fit chooses the chunk count itself; leave out --chunks "
+                         "and --extra-warmup (write extra_warmup in the file)")
     return device_memory
 
 
@@ -225,6 +228,13 @@ def run_fit(program, args: argparse.Namespace, device_memory: int) -> int:
     refusal = refuse_explicit_partition(program)
     if refusal is not None:
         print(refusal, file=sys.stderr)
+        return 1
+    if args.step % program.sequence.kernel_chunk:
+        print(
+            f"schedlang simulate: error: --step {args.step} is not a multiple of the schedule's kernel_chunk "
+            f"({program.sequence.kernel_chunk}): every length tried must cut into whole kernel chunks",
+            file=sys.stderr,
+        )
         return 1
     result = search(program, args, device_memory)
     if args.json:

@@ -140,3 +140,21 @@ def test_fit_refuses_hand_placed_chunks_at_their_key(capsys):
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith(f"{path}:20:3: error: --fit re-cuts the sequence")
     assert lines[1] == "  chunks       = [0, 1024, 2560, 4096]"
+
+
+def test_fit_refuses_a_step_that_cuts_kernel_chunks(capsys):
+    assert main(["simulate", STATEFLOW, "--fit", "--step", "1000"]) == 1
+    assert "--step 1000 is not a multiple of the schedule's kernel_chunk (64)" in capsys.readouterr().err
+
+
+def test_fit_with_split_backward_fits_its_own_schedule(capsys):
+    """--split-backward applies to every candidate: stage 1 then holds stage 0's chunks in flight (Eq. 13 of
+    stage r - 1), so its peaks are at least the plain schedule's, and above them somewhere."""
+    arguments = ["--device-memory", "2GiB", "--step", "8192", "--max-length", "16384"]
+    plain, split = (
+        {(row["length"], row["n_chunks"]): row["reserved_gib"] for row in fit(options, capsys)["tried"]}
+        for options in (arguments, [*arguments, "--split-backward"])
+    )
+    assert split.keys() == plain.keys()
+    assert all(split[key][1] >= plain[key][1] - 1e-9 for key in plain)
+    assert any(split[key][1] > plain[key][1] for key in plain)

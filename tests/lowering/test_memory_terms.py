@@ -213,3 +213,15 @@ def test_data_parallel_gradient_reduction_is_a_step_end_moment():
     program = program_of(mesh="data = 2")
     for memory in predict_memory(program):
         assert memory.allocated >= 3 * memory.components[Component.GRADIENTS]
+
+
+@pytest.mark.parametrize("recompute", ["mlp", "mixer"])
+def test_part_recompute_rebuilds_one_part_in_the_backward(recompute):
+    none = program_of()
+    part = program_of(pipeline=f"recompute = {recompute}")
+    sizes = program_sizes(none)
+    rebuilt = mlp_bytes_per_token(sizes, Device.CUDA) if recompute == "mlp" else mixer_bytes_per_token(
+        LayerKind.GLA, sizes, Device.CUDA
+    )
+    assert transient_bytes(part, 0, 0) == pytest.approx(transient_bytes(none, 0, 0) + 256 * rebuilt)
+    assert chunk_activation_bytes(part, 0, 0) < chunk_activation_bytes(none, 0, 0)
