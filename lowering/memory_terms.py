@@ -42,14 +42,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from schedlang.lowering.cost import DTYPE_BYTES
 from schedlang.lowering.parameters import mlp_width, stage_parameters
 from schedlang.lowering.program import MlpKind, ModelSpec, Recompute, ScheduleProgram
 from schedlang.vocabulary import DType, LayerKind, OptimizerKind
-
-DTYPE_BYTES = {DType.FP32: 4, DType.BF16: 2, DType.FP16: 2, DType.FP64: 8}
-"""Bytes per element of each ``train.dtype``: the runtime keeps parameters, gradients, optimizer moments
-and activations in it (no fp32 master copy: ``build_stage_model`` casts the model, and the optimizer's
-state is made ``zeros_like`` the parameters)."""
 
 RUNTIME_KERNEL_CHUNK = 64
 """Tokens per kernel chunk of the runtime's recurrence kernels (``schedlang.kernels.common.CHUNK_SIZE``;
@@ -87,7 +83,6 @@ class Sizes:
     element_bytes: int
     compute_bytes: int
     batch: int
-    sequence_ranks: int
 
     @property
     def width(self) -> int:
@@ -106,7 +101,6 @@ def program_sizes(program: ScheduleProgram) -> Sizes:
         element_bytes=element,
         compute_bytes=8 if program.train.dtype is DType.FP64 else 4,
         batch=program.pipeline.microbatch_size,
-        sequence_ranks=program.mesh.sequence,
     )
 
 
@@ -247,7 +241,8 @@ OPTIMIZER_STATES = {OptimizerKind.ADAMW: 2, OptimizerKind.SGD: 1}
 
 def static_bytes(program: ScheduleProgram, stage: int) -> dict[StaticPart, float]:
     """Parameters, their gradients (``.grad`` stays allocated between steps: the runtime zeroes it in
-    place) and the optimizer's state, all in ``train.dtype``."""
+    place) and the optimizer's state, all in ``train.dtype``: the runtime keeps no fp32 master copy
+    (``build_stage_model`` casts the model), and the optimizer's state is made ``zeros_like`` the parameters."""
     element = DTYPE_BYTES[program.train.dtype]
     parameters = stage_parameters(program, stage).total
     optimizer = program.train.optimizer
