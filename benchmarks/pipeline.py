@@ -19,7 +19,7 @@ Driver (plain python, launches torchrun jobs):
     python benchmarks/pipeline.py --out results/ [--device cuda] [--length 32768] [--chunks 1 4 8 16 8g]
         [--first-stage-layers 9] [--split-mlp]
     (a system name gives the schedule's keys, benchmarks.pipeline_schedule.variant_keys: a chunk count N is
-    sequence { chunks = N }; a g after it, pipeline { cuda_graphs = true }; +E, as in 8g+2, extra_warmup = E;
+    sequence { chunks = N }; a g after it, pipeline { cuda_graphs = true }, an s, cuda_graphs = step; +E, as in 8g+2, extra_warmup = E;
     a final w, as in 8g+2w, split_backward = true, then f for forward_before_weight = true and dD for
     extra_deferred_weights = D, as in 2g+1wfd2; --first-stage-layers is model { stages = ... }, --split-mlp
     writes model { layers = [gla, mlp] * 16 }; --cublas-workspace auto, the default, gives a job whose
@@ -70,6 +70,7 @@ from benchmarks.pipeline_schedule import (  # noqa: E402
     system_configs,
     variant_keys,
 )
+from schedlang.vocabulary import CudaGraphs  # noqa: E402
 
 
 class SchedlangSystem:
@@ -204,6 +205,8 @@ def measure(
     reset_peak(device)
     started_build = time.perf_counter()
     system = build_system(name, mesh, model, length, microbatches)
+    if name != TORCH_SYSTEM and variant_keys(name).cuda_graphs is CudaGraphs.STEP:
+        warmup = max(warmup, 2)  # [Note: step graphs]: the first step runs eagerly, the second captures
     for _ in range(warmup):
         system.step()
     synchronize(device)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from schedlang.vocabulary import CudaGraphs
+
 SCHEDULE_FILENAME = "<pipeline benchmark>"
 """The file name diagnostics give for the generated schedule text."""
 
@@ -68,23 +70,26 @@ class ScheduleKeys:
     """The keys of ``sequence`` and ``pipeline`` that tell one schedlang system from another."""
 
     chunks: int
-    cuda_graphs: bool = False
+    cuda_graphs: CudaGraphs = CudaGraphs.NONE
     extra_warmup: int = 0
     split_backward: bool = False
     forward_before_weight: bool = False
     extra_deferred_weights: int = 0
 
 
+GRAPH_LETTERS = {"": CudaGraphs.NONE, "g": CudaGraphs.CHUNK_SLOTS, "s": CudaGraphs.STEP}
+"""The letter after a system's chunk count: no graphs, per-chunk graph slots, or step graphs."""
+
 VARIANT_PATTERN = re.compile(
-    r"schedlang:(?P<chunks>\d+)(?P<graphs>g?)(?:\+(?P<extra>\d+))?"
+    r"schedlang:(?P<chunks>\d+)(?P<graphs>[gs]?)(?:\+(?P<extra>\d+))?"
     r"(?:(?P<split>w)(?P<forward_first>f?)(?:d(?P<deferred>\d+))?)?"
 )
 
 
 def variant_keys(name: str) -> ScheduleKeys:
-    """The schedule keys of a system name: ``schedlang:<chunks>[g][+<extra>][w[f][d<deferred>]]``.
+    """The schedule keys of a system name: ``schedlang:<chunks>[g|s][+<extra>][w[f][d<deferred>]]``.
 
-    ``g``: ``cuda_graphs = true``; ``+E``: ``extra_warmup = E``; ``w``: ``split_backward = true``, then ``f``:
+    ``g``: ``cuda_graphs = true`` (per-chunk slots); ``s``: ``cuda_graphs = step``; ``+E``: ``extra_warmup = E``; ``w``: ``split_backward = true``, then ``f``:
     ``forward_before_weight = true`` and ``dD``: ``extra_deferred_weights = D``. ``torch`` (the peer) gets the
     keys of one chunk, which fix its model and stage split. Raises ValueError for any other name.
     """
@@ -92,10 +97,10 @@ def variant_keys(name: str) -> ScheduleKeys:
         return ScheduleKeys(chunks=1)
     match = VARIANT_PATTERN.fullmatch(name)
     if match is None:
-        raise ValueError(f"{name!r}: a schedlang system is schedlang:<chunks>[g][+<extra>][w[f][d<deferred>]]")
+        raise ValueError(f"{name!r}: a schedlang system is schedlang:<chunks>[g|s][+<extra>][w[f][d<deferred>]]")
     return ScheduleKeys(
         chunks=int(match["chunks"]),
-        cuda_graphs=bool(match["graphs"]),
+        cuda_graphs=GRAPH_LETTERS[match["graphs"]],
         extra_warmup=int(match["extra"] or 0),
         split_backward=bool(match["split"]),
         forward_before_weight=bool(match["forward_first"]),
@@ -164,7 +169,7 @@ def schedule_text(model: BenchmarkModel, keys: ScheduleKeys, length: int, microb
         keys=keys,
         length=length,
         microbatches=microbatches,
-        cuda_graphs=_flag(keys.cuda_graphs),
+        cuda_graphs=keys.cuda_graphs.value,
         split_backward=_flag(keys.split_backward),
         weight_placement=weight_placement,
         dtype=dtype,

@@ -20,7 +20,7 @@ import jinja2
 from schedlang.lowering import paths
 from schedlang.lowering.program import MlpKind, Recompute, ScheduleProgram
 from schedlang.lowering.script_text import docstring_script_name
-from schedlang.vocabulary import Action
+from schedlang.vocabulary import Action, DataKind
 
 ACTIONS_PER_LINE = 8
 _SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
@@ -69,10 +69,13 @@ class TrainView:
     data_kind: str
     data_seed: str
     data_path: str
+    data_dtype: str  # ", dtype=..." for tokens data, ", tokenizer=..." for text data, else empty
     grad_clip: str
     checkpoint_directory: str
     checkpoint_every: str
     log_every: str
+    lr_schedule: str
+    tensorboard_directory: str
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,16 @@ class TrainScriptView:
     sequence_method: str
     scan_blocks: str
     train: TrainView
-    cuda_graphs: bool = False
+    cuda_graphs: str = ""  # the mode's value as a literal, empty without graphs
+
+
+def _data_extras(program: ScheduleProgram) -> str:
+    data = program.train.data
+    if data.kind is DataKind.TOKENS:
+        return f", dtype={data.dtype.value!r}"
+    if data.kind is DataKind.TEXT:
+        return f", tokenizer={paths.tokenizer_path(program)!r}"
+    return ""
 
 
 def _action_lines(actions) -> tuple[str, ...]:
@@ -179,7 +191,7 @@ def build_view(
         sequence_parallel=repr(program.mesh.sequence),
         sequence_method=repr(program.sequence.parallel.value),
         scan_blocks=repr(program.sequence.scan_blocks),
-        cuda_graphs=program.pipeline.cuda_graphs,
+        cuda_graphs=repr(program.pipeline.cuda_graphs.value) if program.pipeline.cuda_graphs else "",
         train=TrainView(
             steps=repr(train.steps),
             seed=repr(train.seed),
@@ -192,10 +204,16 @@ def build_view(
             data_kind=repr(train.data.kind.value),
             data_seed=repr(train.data.seed),
             data_path=repr(paths.data_path(program)),
+            data_dtype=_data_extras(program),
             grad_clip=repr(None if train.grad_clip is None else float(train.grad_clip)),
             checkpoint_directory=repr(None if checkpoint is None else checkpoint.directory),
             checkpoint_every=repr(0 if checkpoint is None else checkpoint.every),
             log_every=repr(train.log_every),
+            tensorboard_directory=repr(paths.tensorboard_directory(program)),
+            lr_schedule=(
+                f"LearningRateScheduleConfig(kind={train.lr_schedule.kind.value!r}, "
+                f"warmup={train.lr_schedule.warmup!r}, min_lr={float(train.lr_schedule.min_lr)!r})"
+            ),
         ),
     )
 

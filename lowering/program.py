@@ -27,7 +27,18 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from schedlang.lowering.tasks import TaskId
-from schedlang.vocabulary import DataKind, DType, LayerKind, OptimizerKind, RunRequest, SequenceParallelMethod, Span
+from schedlang.vocabulary import (
+    CudaGraphs,
+    DataKind,
+    DType,
+    LayerKind,
+    LearningRateScheduleKind,
+    OptimizerKind,
+    RunRequest,
+    SequenceParallelMethod,
+    Span,
+    TokenFileDType,
+)
 
 
 class MlpKind(str, Enum):
@@ -140,7 +151,7 @@ class PipelineSpec:
     recompute: Recompute = Recompute.NONE
     # keep a chunk's saved activations in pinned host memory between its forward and its backward
     offload: bool = False
-    cuda_graphs: bool = False
+    cuda_graphs: CudaGraphs = CudaGraphs.NONE
     # 1f1b only: forwards added to every stage's warm-up but the last's, or a tuple with one count per stage
     extra_warmup: int | tuple[int, ...] = 0
     # weight gradients of linear layers as W tasks of their own ([Note: split backward] in lowering/orders.py)
@@ -163,10 +174,22 @@ class OptimizerSpec:
 
 
 @dataclass(frozen=True)
+class LearningRateScheduleSpec:
+    """``train.lr_schedule``: ``warmup`` steps rising linearly to the optimizer's lr, then ``kind`` down to
+    ``min_lr`` at the last of ``train.steps``."""
+
+    kind: LearningRateScheduleKind = LearningRateScheduleKind.CONSTANT
+    warmup: int = 0
+    min_lr: float = 0.0
+
+
+@dataclass(frozen=True)
 class DataSpec:
     kind: DataKind = DataKind.SYNTHETIC
     seed: int = 0
-    path: str | None = None  # for DataKind.BYTES; None means the default corpus
+    path: str | None = None  # for DataKind.BYTES (None: the default corpus) and DataKind.TOKENS (required)
+    dtype: TokenFileDType = TokenFileDType.UINT16  # DataKind.TOKENS only
+    tokenizer: str | None = None  # DataKind.TEXT only: a Hugging Face tokenizer.json
 
 
 @dataclass(frozen=True)
@@ -185,6 +208,8 @@ class TrainSpec:
     grad_clip: float | None = None
     checkpoint: CheckpointSpec | None = None
     log_every: int = 1
+    lr_schedule: LearningRateScheduleSpec = LearningRateScheduleSpec()
+    log: str | None = None  # a TensorBoard directory: train.log = tensorboard(directory = "...")
 
 
 @dataclass(frozen=True)

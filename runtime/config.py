@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schedlang.vocabulary import DataKind, DType, LayerKind, OptimizerKind, RunRequest, SequenceParallelMethod
+from schedlang.vocabulary import (
+    CudaGraphs,
+    DataKind,
+    DType,
+    LayerKind,
+    LearningRateScheduleKind,
+    OptimizerKind,
+    RunRequest,
+    SequenceParallelMethod,
+    TokenFileDType,
+)
 
 
 @dataclass(frozen=True)
@@ -68,10 +78,15 @@ class PipelineConfig:
     sequence_parallel: int = 1
     sequence_method: SequenceParallelMethod = SequenceParallelMethod.ALLSCAN
     scan_blocks: int = 1
-    cuda_graphs: bool = False  # replay each chunk's forward/backward from CUDA graphs (schedlang.runtime.graphs)
+    # replay a chunk's forward/backward from per-slot graphs (schedlang.runtime.graphs), or the whole step's
+    # compute from graphs captured in order into one pool (schedlang.runtime.step_graphs)
+    cuda_graphs: CudaGraphs = CudaGraphs.NONE
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sequence_method", SequenceParallelMethod(self.sequence_method))
+        if isinstance(self.cuda_graphs, bool):  # scripts generated before the step mode wrote a flag
+            object.__setattr__(self, "cuda_graphs", CudaGraphs.CHUNK_SLOTS if self.cuda_graphs else CudaGraphs.NONE)
+        object.__setattr__(self, "cuda_graphs", CudaGraphs(self.cuda_graphs))
 
     @property
     def n_stages(self) -> int:
@@ -124,10 +139,26 @@ class OptimizerConfig:
 class DataConfig:
     kind: DataKind = DataKind.SYNTHETIC
     seed: int = 0
-    path: str | None = None  # DataKind.BYTES only; None reads the default corpus
+    path: str | None = None  # DataKind.BYTES (None reads the default corpus) and DataKind.TOKENS
+    dtype: TokenFileDType = TokenFileDType.UINT16  # DataKind.TOKENS only
+    tokenizer: str | None = None  # DataKind.TEXT only: a Hugging Face tokenizer.json
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", DataKind(self.kind))
+        object.__setattr__(self, "dtype", TokenFileDType(self.dtype))
+
+
+@dataclass(frozen=True)
+class LearningRateScheduleConfig:
+    """``warmup`` steps rising linearly to the optimizer's lr, then ``kind`` down to ``min_lr`` at the run's
+    last step (schedlang.runtime.lr_schedule)."""
+
+    kind: LearningRateScheduleKind = LearningRateScheduleKind.CONSTANT
+    warmup: int = 0
+    min_lr: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", LearningRateScheduleKind(self.kind))
 
 
 @dataclass(frozen=True)
@@ -141,6 +172,8 @@ class TrainConfig:
     checkpoint_directory: str | None = None
     checkpoint_every: int = 0
     log_every: int = 1
+    lr_schedule: LearningRateScheduleConfig = field(default_factory=LearningRateScheduleConfig)
+    tensorboard_directory: str | None = None  # TensorBoard scalars of every step (schedlang.runtime.progress)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DType(self.dtype))

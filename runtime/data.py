@@ -17,6 +17,19 @@ ln(alphabet)) before recall sets in.
 ``bytes``: byte-level language modelling over a text file; with no path, the
 Python standard library's own ``.py`` sources, read in sorted order, which
 exist on every machine that runs this code.
+
+``tokens``: a flat file of token ids, ``uint16`` or ``uint32``, no header (the
+layout nanoGPT and Megatron's ``.bin`` files use), memory-mapped, so a corpus
+larger than memory costs only the pages a step reads. Each sequence starts at a
+position drawn from the step's generator, as for ``bytes``. ``text``: a text
+file tokenised once into such a file (schedlang.runtime.text_data), then read
+the same way.
+
+:func:`data_problem` is the one rule for what makes a data source unusable (no
+such file, not a regular file, empty, shorter than one sequence, a size that is
+not a whole number of ids, an id outside the vocabulary); ``schedlang check``
+and ``run`` ask it before any rank starts, and :class:`TokenSource` raises with
+its message if a rank still meets one.
 """
 
 from __future__ import annotations
@@ -26,15 +39,18 @@ import stat
 import sysconfig
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from schedlang.runtime.config import DataConfig
-from schedlang.vocabulary import DataKind
+from schedlang.vocabulary import DataKind, TokenFileDType
 
 RECALL_PERIOD = 24
 SYNTHETIC_ALPHABET = 32
 BYTE_VOCAB = 256
 DEFAULT_CORPUS_LIMIT_BYTES = 16 * 1024 * 1024
+TOKEN_NUMPY_TYPES = {TokenFileDType.UINT16: np.dtype("<u2"), TokenFileDType.UINT32: np.dtype("<u4")}
+SCAN_BLOCK_TOKENS = 1 << 24  # ids read at a time when a tokens file is scanned for ids outside the vocabulary
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -51,8 +67,9 @@ class DataFileError(ValueError):
     """A data path that is not a readable regular file; the message is one line naming it."""
 
 
-def data_file_problem(path: str) -> str | None:
-    """Why ``path`` cannot be a corpus, or None when it is a readable regular file.
+def data_file_problem(path: str, what: str = "data file") -> str | None:
+    """Why ``path`` cannot be a corpus (``what``: how messages name it), or None when it is a readable
+    regular file.
 
     Only regular files are read: a FIFO would block the rank forever and a device such as ``/dev/zero``
     would be read until memory runs out. ``stat`` does not open the file, so asking never blocks.
@@ -60,15 +77,82 @@ def data_file_problem(path: str) -> str | None:
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        return f"data file {path} does not exist"
+        return f"{what} {path} does not exist"
     except OSError as error:
-        return f"data file {path} cannot be read: {error.strerror or error}"
+        return f"{what} {path} cannot be read: {error.strerror or error}"
     if stat.S_ISDIR(info.st_mode):
-        return f"data file {path} is a directory; name a text file in it"
+        return f"{what} {path} is a directory; name a text file in it"
     if not stat.S_ISREG(info.st_mode):
-        return f"data file {path} is not a regular file (a pipe, socket or device); copy the data into a file"
+        return f"{what} {path} is not a regular file (a pipe, socket or device); copy the data into a file"
     if not os.access(path, os.R_OK):
-        return f"data file {path} cannot be read: permission denied"
+        return f"{what} {path} cannot be read: permission denied"
+    return None
+
+
+def tokens_of(config: DataConfig) -> DataConfig:
+    """``config`` as the tokens file its ranks read: text data tokenised (once: the cache of
+    :mod:`schedlang.runtime.text_data`), other kinds as they are. Raises what the tokenizer raises."""
+    if config.kind is not DataKind.TEXT:
+        return config
+    from schedlang.runtime.text_data import ensure_tokenised
+
+    cached = ensure_tokenised(config.path, config.tokenizer)
+    return DataConfig(DataKind.TOKENS, config.seed, str(cached), TokenFileDType.UINT32)
+
+
+def data_problem(config: DataConfig, vocab: int, length: int, scan_ids: bool = True) -> str | None:
+    """Why ``config`` cannot feed sequences of ``length + 1`` tokens to a model of ``vocab`` ids; None when it
+    can. With ``scan_ids`` it reads the whole of a tokens file (in blocks) to find ids outside the vocabulary;
+    without, only the file's size and kind are looked at."""
+    if config.kind is DataKind.SYNTHETIC:
+        return None
+    if config.kind is DataKind.BYTES and vocab < BYTE_VOCAB:
+        return f"bytes data needs a vocabulary of at least {BYTE_VOCAB}, the model has {vocab}"
+    if config.path is None:
+        return None if config.kind is DataKind.BYTES else f"{config.kind.value} data needs a file"
+    problem = data_file_problem(config.path)
+    if problem is None and config.kind is DataKind.TEXT:
+        problem = data_file_problem(config.tokenizer, "tokenizer file")
+    if problem is not None:
+        return problem
+    if config.kind is DataKind.TEXT:
+        from schedlang.runtime.text_data import TokenizerUnavailableError
+
+        try:
+            tokens = tokens_of(config)
+        except TokenizerUnavailableError as error:
+            return str(error)
+        problem = data_problem(tokens, vocab, length, scan_ids)
+        named = f"the text {config.path} tokenised by {config.tokenizer}"
+        return None if problem is None else problem.replace(f"data file {tokens.path}", named)
+    size = os.stat(config.path).st_size
+    item = 1 if config.kind is DataKind.BYTES else TOKEN_NUMPY_TYPES[config.dtype].itemsize
+    if size == 0:
+        return f"data file {config.path} is empty"
+    if size % item:
+        return (
+            f"data file {config.path} has {size} bytes, not a whole number of {config.dtype.value} token ids "
+            f"({item} bytes each): is the dtype right?"
+        )
+    if size // item <= length + 1:
+        unit = "bytes" if config.kind is DataKind.BYTES else "token ids"
+        return f"data file {config.path} holds {size // item} {unit}, fewer than one sequence of {length + 1}"
+    if config.kind is DataKind.TOKENS and scan_ids:
+        return _id_outside_vocabulary(config, vocab)
+    return None
+
+
+def _id_outside_vocabulary(config: DataConfig, vocab: int) -> str | None:
+    ids = np.memmap(config.path, dtype=TOKEN_NUMPY_TYPES[config.dtype], mode="r")
+    for start in range(0, ids.size, SCAN_BLOCK_TOKENS):
+        block = np.asarray(ids[start : start + SCAN_BLOCK_TOKENS])
+        outside = np.flatnonzero(block >= vocab)
+        if outside.size:
+            position = start + int(outside[0])
+            return (
+                f"data file {config.path} holds token id {int(ids[position])} at position {position}, but "
+                f"model.vocab = {vocab}: is the dtype right, or the vocabulary too small?"
+            )
     return None
 
 
@@ -104,17 +188,30 @@ class TokenSource:
         self.length = length
         self.global_batch = global_batch
         self.corpus: torch.Tensor | None = None
+        self.token_ids: np.memmap | None = None
+        # `check` and `run` scanned a tokens file's ids before launch; each batch is checked again as it is read
+        problem = data_problem(config, vocab, length, scan_ids=False)
+        if problem is not None:
+            raise DataFileError(problem)
+        config = self.config = tokens_of(config)  # text data: its cached tokens file
         if config.kind is DataKind.BYTES:
-            if vocab < BYTE_VOCAB:
-                raise ValueError(f"bytes data needs a vocabulary of at least {BYTE_VOCAB}, the model has {vocab}")
             self.corpus = read_corpus(config.path)
             if self.corpus.numel() <= length + 1:
-                raise ValueError(
+                raise DataFileError(
                     f"the corpus has {self.corpus.numel()} bytes, fewer than one sequence of {length + 1}"
                 )
+        elif config.kind is DataKind.TOKENS:
+            self.token_ids = np.memmap(config.path, dtype=TOKEN_NUMPY_TYPES[config.dtype], mode="r")
 
     def global_batch_tokens(self, step: int) -> torch.Tensor:
         generator = step_generator(self.config.seed, step)
+        if self.token_ids is not None:
+            starts = torch.randint(0, self.token_ids.size - self.length - 1, (self.global_batch,), generator=generator)
+            rows = np.stack([np.asarray(self.token_ids[start : start + self.length + 1]) for start in starts.tolist()])
+            if rows.max() >= self.vocab:
+                problem = _id_outside_vocabulary(self.config, self.vocab)
+                raise DataFileError(problem or f"data file {self.config.path} changed while it was read")
+            return torch.from_numpy(rows.astype(np.int64))
         if self.corpus is not None:
             starts = torch.randint(0, self.corpus.numel() - self.length - 1, (self.global_batch,), generator=generator)
             offsets = torch.arange(self.length + 1)

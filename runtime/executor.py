@@ -41,11 +41,15 @@ backward; the arithmetic is the same, so the results are identical.
 
 With CUDA graphs (``graphs``) ``F`` replays a captured slot instead of
 running the stage eagerly and ``B`` gives the slot back; see
-[Note: graph slots] in :mod:`schedlang.runtime.graphs`.
+[Note: graph slots] in :mod:`schedlang.runtime.graphs`. With step graphs
+(``step_graphs``) the second step captures each compute action as it walks
+the list and every later step replays them in the same order; see
+[Note: step graphs] in :mod:`schedlang.runtime.step_graphs`.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +60,13 @@ from schedlang.runtime.linear import WeightGradientRecorder, recording_weight_gr
 from schedlang.runtime.model import StageModel
 from schedlang.runtime.p2p import StageMessenger
 from schedlang.runtime.state_store import ChunkRecord, StateStore
+from schedlang.runtime.step_graphs import StepGraphs
 from schedlang.vocabulary import Action, ActionKind, deferred_weight_units
+
+
+_COMMUNICATION = frozenset(
+    (ActionKind.RECV_ACTIVATION, ActionKind.RECV_GRADIENT, ActionKind.SEND_ACTIVATION, ActionKind.SEND_GRADIENT)
+)
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,7 @@ class StageExecutor:
         next_stage_rank: int | None,
         activation_dtype: torch.dtype,
         graphs: GraphedChunks | None = None,
+        step_graphs: StepGraphs | None = None,
     ) -> None:
         self.model = model
         self.shape = shape
@@ -97,6 +108,7 @@ class StageExecutor:
         self.next_stage_rank = next_stage_rank
         self.activation_dtype = activation_dtype
         self.graphs = graphs  # [Note: graph slots] in schedlang.runtime.graphs
+        self.step_graphs = step_graphs  # [Note: step graphs] in schedlang.runtime.step_graphs
         # [Note: sequence-wide K/V] in schedlang.runtime.kv_buffers
         self.kv = SequenceKV(max(end for _, end in shape.local_chunk_bounds)) if model.has_attention else None
         self.store = StateStore()
@@ -134,9 +146,20 @@ class StageExecutor:
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.model_device)
         if self.graphs is not None and not self.graphs.captured:
             self._capture_graphs()
+        if self.step_graphs is not None:
+            self.tokens = self.step_graphs.begin_step(self.tokens)
+            if self.step_graphs.replaying:
+                return self._replay_step()
         for action in self.actions:
             self.run_action(action)
         self.messenger.finish_sends()
+        self._check_nothing_left()
+        if self.step_graphs is not None and self.step_graphs.capturing:
+            self.step_graphs.end_capture()
+            return self._replay_step()
+        return self.loss_sum
+
+    def _check_nothing_left(self) -> None:
         leftovers = self.weight_recorders or self.weight_slots or self.weight_buffers
         if not self.store.is_empty() or self.inbox or self.outbox or leftovers:
             raise RuntimeError(
@@ -144,7 +167,35 @@ class StageExecutor:
                 f" inbox={sorted(map(str, self.inbox))} outbox={sorted(map(str, self.outbox))}"
                 f" weight gradients not applied={sorted(set(self.weight_recorders) | set(self.weight_slots))}"
             )
+
+    def _replay_step(self) -> torch.Tensor:
+        """Run the action list with every compute action replayed: [Note: step graphs]."""
+        graphs = self.step_graphs
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.model_device)
+        for action in self.actions:
+            kind = action.kind
+            if kind in (ActionKind.FORWARD, ActionKind.BACKWARD, ActionKind.WEIGHT):
+                if action in graphs.graphs:  # a W that B's backward already formed has none
+                    graphs.replay(action)
+                if action in graphs.losses:
+                    self.loss_sum += graphs.losses[action].double()
+            else:
+                is_gradient = kind in (ActionKind.RECV_GRADIENT, ActionKind.SEND_GRADIENT)
+                upstream = (kind is ActionKind.RECV_ACTIVATION) or (kind is ActionKind.SEND_GRADIENT)
+                peer = self.previous_stage_rank if upstream else self.next_stage_rank
+                description = f"the {'gradient' if is_gradient else 'activation'} of {action}"
+                if action in graphs.received:
+                    self.messenger.receive_into(graphs.received[action], peer, is_gradient, description)
+                else:
+                    self.messenger.send(graphs.sent[action], peer, is_gradient, description)
+        self.messenger.finish_sends()
         return self.loss_sum
+
+    def _captured(self, action: Action):
+        """Capture what runs inside as ``action``'s graph during the capture walk; otherwise run it."""
+        if self.step_graphs is not None and self.step_graphs.capturing:
+            return self.step_graphs.capture(action)
+        return nullcontext()
 
     def _capture_graphs(self) -> None:
         """Capture the chunk graphs on chunk 0's shapes: this step's tokens, or zero activations."""
@@ -167,6 +218,8 @@ class StageExecutor:
             self.backward(microbatch, chunk)
         elif kind is ActionKind.WEIGHT:
             self.weight(microbatch, chunk)
+        elif self.step_graphs is not None and self.step_graphs.capturing and kind in _COMMUNICATION:
+            self._walk_communication(action)
         elif kind is ActionKind.RECV_ACTIVATION:
             self.inbox[(ActionKind.FORWARD, microbatch, chunk)] = self.messenger.receive(
                 self.activation_shape(chunk),
@@ -197,6 +250,17 @@ class StageExecutor:
                 is_gradient=True,
                 description=f"the input gradient of task {self.task_name(ActionKind.BACKWARD, microbatch, chunk)}",
             )
+
+    def _walk_communication(self, action: Action) -> None:
+        """The capture walk's receive takes its buffer and its send keeps its tensor, communicating nothing."""
+        kind, microbatch, chunk = action
+        if kind in (ActionKind.RECV_ACTIVATION, ActionKind.RECV_GRADIENT):
+            computing = ActionKind.FORWARD if kind is ActionKind.RECV_ACTIVATION else ActionKind.BACKWARD
+            buffer = self.messenger.pool.get(self.activation_shape(chunk), self.activation_dtype, self.model_device)
+            self.step_graphs.received[action] = self.inbox[(computing, microbatch, chunk)] = buffer
+        else:
+            computed = ActionKind.FORWARD if kind is ActionKind.SEND_ACTIVATION else ActionKind.BACKWARD
+            self.step_graphs.sent[action] = self.outbox.pop((computed, microbatch, chunk))
 
     def _take_input(self, microbatch: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.model.is_first:
@@ -257,7 +321,7 @@ class StageExecutor:
                 outputs, _, _, final_states, _ = self._run_model(inputs, initial_states, microbatch, chunk)
             record = ChunkRecord(inputs, None, initial_states, None, [], input_buffer)
         else:
-            with torch.enable_grad():
+            with torch.enable_grad(), self._captured(Action(ActionKind.FORWARD, microbatch, chunk)):
                 outputs, input_leaf, state_leaves, final_states, slot = self._run_model(
                     inputs, initial_states, microbatch, chunk
                 )
@@ -269,6 +333,8 @@ class StageExecutor:
         self.store.put_record(microbatch, chunk, record)
         if self.model.is_last:
             self.loss_sum += outputs.detach().double()
+            if self.step_graphs is not None and self.step_graphs.capturing:
+                self.step_graphs.losses[Action(ActionKind.FORWARD, microbatch, chunk)] = outputs.detach()
         else:
             self.outbox[(ActionKind.FORWARD, microbatch, chunk)] = outputs.detach()
 
@@ -302,20 +368,22 @@ class StageExecutor:
                 if final_state is not None:  # attention layers keep no state
                     tensors.append(final_state)
                     gradients.append(state_gradient)
-        torch.autograd.backward(tensors, gradients)
-        # a graph slot's gradients live in its static buffers, which its next forward overwrites
-        handed_out = (lambda grad: grad.clone()) if record.graph_slot is not None else (lambda grad: grad)
-        if chunk > 0:
-            self.store.put_state_gradients(
-                microbatch,
-                chunk - 1,
-                [
-                    None if leaf is None else handed_out(leaf.grad) if leaf.grad is not None else torch.zeros_like(leaf)
-                    for leaf in state_leaves
-                ],
-            )
-        if not self.model.is_first:
-            self.outbox[(ActionKind.BACKWARD, microbatch, chunk)] = handed_out(input_leaf.grad)
+        # with step graphs, the gradients handed on (zeros included) are made inside the captured graph
+        with self._captured(Action(ActionKind.BACKWARD, microbatch, chunk)):
+            torch.autograd.backward(tensors, gradients)
+            # a graph slot's gradients live in its static buffers, which its next forward overwrites
+            handed_out = (lambda grad: grad.clone()) if record.graph_slot is not None else (lambda grad: grad)
+            if chunk > 0:
+                self.store.put_state_gradients(
+                    microbatch,
+                    chunk - 1,
+                    [
+                        None if leaf is None else handed_out(leaf.grad) if leaf.grad is not None else torch.zeros_like(leaf)
+                        for leaf in state_leaves
+                    ],
+                )
+            if not self.model.is_first:
+                self.outbox[(ActionKind.BACKWARD, microbatch, chunk)] = handed_out(input_leaf.grad)
         if record.graph_slot is not None:
             if (microbatch, chunk) in self.deferred_weights:
                 self.weight_slots[(microbatch, chunk)] = record.graph_slot
@@ -346,7 +414,8 @@ class StageExecutor:
                     f"task {self.task_name(ActionKind.WEIGHT, microbatch, chunk)} runs before its backward "
                     "(no B precedes it in the action list)"
                 ) from None
-            recorder.apply()
+            with self._captured(Action(ActionKind.WEIGHT, microbatch, chunk)):
+                recorder.apply()
         # [Note: received buffers of a deferred W]
         # A deferred W reads the inputs and output gradients of the chunk's linear layers, and the output
         # gradient of a stage's last linear layer is the received gradient buffer itself (the residual add

@@ -150,7 +150,10 @@ class StageMessenger:
     def receive(
         self, shape: tuple[int, ...], dtype: torch.dtype, peer: int, is_gradient: bool, description: str
     ) -> torch.Tensor:
-        buffer = self.pool.get(shape, dtype, self.device)
+        return self.receive_into(self.pool.get(shape, dtype, self.device), peer, is_gradient, description)
+
+    def receive_into(self, buffer: torch.Tensor, peer: int, is_gradient: bool, description: str) -> torch.Tensor:
+        """Receive into ``buffer`` (contiguous) and return it once the data is there."""
         operation = dist.P2POp(dist.irecv, buffer, peer, self._group(is_gradient))
         what = f"rank {self.rank} waited for {description} from rank {peer}"
         self._wait(self._post([operation], what), what)

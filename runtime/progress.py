@@ -1,4 +1,10 @@
-"""Per-step reporting on rank 0: a progress line and the JSON-lines metrics file."""
+"""Per-step reporting on rank 0: a progress line, the JSON-lines metrics file and TensorBoard scalars.
+
+With a TensorBoard directory (``train.log = tensorboard(directory = ...)``) every step's metrics are also
+written as scalars ``train/loss``, ``train/tokens_per_second``, ``train/step_seconds`` and
+``train/peak_memory_gib`` at the step number, through torch's ``SummaryWriter``, which needs the
+``tensorboard`` package (the ``tensorboard`` extra); ``check`` and ``run`` say so before launch.
+"""
 
 from __future__ import annotations
 
@@ -41,10 +47,21 @@ class StepReporter:
     """Appends one JSON object per step to ``metrics_path``, whatever ``log_every`` is, and prints the progress
     lines the trainer asks to show."""
 
-    def __init__(self, total_steps: int, metrics_path: str | None, stream: TextIO = sys.stdout) -> None:
+    def __init__(
+        self,
+        total_steps: int,
+        metrics_path: str | None,
+        stream: TextIO = sys.stdout,
+        tensorboard_directory: str | None = None,
+    ) -> None:
         self.total_steps = total_steps
         self.stream = stream
         self.metrics_file = open(metrics_path, "a", encoding="utf-8") if metrics_path else None
+        self.tensorboard = None
+        if tensorboard_directory is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(tensorboard_directory)
 
     def report(self, metrics: StepMetrics, show: bool = True) -> None:
         """Append the step to the metrics file; print its progress line too when ``show`` (``log_every``)."""
@@ -53,7 +70,14 @@ class StepReporter:
         if self.metrics_file is not None:
             self.metrics_file.write(json.dumps(asdict(metrics)) + "\n")
             self.metrics_file.flush()
+        if self.tensorboard is not None:
+            self.tensorboard.add_scalar("train/loss", metrics.loss, metrics.step)
+            self.tensorboard.add_scalar("train/tokens_per_second", metrics.tokens_per_second, metrics.step)
+            self.tensorboard.add_scalar("train/step_seconds", metrics.step_seconds, metrics.step)
+            self.tensorboard.add_scalar("train/peak_memory_gib", metrics.peak_memory_bytes / 2**30, metrics.step)
 
     def close(self) -> None:
         if self.metrics_file is not None:
             self.metrics_file.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()

@@ -23,12 +23,14 @@ from schedlang.runtime.cublas import use_workspace_free_gemms
 from schedlang.runtime.data import TokenSource
 from schedlang.runtime.executor import StageExecutor, StepShape
 from schedlang.runtime.graphs import GraphedChunks, GraphMaker, slots_needed
+from schedlang.runtime.lr_schedule import build_scheduler
+from schedlang.runtime.step_graphs import StepGraphs
 from schedlang.runtime.mesh import RuntimeMesh, init_mesh
 from schedlang.runtime.model import SequenceParallelContext, build_stage_model
 from schedlang.runtime.p2p import StageMessenger
 from schedlang.runtime.progress import StepMetrics, StepReporter
 from schedlang.runtime.step_loss import PendingLoss, StepClock
-from schedlang.vocabulary import Action, DType, OptimizerKind, deferred_weight_units, require_supported
+from schedlang.vocabulary import Action, CudaGraphs, DType, OptimizerKind, deferred_weight_units, require_supported
 
 DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16, DType.FP64: torch.float64}
 
@@ -98,6 +100,7 @@ class Trainer:
             ),
         )
         self.optimizer = build_optimizer(self.model.parameters(), self.train_config)
+        self.scheduler = self._scheduler(start_step=0)
         self.tokens = TokenSource(
             self.train_config.data, self.model_config.vocab, pipeline.sequence_length, pipeline.global_batch
         )
@@ -130,11 +133,12 @@ class Trainer:
             mesh.next_stage_rank,
             self.dtype,
             graphs=self._chunk_graphs(actions, global_tokens),
+            step_graphs=StepGraphs(self.model, mesh.device) if pipeline.cuda_graphs is CudaGraphs.STEP else None,
         )
         self.start_step = 0
 
     def _chunk_graphs(self, actions: tuple[Action, ...], global_tokens: int) -> GraphedChunks | None:
-        if not self.pipeline_config.cuda_graphs:
+        if self.pipeline_config.cuda_graphs is not CudaGraphs.CHUNK_SLOTS:
             return None
         maker = self.graph_maker
         if maker is None:
@@ -186,6 +190,11 @@ class Trainer:
 
     def optimizer_step(self) -> None:
         self.optimizer.step()
+        self.scheduler.step()
+
+    def _scheduler(self, start_step: int):
+        config = self.train_config
+        return build_scheduler(self.optimizer, config.lr_schedule, config.steps, config.optimizer.lr, start_step)
 
     def close(self) -> None:
         """Leave the job cleanly so torchrun sees every rank finish."""
@@ -207,6 +216,7 @@ class Trainer:
             self.start_step = resume_or_exit(
                 self.train_config.checkpoint_directory, self.model, self.optimizer, self.run_record(), steps
             )
+            self.scheduler = self._scheduler(self.start_step)
         return self.start_step
 
     def train(self, steps: int, metrics_path: str | None = None, stop_after: int | None = None) -> list[float]:
@@ -216,7 +226,9 @@ class Trainer:
         invocation, as a kill would; the tests use it to check resumption.
         """
         config = self.train_config
-        reporter = StepReporter(steps, metrics_path) if self.mesh.rank == 0 else None
+        reporter = None
+        if self.mesh.rank == 0:
+            reporter = StepReporter(steps, metrics_path, tensorboard_directory=config.tensorboard_directory)
         tokens_per_step = self.pipeline_config.global_batch * self.pipeline_config.sequence_length
         losses: list[float] = []
         pending = None  # (step number done, its loss, its clock token): read after the next step is queued

@@ -1,8 +1,11 @@
 """Launching a generated training script through torch's own launcher.
 
 ``schedlang run`` compiles a schedule to a temporary script and hands it to
-``python -m torch.distributed.run --standalone``; this module builds that
-command and its environment and reports how the job ended. A rank that fails
+``python -m torch.distributed.run``: ``--standalone`` on one machine, or, on
+several, torchrun's own static rendezvous (``--nnodes``, ``--node-rank``,
+``--rdzv-endpoint``: one ``schedlang run`` per node, node 0's address as the
+endpoint). This module builds that command and its environment and reports
+how the job ended. A rank that fails
 makes torchrun stop the others and exit non-zero; the script's ``main`` is
 wrapped in torch's ``@record``, so torchrun's failure summary shows that
 rank's exception.
@@ -20,21 +23,56 @@ from pathlib import Path
 
 
 @dataclass(frozen=True)
+class Nodes:
+    """The machines of a multi-node job, as torchrun's static rendezvous takes them."""
+
+    count: int
+    rank: int
+    endpoint: str  # HOST:PORT of node 0's rendezvous
+
+
+@dataclass(frozen=True)
 class LaunchRequest:
     script: Path
-    nproc: int
+    nproc: int  # processes on this node
     device: str
     steps: int | None = None
     metrics: Path | None = None
     timeout_s: float | None = None
+    nodes: Nodes | None = None  # None: one machine
+
+
+def nodes_problem(count: int, rank: int | None, endpoint: str | None, world_size: int) -> str | None:
+    """Why ``--nnodes``, ``--node-rank`` and ``--rdzv-endpoint`` cannot launch a mesh of ``world_size`` ranks."""
+    if count < 1:
+        return f"--nnodes must be at least 1, got {count}"
+    if count == 1:
+        return None if rank in (None, 0) and endpoint is None else "--node-rank and --rdzv-endpoint need --nnodes > 1"
+    if world_size % count:
+        return f"--nnodes {count} does not divide the mesh's {world_size} ranks into equal nodes"
+    if rank is None or not 0 <= rank < count:
+        return f"--node-rank must be one of 0 .. {count - 1} with --nnodes {count}, got {rank}"
+    host, _, port = (endpoint or "").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return f"--rdzv-endpoint must be HOST:PORT (node 0's address and a free port), got {endpoint!r}"
+    return None
 
 
 def torchrun_command(request: LaunchRequest) -> list[str]:
+    if request.nodes is None:
+        placement = ["--standalone"]
+    else:
+        placement = [
+            f"--nnodes={request.nodes.count}",
+            f"--node-rank={request.nodes.rank}",
+            "--rdzv-backend=static",
+            f"--rdzv-endpoint={request.nodes.endpoint}",
+        ]
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        *placement,
         f"--nproc-per-node={request.nproc}",
         str(request.script),
         "--device",

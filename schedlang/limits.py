@@ -122,13 +122,15 @@ def machine_rank_limit(device: str) -> tuple[int, str]:
     return limit, f"{cores} CPU core(s), at most {limit} CPU processes"
 
 
-def check_machine_fits(program, device: str, text: str) -> None:
-    """Refuse, at the mesh, a run with more ranks than this machine has devices (or cores) for."""
+def check_machine_fits(program, device: str, text: str, nodes: int = 1) -> None:
+    """Refuse, at the mesh, a run with more ranks per machine (of ``nodes``) than this one has devices (or
+    cores) for."""
     limit, what = machine_rank_limit(device)
     world_size = program.mesh.world_size
-    if world_size > limit:
+    if world_size // nodes > limit:
+        per_node = f" ({world_size // nodes} on each of {nodes} machines)" if nodes > 1 else ""
         _refuse(
-            f"the mesh has {world_size} ranks, but this machine has {what}",
+            f"the mesh has {world_size} ranks{per_node}, but this machine has {what}",
             _largest_key_span(program, ("mesh.pipeline", "mesh.sequence", "mesh.data")),
             "run it on a machine with more devices, or shrink the mesh",
             text,

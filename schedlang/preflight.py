@@ -1,15 +1,15 @@
-"""What ``schedlang run`` checks about this machine and its files before it launches anything.
+"""What ``schedlang check`` and ``run`` check about the schedule's files before anything launches.
 
 The schedule's paths are resolved by the one rule of schedlang.lowering.paths (relative to the schedule
-file). A data path that is a directory, a pipe or a device, or unreadable, is refused at the
-``train.data`` key: a pipe would block every rank, a device fill its memory. A missing file is left to
-the ranks, whose error names it (schedlang.runtime.data).
+file). Every problem :func:`schedlang.runtime.data.data_problem` finds with the data (no such file, a
+directory, a pipe or a device, unreadable, empty, shorter than one sequence, a size that is not a whole
+number of token ids, an id outside the vocabulary) is an error at the ``train.data`` key's path (or at the
+key): a pipe would block every rank, a device fill its memory, a bad id fail deep inside the embedding.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 from schedlang.diagnostics import Diagnostic, ScheduleError
@@ -20,16 +20,28 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 def check_data_file(program, text: str) -> None:
-    from schedlang.runtime.data import data_file_problem
+    """Raise ``ScheduleError`` at the data key when the schedule's data cannot feed its model."""
+    from schedlang.runtime.config import DataConfig
+    from schedlang.runtime.data import data_problem
 
-    path = paths.data_path(program)
-    if path is None or not os.path.exists(path):
-        return  # each rank names a missing file in its own error; only what would hang them is caught here
-    problem = data_file_problem(path)
+    data = program.train.data
+    config = DataConfig(data.kind, data.seed, paths.data_path(program), data.dtype, paths.tokenizer_path(program))
+    problem = data_problem(config, program.model.vocab, program.sequence.length)
     if problem is not None:
         span = program.spans.get("train.data.path") or program.spans.get("train.data")
         span = span or Span(program.source_file, 1, 1, 1, 2)
         raise ScheduleError([Diagnostic.error(problem, span)], {span.file: text})
+
+
+def check_tensorboard(program, text: str) -> None:
+    """Raise ``ScheduleError`` at ``train.log`` when it asks for TensorBoard and the package is missing."""
+    import importlib.util
+
+    if program.train.log is None or importlib.util.find_spec("tensorboard") is not None:
+        return
+    span = program.spans.get("train.log") or Span(program.source_file, 1, 1, 1, 2)
+    message = "train.log = tensorboard(...) writes through the tensorboard package, which is not installed"
+    raise ScheduleError([Diagnostic.error(message, span, "pip install tensorboard")], {span.file: text})
 
 
 def will_resume(program) -> bool:

@@ -5,7 +5,7 @@ so the front end (``schedlang``), the lowering (``schedlang.lowering``), the run
 (``schedlang.runtime``) and the kernels may all import it:
 
 * :mod:`~schedlang.vocabulary.kinds`: the enums a schedule chooses among (layer kinds, optimizers, data
-  sources, sequence-parallel methods, dtypes);
+  sources, sequence-parallel methods, dtypes, CUDA-graph modes, learning-rate schedules);
 * :mod:`~schedlang.vocabulary.source`: :class:`Span` and the one renderer of ``file:line:col: error:``
   messages with a caret;
 * :mod:`~schedlang.vocabulary.actions`: the per-rank action IR placement emits and the executor runs;
@@ -22,7 +22,16 @@ from schedlang.vocabulary.capabilities import (
     refusals,
     require_supported,
 )
-from schedlang.vocabulary.kinds import DataKind, DType, LayerKind, OptimizerKind, SequenceParallelMethod
+from schedlang.vocabulary.kinds import (
+    CudaGraphs,
+    DataKind,
+    DType,
+    LayerKind,
+    LearningRateScheduleKind,
+    OptimizerKind,
+    SequenceParallelMethod,
+    TokenFileDType,
+)
 from schedlang.vocabulary.source import Severity, Span, caret_line, format_error, render_message
 
 __all__ = [
@@ -30,14 +39,17 @@ __all__ = [
     "Action",
     "ActionKind",
     "Capability",
+    "CudaGraphs",
     "DType",
     "DataKind",
     "LayerKind",
+    "LearningRateScheduleKind",
     "OptimizerKind",
     "Refusal",
     "RunRequest",
     "SequenceParallelMethod",
     "Severity",
+    "TokenFileDType",
     "Span",
     "UnsupportedRunError",
     "caret_line",

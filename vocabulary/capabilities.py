@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from schedlang.vocabulary.kinds import LayerKind
+from schedlang.vocabulary.kinds import CudaGraphs, LayerKind
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class RunRequest:
     sequence_parallel: int  # ranks of the sequence-parallel group (mesh.sequence)
     chunk_lengths: tuple[int, ...]
     recompute: bool
-    cuda_graphs: bool
+    cuda_graphs: CudaGraphs
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,8 @@ class Refusal:
     message: str
 
 
-_GRAPHS = "pipeline.cuda_graphs = true replays one captured graph per chunk shape; this schedule has "
+def _graphs(request: RunRequest) -> str:
+    return f"pipeline.cuda_graphs = {request.cuda_graphs.value} replays captured graphs; this schedule has "
 
 
 def _distinct_lengths(request: RunRequest) -> list[int]:
@@ -70,23 +71,25 @@ CAPABILITIES: tuple[Capability, ...] = (
     ),
     Capability(
         ("sequence.chunks", "pipeline.cuda_graphs"),
-        lambda request: request.cuda_graphs and len(_distinct_lengths(request)) > 1,
-        lambda request: _GRAPHS + f"chunks of different lengths {_distinct_lengths(request)}; cut the sequence evenly",
+        lambda request: request.cuda_graphs is CudaGraphs.CHUNK_SLOTS and len(_distinct_lengths(request)) > 1,
+        lambda request: "pipeline.cuda_graphs = true replays one captured graph per chunk shape; this schedule has "
+        f"chunks of different lengths {_distinct_lengths(request)}; cut the sequence evenly, or use "
+        "cuda_graphs = step, which captures every chunk on its own",
     ),
     Capability(
         ("pipeline.recompute", "pipeline.cuda_graphs"),
         lambda request: request.cuda_graphs and request.recompute,
-        lambda request: _GRAPHS + "recompute = full; graphs keep each chunk's activations in their own memory already",
+        lambda request: _graphs(request) + "recompute = full; graphs keep each chunk's activations in their own memory already",
     ),
     Capability(
         ("mesh.sequence", "pipeline.cuda_graphs"),
         lambda request: request.cuda_graphs and request.sequence_parallel > 1,
-        lambda request: _GRAPHS + f"mesh.sequence = {request.sequence_parallel}; use sequence = 1",
+        lambda request: _graphs(request) + f"mesh.sequence = {request.sequence_parallel}; use sequence = 1",
     ),
     Capability(
         ("model.layers", "pipeline.cuda_graphs"),
         lambda request: request.cuda_graphs and LayerKind.ATTN in request.layers,
-        lambda request: _GRAPHS + "attn layers, which read a key prefix that grows chunk by chunk; use gla and "
+        lambda request: _graphs(request) + "attn layers, which read a key prefix that grows chunk by chunk; use gla and "
         "simple_gla layers",
     ),
 )

@@ -44,9 +44,26 @@ class OptimizerKind(str, Enum):
     SGD = "sgd"
 
 
+class LearningRateScheduleKind(str, Enum):
+    """How the learning rate moves over the run after its linear warm-up (``train.lr_schedule``)."""
+
+    CONSTANT = "constant"
+    COSINE = "cosine"  # half a cosine from the optimizer's lr down to min_lr at the last step
+    LINEAR = "linear"  # a straight line from the optimizer's lr down to min_lr at the last step
+
+
 class DataKind(str, Enum):
     SYNTHETIC = "synthetic"
     BYTES = "bytes"  # a byte-level corpus: a file, or the default one when no path is given
+    TOKENS = "tokens"  # a flat file of token ids (the nanoGPT / Megatron layout), memory-mapped
+    TEXT = "text"  # a text file tokenised once by a Hugging Face tokenizer.json into a cached tokens file
+
+
+class TokenFileDType(str, Enum):
+    """The integer type of each token id in a ``tokens`` data file (little-endian, no header)."""
+
+    UINT16 = "uint16"
+    UINT32 = "uint32"
 
 
 class SequenceParallelMethod(str, Enum):
@@ -55,6 +72,17 @@ class SequenceParallelMethod(str, Enum):
     ALLSCAN = "allscan"  # ZeCO All-Scan: blocks of state rows pipelined rank to rank
     RING = "ring"  # LASP: the whole state passed rank to rank around a ring
     ALLGATHER = "allgather"  # LASP-2: all-gather of local states, prefix combined locally
+
+
+class CudaGraphs(str, Enum):
+    """How a stage replays CUDA graphs (``pipeline.cuda_graphs``); true in a condition when it replays any."""
+
+    NONE = "false"  # every kernel launched eagerly
+    CHUNK_SLOTS = "true"  # one captured forward and backward per chunk in flight ([Note: graph slots])
+    STEP = "step"  # every compute action of the step, captured in order into one pool ([Note: step graphs])
+
+    def __bool__(self) -> bool:
+        return self is not CudaGraphs.NONE
 
 
 class DType(str, Enum):

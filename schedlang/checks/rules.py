@@ -393,6 +393,28 @@ def stage_lines_match_order(checker: Checker) -> None:
     checker.derived["pipeline.explicit_orders"] = explicit_orders
 
 
+def schedule_fits_the_run(checker: Checker) -> None:
+    """The warm-up ends before the last step, and the schedule never rises above the optimizer's lr."""
+    schedule, steps, optimizer = (checker.get(path) for path in ("train.lr_schedule", "train.steps", "train.optimizer"))
+    if schedule is None or not checker.given("train.lr_schedule"):
+        return
+    span = checker.node("train.lr_schedule").span
+    if steps is not None and schedule.warmup >= steps:
+        checker.error(
+            f"the learning-rate warm-up of {schedule.warmup} steps does not end within train.steps = {steps}",
+            span,
+            hint=f"use a warm-up below {steps} steps",
+        )
+        checker.reject("train.lr_schedule")
+    elif optimizer is not None and schedule.min_lr > optimizer.lr:
+        checker.error(
+            f"min_lr = {schedule.min_lr:g} is above the optimizer's lr = {optimizer.lr:g}: the schedule decays "
+            "from lr down to min_lr",
+            span,
+        )
+        checker.reject("train.lr_schedule")
+
+
 RULES: tuple[Rule, ...] = (
     Rule(("model.layers", "model.mlp"), mlp_layers_need_an_mlp),
     Rule(("model.stages", "model.layers", "mesh.pipeline"), stage_assignment),
@@ -417,4 +439,5 @@ RULES: tuple[Rule, ...] = (
         ("pipeline.order", "pipeline.microbatches", "pipeline.split_backward", "mesh.pipeline", "sequence.chunks"),
         stage_lines_match_order,
     ),
+    Rule(("train.lr_schedule", "train.steps", "train.optimizer"), schedule_fits_the_run),
 )

@@ -30,7 +30,7 @@ from schedlang.lowering.program import (
     SequenceSpec,
     TrainSpec,
 )
-from schedlang.vocabulary import DType
+from schedlang.vocabulary import CudaGraphs, DType
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -125,7 +125,7 @@ SCHEMA: tuple[Key, ...] = (
     Key("pipeline", "order", Choice(OrderKind, "pipeline order"), PipelineSpec, "order = 1f1b", in_block_example=True),
     Key("pipeline", "microbatch_size", Integer(1, 1 << 20), PipelineSpec, "microbatch_size = 2"),
     Key("pipeline", "recompute", Choice(Recompute, "recompute mode"), PipelineSpec, "recompute = full"),
-    Key("pipeline", "cuda_graphs", Boolean(), PipelineSpec, "cuda_graphs = true"),
+    Key("pipeline", "cuda_graphs", Choice(CudaGraphs, "CUDA-graph mode"), PipelineSpec, "cuda_graphs = step"),
     Key("pipeline", "extra_warmup", pipeline.read_extra_warmup, PipelineSpec, "extra_warmup = [1, 0]"),
     Key("pipeline", "split_backward", Boolean(), PipelineSpec, "split_backward = true"),
     Key("pipeline", "forward_before_weight", Boolean(), PipelineSpec, "forward_before_weight = true"),
@@ -137,6 +137,8 @@ SCHEMA: tuple[Key, ...] = (
     Key("train", "seed", Integer(0, train.MAX_SEED), TrainSpec, "seed = 1"),
     Key("train", "grad_clip", Number(0.0, above=True), TrainSpec, "grad_clip = 1.0", accepts_none=True),
     Key("train", "log_every", Integer(1, 1 << 40), TrainSpec, "log_every = 5"),
+    Key("train", "lr_schedule", train.read_lr_schedule, TrainSpec, "lr_schedule = cosine(warmup = 100, min_lr = 3e-5)"),
+    Key("train", "log", train.read_log, TrainSpec, 'log = tensorboard(directory = "runs/x")', accepts_none=True),
     Key(
         "train", "checkpoint", train.read_checkpoint, TrainSpec, 'checkpoint = "runs/ckpt" every 50',
         accepts_none=True, accepts_every=True,

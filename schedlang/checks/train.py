@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from schedlang import ast
-from schedlang.checks.readers import read_call, read_integer, read_number
-from schedlang.lowering.program import CheckpointSpec, DataSpec, OptimizerSpec, TrainSpec
-from schedlang.vocabulary import DataKind, OptimizerKind
+from schedlang.checks.readers import read_call, read_choice, read_integer, read_number
+from schedlang.lowering.program import CheckpointSpec, DataSpec, LearningRateScheduleSpec, OptimizerSpec, TrainSpec
+from schedlang.vocabulary import DataKind, LearningRateScheduleKind, OptimizerKind, TokenFileDType
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -23,7 +23,13 @@ OPTIMIZER_ARGUMENTS = {
     OptimizerKind.ADAMW.value: ("lr", "weight_decay", "betas"),
     OptimizerKind.SGD.value: ("lr", "momentum", "weight_decay"),
 }
-DATA_ARGUMENTS = {DataKind.SYNTHETIC.value: ("seed",), DataKind.BYTES.value: ("path", "seed")}
+DATA_ARGUMENTS = {
+    DataKind.SYNTHETIC.value: ("seed",),
+    DataKind.BYTES.value: ("path", "seed"),
+    DataKind.TOKENS.value: ("path", "dtype", "seed"),
+    DataKind.TEXT.value: ("path", "tokenizer", "seed"),
+}
+SCHEDULE_ARGUMENTS = {kind.value: ("warmup", "min_lr") for kind in LearningRateScheduleKind}
 
 TRAIN_KEYS = (
     "train.steps",
@@ -34,6 +40,8 @@ TRAIN_KEYS = (
     "train.grad_clip",
     "train.log_every",
     "train.checkpoint",
+    "train.lr_schedule",
+    "train.log",
 )
 
 
@@ -66,24 +74,78 @@ def read_betas(checker: Checker, value: ast.Value, path: str) -> tuple[float, fl
 
 
 def read_data(checker: Checker, value: ast.Value, path: str) -> DataSpec | None:
-    """``synthetic(seed = s)`` or ``bytes(path = "file", seed = s)``."""
+    """``synthetic(seed = s)``, ``bytes(path = "file", seed = s)`` or ``tokens(path = "file", dtype = t, seed = s)``
+    (``path`` required)."""
     call = read_call(checker, value, path, DATA_ARGUMENTS, "data source")
     if call is None:
         return None
+    if call.name == DataKind.TOKENS.value and "path" not in call.arguments:
+        checker.error(
+            "tokens data needs the file of token ids", call.span, hint='write `tokens(path = "train.bin")`'
+        )
+        return None
+    if call.name == DataKind.TEXT.value and not {"path", "tokenizer"} <= set(call.arguments):
+        checker.error(
+            "text data needs the text file and the tokenizer",
+            call.span,
+            hint='write `text(path = "corpus.txt", tokenizer = "tokenizer.json")`',
+        )
+        return None
+    tokenizer = None
+    if "tokenizer" in call.arguments:
+        tokenizer = read_file_name(checker, call.arguments["tokenizer"].value, f"{path}.tokenizer", "tokenizer.json")
+        if tokenizer is None:
+            return None
+    dtype = DataSpec.dtype
+    if "dtype" in call.arguments:
+        dtype = read_choice(checker, call.arguments["dtype"].value, f"{path}.dtype", TokenFileDType, "token dtype")
+        if dtype is None:
+            return None
     seed = DataSpec.seed
     if "seed" in call.arguments:
         seed = read_integer(checker, call.arguments["seed"].value, f"{path}.seed", 0, MAX_SEED)
     data_path = DataSpec.path
     if "path" in call.arguments:
-        path_value = call.arguments["path"].value
-        if isinstance(path_value, ast.StringLiteral) and path_value.value:
-            data_path = path_value.value
-        else:
-            checker.error(f"'{path}.path' must be a non-empty string such as \"data.txt\"", path_value.span)
+        data_path = read_file_name(checker, call.arguments["path"].value, f"{path}.path", "data.txt")
+        if data_path is None:
             return None
     if seed is None:
         return None
-    return DataSpec(DataKind(call.name), seed, data_path)
+    return DataSpec(DataKind(call.name), seed, data_path, dtype, tokenizer)
+
+
+def read_file_name(checker: Checker, value: ast.Value, path: str, example: str) -> str | None:
+    if isinstance(value, ast.StringLiteral) and value.value:
+        return value.value
+    checker.error(f"'{path}' must be a non-empty string such as \"{example}\"", value.span)
+    return None
+
+
+def read_lr_schedule(checker: Checker, value: ast.Value, path: str) -> LearningRateScheduleSpec | None:
+    """``constant``, ``cosine(warmup = N, min_lr = x)`` or ``linear(warmup = N, min_lr = x)``."""
+    call = read_call(checker, value, path, SCHEDULE_ARGUMENTS, "learning-rate schedule")
+    if call is None:
+        return None
+    fields: dict[str, object] = {"kind": LearningRateScheduleKind(call.name)}
+    if "warmup" in call.arguments:
+        fields["warmup"] = read_integer(checker, call.arguments["warmup"].value, f"{path}.warmup", 0, 1 << 40)
+    if "min_lr" in call.arguments:
+        fields["min_lr"] = read_number(checker, call.arguments["min_lr"].value, f"{path}.min_lr", 0.0)
+    if any(field is None for field in fields.values()):
+        return None
+    return LearningRateScheduleSpec(**fields)
+
+
+def read_log(checker: Checker, value: ast.Value, path: str) -> str | None:
+    """``tensorboard(directory = "runs/x")``: the TensorBoard directory (``none``, the default, is read by the
+    schema row)."""
+    call = read_call(checker, value, path, {"tensorboard": ("directory",)}, "log")
+    if call is None:
+        return None
+    if "directory" not in call.arguments:
+        checker.error("tensorboard needs the directory it writes to", call.span, hint='write `tensorboard(directory = "runs/x")`')
+        return None
+    return read_file_name(checker, call.arguments["directory"].value, f"{path}.directory", "runs/x")
 
 
 def read_checkpoint(checker: Checker, value: ast.Value, path: str) -> CheckpointSpec | None:

@@ -25,6 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics", default=None, help="write one JSON object per step to this file")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a rank waits for a peer before failing")
     parser.add_argument("--keep-script", default=None, help="also write the generated script here")
+    nodes = parser.add_argument_group("several machines (one `schedlang run` per node, torchrun's static rendezvous)")
+    nodes.add_argument("--nnodes", type=int, default=1, help="machines in the job; each runs mesh ranks / nnodes")
+    nodes.add_argument("--node-rank", type=int, default=None, help="this machine's index, 0 .. nnodes - 1")
+    nodes.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of node 0, where the nodes meet")
 
 
 def _default_device() -> str:
@@ -38,7 +42,7 @@ def _refuse_graphs_on_cpu(path: str, program) -> None:
     from schedlang.frontend import read_source
 
     span = program.spans["pipeline.cuda_graphs"]
-    message = "pipeline.cuda_graphs = true replays CUDA graphs, but this run is on the CPU"
+    message = f"pipeline.cuda_graphs = {program.pipeline.cuda_graphs.value} replays CUDA graphs, but this run is on the CPU"
     hint = "set cuda_graphs = false to train here, or run on a machine with a GPU (--device cuda)"
     raise ScheduleError([Diagnostic.error(message, span, hint)], {span.file: read_source(path)})
 
@@ -48,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
     from schedlang.commands.compile import IllegalScheduleReport, generate_script
     from schedlang.frontend import load_program, read_source
     from schedlang.limits import check_machine_fits
-    from schedlang.preflight import check_data_file, timeout_problem, will_resume
-    from schedlang.launch import LaunchRequest, launch, read_metrics
+    from schedlang.preflight import check_data_file, check_tensorboard, timeout_problem, will_resume
+    from schedlang.launch import LaunchRequest, Nodes, launch, nodes_problem, read_metrics
 
     program = load_program(args.file)
     world_size = program.mesh.world_size
@@ -68,12 +72,18 @@ def run(args: argparse.Namespace) -> int:
     if timeout_problem(args.timeout):
         print(f"schedlang: error: {timeout_problem(args.timeout)}", file=sys.stderr)
         return 1
+    problem = nodes_problem(args.nnodes, args.node_rank, args.rdzv_endpoint, world_size)
+    if problem:
+        print(f"schedlang: error: {problem}", file=sys.stderr)
+        return 1
+    nodes = Nodes(args.nnodes, args.node_rank, args.rdzv_endpoint) if args.nnodes > 1 else None
     device = args.device or _default_device()
     if device == "cuda" and _default_device() != "cuda":
         print("schedlang: error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
         return 1
-    check_machine_fits(program, device, read_source(args.file))
+    check_machine_fits(program, device, read_source(args.file), args.nnodes)
     check_data_file(program, read_source(args.file))
+    check_tensorboard(program, read_source(args.file))
     if program.pipeline.cuda_graphs and device != "cuda":
         _refuse_graphs_on_cpu(args.file, program)
     try:
@@ -91,12 +101,16 @@ def run(args: argparse.Namespace) -> int:
         if not (args.metrics and will_resume(program)):  # a resumed run appends to its metrics
             metrics.write_text("", encoding="utf-8")
         steps = args.steps or program.train.steps
-        print(f"schedlang: training {program.name} for {steps} steps on {nproc} {device} process(es)", flush=True)
-        status = launch(LaunchRequest(script_path, nproc, device, args.steps, metrics, args.timeout))
+        here = nproc // args.nnodes
+        where = f" (node {args.node_rank} of {args.nnodes}: {here} of them here)" if nodes else ""
+        print(f"schedlang: training {program.name} for {steps} steps on {nproc} {device} process(es){where}", flush=True)
+        status = launch(LaunchRequest(script_path, here, device, args.steps, metrics, args.timeout, nodes))
         records = read_metrics(metrics)
     if status != 0:
         print(f"schedlang: error: training failed (torchrun exit status {status}); see the rank error above", file=sys.stderr)
         return status
+    if nodes and not records:
+        print(f"schedlang: done on node {args.node_rank} of {args.nnodes} (node 0 prints the losses)")
     if records:
         print(f"schedlang: done: loss {records[0]['loss']:.4f} at step {records[0]['step']} -> "
               f"{records[-1]['loss']:.4f} at step {records[-1]['step']}")

@@ -18,14 +18,16 @@ from schedlang.diagnostics import ScheduleError
 from schedlang.frontend import load_program_text
 from schedlang.lowering.orders import one_f_one_b_orders
 from schedlang.lowering.placement import place_stage_actions
+from schedlang.vocabulary import CudaGraphs
 
 
 def test_system_names_map_to_schedule_keys():
     assert variant_keys("schedlang:8") == ScheduleKeys(chunks=8)
-    assert variant_keys("schedlang:4g+2w") == ScheduleKeys(4, cuda_graphs=True, extra_warmup=2, split_backward=True)
-    assert variant_keys("schedlang:16gw") == ScheduleKeys(16, cuda_graphs=True, split_backward=True)
-    assert variant_keys("schedlang:2g+1wfd2") == ScheduleKeys(2, True, 1, True, True, 2)
-    assert variant_keys("schedlang:2g+1wd1") == ScheduleKeys(2, True, 1, True, False, 1)
+    assert variant_keys("schedlang:4g+2w") == ScheduleKeys(4, cuda_graphs=CudaGraphs.CHUNK_SLOTS, extra_warmup=2, split_backward=True)
+    assert variant_keys("schedlang:16gw") == ScheduleKeys(16, cuda_graphs=CudaGraphs.CHUNK_SLOTS, split_backward=True)
+    assert variant_keys("schedlang:8s") == ScheduleKeys(8, cuda_graphs=CudaGraphs.STEP)
+    assert variant_keys("schedlang:2g+1wfd2") == ScheduleKeys(2, CudaGraphs.CHUNK_SLOTS, 1, True, True, 2)
+    assert variant_keys("schedlang:2g+1wd1") == ScheduleKeys(2, CudaGraphs.CHUNK_SLOTS, 1, True, False, 1)
     assert variant_keys("torch") == ScheduleKeys(chunks=1)
     for malformed in ("schedlang:2gf", "schedlang:2g+1d2", "schedlang:x", "8g"):  # f and d belong to w
         with pytest.raises(ValueError, match="a schedlang system is"):

@@ -16,7 +16,7 @@ from schedlang.diagnostics import ScheduleError
 from schedlang.frontend import load_program, load_program_text
 from schedlang.runtime.config import ModelConfig, PipelineConfig, TrainConfig, run_request
 from schedlang.runtime.trainer import Trainer
-from schedlang.vocabulary import CAPABILITIES, UnsupportedRunError
+from schedlang.vocabulary import CAPABILITIES, UnsupportedRunError, refusals
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_PATHS = sorted((ROOT / "examples").glob("*.sched"))
@@ -41,7 +41,7 @@ class Features:
     layers: tuple[str, ...] = ("gla", "gla")
     sequence: int = 1
     boundaries: tuple[int, ...] = (0, 128, 256)
-    cuda_graphs: bool = False
+    cuda_graphs: bool | str = False  # a bool, or a mode's value
     recompute: bool = False
 
     def text(self) -> str:
@@ -98,6 +98,7 @@ REFUSALS = [
     (Features(layers=("gla", "attn"), sequence=2), [("sequence", "sequence-parallel softmax attention")]),
     (Features(cuda_graphs=True, sequence=2), [("sequence", "this schedule has mesh.sequence = 2")]),
     (Features(cuda_graphs=True, boundaries=UNEVEN), [("chunks", "chunks of different lengths [64, 192]")]),
+    (Features(cuda_graphs="step", sequence=2), [("sequence", "cuda_graphs = step replays captured graphs")]),
     (Features(cuda_graphs=True, recompute=True), [("recompute", "recompute = full")]),
     (Features(cuda_graphs=True, layers=("gla", "attn")), [("layers", "this schedule has attn layers")]),
     (
@@ -158,6 +159,13 @@ def test_the_runtime_refuses_with_the_checker_reasons(features, expected):
     assert len(runtime_reasons) == len(expected)
 
 
+def test_step_graphs_take_chunks_of_different_lengths():
+    """[Note: step graphs] captures every chunk on its own, so uneven chunks need no refusal; per-chunk slots do."""
+    assert load_program_text(Features(cuda_graphs="step", boundaries=UNEVEN).text(), "t.sched").n_chunks == 2
+    assert not refusals(run_request(*Features(cuda_graphs="step", boundaries=UNEVEN).runtime_records()))
+    assert refusals(run_request(*Features(cuda_graphs=True, boundaries=UNEVEN).runtime_records()))
+
+
 def test_a_supported_schedule_passes_the_runtime_check():
     model, pipeline = Features(layers=("gla", "attn"), cuda_graphs=False).runtime_records()
     assert load_program_text(Features(layers=("gla", "attn")).text(), "t.sched").model.layers[1].value == "attn"
@@ -183,7 +191,7 @@ def test_revise_rejects_an_illegal_variant_pointing_at_the_revised_key():
     assert "extra_warmup" in diagnostic.message and "1f1b" in rendered
     assert "extra_warmup = 2" in rendered.splitlines()[1]  # the revised line, with the caret under it
     parallel = load_program(ROOT / "examples" / "sequence_parallel.sched")
-    with pytest.raises(ScheduleError, match="cuda_graphs = true replays one captured graph"):
+    with pytest.raises(ScheduleError, match="cuda_graphs = true replays captured graphs"):
         revise(parallel, cuda_graphs=True)
 
 

@@ -142,7 +142,7 @@ def with_graphs(text: str, pipeline_extra: str = "", chunks: str = "2") -> str:
 
 def test_cuda_graphs_reach_the_pipeline_config():
     script = compiled_script(load_program_text(with_graphs(tiny()), "t.sched"))
-    assert "    scan_blocks=1,\n    cuda_graphs=True,\n)" in script
+    assert "    scan_blocks=1,\n    cuda_graphs='true',\n)" in script
     plain = compiled_script(load_program_text(tiny(), "t.sched"))
     assert "cuda_graphs" not in plain
 

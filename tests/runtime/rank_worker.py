@@ -11,7 +11,8 @@ Environment knobs for failure tests: SCHEDLANG_TEST_DIE_RANK (that rank exits
 before its first step), SCHEDLANG_TEST_HANG_RANK (that rank sleeps instead),
 SCHEDLANG_TEST_TIMEOUT (seconds a rank waits for a peer), SCHEDLANG_TEST_STOP_AFTER
 (train() stops after that many steps, as a kill would; with a checkpoint directory),
-SCHEDLANG_TEST_DEVICE (cpu by default). On the CPU a script with cuda_graphs runs through
+SCHEDLANG_TEST_DEVICE (cpu by default), SCHEDLANG_TEST_GRADIENT_STEP (the step whose gradients
+are saved, 0 by default). On the CPU a script with cuda_graphs runs through
 graph_emulator's stand-in for torch.cuda.make_graphed_callables.
 """
 
@@ -56,9 +57,10 @@ def run_script(index: int, path: Path, steps: int, out_dir: Path, rank: int) -> 
         result["losses"] = trainer.train(steps, stop_after=None if stop_after is None else int(stop_after))
     else:
         losses, gradients = [], None
+        gradient_step = int(os.environ.get("SCHEDLANG_TEST_GRADIENT_STEP", "0"))
         for step in range(steps):
             losses.append(trainer.forward_backward(step))
-            if step == 0:
+            if step == gradient_step:
                 gradients = trainer.named_gradients()
             trainer.optimizer_step()
         result["losses"] = losses

@@ -1,8 +1,9 @@
-"""pipeline { cuda_graphs = true }: slot sizing on the CPU; capture and replay against eager runs on a GPU.
+"""pipeline { cuda_graphs = true | step }: slot sizing on the CPU; capture and replay against eager runs on a GPU.
 
-The CPU exactness matrix (test_runtime_exactness.py, p2_n5_cuda_graphs_emulated) runs the graph path with a
-stand-in for torch.cuda.make_graphed_callables that keeps its memory hazards; the GPU test here runs the real
-capture on every GPU the machine has (one pipeline stage each) and compares with the same schedule run eagerly.
+The CPU exactness matrix (test_runtime_exactness.py, p2_n5_cuda_graphs_emulated) runs the slot path with a
+stand-in for torch.cuda.make_graphed_callables that keeps its memory hazards; the GPU tests here run the real
+capture on every GPU the machine has (one pipeline stage each) and compare with the same schedule run eagerly,
+for per-chunk slots ([Note: graph slots]) and for step graphs ([Note: step graphs]).
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ train {{ steps = 3  seed = 3  optimizer = adamw(lr = 1e-2)  data = synthetic(see
     ],
     ids=lambda value: str(value),
 )
+@pytest.mark.parametrize("mode", ["true", "step"])
 def test_replayed_graphs_train_like_eager_on_the_gpu(
-    tmp_path, stages, chunks, microbatches, extra, split_mlp, split, large, late
+    tmp_path, stages, chunks, microbatches, extra, split_mlp, split, large, late, mode
 ):
     """Gradients after the first step first (they say which parameters a replay gets wrong), then the losses.
 
@@ -86,7 +88,9 @@ def test_replayed_graphs_train_like_eager_on_the_gpu(
     caught W graphs replayed on a second stream beside the chunk graphs (docs/benchmarks.md, a design
     measured and dropped): captured on torch.cuda.graph's shared capture stream, they shared its cuBLAS
     workspace with the chunk graphs, and gradients came out wrong. ``late``: ``forward_before_weight``, so
-    stage 1 replays a W graph after the next chunk's forward ([Note: forward before weight gradients])."""
+    stage 1 replays a W graph after the next chunk's forward ([Note: forward before weight gradients]).
+    ``mode = step``: the first step runs eagerly and the second captures, so the gradients compared are the
+    fourth step's, three replays in ([Note: step graphs])."""
     if stages > torch.cuda.device_count():
         pytest.skip(f"needs {stages} GPUs")
     scripts = [
@@ -109,14 +113,18 @@ def test_replayed_graphs_train_like_eager_on_the_gpu(
             tmp_path,
             name,
         )
-        for name, graphs in (("eager", ""), ("graphs", "cuda_graphs = true"))
+        for name, graphs in (("eager", ""), ("graphs", f"cuda_graphs = {mode}"))
     ]
     # Both runs share one worker process, and launch() gives the graph run no cuBLAS workspace ([Note: GEMMs
     # without a workspace in CUDA graphs]) after the eager run made its GEMMs with one: cuBLAS then picks other
     # kernels, whose float32 sums differ by about 2e-4 at the large sizes. This test compares replay with eager,
     # not one cuBLAS kernel with another, so both runs get the same settings.
     settings = {"SCHEDLANG_TEST_DEVICE": "cuda", **WORKSPACE_FREE_SETTINGS}
-    job = run_job(scripts, stages, 3, tmp_path / "job", extra_env=settings)
+    steps = 3
+    if mode == "step":
+        steps = 5
+        settings["SCHEDLANG_TEST_GRADIENT_STEP"] = "3"
+    job = run_job(scripts, stages, steps, tmp_path / "job", extra_env=settings)
     assert job.return_codes == [0] * stages, job.errors
     eager_gradients, graph_gradients = job.gradients(0), job.gradients(1)
     assert sorted(eager_gradients) == sorted(graph_gradients)

@@ -3,7 +3,7 @@
 For one model, seed and global batch of 4 sequences, per-step losses and the
 gradients after the first step agree within 1e-5 relative (float32) between
 the single-process run (1 stage, 1 chunk, 1 microbatch of 4 sequences) and
-pipelined runs on 2, 3 and 4 CPU ranks (gloo) with 1, 2, 3 and 5 chunks,
+pipelined runs on 2, 3, 4 and 8 CPU ranks (gloo) with 1, 2, 3 and 5 chunks,
 uniform and explicit uneven chunk boundaries and stage splits, gpipe, 1f1b
 and explicit orders, 1f1b with extra warm-up forwards, split backwards (deferred weight-gradient tasks,
 eager, recomputed, through the graph stand-in and in explicit orders), MLPs as layers of their own with stages cut
@@ -47,11 +47,12 @@ def schedule_text(
     extra_warmup: int | list[int] = 0,
     split_backward: bool = False,
     weights: str = "",
+    kernel_chunk: int = 16,
 ) -> str:
     return f"""schedule {name}
 {MODEL_BLOCK.format(stages=f"stages = {stages}" if stages else "", layers=layers)}
 mesh {{ pipeline = {pipeline}  sequence = {sequence}  data = {data} }}
-sequence {{ length = 160  chunks = {chunks}  kernel_chunk = 16  parallel = {parallel} }}
+sequence {{ length = 160  chunks = {chunks}  kernel_chunk = {kernel_chunk}  parallel = {parallel} }}
 pipeline {{
   microbatches = {microbatches}  microbatch_size = {microbatch_size}  order = {order}  recompute = {recompute}
   {"cuda_graphs = true" if cuda_graphs else ""}  {f"extra_warmup = {extra_warmup}" if extra_warmup else ""}
@@ -194,6 +195,28 @@ CONFIGURATIONS = {
         # deferred weight gradients inside sequence-parallel stages (the scans' collectives stay in F and B)
         "p2_s2_n2_split_backward_ring": schedule_text(
             "p2_s2_n2_split_backward_ring", 2, "2", 4, 1, sequence=2, parallel="ring", split_backward=True
+        ),
+    },
+    # pipeline x sequence x data on 8 ranks (issue 23's meshes 2x2x2, 4x2, 2x4), each scan method on two of them
+    8: {
+        "p2_s2_d2_n2_allscan": schedule_text(
+            "p2_s2_d2_n2_allscan", 2, "2", 2, 1, sequence=2, data=2, parallel="allscan(blocks = 2)"
+        ),
+        "p2_s2_d2_n3_ring": schedule_text("p2_s2_d2_n3_ring", 2, "3", 1, 2, sequence=2, data=2, parallel="ring"),
+        "p2_s2_d2_n2_allgather_gpipe": schedule_text(
+            "p2_s2_d2_n2_allgather_gpipe", 2, "2", 2, 1, order="gpipe", sequence=2, data=2, parallel="allgather"
+        ),
+        "p4_s2_n3_allscan": schedule_text(
+            "p4_s2_n3_allscan", 4, "3", 4, 1, sequence=2, parallel="allscan", stages="[[0, 1], [2], [3, 4], [5]]"
+        ),
+        "p4_s2_n2_allgather": schedule_text(
+            "p4_s2_n2_allgather", 4, "2", 2, 2, sequence=2, parallel="allgather", stages="[[0], [1, 2], [3], [4, 5]]"
+        ),
+        "p2_s4_n2_ring": schedule_text(
+            "p2_s4_n2_ring", 2, "[0, 64, 160]", 4, 1, sequence=4, parallel="ring", kernel_chunk=8
+        ),
+        "p2_s4_n3_allscan": schedule_text(
+            "p2_s4_n3_allscan", 2, "[0, 32, 96, 160]", 2, 2, sequence=4, parallel="allscan(blocks = 4)", kernel_chunk=8
         ),
     },
 }

@@ -11,13 +11,13 @@ import torch
 from runtime_harness import compile_schedule, run_job
 
 
-def tiny_schedule(name: str, checkpoint: str = "") -> str:
+def tiny_schedule(name: str, checkpoint: str = "", lr_schedule: str = "") -> str:
     return f"""schedule {name}
 model {{ vocab = 64  d_model = 32  heads = 2  head_dim = 16  layers = [gla] * 2  mlp = swiglu(ratio = 2) }}
 mesh {{ pipeline = 2 }}
 sequence {{ length = 64  chunks = 2  kernel_chunk = 16 }}
 pipeline {{ microbatches = 2  order = 1f1b }}
-train {{ steps = 4  optimizer = adamw(lr = 1e-2)  {checkpoint} }}
+train {{ steps = 4  optimizer = adamw(lr = 1e-2)  {checkpoint}  {lr_schedule} }}
 """
 
 
@@ -34,12 +34,17 @@ train {{ steps = 4  optimizer = adamw(lr = 1e-2)  {checkpoint} }}
     ],
 )
 def test_killed_run_resumes_with_identical_losses(tmp_path, device):
+    """With a cosine learning-rate schedule, whose rate differs at every step: a resume that restarted the
+    schedule, or kept the checkpoint's rate, would change the redone steps' updates and so the last loss."""
     environment = {"SCHEDLANG_TEST_DEVICE": device}
     uninterrupted_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
+    cosine = "lr_schedule = cosine(warmup = 1, min_lr = 1e-3)"
     uninterrupted = compile_schedule(
-        tiny_schedule("full", f'checkpoint = "{uninterrupted_dir}" every 2'), tmp_path, "full"
+        tiny_schedule("full", f'checkpoint = "{uninterrupted_dir}" every 2', cosine), tmp_path, "full"
     )
-    resumed = compile_schedule(tiny_schedule("resumed", f'checkpoint = "{resumed_dir}" every 2'), tmp_path, "resumed")
+    resumed = compile_schedule(
+        tiny_schedule("resumed", f'checkpoint = "{resumed_dir}" every 2', cosine), tmp_path, "resumed"
+    )
 
     full_job = run_job([uninterrupted], 2, 4, tmp_path / "job-full", environment)
     assert full_job.return_codes == [0, 0], full_job.errors

@@ -18,6 +18,7 @@ import torch
 
 from schedlang.runtime.config import (
     DataConfig,
+    LearningRateScheduleConfig,
     ModelConfig,
     OptimizerConfig,
     PipelineConfig,
@@ -83,6 +84,8 @@ TRAIN = TrainConfig(
     checkpoint_directory='checkpoints/sequence_parallel',
     checkpoint_every=5,
     log_every=1,
+    lr_schedule=LearningRateScheduleConfig(kind='constant', warmup=0, min_lr=0.0),
+    tensorboard_directory=None,
 )
 
 

@@ -18,6 +18,7 @@ import torch
 
 from schedlang.runtime.config import (
     DataConfig,
+    LearningRateScheduleConfig,
     ModelConfig,
     OptimizerConfig,
     PipelineConfig,
@@ -85,6 +86,8 @@ TRAIN = TrainConfig(
     checkpoint_directory=None,
     checkpoint_every=0,
     log_every=5,
+    lr_schedule=LearningRateScheduleConfig(kind='constant', warmup=0, min_lr=0.0),
+    tensorboard_directory=None,
 )
 
 
