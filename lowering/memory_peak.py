@@ -22,9 +22,12 @@ that order alone (times do not matter). Walking it, each task's moment holds:
   gradient (every stage but the first) until the step's sends are finished at its end, and the output
   gradient a backward received until that backward (its ``W``, split) ends;
 * the transient of the running backward (``transient_bytes``: its largest layer's workspace);
-* with ``pipeline.cuda_graphs``, instead of the activations and transients: one private pool per graph slot,
+* with ``cuda_graphs = true``, instead of the activations and transients: one private pool per graph slot,
   allocated at capture and held for the run, each as large as a chunk's activations and transient
-  ([Note: graph slots] in schedlang.runtime.graphs: one slot per chunk in flight);
+  ([Note: graph slots] in schedlang.runtime.graphs: one slot per chunk in flight); with ``cuda_graphs =
+  step`` the one pool of the step's graphs is used as the eager step uses the allocator ([Note: step graphs]
+  in schedlang.runtime.step_graphs), so the walk is the eager one, except that every sent tensor is a graph
+  output kept from its capture on: all of the step's sent tensors are live throughout;
 
 and after the last task, with gradients reduced across sequence-parallel ranks or data replicas, the
 flattened copy of the stage's gradients. The allocated peak is the largest of those moments;
@@ -50,6 +53,7 @@ from schedlang.lowering.memory_terms import (
 from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.program import ScheduleProgram
 from schedlang.lowering.tasks import TaskId, TaskKind
+from schedlang.vocabulary import CudaGraphs
 
 RESERVED_PER_ALLOCATED = 1.10
 """[Note: reserved memory] The predicted reserved peak is the allocated peak times this factor. PyTorch's
@@ -143,19 +147,21 @@ def _stage_memory(program: ScheduleProgram, stage: int, order: tuple[TaskId, ...
     key_values = key_value_bytes(program, stage)
 
     static = {STATIC_COMPONENTS[part]: value for part, value in static_bytes(program, stage).items()}
+    slots = pipeline.cuda_graphs is CudaGraphs.CHUNK_SLOTS
     pools = 0.0
-    if pipeline.cuda_graphs:
+    if slots:
         pools = graph_slots(program, order) * (max(chunk_bytes) + max(chunk_transient))
 
     in_flight: dict[tuple[int, int], float] = {}  # chunk -> its activation bytes
     states = 0.0
     key_value = 0.0
-    sent = 0.0
+    sent = _sent_bytes(program, stage, order) if pipeline.cuda_graphs is CudaGraphs.STEP else 0.0
+    kept_sent = sent  # step graphs keep every sent tensor; otherwise the step's end frees them
     best: StageMemory | None = None
 
     def moment(task: TaskId | None, received: float, transient: float) -> None:
         nonlocal best
-        if pipeline.cuda_graphs:
+        if slots:
             activations, transient = 0.0, 0.0
         elif pipeline.offload:
             largest = sorted(in_flight.values(), reverse=True)[:OFFLOAD_RESIDENT_CHUNKS]
@@ -186,7 +192,7 @@ def _stage_memory(program: ScheduleProgram, stage: int, order: tuple[TaskId, ...
             in_flight[unit] = chunk_bytes[task.chunk]
             moment(task, 0.0, 0.0)
             states += one_state
-            if not is_last:
+            if not is_last and not kept_sent:
                 sent += message
             continue
         if task.kind is TaskKind.BACKWARD:
@@ -201,13 +207,26 @@ def _stage_memory(program: ScheduleProgram, stage: int, order: tuple[TaskId, ...
                 states -= one_state  # the state gradients B(a, i + 1) left, now taken
             if task.chunk == 0:
                 key_value -= 2 * key_values
-            if not is_first:
+            if not is_first and not kept_sent:
                 sent += message
         if task.kind is releasing:
             in_flight.pop(unit, None)
-    sent = 0.0  # the step's sends are finished before its gradients are reduced
+    sent = kept_sent  # the step's sends are finished before its gradients are reduced
     moment(None, 0.0, _gradient_reduction_bytes(program, static))
     return best
+
+
+def _sent_bytes(program: ScheduleProgram, stage: int, order: tuple[TaskId, ...]) -> float:
+    """Every activation (every stage but the last) and input gradient (every stage but the first) the stage
+    sends in a step."""
+    total = 0.0
+    for task in order:
+        sends = (task.kind is TaskKind.FORWARD and stage < program.n_stages - 1) or (
+            task.kind is TaskKind.BACKWARD and stage > 0
+        )
+        if sends:
+            total += activation_message_bytes(program, task.chunk)
+    return total
 
 
 def _gradient_reduction_bytes(program: ScheduleProgram, static: dict[Component, float]) -> float:

@@ -225,3 +225,18 @@ def test_part_recompute_rebuilds_one_part_in_the_backward(recompute):
     )
     assert transient_bytes(part, 0, 0) == pytest.approx(transient_bytes(none, 0, 0) + 256 * rebuilt)
     assert chunk_activation_bytes(part, 0, 0) < chunk_activation_bytes(none, 0, 0)
+
+
+def test_step_graphs_keep_the_eager_walk_and_every_sent_tensor():
+    eager = predict_memory(program_of())
+    step = predict_memory(program_of(pipeline="cuda_graphs = step"))
+    # stage 0 sends every forward's output, stage 1 every backward's input gradient: 4 microbatches x 4 chunks
+    total_sent = 4 * 4 * activation_message_bytes(program_of(), 0)
+    for stage in range(2):
+        assert step[stage].components[Component.GRAPH_POOLS] == 0
+        assert step[stage].components[Component.ACTIVATIONS] == pytest.approx(
+            eager[stage].components[Component.ACTIVATIONS]
+        )
+        received = step[stage].components[Component.COMMUNICATION] - total_sent
+        assert received in (0, activation_message_bytes(program_of(), 0))
+        assert step[stage].allocated >= eager[stage].allocated
