@@ -4,7 +4,7 @@ Units as in the simulator's unit cost model: activations in whole microbatches
 (``A_r = 1``, boundary term ``B_r`` left out), time in full-sequence forwards
 (forward 1, backward 2, so ``t = 3``). The simulator reproduces these exactly
 for uniform chunks; they are printed next to the simulated numbers for
-comparison.
+comparison. The memory model in bytes is :mod:`schedlang.lowering.memory_peak`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,15 @@
-"""``schedlang simulate FILE``: time and activation memory of the schedule under a cost model.
+"""``schedlang simulate FILE``: time and memory of the schedule under a cost model.
 
-Prints a per-stage table, or with ``--json`` an object with ``makespan``,
+Prints a per-stage table and a per-stage memory table (each component of the predicted peak in GiB:
+:mod:`schedlang.lowering.memory_peak`), or with ``--json`` an object with ``makespan``,
 ``bubble_fraction``, ``peak_activations`` (one number per stage), ``busy_time``
-per stage, the task count, ``split_backward``, the time unit and, for
-reference, StateFlow's closed-form estimates (Eq. 13 and Eq. 15). An illegal
+per stage, the task count, ``split_backward``, the time unit, ``memory`` (one object per stage: each
+component, ``allocated`` and ``reserved`` in GiB, the chunks in flight and the task running at the peak)
+and, for reference, StateFlow's closed-form estimates (Eq. 13 and Eq. 15). An illegal
 schedule prints its violations, as ``schedlang check`` does, and exits 1.
+
+``--fit`` asks the memory model the longest sequence this model and mesh can train on a device of
+``--device-memory`` and the chunk count to cut it into (:mod:`schedlang.commands.simulate_fit`).
 
 ``--split-backward`` simulates the schedule as if it set ``pipeline {
 split_backward = true }``: every backward's weight gradients become a ``W``
@@ -38,9 +43,10 @@ from schedlang.commands.common import (
     compile_legal,
     cost_settings_from_arguments,
 )
+from schedlang.commands.simulate_fit import GIB, add_fit_arguments, check_fit_arguments, run_fit
 from schedlang.outputs import strict_json
 
-HELP = "simulate the schedule: makespan, bubble fraction and peak activations per stage"
+HELP = "simulate the schedule: makespan, bubble fraction, activations and memory per stage (--fit: longest sequence)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +66,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(gpipe and 1f1b orders only)",
     )
     add_cost_model_arguments(parser)
+    add_fit_arguments(parser)
+
+
+def memory_fields(program, orders) -> list[dict]:
+    """The ``memory`` field: one object per stage, bytes in GiB."""
+    from schedlang.lowering.memory_peak import predict_memory
+
+    return [
+        {
+            **{component.value: value / GIB for component, value in stage.components.items()},
+            "allocated": stage.allocated / GIB,
+            "reserved": stage.reserved / GIB,
+            "chunks_in_flight": stage.chunks_in_flight,
+            "peak_task": None if stage.peak_task is None else str(stage.peak_task),
+        }
+        for stage in predict_memory(program, orders)
+    ]
+
+
+def print_memory_table(memory: list[dict]) -> None:
+    """Each stage's predicted peak, component by component, in GiB: one column per stage."""
+    from schedlang.lowering.memory_peak import RESERVED_PER_ALLOCATED, Component
+
+    columns = "".join(f"  {f'stage {stage}':>10}" for stage in range(len(memory)))
+    print(f"{'memory at the peak, GiB':<24}{columns}")
+    for name in [component.value for component in Component] + ["allocated"]:
+        print(f"{name:<24}" + "".join(f"  {row[name]:>10.3f}" for row in memory))
+    print(f"{f'reserved (x{RESERVED_PER_ALLOCATED:g})':<24}" + "".join(f"  {row['reserved']:>10.3f}" for row in memory))
+    print(f"{'chunks in flight':<24}" + "".join(f"  {row['chunks_in_flight']:>10}" for row in memory))
+    print(f"{'peak during':<24}" + "".join(f"  {row['peak_task'] or 'step end':>10}" for row in memory))
 
 
 def simulate_program(program, args: argparse.Namespace) -> dict | None:
@@ -107,6 +143,7 @@ def simulate_program(program, args: argparse.Namespace) -> dict | None:
             )
         ),
         "eq15_makespan_unit": stateflow_makespan(program.n_stages, program.n_microbatches, program.n_chunks),
+        "memory": memory_fields(program, orders),
     }
 
 
@@ -199,12 +236,15 @@ def run(args: argparse.Namespace) -> int:
     from schedlang.compiler import Pass
     from schedlang.frontend import load_program
 
+    device_memory = check_fit_arguments(args)
     program = load_program(args.file)
     if compile_legal(program, Pass.LEGALITY) is None:
         return 1
     program = with_split_backward(program, args)
     if program is None:
         return 1
+    if args.fit:
+        return run_fit(program, args, device_memory)
     if args.chunks or args.extra_warmup:
         results = sweep(program, args)
         if results is None:
@@ -230,4 +270,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'stage':>5}  {'busy':>12}  {'peak activations':>16}")
     for stage in range(program.n_stages):
         print(f"{stage:>5}  {result['busy_time'][stage]:>12.6g}  {result['peak_activations'][stage]:>16.4g}")
+    print_memory_table(result["memory"])
     return 0

@@ -1,0 +1,237 @@
+"""Predicted device memory per pipeline stage: the terms of :mod:`schedlang.lowering.memory_terms` added up
+along each stage's program order.
+
+Contract. Input: a checked program and its per-stage orders (legal: the compiler's order pass and
+legality pass ran). Output: one :class:`StageMemory` per stage, the bytes of each component at the moment
+the stage's allocated memory peaks, and the predicted *reserved* peak (what ``torch.cuda.max_memory_reserved``
+reports), which is what must fit the device.
+
+Semantics. A stage runs its tasks one at a time in program order, so its memory over a step is a function of
+that order alone (times do not matter). Walking it, each task's moment holds:
+
+* static: parameters, gradients and optimizer state (``StaticPart``);
+* activations of the chunks in flight: chunk ``(a, i)`` allocates at the start of ``F(a, i)`` and frees at
+  the end of ``B(a, i)`` (of ``W(a, i)`` with a split backward), [Note: activation bytes]; with
+  ``pipeline.offload`` the device holds at most :data:`OFFLOAD_RESIDENT_CHUNKS` of them (the chunk being
+  computed and one on the copy stream), the rest waiting in pinned host memory;
+* the recurrent states: a chunk's final states from the end of its forward to the end of its backward, and
+  the state gradients ``B(a, i)`` hands to ``B(a, i - 1)``;
+* the K/V buffers of attn layers, opened by a microbatch's first forward and, with their gradient buffers,
+  its last backward, closed after ``B(a, 0)``;
+* communication: the runtime keeps every sent activation (every stage but the last) and every sent input
+  gradient (every stage but the first) until the step's sends are finished at its end, and the output
+  gradient a backward received until that backward (its ``W``, split) ends;
+* the transient of the running backward (``transient_bytes``: its largest layer's workspace);
+* with ``cuda_graphs = true``, instead of the activations and transients: one private pool per graph slot,
+  allocated at capture and held for the run, each as large as a chunk's activations and transient
+  ([Note: graph slots] in schedlang.runtime.graphs: one slot per chunk in flight); with ``cuda_graphs =
+  step`` the one pool of the step's graphs is used as the eager step uses the allocator ([Note: step graphs]
+  in schedlang.runtime.step_graphs), so the walk is the eager one, except that every sent tensor is a graph
+  output kept from its capture on: all of the step's sent tensors are live throughout;
+
+and after the last task, with gradients reduced across sequence-parallel ranks or data replicas, the
+flattened copy of the stage's gradients. The allocated peak is the largest of those moments;
+:data:`RESERVED_PER_ALLOCATED` turns it into the reserved peak.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from schedlang.lowering.memory_terms import (
+    Device,
+    StaticPart,
+    activation_message_bytes,
+    chunk_activation_bytes,
+    key_value_bytes,
+    state_bytes,
+    static_bytes,
+    transient_bytes,
+)
+from schedlang.lowering.orders import stage_orders
+from schedlang.lowering.program import ScheduleProgram
+from schedlang.lowering.tasks import TaskId, TaskKind
+from schedlang.vocabulary import CudaGraphs
+
+RESERVED_PER_ALLOCATED = 1.10
+"""[Note: reserved memory] The predicted reserved peak is the allocated peak times this factor. PyTorch's
+caching allocator reserves whole segments (2 MiB for small blocks, at least the request rounded up to 2 MiB
+for large ones) and keeps freed blocks for reuse; a block freed among live ones can only be reused by a
+request that fits it, so when chunk activations of several sizes alternate (a backward's gradients are
+allocated while the saved tensors of other chunks are still live) the reserved peak runs above the allocated
+one. 10 % is an assumed bound for that fragmentation, not yet measured on this runtime: the GPU acceptance
+runs (``benchmarks/pipeline.py`` records ``max_memory_reserved``) are what should set it, and it is the one
+number to change when they do."""
+
+OFFLOAD_RESIDENT_CHUNKS = 2
+"""With ``pipeline.offload``, the chunks whose saved activations are on the device at once: the one whose
+forward (or backward) runs and the one being copied to the host after its forward or back ahead of its
+backward on the copy stream."""
+
+
+class Component(str, Enum):
+    """What a stage's memory is made of, in the order the tables print them."""
+
+    PARAMETERS = "parameters"
+    GRADIENTS = "gradients"
+    OPTIMIZER = "optimizer"
+    ACTIVATIONS = "activations"
+    STATES = "states"
+    KEY_VALUE = "kv_buffers"
+    COMMUNICATION = "communication"
+    GRAPH_POOLS = "graph_pools"
+    TRANSIENT = "transient"
+
+
+STATIC_COMPONENTS = {
+    StaticPart.PARAMETERS: Component.PARAMETERS,
+    StaticPart.GRADIENTS: Component.GRADIENTS,
+    StaticPart.OPTIMIZER: Component.OPTIMIZER,
+}
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """One stage's predicted memory at its allocated peak, in bytes."""
+
+    stage: int
+    components: dict[Component, float] = field(hash=False)
+    chunks_in_flight: int  # at the peak
+    peak_task: TaskId | None  # the task running at the peak; None: after the step's last task
+
+    @property
+    def allocated(self) -> float:
+        return sum(self.components.values())
+
+    @property
+    def reserved(self) -> float:
+        """The predicted reserved peak ([Note: reserved memory])."""
+        return RESERVED_PER_ALLOCATED * self.allocated
+
+
+def predict_memory(
+    program: ScheduleProgram,
+    orders: Sequence[Sequence[TaskId]] | None = None,
+    device: Device = Device.CUDA,
+) -> tuple[StageMemory, ...]:
+    """Each stage's memory at its peak; see the module docstring."""
+    if orders is None:
+        orders = stage_orders(program)
+    return tuple(_stage_memory(program, stage, tuple(order), device) for stage, order in enumerate(orders))
+
+
+def graph_slots(program: ScheduleProgram, order: Sequence[TaskId]) -> int:
+    """The most chunks in flight in a stage's order: the runtime captures one graph slot per chunk in flight
+    (``schedlang.runtime.graphs.slots_needed``)."""
+    releasing = TaskKind.WEIGHT if program.pipeline.split_backward else TaskKind.BACKWARD
+    in_flight = most = 0
+    for task in order:
+        if task.kind is TaskKind.FORWARD:
+            in_flight += 1
+            most = max(most, in_flight)
+        elif task.kind is releasing:
+            in_flight -= 1
+    return most
+
+
+def _stage_memory(program: ScheduleProgram, stage: int, order: tuple[TaskId, ...], device: Device) -> StageMemory:
+    pipeline = program.pipeline
+    is_first, is_last = stage == 0, stage == program.n_stages - 1
+    releasing = TaskKind.WEIGHT if pipeline.split_backward else TaskKind.BACKWARD
+    n_chunks = program.n_chunks
+    chunk_bytes = [chunk_activation_bytes(program, stage, chunk, device=device) for chunk in range(n_chunks)]
+    chunk_transient = [transient_bytes(program, stage, chunk, device) for chunk in range(n_chunks)]
+    one_state = state_bytes(program, stage)
+    key_values = key_value_bytes(program, stage)
+
+    static = {STATIC_COMPONENTS[part]: value for part, value in static_bytes(program, stage).items()}
+    slots = pipeline.cuda_graphs is CudaGraphs.CHUNK_SLOTS
+    pools = 0.0
+    if slots:
+        pools = graph_slots(program, order) * (max(chunk_bytes) + max(chunk_transient))
+
+    in_flight: dict[tuple[int, int], float] = {}  # chunk -> its activation bytes
+    states = 0.0
+    key_value = 0.0
+    sent = _sent_bytes(program, stage, order) if pipeline.cuda_graphs is CudaGraphs.STEP else 0.0
+    kept_sent = sent  # step graphs keep every sent tensor; otherwise the step's end frees them
+    best: StageMemory | None = None
+
+    def moment(task: TaskId | None, received: float, transient: float) -> None:
+        nonlocal best
+        if slots:
+            activations, transient = 0.0, 0.0
+        elif pipeline.offload:
+            largest = sorted(in_flight.values(), reverse=True)[:OFFLOAD_RESIDENT_CHUNKS]
+            activations = sum(largest)
+        else:
+            activations = sum(in_flight.values())
+        components = dict(static)
+        components.update(
+            {
+                Component.ACTIVATIONS: activations,
+                Component.STATES: states,
+                Component.KEY_VALUE: key_value,
+                Component.COMMUNICATION: sent + received,
+                Component.GRAPH_POOLS: pools,
+                Component.TRANSIENT: transient,
+            }
+        )
+        candidate = StageMemory(stage, components, len(in_flight), task)
+        if best is None or candidate.allocated > best.allocated:
+            best = candidate
+
+    for task in order:
+        unit = (task.microbatch, task.chunk)
+        message = activation_message_bytes(program, task.chunk)
+        if task.kind is TaskKind.FORWARD:
+            if task.chunk == 0:
+                key_value += key_values
+            in_flight[unit] = chunk_bytes[task.chunk]
+            moment(task, 0.0, 0.0)
+            states += one_state
+            if not is_last and not kept_sent:
+                sent += message
+            continue
+        if task.kind is TaskKind.BACKWARD:
+            if task.chunk == n_chunks - 1:
+                key_value += key_values  # the gradient buffers
+            received = 0.0 if is_last else message
+            moment(task, received, chunk_transient[task.chunk])
+            states -= one_state
+            if task.chunk > 0:
+                states += one_state  # the state gradients for B(a, i - 1)
+            if task.chunk < n_chunks - 1:
+                states -= one_state  # the state gradients B(a, i + 1) left, now taken
+            if task.chunk == 0:
+                key_value -= 2 * key_values
+            if not is_first and not kept_sent:
+                sent += message
+        if task.kind is releasing:
+            in_flight.pop(unit, None)
+    sent = kept_sent  # the step's sends are finished before its gradients are reduced
+    moment(None, 0.0, _gradient_reduction_bytes(program, static))
+    return best
+
+
+def _sent_bytes(program: ScheduleProgram, stage: int, order: tuple[TaskId, ...]) -> float:
+    """Every activation (every stage but the last) and input gradient (every stage but the first) the stage
+    sends in a step."""
+    total = 0.0
+    for task in order:
+        sends = (task.kind is TaskKind.FORWARD and stage < program.n_stages - 1) or (
+            task.kind is TaskKind.BACKWARD and stage > 0
+        )
+        if sends:
+            total += activation_message_bytes(program, task.chunk)
+    return total
+
+
+def _gradient_reduction_bytes(program: ScheduleProgram, static: dict[Component, float]) -> float:
+    """The flattened copy of a stage's gradients that the step's all-reduce over sequence-parallel ranks and
+    data replicas works on (``Trainer.reduce_gradients``)."""
+    if program.mesh.sequence * program.mesh.data == 1:
+        return 0.0
+    return static[Component.GRADIENTS]

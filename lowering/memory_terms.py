@@ -1,0 +1,322 @@
+"""The memory model's terms: bytes of each thing a pipeline stage keeps, one formula per term.
+
+Every function here is a closed form in the program's sizes (``d`` = ``d_model``, ``H`` heads, ``D``
+head dimension, ``W = H D``, ``h`` the SwiGLU width, ``V`` the vocabulary, ``e`` bytes per element of
+``train.dtype``, ``f`` bytes of the kernels' compute dtype: 4, or 8 for fp64) and is what
+:mod:`schedlang.lowering.memory_peak` adds up along a stage's order. docs/cost-model.md ("Memory") states
+every formula and what it assumes; the per-token activation terms are the tensors autograd saves in
+``schedlang.runtime.model``'s layers, checked against the runtime on the CPU by
+tests/lowering/test_memory_calibration.py ([Note: activation bytes]).
+
+[Note: activation bytes]
+A chunk of ``s`` tokens (per sequence, ``b`` sequences per microbatch, ``S`` sequence-parallel ranks each
+holding ``s / S`` of them) keeps ``b s / S`` times the per-token bytes below between its forward and its
+backward (its ``W`` task when the backward is split):
+
+* an RMSNorm over ``w`` features: on CUDA torch's fused norm keeps its input (``w e``) and one fp32 ``rstd``
+  per row (:attr:`Device.CUDA`); on the CPU the composite norm keeps the input and the normalised rows in fp32
+  (``2 w f``) and the ``rstd`` (:attr:`Device.CPU`, what the calibration runs on);
+* every token mixer: its norm, the normed input that its projections share (``d e``) and the output
+  projection's input (``W e``); then per kind
+  gla ``3 W e`` (q, k, v) ``+ W e`` (gate logits) ``+ W f`` (the log-gate), simple_gla ``3 W e + H e + H f``,
+  attn ``W e`` (q; k and v live in the sequence-wide K/V buffers, a term of their own) ``+ H f`` (the
+  log-sum-exp), gdn ``5 W e + 5 H e`` (the raw q and k, the output gate and its SiLU, the output norm's
+  result, their per-head norms and the gate and write-strength inputs) ``+`` the per-head output norm over
+  ``W`` with ``H`` rows ``+ f (12 W + 6 C H + 5 H + H D^2 / C + H / C)`` (the WY form's chunked operands,
+  the ``C x C`` decay and triangular matrices per kernel chunk of ``C = 64`` tokens, and the states entering
+  each kernel chunk) plus a ``C x C`` boolean mask per layer and chunk;
+* an MLP (SwiGLU): its norm, the normed input (``d e``), the fused gate-and-up output (``2 h e``) and the
+  activation's output (``h e``);
+* the last stage's head: the final norm, the head's input (``d e``), the log-softmax over the vocabulary in
+  fp32 (``V f``) and the targets (8 bytes).
+
+Recomputation replaces what a part keeps by its input: ``mlp`` keeps ``d e`` per MLP instead of the MLP's
+tensors, ``mixer`` ``d e`` per token mixer instead of the mixer's (both through
+``torch.utils.checkpoint``, which keeps the part's input), and ``full`` keeps only the chunk's input
+(``d e`` on every stage but the first, whose token ids are part of the step's batch) and its initial
+states, recomputing the whole chunk inside its backward (a transient there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from schedlang.lowering.cost import DTYPE_BYTES
+from schedlang.lowering.parameters import mlp_width, stage_parameters
+from schedlang.lowering.program import MlpKind, ModelSpec, Recompute, ScheduleProgram
+from schedlang.vocabulary import DType, LayerKind, OptimizerKind
+
+RUNTIME_KERNEL_CHUNK = 64
+"""Tokens per kernel chunk of the runtime's recurrence kernels (``schedlang.kernels.common.CHUNK_SIZE``;
+the kernels tile by it whatever ``sequence.kernel_chunk`` says)."""
+
+TOKEN_ID_BYTES = 8
+"""Token ids and targets are int64."""
+
+RSTD_BYTES = 4
+"""A norm's reciprocal standard deviation is kept in fp32, one per row."""
+
+
+class Device(str, Enum):
+    """Where a chunk runs: the norm keeps different tensors on each ([Note: activation bytes])."""
+
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+class StaticPart(str, Enum):
+    PARAMETERS = "parameters"
+    GRADIENTS = "gradients"
+    OPTIMIZER = "optimizer"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The sizes every term reads, taken once from a program."""
+
+    d_model: int
+    heads: int
+    head_dim: int
+    mlp_hidden: int
+    vocab: int
+    element_bytes: int
+    compute_bytes: int
+    batch: int
+
+    @property
+    def width(self) -> int:
+        return self.heads * self.head_dim
+
+
+def program_sizes(program: ScheduleProgram) -> Sizes:
+    model = program.model
+    element = DTYPE_BYTES[program.train.dtype]
+    return Sizes(
+        d_model=model.d_model,
+        heads=model.heads,
+        head_dim=model.head_dim,
+        mlp_hidden=mlp_width(model),
+        vocab=model.vocab,
+        element_bytes=element,
+        compute_bytes=8 if program.train.dtype is DType.FP64 else 4,
+        batch=program.pipeline.microbatch_size,
+    )
+
+
+def norm_bytes_per_row(width: int, sizes: Sizes, device: Device) -> float:
+    """What an RMSNorm over ``width`` features keeps for its backward, per row."""
+    if device is Device.CUDA:
+        return width * sizes.element_bytes + RSTD_BYTES
+    return 2 * width * sizes.compute_bytes + RSTD_BYTES
+
+
+def mixer_bytes_per_token(kind: LayerKind, sizes: Sizes, device: Device) -> float:
+    """A token mixer's saved bytes per token, its norm included ([Note: activation bytes])."""
+    d, heads, dim, width = sizes.d_model, sizes.heads, sizes.head_dim, sizes.width
+    e, f, chunk = sizes.element_bytes, sizes.compute_bytes, RUNTIME_KERNEL_CHUNK
+    shared = norm_bytes_per_row(d, sizes, device) + d * e + width * e
+    if kind is LayerKind.GLA:
+        return shared + 4 * width * e + width * f
+    if kind is LayerKind.SIMPLE_GLA:
+        return shared + 3 * width * e + heads * e + heads * f
+    if kind is LayerKind.ATTN:
+        return shared + width * e + heads * f
+    if kind is LayerKind.GDN:
+        output_norm = heads * norm_bytes_per_row(dim, sizes, device)
+        chunked = f * (12 * width + 6 * chunk * heads + 5 * heads + heads * dim * dim / chunk + heads / chunk)
+        return shared + 5 * width * e + 5 * heads * e + output_norm + chunked
+    return 0.0
+
+
+def mlp_bytes_per_token(sizes: Sizes, device: Device) -> float:
+    """A SwiGLU MLP's saved bytes per token, its norm included."""
+    e = sizes.element_bytes
+    return norm_bytes_per_row(sizes.d_model, sizes, device) + sizes.d_model * e + 3 * sizes.mlp_hidden * e
+
+
+def head_bytes_per_token(sizes: Sizes, device: Device) -> float:
+    """The last stage's final norm, LM head and loss, per token."""
+    return (
+        norm_bytes_per_row(sizes.d_model, sizes, device)
+        + sizes.d_model * sizes.element_bytes
+        + sizes.vocab * sizes.compute_bytes
+        + TOKEN_ID_BYTES
+    )
+
+
+def layer_bytes_per_token(
+    model: ModelSpec, kind: LayerKind, sizes: Sizes, recompute: Recompute, device: Device
+) -> float:
+    """One layer's saved bytes per token under ``recompute`` (``full`` is the stage's business: 0 here)."""
+    if recompute is Recompute.FULL:
+        return 0.0
+    input_bytes = sizes.d_model * sizes.element_bytes
+    total = 0.0
+    if kind.is_mixer:
+        total += input_bytes if recompute is Recompute.MIXER else mixer_bytes_per_token(kind, sizes, device)
+    if model.has_mlp(kind) and model.mlp.kind is not MlpKind.NONE:
+        total += input_bytes if recompute is Recompute.MLP else mlp_bytes_per_token(sizes, device)
+    return total
+
+
+def stage_layer_kinds(program: ScheduleProgram, stage: int) -> tuple[LayerKind, ...]:
+    return tuple(program.model.layers[layer] for layer in program.stage_layers[stage])
+
+
+def local_tokens(program: ScheduleProgram, chunk: int) -> float:
+    """Tokens of one chunk a rank holds: ``b s / S``."""
+    return program.pipeline.microbatch_size * program.sequence.chunk_length(chunk) / program.mesh.sequence
+
+
+def stage_bytes_per_token(
+    program: ScheduleProgram, stage: int, recompute: Recompute, device: Device = Device.CUDA
+) -> float:
+    """Saved bytes per local token of a chunk on ``stage`` under ``recompute`` (the K/V buffers and the
+    recurrent states are terms of their own)."""
+    sizes = program_sizes(program)
+    if recompute is Recompute.FULL:
+        return 0.0 if stage == 0 else sizes.d_model * sizes.element_bytes
+    total = sum(
+        layer_bytes_per_token(program.model, kind, sizes, recompute, device)
+        for kind in stage_layer_kinds(program, stage)
+    )
+    if stage == program.n_stages - 1:
+        total += head_bytes_per_token(sizes, device)
+    return total
+
+
+def stage_chunk_constant_bytes(
+    program: ScheduleProgram, stage: int, chunk: int, recompute: Recompute, device: Device = Device.CUDA
+) -> float:
+    """Saved bytes of a chunk that are not per token: each GDN layer's ``C x C`` causal mask, and on the CPU
+    each attn layer's causal mask of the chunk's queries against the prefix, ``s x c_{i+1}`` in ``train.dtype``
+    (CUDA's attention applies it inside the kernel; a first chunk attends causally without a mask)."""
+    if recompute in (Recompute.FULL, Recompute.MIXER):
+        return 0.0
+    kinds = stage_layer_kinds(program, stage)
+    total = sum(kind is LayerKind.GDN for kind in kinds) * RUNTIME_KERNEL_CHUNK * RUNTIME_KERNEL_CHUNK
+    if device is Device.CPU and chunk > 0:
+        sequence = program.sequence
+        mask = sequence.chunk_length(chunk) * sequence.boundaries[chunk + 1] * program_sizes(program).element_bytes
+        total += sum(kind is LayerKind.ATTN for kind in kinds) * mask
+    return total
+
+
+def chunk_activation_bytes(
+    program: ScheduleProgram, stage: int, chunk: int, recompute: Recompute | None = None, device: Device = Device.CUDA
+) -> float:
+    """What chunk ``chunk`` keeps on ``stage`` from its forward to its backward ([Note: activation bytes])."""
+    recompute = program.pipeline.recompute if recompute is None else recompute
+    tokens = local_tokens(program, chunk)
+    per_token = stage_bytes_per_token(program, stage, recompute, device)
+    return tokens * per_token + stage_chunk_constant_bytes(program, stage, chunk, recompute, device)
+
+
+def state_bytes(program: ScheduleProgram, stage: int) -> float:
+    """One chunk boundary's recurrent states on ``stage``: ``b H D^2 f`` per recurrent layer."""
+    sizes = program_sizes(program)
+    recurrent = sum(kind.is_recurrent for kind in stage_layer_kinds(program, stage))
+    return recurrent * sizes.batch * sizes.heads * sizes.head_dim * sizes.head_dim * sizes.compute_bytes
+
+
+def key_value_bytes(program: ScheduleProgram, stage: int) -> float:
+    """One microbatch's sequence-wide K and V buffers on ``stage``: ``2 b H T D e`` per attn layer
+    ([Note: sequence-wide K/V] in schedlang.runtime.kv_buffers); their gradient buffers, opened by the
+    microbatch's first backward, weigh as much again."""
+    sizes = program_sizes(program)
+    attention = sum(kind is LayerKind.ATTN for kind in stage_layer_kinds(program, stage))
+    return attention * 2 * sizes.batch * program.sequence.length * sizes.width * sizes.element_bytes
+
+
+def activation_message_bytes(program: ScheduleProgram, chunk: int) -> float:
+    """One activation or activation gradient between stages: ``b s / S d e``."""
+    return local_tokens(program, chunk) * program.model.d_model * DTYPE_BYTES[program.train.dtype]
+
+
+OPTIMIZER_STATES = {OptimizerKind.ADAMW: 2, OptimizerKind.SGD: 1}
+"""Tensors of ``train.dtype`` the optimizer keeps per parameter: AdamW's two moments; SGD's momentum buffer
+(none when ``momentum = 0``)."""
+
+
+def static_bytes(program: ScheduleProgram, stage: int) -> dict[StaticPart, float]:
+    """Parameters, their gradients (``.grad`` stays allocated between steps: the runtime zeroes it in
+    place) and the optimizer's state, all in ``train.dtype``: the runtime keeps no fp32 master copy
+    (``build_stage_model`` casts the model), and the optimizer's state is made ``zeros_like`` the parameters."""
+    element = DTYPE_BYTES[program.train.dtype]
+    parameters = stage_parameters(program, stage).total
+    optimizer = program.train.optimizer
+    states = OPTIMIZER_STATES[optimizer.kind]
+    if optimizer.kind is OptimizerKind.SGD and optimizer.momentum == 0:
+        states = 0
+    return {
+        StaticPart.PARAMETERS: parameters * element,
+        StaticPart.GRADIENTS: parameters * element,
+        StaticPart.OPTIMIZER: states * parameters * element,
+    }
+
+
+def layer_workspace_bytes_per_token(model: ModelSpec, kind: LayerKind, sizes: Sizes, device: Device) -> float:
+    """The temporaries of one layer's backward, per token: the gradients of what it saved (as large as the
+    saved tensors) and, for a recurrent layer, the states entering each kernel chunk that its backward
+    recomputes (``H D^2 / C`` in fp32)."""
+    saved = layer_bytes_per_token(model, kind, sizes, Recompute.NONE, device)
+    recomputed_states = 0.0
+    if kind.is_recurrent:
+        recomputed_states = sizes.heads * sizes.head_dim * sizes.head_dim * sizes.compute_bytes / RUNTIME_KERNEL_CHUNK
+    return saved + recomputed_states
+
+
+def head_workspace_bytes_per_token(sizes: Sizes) -> float:
+    """The loss's backward: the log-softmax's gradient in fp32, the logits' gradient in fp32 and in
+    ``train.dtype``."""
+    return sizes.vocab * (2 * sizes.compute_bytes + sizes.element_bytes)
+
+
+def transient_bytes(program: ScheduleProgram, stage: int, chunk: int, device: Device = Device.CUDA) -> float:
+    """The most a single task on ``stage`` allocates beyond what outlives it, for chunk ``chunk``: the
+    largest layer's backward workspace (or the head's), the output and input gradients of the chunk
+    (``2 b s / S d e``), sequence-parallel messages, and what the backward rebuilds: under
+    ``recompute = full`` the whole chunk's activations, under ``mlp`` or ``mixer`` the largest such part."""
+    sizes = program_sizes(program)
+    tokens = local_tokens(program, chunk)
+    kinds = set(stage_layer_kinds(program, stage))
+    workspaces = [layer_workspace_bytes_per_token(program.model, kind, sizes, device) for kind in kinds]
+    per_token = max(workspaces, default=0.0)
+    if stage == program.n_stages - 1:
+        per_token = max(per_token, head_workspace_bytes_per_token(sizes))
+    workspace = tokens * (per_token + 2 * sizes.d_model * sizes.element_bytes)
+    recompute = program.pipeline.recompute
+    if recompute is Recompute.FULL:
+        workspace += chunk_activation_bytes(program, stage, chunk, Recompute.NONE, device)
+    elif recompute in (Recompute.MLP, Recompute.MIXER):
+        rebuilt = [recomputed_part_bytes_per_token(kind, sizes, recompute, device) for kind in kinds]
+        workspace += tokens * max(rebuilt, default=0.0)
+    return workspace + sequence_parallel_bytes(program, stage, chunk)
+
+
+def recomputed_part_bytes_per_token(kind: LayerKind, sizes: Sizes, recompute: Recompute, device: Device) -> float:
+    """What a layer's backward rebuilds under ``recompute = mlp`` or ``mixer`` before it can run: the part's
+    saved tensors (a SwiGLU MLP's, or the token mixer's)."""
+    if recompute is Recompute.MIXER:
+        return mixer_bytes_per_token(kind, sizes, device)
+    if recompute is Recompute.MLP and sizes.mlp_hidden:
+        return mlp_bytes_per_token(sizes, device)
+    return 0.0
+
+
+def sequence_parallel_bytes(program: ScheduleProgram, stage: int, chunk: int) -> float:
+    """Messages of one layer's exchange across the sequence-parallel group: a state in and a state out
+    per recurrent layer (the scan runs layer by layer, so one layer's), and an attn layer's all-gathered K/V
+    of the whole chunk."""
+    ranks = program.mesh.sequence
+    if ranks == 1:
+        return 0.0
+    kinds = set(stage_layer_kinds(program, stage))
+    sizes = program_sizes(program)
+    one_state = sizes.batch * sizes.heads * sizes.head_dim * sizes.head_dim * sizes.compute_bytes
+    recurrent = 2 * one_state if any(kind.is_recurrent for kind in kinds) else 0.0
+    attention = 0.0
+    if LayerKind.ATTN in kinds:
+        attention = 2 * sizes.batch * program.sequence.chunk_length(chunk) * sizes.width * sizes.element_bytes
+    return max(recurrent, attention)

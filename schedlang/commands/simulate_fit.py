@@ -1,0 +1,289 @@
+"""``schedlang simulate FILE --fit``: the longest sequence that fits the device, its chunk count and tokens/s.
+
+For lengths ``step, 2 step, ...`` up to ``--max-length`` and chunk counts ``1, 2, 4, ...`` up to
+``--max-chunks`` (each chunk a whole number of ``sequence.kernel_chunk`` tokens), every candidate is the
+schedule revised by :func:`schedlang.compiler.revise` (so checked as the file would be) and compiled through
+the cost pass under the ``flops`` model with the hardware options given; it fits when every stage's predicted
+reserved peak (:mod:`schedlang.lowering.memory_peak`) plus :data:`OUTSIDE_THE_ALLOCATOR` is at most
+``--device-memory``. Lengths are tried in increasing order until one has no chunk count that fits; the
+proposal is the previous length with its fastest fitting chunk count (predicted tokens per second: the
+step's tokens over the simulated makespan). Everything else of the schedule (model, mesh, microbatches,
+order, recompute, and ``--split-backward`` when given) stays as written.
+
+``--device-memory`` reads a number and a unit (``80GB``, ``141GiB``, ``1.5TiB``, ``512MiB``); the default is
+what torch reports for an H200 (:data:`DEFAULT_DEVICE_MEMORY`). A size it cannot read is reported at its
+column of the command line, with a caret.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass
+
+GIB = 2**30
+
+SIZE_UNITS = {
+    "B": 1,
+    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+    "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
+}
+SIZE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[A-Za-z]*)")
+
+DEFAULT_DEVICE_MEMORY = "140GiB"
+"""An H200's memory as ``torch.cuda.get_device_properties().total_memory`` reports it (about 140.4 GiB; the
+"141 GB" of the data sheet is decimal), rounded down."""
+
+OUTSIDE_THE_ALLOCATOR = 1.5 * GIB
+"""Device memory a training process uses outside PyTorch's caching allocator, so that ``max_memory_reserved``
+does not see it: the CUDA context with its kernel images (cuBLAS, Triton's compiled kernels) and NCCL's
+communicator buffers. An assumed allowance, like [Note: reserved memory] in schedlang.lowering.memory_peak."""
+
+DEFAULT_STEP = 16384
+DEFAULT_MAX_LENGTH = 1048576
+DEFAULT_MAX_CHUNKS = 64
+
+
+def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fit", action="store_true",
+        help="print the longest sequence (and its chunk count and tokens/s) whose predicted peak fits "
+        "--device-memory on every stage; timed under the flops model",
+    )
+    parser.add_argument(
+        "--device-memory", default=DEFAULT_DEVICE_MEMORY, metavar="SIZE",
+        help=f"with --fit: one device's memory, like 80GB or 141GiB (default {DEFAULT_DEVICE_MEMORY}, an H200)",
+    )
+    parser.add_argument(
+        "--step", type=int, default=DEFAULT_STEP, metavar="TOKENS",
+        help=f"with --fit: try sequence lengths in multiples of this (default {DEFAULT_STEP})",
+    )
+    parser.add_argument(
+        "--max-length", type=int, default=DEFAULT_MAX_LENGTH, metavar="TOKENS",
+        help=f"with --fit: the longest sequence tried (default {DEFAULT_MAX_LENGTH})",
+    )
+    parser.add_argument(
+        "--max-chunks", type=int, default=DEFAULT_MAX_CHUNKS, metavar="N",
+        help=f"with --fit: the most chunks tried, powers of two (default {DEFAULT_MAX_CHUNKS})",
+    )
+
+
+class SizeError(ValueError):
+    """A size that cannot be read, with the half-open character range of the offending text."""
+
+    def __init__(self, message: str, start: int, end: int) -> None:
+        super().__init__(message)
+        self.start, self.end = start, end
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a size written as a number and a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB; any case)."""
+    match = SIZE.fullmatch(text.strip())
+    offset = len(text) - len(text.lstrip())
+    if match is None:
+        bad = re.match(r"\s*\d+(?:\.\d+)?\s*", text)
+        start = bad.end() if bad and bad.end() < len(text) else offset
+        raise SizeError("a size is a number and a unit, like 80GB or 141GiB", start, len(text.rstrip()))
+    unit = match.group("unit")
+    if unit.upper() not in SIZE_UNITS:
+        start = offset + match.start("unit")
+        known = ", ".join(("B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB"))
+        raise SizeError(f"unknown unit '{unit}': write one of {known}", start, start + max(len(unit), 1))
+    size = float(match.group("number")) * SIZE_UNITS[unit.upper()]
+    if size <= 0:
+        raise SizeError("the device memory must be positive", offset, len(text.rstrip()))
+    return int(size)
+
+
+def check_fit_arguments(args: argparse.Namespace) -> int:
+    """The device memory in bytes; refuses bad ``--fit`` options before any work, a bad size at its column."""
+    from schedlang.vocabulary import Span, render_message
+
+    try:
+        device_memory = parse_size(args.device_memory)
+    except SizeError as error:
+        prefix = f"schedlang simulate {args.file} --fit --device-memory "
+        line = prefix + args.device_memory
+        start, end = len(prefix) + error.start + 1, len(prefix) + max(error.end, error.start + 1) + 1
+        span = Span("<command line>", 1, start, 1, end)
+        raise SystemExit(render_message(span, f"--device-memory: {error}", line)) from None
+    for flag, value in (("--step", args.step), ("--max-length", args.max_length), ("--max-chunks", args.max_chunks)):
+        if value < 1:
+            raise SystemExit(f"schedlang simulate: error: {flag} must be positive, got {value}")
+    if args.fit and (args.chunks or args.extra_warmup):
+        raise SystemExit("schedlang simulate: error: --fit chooses the chunk count itself; leave out --chunks "
+                         "and --extra-warmup (write extra_warmup in the file)")
+    return device_memory
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One (length, chunk count) the search compiled."""
+
+    length: int
+    n_chunks: int
+    reserved: tuple[float, ...]  # bytes per stage
+    makespan: float  # seconds
+    tokens_per_step: int
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_per_step / self.makespan if self.makespan > 0 else 0.0
+
+    def fits(self, device_memory: int) -> bool:
+        return max(self.reserved) + OUTSIDE_THE_ALLOCATOR <= device_memory
+
+    def as_json(self) -> dict:
+        return {
+            "length": self.length,
+            "n_chunks": self.n_chunks,
+            "reserved_gib": [value / GIB for value in self.reserved],
+            "makespan": self.makespan,
+            "tokens_per_second": self.tokens_per_second,
+        }
+
+
+def chunk_counts(length: int, kernel_chunk: int, max_chunks: int) -> list[int]:
+    """Powers of two up to ``max_chunks`` that cut ``length`` into whole kernel chunks each."""
+    counts, count = [], 1
+    while count <= max_chunks:
+        if length % (count * kernel_chunk) == 0:
+            counts.append(count)
+        count *= 2
+    return counts
+
+
+def evaluate(program, length: int, n_chunks: int, cost) -> Candidate | None:
+    """The candidate's predicted memory and step time, or None where the checker refuses the variant."""
+    from schedlang.commands.common import compile_legal
+    from schedlang.compiler import Pass, revise
+    from schedlang.diagnostics import ScheduleError
+    from schedlang.lowering.memory_peak import predict_memory
+
+    try:
+        variant = revise(program, **{"sequence.length": length, "sequence.chunks": n_chunks})
+    except ScheduleError:
+        return None
+    compilation = compile_legal(variant, Pass.COST, cost)
+    if compilation is None:
+        return None
+    memory = predict_memory(variant, compilation.orders)
+    tokens = variant.n_microbatches * variant.pipeline.microbatch_size * variant.mesh.data * length
+    return Candidate(length, n_chunks, tuple(stage.reserved for stage in memory), compilation.timeline.makespan, tokens)
+
+
+@dataclass(frozen=True)
+class FitResult:
+    proposal: Candidate | None  # the longest length's fastest fitting candidate
+    refused: Candidate | None  # the next length's smallest peak, which does not fit (None at the bound)
+    tried: tuple[Candidate, ...]
+
+
+def search(program, args: argparse.Namespace, device_memory: int) -> FitResult:
+    """Lengths in increasing order until one has no fitting chunk count; see the module docstring."""
+    from schedlang.commands.common import cost_settings_from_arguments
+    from schedlang.compiler import CostSettings
+    from schedlang.lowering.cost import CostModelKind
+
+    cost = CostSettings(CostModelKind.FLOPS, cost_settings_from_arguments(args).hardware)
+    kernel_chunk = program.sequence.kernel_chunk
+    proposal, tried = None, []
+    length = args.step
+    while length <= args.max_length:
+        candidates = [
+            candidate
+            for n_chunks in chunk_counts(length, kernel_chunk, args.max_chunks)
+            if (candidate := evaluate(program, length, n_chunks, cost)) is not None
+        ]
+        tried.extend(candidates)
+        fitting = [candidate for candidate in candidates if candidate.fits(device_memory)]
+        if not fitting:
+            refused = min(candidates, key=lambda candidate: max(candidate.reserved), default=None)
+            return FitResult(proposal, refused, tuple(tried))
+        proposal = max(fitting, key=lambda candidate: candidate.tokens_per_second)
+        length += args.step
+    return FitResult(proposal, None, tuple(tried))
+
+
+def refuse_explicit_partition(program) -> str | None:
+    """Why the sequence cannot be re-cut, rendered at the key, or None."""
+    from schedlang.lowering.program import PartitionKind
+    from schedlang.vocabulary import render_message
+
+    if program.sequence.partition is not PartitionKind.EXPLICIT:
+        return None
+    return render_message(
+        program.spans.get("sequence.chunks"),
+        "--fit re-cuts the sequence into each length and chunk count, but this schedule places its chunk "
+        "boundaries by hand",
+        program.source_text,
+        hint="write a chunk count (chunks = 4) to let --fit choose",
+    )
+
+
+def run_fit(program, args: argparse.Namespace, device_memory: int) -> int:
+    from schedlang.outputs import strict_json
+
+    refusal = refuse_explicit_partition(program)
+    if refusal is not None:
+        print(refusal, file=sys.stderr)
+        return 1
+    if args.step % program.sequence.kernel_chunk:
+        print(
+            f"schedlang simulate: error: --step {args.step} is not a multiple of the schedule's kernel_chunk "
+            f"({program.sequence.kernel_chunk}): every length tried must cut into whole kernel chunks",
+            file=sys.stderr,
+        )
+        return 1
+    result = search(program, args, device_memory)
+    if args.json:
+        print(
+            strict_json(
+                {
+                    "file": str(args.file),
+                    "device_memory_gib": device_memory / GIB,
+                    "outside_the_allocator_gib": OUTSIDE_THE_ALLOCATOR / GIB,
+                    "step": args.step,
+                    "max_length": args.max_length,
+                    "fits": None if result.proposal is None else result.proposal.as_json(),
+                    "next_does_not_fit": None if result.refused is None else result.refused.as_json(),
+                    "tried": [candidate.as_json() for candidate in result.tried],
+                }
+            )
+        )
+        return 0 if result.proposal is not None else 1
+    print_fit(result, args, device_memory)
+    return 0 if result.proposal is not None else 1
+
+
+def _peaks(candidate: Candidate) -> str:
+    return " / ".join(f"{value / GIB:.1f}" for value in candidate.reserved)
+
+
+def print_fit(result: FitResult, args: argparse.Namespace, device_memory: int) -> None:
+    budget = f"{device_memory / GIB:.1f} GiB ({OUTSIDE_THE_ALLOCATOR / GIB:g} GiB of it outside PyTorch's allocator)"
+    print(f"{args.file}: fitting one device of {budget}, lengths in steps of {args.step} tokens")
+    print(f"{'length':>9}  {'chunks':>6}  {'reserved GiB per stage':>24}  {'tokens/s':>12}  fits")
+    shown = {candidate.length for candidate in (result.proposal, result.refused) if candidate is not None}
+    for candidate in (candidate for candidate in result.tried if candidate.length in shown):
+        fits = "yes" if candidate.fits(device_memory) else "no"
+        print(
+            f"{candidate.length:>9}  {candidate.n_chunks:>6}  {_peaks(candidate):>24}  "
+            f"{candidate.tokens_per_second:>12,.0f}  {fits}"
+        )
+    if result.proposal is None:
+        first = result.refused
+        detail = f": at {first.length} tokens the smallest peak is {_peaks(first)} GiB" if first else ""
+        print(f"nothing fits{detail}")
+        return
+    best = result.proposal
+    print(
+        f"longest: {best.length} tokens in {best.n_chunks} chunks, {best.tokens_per_second:,.0f} tokens/s predicted "
+        f"(step {best.makespan:.4g} s), reserved peak {_peaks(best)} GiB per stage"
+    )
+    if result.refused is None:
+        print(f"(every length up to --max-length {args.max_length} fits)")
+    else:
+        refused = result.refused
+        print(f"{refused.length} tokens does not fit: at best {_peaks(refused)} GiB ({refused.n_chunks} chunks)")

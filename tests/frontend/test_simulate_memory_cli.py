@@ -1,0 +1,160 @@
+"""``schedlang simulate``'s memory table and JSON, and ``--fit`` (schedlang/commands/simulate_fit.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from schedlang.cli import main
+from schedlang.commands import simulate
+from schedlang.commands.simulate_fit import (
+    GIB,
+    OUTSIDE_THE_ALLOCATOR,
+    SizeError,
+    chunk_counts,
+    evaluate,
+    parse_size,
+)
+from schedlang.compiler import CostSettings
+from schedlang.frontend import load_program
+from schedlang.lowering.cost import CostModelKind
+from schedlang.lowering.memory_peak import RESERVED_PER_ALLOCATED, Component
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+STATEFLOW = str(EXAMPLES / "gla_stateflow.sched")  # 2 stages, 4 microbatches, 4 chunks of 1024 tokens
+
+
+def run_simulate(argv):
+    parser = argparse.ArgumentParser()
+    simulate.add_arguments(parser)
+    return simulate.run(parser.parse_args(argv))
+
+
+def test_table_prints_every_component_per_stage(capsys):
+    assert run_simulate([STATEFLOW]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("memory at the peak, GiB      stage 0     stage 1")
+    names = [line.split()[0] for line in lines[start + 1 :]]
+    assert names[: len(Component) + 1] == [component.value for component in Component] + ["allocated"]
+    assert lines[-3].startswith(f"reserved (x{RESERVED_PER_ALLOCATED:g})")
+    assert lines[-2].split()[-2:] == ["5", "4"]  # chunks in flight: Eq. 13, N + P - r - 1
+    assert lines[-1].split()[-2:] == ["0B2.0", "1B3.3"]
+
+
+def test_json_memory_per_stage_adds_up(capsys):
+    assert run_simulate([STATEFLOW, "--json"]) == 0
+    memory = json.loads(capsys.readouterr().out)["memory"]
+    assert len(memory) == 2
+    for stage in memory:
+        parts = sum(stage[component.value] for component in Component)
+        assert stage["allocated"] == pytest.approx(parts)
+        assert stage["reserved"] == pytest.approx(RESERVED_PER_ALLOCATED * parts)
+        assert stage["activations"] > 0 and stage["parameters"] > 0
+    assert [stage["chunks_in_flight"] for stage in memory] == [5, 4]
+
+
+@pytest.mark.parametrize(
+    "text, size",
+    [
+        ("80GB", 80 * 10**9),
+        ("141GiB", 141 * GIB),
+        ("1.5TiB", int(1.5 * 2**40)),
+        ("512mib", 512 * 2**20),
+        ("7 GB", 7 * 10**9),
+    ],
+)
+def test_sizes(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text, start, end", [("14OGB", 2, 5), ("GiB", 0, 3), ("12XB", 2, 4), ("0GB", 0, 3)])
+def test_bad_sizes_name_their_columns(text, start, end):
+    with pytest.raises(SizeError) as raised:
+        parse_size(text)
+    assert (raised.value.start, raised.value.end) == (start, end)
+
+
+def test_bad_device_memory_is_a_positioned_error():
+    with pytest.raises(SystemExit) as raised:
+        main(["simulate", STATEFLOW, "--fit", "--device-memory", "141GiBs"])
+    prefix = f"schedlang simulate {STATEFLOW} --fit --device-memory "
+    assert str(raised.value.code).splitlines() == [
+        f"<command line>:1:{len(prefix) + 4}: error: --device-memory: unknown unit 'GiBs': "
+        "write one of B, KB, MB, GB, TB, KiB, MiB, GiB, TiB",
+        prefix + "141GiBs",
+        " " * (len(prefix) + 3) + "^~~~",
+    ]
+
+
+def fit(argv, capsys) -> dict:
+    assert main(["simulate", STATEFLOW, "--fit", "--json", *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def fits(candidate, device_memory) -> bool:
+    return max(candidate.reserved) + OUTSIDE_THE_ALLOCATOR <= device_memory
+
+
+def test_fit_proposes_a_length_that_fits_where_the_next_step_does_not(capsys):
+    device_memory = 2 * GIB
+    result = fit(["--device-memory", "2GiB", "--step", "8192", "--max-length", "262144"], capsys)
+    proposal, refused = result["fits"], result["next_does_not_fit"]
+    assert refused["length"] == proposal["length"] + 8192
+    program = load_program(STATEFLOW)
+    cost = CostSettings(CostModelKind.FLOPS)
+    chosen = evaluate(program, proposal["length"], proposal["n_chunks"], cost)
+    assert fits(chosen, device_memory)
+    assert chosen.tokens_per_second == pytest.approx(proposal["tokens_per_second"])
+    counts = chunk_counts(proposal["length"], 64, 64)
+    same_length = [evaluate(program, proposal["length"], count, cost) for count in counts]
+    assert max(c.tokens_per_second for c in same_length if fits(c, device_memory)) == pytest.approx(
+        proposal["tokens_per_second"]
+    )
+    longer = [evaluate(program, refused["length"], count, cost) for count in chunk_counts(refused["length"], 64, 64)]
+    assert longer and not any(fits(candidate, device_memory) for candidate in longer)
+
+
+def test_fit_with_more_memory_proposes_a_longer_sequence(capsys):
+    small = fit(["--device-memory", "2GiB", "--step", "8192", "--max-length", "131072"], capsys)["fits"]
+    large = fit(["--device-memory", "2.5GiB", "--step", "8192", "--max-length", "131072"], capsys)["fits"]
+    assert large["length"] > small["length"]
+
+
+def test_fit_text_names_the_longest_length(capsys):
+    assert main(["simulate", STATEFLOW, "--fit", "--device-memory", "2GiB", "--step", "8192"]) == 0
+    out = capsys.readouterr().out
+    assert "longest: 16384 tokens in" in out and "24576 tokens does not fit" in out
+
+
+def test_fit_reports_when_nothing_fits(capsys):
+    assert main(["simulate", STATEFLOW, "--fit", "--device-memory", "1.6GiB", "--step", "65536"]) == 1
+    assert "nothing fits: at 65536 tokens the smallest peak is" in capsys.readouterr().out
+
+
+def test_fit_refuses_hand_placed_chunks_at_their_key(capsys):
+    path = str(EXAMPLES / "simple_gla_gpipe.sched")
+    assert main(["simulate", path, "--fit"]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith(f"{path}:20:3: error: --fit re-cuts the sequence")
+    assert lines[1] == "  chunks       = [0, 1024, 2560, 4096]"
+
+
+def test_fit_refuses_a_step_that_cuts_kernel_chunks(capsys):
+    assert main(["simulate", STATEFLOW, "--fit", "--step", "1000"]) == 1
+    assert "--step 1000 is not a multiple of the schedule's kernel_chunk (64)" in capsys.readouterr().err
+
+
+def test_fit_with_split_backward_fits_its_own_schedule(capsys):
+    """--split-backward applies to every candidate: stage 1 then holds stage 0's chunks in flight (Eq. 13 of
+    stage r - 1), so its peaks are at least the plain schedule's, and above them somewhere."""
+    arguments = ["--device-memory", "2GiB", "--step", "8192", "--max-length", "16384"]
+    plain, split = (
+        {(row["length"], row["n_chunks"]): row["reserved_gib"] for row in fit(options, capsys)["tried"]}
+        for options in (arguments, [*arguments, "--split-backward"])
+    )
+    assert split.keys() == plain.keys()
+    assert all(split[key][1] >= plain[key][1] - 1e-9 for key in plain)
+    assert any(split[key][1] > plain[key][1] for key in plain)
