@@ -8,7 +8,7 @@
                                                       # later run (another GPU of the machine too) skips them
     python benchmarks/kernels.py --cpu-torch-path     # the runtime's CPU path: T=4096, H=2, D=64, float32
     python benchmarks/kernels.py --operators gdn --lengths 8192 --chunk-lengths 4096   # Gated DeltaNet (our
-                                                      # pure-PyTorch chunked path) against fla's Triton kernels
+                                                      # Triton WY kernels) against fla's Triton kernels
 
 Needs a CUDA GPU. flash-linear-attention (fla-core 0.6.0) is optional: without it only our times print.
 fla refuses its gated backward on Hopper with Triton < 3.7.1 (a correctness guard); for timing alone the
@@ -264,7 +264,7 @@ def main() -> int:
     parser.add_argument("--chunk-lengths", type=int, nargs="*", default=[], help="issue 5: calls with state in/out, plus graph replay")
     parser.add_argument(
         "--operators", nargs="+", choices=sorted(OURS), default=["gla", "simple_gla"],
-        help="gdn: our pure-PyTorch chunked gated delta rule (it has no Triton kernel yet) against fla's",
+        help="gdn: our chunked gated delta rule (Triton WY kernels) against fla's; benchmarks/gdn_kernels.py has more",
     )
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--dim", type=int, default=128)

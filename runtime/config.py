@@ -89,6 +89,8 @@ class PipelineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sequence_method", SequenceParallelMethod(self.sequence_method))
+        if isinstance(self.recompute, bool):  # scripts generated before the recompute modes wrote a flag
+            object.__setattr__(self, "recompute", Recompute.FULL if self.recompute else Recompute.NONE)
         object.__setattr__(self, "recompute", Recompute(self.recompute))
         if isinstance(self.cuda_graphs, bool):  # scripts generated before the step mode wrote a flag
             object.__setattr__(self, "cuda_graphs", CudaGraphs.CHUNK_SLOTS if self.cuda_graphs else CudaGraphs.NONE)

@@ -183,8 +183,8 @@ class GatedDeltaMixer(HeadMixer):
     q and k are L2-normalised per head; a log-sigmoid forget gate and a
     sigmoid write strength are one scalar each per head and token; the output
     is RMS-normalised per head, gated by SiLU of its own projection, then
-    projected back. The state pass runs as Triton kernels on CUDA, as a Python loop over chunks on the CPU
-    (``kernel_backend``); the rest of the operator is batched PyTorch on both.
+    projected back. The chunked operator runs as Triton kernels on CUDA (the WY solve, the state pass, the
+    outputs and their backward) and as batched PyTorch on the CPU (``kernel_backend``).
     """
 
     def __init__(self, config: ModelConfig) -> None:

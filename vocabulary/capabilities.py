@@ -70,8 +70,8 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(
         ("pipeline.recompute", "pipeline.cuda_graphs"),
         lambda request: request.cuda_graphs and request.recompute is not Recompute.NONE,
-        lambda request: _graphs(request) + f"recompute = {request.recompute.value}; graphs keep each chunk's "
-        "activations in their own memory already",
+        lambda request: _graphs(request) + f"recompute = {request.recompute.value}; recomputation inside "
+        "captured graphs is not implemented (cuda_graphs = step already holds about the eager step's memory)",
     ),
     Capability(
         ("pipeline.offload", "pipeline.cuda_graphs"),

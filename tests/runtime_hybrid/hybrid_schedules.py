@@ -84,7 +84,7 @@ def runtime_refuses(model: str, mesh: Mesh) -> bool:
             microbatch_size=GLOBAL_BATCH // (mesh.microbatches * mesh.data),
             stage_actions=((),),
             data_parallel=mesh.data,
-            recompute=mesh.recompute,
+            recompute="full" if mesh.recompute else "none",
             sequence_parallel=mesh.sequence,
         ),
     )
