@@ -76,6 +76,8 @@ class TrainView:
     log_every: str
     lr_schedule: str
     tensorboard_directory: str
+    eval_every: str
+    eval_batches: str
 
 
 @dataclass(frozen=True)
@@ -107,11 +109,14 @@ class TrainScriptView:
 
 def _data_extras(program: ScheduleProgram) -> str:
     data = program.train.data
+    extras = ""
     if data.kind is DataKind.TOKENS:
-        return f", dtype={data.dtype.value!r}"
+        extras = f", dtype={data.dtype.value!r}"
     if data.kind is DataKind.TEXT:
-        return f", tokenizer={paths.tokenizer_path(program)!r}"
-    return ""
+        extras = f", tokenizer={paths.tokenizer_path(program)!r}"
+    if data.validation:
+        extras += f", validation={float(data.validation)!r}"
+    return extras
 
 
 def _action_lines(actions) -> tuple[str, ...]:
@@ -212,6 +217,8 @@ def build_view(
             checkpoint_every=repr(0 if checkpoint is None else checkpoint.every),
             log_every=repr(train.log_every),
             tensorboard_directory=repr(paths.tensorboard_directory(program)),
+            eval_every=repr(train.eval_every),
+            eval_batches=repr(train.eval_batches),
             lr_schedule=(
                 f"LearningRateScheduleConfig(kind={train.lr_schedule.kind.value!r}, "
                 f"warmup={train.lr_schedule.warmup!r}, min_lr={float(train.lr_schedule.min_lr)!r})"

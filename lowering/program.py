@@ -182,6 +182,7 @@ class DataSpec:
     path: str | None = None  # for DataKind.BYTES (None: the default corpus) and DataKind.TOKENS (required)
     dtype: TokenFileDType = TokenFileDType.UINT16  # DataKind.TOKENS only
     tokenizer: str | None = None  # DataKind.TEXT only: a Hugging Face tokenizer.json
+    validation: float = 0.0  # file data: the last fraction of its tokens, held out for validation
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,8 @@ class TrainSpec:
     log_every: int = 1
     lr_schedule: LearningRateScheduleSpec = LearningRateScheduleSpec()
     log: str | None = None  # a TensorBoard directory: train.log = tensorboard(directory = "...")
+    eval_every: int = 0  # a validation loss after every this many steps; 0: none
+    eval_batches: int = 1  # validation batches per evaluation
 
 
 @dataclass(frozen=True)

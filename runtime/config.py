@@ -150,6 +150,7 @@ class DataConfig:
     path: str | None = None  # DataKind.BYTES (None reads the default corpus) and DataKind.TOKENS
     dtype: TokenFileDType = TokenFileDType.UINT16  # DataKind.TOKENS only
     tokenizer: str | None = None  # DataKind.TEXT only: a Hugging Face tokenizer.json
+    validation: float = 0.0  # the last fraction of a file's tokens, held out for validation batches
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", DataKind(self.kind))
@@ -182,6 +183,8 @@ class TrainConfig:
     log_every: int = 1
     lr_schedule: LearningRateScheduleConfig = field(default_factory=LearningRateScheduleConfig)
     tensorboard_directory: str | None = None  # TensorBoard scalars of every step (schedlang.runtime.progress)
+    eval_every: int = 0  # a validation loss after every this many steps; 0: none
+    eval_batches: int = 1  # validation batches (each a global batch) per evaluation
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DType(self.dtype))

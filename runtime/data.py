@@ -50,11 +50,23 @@ SYNTHETIC_ALPHABET = 32
 BYTE_VOCAB = 256
 DEFAULT_CORPUS_LIMIT_BYTES = 16 * 1024 * 1024
 TOKEN_NUMPY_TYPES = {TokenFileDType.UINT16: np.dtype("<u2"), TokenFileDType.UINT32: np.dtype("<u4")}
+VALIDATION_STREAM = 0x9E3779B9  # validation seeds start this far past step 0's (torch seeds its CPU generator
+# from the low 32 bits, so the offset must show there); no run trains 2.6e9 steps
 SCAN_BLOCK_TOKENS = 1 << 24  # ids read at a time when a tokens file is scanned for ids outside the vocabulary
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+def validation_generator(seed: int, index: int) -> torch.Generator:
+    """A stream of its own for validation batches, disjoint from every training step's."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + VALIDATION_STREAM + index)
+
+
+def validation_size(n_tokens: int, fraction: float) -> int:
+    """How many of a file's ``n_tokens`` the last ``fraction`` holds out for validation."""
+    return int(n_tokens * fraction)
 
 
 def default_corpus_files() -> list[Path]:
@@ -97,7 +109,7 @@ def tokens_of(config: DataConfig) -> DataConfig:
     from schedlang.runtime.text_data import ensure_tokenised
 
     cached = ensure_tokenised(config.path, config.tokenizer)
-    return DataConfig(DataKind.TOKENS, config.seed, str(cached), TokenFileDType.UINT32)
+    return DataConfig(DataKind.TOKENS, config.seed, str(cached), TokenFileDType.UINT32, validation=config.validation)
 
 
 def data_problem(config: DataConfig, vocab: int, length: int, scan_ids: bool = True) -> str | None:
@@ -134,9 +146,16 @@ def data_problem(config: DataConfig, vocab: int, length: int, scan_ids: bool = T
             f"data file {config.path} has {size} bytes, not a whole number of {config.dtype.value} token ids "
             f"({item} bytes each): is the dtype right?"
         )
-    if size // item <= length + 1:
-        unit = "bytes" if config.kind is DataKind.BYTES else "token ids"
-        return f"data file {config.path} holds {size // item} {unit}, fewer than one sequence of {length + 1}"
+    held_out = validation_size(size // item, config.validation)
+    unit = "bytes" if config.kind is DataKind.BYTES else "token ids"
+    if size // item - held_out <= length + 1:
+        part = "" if not held_out else f" before its last {held_out} held out for validation"
+        return f"data file {config.path} holds {size // item - held_out} {unit}{part}, fewer than one sequence of {length + 1}"
+    if config.validation and held_out <= length + 1:
+        return (
+            f"the validation part of data file {config.path} (validation = {config.validation:g}) holds {held_out} "
+            f"{unit}, fewer than one sequence of {length + 1}: hold out more"
+        )
     if config.kind is DataKind.TOKENS and scan_ids:
         return _id_outside_vocabulary(config, vocab)
     return None
@@ -203,19 +222,39 @@ class TokenSource:
         elif config.kind is DataKind.TOKENS:
             self.token_ids = np.memmap(config.path, dtype=TOKEN_NUMPY_TYPES[config.dtype], mode="r")
 
+    def _corpus_size(self) -> int:
+        return self.token_ids.size if self.token_ids is not None else self.corpus.numel()
+
+    def training_end(self) -> int:
+        """Where the held-out validation part of a file's tokens starts (the end without one)."""
+        return self._corpus_size() - validation_size(self._corpus_size(), self.config.validation)
+
     def global_batch_tokens(self, step: int) -> torch.Tensor:
-        generator = step_generator(self.config.seed, step)
+        if self.token_ids is None and self.corpus is None:
+            return self._synthetic(step_generator(self.config.seed, step))
+        return self._rows(step_generator(self.config.seed, step), 0, self.training_end())
+
+    def validation_batch_tokens(self, index: int) -> torch.Tensor:
+        """The ``index``-th validation batch: sequences drawn from the held-out part (a generator of its own
+        for synthetic data), the same on every mesh."""
+        generator = validation_generator(self.config.seed, index)
+        if self.token_ids is None and self.corpus is None:
+            return self._synthetic(generator)
+        return self._rows(generator, self.training_end(), self._corpus_size())
+
+    def _rows(self, generator: torch.Generator, low: int, high: int) -> torch.Tensor:
+        """``global_batch`` sequences of ``length + 1`` tokens starting in ``[low, high - length - 1)``."""
+        starts = torch.randint(low, high - self.length - 1, (self.global_batch,), generator=generator)
         if self.token_ids is not None:
-            starts = torch.randint(0, self.token_ids.size - self.length - 1, (self.global_batch,), generator=generator)
             rows = np.stack([np.asarray(self.token_ids[start : start + self.length + 1]) for start in starts.tolist()])
             if rows.max() >= self.vocab:
                 problem = _id_outside_vocabulary(self.config, self.vocab)
                 raise DataFileError(problem or f"data file {self.config.path} changed while it was read")
             return torch.from_numpy(rows.astype(np.int64))
-        if self.corpus is not None:
-            starts = torch.randint(0, self.corpus.numel() - self.length - 1, (self.global_batch,), generator=generator)
-            offsets = torch.arange(self.length + 1)
-            return self.corpus[starts[:, None] + offsets[None, :]]
+        offsets = torch.arange(self.length + 1)
+        return self.corpus[starts[:, None] + offsets[None, :]]
+
+    def _synthetic(self, generator: torch.Generator) -> torch.Tensor:
         alphabet = min(self.vocab, SYNTHETIC_ALPHABET)
         pattern = torch.randint(0, alphabet, (self.global_batch, RECALL_PERIOD), generator=generator)
         repeats = -(-(self.length + 1) // RECALL_PERIOD)
@@ -224,3 +263,7 @@ class TokenSource:
     def replica_tokens(self, step: int, data_index: int, sequences_per_replica: int) -> torch.Tensor:
         start = data_index * sequences_per_replica
         return self.global_batch_tokens(step)[start : start + sequences_per_replica]
+
+    def validation_replica_tokens(self, index: int, data_index: int, sequences_per_replica: int) -> torch.Tensor:
+        start = data_index * sequences_per_replica
+        return self.validation_batch_tokens(index)[start : start + sequences_per_replica]

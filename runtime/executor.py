@@ -55,7 +55,22 @@ memory ([Note: activation offload] in :mod:`schedlang.runtime.offload`).
 
 With CUDA graphs (``graphs``) ``F`` replays a captured slot instead of
 running the stage eagerly and ``B`` gives the slot back; see
-[Note: graph slots] in :mod:`schedlang.runtime.graphs`. With step graphs
+[Note: graph slots] in :mod:`schedlang.runtime.graphs`.
+
+[Note: forward-only evaluation]
+An evaluation step runs only the ``F``, ``RECV_F`` and ``SEND_F`` actions of the
+step's list, in its order, under ``no_grad``: every receive still follows the
+send it waits for on the stage before (the forwards of a stage run in the same
+order as in training, and dropping backward work only removes waits), so the
+list stays deadlock free, and every sequence-parallel rank of a stage still
+runs the same collectives in the same order. A forward keeps no record, hands
+its final states to the next chunk's forward, gives its receive buffer back at
+once and closes its microbatch's K/V buffers after the last chunk; graphs are
+not replayed (an evaluation runs eagerly). The loss is normalised by the
+global token count as in training, so the sum over the ranks is the batch's
+mean loss.
+
+With step graphs
 (``step_graphs``) the second step captures each compute action as it walks
 the list and every later step replays them in the same order; see
 [Note: step graphs] in :mod:`schedlang.runtime.step_graphs`.
@@ -78,6 +93,9 @@ from schedlang.runtime.state_store import ChunkRecord, StateStore
 from schedlang.runtime.step_graphs import StepGraphs
 from schedlang.vocabulary import Action, ActionKind, Recompute, deferred_weight_units
 
+
+_FORWARD_ONLY = frozenset((ActionKind.FORWARD, ActionKind.RECV_ACTIVATION, ActionKind.SEND_ACTIVATION))
+"""The actions an evaluation step keeps: [Note: forward-only evaluation]."""
 
 _COMMUNICATION = frozenset(
     (ActionKind.RECV_ACTIVATION, ActionKind.RECV_GRADIENT, ActionKind.SEND_ACTIVATION, ActionKind.SEND_GRADIENT)
@@ -151,6 +169,7 @@ class StageExecutor:
         self.outbox: dict[tuple[ActionKind, int, int], torch.Tensor] = {}
         self.tokens: torch.Tensor | None = None
         self.loss_sum = torch.zeros((), dtype=torch.float64)
+        self.evaluating = False  # inside run_evaluation_step: [Note: forward-only evaluation]
 
     def task_name(self, kind: ActionKind, microbatch: int, chunk: int) -> str:
         return f"{self.stage}{kind.value}{microbatch}.{chunk}"
@@ -355,6 +374,9 @@ class StageExecutor:
     def forward(self, microbatch: int, chunk: int) -> None:
         inputs, input_buffer = self._take_input(microbatch, chunk)
         initial_states = self._initial_states(microbatch, chunk)
+        if self.evaluating:
+            self._evaluate_forward(inputs, input_buffer, initial_states, microbatch, chunk)
+            return
         if self.shape.recompute is Recompute.FULL:
             with torch.no_grad():
                 outputs, _, _, final_states, _ = self._run_model(inputs, initial_states, microbatch, chunk)
@@ -377,6 +399,47 @@ class StageExecutor:
                 self.step_graphs.losses[Action(ActionKind.FORWARD, microbatch, chunk)] = outputs.detach()
         else:
             self.outbox[(ActionKind.FORWARD, microbatch, chunk)] = outputs.detach()
+
+    def run_evaluation_step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The step's forwards only, without gradients: [Note: forward-only evaluation]. Returns this rank's
+        share of the loss (0 off the last stage), normalised like a training step's."""
+        self.tokens = tokens.to(self.model_device)
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.model_device)
+        self.evaluating = True
+        try:
+            with torch.no_grad():
+                for action in self.actions:
+                    if action.kind in _FORWARD_ONLY:
+                        self.run_action(action)
+            self.messenger.finish_sends()
+        finally:
+            self.evaluating = False
+        self._check_nothing_left()
+        return self.loss_sum
+
+    def _evaluate_forward(
+        self,
+        inputs: torch.Tensor,
+        input_buffer: torch.Tensor | None,
+        initial_states: list[torch.Tensor | None],
+        microbatch: int,
+        chunk: int,
+    ) -> None:
+        graphs, self.graphs = self.graphs, None  # graph slots are given back by backwards, which do not run here
+        try:
+            outputs, _, _, final_states, _ = self._run_model(inputs, initial_states, microbatch, chunk)
+        finally:
+            self.graphs = graphs
+        if chunk + 1 < self.shape.n_chunks:
+            self.store.put_forward_states(microbatch, chunk, final_states)
+        elif self.kv is not None:
+            self.kv.close(microbatch)
+        if input_buffer is not None:
+            self.messenger.pool.give_back(input_buffer)
+        if self.model.is_last:
+            self.loss_sum += outputs.double()
+        else:
+            self.outbox[(ActionKind.FORWARD, microbatch, chunk)] = outputs
 
     def backward(self, microbatch: int, chunk: int) -> None:
         record = self.store.take_record(microbatch, chunk)

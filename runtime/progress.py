@@ -23,6 +23,7 @@ class StepMetrics:
     tokens_per_second: float
     step_seconds: float
     peak_memory_bytes: int
+    validation_loss: float | None = None  # after this step, when it evaluated (train.eval_every)
 
 
 def format_bytes(n_bytes: int) -> str:
@@ -37,8 +38,9 @@ def format_bytes(n_bytes: int) -> str:
 def progress_line(metrics: StepMetrics, total_steps: int) -> str:
     done = min(BAR_WIDTH, round(BAR_WIDTH * metrics.step / max(total_steps, 1)))
     bar = "#" * done + "." * (BAR_WIDTH - done)
+    validation = "" if metrics.validation_loss is None else f"  val {metrics.validation_loss:.4f}"
     return (
-        f"[{bar}] step {metrics.step}/{total_steps}  loss {metrics.loss:.4f}  "
+        f"[{bar}] step {metrics.step}/{total_steps}  loss {metrics.loss:.4f}{validation}  "
         f"{metrics.tokens_per_second:,.0f} tok/s  peak mem {format_bytes(metrics.peak_memory_bytes)}"
     )
 
@@ -68,13 +70,16 @@ class StepReporter:
         if show:
             print(progress_line(metrics, self.total_steps), file=self.stream, flush=True)
         if self.metrics_file is not None:
-            self.metrics_file.write(json.dumps(asdict(metrics)) + "\n")
+            record = {key: value for key, value in asdict(metrics).items() if value is not None}
+            self.metrics_file.write(json.dumps(record) + "\n")
             self.metrics_file.flush()
         if self.tensorboard is not None:
             self.tensorboard.add_scalar("train/loss", metrics.loss, metrics.step)
             self.tensorboard.add_scalar("train/tokens_per_second", metrics.tokens_per_second, metrics.step)
             self.tensorboard.add_scalar("train/step_seconds", metrics.step_seconds, metrics.step)
             self.tensorboard.add_scalar("train/peak_memory_gib", metrics.peak_memory_bytes / 2**30, metrics.step)
+            if metrics.validation_loss is not None:
+                self.tensorboard.add_scalar("validation/loss", metrics.validation_loss, metrics.step)
 
     def close(self) -> None:
         if self.metrics_file is not None:

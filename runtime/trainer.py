@@ -171,6 +171,16 @@ class Trainer:
         self.reduce_gradients()
         return PendingLoss(loss)
 
+    def evaluate(self) -> float:
+        """The mean loss over ``eval_batches`` validation batches, summed over the ranks like a step's
+        ([Note: forward-only evaluation] in schedlang.runtime.executor); the same on every rank."""
+        pipeline, batches = self.pipeline_config, self.train_config.eval_batches
+        total = 0.0
+        for index in range(batches):
+            tokens = self.tokens.validation_replica_tokens(index, self.mesh.data_index, pipeline.sequences_per_replica)
+            total += PendingLoss(self.executor.run_evaluation_step(tokens)).value()
+        return total / batches
+
     def reduce_gradients(self) -> None:
         gradients = [parameter.grad for parameter in self.model.parameters()]
         # Every sequence-parallel rank and data replica saw different tokens of the global batch.
@@ -241,6 +251,7 @@ class Trainer:
             reporter = StepReporter(steps, metrics_path, tensorboard_directory=config.tensorboard_directory)
         tokens_per_step = self.pipeline_config.global_batch * self.pipeline_config.sequence_length
         losses: list[float] = []
+        validation_losses: dict[int, float] = {}  # step done -> the validation loss after it
         pending = None  # (step number done, its loss, its clock token): read after the next step is queued
 
         def report(done: int, loss: PendingLoss, clock_token) -> None:
@@ -248,8 +259,10 @@ class Trainer:
             elapsed = clock.seconds(clock_token)
             if reporter is not None:  # every step goes to --metrics; log_every thins the printed lines only
                 peak = peak_memory_bytes(self.mesh.device)
-                metrics = StepMetrics(done, losses[-1], tokens_per_step / elapsed, elapsed, peak)
-                reporter.report(metrics, show=done % config.log_every == 0 or done == steps)
+                validation = validation_losses.get(done)
+                metrics = StepMetrics(done, losses[-1], tokens_per_step / elapsed, elapsed, peak, validation)
+                show = done % config.log_every == 0 or done == steps or validation is not None
+                reporter.report(metrics, show=show)
 
         try:
             first = self.resume(steps)
@@ -263,6 +276,9 @@ class Trainer:
                     from schedlang.runtime.checkpoint import save_checkpoint
 
                     save_checkpoint(config.checkpoint_directory, done, self.model, self.optimizer, self.run_record())
+                if config.eval_every and done % config.eval_every == 0:
+                    validation_losses[done] = self.evaluate()
+                    clock.step_ended()  # the next step's time starts after the evaluation
                 if pending is not None:
                     report(*pending)
                 pending = (done, loss, token)

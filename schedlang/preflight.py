@@ -25,7 +25,9 @@ def check_data_file(program, text: str) -> None:
     from schedlang.runtime.data import data_problem
 
     data = program.train.data
-    config = DataConfig(data.kind, data.seed, paths.data_path(program), data.dtype, paths.tokenizer_path(program))
+    config = DataConfig(
+        data.kind, data.seed, paths.data_path(program), data.dtype, paths.tokenizer_path(program), data.validation
+    )
     problem = data_problem(config, program.model.vocab, program.sequence.length)
     if problem is not None:
         span = program.spans.get("train.data.path") or program.spans.get("train.data")

@@ -23,7 +23,7 @@ from schedlang.checks.sequence import build_sequence
 from schedlang.checks.stages import read_explicit_orders
 from schedlang.lowering.partition import model_balanced_boundaries, uniform_boundaries
 from schedlang.lowering.program import MlpKind, OrderKind, PartitionKind
-from schedlang.vocabulary import LayerKind, Recompute
+from schedlang.vocabulary import DataKind, LayerKind, Recompute
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -427,6 +427,19 @@ def schedule_fits_the_run(checker: Checker) -> None:
         checker.reject("train.lr_schedule")
 
 
+def evaluation_has_held_out_data(checker: Checker) -> None:
+    """File data evaluates on its held-out part only, so ``eval_every`` needs ``validation > 0`` there."""
+    every, data = checker.get("train.eval_every"), checker.get("train.data")
+    if not every or data is None or data.kind is DataKind.SYNTHETIC or data.validation > 0:
+        return
+    checker.error(
+        f"'train.eval_every' = {every} evaluates on held-out data, but train.data holds none",
+        checker.node("train.eval_every").span,
+        hint=f"hold the end of the file out: `{data.kind.value}(..., validation = 0.01)`",
+    )
+    checker.reject("train.eval_every")
+
+
 RULES: tuple[Rule, ...] = (
     Rule(("model.layers", "model.mlp"), mlp_layers_need_an_mlp),
     Rule(("model.stages", "model.layers", "mesh.pipeline"), stage_assignment),
@@ -453,4 +466,5 @@ RULES: tuple[Rule, ...] = (
         stage_lines_match_order,
     ),
     Rule(("train.lr_schedule", "train.steps", "train.optimizer"), schedule_fits_the_run),
+    Rule(("train.eval_every", "train.data"), evaluation_has_held_out_data),
 )

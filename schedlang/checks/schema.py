@@ -140,6 +140,8 @@ SCHEMA: tuple[Key, ...] = (
     Key("train", "log_every", Integer(1, 1 << 40), TrainSpec, "log_every = 5"),
     Key("train", "lr_schedule", train.read_lr_schedule, TrainSpec, "lr_schedule = cosine(warmup = 100, min_lr = 3e-5)"),
     Key("train", "log", train.read_log, TrainSpec, 'log = tensorboard(directory = "runs/x")', accepts_none=True),
+    Key("train", "eval_every", Integer(0, 1 << 40), TrainSpec, "eval_every = 100"),
+    Key("train", "eval_batches", Integer(1, 1 << 20), TrainSpec, "eval_batches = 4"),
     Key(
         "train", "checkpoint", train.read_checkpoint, TrainSpec, 'checkpoint = "runs/ckpt" every 50',
         accepts_none=True, accepts_every=True,

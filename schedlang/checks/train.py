@@ -25,9 +25,9 @@ OPTIMIZER_ARGUMENTS = {
 }
 DATA_ARGUMENTS = {
     DataKind.SYNTHETIC.value: ("seed",),
-    DataKind.BYTES.value: ("path", "seed"),
-    DataKind.TOKENS.value: ("path", "dtype", "seed"),
-    DataKind.TEXT.value: ("path", "tokenizer", "seed"),
+    DataKind.BYTES.value: ("path", "seed", "validation"),
+    DataKind.TOKENS.value: ("path", "dtype", "seed", "validation"),
+    DataKind.TEXT.value: ("path", "tokenizer", "seed", "validation"),
 }
 SCHEDULE_ARGUMENTS = {kind.value: ("warmup", "min_lr") for kind in LearningRateScheduleKind}
 
@@ -42,6 +42,8 @@ TRAIN_KEYS = (
     "train.checkpoint",
     "train.lr_schedule",
     "train.log",
+    "train.eval_every",
+    "train.eval_batches",
 )
 
 
@@ -109,9 +111,12 @@ def read_data(checker: Checker, value: ast.Value, path: str) -> DataSpec | None:
         data_path = read_file_name(checker, call.arguments["path"].value, f"{path}.path", "data.txt")
         if data_path is None:
             return None
-    if seed is None:
+    validation = DataSpec.validation
+    if "validation" in call.arguments:
+        validation = read_number(checker, call.arguments["validation"].value, f"{path}.validation", 0.0, below=1.0)
+    if seed is None or validation is None:
         return None
-    return DataSpec(DataKind(call.name), seed, data_path, dtype, tokenizer)
+    return DataSpec(DataKind(call.name), seed, data_path, dtype, tokenizer, validation)
 
 
 def read_file_name(checker: Checker, value: ast.Value, path: str, example: str) -> str | None:

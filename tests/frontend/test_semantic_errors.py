@@ -56,6 +56,8 @@ CASES = {
     "tokens_without_path": ({22: "  data = tokens(dtype = uint32)"}, "", 22, "tokens", "tokens data needs the file of token ids"),
     "text_without_tokenizer": ({22: '  data = text(path = "c.txt")'}, "", 22, "text", "text data needs the text file and the tokenizer"),
     "unknown_token_dtype": ({22: '  data = tokens(path = "t.bin", dtype = int8)'}, "", 22, "int8", "unknown token dtype 'int8'"),
+    "validation_not_below_one": ({22: "  data = bytes(validation = 1)"}, "", 22, "1", "'train.data.validation' must be < 1, found 1"),
+    "eval_without_held_out_data": ({22: "  eval_every = 10  data = bytes()"}, "", 22, "10", "'train.eval_every' = 10 evaluates on held-out data, but train.data holds none"),
     "unknown_lr_schedule": ({22: "  lr_schedule = cosin"}, "", 22, "cosin", "unknown learning-rate schedule 'cosin'"),
     "negative_warmup": ({22: "  lr_schedule = cosine(warmup = -1)"}, "", 22, "-1", "'train.lr_schedule.warmup' must be >= 0, found -1"),
     "warmup_past_the_run": ({22: "  steps = 5  lr_schedule = cosine(warmup = 5)"}, "", 22, "cosine", "the learning-rate warm-up of 5 steps does not end within train.steps = 5"),

@@ -98,6 +98,8 @@ TRAIN = TrainConfig(
     log_every=1,
     lr_schedule=LearningRateScheduleConfig(kind='constant', warmup=0, min_lr=0.0),
     tensorboard_directory=None,
+    eval_every=0,
+    eval_batches=1,
 )
 
 
