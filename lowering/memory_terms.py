@@ -189,18 +189,13 @@ def stage_bytes_per_token(
 def stage_chunk_constant_bytes(
     program: ScheduleProgram, stage: int, chunk: int, recompute: Recompute, device: Device = Device.CUDA
 ) -> float:
-    """Saved bytes of a chunk that are not per token: each GDN layer's ``C x C`` causal mask, and on the CPU
-    each attn layer's causal mask of the chunk's queries against the prefix, ``s x c_{i+1}`` in ``train.dtype``
-    (CUDA's attention applies it inside the kernel; a first chunk attends causally without a mask)."""
+    """Saved bytes of a chunk that are not per token: each GDN layer's ``C x C`` causal mask. (Attention in parts
+    saves no mask of the chunk's queries against the prefix: [Note: attention in parts] in
+    schedlang.runtime.attention_parts.)"""
     if recompute in (Recompute.FULL, Recompute.MIXER):
         return 0.0
     kinds = stage_layer_kinds(program, stage)
-    total = sum(kind is LayerKind.GDN for kind in kinds) * RUNTIME_KERNEL_CHUNK * RUNTIME_KERNEL_CHUNK
-    if device is Device.CPU and chunk > 0:
-        sequence = program.sequence
-        mask = sequence.chunk_length(chunk) * sequence.boundaries[chunk + 1] * program_sizes(program).element_bytes
-        total += sum(kind is LayerKind.ATTN for kind in kinds) * mask
-    return total
+    return sum(kind is LayerKind.GDN for kind in kinds) * RUNTIME_KERNEL_CHUNK * RUNTIME_KERNEL_CHUNK
 
 
 def chunk_activation_bytes(

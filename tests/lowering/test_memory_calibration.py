@@ -152,15 +152,7 @@ def test_saved_bytes_without_recompute(kind, dtype):
         assert predicted == pytest.approx(measured, rel=TOLERANCE), (kind, dtype, stage, measured, predicted)
 
 
-ATTENTION_GRAPH_KEPT = pytest.mark.xfail(
-    strict=True,
-    reason="BufferedChunkAttention (runtime/kv_buffers.py) builds its inner attention graph under enable_grad and "
-    "keeps it in its context, which only its backward clears: after a no_grad forward the q, output, log-sum-exp "
-    "(and on the CPU the mask) stay alive",
-)
-
-
-@pytest.mark.parametrize("kind", [*KINDS[:3], pytest.param("attn", marks=ATTENTION_GRAPH_KEPT)])
+@pytest.mark.parametrize("kind", KINDS)
 def test_full_recompute_keeps_the_chunk_input_only(kind):
     """``recompute = full``: the executor runs the forward under no_grad and keeps its inputs."""
     program = load_program_text(schedule_text(kind, "bf16", "full"))
