@@ -62,7 +62,8 @@ def test_run_refuses_cuda_graphs_on_the_cpu_at_the_key(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_failing_rank_fails_the_command_and_shows_its_error(tmp_path):
+def test_a_missing_data_file_is_refused_at_its_key_before_any_rank_starts(tmp_path):
+    """Ranks used to find a missing corpus themselves; `run` now asks the data rule first (schedlang.preflight)."""
     schedule = tmp_path / "broken.sched"
     missing = tmp_path / "no-such-corpus.txt"
     schedule.write_text(
@@ -72,9 +73,9 @@ def test_a_failing_rank_fails_the_command_and_shows_its_error(tmp_path):
         encoding="utf-8",
     )
     completed = run_cli("run", str(schedule), "--steps", "1", "--device", "cpu")
-    assert completed.returncode != 0
-    assert "no-such-corpus.txt" in completed.stderr
-    assert "training failed" in completed.stderr
+    assert completed.returncode == 1
+    assert f"error: data file {missing} does not exist" in completed.stderr
+    assert "training" not in completed.stdout and "Traceback" not in completed.stderr
 
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.sched"))
