@@ -2,6 +2,7 @@
 
     python benchmarks/gdn_kernels.py                         # 4K with state in and out, 16K without; B=1 H=16 D=128 bf16
     python benchmarks/gdn_kernels.py --lengths 4096 --check  # also the relative errors against the float32 recurrence
+    python benchmarks/gdn_kernels.py --launch-table tuned.json  # under benchmarks/tune_kernels.py's overrides
 
 Inputs as Gated DeltaNet's layer makes them (benchmarks/kernels.py make_inputs: unit-norm keys, beta in (0, 1)).
 Each case times the forward (no autograd) and the forward+backward (torch.autograd.grad of the output, and of the
@@ -14,6 +15,7 @@ operator with its forward's chunk states kept for the backward. ``--check`` comp
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -23,7 +25,8 @@ import torch
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.kernels import gradient_step, load_peer, make_inputs  # noqa: E402
+from benchmarks.kernels import gradient_step, import_launch_tables, load_peer, make_inputs  # noqa: E402
+from schedlang.kernels.common.launch_tables import launch_overrides  # noqa: E402
 from schedlang.kernels.gdn import chunk_gated_delta_rule, naive_recurrent_gated_delta_rule  # noqa: E402
 
 CASES = {4096: True, 16384: False}
@@ -88,7 +91,18 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--save-states", action="store_true", help="time our operator with save_states=True")
     parser.add_argument("--check", action="store_true", help="relative errors against the float32 recurrence")
+    parser.add_argument(
+        "--launch-table", type=Path, help="launch-table overrides to time with, {table: {entry: {knob: value}}} "
+        "(benchmarks/tune_kernels.py --out)",
+    )
     args = parser.parse_args()
+    import_launch_tables()
+    overrides = json.loads(args.launch_table.read_text()) if args.launch_table else {}
+    with launch_overrides(overrides):
+        run_cases(args)
+
+
+def run_cases(args: argparse.Namespace) -> None:
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gdn_kernels.py times CUDA kernels; no CUDA device is available")
     peers = load_peer()

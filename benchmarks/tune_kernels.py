@@ -65,8 +65,16 @@ CANDIDATES = {
     },
     # no 8 warps: the backward miscompiled with them on an H200 ([Note: launch tables])
     "gdn": {
-        entry: dict(block_v=[16, 32, 64], precision=["ieee", "tf32x3"], num_warps=[2, 4], num_stages=[1, 2, 3])
-        for entry in ("forward", "backward")
+        **{
+            entry: dict(block_v=[16, 32, 64], precision=["ieee", "tf32x3"], num_warps=[2, 4], num_stages=[1, 2, 3])
+            for entry in ("forward", "backward")
+        },
+        # the per-chunk kernels: each candidate is checked against the starting table, so a miscompile at 8 warps
+        # is rejected there
+        **{
+            entry: dict(block_k=[32, 64], block_v=[32, 64], num_warps=[4, 8], num_stages=[1, 2, 3])
+            for entry in ("chunk_gradients", "output_gradients", "wy_apply", "output")
+        },
     },
 }
 OPERATORS = {

@@ -55,15 +55,15 @@ from schedlang.lowering.program import ScheduleProgram
 from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.vocabulary import CudaGraphs
 
-RESERVED_PER_ALLOCATED = 1.10
+RESERVED_PER_ALLOCATED = 1.05
 """[Note: reserved memory] The predicted reserved peak is the allocated peak times this factor. PyTorch's
 caching allocator reserves whole segments (2 MiB for small blocks, at least the request rounded up to 2 MiB
 for large ones) and keeps freed blocks for reuse; a block freed among live ones can only be reused by a
 request that fits it, so when chunk activations of several sizes alternate (a backward's gradients are
 allocated while the saved tensors of other chunks are still live) the reserved peak runs above the allocated
-one. 10 % is an assumed bound for that fragmentation, not yet measured on this runtime: the GPU acceptance
-runs (``benchmarks/pipeline.py`` records ``max_memory_reserved``) are what should set it, and it is the one
-number to change when they do."""
+one. The factor is the middle of the reserved/allocated ratios measured on one stage
+(``benchmarks/memory_model.py``; docs/benchmarks.md, "Memory model"); it is the one number to change when
+other measurements disagree."""
 
 OFFLOAD_RESIDENT_CHUNKS = 2
 """With ``pipeline.offload``, the chunks whose saved activations are on the device at once: the one whose

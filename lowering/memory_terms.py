@@ -22,9 +22,12 @@ backward (its ``W`` task when the backward is split):
   attn ``W e`` (q; k and v live in the sequence-wide K/V buffers, a term of their own) ``+ H f`` (the
   log-sum-exp), gdn ``5 W e + 5 H e`` (the raw q and k, the output gate and its SiLU, the output norm's
   result, their per-head norms and the gate and write-strength inputs) ``+`` the per-head output norm over
-  ``W`` with ``H`` rows ``+ f (12 W + 6 C H + 5 H + H D^2 / C + H / C)`` (the WY form's chunked operands,
-  the ``C x C`` decay and triangular matrices per kernel chunk of ``C = 64`` tokens, and the states entering
-  each kernel chunk) plus a ``C x C`` boolean mask per layer and chunk;
+  ``W`` with ``H`` rows, plus what the chunked operator keeps: on the CPU (batched PyTorch)
+  ``f (12 W + 6 C H + 5 H + H D^2 / C + H / C)`` (the WY form's chunked operands, the ``C x C`` decay and
+  triangular matrices per kernel chunk of ``C = 64`` tokens, and the states entering each kernel chunk) plus a
+  ``C x C`` boolean mask per layer and chunk; on CUDA (the Triton operator, chunk states not kept) ``3 W e``
+  (its q, k, v) ``+ f H (C + 3 + 1 / C)`` (the ``C x C`` inverse per kernel chunk, the gate cumsum, the gate,
+  the write strength and the chunk decay);
 * an MLP (SwiGLU): its norm, the normed input (``d e``), the fused gate-and-up output (``2 h e``) and the
   activation's output (``h e``);
 * the last stage's head: the final norm, the head's input (``d e``), the log-softmax over the vocabulary in
@@ -124,7 +127,10 @@ def mixer_bytes_per_token(kind: LayerKind, sizes: Sizes, device: Device) -> floa
         return shared + width * e + heads * f
     if kind is LayerKind.GDN:
         output_norm = heads * norm_bytes_per_row(dim, sizes, device)
-        chunked = f * (12 * width + 6 * chunk * heads + 5 * heads + heads * dim * dim / chunk + heads / chunk)
+        if device is Device.CUDA:  # the Triton operator's autograd Function (kernels/gdn/chunk_triton.py)
+            chunked = 3 * width * e + f * heads * (chunk + 3 + 1 / chunk)
+        else:
+            chunked = f * (12 * width + 6 * chunk * heads + 5 * heads + heads * dim * dim / chunk + heads / chunk)
         return shared + 5 * width * e + 5 * heads * e + output_norm + chunked
     return 0.0
 

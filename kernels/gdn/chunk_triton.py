@@ -142,8 +142,7 @@ def chunk_gradients(q, k, v, beta, do, solved: SolvedChunks, states, leaving_gra
         q, k, v, beta, do, solved.gate_cumsum, solved.inverse, states, leaving_grad, corrections, corrections_grad,
         dq, dk, dv, dbeta, dg, scratch, scale, sizes["T"], n_chunks,
         H=heads, K=sizes["K"], V=sizes["V"], C=CHUNK, BK=block_size(sizes["K"], launch["block_k"]),
-        BV=block_size(sizes["V"], launch["block_v"]), PRECISION=products_precision(q.dtype),
-        PRODUCTS_16BIT=bool(launch["products_16bit"]) and q.dtype != torch.float32, **launch_options(launch),
+        BV=block_size(sizes["V"], launch["block_v"]), PRECISION=products_precision(q.dtype), **launch_options(launch),
     )
     return dq, dk, dv, dbeta, dg
 

@@ -21,21 +21,21 @@ from schedlang.kernels.common.sizes import block_size, cdiv, launch_options
 from schedlang.kernels.common.triton_scan import INTERPRETED, new_output
 
 LAUNCH = register_launch_table("gdn", __name__, {
-    "forward": {"block_v": 32, "precision": "tf32x3", "num_warps": 4, "num_stages": 3},
+    "forward": {"block_v": 16, "precision": "tf32x3", "num_warps": 4, "num_stages": 3},
     "backward": {"block_v": 16, "precision": "tf32x3", "num_warps": 4, "num_stages": 3},
     "wy_solve": {"block_k": 64, "num_warps": 4, "num_stages": 2},
     "wy_apply": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
     "output": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
     "output_gradients": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
-    "chunk_gradients": {"block_k": 32, "block_v": 32, "products_16bit": 0, "num_warps": 4, "num_stages": 1},
+    "chunk_gradients": {"block_k": 64, "block_v": 32, "num_warps": 4, "num_stages": 1},
     "products": {"float32": "tf32x3", "reduced": "tf32"},
 })
 """Launch table of every gdn kernel, read at call time ([Note: launch tables]). "forward" and "backward" are the
 state pass's: value columns per program (a [K, 32] float32 state slice is 16 KiB at K = 128), the products'
 input precision, warps, stages. The others are the per-chunk kernels of kernels/gdn/chunk_triton.py: tile
 edges (the largest; smaller dimensions get smaller tiles), warps, stages; "products" is their products'
-input precision for float32 inputs and for 16-bit ones; "products_16bit" = 1 gives the per-chunk backward
-16-bit operands for 16-bit inputs (the docstring of triton_backward.py says why it is off). Everything runs
+input precision for float32 inputs and for 16-bit ones (the per-chunk backward always takes float32 operands:
+the docstring of triton_backward.py). Everything runs
 at most 4 warps: Triton 3.6 miscompiled the state pass's backward at 8 on an H200 (docs/benchmarks.md,
 "Launch tables")."""
 

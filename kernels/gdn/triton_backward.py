@@ -15,12 +15,8 @@ T = (I + A)^-1 and gc. kernels/gdn/README.md ("Backward") derives the terms; in 
 dk passes through its float32 output between steps 2 and 3, and D o P and Z = beta o dA o D through the
 chunk's [C, C] float32 slot of ``scratch``, each behind a barrier, so that their transposes are loaded
 transposed and no register tile is ever transposed. Products take float32 operands at the launch's
-``PRECISION``, or with PRODUCTS_16BIT (16-bit inputs only) operands rounded to the inputs' dtype.
-
-16-bit products: an earlier form of this kernel, which transposed D o P and Z in registers, returned wrong
-dv and NaN dk with 16-bit products on an H200 (Triton 3.6) and right gradients with float32 ones; the launch
-table therefore keeps PRODUCTS_16BIT off until this form has passed
-test_16bit_backward_products_match_the_recurrence (tests/kernels/test_kernels_gdn.py) on a GPU.
+``PRECISION`` (16-bit operands give wrong gradients on an H200 with Triton 3.6, though right ones in the
+interpreter: docs/benchmarks.md, "Gated DeltaNet kernels").
 """
 
 from __future__ import annotations
@@ -36,7 +32,7 @@ def gdn_bwd_kernel_chunk(
     q, k, v, beta, do, gate_cumsum, inverse, states, leaving_grad, corrections, corrections_grad,
     dq, dk, dv, dbeta, dg, scratch, scale, T, N,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PRECISION: tl.constexpr, PRODUCTS_16BIT: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -49,10 +45,7 @@ def gdn_bwd_kernel_chunk(
     b_last = tl.sum(tl.where(o_c == C - 1, b_gc, 0.0), axis=0)
     b_e = tl.exp(b_gc)
     b_decay = decay_matrix(b_gc, True, C)
-    if PRODUCTS_16BIT:
-        dt = q.dtype.element_ty
-    else:
-        dt = tl.float32
+    dt = tl.float32  # the products' operand type
     b_t_t = tl.load(inverse + chunk * C * C + o_c[None, :] * C + o_c[:, None]).to(dt)
     key_base = (i_b * T * H + i_h).to(tl.int64) * K
     value_base = (i_b * T * H + i_h).to(tl.int64) * V

@@ -209,18 +209,3 @@ def test_invalid_arguments_raise_value_error():
         chunk_gated_delta_rule(q, k, v, g, beta, backend="cuda")
     with pytest.raises(ValueError, match="g must have shape"):
         chunk_gated_delta_rule(q, k, v, g[..., None].expand(-1, -1, -1, 16), beta)
-
-
-@pytest.mark.skipif(not ON_GPU, reason="16-bit products run on a GPU only (the interpreter's tl.dot is wrong for bfloat16)")
-@pytest.mark.parametrize("shape", [(2, 63, 2, 32), (1, 2048, 4, 128)], ids=lambda s: "B{}-T{}-H{}-D{}".format(*s))
-def test_16bit_backward_products_match_the_recurrence(shape):
-    """The per-chunk backward with the launch table's products_16bit on, in bfloat16: what decides whether the
-    table may turn it on (the docstring of kernels/gdn/triton_backward.py)."""
-    from schedlang.kernels.common.launch_tables import launch_overrides
-
-    inputs, upstream = make_inputs(*shape, "strong", True, torch.float64, seed=sum(shape) + 7)
-    expected = run_with_grads(naive_recurrent_gated_delta_rule, inputs, upstream)
-    on_device_upstream = {name: t.to(DEVICE) for name, t in upstream.items()}
-    with launch_overrides({"gdn": {"chunk_gradients": {"products_16bit": 1}}}):
-        actual = run_with_grads(chunk_gated_delta_rule, on_device(inputs, torch.bfloat16), on_device_upstream, backend="triton")
-    assert_close({name: t.cpu() for name, t in actual.items()}, expected, 3e-2)

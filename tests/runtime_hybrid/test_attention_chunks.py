@@ -59,6 +59,38 @@ def test_attention_in_parts_equals_causal_attention(kernel, start, end, monkeypa
         torch.testing.assert_close(dv, reference_leaves[2].grad[:, :, keys], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_attention_in_parts_on_cuda_matches_float64(dtype):
+    """The CUDA kernel path in 16 and 32 bits (16-bit inputs go through the float32 kernels): outputs and
+    gradients against float64 causal attention, relative errors within the input dtype's tolerance."""
+    start, end = 384, 1024
+    q, k, v, output_grad = [tensor.cuda() for tensor in whole_sequence(end)]
+    reference_leaves = [tensor.clone().requires_grad_(True) for tensor in (q, k, v)]
+    reference = F.scaled_dot_product_attention(*reference_leaves, is_causal=True)[:, :, start:]
+    reference.backward(output_grad[:, :, start:])
+    q16, k16, v16, g16 = (tensor.to(dtype) for tensor in (q, k, v, output_grad))
+    parts = (
+        AttentionPart(k16[:, :, :start], v16[:, :, :start], causal=False),
+        AttentionPart(k16[:, :, start:], v16[:, :, start:], causal=True),
+    )
+    assert attention_parts.part_kernel(q16) is PartKernel.CUDA_EFFICIENT
+    output, log_sum_exp = attend_in_parts(q16[:, :, start:], parts)
+    dq, ((dk_prefix, dv_prefix), (dk_own, dv_own)) = attention_parts_backward(
+        g16[:, :, start:], q16[:, :, start:], parts, output, log_sum_exp
+    )
+    tolerance = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}[dtype]
+
+    def relative_error(ours, theirs):
+        assert torch.isfinite(ours).all()
+        return ((ours.double() - theirs).norm() / theirs.norm()).item()
+
+    assert relative_error(output, reference.detach()) < tolerance
+    assert relative_error(dq, reference_leaves[0].grad[:, :, start:]) < tolerance
+    assert relative_error(torch.cat([dk_prefix, dk_own], 2), reference_leaves[1].grad) < tolerance
+    assert relative_error(torch.cat([dv_prefix, dv_own], 2), reference_leaves[2].grad) < tolerance
+
+
 def saved_bytes_of_chunks(length: int, n_chunks: int) -> int:
     """Distinct storage bytes autograd saves running one attention layer's chunks of one sequence."""
     q, k, v, _ = whole_sequence(length, torch.float32)
