@@ -192,13 +192,11 @@ def stage_bytes_per_token(
     return total
 
 
-def stage_chunk_constant_bytes(
-    program: ScheduleProgram, stage: int, chunk: int, recompute: Recompute, device: Device = Device.CUDA
-) -> float:
-    """Saved bytes of a chunk that are not per token: each GDN layer's ``C x C`` causal mask. (Attention in parts
-    saves no mask of the chunk's queries against the prefix: [Note: attention in parts] in
-    schedlang.runtime.attention_parts.)"""
-    if recompute in (Recompute.FULL, Recompute.MIXER):
+def stage_chunk_constant_bytes(program: ScheduleProgram, stage: int, recompute: Recompute, device: Device) -> float:
+    """Saved bytes of a chunk that are not per token: on the CPU, each GDN layer's ``C x C`` causal mask (the
+    Triton operator on CUDA keeps none). (Attention in parts saves no mask of the chunk's queries against the
+    prefix: [Note: attention in parts] in schedlang.runtime.attention_parts.)"""
+    if device is Device.CUDA or recompute in (Recompute.FULL, Recompute.MIXER):
         return 0.0
     kinds = stage_layer_kinds(program, stage)
     return sum(kind is LayerKind.GDN for kind in kinds) * RUNTIME_KERNEL_CHUNK * RUNTIME_KERNEL_CHUNK
@@ -211,7 +209,7 @@ def chunk_activation_bytes(
     recompute = program.pipeline.recompute if recompute is None else recompute
     tokens = local_tokens(program, chunk)
     per_token = stage_bytes_per_token(program, stage, recompute, device)
-    return tokens * per_token + stage_chunk_constant_bytes(program, stage, chunk, recompute, device)
+    return tokens * per_token + stage_chunk_constant_bytes(program, stage, recompute, device)
 
 
 def state_bytes(program: ScheduleProgram, stage: int) -> float:
