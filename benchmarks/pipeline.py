@@ -7,9 +7,14 @@ stages. schedlang's runtime runs it with each sequence cut into N chunks
 modules, kernels and data. Reported per stage: tokens/s and peak memory
 (total, and activations = peak minus the memory held after a warm-up step:
 weights, gradients, optimizer state). Then each system's longest sequence
-that fits, trying increasing lengths (by default 64K to 128K in 16K steps:
-doubling could not separate the two systems at PP2), one step per length, each attempt in a fresh
-torchrun job so an out-of-memory rank cannot wedge the next attempt.
+that fits (``longest_fitting_length``: from 64K, doubling until a length fails, then bisection in 16K steps),
+one step per length, each attempt in a fresh torchrun job so an out-of-memory rank cannot wedge the next
+attempt. Each schedlang system's measured reserved peak is printed beside the memory model's prediction
+(``schedlang simulate``), in the throughput job and at each length of the search.
+
+Issue 18's acceptance job (2 GPUs; ``torch+ckpt`` is Schedule1F1B with torch's activation checkpointing):
+    python benchmarks/pipeline.py --out results/ --chunks 8s 16/mlp 16/full --peers torch torch+ckpt \
+        --search-systems torch torch+ckpt schedlang:16/full schedlang:32/full/offload
 
 Each schedlang system is a schedule file (benchmarks/pipeline_schedule.py fills one template with the model and
 the system's keys) compiled as ``schedlang compile`` compiles it; the benchmark runs the generated script's
@@ -21,7 +26,8 @@ Driver (plain python, launches torchrun jobs):
     (a system name gives the schedule's keys, benchmarks.pipeline_schedule.variant_keys: a chunk count N is
     sequence { chunks = N }; a g after it, pipeline { cuda_graphs = true }, an s, cuda_graphs = step; +E, as in 8g+2, extra_warmup = E;
     a final w, as in 8g+2w, split_backward = true, then f for forward_before_weight = true and dD for
-    extra_deferred_weights = D, as in 2g+1wfd2; --first-stage-layers is model { stages = ... }, --split-mlp
+    extra_deferred_weights = D, as in 2g+1wfd2; /mlp, /mixer or /full after it, recompute, and /offload,
+    offload = true, as in 16/full or 32/mixer/offload; --first-stage-layers is model { stages = ... }, --split-mlp
     writes model { layers = [gla, mlp] * 16 }; --cublas-workspace auto, the default, gives a job whose
     schedlang systems all replay graphs, torch's too, no cuBLAS workspace, as schedlang's runtime gives its
     graph stages: see job_environment)
@@ -64,9 +70,12 @@ from benchmarks.common import (  # noqa: E402
 from benchmarks.pipeline_schedule import (  # noqa: E402
     FULL_MODEL,
     TINY_MODEL,
+    TORCH_CHECKPOINTED_SYSTEM,
     TORCH_SYSTEM,
+    TORCH_SYSTEMS,
     BenchmarkModel,
     RuntimeConfigs,
+    predicted_reserved_bytes,
     system_configs,
     variant_keys,
 )
@@ -122,13 +131,15 @@ def full_sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 
 
 class TorchSystem:
-    """torch.distributed.pipelining.Schedule1F1B over full-sequence microbatches."""
+    """torch.distributed.pipelining.Schedule1F1B over full-sequence microbatches; with ``checkpointed``, torch's
+    activation checkpointing wraps every block (non-reentrant ``checkpoint_wrapper``, as torchtitan applies it)."""
 
-    def __init__(self, mesh, configs: RuntimeConfigs, microbatches: int) -> None:
+    def __init__(self, mesh, configs: RuntimeConfigs, microbatches: int, checkpointed: bool = False) -> None:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
         from schedlang.runtime.data import TokenSource
-        from schedlang.runtime.model import build_stage_model
+        from schedlang.runtime.model import Block, build_stage_model
         from schedlang.runtime.trainer import DTYPES, build_optimizer, zero_gradients
 
         self.mesh = mesh
@@ -137,6 +148,8 @@ class TorchSystem:
         model = build_stage_model(
             config, layers, mesh.is_first_stage, mesh.is_last_stage, 0, mesh.device, DTYPES[configs.train.dtype]
         )
+        if checkpointed:
+            apply_activation_checkpointing(model, check_fn=lambda module: isinstance(module, Block))
         self.module = FullSequenceStage(model)
         # the optimizer schedlang's trainer builds (fused AdamW on CUDA): only the schedules differ
         self.optimizer = build_optimizer(self.module.parameters(), configs.train)
@@ -172,8 +185,8 @@ def train_dtype(device: str) -> str:
 
 def build_system(name: str, mesh, model: BenchmarkModel, length: int, microbatches: int):
     configs = system_configs(name, model, length, microbatches, train_dtype(mesh.device.type))
-    if name == TORCH_SYSTEM:
-        return TorchSystem(mesh, configs, microbatches)
+    if name in TORCH_SYSTEMS:
+        return TorchSystem(mesh, configs, microbatches, checkpointed=name == TORCH_CHECKPOINTED_SYSTEM)
     return SchedlangSystem(mesh, configs)
 
 
@@ -190,7 +203,7 @@ def job_environment(systems: list[str], device: str, cublas_workspace: str) -> t
         return environment, "(CPU)"
     from schedlang.runtime.cublas import WORKSPACE_FREE_SETTINGS, use_workspace_free_gemms
 
-    graphs_only = all(variant_keys(name).cuda_graphs for name in systems if name != TORCH_SYSTEM)
+    graphs_only = all(variant_keys(name).cuda_graphs for name in systems if name not in TORCH_SYSTEMS)
     if cublas_workspace == "none" or (cublas_workspace == "auto" and graphs_only):
         use_workspace_free_gemms(environment)
     return environment, ", ".join(f"{name}={environment.get(name, '(unset)')}" for name in WORKSPACE_FREE_SETTINGS)
@@ -205,7 +218,7 @@ def measure(
     reset_peak(device)
     started_build = time.perf_counter()
     system = build_system(name, mesh, model, length, microbatches)
-    if name != TORCH_SYSTEM and variant_keys(name).cuda_graphs is CudaGraphs.STEP:
+    if name not in TORCH_SYSTEMS and variant_keys(name).cuda_graphs is CudaGraphs.STEP:
         warmup = max(warmup, 2)  # [Note: step graphs]: the first step runs eagerly, the second captures
     for _ in range(warmup):
         system.step()
@@ -373,7 +386,7 @@ def summary_lines(header: str, systems: list[str], records: list[dict]) -> list[
     torch_rate = min(record["tokens_per_second"] for record in torch_records)
     for name in systems:
         mine = [record for record in records if record["system"] == name]
-        if name == TORCH_SYSTEM or not mine:
+        if name in TORCH_SYSTEMS or not mine:
             continue
         rate = min(record["tokens_per_second"] for record in mine)
         lines.append(
@@ -386,6 +399,47 @@ def summary_lines(header: str, systems: list[str], records: list[dict]) -> list[
     return lines
 
 
+def prediction_lines(systems: list[str], records: list[dict], predicted: dict[str, tuple[float, ...]]) -> list[str]:
+    """Each schedlang system's measured reserved peak per stage over the memory model's prediction."""
+    lines = []
+    for name in systems:
+        if name not in predicted:
+            continue
+        stages = sorted((record for record in records if record["system"] == name), key=lambda r: r["stage"])
+        if not stages:
+            continue
+        pairs = ", ".join(
+            f"stage {record['stage']} {gib(record.get('peak_reserved_bytes', 0))} / "
+            f"{gib(predicted[name][record['stage']])} GiB (x{record.get('peak_reserved_bytes', 0) / predicted[name][record['stage']]:.3f})"
+            for record in stages
+        )
+        lines.append(f"{name}: reserved peak measured / predicted: {pairs}")
+    return lines
+
+
+def longest_fitting_length(fits_at, start: int, step: int, maximum: int) -> int | None:
+    """The longest multiple of ``step`` in ``[start, maximum]`` for which ``fits_at`` holds, assuming that whatever
+    fits a length fits every shorter one: ``start`` first (None if it does not fit), then doubling up to
+    ``maximum`` until a length fails, then bisection between the last that fit and the first that failed, in
+    whole steps. ``start`` and ``maximum`` are multiples of ``step``."""
+    if not fits_at(start):
+        return None
+    good, bad = start, None
+    while bad is None and good < maximum:
+        candidate = min(2 * good, maximum)
+        if fits_at(candidate):
+            good = candidate
+        else:
+            bad = candidate
+    while bad is not None and bad - good > step:
+        middle = good + (bad - good) // (2 * step) * step
+        if fits_at(middle):
+            good = middle
+        else:
+            bad = middle
+    return good
+
+
 def driver(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -394,8 +448,12 @@ def driver(args: argparse.Namespace) -> int:
     started = time.monotonic()
     backend = kernel_preflight(args.device)
     os.environ["SCHEDLANG_KERNEL_BACKEND"] = backend
-    systems = [f"schedlang:{n}" for n in args.chunks] + [TORCH_SYSTEM]
+    systems = [f"schedlang:{n}" for n in args.chunks] + list(args.peers)
     model, dtype = benchmark_model(args), train_dtype(args.device)
+    predicted = {
+        name: predicted_reserved_bytes(name, model, args.length, args.microbatches, dtype)
+        for name in systems if name not in TORCH_SYSTEMS
+    }
     for name in systems:  # the checker refuses a bad system here, before any job starts
         split = system_configs(name, model, args.length, args.microbatches, dtype).pipeline.stage_layers
     _, workspace = job_environment(systems, args.device, args.cublas_workspace)
@@ -407,23 +465,34 @@ def driver(args: argparse.Namespace) -> int:
         f"{'layer-list entries ([gla, mlp] * L)' if args.split_mlp else 'layers'} per stage "
         f"{len(split[0])} + {len(split[1])} (+ head and loss); cuBLAS, both systems: {workspace}"
     )
-    lines = summary_lines(header, systems, records)
+    lines = summary_lines(header, systems, records) + prediction_lines(systems, records, predicted)
     print("\n".join(lines), flush=True)
-    fits = {name: None for name in args.search_systems}
-    alive = list(args.search_systems)
-    for length in args.search_lengths:
-        for name in list(alive):
+    fits = {}
+    for name in args.search_systems:
+
+        def fits_at(length: int, name: str = name) -> bool:
             if time.monotonic() - started > args.budget:
-                print(f"  time budget spent; not trying {name} at {length}", flush=True)
-                alive.remove(name)
-                continue
+                raise TimeoutError(f"time budget spent before {name} at {length}")
             code, found = launch_worker(args, [name], length, 0, 1, out / "fit.json", args.search_timeout)
             if code != 0:
-                alive.remove(name)
-                continue
-            fits[name] = (length, max(record["peak_bytes"] for record in found))
-            print(f"  {name} fits {length} tokens (peak {gib(fits[name][1])} GiB)", flush=True)
-    for name, fit in fits.items():
+                print(f"  {name} does not fit {length} tokens", flush=True)
+                return False
+            peak = max(record["peak_bytes"] for record in found)
+            reserved = max(record.get("peak_reserved_bytes", 0) for record in found)
+            forecast = "" if name in TORCH_SYSTEMS else (
+                f", predicted {gib(max(predicted_reserved_bytes(name, model, length, args.microbatches, dtype)))} GiB"
+            )
+            print(f"  {name} fits {length} tokens (peak {gib(peak)} GiB, reserved {gib(reserved)} GiB{forecast})",
+                  flush=True)
+            fits[name] = (length, peak)
+            return True
+
+        try:
+            longest_fitting_length(fits_at, args.search_start, args.search_step, args.search_max)
+        except TimeoutError as error:
+            print(f"  {error}; {name}'s search stops at what it found", flush=True)
+    for name in args.search_systems:
+        fit = fits.get(name)
         text = f"{fit[0]} tokens (peak {gib(fit[1])} GiB)" if fit else "no tried length fit (or none was tried)"
         lines.append(f"longest fitting sequence of those tried, {name}: {text}")
     summary = "\n".join(lines)
@@ -461,8 +530,14 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--result", default=None)
     parser.add_argument("--out", default="benchmark-results")
+    parser.add_argument(
+        "--peers", nargs="+", default=[TORCH_SYSTEM], choices=list(TORCH_SYSTEMS),
+        help="the peers of the throughput job: torch (Schedule1F1B), torch+ckpt (with activation checkpointing)",
+    )
     parser.add_argument("--search-systems", nargs="+", default=["torch", "schedlang:16"])
-    parser.add_argument("--search-lengths", type=int, nargs="+", default=[65536, 81920, 98304, 114688, 131072])
+    parser.add_argument("--search-start", type=int, default=65536, help="the length search's first length")
+    parser.add_argument("--search-step", type=int, default=16384, help="the length search's granularity")
+    parser.add_argument("--search-max", type=int, default=1048576, help="the longest length the search tries")
     parser.add_argument("--budget", type=float, default=400.0, help="seconds after which the length search stops")
     parser.add_argument("--throughput-timeout", type=float, default=300.0)
     parser.add_argument(

@@ -16,13 +16,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from schedlang.vocabulary import CudaGraphs
+from schedlang.vocabulary import CudaGraphs, Recompute
 
 SCHEDULE_FILENAME = "<pipeline benchmark>"
 """The file name diagnostics give for the generated schedule text."""
 
 TORCH_SYSTEM = "torch"
 """The peer system's name: torch.distributed.pipelining's Schedule1F1B over full-sequence microbatches."""
+
+TORCH_CHECKPOINTED_SYSTEM = "torch+ckpt"
+"""The second peer: the same Schedule1F1B with torch's activation checkpointing on every block
+(``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``, non-reentrant), as torchtitan applies it."""
+
+TORCH_SYSTEMS = (TORCH_SYSTEM, TORCH_CHECKPOINTED_SYSTEM)
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,8 @@ class ScheduleKeys:
     split_backward: bool = False
     forward_before_weight: bool = False
     extra_deferred_weights: int = 0
+    recompute: Recompute = Recompute.NONE
+    offload: bool = False
 
 
 GRAPH_LETTERS = {"": CudaGraphs.NONE, "g": CudaGraphs.CHUNK_SLOTS, "s": CudaGraphs.STEP}
@@ -83,21 +91,26 @@ GRAPH_LETTERS = {"": CudaGraphs.NONE, "g": CudaGraphs.CHUNK_SLOTS, "s": CudaGrap
 VARIANT_PATTERN = re.compile(
     r"schedlang:(?P<chunks>\d+)(?P<graphs>[gs]?)(?:\+(?P<extra>\d+))?"
     r"(?:(?P<split>w)(?P<forward_first>f?)(?:d(?P<deferred>\d+))?)?"
+    r"(?:/(?P<recompute>none|mlp|mixer|full))?(?P<offload>/offload)?"
 )
 
 
 def variant_keys(name: str) -> ScheduleKeys:
-    """The schedule keys of a system name: ``schedlang:<chunks>[g|s][+<extra>][w[f][d<deferred>]]``.
+    """The schedule keys of a system name:
+    ``schedlang:<chunks>[g|s][+<extra>][w[f][d<deferred>]][/<recompute>][/offload]``.
 
     ``g``: ``cuda_graphs = true`` (per-chunk slots); ``s``: ``cuda_graphs = step``; ``+E``: ``extra_warmup = E``; ``w``: ``split_backward = true``, then ``f``:
-    ``forward_before_weight = true`` and ``dD``: ``extra_deferred_weights = D``. ``torch`` (the peer) gets the
-    keys of one chunk, which fix its model and stage split. Raises ValueError for any other name.
+    ``forward_before_weight = true`` and ``dD``: ``extra_deferred_weights = D``; ``/mlp``, ``/mixer``, ``/full``:
+    ``recompute``; ``/offload``: ``offload = true``. The peers (``torch``, ``torch+ckpt``) get the keys of one
+    chunk, which fix their model and stage split. Raises ValueError for any other name.
     """
-    if name == TORCH_SYSTEM:
+    if name in TORCH_SYSTEMS:
         return ScheduleKeys(chunks=1)
     match = VARIANT_PATTERN.fullmatch(name)
     if match is None:
-        raise ValueError(f"{name!r}: a schedlang system is schedlang:<chunks>[g|s][+<extra>][w[f][d<deferred>]]")
+        raise ValueError(
+            f"{name!r}: a schedlang system is schedlang:<chunks>[g|s][+<extra>][w[f][d<deferred>]][/<recompute>][/offload]"
+        )
     return ScheduleKeys(
         chunks=int(match["chunks"]),
         cuda_graphs=GRAPH_LETTERS[match["graphs"]],
@@ -105,6 +118,8 @@ def variant_keys(name: str) -> ScheduleKeys:
         split_backward=bool(match["split"]),
         forward_before_weight=bool(match["forward_first"]),
         extra_deferred_weights=int(match["deferred"] or 0),
+        recompute=Recompute(match["recompute"] or "none"),
+        offload=bool(match["offload"]),
     )
 
 
@@ -136,6 +151,8 @@ pipeline {{
   cuda_graphs            = {cuda_graphs}
   extra_warmup           = {keys.extra_warmup}
   split_backward         = {split_backward}
+  recompute              = {keys.recompute.value}
+  offload                = {offload}
 {weight_placement}}}
 
 train {{
@@ -171,6 +188,7 @@ def schedule_text(model: BenchmarkModel, keys: ScheduleKeys, length: int, microb
         microbatches=microbatches,
         cuda_graphs=keys.cuda_graphs.value,
         split_backward=_flag(keys.split_backward),
+        offload=_flag(keys.offload),
         weight_placement=weight_placement,
         dtype=dtype,
     )
@@ -204,3 +222,14 @@ def compile_schedule_text(text: str) -> RuntimeConfigs:
 def system_configs(name: str, model: BenchmarkModel, length: int, microbatches: int, dtype: str) -> RuntimeConfigs:
     """The runtime configs of the system ``name`` (``torch`` or a schedlang variant) on ``model``."""
     return compile_schedule_text(schedule_text(model, variant_keys(name), length, microbatches, dtype))
+
+
+def predicted_reserved_bytes(name: str, model: BenchmarkModel, length: int, microbatches: int, dtype: str) -> tuple[float, ...]:
+    """The memory model's reserved peak of each stage of schedlang system ``name`` (what ``schedlang simulate``
+    prints), in bytes."""
+    from schedlang.compiler import Pass, ScheduleText, compile_schedule
+    from schedlang.lowering.memory_peak import predict_memory
+
+    text = schedule_text(model, variant_keys(name), length, microbatches, dtype)
+    program = compile_schedule(ScheduleText(text, SCHEDULE_FILENAME), through=Pass.CHECK).program
+    return tuple(stage.reserved for stage in predict_memory(program))

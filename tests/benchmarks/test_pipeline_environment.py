@@ -61,3 +61,38 @@ def test_summary_ratios_use_the_slower_stage_and_three_places():
 def test_summary_without_torch_has_no_ratios():
     lines = summary_lines("header", ["schedlang:8"], [record("schedlang:8", 0, 1.0)])
     assert len(lines) == 4 and not any("Schedule1F1B" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    "limit, start, step, maximum, expected, tried",
+    [
+        (100, 16, 16, 1024, 96, [16, 32, 64, 128, 96, 112]),  # double, then bisect in whole steps
+        (5000, 16, 16, 1024, 1024, [16, 32, 64, 128, 256, 512, 1024]),  # everything fits: stop at the maximum
+        (8, 16, 16, 1024, None, [16]),  # not even the start
+        (48, 16, 16, 48, 48, [16, 32, 48]),  # doubling capped at the maximum
+    ],
+)
+def test_length_search_doubles_then_bisects(limit, start, step, maximum, expected, tried):
+    from benchmarks.pipeline import longest_fitting_length
+
+    seen = []
+
+    def fits_at(length):
+        seen.append(length)
+        return length <= limit
+
+    assert longest_fitting_length(fits_at, start, step, maximum) == expected
+    assert seen == tried
+
+
+def test_prediction_lines_put_the_measured_reserved_peak_over_the_prediction():
+    from benchmarks.pipeline import prediction_lines
+
+    records = [
+        {"system": "schedlang:8", "stage": 1, "peak_reserved_bytes": 3 * 2**30},
+        {"system": "schedlang:8", "stage": 0, "peak_reserved_bytes": 2**30},
+        {"system": "torch", "stage": 0, "peak_reserved_bytes": 2**30},
+    ]
+    lines = prediction_lines(["schedlang:8", "torch"], records, {"schedlang:8": (2**30, 2 * 2**30)})
+    assert lines == ["schedlang:8: reserved peak measured / predicted: stage 0 1.0 / 1.0 GiB (x1.000), "
+                     "stage 1 3.0 / 2.0 GiB (x1.500)"]

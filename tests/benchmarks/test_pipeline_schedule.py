@@ -18,7 +18,7 @@ from schedlang.diagnostics import ScheduleError
 from schedlang.frontend import load_program_text
 from schedlang.lowering.orders import one_f_one_b_orders
 from schedlang.lowering.placement import place_stage_actions
-from schedlang.vocabulary import CudaGraphs
+from schedlang.vocabulary import CudaGraphs, Recompute
 
 
 def test_system_names_map_to_schedule_keys():
@@ -29,12 +29,21 @@ def test_system_names_map_to_schedule_keys():
     assert variant_keys("schedlang:2g+1wfd2") == ScheduleKeys(2, CudaGraphs.CHUNK_SLOTS, 1, True, True, 2)
     assert variant_keys("schedlang:2g+1wd1") == ScheduleKeys(2, CudaGraphs.CHUNK_SLOTS, 1, True, False, 1)
     assert variant_keys("torch") == ScheduleKeys(chunks=1)
-    for malformed in ("schedlang:2gf", "schedlang:2g+1d2", "schedlang:x", "8g"):  # f and d belong to w
+    assert variant_keys("torch+ckpt") == ScheduleKeys(chunks=1)
+    assert variant_keys("schedlang:16/full") == ScheduleKeys(16, recompute=Recompute.FULL)
+    assert variant_keys("schedlang:8+1w/mixer/offload") == ScheduleKeys(
+        8, extra_warmup=1, split_backward=True, recompute=Recompute.MIXER, offload=True
+    )
+    assert variant_keys("schedlang:4/offload") == ScheduleKeys(4, offload=True)
+    for malformed in ("schedlang:2gf", "schedlang:2g+1d2", "schedlang:x", "8g", "schedlang:4/offload/full", "schedlang:4/all"):
         with pytest.raises(ValueError, match="a schedlang system is"):
             variant_keys(malformed)
 
 
-@pytest.mark.parametrize("name", ["schedlang:1", "schedlang:8", "schedlang:4g+2w", "schedlang:2g+1wfd2", "torch"])
+@pytest.mark.parametrize(
+    "name", ["schedlang:1", "schedlang:8", "schedlang:4g+2w", "schedlang:2g+1wfd2", "schedlang:16/mlp",
+             "schedlang:8/mixer/offload", "torch", "torch+ckpt"],
+)
 def test_each_system_is_a_schedule_the_front_end_accepts_with_its_keys(name):
     keys = variant_keys(name)
     program = load_program_text(schedule_text(FULL_MODEL, keys, 32768, 4, "bf16"), "<test>")
@@ -44,6 +53,7 @@ def test_each_system_is_a_schedule_the_front_end_accepts_with_its_keys(name):
     assert program.pipeline.split_backward == keys.split_backward
     assert program.pipeline.forward_before_weight == keys.forward_before_weight
     assert program.pipeline.extra_deferred_weights == keys.extra_deferred_weights
+    assert program.pipeline.recompute is keys.recompute and program.pipeline.offload == keys.offload
     assert program.stage_layers == (tuple(range(8)), tuple(range(8, 16)))
 
 
@@ -76,3 +86,12 @@ def test_a_bad_option_is_refused_by_the_checker():
     model = replace(TINY_MODEL, first_stage_layers=4)  # leaves stage 1 no layer
     with pytest.raises(ScheduleError, match="stage 1"):
         compile_schedule_text(schedule_text(model, ScheduleKeys(chunks=2), 1024, 4, "fp32"))
+
+
+def test_predicted_reserved_peaks_follow_the_recompute_mode():
+    from benchmarks.pipeline_schedule import predicted_reserved_bytes
+
+    kept, recomputed = (
+        predicted_reserved_bytes(name, FULL_MODEL, 32768, 4, "bf16") for name in ("schedlang:8", "schedlang:8/full")
+    )
+    assert len(kept) == 2 and all(full < none for full, none in zip(recomputed, kept))
