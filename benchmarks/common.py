@@ -8,6 +8,7 @@ whole path runs on the CPU too; only the numbers need a GPU.
 from __future__ import annotations
 
 import gc
+import os
 from pathlib import Path
 
 import torch
@@ -48,6 +49,25 @@ def release(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def single_rank_environment(port: int) -> None:
+    """The variables torch.distributed's env:// rendezvous reads, for a process group of one rank on this host
+    (a benchmark run as a plain script, without torchrun); variables already set win."""
+    for name, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)), ("RANK", "0"), ("WORLD_SIZE", "1"),
+                        ("LOCAL_RANK", "0")):
+        os.environ.setdefault(name, value)
+
+
+def launch_single_stage(configs):
+    """A Trainer of ``configs`` (a compiled schedule's MODEL, PIPELINE, TRAIN) on one CUDA rank, the allocator
+    released and its peaks reset first, so that the peaks read afterwards are this trainer's."""
+    from schedlang.runtime.trainer import launch
+
+    device = torch.device("cuda")
+    release(device)
+    reset_peak(device)
+    return launch(configs.model, configs.pipeline, configs.train, (1, 1, 1), "cuda")
 
 
 def model_state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer) -> int:

@@ -15,9 +15,7 @@ A single process group of one rank is created here (no torchrun needed).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -26,10 +24,10 @@ import torch
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import launch_single_stage, release, single_rank_environment  # noqa: E402
 from benchmarks.pipeline_schedule import compile_schedule_text  # noqa: E402
 from schedlang.compiler import Pass, ScheduleText, compile_schedule  # noqa: E402
 from schedlang.lowering.memory_peak import predict_memory  # noqa: E402
-from schedlang.runtime.trainer import launch  # noqa: E402
 
 GIB = 2**30
 
@@ -68,12 +66,8 @@ def measure(args: argparse.Namespace, case: str) -> dict:
     text = schedule_text(args, case)
     program = compile_schedule(ScheduleText(text), through=Pass.CHECK).program
     (predicted,) = predict_memory(program)
-    configs = compile_schedule_text(text)
     device = torch.device("cuda")
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    trainer = launch(configs.model, configs.pipeline, configs.train, (1, 1, 1), "cuda")
+    trainer = launch_single_stage(compile_schedule_text(text))
     losses = []
     for step in range(args.steps):
         losses.append(float(trainer.forward_backward(step)))
@@ -89,9 +83,8 @@ def measure(args: argparse.Namespace, case: str) -> dict:
         "losses": losses,
     }
     del trainer
-    gc.collect()
     torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()
+    release(device)
     return record
 
 
@@ -111,9 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("this benchmark measures CUDA memory: it needs a GPU")
-    for name, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29534"), ("RANK", "0"), ("WORLD_SIZE", "1")):
-        os.environ.setdefault(name, value)
-    os.environ.setdefault("LOCAL_RANK", "0")
+    single_rank_environment(29534)
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}, {args.layers} blocks d={args.d_model}, "
           f"{args.microbatches} x {args.length} tokens, {args.dtype}")
     records = []
