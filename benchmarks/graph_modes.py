@@ -26,7 +26,7 @@ import torch
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import launch_single_stage, release, single_rank_environment  # noqa: E402
+from benchmarks.common import add_stage_model_arguments, launch_single_stage, release, single_rank_environment  # noqa: E402
 from benchmarks.pipeline_schedule import compile_schedule_text  # noqa: E402
 
 SCHEDULE = """schedule graph_modes
@@ -77,12 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", type=int, nargs="+", default=[8, 16])
     parser.add_argument("--systems", nargs="+", default=["false", "true", "step"], choices=["false", "true", "step"])
     parser.add_argument("--microbatches", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=8, help="GLA blocks on the stage (half the 1B model)")
-    parser.add_argument("--d-model", type=int, default=2048)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--dtype", default="bf16")
+    add_stage_model_arguments(parser, "GLA blocks on the stage (half the 1B model)")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--timed", type=int, default=3, help="the last steps whose median is reported")
     args = parser.parse_args(argv)

@@ -24,7 +24,7 @@ import torch
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import launch_single_stage, release, single_rank_environment  # noqa: E402
+from benchmarks.common import add_stage_model_arguments, launch_single_stage, release, single_rank_environment  # noqa: E402
 from benchmarks.pipeline_schedule import compile_schedule_text  # noqa: E402
 from schedlang.compiler import Pass, ScheduleText, compile_schedule  # noqa: E402
 from schedlang.lowering.memory_peak import predict_memory  # noqa: E402
@@ -93,12 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--length", type=int, default=16384)
     parser.add_argument("--microbatches", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--d-model", type=int, default=2048)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--dtype", default="bf16")
+    add_stage_model_arguments(parser)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the records to this file")
     args = parser.parse_args(argv)
