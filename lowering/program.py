@@ -6,7 +6,8 @@ A :class:`ScheduleProgram` is built only by the front end's semantic pass
 divisibility and chunk boundaries. Later passes may therefore assume:
 
 * ``model.layers`` is non-empty; ``model.heads * model.head_dim`` is the width
-  of every mixing layer's q/k/v projections;
+  of every mixing layer's values (and of its queries and keys unless ``model.gla``
+  narrows those of ``gla`` layers);
 * ``stage_layers`` partitions ``range(len(model.layers))`` into
   ``mesh.pipeline`` contiguous, non-empty, increasing runs;
 * ``sequence.boundaries`` starts at 0, ends at ``sequence.length`` and is
@@ -23,10 +24,13 @@ print, and so passes cannot mutate what they are given.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 
 from schedlang.lowering.tasks import TaskId
+from schedlang.runtime.config import ModelConfig
+from schedlang.runtime.model_options import GlaOptions
 from schedlang.vocabulary import (
     CudaGraphs,
     DataKind,
@@ -49,8 +53,14 @@ class MlpKind(str, Enum):
 
 @dataclass(frozen=True)
 class MlpSpec:
+    """``width`` (``swiglu(intermediate_size = n)``) is the hidden width as is; None: from ``ratio``."""
+
     kind: MlpKind = MlpKind.SWIGLU
     ratio: float = 4.0
+    width: int | None = None
+
+
+RUNTIME_NORM_EPS = next(field.default for field in dataclasses.fields(ModelConfig) if field.name == "norm_eps")
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,10 @@ class ModelSpec:
     heads: int
     head_dim: int
     mlp: MlpSpec = MlpSpec()
+    norm_eps: float = RUNTIME_NORM_EPS
+    gla: GlaOptions = GlaOptions()
+    tie_embeddings: bool = False
+    initial_weights: str | None = None  # a Hugging Face directory with safetensors weights (model.from)
 
     @property
     def separate_mlp(self) -> bool:

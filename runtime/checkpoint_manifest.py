@@ -26,6 +26,8 @@ def run_record(
         "model.heads": model.heads,
         "model.head_dim": model.head_dim,
         "model.mlp_ratio": float(model.mlp_ratio),
+        "model.norm_eps": float(model.norm_eps),
+        "model.options": model.options.architecture_record(),
         "mesh": tuple(mesh_shape),
         "pipeline.stage_layers": tuple(tuple(layers) for layers in pipeline.stage_layers),
         "pipeline.microbatches": pipeline.microbatches,
