@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import warnings
 from pathlib import Path
 from typing import Mapping
 
@@ -100,7 +101,9 @@ def read_checkpoint_model(step_directory: Path) -> tuple[ModelConfig, dict[str, 
             )
     record = {key.removeprefix(record_prefix): "" for key in stored if key.startswith(record_prefix)}
     state = {"model": model_state, RUN_RECORD_KEY: record}
-    dcp.load(state, checkpoint_id=str(step_directory), no_dist=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(step_directory), no_dist=True)
     return model_config_of_record(state[RUN_RECORD_KEY]), model_state
 
 
