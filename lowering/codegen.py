@@ -20,7 +20,8 @@ from pathlib import Path
 import jinja2
 
 from schedlang.lowering import paths
-from schedlang.lowering.program import RUNTIME_NORM_EPS, MlpKind, ModelSpec, ScheduleProgram
+from schedlang.lowering.program import RUNTIME_NORM_EPS, ScheduleProgram
+from schedlang.runtime.model_options import ModelOptions
 from schedlang.lowering.script_text import docstring_script_name
 from schedlang.vocabulary import Action, DataKind
 
@@ -156,16 +157,11 @@ def _changed_fields(value) -> str:
     return ", ".join(written)
 
 
-def _options_literal(model: ModelSpec) -> str:
+def _options_literal(options: ModelOptions) -> str:
     """``ModelOptions(gla=GlaOptions(...), ...)`` with only what differs from the defaults; empty when nothing does."""
-    gla = _changed_fields(model.gla)
-    parts = [f"gla=GlaOptions({gla})"] if gla else []
-    if model.mlp.kind is MlpKind.SWIGLU and model.mlp.width is not None:
-        parts.append(f"mlp_width={model.mlp.width!r}")
-    if model.tie_embeddings:
-        parts.append("tie_embeddings=True")
-    if model.initial_weights is not None:
-        parts.append(f"initial_weights={model.initial_weights!r}")
+    gla = _changed_fields(options.gla)
+    others = _changed_fields(dataclasses.replace(options, gla=ModelOptions().gla))
+    parts = ([f"gla=GlaOptions({gla})"] if gla else []) + ([others] if others else [])
     return f"ModelOptions({', '.join(parts)})" if parts else ""
 
 
@@ -196,7 +192,7 @@ def build_view(
         )
     mesh_shape = (program.mesh.pipeline, program.mesh.sequence, program.mesh.data)
     checkpoint = train.checkpoint
-    mlp_ratio = float(model.mlp.ratio) if model.mlp.kind is MlpKind.SWIGLU else 0.0
+    config = model.runtime_config()
     return TrainScriptView(
         title=f"schedule {program.name}" if _SAFE_NAME.match(program.name) else "a schedule",
         source_literal=repr(Path(program.source_file).name),
@@ -215,9 +211,9 @@ def build_view(
             layers=repr(tuple(kind.value for kind in model.layers)),
             heads=repr(model.heads),
             head_dim=repr(model.head_dim),
-            mlp_ratio=repr(mlp_ratio),
-            norm_eps=repr(float(model.norm_eps)) if model.norm_eps != RUNTIME_NORM_EPS else "",
-            options=_options_literal(model),
+            mlp_ratio=repr(config.mlp_ratio),
+            norm_eps=repr(float(config.norm_eps)) if config.norm_eps != RUNTIME_NORM_EPS else "",
+            options=_options_literal(config.options),
         ),
         stages=tuple(stages),
         stage_actions_literal=_tuple_of_names([f"STAGE_{index}_ACTIONS" for index in range(n_stages)]),

@@ -30,7 +30,7 @@ from enum import Enum
 
 from schedlang.lowering.tasks import TaskId
 from schedlang.runtime.config import ModelConfig
-from schedlang.runtime.model_options import GlaOptions
+from schedlang.runtime.model_options import GlaOptions, ModelOptions
 from schedlang.vocabulary import (
     CudaGraphs,
     DataKind,
@@ -86,6 +86,26 @@ class ModelSpec:
         if kind is LayerKind.MLP:
             return True
         return self.mlp.kind is not MlpKind.NONE and not self.separate_mlp
+
+    def runtime_config(self) -> ModelConfig:
+        """The runtime's record of this model, which a generated script writes out (``mlp_ratio`` 0: no MLP)."""
+        swiglu = self.mlp.kind is MlpKind.SWIGLU
+        options = ModelOptions(
+            gla=self.gla,
+            mlp_width=self.mlp.width if swiglu else None,
+            tie_embeddings=self.tie_embeddings,
+            initial_weights=self.initial_weights,
+        )
+        return ModelConfig(
+            vocab=self.vocab,
+            d_model=self.d_model,
+            layers=self.layers,
+            heads=self.heads,
+            head_dim=self.head_dim,
+            mlp_ratio=float(self.mlp.ratio) if swiglu else 0.0,
+            norm_eps=self.norm_eps,
+            options=options,
+        )
 
 
 @dataclass(frozen=True)

@@ -45,27 +45,65 @@ def _safetensors():
     return safetensors
 
 
+def _tensor_files(safetensors, directory: str | Path) -> dict[str, Path]:
+    """Each tensor name of the directory's safetensors files, with the file that holds it."""
+    where: dict[str, Path] = {}
+    for path in safetensors_files(directory):
+        with safetensors.safe_open(str(path), framework="pt") as handle:
+            for key in handle.keys():
+                where.setdefault(key, path)
+    return where
+
+
+def _source_name(source: str, where: Mapping[str, Path]) -> str:
+    """``source``, or its name in a model saved with ``fuse_norm = false`` when only that is there."""
+    for fused, unfused in FLA_UNFUSED_NAMES.items():
+        if source not in where and source.endswith(fused):
+            return source.removesuffix(fused) + unfused
+    return source
+
+
+def weights_problem(config: ModelConfig, directory: str) -> str | None:
+    """Why ``directory``'s tensors cannot be the weights of ``config`` (a missing tensor, another shape), or
+    None when every parameter of the whole model has its tensors. Reads only the files' headers."""
+    from schedlang.runtime.model import StageModel
+
+    safetensors = _safetensors()
+    where = _tensor_files(safetensors, directory)
+    with torch.device("meta"):
+        model = StageModel(config, tuple(range(len(config.layers))), True, True)
+    for name, parameter in model.named_parameters():
+        try:
+            sources = fla_sources(name)
+        except KeyError as error:
+            return str(error.args[0])
+        rows = 0
+        for source in (_source_name(written, where) for written in sources):
+            if source not in where:
+                return f"its weights have no tensor {source} (for schedlang's {name})"
+            with safetensors.safe_open(str(where[source]), framework="pt") as handle:
+                shape = tuple(handle.get_slice(source).get_shape())
+            if shape[1:] != tuple(parameter.shape[1:]):
+                return f"its tensor {source} has shape {shape}, but schedlang's {name} is {tuple(parameter.shape)}"
+            rows += shape[0] if shape else 0
+        if parameter.dim() and rows != parameter.shape[0]:
+            return f"its tensors for schedlang's {name} have {rows} rows, but the model's have {parameter.shape[0]}"
+    return None
+
+
 def load_initial_weights(model: nn.Module, directory: str) -> None:
     """Copy fla's tensors of every parameter of ``model`` (a stage) from ``directory``'s safetensors.
 
     Raises :class:`HfWeightsError` naming the missing tensor or the shapes that differ.
     """
     safetensors = _safetensors()
-    files = safetensors_files(directory)
-    if not files:
+    if not safetensors_files(directory):
         raise HfWeightsError(f"{directory} holds no *.safetensors file")
-    where: dict[str, Path] = {}
-    for path in files:
-        with safetensors.safe_open(str(path), framework="pt") as handle:
-            for key in handle.keys():
-                where.setdefault(key, path)
+    where = _tensor_files(safetensors, directory)
     for name, parameter in model.named_parameters():
         sources = fla_sources(name)
         parts = []
-        for source in sources:
-            for fused, unfused in FLA_UNFUSED_NAMES.items():
-                if source not in where and source.endswith(fused):
-                    source = source.removesuffix(fused) + unfused
+        for source in (_source_name(written, where) for written in sources):
             if source not in where:
                 raise HfWeightsError(f"{directory} has no tensor {source} (for schedlang's {name})")
             with safetensors.safe_open(str(where[source]), framework="pt") as handle:
@@ -108,14 +146,12 @@ def read_checkpoint_model(step_directory: Path) -> tuple[ModelConfig, dict[str, 
 
 
 def model_config_of_record(record: Mapping[str, str]) -> ModelConfig:
-    """The :class:`ModelConfig` a checkpoint's run record describes (schedlang.runtime.checkpoint_manifest)."""
-    missing = [key for key in ("model.vocab", "model.options") if key not in record]
-    if missing:
-        raise HfWeightsError(
-            f"the checkpoint's run record has no {missing[0]}: it was written by an older schedlang; "
-            "resume it for a step with this one, then export"
-        )
+    """The :class:`ModelConfig` a checkpoint's run record describes (schedlang.runtime.checkpoint_manifest);
+    a record without ``model.norm_eps`` and ``model.options`` is of a model with their defaults."""
+    if "model.vocab" not in record:
+        raise HfWeightsError("the checkpoint holds no run record: it was written by an older schedlang")
     values = {key: ast.literal_eval(text) for key, text in record.items() if key.startswith("model.")}
+    defaults = ModelConfig(vocab=1, d_model=1, layers=(), heads=1, head_dim=1)
     return ModelConfig(
         vocab=values["model.vocab"],
         d_model=values["model.d_model"],
@@ -123,8 +159,10 @@ def model_config_of_record(record: Mapping[str, str]) -> ModelConfig:
         heads=values["model.heads"],
         head_dim=values["model.head_dim"],
         mlp_ratio=values["model.mlp_ratio"],
-        norm_eps=values["model.norm_eps"],
-        options=ModelOptions.from_architecture_record(values["model.options"]),
+        norm_eps=values.get("model.norm_eps", defaults.norm_eps),
+        options=(
+            ModelOptions.from_architecture_record(values["model.options"]) if "model.options" in values else ModelOptions()
+        ),
     )
 
 

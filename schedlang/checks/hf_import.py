@@ -12,6 +12,7 @@ schedule file.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,4 +100,12 @@ def read_from(checker: Checker, value: ast.Value, path: str) -> ImportedModel | 
         "output_gate": gla.output_gate,
         "tie_embeddings": model.options.tie_embeddings,
     }
-    return ImportedModel(str(directory), values, bool(safetensors_files(directory)))
+    has_weights = bool(safetensors_files(directory))
+    if has_weights and importlib.util.find_spec("safetensors") is None:
+        checker.error(
+            f"'{written}' holds *.safetensors weights, and reading them needs the safetensors package",
+            value.span,
+            hint="pip install 'schedlang[fla]'",
+        )
+        return None
+    return ImportedModel(str(directory), values, has_weights)

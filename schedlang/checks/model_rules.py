@@ -84,9 +84,36 @@ def tied_embeddings_on_one_stage(checker: Checker) -> None:
     checker.reject("model.tie_embeddings")
 
 
+def weights_fit_the_model(checker: Checker) -> None:
+    """``model.from``'s safetensors hold a tensor of the right shape for every parameter of the model the
+    schedule builds (the directory's config with the keys the schedule writes)."""
+    from schedlang.checks.model import build_model
+
+    imported = checker.get(FROM_KEY) if checker.given(FROM_KEY) else None
+    if imported is None or not imported.has_weights:
+        return
+    model = build_model(checker)
+    if model is None:
+        return
+    from schedlang.runtime.hf_weights import weights_problem
+
+    problem = weights_problem(model.runtime_config(), imported.directory)
+    if problem is not None:
+        checker.error(
+            f"the model of '{FROM_KEY}' does not fit its weights: {problem}",
+            checker.node(FROM_KEY).span,
+            hint="leave the model keys that change the shapes to the directory's config",
+        )
+        checker.reject(FROM_KEY)
+
+
 MODEL_RULE_CHECKS = (
     (("model.expand_k", "model.d_model", "model.heads"), key_width_fits_heads),
     (("model.expand_v", "model.d_model", "model.heads", "model.head_dim"), value_width_is_heads_times_head_dim),
     (("model.kv_heads", "model.heads"), kv_heads_divide_heads),
     (("model.tie_embeddings", "mesh.pipeline"), tied_embeddings_on_one_stage),
+    (
+        (FROM_KEY, "model.vocab", "model.d_model", "model.layers", "model.heads", "model.head_dim", "model.mlp"),
+        weights_fit_the_model,
+    ),
 )

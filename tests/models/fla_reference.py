@@ -75,7 +75,7 @@ def perturb(model: torch.nn.Module, seed: int) -> None:
     with torch.no_grad():
         for _, parameter in sorted(model.named_parameters()):
             noise = torch.randn(parameter.shape, generator=generator, dtype=torch.float64)
-            parameter.add_((0.3 if parameter.dim() == 1 else 0.05) * noise.to(parameter.dtype))
+            parameter.add_((0.3 if parameter.dim() == 1 else 0.05) * noise.to(parameter.device, parameter.dtype))
 
 
 def write_hf_directory(directory: Path, tensors: dict[str, torch.Tensor], config: dict) -> None:

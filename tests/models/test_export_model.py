@@ -111,3 +111,17 @@ def test_a_model_fla_cannot_load_is_refused_with_the_reason(tmp_path):
 
     with pytest.raises(ValueError, match="gate_low_rank_dim must be 16; .*output_gate must be swish"):
         write(tmp_path / "out", ModelConfig(vocab=8, d_model=4, layers=("gla",), heads=1, head_dim=4), {})
+
+
+def test_the_run_record_holds_the_options_only_when_they_are_not_the_defaults():
+    from schedlang.runtime.checkpoint_manifest import run_record
+    from schedlang.runtime.config import ModelConfig, PipelineConfig, TrainConfig
+    from schedlang.runtime.hf_weights import model_config_of_record
+
+    pipeline = PipelineConfig(((0, 1),), (0, 32), 1, 1, ((),))
+    plain = ModelConfig(vocab=8, d_model=4, layers=("gla", "gla"), heads=1, head_dim=4)
+    assert not any(key in run_record(plain, pipeline, TrainConfig(), (1, 1, 1)) for key in ("model.options", "model.norm_eps"))
+    assert model_config_of_record(run_record(plain, pipeline, TrainConfig(), (1, 1, 1))) == plain
+    fla_shaped = read_fla_config(CONFIG).model_config()
+    record = run_record(fla_shaped, pipeline, TrainConfig(), (1, 1, 1))
+    assert "model.options" in record and model_config_of_record(record) == fla_shaped

@@ -87,7 +87,7 @@ def test_gpu_fla_saved_schedlang_loaded_bf16_logits_within_tolerance(tmp_path):
     ours_fp32 = _schedlang_logits(_schedlang_model(tmp_path, tmp_path / "fla", "cuda", torch.float32), tokens)
     ours_bf16 = _schedlang_logits(_schedlang_model(tmp_path, tmp_path / "fla", "cuda", torch.bfloat16), tokens)
     scale = exact.abs().max()
-    assert (ours_fp32 - exact).abs().max() <= 2e-3 * scale  # fla's and schedlang's kernels may use TF32
+    assert (ours_fp32 - exact).abs().max() <= 5e-3 * scale  # fla's and schedlang's kernels may use TF32
     fla_error, our_error = (fla_bf16 - exact).abs().max(), (ours_bf16 - exact).abs().max()
     assert our_error <= 2 * fla_error + 1e-2 * scale, (our_error, fla_error, scale)
 
@@ -112,4 +112,4 @@ def test_gpu_schedlang_checkpoint_exported_and_loaded_by_fla_matches(tmp_path):
     tokens = torch.randint(0, GPU_SIZES["vocab_size"], (2, 512), generator=torch.Generator().manual_seed(1)).cuda()
     expected = _schedlang_logits(ours, tokens)
     scale = expected.abs().max()
-    assert (_fla_logits(fla_model, tokens) - expected).abs().max() <= 2e-3 * scale
+    assert (_fla_logits(fla_model, tokens) - expected).abs().max() <= 5e-3 * scale

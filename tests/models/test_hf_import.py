@@ -152,3 +152,18 @@ def test_weights_of_another_shape_are_refused(tmp_path):
     model_config = read_fla_config(fla_config(hidden_size=64)).model_config(str(tmp_path / "model"))
     with pytest.raises(HfWeightsError, match="has shape"):
         build_stage_model(model_config, (0, 1), True, True, 0, torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("\n  layers = [gla] * 3", "its weights have no tensor model.layers.2.attn_norm.weight"),
+        ("\n  kv_heads = 1", "its tensor model.layers.0.attn.k_proj.weight has shape (16, 32)"),
+        ("\n  gate_low_rank_dim = none", "has no tensor for schedlang's layers.0.mixer.gate_proj.weight"),
+    ],
+)
+def test_written_keys_that_do_not_fit_the_weights_are_an_error_at_from(tmp_path, extra, message):
+    _hf_model(tmp_path, fla_config())
+    ((line, column, text),) = _errors(_schedule(tmp_path, extra=extra))
+    assert (line, column) == (3, 10)
+    assert text.startswith("the model of 'model.from' does not fit its weights") and message in text
