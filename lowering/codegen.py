@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import jinja2
 
 from schedlang.lowering import paths
-from schedlang.lowering.program import MlpKind, ScheduleProgram
+from schedlang.lowering.program import RUNTIME_NORM_EPS, ScheduleProgram
+from schedlang.runtime.model_options import ModelOptions
 from schedlang.lowering.script_text import docstring_script_name
 from schedlang.vocabulary import Action, DataKind
 
@@ -46,6 +49,8 @@ class ModelView:
     heads: str
     head_dim: str
     mlp_ratio: str
+    norm_eps: str = ""  # a literal when not the runtime's default, else empty
+    options: str = ""  # a ModelOptions(...) expression when any option is not its default, else empty
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,25 @@ def _order_name(pipeline) -> str:
     return f"{pipeline.order.value} order{more}"
 
 
+def _changed_fields(value) -> str:
+    """``name=literal, ...`` of the fields of dataclass ``value`` that differ from their defaults."""
+    written = []
+    for field in dataclasses.fields(value):
+        default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+        current = getattr(value, field.name)
+        if current != default:
+            written.append(f"{field.name}={(current.value if isinstance(current, Enum) else current)!r}")
+    return ", ".join(written)
+
+
+def _options_literal(options: ModelOptions) -> str:
+    """``ModelOptions(gla=GlaOptions(...), ...)`` with only what differs from the defaults; empty when nothing does."""
+    gla = _changed_fields(options.gla)
+    others = _changed_fields(dataclasses.replace(options, gla=ModelOptions().gla))
+    parts = ([f"gla=GlaOptions({gla})"] if gla else []) + ([others] if others else [])
+    return f"ModelOptions({', '.join(parts)})" if parts else ""
+
+
 def _layers_text(layers: tuple[int, ...]) -> str:
     return f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
 
@@ -168,7 +192,7 @@ def build_view(
         )
     mesh_shape = (program.mesh.pipeline, program.mesh.sequence, program.mesh.data)
     checkpoint = train.checkpoint
-    mlp_ratio = float(model.mlp.ratio) if model.mlp.kind is MlpKind.SWIGLU else 0.0
+    config = model.runtime_config()
     return TrainScriptView(
         title=f"schedule {program.name}" if _SAFE_NAME.match(program.name) else "a schedule",
         source_literal=repr(Path(program.source_file).name),
@@ -187,7 +211,9 @@ def build_view(
             layers=repr(tuple(kind.value for kind in model.layers)),
             heads=repr(model.heads),
             head_dim=repr(model.head_dim),
-            mlp_ratio=repr(mlp_ratio),
+            mlp_ratio=repr(config.mlp_ratio),
+            norm_eps=repr(float(config.norm_eps)) if config.norm_eps != RUNTIME_NORM_EPS else "",
+            options=_options_literal(config.options),
         ),
         stages=tuple(stages),
         stage_actions_literal=_tuple_of_names([f"STAGE_{index}_ACTIONS" for index in range(n_stages)]),

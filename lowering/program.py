@@ -6,7 +6,8 @@ A :class:`ScheduleProgram` is built only by the front end's semantic pass
 divisibility and chunk boundaries. Later passes may therefore assume:
 
 * ``model.layers`` is non-empty; ``model.heads * model.head_dim`` is the width
-  of every mixing layer's q/k/v projections;
+  of every mixing layer's values (and of its queries and keys unless ``model.gla``
+  narrows those of ``gla`` layers);
 * ``stage_layers`` partitions ``range(len(model.layers))`` into
   ``mesh.pipeline`` contiguous, non-empty, increasing runs;
 * ``sequence.boundaries`` starts at 0, ends at ``sequence.length`` and is
@@ -23,10 +24,13 @@ print, and so passes cannot mutate what they are given.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 
 from schedlang.lowering.tasks import TaskId
+from schedlang.runtime.config import ModelConfig
+from schedlang.runtime.model_options import GlaOptions, ModelOptions
 from schedlang.vocabulary import (
     CudaGraphs,
     DataKind,
@@ -49,8 +53,14 @@ class MlpKind(str, Enum):
 
 @dataclass(frozen=True)
 class MlpSpec:
+    """``width`` (``swiglu(intermediate_size = n)``) is the hidden width as is; None: from ``ratio``."""
+
     kind: MlpKind = MlpKind.SWIGLU
     ratio: float = 4.0
+    width: int | None = None
+
+
+RUNTIME_NORM_EPS = next(field.default for field in dataclasses.fields(ModelConfig) if field.name == "norm_eps")
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,10 @@ class ModelSpec:
     heads: int
     head_dim: int
     mlp: MlpSpec = MlpSpec()
+    norm_eps: float = RUNTIME_NORM_EPS
+    gla: GlaOptions = GlaOptions()
+    tie_embeddings: bool = False
+    initial_weights: str | None = None  # a Hugging Face directory with safetensors weights (model.from)
 
     @property
     def separate_mlp(self) -> bool:
@@ -72,6 +86,26 @@ class ModelSpec:
         if kind is LayerKind.MLP:
             return True
         return self.mlp.kind is not MlpKind.NONE and not self.separate_mlp
+
+    def runtime_config(self) -> ModelConfig:
+        """The runtime's record of this model, which a generated script writes out (``mlp_ratio`` 0: no MLP)."""
+        swiglu = self.mlp.kind is MlpKind.SWIGLU
+        options = ModelOptions(
+            gla=self.gla,
+            mlp_width=self.mlp.width if swiglu else None,
+            tie_embeddings=self.tie_embeddings,
+            initial_weights=self.initial_weights,
+        )
+        return ModelConfig(
+            vocab=self.vocab,
+            d_model=self.d_model,
+            layers=self.layers,
+            heads=self.heads,
+            head_dim=self.head_dim,
+            mlp_ratio=float(self.mlp.ratio) if swiglu else 0.0,
+            norm_eps=self.norm_eps,
+            options=options,
+        )
 
 
 @dataclass(frozen=True)

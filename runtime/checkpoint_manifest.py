@@ -10,7 +10,10 @@ model does not load into a 1-layer one, nor 1 x 16 heads into 2 x 8.
 
 from __future__ import annotations
 
+import dataclasses
+
 from schedlang.runtime.config import ModelConfig, PipelineConfig, TrainConfig
+from schedlang.runtime.model_options import ModelOptions
 
 RUN_RECORD_KEY = "run"
 
@@ -34,7 +37,18 @@ def run_record(
         "train.optimizer": train.optimizer.kind.value,
         "train.dtype": train.dtype,
     }
+    values.update(architecture_entries(model))
     return {key: repr(value) for key, value in values.items()}
+
+
+def architecture_entries(model: ModelConfig) -> dict[str, object]:
+    """``model.norm_eps`` and ``model.options`` (flash-linear-attention's GLA, docs/models.md), recorded only
+    when either differs from its default, so that the records of earlier checkpoints still match."""
+    default_eps = next(field.default for field in dataclasses.fields(ModelConfig) if field.name == "norm_eps")
+    options = model.options.architecture_record()
+    if model.norm_eps == default_eps and options == ModelOptions().architecture_record():
+        return {}
+    return {"model.norm_eps": float(model.norm_eps), "model.options": options}
 
 
 def first_mismatch(recorded: dict[str, str], expected: dict[str, str]) -> tuple[str, str, str] | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from schedlang.runtime.model_options import ModelOptions
 from schedlang.vocabulary import (
     CudaGraphs,
     DataKind,
@@ -42,6 +43,7 @@ class ModelConfig:
     head_dim: int
     mlp_ratio: float = 4.0
     norm_eps: float = 1e-6
+    options: ModelOptions = field(default_factory=ModelOptions)  # flash-linear-attention's GLA and more
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(LayerKind(kind) for kind in self.layers))

@@ -24,10 +24,8 @@ from torch.utils.checkpoint import checkpoint
 from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.kv_buffers import AttentionChunk, BufferedChunkAttention, ChunkPosition
 from schedlang.runtime.linear import Linear, active_weight_gradient_recorder, recording_weight_gradients
+from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, GlaOptions, OutputGate
 from schedlang.vocabulary import LayerKind, Recompute
-
-GATE_LOGIT_NORMALIZER = 16.0
-"""GLA divides the log-sigmoid gate by 16 so forget gates start close to 1 (GLA paper, section 4)."""
 
 INIT_STD = 0.02
 
@@ -81,28 +79,41 @@ class RMSNorm(nn.Module):
 
 class HeadMixer(nn.Module):
     """What every token mixer shares: ``heads`` heads of ``head_dim``, q/k/v projections to
-    ``heads * head_dim`` and the output projection back (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``)."""
+    ``heads * head_dim`` and the output projection back (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``).
 
-    def __init__(self, config: ModelConfig) -> None:
+    ``head_k_dim`` (default ``head_dim``) narrows queries and keys; with ``kv_heads`` (default ``heads``)
+    the key and value projections have ``kv_heads`` heads, each shared by ``heads / kv_heads`` consecutive
+    query heads.
+    """
+
+    def __init__(self, config: ModelConfig, head_k_dim: int | None = None, kv_heads: int | None = None) -> None:
         super().__init__()
         self.heads = config.heads
         self.head_dim = config.head_dim
-        inner = config.heads * config.head_dim
-        self.q_proj = Linear(config.d_model, inner, bias=False)
-        self.k_proj = Linear(config.d_model, inner, bias=False)
-        self.v_proj = Linear(config.d_model, inner, bias=False)
-        self.o_proj = Linear(inner, config.d_model, bias=False)
+        self.head_k_dim = head_k_dim or config.head_dim
+        self.kv_heads = kv_heads or config.heads
+        self.q_proj = Linear(config.d_model, config.heads * self.head_k_dim, bias=False)
+        self.k_proj = Linear(config.d_model, self.kv_heads * self.head_k_dim, bias=False)
+        self.v_proj = Linear(config.d_model, self.kv_heads * config.head_dim, bias=False)
+        self.o_proj = Linear(config.heads * config.head_dim, config.d_model, bias=False)
 
     def head_shape(self, hidden: torch.Tensor) -> tuple[int, int, int, int]:
         return (hidden.shape[0], hidden.shape[1], self.heads, self.head_dim)
 
+    def share_kv_heads(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``[B, L, kv_heads * D]`` as ``[B, L, heads, D]``, each key/value head repeated for its query heads."""
+        per_head = tensor.view(tensor.shape[0], tensor.shape[1], self.kv_heads, -1)
+        groups = self.heads // self.kv_heads
+        return per_head if groups == 1 else per_head.repeat_interleave(groups, dim=2)
+
     def project_qkv(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v as [B, L, H, D]."""
-        shape = self.head_shape(hidden)
-        return tuple(projection(hidden).view(shape) for projection in (self.q_proj, self.k_proj, self.v_proj))
+        """q, k as [B, L, H, head_k_dim], v as [B, L, H, head_dim]."""
+        q = self.q_proj(hidden).view(hidden.shape[0], hidden.shape[1], self.heads, self.head_k_dim)
+        return q, self.share_kv_heads(self.k_proj(hidden)), self.share_kv_heads(self.v_proj(hidden))
 
     def init_projections(self, generator: torch.Generator, output_std: float, *gates: Linear) -> None:
-        """q, k, v, then each gate, drawn in that order; gate biases zero; the output projection last."""
+        """q, k, v, then each gate (a low-rank gate is two), drawn in that order; gate biases zero; the output
+        projection last."""
         for projection in (self.q_proj, self.k_proj, self.v_proj, *gates):
             _init_normal(projection.weight, INIT_STD, generator)
         with torch.no_grad():
@@ -115,19 +126,41 @@ class HeadMixer(nn.Module):
 class GatedLinearMixer(HeadMixer):
     """GLA (gate per key channel) or simple GLA (one scalar gate per head).
 
-    q/k/v projections to ``heads * head_dim``, a log-sigmoid forget gate,
-    the chunked kernel with state in and out, and an output projection.
+    q/k/v projections, a log-sigmoid forget gate, the chunked kernel with state in and out, and an output
+    projection. A GLA layer follows ``config.options.gla`` (:class:`GlaOptions`): with its defaults q, k, v
+    and the gate are ``heads * head_dim`` wide and the gate is ``logsigmoid(gate_proj(x)) / 16``; with
+    flash-linear-attention's choices it is that library's ``GatedLinearAttention`` (``docs/models.md``):
+    ``o_proj(rmsnorm_per_head(o) * silu(output_gate_proj(x)))`` over a low-rank, clamped gate.
     """
 
     def __init__(self, config: ModelConfig, kind: LayerKind) -> None:
-        super().__init__(config)
+        options = config.options.gla if kind is LayerKind.GLA else GlaOptions()
+        super().__init__(config, options.head_k_dim, options.kv_heads)
         self.kind = kind
-        gate_width = config.heads * config.head_dim if kind is LayerKind.GLA else config.heads
-        self.gate_proj = Linear(config.d_model, gate_width, bias=True)
+        self.options = options
+        if kind is LayerKind.GLA:
+            gate_width = self.kv_heads * self.head_k_dim
+        else:
+            gate_width = config.heads
+        if options.gate_rank is None:
+            self.gate_proj = Linear(config.d_model, gate_width, bias=True)
+        else:
+            self.gate_proj = nn.Sequential(
+                Linear(config.d_model, options.gate_rank, bias=False), Linear(options.gate_rank, gate_width, bias=True)
+            )
+        if options.output_gate is OutputGate.SWISH:
+            self.output_gate_proj = Linear(config.d_model, config.heads * config.head_dim, bias=False)
+            self.output_norm = RMSNorm(config.head_dim, config.norm_eps)
+        else:
+            self.output_gate_proj = None
+            self.output_norm = None
         self.sequence_context: SequenceParallelContext | None = None
 
     def reset_parameters(self, generator: torch.Generator, output_std: float) -> None:
-        self.init_projections(generator, output_std, self.gate_proj)
+        gates = tuple(self.gate_proj) if isinstance(self.gate_proj, nn.Sequential) else (self.gate_proj,)
+        if self.output_gate_proj is not None:
+            gates = gates + (self.output_gate_proj,)
+        self.init_projections(generator, output_std, *gates)
 
     def forward(
         self, hidden: torch.Tensor, initial_state: torch.Tensor | None
@@ -136,25 +169,30 @@ class GatedLinearMixer(HeadMixer):
         from schedlang.kernels.log_sigmoid_gate import log_sigmoid_gate
 
         batch, length, _ = hidden.shape
-        shape = self.head_shape(hidden)
         q, k, v = self.project_qkv(hidden)
-        gate = log_sigmoid_gate(self.gate_proj(hidden), GATE_LOGIT_NORMALIZER, kernel_backend(hidden.device))
+        options = self.options
+        gate = log_sigmoid_gate(self.gate_proj(hidden), options.gate_logit_normalizer, kernel_backend(hidden.device))
+        if options.gate_clamp_min is not None:
+            gate = gate.clamp_min(options.gate_clamp_min)
         kernel = chunk_gla if self.kind is LayerKind.GLA else chunk_simple_gla
-        gate = gate.view(shape) if self.kind is LayerKind.GLA else gate.view(batch, length, self.heads)
+        gate = self.share_kv_heads(gate) if self.kind is LayerKind.GLA else gate.view(batch, length, self.heads)
         if self.sequence_context is None:
             mixed, final_state = kernel(
                 q,
                 k,
                 v,
                 gate,
-                scale=self.head_dim**-0.5,
+                scale=self.head_k_dim**-0.5,
                 initial_state=initial_state,
                 output_final_state=True,
                 backend=kernel_backend(hidden.device),
             )
         else:
             mixed, final_state = self._sequence_parallel(q, k, v, gate, initial_state)
-        return self.o_proj(mixed.reshape(batch, length, -1).to(hidden.dtype)), final_state
+        mixed = mixed.to(hidden.dtype)
+        if self.output_gate_proj is not None:
+            mixed = self.output_norm(mixed) * F.silu(self.output_gate_proj(hidden).view(self.head_shape(hidden)))
+        return self.o_proj(mixed.reshape(batch, length, -1)), final_state
 
     def _sequence_parallel(self, q, k, v, gate, initial_state):
         """This rank's slice of the chunk; see [Note: sequence-parallel chunks] in the executor."""
@@ -171,7 +209,7 @@ class GatedLinearMixer(HeadMixer):
             scan_blocks=context.scan_blocks,
             initial_state=initial_state,
             output_final_state=True,
-            scale=self.head_dim**-0.5,
+            scale=self.head_k_dim**-0.5,
             backend=kernel_backend(q.device),
             gate=GateKind.VECTOR if self.kind is LayerKind.GLA else GateKind.SCALAR,
         )
@@ -290,9 +328,11 @@ class SwiGLU(nn.Module):
     ``silu(g)`` as well.
     """
 
-    def __init__(self, d_model: int, ratio: float) -> None:
+    def __init__(self, d_model: int, ratio: float, width: int | None = None) -> None:
+        """``width`` (flash-linear-attention's ``intermediate_size``) is the hidden width as is; None:
+        :func:`swiglu_width` of ``ratio``."""
         super().__init__()
-        self.hidden = swiglu_width(d_model, ratio)
+        self.hidden = swiglu_width(d_model, ratio) if width is None else width
         self.gate_up_proj = Linear(d_model, 2 * self.hidden, bias=False)
         self.down_proj = Linear(self.hidden, d_model, bias=False)
 
@@ -328,7 +368,7 @@ class Block(nn.Module):
             self.mixer = GatedLinearMixer(config, kind)
         has_mlp = config.has_mlp(kind)
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps) if has_mlp else None
-        self.mlp = SwiGLU(config.d_model, config.mlp_ratio) if has_mlp else None
+        self.mlp = SwiGLU(config.d_model, config.mlp_ratio, config.options.mlp_width) if has_mlp else None
         self.recompute = Recompute.NONE
 
     def reset_parameters(self, generator: torch.Generator, init_depth: int) -> None:
@@ -374,6 +414,8 @@ class StageModel(nn.Module):
 
     Layers are stored under their global index (``layers.3``), so parameter
     names, and therefore checkpoints, do not depend on how the model is split.
+    With ``options.tie_embeddings`` (a one-stage model) the LM head uses the embedding's weight and has
+    none of its own.
     """
 
     def __init__(self, config: ModelConfig, layer_indices: tuple[int, ...], is_first: bool, is_last: bool) -> None:
@@ -385,7 +427,10 @@ class StageModel(nn.Module):
         self.embedding = nn.Embedding(config.vocab, config.d_model) if is_first else None
         self.layers = nn.ModuleDict({str(index): Block(config, config.layers[index]) for index in layer_indices})
         self.final_norm = RMSNorm(config.d_model, config.norm_eps) if is_last else None
-        self.lm_head = Linear(config.d_model, config.vocab, bias=False) if is_last else None
+        tied = config.options.tie_embeddings
+        if tied and not (is_first and is_last):
+            raise ValueError("tied embeddings need the embedding and the LM head on one stage")
+        self.lm_head = Linear(config.d_model, config.vocab, bias=False) if is_last and not tied else None
 
     def reset_parameters(self, seed: int) -> None:
         n_layers = len(self.config.layers)
@@ -395,6 +440,13 @@ class StageModel(nn.Module):
             self.layers[str(index)].reset_parameters(piece_generator(seed, index + 1), self.config.init_depth)
         if self.lm_head is not None:
             _init_normal(self.lm_head.weight, INIT_STD, piece_generator(seed, n_layers + 1))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head's logits of the final-normed ``hidden`` (the embedding's weight when tied)."""
+        normed = self.final_norm(hidden)
+        if self.lm_head is None:
+            return F.linear(normed, self.embedding.weight)
+        return self.lm_head(normed)
 
     @property
     def n_states(self) -> int:
@@ -429,7 +481,7 @@ class StageModel(nn.Module):
 
     def loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Summed cross-entropy over the chunk's tokens (the caller normalises by the global count)."""
-        logits = self.lm_head(self.final_norm(hidden)).float()
+        logits = self.logits(hidden).float()
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
 
 
@@ -444,7 +496,8 @@ def build_stage_model(
     sequence_context: SequenceParallelContext | None = None,
     recompute: Recompute = Recompute.NONE,
 ) -> StageModel:
-    """Build a stage on the meta device, then materialise it with its seed-determined weights.
+    """Build a stage on the meta device, then materialise it with its seed-determined weights, or with the
+    weights of ``config.options.initial_weights`` (every rank of the stage reads the same tensors).
 
     With a ``sequence_context`` every mixing layer runs its slice of each chunk
     sequence-parallel over that group. ``recompute`` ``mlp`` or ``mixer`` makes
@@ -459,6 +512,10 @@ def build_stage_model(
             with torch.no_grad():
                 module.weight.fill_(1.0)
     model.reset_parameters(seed)
+    if config.options.initial_weights is not None:
+        from schedlang.runtime.hf_weights import load_initial_weights
+
+        load_initial_weights(model, config.options.initial_weights)
     for module in model.modules():
         if isinstance(module, (GatedLinearMixer, GatedDeltaMixer, CausalAttentionMixer)):
             module.sequence_context = sequence_context

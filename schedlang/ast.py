@@ -60,6 +60,8 @@ class RepeatList:
 
 @dataclass(frozen=True)
 class Argument:
+    """``name = value``; a value written alone (``hf("dir")``) has the name ``""``."""
+
     name: str
     name_span: Span
     value: "Item"

@@ -1,6 +1,6 @@
 """The ``schedlang`` command line: one subcommand per module in ``schedlang.commands``.
 
-Each command module exposes ``HELP`` (one line), ``add_arguments(parser)`` and
+Each command module (``export-model`` is ``export_model``) exposes ``HELP`` (one line), ``add_arguments(parser)`` and
 ``run(args) -> int`` (the exit status). Errors in the user's schedule arrive as
 :class:`schedlang.diagnostics.ScheduleError` and are printed as
 ``file:line:col: error: ...`` with the source line and a caret; they never
@@ -13,7 +13,7 @@ import argparse
 import importlib
 import sys
 
-COMMAND_NAMES = ("check", "simulate", "viz", "export", "compile", "run")
+COMMAND_NAMES = ("check", "simulate", "viz", "export", "compile", "run", "export-model")
 
 
 def _version() -> str:
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"schedlang {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_NAMES:
-        module = importlib.import_module(f"schedlang.commands.{name}")
+        module = importlib.import_module(f"schedlang.commands.{name.replace('-', '_')}")
         sub = subparsers.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(sub)
         sub.set_defaults(handler=module.run)

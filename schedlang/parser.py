@@ -283,6 +283,10 @@ class _AstBuilder:
         raise _SyntaxFailure(Diagnostic.error(f"unexpected construct '{kind}'", span))
 
     def argument(self, tree: Tree, fallback: Span) -> ast.Argument:
-        name, value = tree.children
+        """``name = value``, or a value alone (name ``""``, its name span the value's)."""
         span = self.span_of(tree, fallback)
+        if len(tree.children) == 1:
+            value = self.value(tree.children[0], span)
+            return ast.Argument("", value.span, value, span)
+        name, value = tree.children
         return ast.Argument(str(name), self.span_of(name), self.value(value, span), span)

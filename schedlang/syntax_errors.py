@@ -157,6 +157,17 @@ def _value_taken_from_next_line(at: SyntaxSituation) -> Diagnostic:
     )
 
 
+def _argument_name_then_value(at: SyntaxSituation) -> bool:
+    """``adamw(lr 3e-3)``: a name read as a value written alone (``hf("dir")``), then another value."""
+    return (
+        at.inside == "LPAR"
+        and "COMMA" in at.expected
+        and at.previous_is("NAME")
+        and at.before_previous is not None
+        and at.before_previous.type in ("LPAR", "COMMA")
+    )
+
+
 def _missing_equals(at: SyntaxSituation) -> Diagnostic:
     what = "argument" if at.inside == "LPAR" else "key"
     return Diagnostic.error(
@@ -212,7 +223,7 @@ SYNTAX_RULES: tuple[SyntaxRule, ...] = (
     ),
     SyntaxRule(
         ("model { vocab 256 }", "train { optimizer = adamw(lr 3e-3) }"),
-        lambda at: at.expected == {"EQUAL"} and at.previous_is("NAME"),
+        lambda at: (at.expected == {"EQUAL"} and at.previous_is("NAME")) or _argument_name_then_value(at),
         _missing_equals,
     ),
     SyntaxRule(

@@ -4,7 +4,8 @@ Contract: :func:`collect_keys` fills ``checker.blocks``, ``checker.assignments``
 (by ``"block.key"``), ``checker.stage_lines`` and the spans of the header,
 blocks and keys, and reports what the schema alone decides: a missing header,
 unknown or repeated blocks and keys, stage lines outside the pipeline block,
-missing required blocks and keys. Values are not read here.
+missing required blocks and keys (a model block with ``from`` may leave its required keys to it).
+Values are not read here.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from schedlang import ast
 from schedlang.checks.context import Checker
 from schedlang.checks.readers import suggest
-from schedlang.checks.schema import BLOCKS, KEYS, block_example, required_blocks
+from schedlang.checks.schema import BLOCKS, FROM_KEY, KEYS, block_example, required_blocks
 from schedlang.vocabulary import Span
 
 
@@ -61,8 +62,9 @@ def collect_keys(checker: Checker) -> None:
     for block_name, keys in BLOCKS.items():
         if block_name not in checker.blocks:
             continue
+        imported = block_name == "model" and checker.given(FROM_KEY)
         for key in keys:
-            if key.required and not checker.given(key.path):
+            if key.required and not checker.given(key.path) and not imported:
                 checker.error(
                     f"block '{block_name}' is missing required key '{key.name}'",
                     checker.blocks[block_name].name_span,

@@ -7,11 +7,13 @@ report and return ``None``); :func:`build_model` is pure and returns the
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from schedlang import ast
 from schedlang.checks.readers import choice_hint, read_call, read_integer, read_number
 from schedlang.lowering.program import MlpKind, MlpSpec, ModelSpec
+from schedlang.runtime.model_options import GlaOptions
 from schedlang.vocabulary import LayerKind
 
 if TYPE_CHECKING:
@@ -79,12 +81,22 @@ def _flatten_layers(checker: Checker, value: ast.Value, path: str, out: list[Lay
 
 
 def read_mlp(checker: Checker, value: ast.Value, path: str) -> MlpSpec | None:
-    """``swiglu(ratio = r)`` (``r > 0``, default :class:`MlpSpec`'s) or ``none``."""
-    call = read_call(checker, value, path, {MlpKind.SWIGLU.value: ("ratio",), MlpKind.NONE.value: ()}, "mlp")
+    """``swiglu(ratio = r)`` (``r > 0``, default :class:`MlpSpec`'s), ``swiglu(intermediate_size = n)``
+    (the hidden width as is) or ``none``."""
+    signatures = {MlpKind.SWIGLU.value: ("ratio", "intermediate_size"), MlpKind.NONE.value: ()}
+    call = read_call(checker, value, path, signatures, "mlp")
     if call is None:
         return None
     if call.name == MlpKind.NONE.value:
         return MlpSpec(MlpKind.NONE, 0.0)
+    if "ratio" in call.arguments and "intermediate_size" in call.arguments:
+        checker.error(
+            "give swiglu a ratio or an intermediate_size, not both", call.arguments["intermediate_size"].span
+        )
+        return None
+    if "intermediate_size" in call.arguments:
+        width = read_integer(checker, call.arguments["intermediate_size"].value, f"{path}.intermediate_size", 1, 1 << 24)
+        return None if width is None else MlpSpec(MlpKind.SWIGLU, width=width)
     if "ratio" not in call.arguments:
         return MlpSpec(MlpKind.SWIGLU)
     ratio = read_number(checker, call.arguments["ratio"].value, f"{path}.ratio", 0.0, above=True)
@@ -118,8 +130,46 @@ def read_stage_assignment(checker: Checker, value: ast.Value, path: str) -> Stag
     return tuple(stages), [item.span for item in value.items]
 
 
+GLA_OPTION_PATHS = (
+    "model.expand_k",
+    "model.expand_v",
+    "model.kv_heads",
+    "model.gate_low_rank_dim",
+    "model.gate_logit_normalizer",
+    "model.clamp_min",
+    "model.output_gate",
+)
+
+
+def _written_or_none(value: object) -> object:
+    """A value read, or None for a default derived from other keys (``schema.Derived``)."""
+    return value if value is None or isinstance(value, (int, float, str)) else None
+
+
 def build_model(checker: Checker) -> ModelSpec | None:
+    """The spec; ``expand_k`` becomes the per-head key width (the rules of ``checks.model_rules`` have
+    checked it divides evenly), and ``model.from``'s weights, when it has any, the initial weights."""
     paths = ("model.vocab", "model.d_model", "model.layers", "model.heads", "model.head_dim", "model.mlp")
-    if not checker.valid(*paths):
+    others = ("model.norm_eps", "model.tie_embeddings", "model.from", *GLA_OPTION_PATHS)
+    if not checker.valid(*paths, *others):
         return None
-    return ModelSpec(*(checker.get(path) for path in paths))
+    base = ModelSpec(*(checker.get(path) for path in paths))
+    expand_k, kv_heads, rank, normalizer, clamp_min, output_gate = (
+        _written_or_none(checker.get(path)) for path in GLA_OPTION_PATHS if path != "model.expand_v"
+    )
+    gla = GlaOptions(
+        head_k_dim=None if expand_k is None else round(base.d_model * expand_k) // base.heads,
+        kv_heads=kv_heads,
+        gate_rank=rank,
+        gate_logit_normalizer=normalizer,
+        gate_clamp_min=clamp_min,
+        output_gate=output_gate,
+    )
+    imported = checker.get("model.from")
+    return dataclasses.replace(
+        base,
+        norm_eps=checker.get("model.norm_eps"),
+        gla=gla,
+        tie_embeddings=checker.get("model.tie_embeddings"),
+        initial_weights=imported.directory if imported is not None and imported.has_weights else None,
+    )

@@ -14,6 +14,7 @@ them where they can be read and documented.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from dataclasses import dataclass
@@ -135,9 +136,18 @@ class CallValue:
 
 
 def read_call(
-    checker: Checker, value: ast.Value, path: str, signatures: dict[str, tuple[str, ...]], noun: str
+    checker: Checker,
+    value: ast.Value,
+    path: str,
+    signatures: dict[str, tuple[str, ...]],
+    noun: str,
+    positional: bool = False,
 ) -> CallValue | None:
-    """A call to one of ``signatures`` (name -> allowed argument names); records each argument's span."""
+    """A call to one of ``signatures`` (name -> allowed argument names); records each argument's span.
+
+    An argument without a name is refused unless ``positional``, where the first argument may be written
+    without its name (the signature's first).
+    """
     if isinstance(value, ast.Identifier):
         value = ast.Call(value.name, value.span, (), value.span)
     if not isinstance(value, ast.Call):
@@ -153,7 +163,15 @@ def read_call(
         return None
     allowed = signatures[value.name]
     arguments: dict[str, ast.Argument] = {}
-    for argument in value.arguments:
+    for position, argument in enumerate(value.arguments):
+        if not argument.name:
+            if not (positional and position == 0 and allowed):
+                example = f"{allowed[0]} = {checker.text_of(argument.span)}" if allowed else value.name
+                checker.error(
+                    f"arguments of {value.name} are written name = value", argument.span, hint=f"write `{example}`"
+                )
+                continue
+            argument = dataclasses.replace(argument, name=allowed[0])
         if argument.name not in allowed:
             if allowed:
                 suggestion = suggest(argument.name, allowed)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable
 from schedlang import ast
 from schedlang.checks.mesh import build_mesh
 from schedlang.checks.model import build_model
+from schedlang.checks.model_rules import MODEL_RULE_CHECKS
 from schedlang.checks.sequence import build_sequence
 from schedlang.checks.stages import read_explicit_orders
 from schedlang.lowering.partition import model_balanced_boundaries, uniform_boundaries
@@ -442,6 +443,7 @@ def evaluation_has_held_out_data(checker: Checker) -> None:
 
 RULES: tuple[Rule, ...] = (
     Rule(("model.layers", "model.mlp"), mlp_layers_need_an_mlp),
+    *(Rule(keys, check) for keys, check in MODEL_RULE_CHECKS),
     Rule(("model.stages", "model.layers", "mesh.pipeline"), stage_assignment),
     Rule(("sequence.partition", "sequence.chunks"), partition_matches_chunks),
     Rule(("sequence.parallel", "model.head_dim"), scan_blocks_divide_head_dim),

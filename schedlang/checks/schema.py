@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from schedlang import ast
-from schedlang.checks import model, pipeline, sequence, train
+from schedlang.checks import hf_import, model, pipeline, sequence, train
 from schedlang.checks.mesh import MAX_MESH_SIZE
 from schedlang.checks.readers import INVALID, Boolean, Choice, Integer, Number, Reader
 from schedlang.lowering.program import (
@@ -30,6 +30,7 @@ from schedlang.lowering.program import (
     SequenceSpec,
     TrainSpec,
 )
+from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, OutputGate
 from schedlang.vocabulary import CudaGraphs, DType
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ class Key:
 
 
 _EVEN_SPLIT = Derived("the layers split evenly over the mesh.pipeline stages")
+_HEAD_WIDTH = Derived("heads * head_dim / d_model")
 _PARTITION_OF_CHUNKS = Derived("uniform, or explicit when chunks lists the boundaries")
 _SCAN_DEFAULT = (spec_default(SequenceSpec, "parallel"), spec_default(SequenceSpec, "scan_blocks"))
 
@@ -113,6 +115,16 @@ SCHEMA: tuple[Key, ...] = (
     Key("model", "head_dim", Integer(1, model.MAX_HEAD_DIM), REQUIRED, "head_dim = 64"),
     Key("model", "mlp", model.read_mlp, ModelSpec, "mlp = swiglu(ratio = 4)"),
     Key("model", "stages", model.read_stage_assignment, _EVEN_SPLIT, "stages = [[0, 1], [2, 3]]"),
+    Key("model", "from", hf_import.read_from, None, 'from = hf("examples/hf/gla_tiny")'),
+    Key("model", "norm_eps", Number(0.0, above=True), ModelSpec, "norm_eps = 1e-5"),
+    Key("model", "expand_k", Number(0.0, above=True), _HEAD_WIDTH, "expand_k = 0.5"),
+    Key("model", "expand_v", Number(0.0, above=True), _HEAD_WIDTH, "expand_v = 1"),
+    Key("model", "kv_heads", Integer(1, 4096), Derived("heads"), "kv_heads = 1"),
+    Key("model", "gate_low_rank_dim", Integer(1, 1 << 20), None, "gate_low_rank_dim = 16", accepts_none=True),
+    Key("model", "gate_logit_normalizer", Number(0.0, above=True), GATE_LOGIT_NORMALIZER, "gate_logit_normalizer = 16"),
+    Key("model", "clamp_min", Number(), None, "clamp_min = -5", accepts_none=True),
+    Key("model", "output_gate", Choice(OutputGate, "output gate"), OutputGate.NONE, "output_gate = swish"),
+    Key("model", "tie_embeddings", Boolean(), ModelSpec, "tie_embeddings = true"),
     Key("mesh", "pipeline", Integer(1, MAX_MESH_SIZE), MeshSpec, "pipeline = 2"),
     Key("mesh", "sequence", Integer(1, MAX_MESH_SIZE), MeshSpec, "sequence = 2"),
     Key("mesh", "data", Integer(1, MAX_MESH_SIZE), MeshSpec, "data = 2"),
@@ -168,10 +180,24 @@ def required_blocks() -> tuple[str, ...]:
     return tuple(block for block, keys in BLOCKS.items() if any(key.required for key in keys))
 
 
+FROM_KEY = "model.from"
+"""A model directory whose config gives the model keys the schedule does not write (``hf_import``)."""
+
+
 def read_key(checker: Checker, path: str) -> object:
-    """The value of ``path`` through its row, its default when absent, or ``INVALID`` (reported)."""
+    """The value of ``path`` through its row, its default when absent, or ``INVALID`` (reported).
+
+    An absent model key reads as what ``model.from`` gives it when that is written (``INVALID`` when the
+    directory was refused); what it does not give falls back to the default.
+    """
     key = KEYS[path]
     value = checker.node(path)
+    if value is None and key.block == "model" and path != FROM_KEY and checker.given(FROM_KEY):
+        imported = checker.get(FROM_KEY)
+        if imported is None:
+            return INVALID
+        if key.name in imported.values:
+            return imported.values[key.name]
     if value is None:
         return INVALID if key.required else key.default
     if isinstance(value, ast.EveryClause) and not key.accepts_every:

@@ -1,0 +1,277 @@
+"""flash-linear-attention's GLA checkpoints: its ``config.json`` fields and parameter names, both ways.
+
+A Hugging Face directory written by ``GLAForCausalLM.save_pretrained`` (fla 0.6.0) holds a ``config.json``
+of ``model_type`` ``"gla"`` and ``*.safetensors`` weights. :func:`read_fla_config` turns the config into
+the sizes and :class:`~schedlang.runtime.model_options.ModelOptions` of the same network in schedlang
+(refusing, field by field, what schedlang does not build); :func:`fla_config` is the inverse;
+:func:`fla_sources` names the fla tensors each schedlang parameter is made of. The math behind the
+correspondence is in ``docs/models.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from schedlang.runtime.config import ModelConfig
+from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, GlaOptions, ModelOptions, OutputGate
+from schedlang.vocabulary import LayerKind
+
+FLA_MODEL_TYPE = "gla"
+FLA_ARCHITECTURE = "GLAForCausalLM"
+FLA_GATE_LOW_RANK_DIM = 16
+"""fla's GLA layer builds its forget-gate projection with rank 16; its config has no field for it."""
+FLA_MLP_WIDTH_MULTIPLE = 256
+
+
+class UnsupportedFlaConfig(ValueError):
+    """A config.json schedlang does not build; ``field`` names the config field at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class FlaGlaModel:
+    """What a GLA ``config.json`` describes, in schedlang's terms."""
+
+    vocab: int
+    d_model: int
+    n_layers: int
+    heads: int
+    head_dim: int
+    norm_eps: float
+    options: ModelOptions
+
+    def model_config(self, initial_weights: str | None = None) -> ModelConfig:
+        """The runtime's record of this model (its weights from ``initial_weights`` when given)."""
+        options = ModelOptions(
+            gla=self.options.gla,
+            mlp_width=self.options.mlp_width,
+            tie_embeddings=self.options.tie_embeddings,
+            initial_weights=initial_weights,
+        )
+        return ModelConfig(
+            vocab=self.vocab,
+            d_model=self.d_model,
+            layers=(LayerKind.GLA,) * self.n_layers,
+            heads=self.heads,
+            head_dim=self.head_dim,
+            norm_eps=self.norm_eps,
+            options=options,
+        )
+
+
+def fla_mlp_width(hidden_size: int, hidden_ratio: float | None, intermediate_size: int | None) -> int:
+    """fla's GatedMLP width: ``intermediate_size``, else 2/3 of ``hidden_ratio * hidden_size`` (ratio 4 when
+    None) rounded up to a multiple of 256."""
+    if intermediate_size is not None:
+        return int(intermediate_size)
+    ratio = 4 if hidden_ratio is None else hidden_ratio
+    width = int(hidden_size * ratio * 2 / 3)
+    return FLA_MLP_WIDTH_MULTIPLE * -(-width // FLA_MLP_WIDTH_MULTIPLE)
+
+
+# (field, the value schedlang builds, what the field selects otherwise)
+_FIXED_FIELDS = (
+    ("feature_map", None, "a feature map on queries and keys"),
+    ("use_short_conv", False, "short convolutions"),
+    ("use_output_gate", True, "no output gate"),
+    ("hidden_act", "swish", "another activation"),
+    ("elementwise_affine", True, "norms without weights"),
+    ("use_gv", False, "a value gate"),
+    ("attn", None, "softmax-attention layers"),
+    ("attnres_block_size", None, "attention residuals"),
+)
+
+
+def _integer(values: Mapping[str, object], field: str, default: object = None) -> int:
+    value = values.get(field, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UnsupportedFlaConfig(field, f"config field '{field}' must be a positive integer, found {value!r}")
+    return value
+
+
+def _number(values: Mapping[str, object], field: str, default: float) -> float:
+    value = values.get(field, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UnsupportedFlaConfig(field, f"config field '{field}' must be a number, found {value!r}")
+    return float(value)
+
+
+def _per_head(total: float, heads: int, field: str) -> int:
+    width = round(total)
+    if not math.isclose(total, width) or width < heads or width % heads:
+        raise UnsupportedFlaConfig(
+            field, f"config field '{field}' gives a width of {total:g}, not a whole multiple of num_heads = {heads}"
+        )
+    return width // heads
+
+
+def read_fla_config(values: Mapping[str, object]) -> FlaGlaModel:
+    """The schedlang model of a GLA ``config.json`` (its defaults are fla 0.6.0's ``GLAConfig``'s).
+
+    Raises :class:`UnsupportedFlaConfig` naming the first field schedlang does not build.
+    """
+    model_type = values.get("model_type")
+    if model_type != FLA_MODEL_TYPE:
+        raise UnsupportedFlaConfig(
+            "model_type", f"model_type is {model_type!r}; schedlang reads flash-linear-attention's 'gla' models"
+        )
+    for field, built, otherwise in _FIXED_FIELDS:
+        if field in values and values[field] != built:
+            raise UnsupportedFlaConfig(
+                field, f"config field '{field}' = {values[field]!r} selects {otherwise}, which schedlang does not build"
+            )
+    d_model = _integer(values, "hidden_size", 2048)
+    heads = _integer(values, "num_heads", 4)
+    kv_heads = values.get("num_kv_heads")
+    kv_heads = heads if kv_heads is None else _integer(values, "num_kv_heads")
+    if heads % kv_heads:
+        raise UnsupportedFlaConfig("num_kv_heads", f"num_kv_heads = {kv_heads} does not divide num_heads = {heads}")
+    head_k_dim = _per_head(d_model * _number(values, "expand_k", 0.5), heads, "expand_k")
+    head_dim = _per_head(d_model * _number(values, "expand_v", 1.0), heads, "expand_v")
+    clamp_min = values.get("clamp_min")
+    if clamp_min is not None:
+        clamp_min = _number(values, "clamp_min", 0.0)
+    hidden_ratio = values.get("hidden_ratio", 4)
+    if hidden_ratio is not None:
+        hidden_ratio = _number(values, "hidden_ratio", 4)
+    intermediate_size = values.get("intermediate_size")
+    if intermediate_size is not None:
+        intermediate_size = _integer(values, "intermediate_size")
+    norm_eps = _number(values, "norm_eps", 1e-6)
+    if norm_eps <= 0:
+        raise UnsupportedFlaConfig("norm_eps", f"config field 'norm_eps' must be positive, found {norm_eps!r}")
+    tie = values.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise UnsupportedFlaConfig("tie_word_embeddings", f"tie_word_embeddings must be true or false, found {tie!r}")
+    gla = GlaOptions(
+        head_k_dim=head_k_dim,
+        kv_heads=kv_heads,
+        gate_rank=FLA_GATE_LOW_RANK_DIM,
+        gate_logit_normalizer=GATE_LOGIT_NORMALIZER,
+        gate_clamp_min=clamp_min,
+        output_gate=OutputGate.SWISH,
+    )
+    return FlaGlaModel(
+        vocab=_integer(values, "vocab_size", 32000),
+        d_model=d_model,
+        n_layers=_integer(values, "num_hidden_layers", 24),
+        heads=heads,
+        head_dim=head_dim,
+        norm_eps=norm_eps,
+        options=ModelOptions(
+            gla=gla, mlp_width=fla_mlp_width(d_model, hidden_ratio, intermediate_size), tie_embeddings=tie
+        ),
+    )
+
+
+def fla_config_problems(model: ModelConfig) -> list[str]:
+    """Why ``model`` is not a flash-linear-attention GLA model; empty when it is."""
+    problems = []
+    gla = model.options.gla
+    if any(kind is not LayerKind.GLA for kind in model.layers):
+        problems.append("every layer must be gla")
+    if model.mlp_ratio <= 0 and model.options.mlp_width is None:
+        problems.append("the blocks need an MLP (mlp = swiglu(...))")
+    if gla.gate_rank != FLA_GATE_LOW_RANK_DIM:
+        problems.append(f"gate_low_rank_dim must be {FLA_GATE_LOW_RANK_DIM}")
+    if gla.gate_logit_normalizer != GATE_LOGIT_NORMALIZER:
+        problems.append(f"gate_logit_normalizer must be {GATE_LOGIT_NORMALIZER:g}")
+    if gla.output_gate is not OutputGate.SWISH:
+        problems.append("output_gate must be swish")
+    return problems
+
+
+def fla_config(model: ModelConfig, torch_dtype: torch.dtype = torch.float32) -> dict[str, object]:
+    """The ``config.json`` of ``model`` as fla's ``GLAConfig``; ``ValueError`` listing
+    :func:`fla_config_problems` when it is not one."""
+    from schedlang.runtime.model import swiglu_width
+
+    problems = fla_config_problems(model)
+    if problems:
+        raise ValueError("not a flash-linear-attention GLA model: " + "; ".join(problems))
+    gla = model.options.gla
+    head_k_dim = gla.head_k_dim or model.head_dim
+    mlp_width = model.options.mlp_width or swiglu_width(model.d_model, model.mlp_ratio)
+    return {
+        "architectures": [FLA_ARCHITECTURE],
+        "model_type": FLA_MODEL_TYPE,
+        "vocab_size": model.vocab,
+        "hidden_size": model.d_model,
+        "num_hidden_layers": len(model.layers),
+        "num_heads": model.heads,
+        "num_kv_heads": gla.kv_heads,
+        "expand_k": head_k_dim * model.heads / model.d_model,
+        "expand_v": model.head_dim * model.heads / model.d_model,
+        "hidden_ratio": 4,
+        "intermediate_size": mlp_width,
+        "hidden_act": "swish",
+        "attn_mode": "chunk",
+        "use_output_gate": True,
+        "use_short_conv": False,
+        "feature_map": None,
+        "clamp_min": gla.gate_clamp_min,
+        "elementwise_affine": True,
+        "norm_eps": model.norm_eps,
+        "tie_word_embeddings": model.options.tie_embeddings,
+        "fuse_norm": True,
+        "fuse_swiglu": True,
+        "fuse_cross_entropy": True,
+        "dtype": str(torch_dtype).removeprefix("torch."),
+    }
+
+
+_LAYER = r"layers\.(\d+)\."
+_RENAMES: tuple[tuple[re.Pattern, str], ...] = tuple(
+    (re.compile(pattern), replacement)
+    for pattern, replacement in (
+        (r"embedding\.weight", "model.embeddings.weight"),
+        (r"final_norm\.weight", "model.norm.weight"),
+        (r"lm_head\.weight", "lm_head.weight"),
+        (_LAYER + r"mixer_norm\.weight", r"model.layers.\1.attn_norm.weight"),
+        (_LAYER + r"mlp_norm\.weight", r"model.layers.\1.mlp_norm.weight"),
+        (_LAYER + r"mixer\.([qkvo])_proj\.weight", r"model.layers.\1.attn.\2_proj.weight"),
+        (_LAYER + r"mixer\.gate_proj\.(0\.weight|1\.weight|1\.bias)", r"model.layers.\1.attn.gk_proj.\2"),
+        (_LAYER + r"mixer\.output_gate_proj\.weight", r"model.layers.\1.attn.g_proj.weight"),
+        (_LAYER + r"mixer\.output_norm\.weight", r"model.layers.\1.attn.g_norm_swish_gate.weight"),
+        (_LAYER + r"mlp\.down_proj\.weight", r"model.layers.\1.mlp.down_proj.weight"),
+    )
+)
+_FUSED_GATE_UP = re.compile(_LAYER + r"mlp\.gate_up_proj\.weight")
+
+FLA_UNFUSED_NAMES = {".attn.g_norm_swish_gate.weight": ".attn.g_norm.weight"}
+"""The output norm's name in a model saved with ``fuse_norm = false`` (the same weight, the same math)."""
+
+
+def fla_sources(name: str) -> tuple[str, ...]:
+    """The fla tensors schedlang's parameter ``name`` is, concatenated along dimension 0 when there are two
+    (the MLP's fused ``gate_up_proj`` is fla's ``gate_proj`` then ``up_proj``).
+
+    ``KeyError`` for a parameter fla's GLA model has no counterpart of (a full-rank gate projection).
+    """
+    fused = _FUSED_GATE_UP.fullmatch(name)
+    if fused is not None:
+        layer = fused.group(1)
+        return (f"model.layers.{layer}.mlp.gate_proj.weight", f"model.layers.{layer}.mlp.up_proj.weight")
+    for pattern, replacement in _RENAMES:
+        if pattern.fullmatch(name):
+            return (pattern.sub(replacement, name),)
+    raise KeyError(f"flash-linear-attention's GLA has no tensor for schedlang's {name}")
+
+
+def to_fla_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """schedlang's parameters by name, as fla's (each contiguous and owning its memory, for safetensors)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        sources = fla_sources(name)
+        parts = tensor.chunk(len(sources), dim=0) if len(sources) > 1 else (tensor,)
+        for source, part in zip(sources, parts):
+            out[source] = part.detach().clone().contiguous()
+    return out

@@ -1,0 +1,82 @@
+"""The architecture choices of a model beyond its sizes, with today's schedlang model as every default.
+
+flash-linear-attention's ``GLAForCausalLM`` is one point of this space (``docs/models.md`` maps its config
+fields to these): a narrower key width (``expand_k``), fewer key/value heads than query heads, a low-rank
+forget-gate projection, a swish output gate behind a per-head RMSNorm, the MLP's hidden width given
+exactly, and an LM head tied to the embedding. A generated training script writes a
+:class:`ModelOptions` only when one of them differs from its default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from enum import Enum
+
+
+class OutputGate(str, Enum):
+    """What multiplies a GLA layer's mixed values before the output projection."""
+
+    NONE = "none"  # the values go to the output projection as they are
+    SWISH = "swish"  # RMSNorm per head (weight, eps = norm_eps), times silu(g_proj(x))
+
+
+GATE_LOGIT_NORMALIZER = 16.0
+"""GLA divides the log-sigmoid gate by 16 so forget gates start close to 1 (GLA paper, section 4)."""
+
+
+@dataclass(frozen=True)
+class GlaOptions:
+    """The options of ``gla`` layers (``simple_gla``, ``gdn`` and ``attn`` layers ignore them).
+
+    ``head_k_dim``: the per-head width of queries and keys (None: ``head_dim``, the value width).
+    ``kv_heads``: heads of the key, value and forget-gate projections, each shared by
+    ``heads / kv_heads`` query heads (None: ``heads``).
+    ``gate_rank``: the forget-gate projection is ``d_model -> gate_rank`` (no bias) then
+    ``gate_rank -> key width`` (with bias); None: one full-rank projection with bias.
+    ``gate_logit_normalizer``: the log forget gate is ``logsigmoid(logits) / gate_logit_normalizer``,
+    then raised to at least ``gate_clamp_min`` when that is not None.
+    """
+
+    head_k_dim: int | None = None
+    kv_heads: int | None = None
+    gate_rank: int | None = None
+    gate_logit_normalizer: float = GATE_LOGIT_NORMALIZER
+    gate_clamp_min: float | None = None
+    output_gate: OutputGate = OutputGate.NONE
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "output_gate", OutputGate(self.output_gate))
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Everything of :class:`GlaOptions`, plus what every model has.
+
+    ``mlp_width``: the SwiGLU hidden width as is (None: ``d_model * mlp_ratio`` rounded up to a multiple
+    of 8). ``tie_embeddings``: the LM head's weight is the embedding's (one stage only).
+    ``initial_weights``: a Hugging Face model directory whose ``*.safetensors`` hold the weights training
+    starts from, in flash-linear-attention's names (``schedlang.runtime.hf_weights``); None: the seed's.
+    """
+
+    gla: GlaOptions = field(default_factory=GlaOptions)
+    mlp_width: int | None = None
+    tie_embeddings: bool = False
+    initial_weights: str | None = None
+
+    def architecture_record(self) -> tuple[tuple[str, object], ...]:
+        """``(name, value)`` of every option that shapes the network (not where its weights come from),
+        as plain literals, for a checkpoint's run record and ``schedlang export-model``."""
+        entries: list[tuple[str, object]] = []
+        for option in fields(GlaOptions):
+            value = getattr(self.gla, option.name)
+            entries.append((f"gla.{option.name}", value.value if isinstance(value, Enum) else value))
+        entries.append(("mlp_width", self.mlp_width))
+        entries.append(("tie_embeddings", self.tie_embeddings))
+        return tuple(entries)
+
+    @classmethod
+    def from_architecture_record(cls, entries) -> "ModelOptions":
+        """The inverse of :meth:`architecture_record` (``initial_weights`` None)."""
+        values = dict(entries)
+        gla = GlaOptions(**{option.name: values[f"gla.{option.name}"] for option in fields(GlaOptions)})
+        return cls(gla=gla, mlp_width=values["mlp_width"], tie_embeddings=values["tie_embeddings"])

@@ -1,0 +1,119 @@
+"""Rules relating the model keys of flash-linear-attention's GLA to the sizes and the mesh.
+
+Contract: as every rule of ``schedlang.checks.rules`` (:data:`MODEL_RULES` runs among them). A value that
+``model.from`` gave rather than the schedule is reported at the ``from`` key.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from schedlang.checks.mesh import build_mesh
+from schedlang.checks.schema import FROM_KEY
+from schedlang.vocabulary import Span
+
+if TYPE_CHECKING:
+    from schedlang.checks.context import Checker
+
+
+def _span(checker: Checker, path: str) -> Span:
+    """Where ``path`` was written, or where ``from`` gave it."""
+    return checker.spans.get(path) or checker.span_of(FROM_KEY)
+
+
+def _number(checker: Checker, path: str) -> float | None:
+    """``path``'s number when it is one (written or given by ``from``), else None."""
+    value = checker.get(path)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def key_width_fits_heads(checker: Checker) -> None:
+    """``d_model * expand_k`` is a whole multiple of ``heads``."""
+    expand_k, d_model, heads = _number(checker, "model.expand_k"), checker.get("model.d_model"), checker.get("model.heads")
+    if expand_k is None or d_model is None or heads is None:
+        return
+    width = d_model * expand_k
+    if not math.isclose(width, round(width)) or round(width) < heads or round(width) % heads:
+        checker.error(
+            f"d_model * expand_k = {width:g} must be a whole multiple of heads = {heads}",
+            _span(checker, "model.expand_k"),
+            hint="expand_k is the key width over d_model: heads * key head width / d_model",
+        )
+        checker.reject("model.expand_k")
+
+
+def value_width_is_heads_times_head_dim(checker: Checker) -> None:
+    """``d_model * expand_v`` is ``heads * head_dim`` (``head_dim`` is the value width per head)."""
+    expand_v = _number(checker, "model.expand_v")
+    d_model, heads, head_dim = (checker.get(path) for path in ("model.d_model", "model.heads", "model.head_dim"))
+    if expand_v is None or d_model is None or heads is None or head_dim is None:
+        return
+    if not math.isclose(d_model * expand_v, heads * head_dim):
+        checker.error(
+            f"d_model * expand_v = {d_model * expand_v:g}, but heads * head_dim = {heads * head_dim}",
+            _span(checker, "model.expand_v"),
+            hint=f"expand_v = {heads * head_dim / d_model:g}, or leave it out (head_dim gives the value width)",
+        )
+        checker.reject("model.expand_v")
+
+
+def kv_heads_divide_heads(checker: Checker) -> None:
+    kv_heads, heads = _number(checker, "model.kv_heads"), checker.get("model.heads")
+    if kv_heads is None or heads is None or heads % kv_heads == 0:
+        return
+    checker.error(
+        f"kv_heads = {kv_heads} must divide heads = {heads}: each key/value head serves heads / kv_heads query heads",
+        _span(checker, "model.kv_heads"),
+    )
+    checker.reject("model.kv_heads")
+
+
+def tied_embeddings_on_one_stage(checker: Checker) -> None:
+    """The embedding (first stage) and the LM head (last stage) can share a weight only on one stage."""
+    if checker.get("model.tie_embeddings") is not True:
+        return
+    mesh = build_mesh(checker)
+    if mesh is None or mesh.pipeline == 1:
+        return
+    checker.error(
+        f"tie_embeddings needs the embedding and the LM head on one stage, but mesh.pipeline = {mesh.pipeline}",
+        _span(checker, "model.tie_embeddings"),
+        hint="use mesh.pipeline = 1, or write `tie_embeddings = false` to train them apart",
+    )
+    checker.reject("model.tie_embeddings")
+
+
+def weights_fit_the_model(checker: Checker) -> None:
+    """``model.from``'s safetensors hold a tensor of the right shape for every parameter of the model the
+    schedule builds (the directory's config with the keys the schedule writes)."""
+    from schedlang.checks.model import build_model
+
+    imported = checker.get(FROM_KEY) if checker.given(FROM_KEY) else None
+    if imported is None or not imported.has_weights:
+        return
+    model = build_model(checker)
+    if model is None:
+        return
+    from schedlang.runtime.hf_weights import weights_problem
+
+    problem = weights_problem(model.runtime_config(), imported.directory)
+    if problem is not None:
+        checker.error(
+            f"the model of '{FROM_KEY}' does not fit its weights: {problem}",
+            checker.node(FROM_KEY).span,
+            hint="leave the model keys that change the shapes to the directory's config",
+        )
+        checker.reject(FROM_KEY)
+
+
+MODEL_RULE_CHECKS = (
+    (("model.expand_k", "model.d_model", "model.heads"), key_width_fits_heads),
+    (("model.expand_v", "model.d_model", "model.heads", "model.head_dim"), value_width_is_heads_times_head_dim),
+    (("model.kv_heads", "model.heads"), kv_heads_divide_heads),
+    (("model.tie_embeddings", "mesh.pipeline"), tied_embeddings_on_one_stage),
+    (
+        (FROM_KEY, "model.vocab", "model.d_model", "model.layers", "model.heads", "model.head_dim", "model.mlp"),
+        weights_fit_the_model,
+    ),
+)

@@ -1,0 +1,116 @@
+"""An independent float64 reference of flash-linear-attention 0.6.0's ``GLAForCausalLM`` forward, and helpers.
+
+Written from fla's layer semantics (fla/layers/gla.py, fla/models/gla/modeling_gla.py, fla/modules), not
+from schedlang's model: it reads fla's config fields and fla's parameter names, and runs the recurrence one
+token at a time,
+
+    gk_t = max(logsigmoid(gk_proj(x_t)) / 16, clamp_min),   S_t = diag(exp(gk_t)) S_{t-1} + k_t^T v_t,
+    o_t = (q_t / sqrt(head_k_dim)) S_t,   out_t = o_proj(rmsnorm_head(o_t) * w * silu(g_proj(x_t))),
+
+with key/value/gate heads repeated for their query heads, pre-norm residual blocks, a SwiGLU MLP
+``down(silu(gate(x)) * up(x))``, a final RMSNorm and the LM head (the embedding when tied).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def fla_widths(config: dict) -> tuple[int, int, int, int]:
+    """(heads, kv_heads, key width per head, value width per head)."""
+    heads = config["num_heads"]
+    kv_heads = config.get("num_kv_heads") or heads
+    d = config["hidden_size"]
+    return heads, kv_heads, round(d * config["expand_k"]) // heads, round(d * config["expand_v"]) // heads
+
+
+def reference_logits(tensors: dict[str, torch.Tensor], config: dict, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits [B, L, vocab] in float64 of fla's GLA with ``tensors`` (fla names) and ``config`` (config.json)."""
+    t = {name: tensor.double() for name, tensor in tensors.items()}
+    heads, kv_heads, dk, dv = fla_widths(config)
+    groups = heads // kv_heads
+    eps = config.get("norm_eps", 1e-6)
+    clamp_min = config.get("clamp_min")
+    batch, length = tokens.shape
+    x = t["model.embeddings.weight"][tokens]
+    for layer in range(config["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        h = _rms(x, t[p + "attn_norm.weight"], eps)
+        q = (h @ t[p + "attn.q_proj.weight"].T).view(batch, length, heads, dk)
+        k = (h @ t[p + "attn.k_proj.weight"].T).view(batch, length, kv_heads, dk).repeat_interleave(groups, 2)
+        v = (h @ t[p + "attn.v_proj.weight"].T).view(batch, length, kv_heads, dv).repeat_interleave(groups, 2)
+        gk = (h @ t[p + "attn.gk_proj.0.weight"].T) @ t[p + "attn.gk_proj.1.weight"].T + t[p + "attn.gk_proj.1.bias"]
+        gk = F.logsigmoid(gk.view(batch, length, kv_heads, dk).repeat_interleave(groups, 2)) / 16
+        if clamp_min is not None:
+            gk = gk.clamp_min(clamp_min)
+        state = x.new_zeros(batch, heads, dk, dv)
+        outputs = []
+        for step in range(length):
+            state = state * gk[:, step].exp()[..., None] + k[:, step, :, :, None] * v[:, step, :, None, :]
+            outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, step] * dk**-0.5, state))
+        o = torch.stack(outputs, dim=1)
+        norm_weight = t.get(p + "attn.g_norm_swish_gate.weight", t.get(p + "attn.g_norm.weight"))
+        o = _rms(o, norm_weight, eps) * F.silu((h @ t[p + "attn.g_proj.weight"].T).view(batch, length, heads, dv))
+        x = x + o.reshape(batch, length, heads * dv) @ t[p + "attn.o_proj.weight"].T
+        h = _rms(x, t[p + "mlp_norm.weight"], eps)
+        gate, up = h @ t[p + "mlp.gate_proj.weight"].T, h @ t[p + "mlp.up_proj.weight"].T
+        x = x + (F.silu(gate) * up) @ t[p + "mlp.down_proj.weight"].T
+    x = _rms(x, t["model.norm.weight"], eps)
+    head = t["model.embeddings.weight"] if config.get("tie_word_embeddings") else t["lm_head.weight"]
+    return x @ head.T
+
+
+def perturb(model: torch.nn.Module, seed: int) -> None:
+    """Move every parameter away from its initial value (norm weights off 1, biases off 0), so that a wrong
+    name or a missing term changes the logits."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, parameter in sorted(model.named_parameters()):
+            noise = torch.randn(parameter.shape, generator=generator, dtype=torch.float64)
+            parameter.add_((0.3 if parameter.dim() == 1 else 0.05) * noise.to(parameter.device, parameter.dtype))
+
+
+def write_hf_directory(directory: Path, tensors: dict[str, torch.Tensor], config: dict) -> None:
+    """``config.json`` and ``model.safetensors`` as ``save_pretrained`` writes them."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(config), encoding="utf-8")
+
+
+def fla_config(**changes) -> dict:
+    """A small GLA config.json as fla 0.6.0 writes it (its defaults, smaller sizes)."""
+    config = {
+        "model_type": "gla",
+        "architectures": ["GLAForCausalLM"],
+        "vocab_size": 61,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_heads": 2,
+        "num_kv_heads": None,
+        "expand_k": 0.5,
+        "expand_v": 1.0,
+        "hidden_ratio": 4,
+        "intermediate_size": None,
+        "hidden_act": "swish",
+        "use_output_gate": True,
+        "use_short_conv": False,
+        "feature_map": None,
+        "clamp_min": None,
+        "elementwise_affine": True,
+        "norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "fuse_norm": True,
+        "fuse_swiglu": True,
+    }
+    config.update(changes)
+    return config

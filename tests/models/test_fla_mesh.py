@@ -1,0 +1,68 @@
+"""A flash-linear-attention-shaped GLA trains exactly on any mesh: pipeline, sequence and data ranks give the
+single-device losses and gradients."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+from runtime_harness import compile_schedule, relative_error, run_job  # noqa: E402  (the runtime tests' runner)
+
+STEPS = 2
+TOLERANCE = 1e-5
+
+
+def _schedule(name: str, pipeline: int, sequence: int, data: int, parallel: str, microbatch_size: int) -> str:
+    return f"""schedule {name}
+model {{
+  vocab = 64  d_model = 32  heads = 4  head_dim = 8
+  layers = [gla] * 2
+  expand_k = 0.5  kv_heads = 2  gate_low_rank_dim = 4  clamp_min = -0.05  output_gate = swish
+  mlp = swiglu(intermediate_size = 40)  norm_eps = 1e-5
+}}
+mesh {{ pipeline = {pipeline}  sequence = {sequence}  data = {data} }}
+sequence {{ length = 64  chunks = 2  kernel_chunk = 16  parallel = {parallel} }}
+pipeline {{ microbatches = 2  microbatch_size = {microbatch_size}  order = 1f1b }}
+train {{ steps = {STEPS}  seed = 3  optimizer = adamw(lr = 1e-2)  data = synthetic(seed = 4) }}
+"""
+
+
+JOBS = {
+    1: {"reference": _schedule("reference", 1, 1, 1, "allscan", 2)},
+    4: {
+        "p2_s2_allscan": _schedule("p2_s2_allscan", 2, 2, 1, "allscan(blocks = 2)", 2),
+        "p2_d2": _schedule("p2_d2", 2, 1, 2, "allscan", 1),
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("fla_mesh")
+    outcomes = {}
+    for world_size, configurations in JOBS.items():
+        names = list(configurations)
+        scripts = [compile_schedule(configurations[name], directory, name) for name in names]
+        job = run_job(scripts, world_size, STEPS, directory / f"world{world_size}")
+        assert job.return_codes == [0] * world_size, job.errors
+        for index, name in enumerate(names):
+            outcomes[name] = (job.losses(index), job.gradients(index))
+    return outcomes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [name for size, jobs in JOBS.items() if size > 1 for name in jobs])
+def test_the_fla_shaped_model_trains_exactly_on_the_mesh(runs, name):
+    reference_losses, reference_gradients = runs["reference"]
+    losses, gradients = runs[name]
+    assert len(losses) == STEPS
+    for step, (loss, reference) in enumerate(zip(losses, reference_losses)):
+        assert abs(loss - reference) <= TOLERANCE * abs(reference), f"step {step}: {loss} vs {reference}"
+    assert sorted(gradients) == sorted(reference_gradients)
+    assert any("gate_proj.0" in key for key in gradients) and any("output_norm" in key for key in gradients)
+    errors = {key: relative_error(gradients[key], reference_gradients[key]) for key in reference_gradients}
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= TOLERANCE, f"{worst}: relative error {errors[worst]:.2e}"
