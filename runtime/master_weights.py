@@ -38,7 +38,7 @@ from torch import nn
 
 
 def _twin_module(model: nn.Module) -> nn.Module:
-    """A module whose parameters have ``model``'s names and fp32 copies of its values, and zero fp32 ``.grad``s.
+    """A module whose parameters have ``model``'s names and fp32 copies of its values.
 
     It is never run: it exists so that the optimizer and torch.distributed.checkpoint, which name parameters
     by their module paths, see the fp32 copies under the names of the model's parameters.
@@ -54,9 +54,7 @@ def _twin_module(model: nn.Module) -> nn.Module:
                 owners[prefix] = nn.Module()
                 owner.add_module(part, owners[prefix])
             owner = owners[prefix]
-        copy = nn.Parameter(parameter.detach().to(torch.float32, copy=True))
-        copy.grad = torch.zeros_like(copy)
-        owner.register_parameter(leaf, copy)
+        owner.register_parameter(leaf, nn.Parameter(parameter.detach().to(torch.float32, copy=True)))
     return twin
 
 
@@ -80,12 +78,16 @@ class MasterWeights:
     @torch.no_grad()
     def accumulate_gradients(self) -> None:
         """Add the 16-bit ``.grad`` tensors the last backward (or ``W``) formed into the fp32 ones, and zero
-        them in place (their storage stays: CUDA graphs and in-place weight-gradient GEMMs add into it)."""
-        pairs = [
-            (master.grad, parameter.grad)
-            for master, parameter in zip(self.master_parameters, self.model_parameters)
-            if parameter.grad is not None
-        ]
+        them in place (their storage stays: CUDA graphs and in-place weight-gradient GEMMs add into it).
+
+        An fp32 ``.grad`` is made (zeros) at its first use, not before: torch.distributed.checkpoint initialises
+        an optimizer that has taken no step (a resume) only while its parameters have no ``.grad``."""
+        pairs = []
+        for master, parameter in zip(self.master_parameters, self.model_parameters):
+            if parameter.grad is not None:
+                if master.grad is None:
+                    master.grad = torch.zeros_like(master)
+                pairs.append((master.grad, parameter.grad))
         if pairs:
             master_gradients, gradients = (list(side) for side in zip(*pairs))
             torch._foreach_add_(master_gradients, gradients)
