@@ -237,6 +237,17 @@ MASTER_BYTES = 4
 """Bytes per element of the fp32 master weights, their gradients and the optimizer's state."""
 
 
+def updated_element_bytes(program: ScheduleProgram) -> int:
+    """Bytes per element of what the optimizer updates, of its gradients and of its state: fp32 with master
+    weights, else ``train.dtype``."""
+    return MASTER_BYTES if program.train.keeps_master_weights else DTYPE_BYTES[program.train.dtype]
+
+
+def reduced_gradient_bytes(program: ScheduleProgram, stage: int) -> float:
+    """The gradients the step's all-reduce flattens (``Trainer.reduce_gradients``): the optimizer's."""
+    return stage_parameters(program, stage).total * updated_element_bytes(program)
+
+
 def static_bytes(program: ScheduleProgram, stage: int) -> dict[StaticPart, float]:
     """Parameters, their gradients (``.grad`` stays allocated between steps: the runtime zeroes it in
     place) and the optimizer's state, made ``zeros_like`` the parameters it updates.
@@ -252,11 +263,10 @@ def static_bytes(program: ScheduleProgram, stage: int) -> dict[StaticPart, float
     if optimizer.kind is OptimizerKind.SGD and optimizer.momentum == 0:
         states = 0
     master = MASTER_BYTES if program.train.keeps_master_weights else 0
-    updated = master or element  # bytes per element of what the optimizer updates
     return {
         StaticPart.PARAMETERS: parameters * (element + master),
         StaticPart.GRADIENTS: parameters * (element + master),
-        StaticPart.OPTIMIZER: states * parameters * updated,
+        StaticPart.OPTIMIZER: states * parameters * updated_element_bytes(program),
     }
 
 

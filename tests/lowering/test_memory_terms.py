@@ -28,6 +28,7 @@ from schedlang.lowering.memory_terms import (
     program_sizes,
     stage_bytes_per_token,
     state_bytes,
+    reduced_gradient_bytes,
     static_bytes,
     transient_bytes,
 )
@@ -169,6 +170,9 @@ def test_static_bytes_with_master_weights():
     fp32 = program_of(dtype="fp32")
     assert not fp32.train.keeps_master_weights
     assert static_bytes(fp32, 0)[StaticPart.PARAMETERS] == 4 * parameters
+    # the all-reduce flattens the optimizer's gradients: the fp32 ones
+    assert reduced_gradient_bytes(master, 0) == 4 * parameters
+    assert reduced_gradient_bytes(program_of(dtype="bf16", train="master_weights = false"), 0) == 2 * parameters
 
 
 def test_states_and_key_value_buffers():

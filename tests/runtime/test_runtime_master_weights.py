@@ -226,3 +226,39 @@ def test_master_weights_is_a_checked_key():
         "  master_weights = 1",
         "                   ^",
     ]
+
+
+GPU_SCHEDULE = """schedule {name}
+model {{ vocab = 128  d_model = 64  heads = 2  head_dim = 32  layers = [gla, simple_gla] * 2  mlp = swiglu(ratio = 2) }}
+mesh {{ pipeline = 1 }}
+sequence {{ length = 512  chunks = 4  kernel_chunk = 64 }}
+pipeline {{ microbatches = 3  order = 1f1b  {graphs} }}
+train {{ steps = 5  seed = 3  dtype = bf16  optimizer = adamw(lr = 1e-2)  data = synthetic(seed = 1) }}
+"""
+GPU_TOLERANCE = 5e-3  # bf16: the captured in-place weight-gradient GEMMs need not round like eager's GEMM and add
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("mode", ["true", "step"])
+def test_cuda_graphs_with_master_weights_train_like_eager(tmp_path, mode):
+    """The graphs read the bf16 parameters by address and add into the bf16 ``.grad``s; the fp32 gradients are
+    accumulated after each replayed B (inside the step graph with ``step``) and the optimizer's fp32 result is
+    copied into the bf16 parameters in place, so every replay after a step computes with the new weights.
+    Gradients of step 3 (three replays in with ``step``), then the losses of five steps."""
+    from schedlang.runtime.cublas import WORKSPACE_FREE_SETTINGS
+
+    scripts = [
+        compile_schedule(GPU_SCHEDULE.format(name=name, graphs=graphs), tmp_path, name)
+        for name, graphs in (("eager", ""), ("graphs", f"cuda_graphs = {mode}"))
+    ]
+    settings = {"SCHEDLANG_TEST_DEVICE": "cuda", "SCHEDLANG_TEST_GRADIENT_STEP": "3", **WORKSPACE_FREE_SETTINGS}
+    job = run_job(scripts, 1, 5, tmp_path / "job", extra_env=settings)
+    assert job.return_codes == [0], job.errors
+    eager_gradients, graph_gradients = job.gradients(0), job.gradients(1)
+    assert sorted(eager_gradients) == sorted(graph_gradients)
+    for name, gradient in eager_gradients.items():
+        assert gradient.dtype == graph_gradients[name].dtype == torch.float32, name
+        error = relative_error(graph_gradients[name], gradient)
+        assert error <= GPU_TOLERANCE, f"{name}: relative error {error:.2e}"
+    for eager, replayed in zip(job.losses(0), job.losses(1)):
+        assert abs(replayed - eager) <= GPU_TOLERANCE * abs(eager), (job.losses(0), job.losses(1))
