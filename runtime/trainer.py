@@ -5,9 +5,10 @@ rank's action list, all-reduce gradients over the data-parallel group (the
 loss is already normalised by the global token count, so a sum is exact),
 clip by the global norm over all stages if asked, take the optimizer step
 (with a 16-bit dtype, on the fp32 master weights: [Note: master weights] in
-schedlang.runtime.master_weights), and report the loss summed over all ranks (only last-stage ranks hold any),
-one step late, so that the stages never wait for each other between steps
-([Note: loss without a barrier] in schedlang.runtime.step_loss).
+schedlang.runtime.master_weights), and report the loss summed over all ranks
+(only last-stage ranks hold any), one step late, so that the stages never
+wait for each other between steps ([Note: loss without a barrier] in
+schedlang.runtime.step_loss).
 """
 
 from __future__ import annotations
