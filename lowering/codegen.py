@@ -83,6 +83,7 @@ class TrainView:
     tensorboard_directory: str
     eval_every: str
     eval_batches: str
+    master_weights: bool  # written only when false (the runtime's default is true)
 
 
 @dataclass(frozen=True)
@@ -245,6 +246,7 @@ def build_view(
             tensorboard_directory=repr(paths.tensorboard_directory(program)),
             eval_every=repr(train.eval_every),
             eval_batches=repr(train.eval_batches),
+            master_weights=train.master_weights,
             lr_schedule=(
                 f"LearningRateScheduleConfig(kind={train.lr_schedule.kind.value!r}, "
                 f"warmup={train.lr_schedule.warmup!r}, min_lr={float(train.lr_schedule.min_lr)!r})"

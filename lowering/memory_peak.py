@@ -46,6 +46,7 @@ from schedlang.lowering.memory_terms import (
     activation_message_bytes,
     chunk_activation_bytes,
     key_value_bytes,
+    reduced_gradient_bytes,
     state_bytes,
     static_bytes,
     transient_bytes,
@@ -212,7 +213,7 @@ def _stage_memory(program: ScheduleProgram, stage: int, order: tuple[TaskId, ...
         if task.kind is releasing:
             in_flight.pop(unit, None)
     sent = kept_sent  # the step's sends are finished before its gradients are reduced
-    moment(None, 0.0, _gradient_reduction_bytes(program, static))
+    moment(None, 0.0, _gradient_reduction_bytes(program, stage))
     return best
 
 
@@ -229,9 +230,9 @@ def _sent_bytes(program: ScheduleProgram, stage: int, order: tuple[TaskId, ...])
     return total
 
 
-def _gradient_reduction_bytes(program: ScheduleProgram, static: dict[Component, float]) -> float:
+def _gradient_reduction_bytes(program: ScheduleProgram, stage: int) -> float:
     """The flattened copy of a stage's gradients that the step's all-reduce over sequence-parallel ranks and
     data replicas works on (``Trainer.reduce_gradients``)."""
     if program.mesh.sequence * program.mesh.data == 1:
         return 0.0
-    return static[Component.GRADIENTS]
+    return reduced_gradient_bytes(program, stage)

@@ -234,24 +234,43 @@ def activation_message_bytes(program: ScheduleProgram, chunk: int) -> float:
 
 
 OPTIMIZER_STATES = {OptimizerKind.ADAMW: 2, OptimizerKind.SGD: 1}
-"""Tensors of ``train.dtype`` the optimizer keeps per parameter: AdamW's two moments; SGD's momentum buffer
-(none when ``momentum = 0``)."""
+"""Tensors the optimizer keeps per parameter it updates: AdamW's two moments; SGD's momentum buffer (none
+when ``momentum = 0``)."""
+
+MASTER_BYTES = 4
+"""Bytes per element of the fp32 master weights, their gradients and the optimizer's state."""
+
+
+def updated_element_bytes(program: ScheduleProgram) -> int:
+    """Bytes per element of what the optimizer updates, of its gradients and of its state: fp32 with master
+    weights, else ``train.dtype``."""
+    return MASTER_BYTES if program.train.keeps_master_weights else DTYPE_BYTES[program.train.dtype]
+
+
+def reduced_gradient_bytes(program: ScheduleProgram, stage: int) -> float:
+    """The gradients the step's all-reduce flattens (``Trainer.reduce_gradients``): the optimizer's."""
+    return stage_parameters(program, stage).total * updated_element_bytes(program)
 
 
 def static_bytes(program: ScheduleProgram, stage: int) -> dict[StaticPart, float]:
     """Parameters, their gradients (``.grad`` stays allocated between steps: the runtime zeroes it in
-    place) and the optimizer's state, all in ``train.dtype``: the runtime keeps no fp32 master copy
-    (``build_stage_model`` casts the model), and the optimizer's state is made ``zeros_like`` the parameters."""
+    place) and the optimizer's state, made ``zeros_like`` the parameters it updates.
+
+    Without master weights all are in ``train.dtype`` (``e`` bytes). With them (``train.keeps_master_weights``,
+    [Note: master weights] in schedlang.runtime.master_weights) the stage holds the 16-bit parameters and
+    ``.grad`` tensors the layers compute with, plus an fp32 copy of each, and the optimizer's state is fp32:
+    ``(e + 4)`` bytes per parameter for the parameters and for the gradients, ``4`` per optimizer state."""
     element = DTYPE_BYTES[program.train.dtype]
     parameters = stage_parameters(program, stage).total
     optimizer = program.train.optimizer
     states = OPTIMIZER_STATES[optimizer.kind]
     if optimizer.kind is OptimizerKind.SGD and optimizer.momentum == 0:
         states = 0
+    master = MASTER_BYTES if program.train.keeps_master_weights else 0
     return {
-        StaticPart.PARAMETERS: parameters * element,
-        StaticPart.GRADIENTS: parameters * element,
-        StaticPart.OPTIMIZER: states * parameters * element,
+        StaticPart.PARAMETERS: parameters * (element + master),
+        StaticPart.GRADIENTS: parameters * (element + master),
+        StaticPart.OPTIMIZER: states * parameters * updated_element_bytes(program),
     }
 
 

@@ -239,6 +239,13 @@ class TrainSpec:
     log: str | None = None  # a TensorBoard directory: train.log = tensorboard(directory = "...")
     eval_every: int = 0  # a validation loss after every this many steps; 0: none
     eval_batches: int = 1  # validation batches per evaluation
+    master_weights: bool = True  # fp32 master weights for a 16-bit dtype: see keeps_master_weights
+
+    @property
+    def keeps_master_weights(self) -> bool:
+        """Whether the optimizer updates fp32 master weights of a 16-bit model ([Note: master weights] in
+        schedlang.runtime.master_weights): ``master_weights`` and a 16-bit ``dtype``."""
+        return self.master_weights and self.dtype.is_16_bit
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,10 @@ Each save goes to ``<directory>/step-<n>``; a ``latest`` file written by rank 0
 after every rank has finished names the newest complete one, so a run killed
 during a save resumes from the previous checkpoint. Parameter names carry
 global layer indices, so a stage's keys are unique across the pipeline and
-data-parallel replicas save identical, deduplicated entries. Every checkpoint
-also holds the run record of schedlang.runtime.checkpoint_manifest, compared
+data-parallel replicas save identical, deduplicated entries. With master
+weights the trainer saves and loads the fp32 copies, which carry the model's
+parameter names ([Note: master weights] in schedlang.runtime.master_weights).
+Every checkpoint also holds the run record of schedlang.runtime.checkpoint_manifest, compared
 with the schedule before any tensor is loaded.
 
 [Note: checkpoint trust boundary] The checkpoint metadata torch writes (``.metadata``)

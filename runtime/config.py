@@ -187,9 +187,16 @@ class TrainConfig:
     tensorboard_directory: str | None = None  # TensorBoard scalars of every step (schedlang.runtime.progress)
     eval_every: int = 0  # a validation loss after every this many steps; 0: none
     eval_batches: int = 1  # validation batches (each a global batch) per evaluation
+    master_weights: bool = True  # fp32 master weights for a 16-bit dtype: see keeps_master_weights
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DType(self.dtype))
+
+    @property
+    def keeps_master_weights(self) -> bool:
+        """Whether the optimizer updates fp32 master weights of a 16-bit model ([Note: master weights] in
+        schedlang.runtime.master_weights)."""
+        return self.master_weights and self.dtype.is_16_bit
 
 
 def run_request(model: ModelConfig, pipeline: PipelineConfig) -> RunRequest:

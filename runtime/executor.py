@@ -80,6 +80,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -137,6 +138,7 @@ class StageExecutor:
         activation_dtype: torch.dtype,
         graphs: GraphedChunks | None = None,
         step_graphs: StepGraphs | None = None,
+        gradients_formed: Callable[[], None] | None = None,
     ) -> None:
         self.model = model
         self.shape = shape
@@ -148,6 +150,8 @@ class StageExecutor:
         self.activation_dtype = activation_dtype
         self.graphs = graphs  # [Note: graph slots] in schedlang.runtime.graphs
         self.step_graphs = step_graphs  # [Note: step graphs] in schedlang.runtime.step_graphs
+        # called after every B and deferred W, inside its step graph: [Note: master weights]
+        self.gradients_formed = gradients_formed or (lambda: None)
         # [Note: sequence-wide K/V] in schedlang.runtime.kv_buffers
         self.kv = SequenceKV(shape.chunk_boundaries[-1]) if model.has_attention else None
         self.store = StateStore()
@@ -493,6 +497,7 @@ class StageExecutor:
                 )
             if not self.model.is_first:
                 self.outbox[(ActionKind.BACKWARD, microbatch, chunk)] = handed_out(input_leaf.grad)
+            self.gradients_formed()
         if record.graph_slot is not None:
             if (microbatch, chunk) in self.deferred_weights:
                 self.weight_slots[(microbatch, chunk)] = record.graph_slot
@@ -515,6 +520,7 @@ class StageExecutor:
             slot = self.weight_slots.pop(key)
             self.graphs.apply_weight_gradients(slot)
             self.graphs.release(slot)
+            self.gradients_formed()
         else:
             try:
                 recorder = self.weight_recorders.pop(key)
@@ -525,6 +531,7 @@ class StageExecutor:
                 ) from None
             with self._captured(Action(ActionKind.WEIGHT, microbatch, chunk)):
                 recorder.apply()
+                self.gradients_formed()
         # [Note: received buffers of a deferred W]
         # A deferred W reads the inputs and output gradients of the chunk's linear layers, and the output
         # gradient of a stage's last linear layer is the received gradient buffer itself (the residual add

@@ -3,10 +3,12 @@
 One step: build the step's global batch (identical on every rank), run this
 rank's action list, all-reduce gradients over the data-parallel group (the
 loss is already normalised by the global token count, so a sum is exact),
-clip by the global norm over all stages if asked, take the optimizer step,
-and report the loss summed over all ranks (only last-stage ranks hold any),
-one step late, so that the stages never wait for each other between steps
-([Note: loss without a barrier] in schedlang.runtime.step_loss).
+clip by the global norm over all stages if asked, take the optimizer step
+(with a 16-bit dtype, on the fp32 master weights: [Note: master weights] in
+schedlang.runtime.master_weights), and report the loss summed over all ranks
+(only last-stage ranks hold any), one step late, so that the stages never
+wait for each other between steps ([Note: loss without a barrier] in
+schedlang.runtime.step_loss).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from schedlang.runtime.data import TokenSource
 from schedlang.runtime.executor import StageExecutor, StepShape
 from schedlang.runtime.graphs import GraphedChunks, GraphMaker, slots_needed
 from schedlang.runtime.lr_schedule import build_scheduler
+from schedlang.runtime.master_weights import MasterWeights
 from schedlang.runtime.step_graphs import StepGraphs
 from schedlang.runtime.mesh import RuntimeMesh, init_mesh
 from schedlang.runtime.model import SequenceParallelContext, build_stage_model
@@ -85,6 +88,7 @@ class Trainer:
         require_supported(run_request(self.model_config, self.pipeline_config))
         pipeline, mesh = self.pipeline_config, self.mesh
         self.dtype = DTYPES[self.train_config.dtype]
+        keeps_master_weights = self.train_config.keeps_master_weights
         self.model = build_stage_model(
             self.model_config,
             pipeline.stage_layers[mesh.stage],
@@ -92,7 +96,7 @@ class Trainer:
             is_last=mesh.is_last_stage,
             seed=self.train_config.seed,
             device=mesh.device,
-            dtype=self.dtype,
+            dtype=torch.float32 if keeps_master_weights else self.dtype,
             sequence_context=(
                 SequenceParallelContext(mesh.sequence_group, pipeline.sequence_method, pipeline.scan_blocks)
                 if pipeline.sequence_parallel > 1
@@ -100,7 +104,11 @@ class Trainer:
             ),
             recompute=pipeline.recompute,
         )
-        self.optimizer = build_optimizer(self.model.parameters(), self.train_config)
+        # [Note: master weights] in schedlang.runtime.master_weights
+        self.master_weights = MasterWeights(self.model, self.dtype) if keeps_master_weights else None
+        # the module whose parameters the optimizer updates and the checkpoints hold
+        self.updated_module = self.model if self.master_weights is None else self.master_weights.module
+        self.optimizer = build_optimizer(self.updated_module.parameters(), self.train_config)
         self.scheduler = self._scheduler(start_step=0)
         self.tokens = TokenSource(
             self.train_config.data, self.model_config.vocab, pipeline.sequence_length, pipeline.global_batch
@@ -144,6 +152,7 @@ class Trainer:
             self.dtype,
             graphs=self._chunk_graphs(actions, global_tokens),
             step_graphs=StepGraphs(self.model, mesh.device) if pipeline.cuda_graphs is CudaGraphs.STEP else None,
+            gradients_formed=None if self.master_weights is None else self.master_weights.accumulate_gradients,
         )
         self.start_step = 0
 
@@ -182,7 +191,7 @@ class Trainer:
         return total / batches
 
     def reduce_gradients(self) -> None:
-        gradients = [parameter.grad for parameter in self.model.parameters()]
+        gradients = [parameter.grad for parameter in self.updated_module.parameters()]
         # Every sequence-parallel rank and data replica saw different tokens of the global batch.
         groups = [
             group
@@ -206,10 +215,13 @@ class Trainer:
                 gradient.mul_(scale)
 
     def named_gradients(self) -> dict[str, torch.Tensor]:
-        return {name: parameter.grad.detach().clone() for name, parameter in self.model.named_parameters()}
+        """The step's gradient of every parameter by name (fp32 with master weights)."""
+        return {name: parameter.grad.detach().clone() for name, parameter in self.updated_module.named_parameters()}
 
     def optimizer_step(self) -> None:
         self.optimizer.step()
+        if self.master_weights is not None:
+            self.master_weights.copy_to_model()
         self.scheduler.step()
 
     def _scheduler(self, start_step: int):
@@ -234,8 +246,10 @@ class Trainer:
             from schedlang.runtime.checkpoint import resume_or_exit
 
             self.start_step = resume_or_exit(
-                self.train_config.checkpoint_directory, self.model, self.optimizer, self.run_record(), steps
+                self.train_config.checkpoint_directory, self.updated_module, self.optimizer, self.run_record(), steps
             )
+            if self.master_weights is not None:
+                self.master_weights.copy_to_model()
             self.scheduler = self._scheduler(self.start_step)
         return self.start_step
 
@@ -275,7 +289,9 @@ class Trainer:
                 if config.checkpoint_directory and config.checkpoint_every and done % config.checkpoint_every == 0:
                     from schedlang.runtime.checkpoint import save_checkpoint
 
-                    save_checkpoint(config.checkpoint_directory, done, self.model, self.optimizer, self.run_record())
+                    save_checkpoint(
+                        config.checkpoint_directory, done, self.updated_module, self.optimizer, self.run_record()
+                    )
                 if config.eval_every and done % config.eval_every == 0:
                     validation_losses[done] = self.evaluate()
                     clock.step_ended()  # the next step's time starts after the evaluation

@@ -99,9 +99,16 @@ class CudaGraphs(str, Enum):
 
 
 class DType(str, Enum):
-    """Parameter and activation precision."""
+    """The compute precision (``train.dtype``): the model's parameters as the layers read them, activations,
+    the messages and recurrent states between chunks, stages and sequence ranks. With a 16-bit dtype the
+    optimizer updates fp32 master weights unless ``train.master_weights = false`` ([Note: master weights] in
+    schedlang.runtime.master_weights)."""
 
     FP32 = "fp32"
     BF16 = "bf16"
     FP16 = "fp16"
     FP64 = "fp64"
+
+    @property
+    def is_16_bit(self) -> bool:
+        return self in (DType.BF16, DType.FP16)

@@ -146,6 +146,7 @@ SCHEMA: tuple[Key, ...] = (
     Key("train", "steps", Integer(1, 1 << 40), TrainSpec, "steps = 20"),
     Key("train", "optimizer", train.read_optimizer, TrainSpec, "optimizer = adamw(lr = 3e-3)"),
     Key("train", "dtype", Choice(DType, "dtype"), TrainSpec, "dtype = bf16"),
+    Key("train", "master_weights", Boolean(), TrainSpec, "master_weights = false"),
     Key("train", "data", train.read_data, TrainSpec, "data = synthetic(seed = 0)"),
     Key("train", "seed", Integer(0, train.MAX_SEED), TrainSpec, "seed = 1"),
     Key("train", "grad_clip", Number(0.0, above=True), TrainSpec, "grad_clip = 1.0", accepts_none=True),

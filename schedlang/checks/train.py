@@ -44,6 +44,7 @@ TRAIN_KEYS = (
     "train.log",
     "train.eval_every",
     "train.eval_batches",
+    "train.master_weights",
 )
 
 

@@ -28,6 +28,7 @@ from schedlang.lowering.memory_terms import (
     program_sizes,
     stage_bytes_per_token,
     state_bytes,
+    reduced_gradient_bytes,
     static_bytes,
     transient_bytes,
 )
@@ -142,7 +143,7 @@ def test_chunk_bytes_scale_with_local_tokens():
 
 
 def test_static_bytes_follow_dtype_and_optimizer():
-    adamw = program_of(dtype="bf16")
+    adamw = program_of(dtype="bf16", train="master_weights = false")
     parameters = stage_parameters(adamw, 0).total
     assert static_bytes(adamw, 0) == {
         StaticPart.PARAMETERS: 2 * parameters,
@@ -153,6 +154,30 @@ def test_static_bytes_follow_dtype_and_optimizer():
     assert static_bytes(momentum, 0)[StaticPart.OPTIMIZER] == 4 * parameters
     plain = program_of(dtype="fp32", train="optimizer = sgd(lr = 0.1)")
     assert static_bytes(plain, 0)[StaticPart.OPTIMIZER] == 0
+
+
+def test_static_bytes_with_master_weights():
+    """bf16 parameters and gradients plus their fp32 copies, and fp32 AdamW moments: 2 + 4 bytes per parameter
+    twice, 2 x 4 for the optimizer (the default for a 16-bit dtype; no master copy for fp32)."""
+    master = program_of(dtype="bf16")
+    parameters = stage_parameters(master, 0).total
+    assert master.train.keeps_master_weights
+    assert static_bytes(master, 0) == {
+        StaticPart.PARAMETERS: (2 + 4) * parameters,
+        StaticPart.GRADIENTS: (2 + 4) * parameters,
+        StaticPart.OPTIMIZER: 2 * 4 * parameters,
+    }
+    assert static_bytes(program_of(dtype="fp16", train="optimizer = sgd(lr = 0.1, momentum = 0.9)"), 0) == {
+        StaticPart.PARAMETERS: (2 + 4) * parameters,
+        StaticPart.GRADIENTS: (2 + 4) * parameters,
+        StaticPart.OPTIMIZER: 4 * parameters,
+    }
+    fp32 = program_of(dtype="fp32")
+    assert not fp32.train.keeps_master_weights
+    assert static_bytes(fp32, 0)[StaticPart.PARAMETERS] == 4 * parameters
+    # the all-reduce flattens the optimizer's gradients: the fp32 ones
+    assert reduced_gradient_bytes(master, 0) == 4 * parameters
+    assert reduced_gradient_bytes(program_of(dtype="bf16", train="master_weights = false"), 0) == 2 * parameters
 
 
 def test_states_and_key_value_buffers():
