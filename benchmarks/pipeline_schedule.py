@@ -160,7 +160,7 @@ train {{
   seed      = 0
   optimizer = adamw(lr = 1e-4)
   dtype     = {dtype}
-  data      = synthetic(seed = 0)
+{master_weights}  data      = synthetic(seed = 0)
 }}
 """
 
@@ -172,7 +172,9 @@ def _flag(value: bool) -> str:
 def schedule_text(model: BenchmarkModel, keys: ScheduleKeys, length: int, microbatches: int, dtype: str) -> str:
     """The ``.sched`` text of one system: ``model`` on two pipeline stages, 1F1B over ``keys.chunks`` chunks.
 
-    ``dtype`` is a ``train.dtype`` name (bf16 on a GPU, fp32 on the CPU). ``forward_before_weight`` and
+    ``dtype`` is a ``train.dtype`` name (bf16 on a GPU, fp32 on the CPU); a 16-bit dtype is written with
+    ``master_weights = false``, so that schedlang keeps what the torch peer keeps (16-bit parameters,
+    gradients and AdamW state) and only the schedules differ. ``forward_before_weight`` and
     ``extra_deferred_weights`` are written only with ``split_backward``, the only place the language takes them.
     """
     weight_placement = ""
@@ -191,6 +193,7 @@ def schedule_text(model: BenchmarkModel, keys: ScheduleKeys, length: int, microb
         offload=_flag(keys.offload),
         weight_placement=weight_placement,
         dtype=dtype,
+        master_weights="" if dtype in ("fp32", "fp64") else "  master_weights = false\n",
     )
 
 
