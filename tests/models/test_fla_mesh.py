@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from runtime_harness import compile_schedule, relative_error, run_job  # noqa: E402  (the runtime tests' runner)
+from runtime_harness import assert_trains_like, run_jobs  # noqa: E402  (the runtime tests' runner)
 
 STEPS = 2
 TOLERANCE = 1e-5
@@ -42,27 +42,12 @@ JOBS = {
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     directory = tmp_path_factory.mktemp("fla_mesh")
-    outcomes = {}
-    for world_size, configurations in JOBS.items():
-        names = list(configurations)
-        scripts = [compile_schedule(configurations[name], directory, name) for name in names]
-        job = run_job(scripts, world_size, STEPS, directory / f"world{world_size}")
-        assert job.return_codes == [0] * world_size, job.errors
-        for index, name in enumerate(names):
-            outcomes[name] = (job.losses(index), job.gradients(index))
-    return outcomes
+    return run_jobs(JOBS, directory, STEPS)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [name for size, jobs in JOBS.items() if size > 1 for name in jobs])
 def test_the_fla_shaped_model_trains_exactly_on_the_mesh(runs, name):
-    reference_losses, reference_gradients = runs["reference"]
-    losses, gradients = runs[name]
-    assert len(losses) == STEPS
-    for step, (loss, reference) in enumerate(zip(losses, reference_losses)):
-        assert abs(loss - reference) <= TOLERANCE * abs(reference), f"step {step}: {loss} vs {reference}"
-    assert sorted(gradients) == sorted(reference_gradients)
+    assert_trains_like(runs[name], runs["reference"], STEPS, TOLERANCE)
+    gradients = runs[name][1]
     assert any("gate_proj.0" in key for key in gradients) and any("output_norm" in key for key in gradients)
-    errors = {key: relative_error(gradients[key], reference_gradients[key]) for key in reference_gradients}
-    worst = max(errors, key=errors.get)
-    assert errors[worst] <= TOLERANCE, f"{worst}: relative error {errors[worst]:.2e}"

@@ -95,5 +95,35 @@ def run_job(
     return JobResult(return_codes, errors, results, time.perf_counter() - started)
 
 
+def run_jobs(
+    jobs: dict[int, dict[str, str]], directory: Path, steps: int, wall_timeout_s: float = 300.0
+) -> dict[str, tuple[list[float], dict[str, torch.Tensor]]]:
+    """One job per world size of ``jobs`` (world size -> schedule name -> schedule text), every schedule of a
+    job compiled into ``directory`` and run by the same ranks; returns name -> (losses, gradients after the first
+    step). Fails the calling test when a rank fails."""
+    outcomes = {}
+    for world_size, schedules in sorted(jobs.items()):
+        names = list(schedules)
+        scripts = [compile_schedule(schedules[name], directory, name) for name in names]
+        job = run_job(scripts, world_size, steps, directory / f"world{world_size}", wall_timeout_s=wall_timeout_s)
+        assert job.return_codes == [0] * world_size, job.errors
+        for index, name in enumerate(names):
+            outcomes[name] = (job.losses(index), job.gradients(index))
+    return outcomes
+
+
+def assert_trains_like(outcome, reference, steps: int, tolerance: float) -> None:
+    """``outcome`` and ``reference`` are (losses, gradients) of :func:`run_jobs`: the same number of steps, every
+    loss within ``tolerance`` relative, the same gradient names, every gradient within ``tolerance`` relative."""
+    (losses, gradients), (reference_losses, reference_gradients) = outcome, reference
+    assert len(losses) == steps
+    for step, (loss, expected) in enumerate(zip(losses, reference_losses)):
+        assert abs(loss - expected) <= tolerance * abs(expected), f"step {step}: {loss} vs {expected}"
+    assert sorted(gradients) == sorted(reference_gradients)
+    errors = {key: relative_error(gradients[key], reference_gradients[key]) for key in reference_gradients}
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= tolerance, f"{worst}: relative error {errors[worst]:.2e}"
+
+
 def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
     return float((value.double() - reference.double()).norm() / reference.double().norm().clamp_min(1e-30))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime_harness import compile_schedule, relative_error, run_job
+from runtime_harness import relative_error, run_jobs
 
 STEPS = 3
 TOLERANCE = 1e-5
@@ -226,16 +226,7 @@ CONFIGURATIONS = {
 def matrix(tmp_path_factory):
     """Run the reference and every configuration; returns name -> (losses, gradients)."""
     directory = tmp_path_factory.mktemp("exactness")
-    outcomes = {}
-    jobs = {1: REFERENCES, **CONFIGURATIONS}
-    for world_size, configurations in jobs.items():
-        names = list(configurations)
-        scripts = [compile_schedule(configurations[name], directory, name) for name in names]
-        job = run_job(scripts, world_size, STEPS, directory / f"world{world_size}")
-        assert job.return_codes == [0] * world_size, job.errors
-        for index, name in enumerate(names):
-            outcomes[name] = (job.losses(index), job.gradients(index))
-    return outcomes
+    return run_jobs({1: REFERENCES, **CONFIGURATIONS}, directory, STEPS)
 
 
 ALL_NAMES = [name for configurations in CONFIGURATIONS.values() for name in configurations]

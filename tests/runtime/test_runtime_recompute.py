@@ -15,14 +15,13 @@ from __future__ import annotations
 import gc
 import importlib.util
 import weakref
-from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from runtime_harness import compile_schedule, free_port, relative_error, run_job
+from runtime_harness import compile_schedule, free_port, relative_error, run_jobs
 from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.kv_buffers import BufferedChunkAttention
 from schedlang.runtime.model import build_stage_model
@@ -117,15 +116,7 @@ COMPARED = list(REFERENCE_OF)
 def matrix(tmp_path_factory):
     """Run every schedule; returns name -> (losses, gradients after the first step)."""
     directory = tmp_path_factory.mktemp("recompute")
-    outcomes = {}
-    for world_size, runs in JOBS.items():
-        names = list(runs)
-        scripts = [compile_schedule(runs[name], directory, name) for name in names]
-        job = run_job(scripts, world_size, STEPS, directory / f"world{world_size}", wall_timeout_s=900.0)
-        assert job.return_codes == [0] * world_size, job.errors
-        for index, name in enumerate(names):
-            outcomes[name] = (job.losses(index), job.gradients(index))
-    return outcomes
+    return run_jobs(JOBS, directory, STEPS, wall_timeout_s=900.0)
 
 
 @pytest.mark.slow

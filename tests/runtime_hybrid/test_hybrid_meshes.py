@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
 import runtime_harness  # noqa: E402
 from hybrid_schedules import MESHES, MODELS, REFERENCE, STEPS, Mesh, runtime_refuses, schedule_text  # noqa: E402
-from runtime_harness import compile_schedule, relative_error, run_job  # noqa: E402
+from runtime_harness import compile_schedule, relative_error, run_job, run_jobs  # noqa: E402
 
 TOLERANCE = 1e-5
 GDN_SEQUENCE_REASON = "gdn sequence parallelism lands with the gdn-sp branch"
@@ -49,15 +49,7 @@ def matrix(tmp_path_factory):
     jobs: dict[int, dict[str, str]] = {1: {f"reference_{model}": schedule_text(model, REFERENCE, f"reference_{model}") for model in MODELS}}
     for model, mesh in RUNNABLE:
         jobs.setdefault(mesh.ranks, {})[case_name(model, mesh)] = schedule_text(model, mesh)
-    outcomes = {}
-    for world_size, schedules in sorted(jobs.items()):
-        names = list(schedules)
-        scripts = [compile_schedule(schedules[name], directory, name) for name in names]
-        job = run_job(scripts, world_size, STEPS, directory / f"world{world_size}")
-        assert job.return_codes == [0] * world_size, job.errors
-        for index, name in enumerate(names):
-            outcomes[name] = (job.losses(index), job.gradients(index))
-    return outcomes
+    return run_jobs(jobs, directory, STEPS)
 
 
 def assert_losses_match(losses: list[float], reference: list[float]) -> None:

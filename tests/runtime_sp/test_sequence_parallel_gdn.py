@@ -40,8 +40,7 @@ from sp_harness import run_on_ranks
 from sp_reference import relative_error
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from runtime_harness import compile_schedule, run_job  # noqa: E402  (the runtime tests' job runner)
-from runtime_harness import relative_error as model_relative_error  # noqa: E402
+from runtime_harness import assert_trains_like, run_jobs  # noqa: E402  (the runtime tests' job runner)
 
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 BATCH, HEADS = 2, 2
@@ -419,15 +418,7 @@ MODEL_JOBS = {
 @pytest.fixture(scope="module")
 def model_runs(tmp_path_factory):
     directory = tmp_path_factory.mktemp("gdn_sequence_parallel")
-    outcomes = {}
-    for world_size, configurations in MODEL_JOBS.items():
-        names = list(configurations)
-        scripts = [compile_schedule(configurations[name], directory, name) for name in names]
-        job = run_job(scripts, world_size, STEPS, directory / f"world{world_size}")
-        assert job.return_codes == [0] * world_size, job.errors
-        for index, name in enumerate(names):
-            outcomes[name] = (job.losses(index), job.gradients(index))
-    return outcomes
+    return run_jobs(MODEL_JOBS, directory, STEPS)
 
 
 MODEL_NAMES = [name for size, jobs in MODEL_JOBS.items() if size > 1 for name in jobs]
@@ -436,13 +427,5 @@ MODEL_NAMES = [name for size, jobs in MODEL_JOBS.items() if size > 1 for name in
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_a_gdn_model_trains_sequence_parallel_exactly(model_runs, name):
-    reference_losses, reference_gradients = model_runs["reference"]
-    losses, gradients = model_runs[name]
-    assert len(losses) == STEPS
-    for step, (loss, reference) in enumerate(zip(losses, reference_losses)):
-        assert abs(loss - reference) <= MODEL_TOLERANCE * abs(reference), f"step {step}: {loss} vs {reference}"
-    assert sorted(gradients) == sorted(reference_gradients)
-    errors = {key: model_relative_error(gradients[key], reference_gradients[key]) for key in reference_gradients}
-    worst = max(errors, key=errors.get)
-    assert errors[worst] <= MODEL_TOLERANCE, f"{worst}: relative error {errors[worst]:.2e}"
-    assert any("beta_proj" in key for key in gradients)
+    assert_trains_like(model_runs[name], model_runs["reference"], STEPS, MODEL_TOLERANCE)
+    assert any("beta_proj" in key for key in model_runs[name][1])
