@@ -31,6 +31,9 @@ from schedlang.vocabulary import ActionKind, LayerKind, Recompute
 
 STEPS = 2
 TOLERANCE = 1e-5
+GPU_ATTENTION_TOLERANCE = 5e-5
+"""Two float32 backwards of the same attention on CUDA may sum dQ/dK/dV in different orders (the fused
+kernels accumulate with atomics): an H200 gave 1.1e-5 relative on the embedding's gradient between two runs."""
 
 GLA_LAYERS = "[gla, simple_gla] * 2"
 HYBRID_LAYERS = "[gla, attn, gdn, simple_gla]"
@@ -326,8 +329,8 @@ def test_offload_moves_the_saved_bytes_off_the_gpu(stack):
     saved_bytes = sum(saved_storages.values())
     # the caching allocator rounds every block up to a multiple of 512 bytes
     assert abs(dropped - saved_bytes) <= 512 * len(saved_storages), (dropped, saved_bytes)
-    for name, reference in gradients[False].items():  # the attention backward may sum in another order
-        assert relative_error(gradients[True][name], reference) <= TOLERANCE, name
+    for name, reference in gradients[False].items():
+        assert relative_error(gradients[True][name], reference) <= GPU_ATTENTION_TOLERANCE, name
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
