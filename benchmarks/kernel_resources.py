@@ -1,8 +1,11 @@
-"""Registers, spills and shared memory of every Triton kernel chunk_gla / chunk_simple_gla launch, without a GPU.
+"""Registers, spills and shared memory of every Triton kernel chunk_gla / chunk_simple_gla / chunk_gated_delta_rule
+launch, without a GPU.
 
     python benchmarks/kernel_resources.py                    # bf16, H=16, K=V=128 (the issue-3 shapes)
     python benchmarks/kernel_resources.py --dtype float32 --dim 64
     python benchmarks/kernel_resources.py --num-warps 8       # what-if: every kernel at 8 warps
+    python benchmarks/kernel_resources.py --operators gdn     # Gated DeltaNet's kernels only
+    python benchmarks/kernel_resources.py --launch-table t.json  # under launch-table overrides (tune_kernels.py --out)
 
 Runs one forward+backward of each operator on CPU tensors with backend="triton" while Triton's launcher is
 replaced by a recorder (no kernel runs; the numbers the host code gets back are garbage and never used),
@@ -17,10 +20,13 @@ counts can differ by a few registers from the ones on the GPU.
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +35,13 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from schedlang.kernels import chunk_gla, chunk_simple_gla
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.kernels import import_launch_tables  # noqa: E402
+from schedlang.kernels import chunk_gated_delta_rule, chunk_gla, chunk_simple_gla  # noqa: E402
+from schedlang.kernels.common import Backend  # noqa: E402
+from schedlang.kernels.common.launch_tables import launch_overrides  # noqa: E402
+
+OPERATORS = ("gla", "simple_gla", "gdn")
 
 TRITON_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float64: "*fp64"}
 
@@ -60,16 +72,29 @@ def record_launches(operator: str, dim: int, heads: int, length: int, dtype: tor
 
     original = JITFunction.run
     JITFunction.run = recorder
+    # the operators refuse bfloat16 on CPU tensors (the interpreter's tl.dot); nothing runs here, so let them through
+    dispatchers = [importlib.import_module(f"schedlang.kernels.{name}.chunk") for name in OPERATORS]
+    refusing = [module.resolve_backend for module in dispatchers]
+    for module in dispatchers:
+        module.resolve_backend = lambda *args, **kwargs: Backend.TRITON
     try:
         gate_shape = (1, length, heads, dim) if operator == "gla" else (1, length, heads)
         q, k, v = (torch.randn(1, length, heads, dim, dtype=dtype, requires_grad=True) for _ in range(3))
         g = F.logsigmoid(torch.randn(*gate_shape)).requires_grad_(True)
         state = torch.zeros(1, heads, dim, dim, requires_grad=True)
-        function = chunk_gla if operator == "gla" else chunk_simple_gla
-        output, final_state = function(q, k, v, g, initial_state=state, output_final_state=True, backend="triton")
+        if operator == "gdn":
+            beta = torch.rand(1, length, heads, dtype=dtype, requires_grad=True)
+            output, final_state = chunk_gated_delta_rule(
+                q, k, v, g, beta, initial_state=state, output_final_state=True, backend="triton"
+            )
+        else:
+            function = chunk_gla if operator == "gla" else chunk_simple_gla
+            output, final_state = function(q, k, v, g, initial_state=state, output_final_state=True, backend="triton")
         (output.float().sum() + final_state.sum()).backward()
     finally:
         JITFunction.run = original
+        for module, resolve in zip(dispatchers, refusing):
+            module.resolve_backend = resolve
     return launches
 
 
@@ -97,6 +122,8 @@ def main() -> int:
     parser.add_argument("--num-warps", type=int, help="compile every kernel with this many warps instead (what-if)")
     parser.add_argument("--num-stages", type=int, help="and with this many software-pipeline stages (what-if)")
     parser.add_argument("--only", help="only kernels whose name contains this text")
+    parser.add_argument("--operators", nargs="+", choices=OPERATORS, default=list(OPERATORS))
+    parser.add_argument("--launch-table", type=Path, help="launch-table overrides, {table: {entry: {knob: value}}}")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("unset TRITON_INTERPRET: the interpreter never compiles", file=sys.stderr)
@@ -104,8 +131,10 @@ def main() -> int:
     dtype = getattr(torch, args.dtype)
     print(f"# sm_90, {args.dtype}, H={args.heads}, K=V={args.dim}; registers per thread, stack bytes, shared bytes")
     print(f"{'operator':10} {'kernel':36} {'warps':>5} {'stages':>6} {'regs':>4} {'stack':>6} {'shared':>8}")
-    with tempfile.TemporaryDirectory() as workdir:
-        for operator in ("gla", "simple_gla"):
+    import_launch_tables()
+    overrides = json.loads(args.launch_table.read_text()) if args.launch_table else {}
+    with tempfile.TemporaryDirectory() as workdir, launch_overrides(overrides):
+        for operator in args.operators:
             seen = set()
             for kernel, signature, constexprs, options in record_launches(operator, args.dim, args.heads, 256, dtype):
                 key = (kernel.__name__, tuple(sorted(constexprs.items())))
