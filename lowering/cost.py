@@ -26,6 +26,13 @@ gradients into ``.grad``, and leaves ``B`` the rest (the input-gradient GEMMs,
 the recurrence or attention core, norms, sequence-parallel exchange, the other
 parameters' ``.grad`` additions and the remaining launches).
 
+[Note: recompute costs]
+With ``pipeline { recompute = ... }`` a chunk's backward first reruns what its forward did not keep
+([Note: recompute] in schedlang.runtime.executor): ``FLOPS`` adds to the backward (to ``B`` when split)
+the forward seconds of the rerun part: ``mlp`` the MLPs' FLOPs, ``mixer`` the token mixers' FLOPs
+(attention pairs included) and their sequence-parallel exchange, ``full`` the chunk's whole forward.
+Launch gaps are charged to ``full`` only. ``UNIT`` keeps Eq. 12-15's durations whatever the mode.
+
 A cost model answers in its own time unit; :attr:`CostModel.time_divisor`
 turns that unit into the timeline's.
 """
@@ -42,7 +49,7 @@ from schedlang.lowering.program import MlpKind, ModelSpec, ScheduleProgram
 from schedlang.lowering.parameters import stage_parameters
 from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.lowering.timeline import MessageKind
-from schedlang.vocabulary import DType, LayerKind, SequenceParallelMethod
+from schedlang.vocabulary import DType, LayerKind, Recompute, SequenceParallelMethod
 
 
 class CostModelKind(str, Enum):
@@ -240,6 +247,30 @@ def linear_layers(model: ModelSpec, layers: tuple[int, ...], is_last: bool) -> i
     return count + is_last  # the LM head
 
 
+@dataclass(frozen=True)
+class ChunkForwardSeconds:
+    """One chunk's forward on one stage, split into the parts a backward may rerun ([Note: recompute costs])."""
+
+    mixers: float  # the token mixers' FLOPs, attention pairs included
+    mlps: float  # the MLPs' FLOPs
+    rest: float  # the LM head's FLOPs and the kernel launch gaps
+    sequence_parallel: float  # state scans and K/V all-gathers between the sequence ranks
+
+    @property
+    def total(self) -> float:
+        return self.mixers + self.mlps + self.rest + self.sequence_parallel
+
+    def recomputed(self, mode: Recompute) -> float:
+        """The seconds a backward under ``mode`` spends rerunning this forward's parts."""
+        if mode is Recompute.FULL:
+            return self.total
+        if mode is Recompute.MIXER:
+            return self.mixers + self.sequence_parallel
+        if mode is Recompute.MLP:
+            return self.mlps
+        return 0.0
+
+
 class FlopsCostModel:
     """Layer FLOPs over device throughput plus alpha-beta messages; see docs/cost-model.md.
 
@@ -271,10 +302,11 @@ class FlopsCostModel:
             linear_layers(model, layers, stage == program.n_stages - 1)
             for stage, layers in enumerate(program.stage_layers)
         ]
-        self.forward_seconds = [
-            [self._stage_chunk_seconds(stage, chunk) for chunk in range(program.n_chunks)]
+        self.forward_parts = [
+            [self._stage_chunk_parts(stage, chunk) for chunk in range(program.n_chunks)]
             for stage in range(program.n_stages)
         ]
+        self.forward_seconds = [[parts.total for parts in stage_parts] for stage_parts in self.forward_parts]
         self.weight_seconds = [
             [self._stage_chunk_weight_seconds(stage, chunk) for chunk in range(program.n_chunks)]
             for stage in range(program.n_stages)
@@ -317,29 +349,33 @@ class FlopsCostModel:
         seconds = self.batch * per_token * tokens / self.sequence_ranks / hardware.throughput_flops
         return seconds + self.stage_linear_layers[stage] * hardware.kernel_gap_s
 
-    def _stage_chunk_seconds(self, stage: int, chunk: int) -> float:
+    def _stage_chunk_parts(self, stage: int, chunk: int) -> ChunkForwardSeconds:
         program, model, hardware = self.program, self.program.model, self.hardware
         tokens = program.sequence.chunk_length(chunk)
         prefix = program.sequence.boundaries[chunk]
         kernel_chunk = min(program.sequence.kernel_chunk, tokens)
-        per_token = 0.0
+        mixer_per_token = mlp_per_token = head_per_token = 0.0
         pairs_flops = 0.0
         attention_layers = 0
         for kind, n_layers in self.stage_kinds[stage].items():
             mixer = mixer_flops_per_token(kind, model.d_model, model.heads, model.head_dim, kernel_chunk)
-            per_token += n_layers * mixer
-            per_token += n_layers * mlp_flops_per_token(model) if model.has_mlp(kind) else 0.0
+            mixer_per_token += n_layers * mixer
+            mlp_per_token += n_layers * mlp_flops_per_token(model) if model.has_mlp(kind) else 0.0
             if kind is LayerKind.ATTN:
                 attention_layers += n_layers
                 pairs = attention_pairs(prefix, tokens, self.sequence_ranks)
                 pairs_flops += n_layers * attention_pair_flops(model.heads, model.head_dim) * pairs
         if stage == program.n_stages - 1:
-            per_token += head_flops_per_token(model)
+            head_per_token = head_flops_per_token(model)
         # the chunk takes as long as its slowest sequence-parallel rank, whose attention pairs these are
-        flops = self.batch * (per_token * tokens / self.sequence_ranks + pairs_flops)
-        seconds = flops / hardware.throughput_flops
-        seconds += self.stage_launches[stage] * hardware.kernel_gap_s
-        return seconds + self._sequence_parallel_seconds(stage, tokens, attention_layers)
+        local_tokens = self.batch * tokens / self.sequence_ranks
+        return ChunkForwardSeconds(
+            mixers=(local_tokens * mixer_per_token + self.batch * pairs_flops) / hardware.throughput_flops,
+            mlps=local_tokens * mlp_per_token / hardware.throughput_flops,
+            rest=local_tokens * head_per_token / hardware.throughput_flops
+            + self.stage_launches[stage] * hardware.kernel_gap_s,
+            sequence_parallel=self._sequence_parallel_seconds(stage, tokens, attention_layers),
+        )
 
     def _sequence_parallel_seconds(self, stage: int, tokens: int, attention_layers: int) -> float:
         """State exchange between the sequence-parallel ranks of one chunk, and each attention layer's all-gather
@@ -376,6 +412,7 @@ class FlopsCostModel:
         if task.kind is TaskKind.WEIGHT:
             return self.weight_seconds[stage][chunk] + self.weight_accumulation_seconds[stage]
         backward = BACKWARD_TO_FORWARD * seconds + self.accumulation_seconds[stage]
+        backward += self.forward_parts[stage][chunk].recomputed(self.program.pipeline.recompute)
         if self.split_backward:
             backward -= self.weight_seconds[stage][chunk] + self.weight_accumulation_seconds[stage]
         return backward
