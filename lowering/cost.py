@@ -28,7 +28,7 @@ parameters' ``.grad`` additions and the remaining launches).
 
 [Note: recompute costs]
 With ``pipeline { recompute = ... }`` a chunk's backward first reruns what its forward did not keep
-([Note: recompute] in schedlang.runtime.executor): ``FLOPS`` adds to the backward (to ``B`` when split)
+([Note: recompute modes] in schedlang.runtime.executor): ``FLOPS`` adds to the backward (to ``B`` when split)
 the forward seconds of the rerun part: ``mlp`` the MLPs' FLOPs, ``mixer`` the token mixers' FLOPs
 (attention pairs included) and their sequence-parallel exchange, ``full`` the chunk's whole forward.
 Launch gaps are charged to ``full`` only. ``UNIT`` keeps Eq. 12-15's durations whatever the mode.
