@@ -23,10 +23,17 @@ from schedlang.lowering import paths
 from schedlang.lowering.program import RUNTIME_NORM_EPS, ScheduleProgram
 from schedlang.runtime.model_options import ModelOptions
 from schedlang.lowering.script_text import docstring_script_name
-from schedlang.vocabulary import Action, DataKind
+from schedlang.vocabulary import Action, DataKind, StageRecompute
 
 ACTIONS_PER_LINE = 8
 _SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+
+
+def _recompute_literal(recompute: StageRecompute) -> str:
+    """``'full'``, or ``('full', 'none')`` with a mode per stage."""
+    if isinstance(recompute, tuple):
+        return repr(tuple(mode.value for mode in recompute))
+    return repr(recompute.value)
 
 
 def make_environment() -> jinja2.Environment:
@@ -220,7 +227,7 @@ def build_view(
         stage_actions_literal=_tuple_of_names([f"STAGE_{index}_ACTIONS" for index in range(n_stages)]),
         stage_layers_literal=repr(tuple(tuple(layers) for layers in program.stage_layers)),
         chunk_boundaries_literal=repr(tuple(program.sequence.boundaries)),
-        recompute=repr(program.pipeline.recompute.value),
+        recompute=_recompute_literal(program.pipeline.recompute),
         sequence_parallel=repr(program.mesh.sequence),
         sequence_method=repr(program.sequence.parallel.value),
         scan_blocks=repr(program.sequence.scan_blocks),

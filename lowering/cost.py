@@ -49,7 +49,7 @@ from schedlang.lowering.program import MlpKind, ModelSpec, ScheduleProgram
 from schedlang.lowering.parameters import stage_parameters
 from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.lowering.timeline import MessageKind
-from schedlang.vocabulary import DType, LayerKind, Recompute, SequenceParallelMethod
+from schedlang.vocabulary import DType, LayerKind, Recompute, SequenceParallelMethod, recompute_on
 
 
 class CostModelKind(str, Enum):
@@ -412,7 +412,7 @@ class FlopsCostModel:
         if task.kind is TaskKind.WEIGHT:
             return self.weight_seconds[stage][chunk] + self.weight_accumulation_seconds[stage]
         backward = BACKWARD_TO_FORWARD * seconds + self.accumulation_seconds[stage]
-        backward += self.forward_parts[stage][chunk].recomputed(self.program.pipeline.recompute)
+        backward += self.forward_parts[stage][chunk].recomputed(recompute_on(self.program.pipeline.recompute, stage))
         if self.split_backward:
             backward -= self.weight_seconds[stage][chunk] + self.weight_accumulation_seconds[stage]
         return backward

@@ -48,7 +48,7 @@ from enum import Enum
 from schedlang.lowering.cost import DTYPE_BYTES
 from schedlang.lowering.parameters import mlp_width, stage_parameters
 from schedlang.lowering.program import MlpKind, ModelSpec, Recompute, ScheduleProgram
-from schedlang.vocabulary import DType, LayerKind, OptimizerKind
+from schedlang.vocabulary import DType, LayerKind, OptimizerKind, recompute_on
 
 RUNTIME_KERNEL_CHUNK = 64
 """Tokens per kernel chunk of the runtime's recurrence kernels (``schedlang.kernels.common.CHUNK_SIZE``;
@@ -206,7 +206,7 @@ def chunk_activation_bytes(
     program: ScheduleProgram, stage: int, chunk: int, recompute: Recompute | None = None, device: Device = Device.CUDA
 ) -> float:
     """What chunk ``chunk`` keeps on ``stage`` from its forward to its backward ([Note: activation bytes])."""
-    recompute = program.pipeline.recompute if recompute is None else recompute
+    recompute = recompute_on(program.pipeline.recompute, stage) if recompute is None else recompute
     tokens = local_tokens(program, chunk)
     per_token = stage_bytes_per_token(program, stage, recompute, device)
     return tokens * per_token + stage_chunk_constant_bytes(program, stage, recompute, device)
@@ -304,7 +304,7 @@ def transient_bytes(program: ScheduleProgram, stage: int, chunk: int, device: De
     if stage == program.n_stages - 1:
         per_token = max(per_token, head_workspace_bytes_per_token(sizes))
     workspace = tokens * (per_token + 2 * sizes.d_model * sizes.element_bytes)
-    recompute = program.pipeline.recompute
+    recompute = recompute_on(program.pipeline.recompute, stage)
     if recompute is Recompute.FULL:
         workspace += chunk_activation_bytes(program, stage, chunk, Recompute.NONE, device)
     elif recompute in (Recompute.MLP, Recompute.MIXER):

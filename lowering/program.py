@@ -42,6 +42,7 @@ from schedlang.vocabulary import (
     RunRequest,
     SequenceParallelMethod,
     Span,
+    StageRecompute,
     TokenFileDType,
 )
 
@@ -174,7 +175,8 @@ class PipelineSpec:
     order: OrderKind = OrderKind.ONE_F_ONE_B
     explicit_orders: tuple[StageOrder, ...] = ()  # only for OrderKind.EXPLICIT
     microbatch_size: int = 1  # sequences per microbatch
-    recompute: Recompute = Recompute.NONE
+    # one mode for every stage, or one per stage ([Note: recompute modes] in schedlang.runtime.executor)
+    recompute: StageRecompute = Recompute.NONE
     # keep a chunk's saved activations in pinned host memory between its forward and its backward
     offload: bool = False
     cuda_graphs: CudaGraphs = CudaGraphs.NONE

@@ -21,7 +21,9 @@ from schedlang.vocabulary import (
     Recompute,
     RunRequest,
     SequenceParallelMethod,
+    StageRecompute,
     TokenFileDType,
+    stage_recompute,
 )
 
 
@@ -69,8 +71,8 @@ class PipelineConfig:
 
     ``stage_actions[r]`` is the static list of actions of every rank of stage
     ``r`` in text form (see :mod:`schedlang.vocabulary.actions`). ``recompute``
-    names what a chunk's backward recomputes ([Note: recompute modes] in
-    :mod:`schedlang.runtime.executor`); ``offload`` keeps what a chunk's forward
+    names what a chunk's backward recomputes, on every stage or stage by stage
+    ([Note: recompute modes] in :mod:`schedlang.runtime.executor`); ``offload`` keeps what a chunk's forward
     saves in pinned host memory until its backward (:mod:`schedlang.runtime.offload`).
     """
 
@@ -80,7 +82,7 @@ class PipelineConfig:
     microbatch_size: int
     stage_actions: tuple[tuple[str, ...], ...]
     data_parallel: int = 1
-    recompute: Recompute = Recompute.NONE
+    recompute: StageRecompute = Recompute.NONE  # one mode, or one per stage
     sequence_parallel: int = 1
     sequence_method: SequenceParallelMethod = SequenceParallelMethod.ALLSCAN
     scan_blocks: int = 1
@@ -91,9 +93,7 @@ class PipelineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sequence_method", SequenceParallelMethod(self.sequence_method))
-        if isinstance(self.recompute, bool):  # scripts generated before the recompute modes wrote a flag
-            object.__setattr__(self, "recompute", Recompute.FULL if self.recompute else Recompute.NONE)
-        object.__setattr__(self, "recompute", Recompute(self.recompute))
+        object.__setattr__(self, "recompute", stage_recompute(self.recompute))
         if isinstance(self.cuda_graphs, bool):  # scripts generated before the step mode wrote a flag
             object.__setattr__(self, "cuda_graphs", CudaGraphs.CHUNK_SLOTS if self.cuda_graphs else CudaGraphs.NONE)
         object.__setattr__(self, "cuda_graphs", CudaGraphs(self.cuda_graphs))

@@ -33,7 +33,15 @@ from schedlang.runtime.model import SequenceParallelContext, build_stage_model
 from schedlang.runtime.p2p import StageMessenger
 from schedlang.runtime.progress import StepMetrics, StepReporter
 from schedlang.runtime.step_loss import PendingLoss, StepClock
-from schedlang.vocabulary import Action, CudaGraphs, DType, OptimizerKind, deferred_weight_units, require_supported
+from schedlang.vocabulary import (
+    Action,
+    CudaGraphs,
+    DType,
+    OptimizerKind,
+    deferred_weight_units,
+    recompute_on,
+    require_supported,
+)
 
 DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16, DType.FP64: torch.float64}
 
@@ -102,7 +110,7 @@ class Trainer:
                 if pipeline.sequence_parallel > 1
                 else None
             ),
-            recompute=pipeline.recompute,
+            recompute=recompute_on(pipeline.recompute, mesh.stage),
         )
         # [Note: master weights] in schedlang.runtime.master_weights
         self.master_weights = MasterWeights(self.model, self.dtype) if keeps_master_weights else None
@@ -133,7 +141,7 @@ class Trainer:
                 microbatch_size=pipeline.microbatch_size,
                 d_model=self.model_config.d_model,
                 global_tokens=global_tokens,
-                recompute=pipeline.recompute,
+                recompute=recompute_on(pipeline.recompute, mesh.stage),
                 sequence_slices=(
                     tuple(
                         tuple(pipeline.local_bounds(chunk, index) for index in range(pipeline.sequence_parallel))

@@ -31,7 +31,12 @@ from schedlang.vocabulary.kinds import (
     OptimizerKind,
     Recompute,
     SequenceParallelMethod,
+    StageRecompute,
     TokenFileDType,
+    recompute_modes,
+    recompute_on,
+    recompute_text,
+    stage_recompute,
 )
 from schedlang.vocabulary.source import Severity, Span, caret_line, format_error, render_message
 
@@ -51,13 +56,18 @@ __all__ = [
     "RunRequest",
     "SequenceParallelMethod",
     "Severity",
+    "StageRecompute",
     "TokenFileDType",
     "Span",
     "UnsupportedRunError",
     "caret_line",
     "deferred_weight_units",
     "format_error",
+    "recompute_modes",
+    "recompute_on",
+    "recompute_text",
     "refusals",
     "render_message",
     "require_supported",
+    "stage_recompute",
 ]

@@ -13,7 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from schedlang.vocabulary.kinds import CudaGraphs, LayerKind, Recompute
+from schedlang.vocabulary.kinds import (
+    CudaGraphs,
+    LayerKind,
+    Recompute,
+    StageRecompute,
+    recompute_modes,
+    recompute_text,
+    stage_recompute,
+)
 
 
 @dataclass(frozen=True)
@@ -24,12 +32,12 @@ class RunRequest:
     layers: tuple[LayerKind, ...]
     sequence_parallel: int  # ranks of the sequence-parallel group (mesh.sequence)
     chunk_lengths: tuple[int, ...]
-    recompute: Recompute
+    recompute: StageRecompute
     cuda_graphs: CudaGraphs
     offload: bool = False  # saved activations kept in pinned host memory (pipeline.offload)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "recompute", Recompute(self.recompute))
+        object.__setattr__(self, "recompute", stage_recompute(self.recompute))
 
 
 @dataclass(frozen=True)
@@ -69,8 +77,8 @@ CAPABILITIES: tuple[Capability, ...] = (
     ),
     Capability(
         ("pipeline.recompute", "pipeline.cuda_graphs"),
-        lambda request: request.cuda_graphs and request.recompute is not Recompute.NONE,
-        lambda request: _graphs(request) + f"recompute = {request.recompute.value}; recomputation inside "
+        lambda request: request.cuda_graphs and recompute_modes(request.recompute) != (Recompute.NONE,),
+        lambda request: _graphs(request) + f"recompute = {recompute_text(request.recompute)}; recomputation inside "
         "captured graphs is not implemented (cuda_graphs = step already holds about the eager step's memory)",
     ),
     Capability(

@@ -87,6 +87,37 @@ class Recompute(str, Enum):
     FULL = "full"  # recompute a chunk's whole forward inside its backward
 
 
+StageRecompute = Recompute | tuple[Recompute, ...]
+"""``pipeline.recompute``: one mode for every stage, or one per stage in stage order."""
+
+
+def stage_recompute(value) -> StageRecompute:
+    """``value`` as a :data:`StageRecompute`: a mode or its name, a ``True``/``False`` (the flag that scripts
+    generated before the modes wrote: full or none), or a sequence of those, one per stage."""
+    if isinstance(value, bool):
+        return Recompute.FULL if value else Recompute.NONE
+    if isinstance(value, (tuple, list)):
+        return tuple(Recompute(mode) for mode in value)
+    return Recompute(value)
+
+
+def recompute_on(recompute: StageRecompute, stage: int) -> Recompute:
+    """The mode of pipeline stage ``stage``."""
+    return recompute[stage] if isinstance(recompute, tuple) else recompute
+
+
+def recompute_modes(recompute: StageRecompute) -> tuple[Recompute, ...]:
+    """The distinct modes of the stages, in the order they first appear."""
+    return tuple(dict.fromkeys(recompute)) if isinstance(recompute, tuple) else (recompute,)
+
+
+def recompute_text(recompute: StageRecompute) -> str:
+    """The value as a schedule writes it: ``full`` or ``[full, none]``."""
+    if isinstance(recompute, tuple):
+        return "[" + ", ".join(mode.value for mode in recompute) + "]"
+    return recompute.value
+
+
 class CudaGraphs(str, Enum):
     """How a stage replays CUDA graphs (``pipeline.cuda_graphs``); true in a condition when it replays any."""
 

@@ -1,7 +1,7 @@
-"""The ``pipeline`` block: the reader of ``extra_warmup``, and its spec.
+"""The ``pipeline`` block: the readers of ``extra_warmup`` and ``recompute``, and its spec.
 
-Contract: :func:`read_extra_warmup` follows ``schedlang.checks.readers``; how
-the counts relate to the mesh and the order, which keys need ``split_backward``,
+Contract: :func:`read_extra_warmup` and :func:`read_recompute` follow ``schedlang.checks.readers``; how
+the per-stage lists relate to the mesh and the order, which keys need ``split_backward``,
 and the explicit ``stage r:`` lines are rules (``schedlang.checks.rules``,
 ``schedlang.checks.stages``). :func:`build_pipeline` is pure.
 """
@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from schedlang import ast
-from schedlang.checks.readers import read_integer
+from schedlang.checks.readers import read_choice, read_integer
 from schedlang.lowering.program import PipelineSpec
+from schedlang.vocabulary import Recompute, StageRecompute
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -39,6 +40,18 @@ def read_extra_warmup(checker: Checker, value: ast.Value, path: str) -> int | tu
         return read_integer(checker, value, path, 0, MAX_MICROBATCHES)
     counts = [read_integer(checker, item, f"an entry of {path}", 0, MAX_MICROBATCHES) for item in value.items]
     return None if None in counts else tuple(counts)
+
+
+def read_recompute(checker: Checker, value: ast.Value, path: str) -> StageRecompute | None:
+    """A recompute mode for every stage, or a list of modes, one per pipeline stage (``recompute_per_stage``
+    checks the count)."""
+    if not isinstance(value, ast.ListLiteral):
+        return read_choice(checker, value, path, Recompute, "recompute mode")
+    if not value.items:
+        checker.error(f"'{path}' lists no mode", value.span, hint="one mode per stage, e.g. recompute = [full, none]")
+        return None
+    modes = [read_choice(checker, item, f"an entry of {path}", Recompute, "recompute mode") for item in value.items]
+    return None if None in modes else tuple(modes)
 
 
 def build_pipeline(checker: Checker) -> PipelineSpec | None:

@@ -24,7 +24,7 @@ from schedlang.checks.sequence import build_sequence
 from schedlang.checks.stages import read_explicit_orders
 from schedlang.lowering.partition import model_balanced_boundaries, uniform_boundaries
 from schedlang.lowering.program import MlpKind, OrderKind, PartitionKind
-from schedlang.vocabulary import DataKind, LayerKind, Recompute
+from schedlang.vocabulary import DataKind, LayerKind, Recompute, recompute_modes
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -362,12 +362,28 @@ def extra_warmup_needs_1f1b(checker: Checker) -> None:
         checker.reject("pipeline.extra_warmup")
 
 
+def recompute_per_stage(checker: Checker) -> None:
+    """A list of recompute modes names one per pipeline stage."""
+    modes = checker.get("pipeline.recompute")
+    mesh = build_mesh(checker)
+    if not isinstance(modes, tuple) or mesh is None or len(modes) == mesh.pipeline:
+        return
+    checker.error(
+        f"'pipeline.recompute' lists {len(modes)} modes but mesh.pipeline = {mesh.pipeline}",
+        checker.span_of("pipeline.recompute"),
+        hint="one mode per stage, first stage first, or a single mode for every stage",
+    )
+    checker.reject("pipeline.recompute")
+
+
 def offload_needs_saved_activations(checker: Checker) -> None:
     """``offload = true`` moves what a chunk's forward saves for its backward; ``recompute = full`` saves nothing."""
-    if checker.get("pipeline.offload") and checker.get("pipeline.recompute") is Recompute.FULL:
+    recompute = checker.get("pipeline.recompute")
+    if checker.get("pipeline.offload") and Recompute.FULL in recompute_modes(recompute):
+        where = "" if recompute is Recompute.FULL else " on a stage"
         checker.error(
-            "'pipeline.offload' keeps the activations a chunk's forward saves in host memory, but recompute = full "
-            "saves none (its backward reruns the forward)",
+            f"'pipeline.offload' keeps the activations a chunk's forward saves in host memory, but recompute = full"
+            f"{where} saves none (its backward reruns the forward)",
             checker.span_of("pipeline.offload"),
             hint="remove offload, or recompute only a part of each layer (recompute = mlp or mixer)",
         )
@@ -462,6 +478,7 @@ RULES: tuple[Rule, ...] = (
         places_weight_tasks("extra_deferred_weights"),
     ),
     Rule(("pipeline.extra_warmup", "pipeline.order"), extra_warmup_needs_1f1b),
+    Rule(("pipeline.recompute", "mesh.pipeline"), recompute_per_stage),
     Rule(("pipeline.offload", "pipeline.recompute"), offload_needs_saved_activations),
     Rule(
         ("pipeline.order", "pipeline.microbatches", "pipeline.split_backward", "mesh.pipeline", "sequence.chunks"),

@@ -26,7 +26,6 @@ from schedlang.lowering.program import (
     ModelSpec,
     OrderKind,
     PipelineSpec,
-    Recompute,
     SequenceSpec,
     TrainSpec,
 )
@@ -136,7 +135,7 @@ SCHEMA: tuple[Key, ...] = (
     Key("pipeline", "microbatches", Integer(1, pipeline.MAX_MICROBATCHES), REQUIRED, "microbatches = 4"),
     Key("pipeline", "order", Choice(OrderKind, "pipeline order"), PipelineSpec, "order = 1f1b", in_block_example=True),
     Key("pipeline", "microbatch_size", Integer(1, 1 << 20), PipelineSpec, "microbatch_size = 2"),
-    Key("pipeline", "recompute", Choice(Recompute, "recompute mode"), PipelineSpec, "recompute = mlp"),
+    Key("pipeline", "recompute", pipeline.read_recompute, PipelineSpec, "recompute = mlp"),
     Key("pipeline", "offload", Boolean(), PipelineSpec, "offload = true"),
     Key("pipeline", "cuda_graphs", Choice(CudaGraphs, "CUDA-graph mode"), PipelineSpec, "cuda_graphs = step"),
     Key("pipeline", "extra_warmup", pipeline.read_extra_warmup, PipelineSpec, "extra_warmup = [1, 0]"),

@@ -98,6 +98,14 @@ def ring_variants() -> dict[str, str]:
     return runs
 
 
+def per_stage_variants() -> dict[str, str]:
+    """A mode per stage (``recompute = [full, mixer]``): each stage's blocks and executor take their own."""
+    settings = dict(layers=HYBRID_LAYERS, chunks="[0, 16, 64, 96]")
+    name = "p2_n3_hybrid_full_then_mixer"
+    REFERENCE_OF[name] = "p2_n3_hybrid_none"
+    return {name: schedule_text(name, recompute="[full, mixer]", **settings)}
+
+
 JOBS = {
     1: {
         **variants("p1_n3_gla", layers=GLA_LAYERS, pipeline=1),
@@ -110,6 +118,7 @@ JOBS = {
         **variants("p2_n3_split_backward_gpipe", layers=HYBRID_LAYERS, order="gpipe", split_backward=True),
         **variants("p2_n2_split_mlp", layers=SPLIT_MLP_LAYERS, chunks="2"),
         **ring_variants(),
+        **per_stage_variants(),
     },
 }
 COMPARED = list(REFERENCE_OF)
@@ -228,14 +237,17 @@ def saved_bytes_of_one_chunk(trainer) -> int:
 def test_each_recompute_mode_keeps_fewer_bytes(one_rank_group, tmp_path):
     """A chunk's forward runs after chunk 0's (its states and K/V prefix exist) under each mode."""
     saved = {}
-    for mode in Recompute:
-        trainer = one_rank_trainer(tmp_path, f"saved_{mode.value}", layers=HYBRID_LAYERS, recompute=mode.value)
+    # each mode as one value, and as a per-stage list of the one stage (the generated script's tuple)
+    for written in [mode.value for mode in Recompute] + [f"[{mode.value}]" for mode in Recompute]:
+        name = f"saved_{written.strip('[]')}" + ("_listed" if written.startswith("[") else "")
+        trainer = one_rank_trainer(tmp_path, name, layers=HYBRID_LAYERS, recompute=written)
         executor = trainer.executor
         executor.tokens = trainer.tokens.replica_tokens(0, 0, trainer.pipeline_config.sequences_per_replica)
         executor.forward(0, 0)
-        saved[mode] = saved_bytes_of_one_chunk(trainer)
-    assert saved[Recompute.FULL] < min(saved[Recompute.MLP], saved[Recompute.MIXER]), saved
-    assert max(saved[Recompute.MLP], saved[Recompute.MIXER]) < saved[Recompute.NONE], saved
+        saved[written] = saved_bytes_of_one_chunk(trainer)
+    assert saved["full"] < min(saved["mlp"], saved["mixer"]), saved
+    assert max(saved["mlp"], saved["mixer"]) < saved["none"], saved
+    assert all(saved[f"[{mode.value}]"] == saved[mode.value] for mode in Recompute), saved
 
 
 def test_mixer_recompute_rewrites_the_kv_buffers_with_their_values(one_rank_group, tmp_path, monkeypatch):
