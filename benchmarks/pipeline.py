@@ -26,8 +26,8 @@ Driver (plain python, launches torchrun jobs):
     (a system name gives the schedule's keys, benchmarks.pipeline_schedule.variant_keys: a chunk count N is
     sequence { chunks = N }; a g after it, pipeline { cuda_graphs = true }, an s, cuda_graphs = step; +E, as in 8g+2, extra_warmup = E;
     a final w, as in 8g+2w, split_backward = true, then f for forward_before_weight = true and dD for
-    extra_deferred_weights = D, as in 2g+1wfd2; /mlp, /mixer or /full after it, recompute, and /offload,
-    offload = true, as in 16/full or 32/mixer/offload; --first-stage-layers is model { stages = ... }, --split-mlp
+    extra_deferred_weights = D, as in 2g+1wfd2; /mlp, /mixer or /full after it, recompute (one mode per stage:
+    /full,none), and /offload, offload = true, as in 16/full or 32/mixer/offload; --first-stage-layers is model { stages = ... }, --split-mlp
     writes model { layers = [gla, mlp] * 16 }; --cublas-workspace auto, the default, gives a job whose
     schedlang systems all replay graphs, torch's too, no cuBLAS workspace, as schedlang's runtime gives its
     graph stages: see job_environment)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from schedlang.vocabulary import CudaGraphs, Recompute
+from schedlang.vocabulary import CudaGraphs, Recompute, StageRecompute, recompute_text, stage_recompute
 
 SCHEDULE_FILENAME = "<pipeline benchmark>"
 """The file name diagnostics give for the generated schedule text."""
@@ -81,7 +81,7 @@ class ScheduleKeys:
     split_backward: bool = False
     forward_before_weight: bool = False
     extra_deferred_weights: int = 0
-    recompute: Recompute = Recompute.NONE
+    recompute: StageRecompute = Recompute.NONE
     offload: bool = False
 
 
@@ -91,8 +91,16 @@ GRAPH_LETTERS = {"": CudaGraphs.NONE, "g": CudaGraphs.CHUNK_SLOTS, "s": CudaGrap
 VARIANT_PATTERN = re.compile(
     r"schedlang:(?P<chunks>\d+)(?P<graphs>[gs]?)(?:\+(?P<extra>\d+))?"
     r"(?:(?P<split>w)(?P<forward_first>f?)(?:d(?P<deferred>\d+))?)?"
-    r"(?:/(?P<recompute>none|mlp|mixer|full))?(?P<offload>/offload)?"
+    r"(?:/(?P<recompute>(?:none|mlp|mixer|full)(?:,(?:none|mlp|mixer|full))*))?(?P<offload>/offload)?"
 )
+
+
+def _recompute_of(written: str | None) -> StageRecompute:
+    """``mlp`` (every stage), ``full,none`` (one mode per stage) or nothing (``none``)."""
+    if written is None:
+        return Recompute.NONE
+    modes = written.split(",")
+    return stage_recompute(modes if len(modes) > 1 else modes[0])
 
 
 def variant_keys(name: str) -> ScheduleKeys:
@@ -101,7 +109,7 @@ def variant_keys(name: str) -> ScheduleKeys:
 
     ``g``: ``cuda_graphs = true`` (per-chunk slots); ``s``: ``cuda_graphs = step``; ``+E``: ``extra_warmup = E``; ``w``: ``split_backward = true``, then ``f``:
     ``forward_before_weight = true`` and ``dD``: ``extra_deferred_weights = D``; ``/mlp``, ``/mixer``, ``/full``:
-    ``recompute``; ``/offload``: ``offload = true``. The peers (``torch``, ``torch+ckpt``) get the keys of one
+    ``recompute``, or one mode per stage separated by commas (``/full,none``); ``/offload``: ``offload = true``. The peers (``torch``, ``torch+ckpt``) get the keys of one
     chunk, which fix their model and stage split. Raises ValueError for any other name.
     """
     if name in TORCH_SYSTEMS:
@@ -118,7 +126,7 @@ def variant_keys(name: str) -> ScheduleKeys:
         split_backward=bool(match["split"]),
         forward_before_weight=bool(match["forward_first"]),
         extra_deferred_weights=int(match["deferred"] or 0),
-        recompute=Recompute(match["recompute"] or "none"),
+        recompute=_recompute_of(match["recompute"]),
         offload=bool(match["offload"]),
     )
 
@@ -151,7 +159,7 @@ pipeline {{
   cuda_graphs            = {cuda_graphs}
   extra_warmup           = {keys.extra_warmup}
   split_backward         = {split_backward}
-  recompute              = {keys.recompute.value}
+  recompute              = {recompute}
   offload                = {offload}
 {weight_placement}}}
 
@@ -190,6 +198,7 @@ def schedule_text(model: BenchmarkModel, keys: ScheduleKeys, length: int, microb
         microbatches=microbatches,
         cuda_graphs=keys.cuda_graphs.value,
         split_backward=_flag(keys.split_backward),
+        recompute=recompute_text(keys.recompute),
         offload=_flag(keys.offload),
         weight_placement=weight_placement,
         dtype=dtype,

@@ -31,6 +31,7 @@ def test_system_names_map_to_schedule_keys():
     assert variant_keys("torch") == ScheduleKeys(chunks=1)
     assert variant_keys("torch+ckpt") == ScheduleKeys(chunks=1)
     assert variant_keys("schedlang:16/full") == ScheduleKeys(16, recompute=Recompute.FULL)
+    assert variant_keys("schedlang:16/full,none") == ScheduleKeys(16, recompute=(Recompute.FULL, Recompute.NONE))
     assert variant_keys("schedlang:8+1w/mixer/offload") == ScheduleKeys(
         8, extra_warmup=1, split_backward=True, recompute=Recompute.MIXER, offload=True
     )
@@ -42,7 +43,7 @@ def test_system_names_map_to_schedule_keys():
 
 @pytest.mark.parametrize(
     "name", ["schedlang:1", "schedlang:8", "schedlang:4g+2w", "schedlang:2g+1wfd2", "schedlang:16/mlp",
-             "schedlang:8/mixer/offload", "torch", "torch+ckpt"],
+             "schedlang:8/mixer/offload", "schedlang:16/full,mlp", "torch", "torch+ckpt"],
 )
 def test_each_system_is_a_schedule_the_front_end_accepts_with_its_keys(name):
     keys = variant_keys(name)
@@ -53,7 +54,7 @@ def test_each_system_is_a_schedule_the_front_end_accepts_with_its_keys(name):
     assert program.pipeline.split_backward == keys.split_backward
     assert program.pipeline.forward_before_weight == keys.forward_before_weight
     assert program.pipeline.extra_deferred_weights == keys.extra_deferred_weights
-    assert program.pipeline.recompute is keys.recompute and program.pipeline.offload == keys.offload
+    assert program.pipeline.recompute == keys.recompute and program.pipeline.offload == keys.offload
     assert program.stage_layers == (tuple(range(8)), tuple(range(8, 16)))
 
 
