@@ -10,6 +10,12 @@ proposal is the previous length with its fastest fitting chunk count (predicted 
 step's tokens over the simulated makespan). Everything else of the schedule (model, mesh, microbatches,
 order, recompute, and ``--split-backward`` when given) stays as written.
 
+With ``--fit-recompute`` the search also chooses ``pipeline.recompute``, stage by stage: each candidate is
+first compiled under every mode; a stage's peak depends only on its own mode, so each stage takes, of the
+modes under which its peak fits, the one whose schedule simulated fastest, and the candidate is the schedule
+with those modes (one mode when every stage chose the same). A candidate whose stages cannot all fit is
+the ``full`` one (the smallest peaks).
+
 ``--device-memory`` reads a number and a unit (``80GB``, ``141GiB``, ``1.5TiB``, ``512MiB``); the default is
 what torch reports for an H200 (:data:`DEFAULT_DEVICE_MEMORY`). A size it cannot read is reported at its
 column of the command line, with a caret.
@@ -21,6 +27,8 @@ import argparse
 import re
 import sys
 from dataclasses import dataclass
+
+from schedlang.vocabulary import Recompute, StageRecompute, recompute_text
 
 GIB = 2**30
 
@@ -67,6 +75,10 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-chunks", type=int, default=DEFAULT_MAX_CHUNKS, metavar="N",
         help=f"with --fit: the most chunks tried, powers of two (default {DEFAULT_MAX_CHUNKS})",
     )
+    parser.add_argument(
+        "--fit-recompute", action="store_true",
+        help="with --fit: also choose each stage's recompute mode (the fastest whose peak fits)",
+    )
 
 
 class SizeError(ValueError):
@@ -111,6 +123,8 @@ def check_fit_arguments(args: argparse.Namespace) -> int:
     for flag, value in (("--step", args.step), ("--max-length", args.max_length), ("--max-chunks", args.max_chunks)):
         if value < 1:
             raise SystemExit(f"schedlang simulate: error: {flag} must be positive, got {value}")
+    if args.fit_recompute and not args.fit:
+        raise SystemExit("schedlang simulate: error: --fit-recompute chooses recompute modes for --fit; add --fit")
     if args.fit and (args.chunks or args.extra_warmup):
         raise SystemExit("schedlang simulate: error: --fit chooses the chunk count itself; leave out --chunks "
                          "and --extra-warmup (write extra_warmup in the file)")
@@ -126,6 +140,7 @@ class Candidate:
     reserved: tuple[float, ...]  # bytes per stage
     makespan: float  # seconds
     tokens_per_step: int
+    recompute: StageRecompute  # the schedule's pipeline.recompute in this candidate
 
     @property
     def tokens_per_second(self) -> float:
@@ -141,6 +156,7 @@ class Candidate:
             "reserved_gib": [value / GIB for value in self.reserved],
             "makespan": self.makespan,
             "tokens_per_second": self.tokens_per_second,
+            "recompute": recompute_text(self.recompute),
         }
 
 
@@ -154,15 +170,19 @@ def chunk_counts(length: int, kernel_chunk: int, max_chunks: int) -> list[int]:
     return counts
 
 
-def evaluate(program, length: int, n_chunks: int, cost) -> Candidate | None:
-    """The candidate's predicted memory and step time, or None where the checker refuses the variant."""
+def evaluate(program, length: int, n_chunks: int, cost, recompute: StageRecompute | None = None) -> Candidate | None:
+    """The candidate's predicted memory and step time (under ``recompute`` when given, else the schedule's
+    modes), or None where the checker refuses the variant."""
     from schedlang.commands.common import compile_legal
     from schedlang.compiler import Pass, revise
     from schedlang.diagnostics import ScheduleError
     from schedlang.lowering.memory_peak import predict_memory
 
+    changes = {"sequence.length": length, "sequence.chunks": n_chunks}
+    if recompute is not None:
+        changes["pipeline.recompute"] = recompute
     try:
-        variant = revise(program, **{"sequence.length": length, "sequence.chunks": n_chunks})
+        variant = revise(program, **changes)
     except ScheduleError:
         return None
     compilation = compile_legal(variant, Pass.COST, cost)
@@ -170,7 +190,34 @@ def evaluate(program, length: int, n_chunks: int, cost) -> Candidate | None:
         return None
     memory = predict_memory(variant, compilation.orders)
     tokens = variant.n_microbatches * variant.pipeline.microbatch_size * variant.mesh.data * length
-    return Candidate(length, n_chunks, tuple(stage.reserved for stage in memory), compilation.timeline.makespan, tokens)
+    reserved = tuple(stage.reserved for stage in memory)
+    return Candidate(
+        length, n_chunks, reserved, compilation.timeline.makespan, tokens, variant.pipeline.recompute
+    )
+
+
+def evaluate_choosing_recompute(
+    program, length: int, n_chunks: int, cost, device_memory: int
+) -> Candidate | None:
+    """The candidate with each stage's recompute mode chosen (the module docstring's ``--fit-recompute``)."""
+    under = {mode: evaluate(program, length, n_chunks, cost, mode) for mode in Recompute}
+    under = {mode: candidate for mode, candidate in under.items() if candidate is not None}
+    if not under:
+        return None
+    chosen = []
+    for stage in range(program.n_stages):
+        fitting = [
+            (candidate.makespan, mode)
+            for mode, candidate in under.items()
+            if candidate.reserved[stage] + OUTSIDE_THE_ALLOCATOR <= device_memory
+        ]
+        if not fitting:
+            return under.get(Recompute.FULL) or min(under.values(), key=lambda candidate: max(candidate.reserved))
+        chosen.append(min(fitting)[1])
+    modes = tuple(chosen)
+    if len(set(modes)) == 1:
+        return under[modes[0]]
+    return evaluate(program, length, n_chunks, cost, modes)
 
 
 @dataclass(frozen=True)
@@ -190,11 +237,17 @@ def search(program, args: argparse.Namespace, device_memory: int) -> FitResult:
     kernel_chunk = program.sequence.kernel_chunk
     proposal, tried = None, []
     length = args.step
+
+    def candidate_of(n_chunks: int) -> Candidate | None:
+        if args.fit_recompute:
+            return evaluate_choosing_recompute(program, length, n_chunks, cost, device_memory)
+        return evaluate(program, length, n_chunks, cost)
+
     while length <= args.max_length:
         candidates = [
             candidate
             for n_chunks in chunk_counts(length, kernel_chunk, args.max_chunks)
-            if (candidate := evaluate(program, length, n_chunks, cost)) is not None
+            if (candidate := candidate_of(n_chunks)) is not None
         ]
         tried.extend(candidates)
         fitting = [candidate for candidate in candidates if candidate.fits(device_memory)]
@@ -264,13 +317,15 @@ def _peaks(candidate: Candidate) -> str:
 def print_fit(result: FitResult, args: argparse.Namespace, device_memory: int) -> None:
     budget = f"{device_memory / GIB:.1f} GiB ({OUTSIDE_THE_ALLOCATOR / GIB:g} GiB of it outside PyTorch's allocator)"
     print(f"{args.file}: fitting one device of {budget}, lengths in steps of {args.step} tokens")
-    print(f"{'length':>9}  {'chunks':>6}  {'reserved GiB per stage':>24}  {'tokens/s':>12}  fits")
+    recompute_column = f"  {'recompute':>16}" if args.fit_recompute else ""
+    print(f"{'length':>9}  {'chunks':>6}  {'reserved GiB per stage':>24}  {'tokens/s':>12}{recompute_column}  fits")
     shown = {candidate.length for candidate in (result.proposal, result.refused) if candidate is not None}
     for candidate in (candidate for candidate in result.tried if candidate.length in shown):
         fits = "yes" if candidate.fits(device_memory) else "no"
+        recompute = f"  {recompute_text(candidate.recompute):>16}" if args.fit_recompute else ""
         print(
             f"{candidate.length:>9}  {candidate.n_chunks:>6}  {_peaks(candidate):>24}  "
-            f"{candidate.tokens_per_second:>12,.0f}  {fits}"
+            f"{candidate.tokens_per_second:>12,.0f}{recompute}  {fits}"
         )
     if result.proposal is None:
         first = result.refused
@@ -281,6 +336,7 @@ def print_fit(result: FitResult, args: argparse.Namespace, device_memory: int) -
     print(
         f"longest: {best.length} tokens in {best.n_chunks} chunks, {best.tokens_per_second:,.0f} tokens/s predicted "
         f"(step {best.makespan:.4g} s), reserved peak {_peaks(best)} GiB per stage"
+        + (f", recompute = {recompute_text(best.recompute)}" if args.fit_recompute else "")
     )
     if result.refused is None:
         print(f"(every length up to --max-length {args.max_length} fits)")

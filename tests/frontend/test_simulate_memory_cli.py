@@ -158,3 +158,28 @@ def test_fit_with_split_backward_fits_its_own_schedule(capsys):
     assert split.keys() == plain.keys()
     assert all(split[key][1] >= plain[key][1] - 1e-9 for key in plain)
     assert any(split[key][1] > plain[key][1] for key in plain)
+
+
+def json_fits(row: dict, device_memory: int) -> bool:
+    return max(row["reserved_gib"]) * GIB + OUTSIDE_THE_ALLOCATOR <= device_memory
+
+
+def test_fit_recompute_chooses_each_stages_mode_and_fits_at_least_as_long(capsys):
+    options = ["--device-memory", "2GiB", "--step", "16384", "--max-length", "65536", "--max-chunks", "8"]
+    as_written = fit(options, capsys)
+    chosen = fit(["--fit-recompute", *options], capsys)
+    device_memory = 2 * GIB
+    assert chosen["fits"]["length"] >= as_written["fits"]["length"]
+    assert json_fits(chosen["fits"], device_memory)
+    per_stage = [candidate for candidate in chosen["tried"] if candidate["recompute"].startswith("[")]
+    assert per_stage, "no candidate mixed modes across stages"
+    for candidate in per_stage:
+        modes = candidate["recompute"].strip("[]").split(", ")
+        assert len(modes) == 2 and len(set(modes)) == 2
+        assert json_fits(candidate, device_memory), candidate
+    assert all(candidate["recompute"] == "none" for candidate in as_written["tried"])
+
+
+def test_fit_recompute_needs_fit(capsys):
+    with pytest.raises(SystemExit, match="--fit-recompute chooses recompute modes for --fit"):
+        main(["simulate", STATEFLOW, "--fit-recompute"])
