@@ -24,6 +24,10 @@ from schedlang.lowering.memory_terms import StaticPart, static_bytes
 from schedlang.runtime.model import build_stage_model
 
 TOLERANCE = 1e-5  # test_runtime_exactness.py's
+BF16_TOLERANCE = 5e-3
+"""In bf16 one stage adds the embedding's and the head's gradient of each chunk in one bf16 ``.grad`` before
+the fp32 master gradient; a pipeline adds each to its own fp32 master gradient and sums them in fp32 after the
+step, so the roundings differ (the fp32 cases are the exactness check)."""
 STEPS = 3
 TIED = "embedding.weight"
 
@@ -34,7 +38,7 @@ def schedule_text(
     data: int = 1,
     microbatches: int = 2,
     dtype: str = "fp32",
-    layers: str = "[gla, simple_gla, gla]",
+    layers: str = "[gla, simple_gla]",
     train_keys: str = "grad_clip = 0.05",
     model_keys: str = "",
 ) -> str:
@@ -53,15 +57,17 @@ train {{
 """
 
 
+THREE_LAYERS = "[gla, simple_gla, gla]"
 # name -> (world size, schedule, the one-process schedule with the same chunks and microbatches)
 CASES = {
     "p2": (2, schedule_text("p2", pipeline=2), "reference"),
     "p2_bf16": (2, schedule_text("p2_bf16", pipeline=2, dtype="bf16"), "reference_bf16"),
-    "p3": (3, schedule_text("p3", pipeline=3), "reference"),
+    "p3": (3, schedule_text("p3", pipeline=3, layers=THREE_LAYERS), "reference_3"),
     "p2_d2": (4, schedule_text("p2_d2", pipeline=2, data=2), "reference_n4"),
 }
 REFERENCES = {
     "reference": schedule_text("reference"),
+    "reference_3": schedule_text("reference_3", layers=THREE_LAYERS),
     "reference_bf16": schedule_text("reference_bf16", dtype="bf16"),
     "reference_n4": schedule_text("reference_n4", microbatches=4),
 }
@@ -89,11 +95,12 @@ def _outcome(results: list[dict]) -> tuple[list[float], dict[str, torch.Tensor]]
 def test_a_tied_pipeline_trains_like_one_process(tied_runs, name):
     _, _, reference_name = CASES[name]
     results, reference = tied_runs[name], tied_runs[reference_name]
-    assert_trains_like(_outcome(results), _outcome(reference), STEPS, TOLERANCE)
+    tolerance = BF16_TOLERANCE if "bf16" in name else TOLERANCE
+    assert_trains_like(_outcome(results), _outcome(reference), STEPS, tolerance)
     final, expected = merged(results, "updated"), merged(reference, "updated")
     assert sorted(final) == sorted(expected) and "lm_head.weight" not in final
     for key in expected:
-        assert relative_error(final[key], expected[key]) <= TOLERANCE, key
+        assert relative_error(final[key], expected[key]) <= tolerance, key
 
 
 @pytest.mark.slow
@@ -160,8 +167,8 @@ def test_resume_is_exact_and_export_writes_the_tied_config(tmp_path):
     assert "lm_head.weight" not in tensors
     assert torch.equal(tensors["model.embeddings.weight"], straight[0]["updated"][TIED])
 
-    # the exported weights start a last stage of a three-stage pipeline with the same copy
-    program = load_program_text(text("reload").replace("pipeline = 2", "pipeline = 3"), "reload.sched")
+    # the exported weights start the last stage's copy as the first stage's embedding
+    program = load_program_text(text("reload"), "reload.sched")
     model_config = program.model.runtime_config()
     model_config = replace(model_config, options=replace(model_config.options, initial_weights=str(out)))
     last = build_stage_model(model_config, (1,), False, True, 0, torch.device("cpu"), torch.float32)
@@ -169,8 +176,9 @@ def test_resume_is_exact_and_export_writes_the_tied_config(tmp_path):
 
 
 def test_the_memory_model_counts_the_copy_on_the_last_stage():
-    program = load_program_text(schedule_text("p3", pipeline=3), "p3.sched")
-    untied = load_program_text(schedule_text("p3", pipeline=3).replace("tie_embeddings = true", ""), "p3.sched")
+    text = schedule_text("p3", pipeline=3, layers=THREE_LAYERS)
+    program = load_program_text(text, "p3.sched")
+    untied = load_program_text(text.replace("tie_embeddings = true", ""), "p3.sched")
     one_stage = load_program_text(schedule_text("p1"), "p1.sched")
     for stage in range(3):
         parameters = static_bytes(program, stage)[StaticPart.PARAMETERS]
