@@ -72,8 +72,8 @@ def test_a_fixed_scale_skips_overflows_and_stays():
 
 @pytest.fixture(scope="module")
 def poisoned_runs(tmp_path_factory):
-    """An inf in one rank's gradient at step 1: pipeline 2 (on the last stage) and one process; plus one
-    process without loss scaling."""
+    """An inf in one rank's gradient at step 1: pipeline 2 (on the last stage) and one process; one process
+    with an inf at its last step, and one without loss scaling that stops before it."""
     directory = tmp_path_factory.mktemp("loss_scale")
     scaled = {"SCHEDLANG_TEST_LOSS_SCALE_INTERVAL": "2", "SCHEDLANG_TEST_INF_STEPS": "1"}
     return {
@@ -83,8 +83,16 @@ def poisoned_runs(tmp_path_factory):
         "reference": run_training_job(
             {"reference": schedule_text("reference")}, 1, STEPS, directory, dict(scaled, SCHEDLANG_TEST_INF_RANK="0")
         )["reference"],
+        "last_skipped": run_training_job(
+            {"last_skipped": schedule_text("last_skipped")},
+            1,
+            STEPS,
+            directory,
+            dict(scaled, SCHEDLANG_TEST_INF_RANK="0", SCHEDLANG_TEST_INF_STEPS=str(STEPS - 1)),
+            job_name="last_skipped",
+        )["last_skipped"],
         "unscaled": run_training_job(
-            {"unscaled": schedule_text("unscaled")}, 1, STEPS, directory, job_name="unscaled"
+            {"unscaled": schedule_text("unscaled")}, 1, STEPS - 1, directory, job_name="unscaled"
         )["unscaled"],
     }
 
@@ -105,15 +113,15 @@ def test_an_overflow_on_one_rank_skips_the_step_on_every_rank(poisoned_runs):
 
 @pytest.mark.slow
 def test_scaled_gradients_are_unscaled_and_a_skipped_step_changes_nothing(poisoned_runs):
-    scaled, unscaled = poisoned_runs["reference"][0], poisoned_runs["unscaled"][0]
-    assert scaled["scales"] and not unscaled["scales"]
-    # step 0 is clean: its gradients are the unscaled run's
+    """Scaled by powers of two, the clean steps equal the unscaled run's; the skipped last step leaves the
+    parameters where the unscaled run, one step shorter, leaves them."""
+    scaled, unscaled = poisoned_runs["last_skipped"][0], poisoned_runs["unscaled"][0]
+    assert scaled["scales"][-1] == (262144.0, True) and not unscaled["scales"]  # grown twice, from 2**16
     for name, gradient in unscaled["gradients"].items():
         assert relative_error(scaled["gradients"][name], gradient) <= TOLERANCE, name
-    assert scaled["losses"][:2] == pytest.approx(unscaled["losses"][:2], rel=TOLERANCE)
-    # step 1 was skipped: step 2 starts from step 1's weights, so its loss is step 1's again
-    assert scaled["losses"][2] == pytest.approx(scaled["losses"][1], rel=TOLERANCE)
-    assert unscaled["losses"][2] != pytest.approx(unscaled["losses"][1], rel=TOLERANCE)
+    assert scaled["losses"][: STEPS - 1] == pytest.approx(unscaled["losses"], rel=TOLERANCE)
+    for name, value in unscaled["updated"].items():
+        assert relative_error(scaled["updated"][name], value) <= TOLERANCE, name
 
 
 @pytest.mark.slow
