@@ -196,3 +196,35 @@ def test_a_wrong_loss_scale_is_refused_at_its_key(dtype, value, message):
     line = text.splitlines().index(f"  loss_scale = {value}") + 1
     assert (diagnostic.span.line, diagnostic.span.column) in ((line, 3), (line, 16))
     assert diagnostic.message.startswith(message)
+
+
+@pytest.mark.slow
+def test_fp16_trains_with_the_dynamic_scale_and_skips_real_overflows(tmp_path):
+    """fp16 runs on the CPU: pipeline 2 equals one process with the default dynamic scale; a fixed scale of
+    1e30 overflows the fp16 gradients of every step, so no step changes the weights."""
+    from schedlang.runtime.model import build_stage_model
+
+    pipelined = run_training_job(
+        {
+            "fp16": schedule_text("fp16", pipeline=2, dtype="fp16"),
+            "overflowing": schedule_text("overflowing", pipeline=2, dtype="fp16", train_keys="loss_scale = 1e30"),
+        },
+        2,
+        3,
+        tmp_path,
+    )
+    one = run_training_job({"fp16_one": schedule_text("fp16_one", dtype="fp16")}, 1, 3, tmp_path)["fp16_one"]
+    for result in pipelined["fp16"] + one:
+        assert result["scales"] == [(65536.0, False)] * 3
+    outcome = (pipelined["fp16"][0]["losses"], merged(pipelined["fp16"], "gradients"))
+    assert_trains_like(outcome, (one[0]["losses"], merged(one, "gradients")), 3, TOLERANCE)
+
+    program = load_program_text(schedule_text("overflowing", pipeline=2, dtype="fp16"), "s.sched")
+    for result in pipelined["overflowing"]:
+        assert result["scales"] == [(float(torch.tensor(1e30)), True)] * 3  # the scale is float32
+        stage = result["stage"]
+        initial = build_stage_model(
+            program.model.runtime_config(), program.stage_layers[stage], stage == 0, stage == 1, 7,
+            torch.device("cpu"), torch.float32,
+        )
+        assert all(torch.equal(result["updated"][name], value) for name, value in initial.named_parameters())
