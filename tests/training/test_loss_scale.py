@@ -48,6 +48,7 @@ def test_the_scale_follows_grad_scalers_rules():
     parameter = torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.SGD([parameter], lr=0.1)
     theirs = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=2)
+    scales = []
     for overflow in overflows:
         value = float("inf") if overflow else 3.0
         gradient = torch.full((3,), value) * float(ours.scale)
@@ -57,9 +58,13 @@ def test_the_scale_follows_grad_scalers_rules():
         ours.update()
         theirs.scale(torch.ones(()))  # GradScaler makes its scale at its first scale()
         parameter.grad = torch.full((3,), value) * theirs.get_scale()
+        before = parameter.detach().clone()
         theirs.step(optimizer)
+        assert torch.equal(parameter.detach(), before) is overflow  # GradScaler skips the same steps
         theirs.update()
         assert float(ours.scale) == theirs.get_scale()
+        scales.append(theirs.get_scale())
+    assert scales == [1024.0, 512.0, 512.0, 1024.0, 1024.0, 512.0, 256.0, 256.0, 512.0]
 
 
 def test_a_fixed_scale_skips_overflows_and_stays():
