@@ -8,7 +8,7 @@ Usage: training_worker.py OUT_DIR STEPS SCRIPT [SCRIPT ...]
 Environment knobs: SCHEDLANG_TEST_STOP_AFTER (as rank_worker's), SCHEDLANG_TEST_LOSS_SCALE_INTERVAL (run the
 script with a dynamic loss scale growing after that many clean steps, whatever its dtype),
 SCHEDLANG_TEST_INF_RANK and SCHEDLANG_TEST_INF_STEPS (comma-separated): that rank writes an inf into its first
-gradient before the reduction of those steps.
+gradient before the reduction of those steps; SCHEDLANG_TEST_DEVICE (cpu by default).
 """
 
 import dataclasses
@@ -66,7 +66,8 @@ def run_script(index: int, path: Path, steps: int, out_dir: Path, rank: int) -> 
     interval = os.environ.get("SCHEDLANG_TEST_LOSS_SCALE_INTERVAL")
     if interval is not None:
         train = dataclasses.replace(train, loss_scale=LossScaleConfig(growth_interval=int(interval)))
-    trainer = launch(script.MODEL, script.PIPELINE, train, script.MESH_SHAPE, "cpu", timeout_s=120.0)
+    device = os.environ.get("SCHEDLANG_TEST_DEVICE", "cpu")
+    trainer = launch(script.MODEL, script.PIPELINE, train, script.MESH_SHAPE, device, timeout_s=120.0)
     poison_gradients(trainer, rank)
     scales: list = []
     record_scales(trainer, scales)
@@ -82,8 +83,10 @@ def run_script(index: int, path: Path, steps: int, out_dir: Path, rank: int) -> 
                 gradients = trainer.named_gradients()
             trainer.optimizer_step()
         result["losses"], result["gradients"] = losses, gradients
-    result["parameters"] = {name: value.detach().clone() for name, value in trainer.model.named_parameters()}
-    result["updated"] = {name: value.detach().clone() for name, value in trainer.updated_module.named_parameters()}
+    result["parameters"] = {name: value.detach().cpu() for name, value in trainer.model.named_parameters()}
+    result["updated"] = {name: value.detach().cpu() for name, value in trainer.updated_module.named_parameters()}
+    if result.get("gradients") is not None:
+        result["gradients"] = {name: value.cpu() for name, value in result["gradients"].items()}
     result["scales"] = scales
     torch.save(result, out_dir / f"result-{index}-rank{rank}.pt")
 
