@@ -91,6 +91,7 @@ class TrainView:
     eval_every: str
     eval_batches: str
     master_weights: bool  # written only when false (the runtime's default is true)
+    loss_scale: str  # a LossScaleConfig, or "" when there is no loss scaling (the runtime's default)
 
 
 @dataclass(frozen=True)
@@ -254,6 +255,11 @@ def build_view(
             eval_every=repr(train.eval_every),
             eval_batches=repr(train.eval_batches),
             master_weights=train.master_weights,
+            loss_scale=(
+                ""
+                if train.loss_scale is None
+                else f"LossScaleConfig(dynamic={train.loss_scale.dynamic!r}, initial={float(train.loss_scale.scale)!r})"
+            ),
             lr_schedule=(
                 f"LearningRateScheduleConfig(kind={train.lr_schedule.kind.value!r}, "
                 f"warmup={train.lr_schedule.warmup!r}, min_lr={float(train.lr_schedule.min_lr)!r})"

@@ -57,7 +57,11 @@ def layer_parameters(model: ModelSpec, kind: LayerKind) -> ParameterCount:
 
 
 def stage_parameters(program: ScheduleProgram, stage: int) -> ParameterCount:
-    """The layers of ``stage``, plus the embedding on the first stage and the final norm and head on the last."""
+    """The layers of ``stage``, plus the embedding on the first stage and the final norm and head on the last.
+
+    With ``tie_embeddings`` the head has no weight of its own: on one stage it reads the embedding's, and a
+    last stage after the first holds a copy of the embedding's ([Note: tied embeddings across stages] in
+    schedlang.runtime.model), counted like the embedding (not a linear layer's weight)."""
     model = program.model
     count = ParameterCount(0, 0)
     kinds = Counter(model.layers[layer] for layer in program.stage_layers[stage])
@@ -67,5 +71,10 @@ def stage_parameters(program: ScheduleProgram, stage: int) -> ParameterCount:
     if stage == 0:
         count = count + ParameterCount(0, model.vocab * model.d_model)
     if stage == program.n_stages - 1:
-        count = count + ParameterCount(model.d_model * model.vocab, model.d_model)
+        if not model.tie_embeddings:
+            count = count + ParameterCount(model.d_model * model.vocab, model.d_model)
+        elif stage > 0:
+            count = count + ParameterCount(0, model.vocab * model.d_model + model.d_model)
+        else:
+            count = count + ParameterCount(0, model.d_model)
     return count

@@ -228,6 +228,14 @@ class CheckpointSpec:
 
 
 @dataclass(frozen=True)
+class LossScaleSpec:
+    """``train.loss_scale``: ``dynamic`` (from 2**16, by torch.amp.GradScaler's rules) or a fixed ``scale``."""
+
+    dynamic: bool = True
+    scale: float = 65536.0
+
+
+@dataclass(frozen=True)
 class TrainSpec:
     steps: int = 10
     optimizer: OptimizerSpec = OptimizerSpec()
@@ -242,6 +250,7 @@ class TrainSpec:
     eval_every: int = 0  # a validation loss after every this many steps; 0: none
     eval_batches: int = 1  # validation batches per evaluation
     master_weights: bool = True  # fp32 master weights for a 16-bit dtype: see keeps_master_weights
+    loss_scale: LossScaleSpec | None = None  # None: no loss scaling; the checker makes fp16's dynamic
 
     @property
     def keeps_master_weights(self) -> bool:

@@ -8,7 +8,10 @@ data-parallel replicas save identical, deduplicated entries. With master
 weights the trainer saves and loads the fp32 copies, which carry the model's
 parameter names ([Note: master weights] in schedlang.runtime.master_weights).
 Every checkpoint also holds the run record of schedlang.runtime.checkpoint_manifest, compared
-with the schedule before any tensor is loaded.
+with the schedule before any tensor is loaded, and, with fp16's loss scaling, the loss scale under
+``loss_scale`` ([Note: loss scaling] in schedlang.runtime.loss_scale; a checkpoint without one leaves the
+run's initial scale). A tied embedding's two copies share one name, so the weight is saved once
+([Note: tied embeddings across stages] in schedlang.runtime.model).
 
 [Note: checkpoint trust boundary] The checkpoint metadata torch writes (``.metadata``)
 is a pickle, so loading a checkpoint can run code its writer chose. A resume
@@ -43,6 +46,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from schedlang.runtime.checkpoint_manifest import RUN_RECORD_KEY, first_mismatch
 
+LOSS_SCALE_KEY = "loss_scale"
 LATEST_FILE = "latest"
 STEP_DIRECTORY = re.compile(r"step-(\d{8,})")
 FOREIGN_WRITE_BITS = stat.S_IWGRP | stat.S_IWOTH
@@ -117,16 +121,20 @@ def save_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     record: Mapping[str, str] | None = None,
+    loss_scale: Mapping[str, torch.Tensor] | None = None,
 ) -> None:
     """``step`` is the number of optimizer steps taken; resuming starts at that step.
 
-    ``record`` (schedlang.runtime.checkpoint_manifest.run_record) is saved with the tensors.
+    ``record`` (schedlang.runtime.checkpoint_manifest.run_record) is saved with the tensors, and so is
+    ``loss_scale`` (``LossScaler.state_dict()``, the same on every rank).
     """
     model_state, optimizer_state = get_state_dict(model, optimizer)
     target = checkpoint_path(directory, step)
     state = {"model": model_state, "optimizer": optimizer_state}
     if record is not None:
         state[RUN_RECORD_KEY] = dict(record)
+    if loss_scale is not None:
+        state[LOSS_SCALE_KEY] = dict(loss_scale)
     dcp.save(state, checkpoint_id=str(target))
     _barrier()
     if _is_rank_zero():
@@ -181,12 +189,22 @@ def _read_record(step_directory: Path, keys) -> dict[str, str]:
     return record[RUN_RECORD_KEY]
 
 
-def _load_tensors(step_directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def _load_tensors(
+    step_directory: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_scale: Mapping[str, torch.Tensor] | None = None,
+) -> None:
     model_state, optimizer_state = get_state_dict(model, optimizer)
     # Hyperparameters come from the schedule, not the checkpoint: the flattened
     # param_groups DCP reads back lose tuple-valued entries such as Adam's betas.
     param_groups = copy.deepcopy(optimizer_state["param_groups"])
     state = {"model": model_state, "optimizer": optimizer_state}
+    if loss_scale is not None:
+        stored = dcp.FileSystemReader(str(step_directory)).read_metadata().state_dict_metadata
+        saved = {key: tensor for key, tensor in loss_scale.items() if f"{LOSS_SCALE_KEY}.{key}" in stored}
+        if saved:
+            state[LOSS_SCALE_KEY] = saved  # loaded in place
     dcp.load(state, checkpoint_id=str(step_directory))
     state["optimizer"]["param_groups"] = param_groups
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
@@ -204,6 +222,7 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     record: Mapping[str, str] | None = None,
     say: Callable[[str], None] | None = None,
+    loss_scale: Mapping[str, torch.Tensor] | None = None,
 ) -> int:
     """Load the newest complete checkpoint in place; returns its step (0 when there is none).
 
@@ -232,7 +251,7 @@ def load_checkpoint(
                         f"checkpoint {step_directory} was written for {key} = {was}, "
                         f"but this schedule has {key} = {now}"
                     )
-            _load_tensors(step_directory, model, optimizer)
+            _load_tensors(step_directory, model, optimizer, loss_scale)
         except CheckpointError:
             raise
         except (Exception, CheckpointException) as error:  # any failure to read a checkpoint is reported alike
@@ -251,6 +270,7 @@ def resume_or_exit(
     optimizer: torch.optim.Optimizer,
     record: Mapping[str, str] | None,
     steps: int | None,
+    loss_scale: Mapping[str, torch.Tensor] | None = None,
 ) -> int:
     """What a training script does before its first step: load, say where it resumes, or stop cleanly.
 
@@ -265,7 +285,7 @@ def resume_or_exit(
             print(line, file=sys.stderr, flush=True)
 
     try:
-        step = load_checkpoint(directory, model, optimizer, record, say)
+        step = load_checkpoint(directory, model, optimizer, record, say, loss_scale)
     except CheckpointError as error:
         raise SystemExit(f"schedlang: error: {error}" if rank_zero else 1) from None
     if step and rank_zero:

@@ -173,6 +173,19 @@ class LearningRateScheduleConfig:
 
 
 @dataclass(frozen=True)
+class LossScaleConfig:
+    """``train.loss_scale``: the loss is multiplied by a scale before the backward and the gradients divided
+    by it after; ``dynamic`` changes the scale by torch.amp.GradScaler's rules, else it stays ``initial``
+    ([Note: loss scaling] in schedlang.runtime.loss_scale)."""
+
+    dynamic: bool = True
+    initial: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     steps: int = 10
     seed: int = 0
@@ -188,6 +201,7 @@ class TrainConfig:
     eval_every: int = 0  # a validation loss after every this many steps; 0: none
     eval_batches: int = 1  # validation batches (each a global batch) per evaluation
     master_weights: bool = True  # fp32 master weights for a 16-bit dtype: see keeps_master_weights
+    loss_scale: LossScaleConfig | None = None  # None: no loss scaling (the checker asks for it with fp16)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DType(self.dtype))

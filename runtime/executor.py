@@ -152,6 +152,8 @@ class StageExecutor:
         self.step_graphs = step_graphs  # [Note: step graphs] in schedlang.runtime.step_graphs
         # called after every B and deferred W, inside its step graph: [Note: master weights]
         self.gradients_formed = gradients_formed or (lambda: None)
+        # the last stage's backward starts from this instead of 1 ([Note: loss scaling] in schedlang.runtime.loss_scale)
+        self.loss_gradient: torch.Tensor | None = None
         # [Note: sequence-wide K/V] in schedlang.runtime.kv_buffers
         self.kv = SequenceKV(shape.chunk_boundaries[-1]) if model.has_attention else None
         self.store = StateStore()
@@ -463,7 +465,7 @@ class StageExecutor:
                 record.initial_states,
                 record.final_states,
             )
-        tensors, gradients = [outputs], [None]
+        tensors, gradients = [outputs], [None if self.loss_gradient is None else self.loss_gradient.to(outputs.dtype)]
         output_gradient = None
         if not self.model.is_last:
             try:

@@ -120,3 +120,24 @@ def init_mesh(pipeline: int, sequence: int, data: int, device_type: str, timeout
         previous_stage_rank=previous_rank,
         next_stage_rank=next_rank,
     )
+
+
+def tied_embedding_group(mesh: RuntimeMesh) -> dist.ProcessGroup | None:
+    """The pair of ranks holding the two copies of a tied embedding for this rank's (sequence, data)
+    coordinate: the first and the last stage ([Note: tied embeddings across stages] in
+    schedlang.runtime.model). None on a one-stage mesh and on a rank of a middle stage.
+
+    Every rank must call it, in the same order relative to the other groups it creates: it builds the pair of
+    every coordinate.
+    """
+    if mesh.n_stages == 1:
+        return None
+    grid = mesh.device_mesh.mesh
+    own = None
+    for sequence_index in range(grid.shape[1]):
+        for data_index in range(grid.shape[2]):
+            pair = [int(grid[0, sequence_index, data_index]), int(grid[-1, sequence_index, data_index])]
+            group = dist.new_group(pair)
+            if mesh.rank in pair:
+                own = group
+    return own

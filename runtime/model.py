@@ -414,8 +414,18 @@ class StageModel(nn.Module):
 
     Layers are stored under their global index (``layers.3``), so parameter
     names, and therefore checkpoints, do not depend on how the model is split.
-    With ``options.tie_embeddings`` (a one-stage model) the LM head uses the embedding's weight and has
-    none of its own.
+    With ``options.tie_embeddings`` the LM head uses the embedding's weight and has none of its own:
+    [Note: tied embeddings across stages].
+
+    [Note: tied embeddings across stages]
+    As Megatron-LM does, the first stage owns the embedding and a last stage that is not also the first holds
+    a copy of the same weight for its head. The copy is an ``nn.Embedding`` under the same name,
+    ``embedding.weight``, drawn from the same seed piece (or loaded from the same tensor), so the two start
+    equal; the trainer sums the two gradients over the pair of ranks after the backward
+    (``Trainer.reduce_gradients``, the group of :func:`schedlang.runtime.mesh.tied_embedding_group`), so they
+    stay bit-identical. Only the first stage looks tokens up (``is_first``). Because the copy has the
+    embedding's name, a checkpoint holds the weight (and its optimizer state) once, deduplicated like a data
+    replica's, and loads into any pipeline size, one stage included.
     """
 
     def __init__(self, config: ModelConfig, layer_indices: tuple[int, ...], is_first: bool, is_last: bool) -> None:
@@ -424,12 +434,11 @@ class StageModel(nn.Module):
         self.layer_indices = tuple(layer_indices)
         self.is_first = is_first
         self.is_last = is_last
-        self.embedding = nn.Embedding(config.vocab, config.d_model) if is_first else None
+        tied = config.options.tie_embeddings
+        holds_embedding = is_first or (is_last and tied)  # [Note: tied embeddings across stages]
+        self.embedding = nn.Embedding(config.vocab, config.d_model) if holds_embedding else None
         self.layers = nn.ModuleDict({str(index): Block(config, config.layers[index]) for index in layer_indices})
         self.final_norm = RMSNorm(config.d_model, config.norm_eps) if is_last else None
-        tied = config.options.tie_embeddings
-        if tied and not (is_first and is_last):
-            raise ValueError("tied embeddings need the embedding and the LM head on one stage")
         self.lm_head = Linear(config.d_model, config.vocab, bias=False) if is_last and not tied else None
 
     def reset_parameters(self, seed: int) -> None:
@@ -449,6 +458,11 @@ class StageModel(nn.Module):
         return self.lm_head(normed)
 
     @property
+    def holds_embedding_copy(self) -> bool:
+        """A last stage's copy of the first stage's tied embedding: [Note: tied embeddings across stages]."""
+        return self.embedding is not None and not self.is_first
+
+    @property
     def n_states(self) -> int:
         return len(self.layer_indices)
 
@@ -465,7 +479,7 @@ class StageModel(nn.Module):
         Attention layers need ``position`` whenever the sequence runs in more
         than one chunk; without it they see ``inputs`` as the whole sequence.
         """
-        hidden = self.embedding(inputs) if self.embedding is not None else inputs
+        hidden = self.embedding(inputs) if self.is_first else inputs
         final_states = []
         for index, initial_state in zip(self.layer_indices, initial_states):
             block = self.layers[str(index)]

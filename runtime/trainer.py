@@ -3,7 +3,11 @@
 One step: build the step's global batch (identical on every rank), run this
 rank's action list, all-reduce gradients over the data-parallel group (the
 loss is already normalised by the global token count, so a sum is exact),
-clip by the global norm over all stages if asked, take the optimizer step
+sum the two copies' gradients of a tied embedding over the first and last
+stage ([Note: tied embeddings across stages] in schedlang.runtime.model),
+unscale them and agree on skipping the step with fp16's loss scale ([Note: loss
+scaling] in schedlang.runtime.loss_scale), clip by the global norm over all
+stages if asked (a tied embedding counted once), take the optimizer step
 (with a 16-bit dtype, on the fp32 master weights: [Note: master weights] in
 schedlang.runtime.master_weights), and report the loss summed over all ranks
 (only last-stage ranks hold any), one step late, so that the stages never
@@ -14,6 +18,7 @@ schedlang.runtime.step_loss).
 from __future__ import annotations
 
 import resource
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -25,10 +30,11 @@ from schedlang.runtime.cublas import use_workspace_free_gemms
 from schedlang.runtime.data import TokenSource
 from schedlang.runtime.executor import StageExecutor, StepShape
 from schedlang.runtime.graphs import GraphedChunks, GraphMaker, slots_needed
+from schedlang.runtime.loss_scale import LossScaler
 from schedlang.runtime.lr_schedule import build_scheduler
 from schedlang.runtime.master_weights import MasterWeights
 from schedlang.runtime.step_graphs import StepGraphs
-from schedlang.runtime.mesh import RuntimeMesh, init_mesh
+from schedlang.runtime.mesh import RuntimeMesh, init_mesh, tied_embedding_group
 from schedlang.runtime.model import SequenceParallelContext, build_stage_model
 from schedlang.runtime.p2p import StageMessenger
 from schedlang.runtime.progress import StepMetrics, StepReporter
@@ -44,6 +50,8 @@ from schedlang.vocabulary import (
 )
 
 DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16, DType.FP64: torch.float64}
+TIED_EMBEDDING = "embedding.weight"
+"""The parameter both ends of a pipeline hold with tied embeddings ([Note: tied embeddings across stages])."""
 
 
 def build_optimizer(parameters, config: TrainConfig) -> torch.optim.Optimizer:
@@ -117,6 +125,10 @@ class Trainer:
         # the module whose parameters the optimizer updates and the checkpoints hold
         self.updated_module = self.model if self.master_weights is None else self.master_weights.module
         self.optimizer = build_optimizer(self.updated_module.parameters(), self.train_config)
+        # [Note: tied embeddings across stages]; every rank builds every pair's group
+        self.tied_group = tied_embedding_group(mesh) if self.model_config.options.tie_embeddings else None
+        loss_scale = self.train_config.loss_scale
+        self.loss_scaler = None if loss_scale is None else LossScaler(loss_scale, mesh.device)
         self.scheduler = self._scheduler(start_step=0)
         self.tokens = TokenSource(
             self.train_config.data, self.model_config.vocab, pipeline.sequence_length, pipeline.global_batch
@@ -162,6 +174,8 @@ class Trainer:
             step_graphs=StepGraphs(self.model, mesh.device) if pipeline.cuda_graphs is CudaGraphs.STEP else None,
             gradients_formed=None if self.master_weights is None else self.master_weights.accumulate_gradients,
         )
+        if self.loss_scaler is not None:  # [Note: loss scaling]
+            self.executor.loss_gradient = self.loss_scaler.scale
         self.start_step = 0
 
     def _chunk_graphs(self, actions: tuple[Action, ...], global_tokens: int) -> GraphedChunks | None:
@@ -199,6 +213,8 @@ class Trainer:
         return total / batches
 
     def reduce_gradients(self) -> None:
+        """All-reduce over the sequence and data groups, sum a tied embedding's two copies, unscale (fp16's loss
+        scale: ``loss_scaler.skipped`` then says the step is skipped everywhere), clip."""
         gradients = [parameter.grad for parameter in self.updated_module.parameters()]
         # Every sequence-parallel rank and data replica saw different tokens of the global batch.
         groups = [
@@ -215,8 +231,17 @@ class Trainer:
                 dist.all_reduce(flat, group=group)
             for gradient, reduced in zip(gradients, torch._utils._unflatten_dense_tensors(flat, gradients)):
                 gradient.copy_(reduced)
+        if self.tied_group is not None:  # both copies get the sum, bit for bit
+            dist.all_reduce(self.updated_module.get_parameter(TIED_EMBEDDING).grad, group=self.tied_group)
+        if self.loss_scaler is not None and self.loss_scaler.unscale(gradients):
+            return
         if self.train_config.grad_clip is not None:
-            squared = torch.stack([gradient.double().pow(2).sum() for gradient in gradients]).sum()
+            counted = [
+                parameter.grad
+                for name, parameter in self.updated_module.named_parameters()
+                if not (name == TIED_EMBEDDING and self.model.holds_embedding_copy)  # the first stage counts it
+            ]
+            squared = torch.stack([gradient.double().pow(2).sum() for gradient in counted]).sum()
             dist.all_reduce(squared, group=self.mesh.pipeline_group)
             scale = min(1.0, self.train_config.grad_clip / (float(squared.sqrt()) + 1e-6))
             for gradient in gradients:
@@ -227,10 +252,19 @@ class Trainer:
         return {name: parameter.grad.detach().clone() for name, parameter in self.updated_module.named_parameters()}
 
     def optimizer_step(self) -> None:
-        self.optimizer.step()
-        if self.master_weights is not None:
-            self.master_weights.copy_to_model()
-        self.scheduler.step()
+        """The optimizer step (skipped on every rank when the loss scale found inf or nan), the loss scale's
+        update and the learning-rate schedule's advance, which a skipped step takes too ([Note: loss scaling])."""
+        skipped = self.loss_scaler is not None and self.loss_scaler.skipped
+        if not skipped:
+            self.optimizer.step()
+            if self.master_weights is not None:
+                self.master_weights.copy_to_model()
+        if self.loss_scaler is not None:
+            self.loss_scaler.update()
+        with warnings.catch_warnings():
+            # torch warns when a schedule advances before any optimizer step, as after a skipped first step
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+            self.scheduler.step()
 
     def _scheduler(self, start_step: int):
         config = self.train_config
@@ -254,7 +288,12 @@ class Trainer:
             from schedlang.runtime.checkpoint import resume_or_exit
 
             self.start_step = resume_or_exit(
-                self.train_config.checkpoint_directory, self.updated_module, self.optimizer, self.run_record(), steps
+                self.train_config.checkpoint_directory,
+                self.updated_module,
+                self.optimizer,
+                self.run_record(),
+                steps,
+                loss_scale=None if self.loss_scaler is None else self.loss_scaler.state_dict(),
             )
             if self.master_weights is not None:
                 self.master_weights.copy_to_model()
@@ -274,15 +313,20 @@ class Trainer:
         tokens_per_step = self.pipeline_config.global_batch * self.pipeline_config.sequence_length
         losses: list[float] = []
         validation_losses: dict[int, float] = {}  # step done -> the validation loss after it
-        pending = None  # (step number done, its loss, its clock token): read after the next step is queued
+        # (step number done, its loss, its clock token, its loss scale and whether it was skipped): read after the
+        # next step is queued
+        pending = None
 
-        def report(done: int, loss: PendingLoss, clock_token) -> None:
+        def report(done: int, loss: PendingLoss, clock_token, scaling: tuple[float, bool] | None) -> None:
             losses.append(loss.value())  # returns once that step has finished on every rank
             elapsed = clock.seconds(clock_token)
             if reporter is not None:  # every step goes to --metrics; log_every thins the printed lines only
                 peak = peak_memory_bytes(self.mesh.device)
                 validation = validation_losses.get(done)
-                metrics = StepMetrics(done, losses[-1], tokens_per_step / elapsed, elapsed, peak, validation)
+                scale, skipped = (None, None) if scaling is None else scaling
+                metrics = StepMetrics(
+                    done, losses[-1], tokens_per_step / elapsed, elapsed, peak, validation, scale, skipped
+                )
                 show = done % config.log_every == 0 or done == steps or validation is not None
                 reporter.report(metrics, show=show)
 
@@ -298,14 +342,20 @@ class Trainer:
                     from schedlang.runtime.checkpoint import save_checkpoint
 
                     save_checkpoint(
-                        config.checkpoint_directory, done, self.updated_module, self.optimizer, self.run_record()
+                        config.checkpoint_directory,
+                        done,
+                        self.updated_module,
+                        self.optimizer,
+                        self.run_record(),
+                        loss_scale=None if self.loss_scaler is None else self.loss_scaler.state_dict(),
                     )
                 if config.eval_every and done % config.eval_every == 0:
                     validation_losses[done] = self.evaluate()
                     clock.step_ended()  # the next step's time starts after the evaluation
                 if pending is not None:
                     report(*pending)
-                pending = (done, loss, token)
+                scaler = self.loss_scaler
+                pending = (done, loss, token, None if scaler is None else (scaler.scale_used, scaler.skipped))
                 if stop_after is not None and step - first + 1 >= stop_after:
                     break
             if pending is not None:

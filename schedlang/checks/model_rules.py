@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from schedlang.checks.mesh import build_mesh
 from schedlang.checks.schema import FROM_KEY
 from schedlang.vocabulary import Span
 
@@ -69,21 +68,6 @@ def kv_heads_divide_heads(checker: Checker) -> None:
     checker.reject("model.kv_heads")
 
 
-def tied_embeddings_on_one_stage(checker: Checker) -> None:
-    """The embedding (first stage) and the LM head (last stage) can share a weight only on one stage."""
-    if checker.get("model.tie_embeddings") is not True:
-        return
-    mesh = build_mesh(checker)
-    if mesh is None or mesh.pipeline == 1:
-        return
-    checker.error(
-        f"tie_embeddings needs the embedding and the LM head on one stage, but mesh.pipeline = {mesh.pipeline}",
-        _span(checker, "model.tie_embeddings"),
-        hint="use mesh.pipeline = 1, or write `tie_embeddings = false` to train them apart",
-    )
-    checker.reject("model.tie_embeddings")
-
-
 def weights_fit_the_model(checker: Checker) -> None:
     """``model.from``'s safetensors hold a tensor of the right shape for every parameter of the model the
     schedule builds (the directory's config with the keys the schedule writes)."""
@@ -111,7 +95,6 @@ MODEL_RULE_CHECKS = (
     (("model.expand_k", "model.d_model", "model.heads"), key_width_fits_heads),
     (("model.expand_v", "model.d_model", "model.heads", "model.head_dim"), value_width_is_heads_times_head_dim),
     (("model.kv_heads", "model.heads"), kv_heads_divide_heads),
-    (("model.tie_embeddings", "mesh.pipeline"), tied_embeddings_on_one_stage),
     (
         (FROM_KEY, "model.vocab", "model.d_model", "model.layers", "model.heads", "model.head_dim", "model.mlp"),
         weights_fit_the_model,

@@ -22,6 +22,7 @@ from schedlang.checks.model import build_model
 from schedlang.checks.model_rules import MODEL_RULE_CHECKS
 from schedlang.checks.sequence import build_sequence
 from schedlang.checks.stages import read_explicit_orders
+from schedlang.checks.train import loss_scale_needs_fp16
 from schedlang.lowering.partition import model_balanced_boundaries, uniform_boundaries
 from schedlang.lowering.program import MlpKind, OrderKind, PartitionKind
 from schedlang.vocabulary import DataKind, LayerKind, Recompute, recompute_modes
@@ -485,5 +486,6 @@ RULES: tuple[Rule, ...] = (
         stage_lines_match_order,
     ),
     Rule(("train.lr_schedule", "train.steps", "train.optimizer"), schedule_fits_the_run),
+    Rule(("train.loss_scale", "train.dtype"), loss_scale_needs_fp16),
     Rule(("train.eval_every", "train.data"), evaluation_has_held_out_data),
 )

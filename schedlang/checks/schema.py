@@ -104,6 +104,7 @@ class Key:
 _EVEN_SPLIT = Derived("the layers split evenly over the mesh.pipeline stages")
 _HEAD_WIDTH = Derived("heads * head_dim / d_model")
 _PARTITION_OF_CHUNKS = Derived("uniform, or explicit when chunks lists the boundaries")
+_LOSS_SCALE_DEFAULT = Derived("dynamic with dtype = fp16, else none")
 _SCAN_DEFAULT = (spec_default(SequenceSpec, "parallel"), spec_default(SequenceSpec, "scan_blocks"))
 
 SCHEMA: tuple[Key, ...] = (
@@ -146,6 +147,7 @@ SCHEMA: tuple[Key, ...] = (
     Key("train", "optimizer", train.read_optimizer, TrainSpec, "optimizer = adamw(lr = 3e-3)"),
     Key("train", "dtype", Choice(DType, "dtype"), TrainSpec, "dtype = bf16"),
     Key("train", "master_weights", Boolean(), TrainSpec, "master_weights = false"),
+    Key("train", "loss_scale", train.read_loss_scale, _LOSS_SCALE_DEFAULT, "loss_scale = dynamic", accepts_none=True),
     Key("train", "data", train.read_data, TrainSpec, "data = synthetic(seed = 0)"),
     Key("train", "seed", Integer(0, train.MAX_SEED), TrainSpec, "seed = 1"),
     Key("train", "grad_clip", Number(0.0, above=True), TrainSpec, "grad_clip = 1.0", accepts_none=True),

@@ -11,8 +11,15 @@ from typing import TYPE_CHECKING
 
 from schedlang import ast
 from schedlang.checks.readers import read_call, read_choice, read_integer, read_number
-from schedlang.lowering.program import CheckpointSpec, DataSpec, LearningRateScheduleSpec, OptimizerSpec, TrainSpec
-from schedlang.vocabulary import DataKind, LearningRateScheduleKind, OptimizerKind, TokenFileDType
+from schedlang.lowering.program import (
+    CheckpointSpec,
+    DataSpec,
+    LearningRateScheduleSpec,
+    LossScaleSpec,
+    OptimizerSpec,
+    TrainSpec,
+)
+from schedlang.vocabulary import DataKind, DType, LearningRateScheduleKind, OptimizerKind, TokenFileDType
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -45,6 +52,7 @@ TRAIN_KEYS = (
     "train.eval_every",
     "train.eval_batches",
     "train.master_weights",
+    "train.loss_scale",
 )
 
 
@@ -173,7 +181,42 @@ def read_checkpoint(checker: Checker, value: ast.Value, path: str) -> Checkpoint
     return CheckpointSpec(directory.value, every)
 
 
+def read_loss_scale(checker: Checker, value: ast.Value, path: str) -> LossScaleSpec | None:
+    """``dynamic`` or a fixed scale > 0 (``none``, no scaling, is read by the schema row)."""
+    if isinstance(value, ast.Call) and not value.arguments:
+        value = ast.Identifier(value.name, value.span)
+    if isinstance(value, ast.Identifier) and value.name == "dynamic":
+        return LossScaleSpec()
+    if isinstance(value, (ast.IntLiteral, ast.FloatLiteral)):
+        scale = read_number(checker, value, path, 0.0, above=True)
+        return None if scale is None else LossScaleSpec(dynamic=False, scale=scale)
+    checker.error(
+        f"'{path}' must be dynamic, a number or none, found '{checker.text_of(value.span)}'",
+        value.span,
+        hint="write `loss_scale = dynamic` (the default with fp16) or a fixed scale such as `loss_scale = 1024`",
+    )
+    return None
+
+
+def loss_scale_needs_fp16(checker: Checker) -> None:
+    """``loss_scale`` keeps small fp16 gradients from flushing to zero; bf16, fp32 and fp64 have fp32's
+    exponent range and take no scale."""
+    dtype = checker.get("train.dtype")
+    if not checker.given("train.loss_scale") or dtype is None or dtype is DType.FP16:
+        return
+    checker.error(
+        f"'train.loss_scale' scales fp16 gradients, but train.dtype = {dtype.value}",
+        checker.span_of("train.loss_scale"),
+        hint="drop loss_scale, or write `dtype = fp16`",
+    )
+    checker.reject("train.loss_scale")
+
+
 def build_train(checker: Checker) -> TrainSpec | None:
+    """The train spec; ``loss_scale`` left out is ``dynamic`` with fp16 and none otherwise."""
     if not checker.valid(*TRAIN_KEYS):
         return None
-    return TrainSpec(**{path.split(".", 1)[1]: checker.get(path) for path in TRAIN_KEYS})
+    values = {path.split(".", 1)[1]: checker.get(path) for path in TRAIN_KEYS}
+    if not checker.given("train.loss_scale"):
+        values["loss_scale"] = LossScaleSpec() if values["dtype"] is DType.FP16 else None
+    return TrainSpec(**values)
