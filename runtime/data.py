@@ -178,11 +178,23 @@ def data_problem(config: DataConfig, vocab: int, length: int, scan_ids: bool = T
 
 
 def document_end_problem(config: DataConfig, vocab: int) -> str | None:
-    """Why ``config.document_end``, given as an id, cannot end documents: not an id of the model's vocabulary,
-    or (bytes data) not a byte. A name is the tokenizer's to resolve (:func:`tokens_of`)."""
+    """Why ``config.document_end`` cannot end documents: a name the text data's tokenizer does not hold, an id
+    outside the model's vocabulary, or (bytes data) not a byte; None when it can, or when there is none. A
+    tokenizer file that cannot be read is :func:`data_problem`'s to report."""
     end = config.document_end
-    if end is None or isinstance(end, str):
+    if end is None:
         return None
+    if isinstance(end, str):
+        if config.kind is not DataKind.TEXT:
+            return f"document_end = {end!r} names a token, which only text data's tokenizer resolves: give an id"
+        if config.tokenizer is None or data_file_problem(config.tokenizer) is not None:
+            return None
+        from schedlang.runtime.text_data import TokenizerUnavailableError, token_id
+
+        try:
+            end = token_id(config.tokenizer, end)
+        except TokenizerUnavailableError as error:
+            return str(error)
     if config.kind is DataKind.BYTES and not 0 <= end < BYTE_VOCAB:
         return f"document_end = {end} is not a byte (0 .. {BYTE_VOCAB - 1}), and bytes data holds only bytes"
     if not 0 <= end < vocab:
