@@ -201,6 +201,8 @@ class StageExecutor:
         """Take the step's tokens, its loss normaliser (None: every target of the global batch) and documents."""
         if self.shape.document_end is not None and (self.graphs is not None or self.step_graphs is not None):
             raise ValueError("packed documents do not run under CUDA graphs")
+        if self.shape.document_end is not None and self.shape.sequence_slices:
+            raise ValueError("packed documents do not run sequence-parallel")
         self.documents = None if self.shape.document_end is None else DocumentLayout.of(tokens, self.shape.document_end)
         self.loss_tokens = self.shape.global_tokens if loss_tokens is None else loss_tokens
         self.tokens = tokens.to(self.model_device)
