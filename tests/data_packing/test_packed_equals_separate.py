@@ -53,9 +53,9 @@ def float64_loss(monkeypatch):
     monkeypatch.setattr(StageModel, "loss", loss)
 
 
-def stage_model(layers=LAYERS):
+def stage_model(layers=LAYERS, device="cpu", dtype=torch.float64):
     config = ModelConfig(vocab=VOCAB, d_model=32, layers=layers, heads=2, head_dim=16)
-    return build_stage_model(config, tuple(range(len(layers))), True, True, 11, torch.device("cpu"), torch.float64)
+    return build_stage_model(config, tuple(range(len(layers))), True, True, 11, torch.device(device), dtype)
 
 
 class LocalMessenger:
@@ -76,9 +76,12 @@ def one_stage_actions(microbatches: int, n_chunks: int) -> tuple[Action, ...]:
     return tuple(actions)
 
 
-def packed_run(tokens: torch.Tensor, chunks=CHUNKS, microbatches: int = 2, recompute=Recompute.NONE, layers=LAYERS):
-    """(loss, {name: gradient}) of one executor step over ``tokens`` with document_end = END."""
-    model = stage_model(layers)
+def packed_run(
+    tokens: torch.Tensor, chunks=CHUNKS, microbatches: int = 2, recompute=Recompute.NONE, layers=LAYERS, **placement
+):
+    """(loss, {name: gradient}) of one executor step over ``tokens`` with document_end = END; ``placement``:
+    the model's ``device`` and ``dtype`` (the CPU and float64 by default)."""
+    model = stage_model(layers, **placement)
     shape = StepShape(
         chunk_boundaries=chunks,
         local_chunk_bounds=tuple(zip(chunks, chunks[1:])),
@@ -89,7 +92,8 @@ def packed_run(tokens: torch.Tensor, chunks=CHUNKS, microbatches: int = 2, recom
         document_end=END,
     )
     actions = one_stage_actions(microbatches, len(chunks) - 1)
-    executor = StageExecutor(model, shape, actions, LocalMessenger(), 0, None, None, torch.float64)
+    activation_dtype = next(model.parameters()).dtype
+    executor = StageExecutor(model, shape, actions, LocalMessenger(), 0, None, None, activation_dtype)
     loss = executor.run_step(tokens, loss_token_count(tokens, END))
     return float(loss), {name: parameter.grad.clone() for name, parameter in model.named_parameters()}
 
@@ -100,13 +104,14 @@ def documents_of(row: torch.Tensor) -> list[tuple[int, int]]:
     return list(zip(bounds, bounds[1:]))
 
 
-def separate_run(tokens: torch.Tensor, layers=LAYERS):
+def separate_run(tokens: torch.Tensor, layers=LAYERS, **placement):
     """(loss, {name: gradient}): each document alone, its own whole-sequence forward from no state, its inputs
     the document's tokens but its document_end, its targets the next ones; summed, over the same count."""
-    model = stage_model(layers)
+    model = stage_model(layers, **placement)
     count = loss_token_count(tokens, END)
-    total = torch.zeros((), dtype=torch.float64)
-    for row in tokens:
+    device = next(model.parameters()).device
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for row in tokens.to(device):
         for first, end in documents_of(row):
             last = end - 1 if row[end - 1] == END else end  # a document_end predicts nothing
             if last == first:
@@ -197,3 +202,11 @@ def test_layout_and_targets_at_the_boundaries():
     assert ignored == {(row, end) for row, ends in enumerate(ROW_ENDS) for end in ends}
     assert loss_token_count(tokens, END) == 4 * LENGTH - 7
     assert loss_token_count(tokens, None) == 4 * LENGTH
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_packed_chunks_equal_the_documents_alone_on_the_gpu():
+    """The Triton kernels split at document starts and the CUDA attention kernels per document piece, in
+    float32: the loss and gradients of the documents alone within float32 tolerance."""
+    packed = packed_run(packed_tokens(), device="cuda", dtype=torch.float32)
+    assert_same(packed, separate_run(packed_tokens(), device="cuda", dtype=torch.float32), tolerance=1e-4)
