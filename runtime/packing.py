@@ -91,14 +91,11 @@ class ChunkDocuments:
         return any(self.inner_starts) or any(self.first_starts)
 
     def segment_ids(self) -> torch.Tensor:
-        """``[rows, end]``: for every position up to the chunk's end, the start of its document (positions
-        before the chunk's first document are only told apart from it, which is all a mask needs)."""
-        ids = torch.zeros(self.rows, self.end, dtype=torch.long)
+        """``[rows, end - start]``: for each position of the chunk, where its document starts."""
+        ids = torch.empty(self.rows, self.end - self.start, dtype=torch.long)
         for row in range(self.rows):
-            ids[row, : self.first_starts[row]] = -1
-            ids[row, self.first_starts[row] :] = self.first_starts[row]
-            for position in self.inner_starts[row]:
-                ids[row, position:] = position
+            for first, end in self.pieces(row):
+                ids[row, first - self.start : end - self.start] = first
         return ids
 
 
