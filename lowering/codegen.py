@@ -130,6 +130,8 @@ def _data_extras(program: ScheduleProgram) -> str:
         extras = f", tokenizer={paths.tokenizer_path(program)!r}"
     if data.validation:
         extras += f", validation={float(data.validation)!r}"
+    if data.document_end is not None:
+        extras += f", document_end={data.document_end!r}"
     return extras
 
 

@@ -219,6 +219,7 @@ class DataSpec:
     dtype: TokenFileDType = TokenFileDType.UINT16  # DataKind.TOKENS only
     tokenizer: str | None = None  # DataKind.TEXT only: a Hugging Face tokenizer.json
     validation: float = 0.0  # file data: the last fraction of its tokens, held out for validation
+    document_end: int | str | None = None  # file data: the token id ending each packed document (text: or its name)
 
 
 @dataclass(frozen=True)

@@ -153,6 +153,8 @@ class DataConfig:
     dtype: TokenFileDType = TokenFileDType.UINT16  # DataKind.TOKENS only
     tokenizer: str | None = None  # DataKind.TEXT only: a Hugging Face tokenizer.json
     validation: float = 0.0  # the last fraction of a file's tokens, held out for validation batches
+    # the token id that ends each packed document (text data: or the tokenizer's name of it); None: no packing
+    document_end: int | str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", DataKind(self.kind))

@@ -30,6 +30,11 @@ such file, not a regular file, empty, shorter than one sequence, a size that is
 not a whole number of ids, an id outside the vocabulary); ``schedlang check``
 and ``run`` ask it before any rank starts, and :class:`TokenSource` raises with
 its message if a rank still meets one.
+
+``document_end`` (``bytes``, ``tokens``, ``text``): the token id that ends each document packed into the
+stream (for ``text``, or the tokenizer's name of that token); the layers then keep packed documents apart
+([Note: packed documents] in :mod:`schedlang.runtime.packing`) and :meth:`TokenSource.loss_tokens` counts the
+targets of a global batch that carry a loss.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import numpy as np
 import torch
 
 from schedlang.runtime.config import DataConfig
+from schedlang.runtime.packing import loss_token_count
 from schedlang.vocabulary import DataKind, TokenFileDType
 
 RECALL_PERIOD = 24
@@ -108,8 +114,15 @@ def tokens_of(config: DataConfig) -> DataConfig:
         return config
     from schedlang.runtime.text_data import ensure_tokenised
 
+    from schedlang.runtime.text_data import token_id
+
     cached = ensure_tokenised(config.path, config.tokenizer)
-    return DataConfig(DataKind.TOKENS, config.seed, str(cached), TokenFileDType.UINT32, validation=config.validation)
+    document_end = config.document_end
+    if isinstance(document_end, str):
+        document_end = token_id(config.tokenizer, document_end)
+    return DataConfig(
+        DataKind.TOKENS, config.seed, str(cached), TokenFileDType.UINT32, None, config.validation, document_end
+    )
 
 
 def data_problem(config: DataConfig, vocab: int, length: int, scan_ids: bool = True) -> str | None:
@@ -120,6 +133,9 @@ def data_problem(config: DataConfig, vocab: int, length: int, scan_ids: bool = T
         return None
     if config.kind is DataKind.BYTES and vocab < BYTE_VOCAB:
         return f"bytes data needs a vocabulary of at least {BYTE_VOCAB}, the model has {vocab}"
+    problem = document_end_problem(config, vocab)
+    if problem is not None:
+        return problem
     if config.path is None:
         return None if config.kind is DataKind.BYTES else f"{config.kind.value} data needs a file"
     problem = data_file_problem(config.path)
@@ -158,6 +174,31 @@ def data_problem(config: DataConfig, vocab: int, length: int, scan_ids: bool = T
         )
     if config.kind is DataKind.TOKENS and scan_ids:
         return _id_outside_vocabulary(config, vocab)
+    return None
+
+
+def document_end_problem(config: DataConfig, vocab: int) -> str | None:
+    """Why ``config.document_end`` cannot end documents: a name the text data's tokenizer does not hold, an id
+    outside the model's vocabulary, or (bytes data) not a byte; None when it can, or when there is none. A
+    tokenizer file that cannot be read is :func:`data_problem`'s to report."""
+    end = config.document_end
+    if end is None:
+        return None
+    if isinstance(end, str):
+        if config.kind is not DataKind.TEXT:
+            return f"document_end = {end!r} names a token, which only text data's tokenizer resolves: give an id"
+        if config.tokenizer is None or data_file_problem(config.tokenizer) is not None:
+            return None
+        from schedlang.runtime.text_data import TokenizerUnavailableError, token_id
+
+        try:
+            end = token_id(config.tokenizer, end)
+        except TokenizerUnavailableError as error:
+            return str(error)
+    if config.kind is DataKind.BYTES and not 0 <= end < BYTE_VOCAB:
+        return f"document_end = {end} is not a byte (0 .. {BYTE_VOCAB - 1}), and bytes data holds only bytes"
+    if not 0 <= end < vocab:
+        return f"document_end = {end} is not a token id of the model's vocabulary (0 .. {vocab - 1})"
     return None
 
 
@@ -213,6 +254,8 @@ class TokenSource:
         if problem is not None:
             raise DataFileError(problem)
         config = self.config = tokens_of(config)  # text data: its cached tokens file
+        self.document_end: int | None = config.document_end  # an id now, for text data too
+        self._last_batch: tuple[tuple[str, int], torch.Tensor] | None = None  # loss_tokens reads it again
         if config.kind is DataKind.BYTES:
             self.corpus = read_corpus(config.path)
             if self.corpus.numel() <= length + 1:
@@ -230,6 +273,9 @@ class TokenSource:
         return self._corpus_size() - validation_size(self._corpus_size(), self.config.validation)
 
     def global_batch_tokens(self, step: int) -> torch.Tensor:
+        return self._remembered(("train", step), self._training_batch)
+
+    def _training_batch(self, step: int) -> torch.Tensor:
         if self.token_ids is None and self.corpus is None:
             return self._synthetic(step_generator(self.config.seed, step))
         return self._rows(step_generator(self.config.seed, step), 0, self.training_end())
@@ -237,10 +283,32 @@ class TokenSource:
     def validation_batch_tokens(self, index: int) -> torch.Tensor:
         """The ``index``-th validation batch: sequences drawn from the held-out part (a generator of its own
         for synthetic data), the same on every mesh."""
+        return self._remembered(("validation", index), self._validation_batch)
+
+    def _validation_batch(self, index: int) -> torch.Tensor:
         generator = validation_generator(self.config.seed, index)
         if self.token_ids is None and self.corpus is None:
             return self._synthetic(generator)
         return self._rows(generator, self.training_end(), self._corpus_size())
+
+    def _remembered(self, key: tuple[str, int], read) -> torch.Tensor:
+        """The batch ``read(key[1])``, kept until another is read: a step's rows and its loss count read it once."""
+        if self._last_batch is None or self._last_batch[0] != key:
+            self._last_batch = (key, read(key[1]))
+        return self._last_batch[1]
+
+    def loss_tokens(self, step: int) -> int:
+        """How many targets of step ``step``'s global batch carry a loss: all of them without packed documents,
+        else those whose input is not ``document_end`` ([Note: packed documents])."""
+        if self.document_end is None:
+            return self.global_batch * self.length
+        return loss_token_count(self.global_batch_tokens(step), self.document_end)
+
+    def validation_loss_tokens(self, index: int) -> int:
+        """:meth:`loss_tokens` of the ``index``-th validation batch."""
+        if self.document_end is None:
+            return self.global_batch * self.length
+        return loss_token_count(self.validation_batch_tokens(index), self.document_end)
 
     def _rows(self, generator: torch.Generator, low: int, high: int) -> torch.Tensor:
         """``global_batch`` sequences of ``length + 1`` tokens starting in ``[low, high - length - 1)``."""

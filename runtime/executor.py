@@ -7,8 +7,10 @@ from the state store as leaves that require grad, run the stage, keep the
 chunk's graph, put the final states (detached) into the store for
 ``F(a, i + 1)``, and queue the output for ``SEND_F``. On the last stage the
 chunk's loss is its summed cross-entropy divided by the number of tokens in
-the *global* batch, so the sum over chunks, microbatches and data replicas is
-exactly the single-device loss, and so are the gradients.
+the *global* batch (with packed documents, of its targets that carry a loss:
+[Note: packed documents] in :mod:`schedlang.runtime.packing`), so the sum over
+chunks, microbatches and data replicas is exactly the single-device loss, and
+so are the gradients.
 
 ``B(a, i)``: take the output gradient (the loss itself on the last stage) and
 the gradients of the chunk's final states left by ``B(a, i + 1)``, run one
@@ -90,6 +92,7 @@ from schedlang.runtime.linear import WeightGradientRecorder, recording_weight_gr
 from schedlang.runtime.model import StageModel
 from schedlang.runtime.offload import ActivationOffload, storage_key
 from schedlang.runtime.p2p import StageMessenger
+from schedlang.runtime.packing import ChunkDocuments, DocumentLayout, loss_targets
 from schedlang.runtime.state_store import ChunkRecord, StateStore
 from schedlang.runtime.step_graphs import StepGraphs
 from schedlang.vocabulary import Action, ActionKind, Recompute, deferred_weight_units
@@ -116,6 +119,7 @@ class StepShape:
     # each chunk's token range on every rank of the sequence-parallel group, in group-rank order; () without one
     sequence_slices: tuple[tuple[tuple[int, int], ...], ...] = ()
     offload: bool = False  # [Note: activation offload]
+    document_end: int | None = None  # the token id that ends each packed document: [Note: packed documents]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", Recompute(self.recompute))
@@ -174,6 +178,8 @@ class StageExecutor:
         self.inbox: dict[tuple[ActionKind, int, int], torch.Tensor] = {}
         self.outbox: dict[tuple[ActionKind, int, int], torch.Tensor] = {}
         self.tokens: torch.Tensor | None = None
+        self.loss_tokens = shape.global_tokens  # the step's loss normaliser: targets of the global batch with a loss
+        self.documents: DocumentLayout | None = None  # the step's packed documents: [Note: packed documents]
         self.loss_sum = torch.zeros((), dtype=torch.float64)
         self.evaluating = False  # inside run_evaluation_step: [Note: forward-only evaluation]
 
@@ -183,16 +189,35 @@ class StageExecutor:
     def chunk_tokens(self, microbatch: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = slice(microbatch * self.shape.microbatch_size, (microbatch + 1) * self.shape.microbatch_size)
         start, end = self.shape.local_chunk_bounds[chunk]
-        return self.tokens[rows, start:end], self.tokens[rows, start + 1 : end + 1]
+        inputs = self.tokens[rows, start:end]
+        return inputs, loss_targets(inputs, self.tokens[rows, start + 1 : end + 1], self.shape.document_end)
+
+    def chunk_documents(self, microbatch: int, chunk: int) -> ChunkDocuments | None:
+        """The packed documents of the microbatch's rows in the chunk, or None without packing."""
+        if self.documents is None:
+            return None
+        start, end = self.shape.local_chunk_bounds[chunk]
+        return self.documents.chunk(microbatch * self.shape.microbatch_size, self.shape.microbatch_size, start, end)
+
+    def _begin_step(self, tokens: torch.Tensor, loss_tokens: int | None) -> None:
+        """Take the step's tokens, its loss normaliser (None: every target of the global batch) and documents."""
+        if self.shape.document_end is not None and (self.graphs is not None or self.step_graphs is not None):
+            raise ValueError("packed documents do not run under CUDA graphs")
+        if self.shape.document_end is not None and self.shape.sequence_slices:
+            raise ValueError("packed documents do not run sequence-parallel")
+        self.documents = None if self.shape.document_end is None else DocumentLayout.of(tokens, self.shape.document_end)
+        self.loss_tokens = self.shape.global_tokens if loss_tokens is None else loss_tokens
+        self.tokens = tokens.to(self.model_device)
 
     def activation_shape(self, chunk: int) -> tuple[int, int, int]:
         start, end = self.shape.local_chunk_bounds[chunk]
         length = end - start
         return (self.shape.microbatch_size, length, self.shape.d_model)
 
-    def run_step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Run every action once; returns this rank's share of the loss (0 off the last stage)."""
-        self.tokens = tokens.to(self.model_device)
+    def run_step(self, tokens: torch.Tensor, loss_tokens: int | None = None) -> torch.Tensor:
+        """Run every action once; returns this rank's share of the loss (0 off the last stage): the summed
+        loss over ``loss_tokens``, the targets of the global batch that carry one (None: all of them)."""
+        self._begin_step(tokens, loss_tokens)
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.model_device)
         if self.graphs is not None and not self.graphs.captured:
             self._capture_graphs()
@@ -369,10 +394,10 @@ class StageExecutor:
         if deferred and torch.is_grad_enabled():
             recorder = self.weight_recorders[(microbatch, chunk)] = WeightGradientRecorder()
         with recording_weight_gradients(recorder):
-            hidden, final_states = self.model(inputs, state_leaves, position)
+            hidden, final_states = self.model(inputs, state_leaves, position, self.chunk_documents(microbatch, chunk))
         if self.model.is_last:
             _, targets = self.chunk_tokens(microbatch, chunk)
-            outputs = self.model.loss(hidden, targets) / self.shape.global_tokens
+            outputs = self.model.loss(hidden, targets) / self.loss_tokens
         else:
             outputs = hidden
         return outputs, input_leaf, state_leaves, final_states, None
@@ -406,10 +431,10 @@ class StageExecutor:
         else:
             self.outbox[(ActionKind.FORWARD, microbatch, chunk)] = outputs.detach()
 
-    def run_evaluation_step(self, tokens: torch.Tensor) -> torch.Tensor:
+    def run_evaluation_step(self, tokens: torch.Tensor, loss_tokens: int | None = None) -> torch.Tensor:
         """The step's forwards only, without gradients: [Note: forward-only evaluation]. Returns this rank's
         share of the loss (0 off the last stage), normalised like a training step's."""
-        self.tokens = tokens.to(self.model_device)
+        self._begin_step(tokens, loss_tokens)
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.model_device)
         self.evaluating = True
         try:

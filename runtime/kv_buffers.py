@@ -23,6 +23,14 @@ per chunk is its queries, output and log-sum-exp, and aliases of the buffers, so
 sequence are linear in its length whatever the chunk count. Under sequence parallelism each chunk's forward
 also gathers the other ranks' slices into the buffers, and its backward reduce-scatters the chunk's region
 of the gradient buffers ([Note: sequence-parallel attention] in :mod:`schedlang.runtime.attention_parallel`).
+
+[Note: documents in the K/V buffers]
+With packed documents ([Note: packed documents] in :mod:`schedlang.runtime.packing`) a query sees only the keys
+of its own document. Each row's chunk is cut into its document pieces; a piece's queries attend to the same two
+parts, narrowed: the prefix from its document's start to the chunk's start (empty unless the piece is the
+row's first and its document began in an earlier chunk) and its own square causal block. So the fused kernels
+still run unmasked, nothing of size (queries x keys) is formed, and the backward adds each piece's key and
+value gradients into the same sequence-wide gradient buffers, only inside its document.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import torch.distributed as dist
 
 from schedlang.runtime.attention_parallel import Slices, gather_chunk, reduce_scatter_chunk_gradients
 from schedlang.runtime.attention_parts import AttentionPart, attend_in_parts, attention_parts_backward
+from schedlang.runtime.packing import ChunkDocuments
 
 
 @dataclass
@@ -106,35 +115,94 @@ def _alias(view: torch.Tensor) -> torch.Tensor:
     return alias
 
 
-def _parts(keys: torch.Tensor, values: torch.Tensor, start: int) -> tuple[AttentionPart, AttentionPart]:
-    """The prefix before ``start`` (all visible) and the chunk's own block ``start .. end`` (causal)."""
+def _parts(
+    keys: torch.Tensor, values: torch.Tensor, start: int, prefix_start: int = 0, end: int | None = None
+) -> tuple[AttentionPart, AttentionPart]:
+    """The prefix ``prefix_start .. start`` (all visible) and the own block ``start .. end`` (causal)."""
     return (
-        AttentionPart(keys[:, :, :start], values[:, :, :start], causal=False),
-        AttentionPart(keys[:, :, start:], values[:, :, start:], causal=True),
+        AttentionPart(keys[:, :, prefix_start:start], values[:, :, prefix_start:start], causal=False),
+        AttentionPart(keys[:, :, start:end], values[:, :, start:end], causal=True),
     )
+
+
+def _document_pieces(documents: ChunkDocuments):
+    """Per row and document piece: (row, the piece's first and end position, where its prefix starts)."""
+    for row in range(documents.rows):
+        for first, end in documents.pieces(row):
+            prefix_start = documents.first_starts[row] if first == documents.start else first
+            yield row, first, end, prefix_start
+
+
+def _attend_by_document(q, keys, values, documents: ChunkDocuments):
+    """(output, log-sum-exp) of the chunk's queries, each over its own document's keys: see the note."""
+    output = torch.empty_like(q)
+    log_sum_exp = None
+    for row, first, end, prefix_start in _document_pieces(documents):
+        rows, local = slice(row, row + 1), slice(first - documents.start, end - documents.start)
+        piece_output, piece_log_sum_exp = attend_in_parts(
+            q[rows, :, local], _parts(keys[rows], values[rows], first, prefix_start, end)
+        )
+        if log_sum_exp is None:
+            log_sum_exp = q.new_empty(q.shape[:3], dtype=piece_log_sum_exp.dtype)
+        output[rows, :, local] = piece_output
+        log_sum_exp[rows, :, local] = piece_log_sum_exp
+    return output, log_sum_exp
+
+
+def _attention_backward_by_document(output_grad, q, keys, values, output, log_sum_exp, documents, gradients):
+    """``dq``; adds each piece's key and value gradients into ``gradients`` (the sequence-wide buffers)."""
+    key_grads, value_grads = gradients
+    dq = torch.empty_like(q)
+    for row, first, end, prefix_start in _document_pieces(documents):
+        rows, local = slice(row, row + 1), slice(first - documents.start, end - documents.start)
+        piece_dq, (prefix_grads, own_grads) = attention_parts_backward(
+            output_grad[rows, :, local],
+            q[rows, :, local],
+            _parts(keys[rows], values[rows], first, prefix_start, end),
+            output[rows, :, local],
+            log_sum_exp[rows, :, local].contiguous(),
+        )
+        dq[rows, :, local] = piece_dq
+        if prefix_grads is not None:
+            key_grads[rows, :, prefix_start:first] += prefix_grads[0]
+            value_grads[rows, :, prefix_start:first] += prefix_grads[1]
+        key_grads[rows, :, first:end] += own_grads[0]
+        value_grads[rows, :, first:end] += own_grads[1]
+    return dq
 
 
 class BufferedChunkAttention(torch.autograd.Function):
     """Attention of one chunk's q, k, v ([B, H, L, D]) over the sequence-wide buffers; see the note.
 
     ``group``: the sequence-parallel group the chunk is split over (then ``chunk.position.sequence_slices``
-    says how), or None.
+    says how), or None. ``documents``: the chunk's packed documents ([Note: documents in the K/V buffers]), or
+    None.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, chunk: AttentionChunk, group: dist.ProcessGroup | None):
+    def forward(
+        ctx, q, k, v, chunk: AttentionChunk, group: dist.ProcessGroup | None, documents: ChunkDocuments | None = None
+    ):
         buffers, start, end = chunk.buffers(k), chunk.position.start, chunk.position.end
         slices = chunk.position.sequence_slices
         if group is not None and slices is None:
             raise ValueError("sequence-parallel attention needs the chunk's sequence_slices")
+        if documents is not None and not documents.masks_keys:
+            documents = None
+        if documents is not None and group is not None:
+            raise ValueError("packed documents do not run sequence-parallel")
         buffers.keys[:, :, start:end] = k
         buffers.values[:, :, start:end] = v
         if group is not None:
             gather_chunk(buffers.keys, buffers.values, slices, group)
         keys, values = _alias(buffers.keys[:, :, :end]), _alias(buffers.values[:, :, :end])
-        output, log_sum_exp = attend_in_parts(q, _parts(keys, values, start))
+        if documents is None:
+            output, log_sum_exp = attend_in_parts(q, _parts(keys, values, start))
+        else:
+            output, log_sum_exp = _attend_by_document(q, keys, values, documents)
         ctx.save_for_backward(q, keys, values, output, log_sum_exp)
         ctx.buffers, ctx.start, ctx.end, ctx.slices, ctx.group = buffers, start, end, slices, group
+        ctx.documents = documents
         return output
 
     @staticmethod
@@ -142,18 +210,23 @@ class BufferedChunkAttention(torch.autograd.Function):
     def backward(ctx, output_grad):
         q, keys, values, output, log_sum_exp = ctx.saved_tensors
         start, end = ctx.start, ctx.end
-        dq, (prefix_grads, own_grads) = attention_parts_backward(
-            output_grad, q, _parts(keys, values, start), output, log_sum_exp
-        )
         key_grads, value_grads = ctx.buffers.gradient_buffers()
-        if prefix_grads is not None:
-            key_grads[:, :, :start] += prefix_grads[0]
-            value_grads[:, :, :start] += prefix_grads[1]
-        key_grads[:, :, start:end] += own_grads[0]
-        value_grads[:, :, start:end] += own_grads[1]
+        if ctx.documents is not None:
+            dq = _attention_backward_by_document(
+                output_grad, q, keys, values, output, log_sum_exp, ctx.documents, (key_grads, value_grads)
+            )
+        else:
+            dq, (prefix_grads, own_grads) = attention_parts_backward(
+                output_grad, q, _parts(keys, values, start), output, log_sum_exp
+            )
+            if prefix_grads is not None:
+                key_grads[:, :, :start] += prefix_grads[0]
+                value_grads[:, :, :start] += prefix_grads[1]
+            key_grads[:, :, start:end] += own_grads[0]
+            value_grads[:, :, start:end] += own_grads[1]
         if ctx.group is not None:
             dk, dv = reduce_scatter_chunk_gradients(key_grads, value_grads, ctx.slices, ctx.group)
         else:
             dk, dv = key_grads[:, :, start:end], value_grads[:, :, start:end]
-        ctx.buffers = None
-        return dq, dk, dv, None, None
+        ctx.buffers = ctx.documents = None
+        return dq, dk, dv, None, None, None

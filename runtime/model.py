@@ -25,6 +25,7 @@ from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.kv_buffers import AttentionChunk, BufferedChunkAttention, ChunkPosition
 from schedlang.runtime.linear import Linear, active_weight_gradient_recorder, recording_weight_gradients
 from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, GlaOptions, OutputGate
+from schedlang.runtime.packing import ChunkDocuments, block_causal_mask, recurrent_by_document
 from schedlang.vocabulary import LayerKind, Recompute
 
 INIT_STD = 0.02
@@ -163,8 +164,9 @@ class GatedLinearMixer(HeadMixer):
         self.init_projections(generator, output_std, *gates)
 
     def forward(
-        self, hidden: torch.Tensor, initial_state: torch.Tensor | None
+        self, hidden: torch.Tensor, initial_state: torch.Tensor | None, documents: ChunkDocuments | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``documents``: the chunk's packed documents, the state reset at each start ([Note: packed documents])."""
         from schedlang.kernels import chunk_gla, chunk_simple_gla
         from schedlang.kernels.log_sigmoid_gate import log_sigmoid_gate
 
@@ -177,15 +179,23 @@ class GatedLinearMixer(HeadMixer):
         kernel = chunk_gla if self.kind is LayerKind.GLA else chunk_simple_gla
         gate = self.share_kv_heads(gate) if self.kind is LayerKind.GLA else gate.view(batch, length, self.heads)
         if self.sequence_context is None:
-            mixed, final_state = kernel(
+            mixed, final_state = recurrent_by_document(
+                documents,
+                initial_state,
+                lambda state, q, k, v, gate: kernel(
+                    q,
+                    k,
+                    v,
+                    gate,
+                    scale=self.head_k_dim**-0.5,
+                    initial_state=state,
+                    output_final_state=True,
+                    backend=kernel_backend(hidden.device),
+                ),
                 q,
                 k,
                 v,
                 gate,
-                scale=self.head_k_dim**-0.5,
-                initial_state=initial_state,
-                output_final_state=True,
-                backend=kernel_backend(hidden.device),
             )
         else:
             mixed, final_state = self._sequence_parallel(q, k, v, gate, initial_state)
@@ -237,8 +247,9 @@ class GatedDeltaMixer(HeadMixer):
         self.init_projections(generator, output_std, self.gate_proj, self.beta_proj, self.output_gate_proj)
 
     def forward(
-        self, hidden: torch.Tensor, initial_state: torch.Tensor | None
+        self, hidden: torch.Tensor, initial_state: torch.Tensor | None, documents: ChunkDocuments | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``documents``: the chunk's packed documents, the state reset at each start ([Note: packed documents])."""
         from schedlang.kernels import chunk_gated_delta_rule
         from schedlang.kernels.log_sigmoid_gate import log_sigmoid_gate
 
@@ -249,9 +260,14 @@ class GatedDeltaMixer(HeadMixer):
         gate = log_sigmoid_gate(self.gate_proj(hidden), GATE_LOGIT_NORMALIZER, kernel_backend(hidden.device))
         beta = torch.sigmoid(self.beta_proj(hidden).float())
         if self.sequence_context is None:
-            mixed, final_state = chunk_gated_delta_rule(
-                q, k, v, gate, beta, scale=self.head_dim**-0.5, initial_state=initial_state, output_final_state=True,
-                backend=kernel_backend(q.device),
+            mixed, final_state = recurrent_by_document(
+                documents,
+                initial_state,
+                lambda state, q, k, v, gate, beta: chunk_gated_delta_rule(
+                    q, k, v, gate, beta, scale=self.head_dim**-0.5, initial_state=state, output_final_state=True,
+                    backend=kernel_backend(q.device),
+                ),
+                q, k, v, gate, beta,
             )
         else:
             mixed, final_state = self._sequence_parallel(q, k, v, gate, beta, initial_state)
@@ -292,8 +308,11 @@ class CausalAttentionMixer(HeadMixer):
     def reset_parameters(self, generator: torch.Generator, output_std: float) -> None:
         self.init_projections(generator, output_std)
 
-    def forward(self, hidden: torch.Tensor, chunk: AttentionChunk | None) -> tuple[torch.Tensor, None]:
-        """``chunk`` None: ``hidden`` is the whole sequence. Returns (output, None): attention has no state."""
+    def forward(
+        self, hidden: torch.Tensor, chunk: AttentionChunk | None, documents: ChunkDocuments | None = None
+    ) -> tuple[torch.Tensor, None]:
+        """``chunk`` None: ``hidden`` is the whole sequence. Returns (output, None): attention has no state.
+        ``documents``: the chunk's packed documents, each query seeing only its own ([Note: packed documents])."""
         batch, length, _ = hidden.shape
         # [B, H, L, D]
         q, k, v = (tensor.transpose(1, 2) for tensor in self.project_qkv(hidden))
@@ -301,9 +320,10 @@ class CausalAttentionMixer(HeadMixer):
         if chunk is None:
             if group is not None:
                 raise ValueError("sequence-parallel attention runs chunk by chunk: pass the chunk's position")
-            mixed = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            mask = None if documents is None else block_causal_mask(documents, q.device)
+            mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         else:
-            mixed = BufferedChunkAttention.apply(q, k, v, chunk, group)
+            mixed = BufferedChunkAttention.apply(q, k, v, chunk, group, documents)
         return self.o_proj(mixed.transpose(1, 2).reshape(batch, length, -1)), None
 
 
@@ -379,18 +399,18 @@ class Block(nn.Module):
             self.mlp.reset_parameters(generator, output_std)
 
     def forward(
-        self, hidden: torch.Tensor, initial_state: torch.Tensor | None
+        self, hidden: torch.Tensor, initial_state: torch.Tensor | None, documents: ChunkDocuments | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         final_state = None
         if self.mixer is not None:
-            mixed, final_state = self._run_part(Recompute.MIXER, self._mix, hidden, initial_state)
+            mixed, final_state = self._run_part(Recompute.MIXER, self._mix, hidden, initial_state, documents)
             hidden = hidden + mixed
         if self.mlp is not None:
             hidden = hidden + self._run_part(Recompute.MLP, self._feed_forward, hidden)
         return hidden, final_state
 
-    def _mix(self, hidden: torch.Tensor, initial_state) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self.mixer(self.mixer_norm(hidden), initial_state)
+    def _mix(self, hidden: torch.Tensor, initial_state, documents=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.mixer(self.mixer_norm(hidden), initial_state, documents)
 
     def _feed_forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.mlp_norm(hidden))
@@ -471,13 +491,15 @@ class StageModel(nn.Module):
         inputs: torch.Tensor,
         initial_states: list[torch.Tensor | None],
         position: ChunkPosition | None = None,
+        documents: ChunkDocuments | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
         """Run one chunk: token ids (first stage) or hidden states in, hidden states out.
 
         Returns the chunk's output and each layer's recurrent state after the
         chunk, in layer order (None for attention and mlp layers, which keep no state).
         Attention layers need ``position`` whenever the sequence runs in more
-        than one chunk; without it they see ``inputs`` as the whole sequence.
+        than one chunk; without it they see ``inputs`` as the whole sequence. ``documents``: the chunk's packed
+        documents, or None ([Note: packed documents] in :mod:`schedlang.runtime.packing`).
         """
         hidden = self.embedding(inputs) if self.is_first else inputs
         final_states = []
@@ -485,7 +507,7 @@ class StageModel(nn.Module):
             block = self.layers[str(index)]
             if isinstance(block.mixer, CausalAttentionMixer):
                 initial_state = None if position is None else AttentionChunk(position, index)
-            hidden, final_state = block(hidden, initial_state)
+            hidden, final_state = block(hidden, initial_state, documents)
             final_states.append(final_state)
         return hidden, final_states
 

@@ -5,7 +5,9 @@ corpus's path, size or modification time changes, or the tokenizer file's bytes 
 tokenised again and an unchanged one never is. :func:`ensure_tokenised` writes that file when it is missing,
 as a flat ``uint32`` array of ids (the ``tokens`` layout, read by :class:`schedlang.runtime.data.TokenSource`),
 through a temporary file renamed into place, so ranks that race to write it leave one whole file. The corpus
-is read and encoded in blocks of lines (each line keeps its newline), with a progress line on stderr.
+is read and encoded in blocks of lines (each line keeps its newline), with a progress line on stderr. A
+document end written in the text as the tokenizer's special token (``<|endoftext|>``) is encoded as that
+token's id; :func:`token_id` names it for ``document_end``.
 
 The cache lives in ``$SCHEDLANG_CACHE`` or ``$XDG_CACHE_HOME/schedlang`` (``~/.cache/schedlang``), never next
 to the user's files. The ``tokenizers`` library is an optional dependency (``pip install schedlang[text]``).
@@ -56,6 +58,15 @@ def load_tokenizer(tokenizer: str):
         return Tokenizer.from_file(tokenizer)
     except Exception as error:  # the library raises a bare Exception for a file it cannot parse
         raise TokenizerUnavailableError(f"tokenizer {tokenizer} does not load: {str(error).splitlines()[0]}") from None
+
+
+def token_id(tokenizer: str, name: str) -> int:
+    """The id ``tokenizer`` gives the token written ``name`` (such as its end-of-text token ``"<|endoftext|>"``);
+    raises :class:`TokenizerUnavailableError` when it has no such token."""
+    found = load_tokenizer(tokenizer).token_to_id(name)
+    if found is None:
+        raise TokenizerUnavailableError(f"tokenizer {tokenizer} has no token {name!r} to end documents with")
+    return int(found)
 
 
 def ensure_tokenised(corpus: str, tokenizer: str, show_progress: bool = True) -> Path:

@@ -163,6 +163,7 @@ class Trainer:
                     else ()
                 ),
                 offload=pipeline.offload,
+                document_end=self.tokens.document_end,
             ),
             actions,
             messenger,
@@ -198,7 +199,7 @@ class Trainer:
         after queueing more work ([Note: loss without a barrier])."""
         zero_gradients(self.optimizer)
         tokens = self.tokens.replica_tokens(step, self.mesh.data_index, self.pipeline_config.sequences_per_replica)
-        loss = self.executor.run_step(tokens)
+        loss = self.executor.run_step(tokens, self.tokens.loss_tokens(step))
         self.reduce_gradients()
         return PendingLoss(loss)
 
@@ -209,7 +210,8 @@ class Trainer:
         total = 0.0
         for index in range(batches):
             tokens = self.tokens.validation_replica_tokens(index, self.mesh.data_index, pipeline.sequences_per_replica)
-            total += PendingLoss(self.executor.run_evaluation_step(tokens)).value()
+            loss = self.executor.run_evaluation_step(tokens, self.tokens.validation_loss_tokens(index))
+            total += PendingLoss(loss).value()
         return total / batches
 
     def reduce_gradients(self) -> None:

@@ -4,7 +4,8 @@ The schedule's paths are resolved by the one rule of schedlang.lowering.paths (r
 file). Every problem :func:`schedlang.runtime.data.data_problem` finds with the data (no such file, a
 directory, a pipe or a device, unreadable, empty, shorter than one sequence, a size that is not a whole
 number of token ids, an id outside the vocabulary) is an error at the ``train.data`` key's path (or at the
-key): a pipe would block every rank, a device fill its memory, a bad id fail deep inside the embedding.
+key), and a ``document_end`` that is no token of the vocabulary or of the tokenizer is one at that argument:
+a pipe would block every rank, a device fill its memory, a bad id fail deep inside the embedding.
 """
 
 from __future__ import annotations
@@ -22,12 +23,23 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 def check_data_file(program, text: str) -> None:
     """Raise ``ScheduleError`` at the data key when the schedule's data cannot feed its model."""
     from schedlang.runtime.config import DataConfig
-    from schedlang.runtime.data import data_problem
+    from schedlang.runtime.data import data_problem, document_end_problem
 
     data = program.train.data
     config = DataConfig(
-        data.kind, data.seed, paths.data_path(program), data.dtype, paths.tokenizer_path(program), data.validation
+        data.kind,
+        data.seed,
+        paths.data_path(program),
+        data.dtype,
+        paths.tokenizer_path(program),
+        data.validation,
+        data.document_end,
     )
+    problem = document_end_problem(config, program.model.vocab)
+    if problem is not None:
+        span = program.spans.get("train.data.document_end") or program.spans.get("train.data")
+        span = span or Span(program.source_file, 1, 1, 1, 2)
+        raise ScheduleError([Diagnostic.error(problem, span)], {span.file: text})
     problem = data_problem(config, program.model.vocab, program.sequence.length)
     if problem is not None:
         span = program.spans.get("train.data.path") or program.spans.get("train.data")

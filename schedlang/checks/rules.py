@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from schedlang import ast
+from schedlang.checks.data_rules import DATA_RULE_CHECKS
 from schedlang.checks.mesh import build_mesh
 from schedlang.checks.model import build_model
 from schedlang.checks.model_rules import MODEL_RULE_CHECKS
@@ -488,4 +489,5 @@ RULES: tuple[Rule, ...] = (
     Rule(("train.lr_schedule", "train.steps", "train.optimizer"), schedule_fits_the_run),
     Rule(("train.loss_scale", "train.dtype"), loss_scale_needs_fp16),
     Rule(("train.eval_every", "train.data"), evaluation_has_held_out_data),
+    *(Rule(keys, check) for keys, check in DATA_RULE_CHECKS),
 )

@@ -32,10 +32,11 @@ OPTIMIZER_ARGUMENTS = {
 }
 DATA_ARGUMENTS = {
     DataKind.SYNTHETIC.value: ("seed",),
-    DataKind.BYTES.value: ("path", "seed", "validation"),
-    DataKind.TOKENS.value: ("path", "dtype", "seed", "validation"),
-    DataKind.TEXT.value: ("path", "tokenizer", "seed", "validation"),
+    DataKind.BYTES.value: ("path", "seed", "validation", "document_end"),
+    DataKind.TOKENS.value: ("path", "dtype", "seed", "validation", "document_end"),
+    DataKind.TEXT.value: ("path", "tokenizer", "seed", "validation", "document_end"),
 }
+MAX_TOKEN_ID = (1 << 32) - 1  # the largest id a uint32 tokens file holds
 SCHEDULE_ARGUMENTS = {kind.value: ("warmup", "min_lr") for kind in LearningRateScheduleKind}
 
 TRAIN_KEYS = (
@@ -86,7 +87,7 @@ def read_betas(checker: Checker, value: ast.Value, path: str) -> tuple[float, fl
 
 def read_data(checker: Checker, value: ast.Value, path: str) -> DataSpec | None:
     """``synthetic(seed = s)``, ``bytes(path = "file", seed = s)`` or ``tokens(path = "file", dtype = t, seed = s)``
-    (``path`` required)."""
+    (``path`` required), or ``text(path, tokenizer)``; file data may name its ``document_end``."""
     call = read_call(checker, value, path, DATA_ARGUMENTS, "data source")
     if call is None:
         return None
@@ -123,9 +124,32 @@ def read_data(checker: Checker, value: ast.Value, path: str) -> DataSpec | None:
     validation = DataSpec.validation
     if "validation" in call.arguments:
         validation = read_number(checker, call.arguments["validation"].value, f"{path}.validation", 0.0, below=1.0)
+    document_end = DataSpec.document_end
+    if "document_end" in call.arguments:
+        document_end = read_document_end(checker, call.arguments["document_end"].value, f"{path}.document_end", call.name)
+        if document_end is None:
+            return None
     if seed is None or validation is None:
         return None
-    return DataSpec(DataKind(call.name), seed, data_path, dtype, tokenizer, validation)
+    return DataSpec(DataKind(call.name), seed, data_path, dtype, tokenizer, validation, document_end)
+
+
+def read_document_end(checker: Checker, value: ast.Value, path: str, kind: str) -> int | str | None:
+    """A token id ``>= 0``; for ``text`` data also the tokenizer's name of the token, such as ``"<|endoftext|>"``.
+    Whether the id is in the vocabulary (or the name in the tokenizer) is the file checks' question."""
+    if kind == DataKind.TEXT.value and isinstance(value, ast.StringLiteral):
+        if value.value:
+            return value.value
+        checker.error(f"'{path}' must name a token of the tokenizer, such as \"<|endoftext|>\"", value.span)
+        return None
+    if kind != DataKind.TEXT.value and isinstance(value, ast.StringLiteral):
+        checker.error(
+            f"'{path}' must be a token id (an integer) for {kind} data",
+            value.span,
+            hint="only text data names the token, through its tokenizer",
+        )
+        return None
+    return read_integer(checker, value, path, 0, MAX_TOKEN_ID)
 
 
 def read_file_name(checker: Checker, value: ast.Value, path: str, example: str) -> str | None:
