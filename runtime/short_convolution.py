@@ -1,0 +1,83 @@
+"""Short convolutions of a Gated DeltaNet layer, and the layer state that carries them across chunks.
+
+[Note: short-convolution state]
+A ``gdn`` layer with ``short_conv_size = W`` passes its projected queries, keys and values through a causal
+depthwise convolution of ``W`` taps (flash-linear-attention's ``ShortConvolution``: no bias, then SiLU).
+The output at token ``t`` reads the inputs ``t - W + 1 .. t``, so a chunk's first ``W - 1`` outputs need
+the previous chunk's last ``W - 1`` inputs (zeros before the first chunk, which is the convolution's own
+zero padding). Those inputs are part of the layer's state, next to the delta rule's ``[B, H, K, V]``
+matrix. The executor's contract is one tensor per stateful layer ([Note: state passing] in
+:mod:`schedlang.runtime.state_store`), so :class:`PackedDeltaState` packs both into one ``[B, n]`` tensor
+in the recurrent state's dtype (float32 holds a bf16 or fp16 input exactly): the recurrent matrix
+flattened, then the ``W - 1`` inputs of q, k and v. Gradients reach the previous chunk through the
+packing as through any tensor, and an all-zero packed state means exactly "no state", as the CUDA-graph
+replay of chunk 0 needs (``schedlang.runtime.graphs``). A layer without short convolutions keeps its bare
+recurrent state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ShortConvolution(nn.Module):
+    """``silu(causal depthwise conv1d)`` over ``[B, L, channels]``; ``weight`` is ``[channels, 1, size]``,
+    fla's ``q_conv1d.weight`` layout, tap ``size - 1`` on the current token."""
+
+    def __init__(self, channels: int, size: int) -> None:
+        super().__init__()
+        self.channels = channels
+        self.size = size
+        self.weight = nn.Parameter(torch.empty(channels, 1, size))
+
+    def forward(self, inputs: torch.Tensor, history: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``inputs`` ``[B, L, C]`` and the ``size - 1`` inputs before them (``[B, size - 1, C]``; None:
+        zeros). Returns the output ``[B, L, C]`` and the last ``size - 1`` inputs, history included, for
+        the next chunk (the chunk may be shorter than the history)."""
+        batch, _, channels = inputs.shape
+        if history is None:
+            history = inputs.new_zeros(batch, self.size - 1, channels)
+        padded = torch.cat((history.to(inputs.dtype), inputs), dim=1)
+        mixed = F.conv1d(padded.transpose(1, 2), self.weight.to(inputs.dtype), groups=channels)
+        return F.silu(mixed.transpose(1, 2)), padded[:, padded.shape[1] - (self.size - 1) :]
+
+
+@dataclass(frozen=True)
+class PackedDeltaState:
+    """The layout of one ``gdn`` layer's packed state ([Note: short-convolution state]): a recurrent
+    state of ``recurrent_shape`` (without the batch), then ``history`` inputs of ``channels`` (q, k, v)."""
+
+    recurrent_shape: tuple[int, ...]
+    history: int
+    channels: tuple[int, ...]
+
+    @property
+    def recurrent_size(self) -> int:
+        size = 1
+        for extent in self.recurrent_shape:
+            size *= extent
+        return size
+
+    def pack(self, recurrent: torch.Tensor, histories: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        batch = recurrent.shape[0]
+        parts = [recurrent.reshape(batch, -1)]
+        parts.extend(history.reshape(batch, -1).to(recurrent.dtype) for history in histories)
+        return torch.cat(parts, dim=1)
+
+    def unpack(self, state: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The recurrent state and each convolution's history, views of ``state``."""
+        batch = state.shape[0]
+        sizes = [self.recurrent_size] + [self.history * channels for channels in self.channels]
+        recurrent, *flat = state.split(sizes, dim=1)
+        histories = tuple(
+            part.reshape(batch, self.history, channels) for part, channels in zip(flat, self.channels)
+        )
+        return recurrent.reshape(batch, *self.recurrent_shape), histories
+
+    def nbytes_per_sequence(self, element_bytes: int) -> int:
+        """The packed state's bytes per sequence."""
+        return (self.recurrent_size + self.history * sum(self.channels)) * element_bytes
