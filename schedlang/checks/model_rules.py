@@ -1,4 +1,4 @@
-"""Rules relating the model keys of flash-linear-attention's GLA to the sizes and the mesh.
+"""Rules relating the model keys of flash-linear-attention's GLA and Gated DeltaNet to the sizes and the mesh.
 
 Contract: as every rule of ``schedlang.checks.rules`` (:data:`MODEL_RULES` runs among them). A value that
 ``model.from`` gave rather than the schedule is reported at the ``from`` key.
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from schedlang.checks.mesh import build_mesh
 from schedlang.checks.schema import FROM_KEY
-from schedlang.vocabulary import Span
+from schedlang.vocabulary import LayerKind, Span
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -84,6 +84,24 @@ def tied_embeddings_on_one_stage(checker: Checker) -> None:
     checker.reject("model.tie_embeddings")
 
 
+def short_convolutions_on_one_sequence_rank(checker: Checker) -> None:
+    """``gdn`` layers with short convolutions need the previous rank's last inputs under sequence
+    parallelism, which the runtime does not pass: they run with ``mesh.sequence = 1``."""
+    size, layers = checker.get("model.short_conv_size"), checker.get("model.layers")
+    if size is None or not isinstance(layers, tuple) or LayerKind.GDN not in layers:
+        return
+    mesh = build_mesh(checker)
+    if mesh is None or mesh.sequence == 1:
+        return
+    checker.error(
+        f"gdn layers with short convolutions (short_conv_size = {size}) do not run sequence-parallel, "
+        f"but mesh.sequence = {mesh.sequence}",
+        _span(checker, "model.short_conv_size"),
+        hint="use mesh.sequence = 1 (pipeline and data ranks are fine), or `short_conv_size = none`",
+    )
+    checker.reject("model.short_conv_size")
+
+
 def weights_fit_the_model(checker: Checker) -> None:
     """``model.from``'s safetensors hold a tensor of the right shape for every parameter of the model the
     schedule builds (the directory's config with the keys the schedule writes)."""
@@ -112,6 +130,7 @@ MODEL_RULE_CHECKS = (
     (("model.expand_v", "model.d_model", "model.heads", "model.head_dim"), value_width_is_heads_times_head_dim),
     (("model.kv_heads", "model.heads"), kv_heads_divide_heads),
     (("model.tie_embeddings", "mesh.pipeline"), tied_embeddings_on_one_stage),
+    (("model.short_conv_size", "model.layers", "mesh.sequence"), short_convolutions_on_one_sequence_rank),
     (
         (FROM_KEY, "model.vocab", "model.d_model", "model.layers", "model.heads", "model.head_dim", "model.mlp"),
         weights_fit_the_model,

@@ -44,7 +44,7 @@ def _logits(model_config, tensors, tokens):
 def _trained_checkpoint(tmp_path):
     model = build_stage_model(read_fla_config(CONFIG).model_config(), (0, 1), True, True, 0, torch.device("cpu"), torch.float32)
     perturb(model, 2)
-    initial = to_fla_tensors(dict(model.named_parameters()))
+    initial = to_fla_tensors(dict(model.named_parameters()), model.config.layers)
     write_hf_directory(tmp_path / "start", initial, CONFIG)
     schedule = tmp_path / "train.sched"
     schedule.write_text(
