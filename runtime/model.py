@@ -216,6 +216,11 @@ class GatedLinearMixer(HeadMixer):
         )
 
 
+def _at_least_float32(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in float32, or as it is when wider (a float64 model's gates stay float64)."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+
 class GatedDeltaMixer(HeadMixer):
     """Gated DeltaNet: the gated delta rule with state in and out (``schedlang.kernels.chunk_gated_delta_rule``).
 
@@ -292,7 +297,7 @@ class GatedDeltaMixer(HeadMixer):
         v = v.view(shape)
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         gate = self._log_forget_gate(hidden)
-        beta = torch.sigmoid(self.beta_proj(hidden).float())
+        beta = torch.sigmoid(_at_least_float32(self.beta_proj(hidden)))
         if self.sequence_context is None:
             mixed, final_state = chunk_gated_delta_rule(
                 q, k, v, gate, beta, scale=self.head_k_dim**-0.5, initial_state=recurrent_state,
@@ -309,13 +314,13 @@ class GatedDeltaMixer(HeadMixer):
 
     def _log_forget_gate(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[B, L, H]``: ``logsigmoid(gate_proj(x)) / 16``, or Mamba2's ``-exp(A_log) * softplus(a + dt_bias)``
-        in float32."""
+        in float32 (float64 for a float64 model)."""
         from schedlang.kernels.log_sigmoid_gate import log_sigmoid_gate
 
         if self.options.gates is DeltaGates.LOG_SIGMOID:
             return log_sigmoid_gate(self.gate_proj(hidden), GATE_LOGIT_NORMALIZER, kernel_backend(hidden.device))
-        logits = self.gate_proj(hidden).float() + self.gate_time_bias.float()
-        return -torch.exp(self.gate_log_rate.float()) * F.softplus(logits)
+        logits = _at_least_float32(self.gate_proj(hidden)) + _at_least_float32(self.gate_time_bias)
+        return -torch.exp(_at_least_float32(self.gate_log_rate)) * F.softplus(logits)
 
     def _sequence_parallel(self, q, k, v, gate, beta, initial_state):
         """This rank's slice of the chunk; see [Note: sequence-parallel chunks] in the executor."""
