@@ -77,7 +77,3 @@ class PackedDeltaState:
             part.reshape(batch, self.history, channels) for part, channels in zip(flat, self.channels)
         )
         return recurrent.reshape(batch, *self.recurrent_shape), histories
-
-    def nbytes_per_sequence(self, element_bytes: int) -> int:
-        """The packed state's bytes per sequence."""
-        return (self.recurrent_size + self.history * sum(self.channels)) * element_bytes

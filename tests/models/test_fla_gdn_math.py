@@ -128,3 +128,26 @@ def test_every_parameter_has_its_fla_name():
         assert f"model.layers.1.attn.{expected}" in names
     with pytest.raises(KeyError, match="Gated DeltaNet has no tensor"):
         fla_sources("layers.0.mixer.gate_proj.bias", (LayerKind.GDN,))
+
+
+def test_the_memory_models_state_term_counts_the_packed_state(tmp_path):
+    """lowering.memory_terms.state_bytes equals the bytes of the states the runtime hands between chunks."""
+    from schedlang.frontend import load_program
+    from schedlang.lowering.memory_terms import state_bytes
+
+    schedule = tmp_path / "gdn.sched"
+    schedule.write_text(
+        """schedule gdn_state
+model {
+  vocab = 64  d_model = 32  heads = 2  head_dim = 16  layers = [gdn] * 2
+  expand_k = 0.5  delta_gates = mamba  short_conv_size = 4
+}
+sequence { length = 64  chunks = 2  kernel_chunk = 16 }
+pipeline { microbatches = 2  microbatch_size = 3 }
+""",
+        encoding="utf-8",
+    )
+    program = load_program(schedule)
+    model = _stage(program.model.runtime_config(), torch.float32)
+    _, states = model(torch.zeros(3, 8, dtype=torch.long), [None] * model.n_states)
+    assert state_bytes(program, 0) == sum(state.numel() * state.element_size() for state in states)
