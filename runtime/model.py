@@ -25,7 +25,7 @@ from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.kv_buffers import AttentionChunk, BufferedChunkAttention, ChunkPosition
 from schedlang.runtime.linear import Linear, active_weight_gradient_recorder, recording_weight_gradients
 from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, DeltaGates, GlaOptions, OutputGate
-from schedlang.runtime.short_convolution import PackedDeltaState, ShortConvolution
+from schedlang.runtime.short_convolution import PackedDeltaState, ShortConvolution, sequence_parallel_histories
 from schedlang.vocabulary import LayerKind, Recompute
 
 INIT_STD = 0.02
@@ -288,10 +288,7 @@ class GatedDeltaMixer(HeadMixer):
             recurrent_state, histories = self.packed_state.unpack(initial_state)
         q, k, v = self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
         if self.packed_state is not None:
-            (q, q_history), (k, k_history), (v, v_history) = (
-                convolution(projected, history)
-                for convolution, projected, history in zip((self.q_conv, self.k_conv, self.v_conv), (q, k, v), histories)
-            )
+            q, k, v, final_histories = self._convolve(q, k, v, histories)
         q = q.view(batch, length, self.heads, self.head_k_dim)
         k = k.view(batch, length, self.heads, self.head_k_dim)
         v = v.view(shape)
@@ -304,13 +301,34 @@ class GatedDeltaMixer(HeadMixer):
                 output_final_state=True, backend=kernel_backend(q.device),
             )
         else:
-            if self.packed_state is not None:
-                raise ValueError("short convolutions do not run sequence-parallel (schedlang check refuses it)")
             mixed, final_state = self._sequence_parallel(q, k, v, gate, beta, recurrent_state)
         if self.packed_state is not None:
-            final_state = self.packed_state.pack(final_state, (q_history, k_history, v_history))
+            final_state = self.packed_state.pack(final_state, final_histories)
         gated = self.output_norm(mixed.to(hidden.dtype)) * F.silu(self.output_gate_proj(hidden).view(shape))
         return self.o_proj(gated.reshape(batch, length, -1)), final_state
+
+    def _convolve(self, q, k, v, histories):
+        """The short convolutions of the projected q, k, v from ``histories`` (None: zeros); returns their
+        outputs and the histories after the chunk, across the sequence-parallel group when there is one
+        ([Note: short convolutions across sequence ranks] in :mod:`schedlang.runtime.short_convolution`)."""
+        convolutions = (self.q_conv, self.k_conv, self.v_conv)
+        if self.sequence_context is None:
+            (q, q_history), (k, k_history), (v, v_history) = (
+                convolution(projected, history)
+                for convolution, projected, history in zip(convolutions, (q, k, v), histories)
+            )
+            return q, k, v, (q_history, k_history, v_history)
+        if histories[0] is None:
+            histories = tuple(
+                projected.new_zeros(projected.shape[0], self.packed_state.history, projected.shape[-1])
+                for projected in (q, k, v)
+            )
+        starting, final_histories = sequence_parallel_histories((q, k, v), histories, self.sequence_context.group)
+        q, k, v = (
+            convolution(projected, history)[0]
+            for convolution, projected, history in zip(convolutions, (q, k, v), starting)
+        )
+        return q, k, v, final_histories
 
     def _log_forget_gate(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[B, L, H]``: ``logsigmoid(gate_proj(x)) / 16``, or Mamba2's ``-exp(A_log) * softplus(a + dt_bias)``

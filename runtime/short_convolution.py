@@ -13,6 +13,16 @@ flattened, then the ``W - 1`` inputs of q, k and v. Gradients reach the previous
 packing as through any tensor, and an all-zero packed state means exactly "no state", as the CUDA-graph
 replay of chunk 0 needs (``schedlang.runtime.graphs``). A layer without short convolutions keeps its bare
 recurrent state.
+
+[Note: short convolutions across sequence ranks]
+With the chunk split over a sequence-parallel group, rank ``r``'s first outputs read rank ``r - 1``'s last
+``W - 1`` inputs. :func:`sequence_parallel_histories` all-gathers every rank's last ``W - 1`` inputs (one
+small collective per layer and chunk; each rank's slice holds at least ``W - 1`` tokens, which
+``schedlang check`` ensures through ``kernel_chunk``): rank 0 starts from the incoming state's history,
+rank ``r > 0`` from rank ``r - 1``'s inputs, and every rank returns the last rank's inputs as the history
+after the chunk. That keeps the executor's rank contract for states ([Note: sequence-parallel chunks] in
+:mod:`schedlang.runtime.executor`): the incoming history is read on rank 0 only, and the backward of the
+gather sums the gradients every rank gives to a rank's inputs, the final history's included.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -77,3 +88,57 @@ class PackedDeltaState:
             part.reshape(batch, self.history, channels) for part, channels in zip(flat, self.channels)
         )
         return recurrent.reshape(batch, *self.recurrent_shape), histories
+
+
+class _ExchangeHistories(torch.autograd.Function):
+    """``(starting, final)`` histories of this rank from every rank's last inputs (one all-gather): rank 0
+    starts from ``incoming``, rank ``r > 0`` from rank ``r - 1``'s inputs, every rank ends with the last
+    rank's. One node with both outputs, so the backward's one all-reduce (gloo has no reduce-scatter) runs
+    at the same point of every rank's backward, whichever output a rank's graph uses."""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, incoming: torch.Tensor, group: dist.ProcessGroup):
+        ctx.group = group
+        local = local.contiguous()
+        gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(gathered, local, group=group)
+        rank = dist.get_rank(group)
+        starting = incoming.to(local.dtype).clone() if rank == 0 else gathered[rank - 1]
+        ctx.incoming_dtype = incoming.dtype
+        return starting, gathered[-1].clone()
+
+    @staticmethod
+    def backward(ctx, starting_gradient: torch.Tensor | None, final_gradient: torch.Tensor | None):
+        group = ctx.group
+        ranks, rank = dist.get_world_size(group), dist.get_rank(group)
+        reference = starting_gradient if starting_gradient is not None else final_gradient
+        gradients = reference.new_zeros((ranks, *reference.shape))
+        if final_gradient is not None:
+            gradients[-1] += final_gradient
+        if starting_gradient is not None and rank > 0:
+            gradients[rank - 1] += starting_gradient
+        dist.all_reduce(gradients, group=group)
+        incoming = torch.zeros_like(reference, dtype=ctx.incoming_dtype)
+        if starting_gradient is not None and rank == 0:
+            incoming = starting_gradient.to(ctx.incoming_dtype)
+        return gradients[rank], incoming, None
+
+
+def sequence_parallel_histories(
+    inputs: tuple[torch.Tensor, ...], histories: tuple[torch.Tensor, ...], group: dist.ProcessGroup
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """The history each convolution starts from on this rank, and the history after the whole chunk
+    ([Note: short convolutions across sequence ranks]). ``inputs`` are this rank's ``[B, L_r, C_i]``
+    convolution inputs, ``histories`` the incoming state's ``[B, W - 1, C_i]`` (zeros before a sequence)."""
+    history, length = histories[0].shape[1], inputs[0].shape[1]
+    if history == 0:
+        return histories, histories
+    if length < history:
+        raise ValueError(
+            f"a sequence-parallel rank holds {length} tokens, fewer than the short convolution's {history} "
+            "earlier inputs (schedlang check keeps kernel_chunk >= short_conv_size - 1)"
+        )
+    widths = [tensor.shape[-1] for tensor in inputs]
+    local = torch.cat([tensor[:, length - history :] for tensor in inputs], dim=-1)
+    starting, final = _ExchangeHistories.apply(local, torch.cat(histories, dim=-1), group)
+    return tuple(starting.split(widths, dim=-1)), tuple(final.split(widths, dim=-1))

@@ -84,20 +84,22 @@ def tied_embeddings_on_one_stage(checker: Checker) -> None:
     checker.reject("model.tie_embeddings")
 
 
-def short_convolutions_on_one_sequence_rank(checker: Checker) -> None:
-    """``gdn`` layers with short convolutions need the previous rank's last inputs under sequence
-    parallelism, which the runtime does not pass: they run with ``mesh.sequence = 1``."""
+def short_convolutions_fit_each_sequence_rank(checker: Checker) -> None:
+    """Under sequence parallelism a rank's first short-convolution outputs read the previous rank's last
+    ``short_conv_size - 1`` inputs, so every rank's slice of a chunk (whole kernel chunks) must hold as many:
+    ``kernel_chunk >= short_conv_size - 1``."""
     size, layers = checker.get("model.short_conv_size"), checker.get("model.layers")
-    if size is None or not isinstance(layers, tuple) or LayerKind.GDN not in layers:
+    kernel_chunk = checker.get("sequence.kernel_chunk")
+    if size is None or not isinstance(layers, tuple) or LayerKind.GDN not in layers or not isinstance(kernel_chunk, int):
         return
     mesh = build_mesh(checker)
-    if mesh is None or mesh.sequence == 1:
+    if mesh is None or mesh.sequence == 1 or kernel_chunk >= size - 1:
         return
     checker.error(
-        f"gdn layers with short convolutions (short_conv_size = {size}) do not run sequence-parallel, "
-        f"but mesh.sequence = {mesh.sequence}",
+        f"with mesh.sequence = {mesh.sequence} each rank's slice of a chunk must hold short_conv_size - 1 = "
+        f"{size - 1} tokens for the next rank's short convolutions, but kernel_chunk = {kernel_chunk}",
         _span(checker, "model.short_conv_size"),
-        hint="use mesh.sequence = 1 (pipeline and data ranks are fine), or `short_conv_size = none`",
+        hint=f"use kernel_chunk >= {size - 1}",
     )
     checker.reject("model.short_conv_size")
 
@@ -130,7 +132,10 @@ MODEL_RULE_CHECKS = (
     (("model.expand_v", "model.d_model", "model.heads", "model.head_dim"), value_width_is_heads_times_head_dim),
     (("model.kv_heads", "model.heads"), kv_heads_divide_heads),
     (("model.tie_embeddings", "mesh.pipeline"), tied_embeddings_on_one_stage),
-    (("model.short_conv_size", "model.layers", "mesh.sequence"), short_convolutions_on_one_sequence_rank),
+    (
+        ("model.short_conv_size", "model.layers", "mesh.sequence", "sequence.kernel_chunk"),
+        short_convolutions_fit_each_sequence_rank,
+    ),
     (
         (FROM_KEY, "model.vocab", "model.d_model", "model.layers", "model.heads", "model.head_dim", "model.mlp"),
         weights_fit_the_model,
