@@ -27,17 +27,18 @@ model {{
   from = hf("model"){extra}
 }}
 mesh {{ pipeline = {pipeline}  sequence = {sequence} }}
-sequence {{ length = 64  chunks = 2  kernel_chunk = 16 }}
+sequence {{ length = 64  chunks = 2  kernel_chunk = {kernel_chunk} }}
 pipeline {{ microbatches = 2 }}
 train {{ steps = 1 }}
 """
 
 
-def _schedule(tmp_path, config, extra="", pipeline=1, sequence=1):
+def _schedule(tmp_path, config, extra="", pipeline=1, sequence=1, kernel_chunk=16):
     (tmp_path / "model").mkdir(exist_ok=True)
     (tmp_path / "model" / "config.json").write_text(json.dumps(config))
     path = tmp_path / "s.sched"
-    path.write_text(SCHEDULE.format(extra=extra, pipeline=pipeline, sequence=sequence), encoding="utf-8")
+    text = SCHEDULE.format(extra=extra, pipeline=pipeline, sequence=sequence, kernel_chunk=kernel_chunk)
+    path.write_text(text, encoding="utf-8")
     return path
 
 
@@ -77,13 +78,20 @@ def test_silu_is_swish(tmp_path):
     load_program(_schedule(tmp_path, gdn_config(hidden_act="silu", output_gate_activation="silu")))
 
 
-def test_short_convolutions_are_refused_under_sequence_parallelism(tmp_path):
-    ((line, column, text),) = _errors(_schedule(tmp_path, gdn_config(), sequence=2))
+def test_each_sequence_rank_must_hold_the_short_convolutions_history(tmp_path):
+    """Under mesh.sequence > 1 a rank's slice (whole kernel chunks) holds the next rank's short_conv_size - 1
+    earlier inputs."""
+    load_program(_schedule(tmp_path, gdn_config(), sequence=2, kernel_chunk=4))
+    ((line, column, text),) = _errors(_schedule(tmp_path, gdn_config(), sequence=2, kernel_chunk=2))
     assert (line, column) == (3, 3)
-    assert text.startswith("gdn layers with short convolutions (short_conv_size = 4) do not run sequence-parallel")
-    written = _errors(_schedule(tmp_path, gdn_config(), extra="\n  short_conv_size = 2", sequence=2))
+    assert text == (
+        "with mesh.sequence = 2 each rank's slice of a chunk must hold short_conv_size - 1 = 3 tokens for the next "
+        "rank's short convolutions, but kernel_chunk = 2"
+    )
+    written = _errors(_schedule(tmp_path, gdn_config(), extra="\n  short_conv_size = 8", sequence=2, kernel_chunk=4))
     assert [(line, column) for line, column, _ in written] == [(4, 3)]
-    load_program(_schedule(tmp_path, gdn_config(), extra="\n  short_conv_size = none", sequence=2))
+    load_program(_schedule(tmp_path, gdn_config(), extra="\n  short_conv_size = none", sequence=2, kernel_chunk=2))
+    load_program(_schedule(tmp_path, gdn_config(), sequence=1, kernel_chunk=2))
 
 
 def test_the_weights_are_the_initial_weights_on_two_stages(tmp_path):
