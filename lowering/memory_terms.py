@@ -221,7 +221,8 @@ def state_bytes(program: ScheduleProgram, stage: int) -> float:
     kinds = stage_layer_kinds(program, stage)
     gdn = program.model.gdn
     key_dim = gdn.head_k_dim or sizes.head_dim
-    history = 0 if gdn.short_conv_size is None else (gdn.short_conv_size - 1) * sizes.heads * (2 * key_dim + sizes.head_dim)
+    taps = 1 if gdn.short_conv_size is None else gdn.short_conv_size
+    history = (taps - 1) * sizes.heads * (2 * key_dim + sizes.head_dim)
     total = 0
     for kind in kinds:
         if kind is LayerKind.GDN:

@@ -111,7 +111,6 @@ class ModelOptions:
         ``gdn`` options existed has their defaults."""
         values = dict(entries)
         gla = GlaOptions(**{option.name: values[f"gla.{option.name}"] for option in fields(GlaOptions)})
-        gdn = GdnOptions(
-            **{option.name: values[f"gdn.{option.name}"] for option in fields(GdnOptions) if f"gdn.{option.name}" in values}
-        )
+        recorded = {name.removeprefix("gdn."): value for name, value in values.items() if name.startswith("gdn.")}
+        gdn = GdnOptions(**recorded)
         return cls(gla=gla, gdn=gdn, mlp_width=values["mlp_width"], tie_embeddings=values["tie_embeddings"])

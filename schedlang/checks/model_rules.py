@@ -90,7 +90,8 @@ def short_convolutions_fit_each_sequence_rank(checker: Checker) -> None:
     ``kernel_chunk >= short_conv_size - 1``."""
     size, layers = checker.get("model.short_conv_size"), checker.get("model.layers")
     kernel_chunk = checker.get("sequence.kernel_chunk")
-    if size is None or not isinstance(layers, tuple) or LayerKind.GDN not in layers or not isinstance(kernel_chunk, int):
+    has_gdn = isinstance(layers, tuple) and LayerKind.GDN in layers
+    if size is None or not isinstance(kernel_chunk, int) or not has_gdn:
         return
     mesh = build_mesh(checker)
     if mesh is None or mesh.sequence == 1 or kernel_chunk >= size - 1:

@@ -200,7 +200,8 @@ def test_a_gdn_model_fla_cannot_load_is_refused_with_the_reason(tmp_path):
     from schedlang.runtime.config import ModelConfig
     from schedlang.runtime.hf_weights import write_hf_directory as write
 
-    with pytest.raises(ValueError, match="Gated DeltaNet model: delta_gates must be mamba; short_conv_size must be set"):
+    refused = "Gated DeltaNet model: delta_gates must be mamba; short_conv_size must be set"
+    with pytest.raises(ValueError, match=refused):
         write(tmp_path / "out", ModelConfig(vocab=8, d_model=4, layers=("gdn",), heads=1, head_dim=4), {})
     with pytest.raises(ValueError, match="rotary position embeddings"):
         write(tmp_path / "out", ModelConfig(vocab=8, d_model=4, layers=("gdn", "attn"), heads=1, head_dim=4), {})
