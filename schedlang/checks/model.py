@@ -170,7 +170,7 @@ def build_model(checker: Checker) -> ModelSpec | None:
         output_gate=output_gate,
     )
     gdn = GdnOptions(
-        head_k_dim=head_k_dim,
+        head_k_dim=head_k_dim if LayerKind.GDN in base.layers else None,  # a model without gdn layers records none
         gates=checker.get("model.delta_gates"),
         short_conv_size=checker.get("model.short_conv_size"),
     )
