@@ -58,6 +58,7 @@ class ModelView:
     mlp_ratio: str
     norm_eps: str = ""  # a literal when not the runtime's default, else empty
     options: str = ""  # a ModelOptions(...) expression when any option is not its default, else empty
+    options_imports: str = "GlaOptions, ModelOptions"  # the names of model_options that expression uses
 
 
 @dataclass(frozen=True)
@@ -169,11 +170,20 @@ def _changed_fields(value) -> str:
 
 
 def _options_literal(options: ModelOptions) -> str:
-    """``ModelOptions(gla=GlaOptions(...), ...)`` with only what differs from the defaults; empty when nothing does."""
+    """``ModelOptions(gla=GlaOptions(...), gdn=GdnOptions(...), ...)`` with only what differs from the
+    defaults; empty when nothing does."""
     gla = _changed_fields(options.gla)
-    others = _changed_fields(dataclasses.replace(options, gla=ModelOptions().gla))
-    parts = ([f"gla=GlaOptions({gla})"] if gla else []) + ([others] if others else [])
+    gdn = _changed_fields(options.gdn)
+    others = _changed_fields(dataclasses.replace(options, gla=ModelOptions().gla, gdn=ModelOptions().gdn))
+    parts = ([f"gla=GlaOptions({gla})"] if gla else []) + ([f"gdn=GdnOptions({gdn})"] if gdn else [])
+    parts += [others] if others else []
     return f"ModelOptions({', '.join(parts)})" if parts else ""
+
+
+def _options_imports(options: ModelOptions) -> str:
+    """The names :func:`_options_literal` needs from ``schedlang.runtime.model_options``."""
+    gdn = ("GdnOptions",) if options.gdn != ModelOptions().gdn else ()
+    return ", ".join(gdn + ("GlaOptions", "ModelOptions"))
 
 
 def _layers_text(layers: tuple[int, ...]) -> str:
@@ -225,6 +235,7 @@ def build_view(
             mlp_ratio=repr(config.mlp_ratio),
             norm_eps=repr(float(config.norm_eps)) if config.norm_eps != RUNTIME_NORM_EPS else "",
             options=_options_literal(config.options),
+            options_imports=_options_imports(config.options),
         ),
         stages=tuple(stages),
         stage_actions_literal=_tuple_of_names([f"STAGE_{index}_ACTIONS" for index in range(n_stages)]),

@@ -213,10 +213,23 @@ def chunk_activation_bytes(
 
 
 def state_bytes(program: ScheduleProgram, stage: int) -> float:
-    """One chunk boundary's recurrent states on ``stage``: ``b H D^2 f`` per recurrent layer."""
+    """One chunk boundary's recurrent states on ``stage``: ``b H D^2 f`` per recurrent layer, but
+    ``b (H K D + (c - 1) (2 H K + W)) f`` per gdn layer, ``K`` its key width per head and ``c`` the taps of
+    its short convolutions (0 without them), whose last inputs of q, k and v are packed into its state
+    ([Note: short-convolution state] in schedlang.runtime.short_convolution)."""
     sizes = program_sizes(program)
-    recurrent = sum(kind.is_recurrent for kind in stage_layer_kinds(program, stage))
-    return recurrent * sizes.batch * sizes.heads * sizes.head_dim * sizes.head_dim * sizes.compute_bytes
+    kinds = stage_layer_kinds(program, stage)
+    gdn = program.model.gdn
+    key_dim = gdn.head_k_dim or sizes.head_dim
+    taps = 1 if gdn.short_conv_size is None else gdn.short_conv_size
+    history = (taps - 1) * sizes.heads * (2 * key_dim + sizes.head_dim)
+    total = 0
+    for kind in kinds:
+        if kind is LayerKind.GDN:
+            total += sizes.heads * key_dim * sizes.head_dim + history
+        elif kind.is_recurrent:
+            total += sizes.heads * sizes.head_dim * sizes.head_dim
+    return total * sizes.batch * sizes.compute_bytes
 
 
 def key_value_bytes(program: ScheduleProgram, stage: int) -> float:

@@ -30,7 +30,7 @@ from enum import Enum
 
 from schedlang.lowering.tasks import TaskId
 from schedlang.runtime.config import ModelConfig
-from schedlang.runtime.model_options import GlaOptions, ModelOptions
+from schedlang.runtime.model_options import GdnOptions, GlaOptions, ModelOptions
 from schedlang.vocabulary import (
     CudaGraphs,
     DataKind,
@@ -74,6 +74,7 @@ class ModelSpec:
     mlp: MlpSpec = MlpSpec()
     norm_eps: float = RUNTIME_NORM_EPS
     gla: GlaOptions = GlaOptions()
+    gdn: GdnOptions = GdnOptions()
     tie_embeddings: bool = False
     initial_weights: str | None = None  # a Hugging Face directory with safetensors weights (model.from)
 
@@ -93,6 +94,7 @@ class ModelSpec:
         swiglu = self.mlp.kind is MlpKind.SWIGLU
         options = ModelOptions(
             gla=self.gla,
+            gdn=self.gdn,
             mlp_width=self.mlp.width if swiglu else None,
             tie_embeddings=self.tie_embeddings,
             initial_weights=self.initial_weights,

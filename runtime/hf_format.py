@@ -1,15 +1,18 @@
-"""flash-linear-attention's GLA checkpoints: its ``config.json`` fields and parameter names, both ways.
+"""flash-linear-attention's GLA and Gated DeltaNet checkpoints: ``config.json`` fields and parameter names.
 
-A Hugging Face directory written by ``GLAForCausalLM.save_pretrained`` (fla 0.6.0) holds a ``config.json``
-of ``model_type`` ``"gla"`` and ``*.safetensors`` weights. :func:`read_fla_config` turns the config into
-the sizes and :class:`~schedlang.runtime.model_options.ModelOptions` of the same network in schedlang
+A Hugging Face directory written by ``GLAForCausalLM.save_pretrained`` or
+``GatedDeltaNetForCausalLM.save_pretrained`` (fla 0.6.0) holds a ``config.json`` of ``model_type``
+``"gla"`` or ``"gated_deltanet"`` and ``*.safetensors`` weights. :func:`read_fla_config` turns the config
+into the sizes and :class:`~schedlang.runtime.model_options.ModelOptions` of the same network in schedlang
 (refusing, field by field, what schedlang does not build); :func:`fla_config` is the inverse;
-:func:`fla_sources` names the fla tensors each schedlang parameter is made of. The math behind the
+:func:`fla_sources` names the fla tensors each schedlang parameter is made of. This module holds GLA and
+what both share; :mod:`schedlang.runtime.hf_gated_deltanet` the Gated DeltaNet half. The math behind the
 correspondence is in ``docs/models.md``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -18,6 +21,13 @@ from typing import Mapping
 import torch
 
 from schedlang.runtime.config import ModelConfig
+from schedlang.runtime.hf_gated_deltanet import (
+    GDN_MODEL_TYPE,
+    GDN_RENAMES,
+    gdn_config,
+    gdn_config_problems,
+    read_gdn_config,
+)
 from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, GlaOptions, ModelOptions, OutputGate
 from schedlang.vocabulary import LayerKind
 
@@ -37,12 +47,12 @@ class UnsupportedFlaConfig(ValueError):
 
 
 @dataclass(frozen=True)
-class FlaGlaModel:
-    """What a GLA ``config.json`` describes, in schedlang's terms."""
+class FlaModel:
+    """What a GLA or Gated DeltaNet ``config.json`` describes, in schedlang's terms."""
 
     vocab: int
     d_model: int
-    n_layers: int
+    layers: tuple[LayerKind, ...]
     heads: int
     head_dim: int
     norm_eps: float
@@ -50,16 +60,11 @@ class FlaGlaModel:
 
     def model_config(self, initial_weights: str | None = None) -> ModelConfig:
         """The runtime's record of this model (its weights from ``initial_weights`` when given)."""
-        options = ModelOptions(
-            gla=self.options.gla,
-            mlp_width=self.options.mlp_width,
-            tie_embeddings=self.options.tie_embeddings,
-            initial_weights=initial_weights,
-        )
+        options = dataclasses.replace(self.options, initial_weights=initial_weights)
         return ModelConfig(
             vocab=self.vocab,
             d_model=self.d_model,
-            layers=(LayerKind.GLA,) * self.n_layers,
+            layers=self.layers,
             heads=self.heads,
             head_dim=self.head_dim,
             norm_eps=self.norm_eps,
@@ -90,14 +95,14 @@ _FIXED_FIELDS = (
 )
 
 
-def _integer(values: Mapping[str, object], field: str, default: object = None) -> int:
+def read_integer(values: Mapping[str, object], field: str, default: object = None) -> int:
     value = values.get(field, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UnsupportedFlaConfig(field, f"config field '{field}' must be a positive integer, found {value!r}")
     return value
 
 
-def _number(values: Mapping[str, object], field: str, default: float) -> float:
+def read_number(values: Mapping[str, object], field: str, default: float) -> float:
     value = values.get(field, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise UnsupportedFlaConfig(field, f"config field '{field}' must be a number, found {value!r}")
@@ -113,44 +118,56 @@ def _per_head(total: float, heads: int, field: str) -> int:
     return width // heads
 
 
-def read_fla_config(values: Mapping[str, object]) -> FlaGlaModel:
-    """The schedlang model of a GLA ``config.json`` (its defaults are fla 0.6.0's ``GLAConfig``'s).
+def read_common_fields(values: Mapping[str, object]) -> tuple[float | None, int | None, float, bool]:
+    """``hidden_ratio``, ``intermediate_size``, ``norm_eps`` and ``tie_word_embeddings``, checked (the
+    fields every fla model shares)."""
+    hidden_ratio = values.get("hidden_ratio", 4)
+    if hidden_ratio is not None:
+        hidden_ratio = read_number(values, "hidden_ratio", 4)
+    intermediate_size = values.get("intermediate_size")
+    if intermediate_size is not None:
+        intermediate_size = read_integer(values, "intermediate_size")
+    norm_eps = read_number(values, "norm_eps", 1e-6)
+    if norm_eps <= 0:
+        raise UnsupportedFlaConfig("norm_eps", f"config field 'norm_eps' must be positive, found {norm_eps!r}")
+    tie = values.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise UnsupportedFlaConfig("tie_word_embeddings", f"tie_word_embeddings must be true or false, found {tie!r}")
+    return hidden_ratio, intermediate_size, norm_eps, tie
+
+
+def read_fla_config(values: Mapping[str, object]) -> FlaModel:
+    """The schedlang model of a GLA or Gated DeltaNet ``config.json`` (its defaults are fla 0.6.0's
+    ``GLAConfig``'s or ``GatedDeltaNetConfig``'s).
 
     Raises :class:`UnsupportedFlaConfig` naming the first field schedlang does not build.
     """
     model_type = values.get("model_type")
+    if model_type == GDN_MODEL_TYPE:
+        return read_gdn_config(values)
     if model_type != FLA_MODEL_TYPE:
         raise UnsupportedFlaConfig(
-            "model_type", f"model_type is {model_type!r}; schedlang reads flash-linear-attention's 'gla' models"
+            "model_type",
+            f"model_type is {model_type!r}; schedlang reads flash-linear-attention's "
+            f"'{FLA_MODEL_TYPE}' and '{GDN_MODEL_TYPE}' models",
         )
     for field, built, otherwise in _FIXED_FIELDS:
         if field in values and values[field] != built:
             raise UnsupportedFlaConfig(
                 field, f"config field '{field}' = {values[field]!r} selects {otherwise}, which schedlang does not build"
             )
-    d_model = _integer(values, "hidden_size", 2048)
-    heads = _integer(values, "num_heads", 4)
+    d_model = read_integer(values, "hidden_size", 2048)
+    heads = read_integer(values, "num_heads", 4)
     kv_heads = values.get("num_kv_heads")
-    kv_heads = heads if kv_heads is None else _integer(values, "num_kv_heads")
+    kv_heads = heads if kv_heads is None else read_integer(values, "num_kv_heads")
     if heads % kv_heads:
         raise UnsupportedFlaConfig("num_kv_heads", f"num_kv_heads = {kv_heads} does not divide num_heads = {heads}")
-    head_k_dim = _per_head(d_model * _number(values, "expand_k", 0.5), heads, "expand_k")
-    head_dim = _per_head(d_model * _number(values, "expand_v", 1.0), heads, "expand_v")
+    head_k_dim = _per_head(d_model * read_number(values, "expand_k", 0.5), heads, "expand_k")
+    head_dim = _per_head(d_model * read_number(values, "expand_v", 1.0), heads, "expand_v")
     clamp_min = values.get("clamp_min")
     if clamp_min is not None:
-        clamp_min = _number(values, "clamp_min", 0.0)
-    hidden_ratio = values.get("hidden_ratio", 4)
-    if hidden_ratio is not None:
-        hidden_ratio = _number(values, "hidden_ratio", 4)
-    intermediate_size = values.get("intermediate_size")
-    if intermediate_size is not None:
-        intermediate_size = _integer(values, "intermediate_size")
-    norm_eps = _number(values, "norm_eps", 1e-6)
-    if norm_eps <= 0:
-        raise UnsupportedFlaConfig("norm_eps", f"config field 'norm_eps' must be positive, found {norm_eps!r}")
-    tie = values.get("tie_word_embeddings", False)
-    if not isinstance(tie, bool):
-        raise UnsupportedFlaConfig("tie_word_embeddings", f"tie_word_embeddings must be true or false, found {tie!r}")
+        clamp_min = read_number(values, "clamp_min", 0.0)
+    hidden_ratio, intermediate_size, norm_eps, tie = read_common_fields(values)
     gla = GlaOptions(
         head_k_dim=head_k_dim,
         kv_heads=kv_heads,
@@ -159,10 +176,10 @@ def read_fla_config(values: Mapping[str, object]) -> FlaGlaModel:
         gate_clamp_min=clamp_min,
         output_gate=OutputGate.SWISH,
     )
-    return FlaGlaModel(
-        vocab=_integer(values, "vocab_size", 32000),
+    return FlaModel(
+        vocab=read_integer(values, "vocab_size", 32000),
         d_model=d_model,
-        n_layers=_integer(values, "num_hidden_layers", 24),
+        layers=(LayerKind.GLA,) * read_integer(values, "num_hidden_layers", 24),
         heads=heads,
         head_dim=head_dim,
         norm_eps=norm_eps,
@@ -172,8 +189,15 @@ def read_fla_config(values: Mapping[str, object]) -> FlaGlaModel:
     )
 
 
+def is_gated_deltanet(model: ModelConfig) -> bool:
+    """Whether ``model`` is written as fla's Gated DeltaNet (it has a ``gdn`` layer), else as its GLA."""
+    return LayerKind.GDN in model.layers
+
+
 def fla_config_problems(model: ModelConfig) -> list[str]:
-    """Why ``model`` is not a flash-linear-attention GLA model; empty when it is."""
+    """Why ``model`` is not a flash-linear-attention GLA or Gated DeltaNet model; empty when it is."""
+    if is_gated_deltanet(model):
+        return gdn_config_problems(model)
     problems = []
     gla = model.options.gla
     if any(kind is not LayerKind.GLA for kind in model.layers):
@@ -190,13 +214,16 @@ def fla_config_problems(model: ModelConfig) -> list[str]:
 
 
 def fla_config(model: ModelConfig, torch_dtype: torch.dtype = torch.float32) -> dict[str, object]:
-    """The ``config.json`` of ``model`` as fla's ``GLAConfig``; ``ValueError`` listing
-    :func:`fla_config_problems` when it is not one."""
+    """The ``config.json`` of ``model`` as fla's ``GLAConfig`` or ``GatedDeltaNetConfig``; ``ValueError``
+    listing :func:`fla_config_problems` when it is neither."""
     from schedlang.runtime.model import swiglu_width
 
     problems = fla_config_problems(model)
     if problems:
-        raise ValueError("not a flash-linear-attention GLA model: " + "; ".join(problems))
+        kind = "Gated DeltaNet" if is_gated_deltanet(model) else "GLA"
+        raise ValueError(f"not a flash-linear-attention {kind} model: " + "; ".join(problems))
+    if is_gated_deltanet(model):
+        return gdn_config(model, torch_dtype)
     gla = model.options.gla
     head_k_dim = gla.head_k_dim or model.head_dim
     mlp_width = model.options.mlp_width or swiglu_width(model.d_model, model.mlp_ratio)
@@ -229,48 +256,65 @@ def fla_config(model: ModelConfig, torch_dtype: torch.dtype = torch.float32) -> 
 
 
 _LAYER = r"layers\.(\d+)\."
-_RENAMES: tuple[tuple[re.Pattern, str], ...] = tuple(
-    (re.compile(pattern), replacement)
-    for pattern, replacement in (
+
+
+def _compiled(renames) -> tuple[tuple[re.Pattern, str], ...]:
+    return tuple((re.compile(pattern), replacement) for pattern, replacement in renames)
+
+
+_SHARED_RENAMES = _compiled(
+    (
         (r"embedding\.weight", "model.embeddings.weight"),
         (r"final_norm\.weight", "model.norm.weight"),
         (r"lm_head\.weight", "lm_head.weight"),
         (_LAYER + r"mixer_norm\.weight", r"model.layers.\1.attn_norm.weight"),
         (_LAYER + r"mlp_norm\.weight", r"model.layers.\1.mlp_norm.weight"),
-        (_LAYER + r"mixer\.([qkvo])_proj\.weight", r"model.layers.\1.attn.\2_proj.weight"),
-        (_LAYER + r"mixer\.gate_proj\.(0\.weight|1\.weight|1\.bias)", r"model.layers.\1.attn.gk_proj.\2"),
-        (_LAYER + r"mixer\.output_gate_proj\.weight", r"model.layers.\1.attn.g_proj.weight"),
-        (_LAYER + r"mixer\.output_norm\.weight", r"model.layers.\1.attn.g_norm_swish_gate.weight"),
         (_LAYER + r"mlp\.down_proj\.weight", r"model.layers.\1.mlp.down_proj.weight"),
     )
 )
+_MIXER_RENAMES: dict[LayerKind, tuple[tuple[re.Pattern, str], ...]] = {
+    LayerKind.GLA: _compiled(
+        (
+            (_LAYER + r"mixer\.([qkvo])_proj\.weight", r"model.layers.\1.attn.\2_proj.weight"),
+            (_LAYER + r"mixer\.gate_proj\.(0\.weight|1\.weight|1\.bias)", r"model.layers.\1.attn.gk_proj.\2"),
+            (_LAYER + r"mixer\.output_gate_proj\.weight", r"model.layers.\1.attn.g_proj.weight"),
+            (_LAYER + r"mixer\.output_norm\.weight", r"model.layers.\1.attn.g_norm_swish_gate.weight"),
+        )
+    ),
+    LayerKind.GDN: _compiled(GDN_RENAMES),
+}
 _FUSED_GATE_UP = re.compile(_LAYER + r"mlp\.gate_up_proj\.weight")
 
 FLA_UNFUSED_NAMES = {".attn.g_norm_swish_gate.weight": ".attn.g_norm.weight"}
 """The output norm's name in a model saved with ``fuse_norm = false`` (the same weight, the same math)."""
 
 
-def fla_sources(name: str) -> tuple[str, ...]:
-    """The fla tensors schedlang's parameter ``name`` is, concatenated along dimension 0 when there are two
-    (the MLP's fused ``gate_up_proj`` is fla's ``gate_proj`` then ``up_proj``).
+def fla_sources(name: str, layers: tuple[LayerKind, ...]) -> tuple[str, ...]:
+    """The fla tensors schedlang's parameter ``name`` of a model of ``layers`` is, concatenated along
+    dimension 0 when there are two (the MLP's fused ``gate_up_proj`` is fla's ``gate_proj`` then ``up_proj``).
 
-    ``KeyError`` for a parameter fla's GLA model has no counterpart of (a full-rank gate projection).
+    ``KeyError`` for a parameter fla's model has no counterpart of (a full-rank GLA gate projection, a
+    layer kind fla's model does not build).
     """
     fused = _FUSED_GATE_UP.fullmatch(name)
     if fused is not None:
         layer = fused.group(1)
         return (f"model.layers.{layer}.mlp.gate_proj.weight", f"model.layers.{layer}.mlp.up_proj.weight")
-    for pattern, replacement in _RENAMES:
+    layer = re.match(_LAYER + "mixer\\.", name)
+    kind = layers[int(layer.group(1))] if layer is not None and int(layer.group(1)) < len(layers) else None
+    for pattern, replacement in _SHARED_RENAMES + _MIXER_RENAMES.get(kind, ()):
         if pattern.fullmatch(name):
             return (pattern.sub(replacement, name),)
-    raise KeyError(f"flash-linear-attention's GLA has no tensor for schedlang's {name}")
+    model = "Gated DeltaNet" if LayerKind.GDN in layers else "GLA"
+    raise KeyError(f"flash-linear-attention's {model} has no tensor for schedlang's {name}")
 
 
-def to_fla_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """schedlang's parameters by name, as fla's (each contiguous and owning its memory, for safetensors)."""
+def to_fla_tensors(tensors: Mapping[str, torch.Tensor], layers: tuple[LayerKind, ...]) -> dict[str, torch.Tensor]:
+    """schedlang's parameters of a model of ``layers`` by name, as fla's (each contiguous and owning its
+    memory, for safetensors)."""
     out: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
-        sources = fla_sources(name)
+        sources = fla_sources(name, layers)
         parts = tensor.chunk(len(sources), dim=0) if len(sources) > 1 else (tensor,)
         for source, part in zip(sources, parts):
             out[source] = part.detach().clone().contiguous()

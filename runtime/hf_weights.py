@@ -74,7 +74,7 @@ def weights_problem(config: ModelConfig, directory: str) -> str | None:
         model = StageModel(config, tuple(range(len(config.layers))), True, True)
     for name, parameter in model.named_parameters():
         try:
-            sources = fla_sources(name)
+            sources = fla_sources(name, config.layers)
         except KeyError as error:
             return str(error.args[0])
         rows = 0
@@ -101,7 +101,7 @@ def load_initial_weights(model: nn.Module, directory: str) -> None:
         raise HfWeightsError(f"{directory} holds no *.safetensors file")
     where = _tensor_files(safetensors, directory)
     for name, parameter in model.named_parameters():
-        sources = fla_sources(name)
+        sources = fla_sources(name, model.config.layers)
         parts = []
         for source in (_source_name(written, where) for written in sources):
             if source not in where:
@@ -168,10 +168,12 @@ def model_config_of_record(record: Mapping[str, str]) -> ModelConfig:
 
 def write_hf_directory(directory: Path, model: ModelConfig, tensors: Mapping[str, torch.Tensor]) -> None:
     """``config.json`` and ``model.safetensors`` of ``model`` in fla's form; ``ValueError`` when ``model``
-    is not a flash-linear-attention GLA model (the message says why)."""
+    is not a flash-linear-attention GLA or Gated DeltaNet model (the message says why)."""
     dtypes = {tensor.dtype for tensor in tensors.values()}
     config = fla_config(model, torch_dtype=dtypes.pop() if len(dtypes) == 1 else torch.float32)
     safetensors = _safetensors()
     directory.mkdir(parents=True, exist_ok=True)
-    safetensors.torch.save_file(to_fla_tensors(tensors), str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    safetensors.torch.save_file(
+        to_fla_tensors(tensors, model.layers), str(directory / WEIGHTS_FILE), metadata={"format": "pt"}
+    )
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")

@@ -1,9 +1,10 @@
 """The architecture choices of a model beyond its sizes, with today's schedlang model as every default.
 
-flash-linear-attention's ``GLAForCausalLM`` is one point of this space (``docs/models.md`` maps its config
-fields to these): a narrower key width (``expand_k``), fewer key/value heads than query heads, a low-rank
-forget-gate projection, a swish output gate behind a per-head RMSNorm, the MLP's hidden width given
-exactly, and an LM head tied to the embedding. A generated training script writes a
+flash-linear-attention's ``GLAForCausalLM`` and ``GatedDeltaNetForCausalLM`` are points of this space
+(``docs/models.md`` maps their config fields to these): a narrower key width (``expand_k``), fewer
+key/value heads than query heads, a low-rank forget-gate projection, a swish output gate behind a per-head
+RMSNorm, Mamba2's forget gate and short convolutions in Gated DeltaNet layers, the MLP's hidden width
+given exactly, and an LM head tied to the embedding. A generated training script writes a
 :class:`ModelOptions` only when one of them differs from its default.
 """
 
@@ -48,9 +49,35 @@ class GlaOptions:
         object.__setattr__(self, "output_gate", OutputGate(self.output_gate))
 
 
+class DeltaGates(str, Enum):
+    """How a ``gdn`` layer computes its log forget gate ``g`` and write strength ``beta`` from the input ``x``."""
+
+    LOG_SIGMOID = "log_sigmoid"  # g = logsigmoid(gate_proj(x)) / 16, beta = sigmoid(beta_proj(x)); both with bias
+    MAMBA = "mamba"  # g = -exp(A_log) * softplus(gate_proj(x) + dt_bias), beta = sigmoid(beta_proj(x)); no biases
+
+
+@dataclass(frozen=True)
+class GdnOptions:
+    """The options of ``gdn`` layers (the other layer kinds ignore them).
+
+    ``head_k_dim``: the per-head width of queries and keys (None: ``head_dim``, the value width).
+    ``gates``: :class:`DeltaGates`. ``short_conv_size``: q, k and v each pass through a causal depthwise
+    convolution of this many taps without bias, then SiLU (flash-linear-attention's ``ShortConvolution``);
+    its last ``short_conv_size - 1`` inputs are part of the layer's state
+    (``schedlang.runtime.short_convolution``). None: no convolution and no activation.
+    """
+
+    head_k_dim: int | None = None
+    gates: DeltaGates = DeltaGates.LOG_SIGMOID
+    short_conv_size: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gates", DeltaGates(self.gates))
+
+
 @dataclass(frozen=True)
 class ModelOptions:
-    """Everything of :class:`GlaOptions`, plus what every model has.
+    """Everything of :class:`GlaOptions` and :class:`GdnOptions`, plus what every model has.
 
     ``mlp_width``: the SwiGLU hidden width as is (None: ``d_model * mlp_ratio`` rounded up to a multiple
     of 8). ``tie_embeddings``: the LM head's weight is the embedding's (one stage only).
@@ -59,24 +86,31 @@ class ModelOptions:
     """
 
     gla: GlaOptions = field(default_factory=GlaOptions)
+    gdn: GdnOptions = field(default_factory=GdnOptions)
     mlp_width: int | None = None
     tie_embeddings: bool = False
     initial_weights: str | None = None
 
     def architecture_record(self) -> tuple[tuple[str, object], ...]:
         """``(name, value)`` of every option that shapes the network (not where its weights come from),
-        as plain literals, for a checkpoint's run record and ``schedlang export-model``."""
+        as plain literals, for a checkpoint's run record and ``schedlang export-model``; the ``gdn`` options
+        only when one differs from its default, so records written before they existed still match."""
         entries: list[tuple[str, object]] = []
-        for option in fields(GlaOptions):
-            value = getattr(self.gla, option.name)
-            entries.append((f"gla.{option.name}", value.value if isinstance(value, Enum) else value))
+        recorded = (("gla", self.gla),) + ((("gdn", self.gdn),) if self.gdn != GdnOptions() else ())
+        for prefix, options in recorded:
+            for option in fields(options):
+                value = getattr(options, option.name)
+                entries.append((f"{prefix}.{option.name}", value.value if isinstance(value, Enum) else value))
         entries.append(("mlp_width", self.mlp_width))
         entries.append(("tie_embeddings", self.tie_embeddings))
         return tuple(entries)
 
     @classmethod
     def from_architecture_record(cls, entries) -> "ModelOptions":
-        """The inverse of :meth:`architecture_record` (``initial_weights`` None)."""
+        """The inverse of :meth:`architecture_record` (``initial_weights`` None); a record written before
+        ``gdn`` options existed has their defaults."""
         values = dict(entries)
         gla = GlaOptions(**{option.name: values[f"gla.{option.name}"] for option in fields(GlaOptions)})
-        return cls(gla=gla, mlp_width=values["mlp_width"], tie_embeddings=values["tie_embeddings"])
+        recorded = {name.removeprefix("gdn."): value for name, value in values.items() if name.startswith("gdn.")}
+        gdn = GdnOptions(**recorded)
+        return cls(gla=gla, gdn=gdn, mlp_width=values["mlp_width"], tie_embeddings=values["tie_embeddings"])

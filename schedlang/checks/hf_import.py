@@ -1,7 +1,7 @@
 """``model { from = hf("dir") }``: a Hugging Face model directory as the defaults of the model block.
 
 Contract: :func:`read_from` follows ``schedlang.checks.readers`` (returns the value or reports and returns
-``None``). It reads ``dir/config.json`` (a flash-linear-attention GLA config, through
+``None``). It reads ``dir/config.json`` (a flash-linear-attention GLA or Gated DeltaNet config, through
 ``schedlang.runtime.hf_format.read_fla_config``) into the value of every model key it decides, as that
 key's reader would return it; ``schedlang.checks.schema.read_key`` gives those values to the keys the
 schedule does not write, so a written key wins and is checked as usual. Every problem with the directory
@@ -45,8 +45,37 @@ def _resolve(checker: Checker, written: str) -> Path:
     return (Path(checker.filename).parent / written).resolve()
 
 
+def _model_values(model) -> dict[str, object]:
+    """The model keys an fla model (``schedlang.runtime.hf_format.FlaModel``) decides."""
+    values = {
+        "vocab": model.vocab,
+        "d_model": model.d_model,
+        "layers": model.layers,
+        "heads": model.heads,
+        "head_dim": model.head_dim,
+        "mlp": MlpSpec(MlpKind.SWIGLU, width=model.options.mlp_width),
+        "norm_eps": model.norm_eps,
+        "expand_v": model.head_dim * model.heads / model.d_model,
+        "tie_embeddings": model.options.tie_embeddings,
+    }
+    if LayerKind.GDN in model.layers:
+        gdn = model.options.gdn
+        values["expand_k"] = gdn.head_k_dim * model.heads / model.d_model
+        values["delta_gates"] = gdn.gates
+        values["short_conv_size"] = gdn.short_conv_size
+        return values
+    gla = model.options.gla
+    values["expand_k"] = gla.head_k_dim * model.heads / model.d_model
+    values["kv_heads"] = gla.kv_heads
+    values["gate_low_rank_dim"] = gla.gate_rank
+    values["gate_logit_normalizer"] = gla.gate_logit_normalizer
+    values["clamp_min"] = gla.gate_clamp_min
+    values["output_gate"] = gla.output_gate
+    return values
+
+
 def read_from(checker: Checker, value: ast.Value, path: str) -> ImportedModel | None:
-    """``hf("dir")`` (or ``hf(path = "dir")``): a directory with a GLA ``config.json``."""
+    """``hf("dir")`` (or ``hf(path = "dir")``): a directory with a GLA or Gated DeltaNet ``config.json``."""
     # the runtime's modules import torch: only a schedule that names a directory pays for it
     from schedlang.runtime.hf_format import UnsupportedFlaConfig, read_fla_config
     from schedlang.runtime.hf_weights import CONFIG_FILE, safetensors_files
@@ -82,24 +111,7 @@ def read_from(checker: Checker, value: ast.Value, path: str) -> ImportedModel | 
     except UnsupportedFlaConfig as error:
         checker.error(f"{CONFIG_FILE} of '{written}': {error}", value.span)
         return None
-    gla = model.options.gla
-    values = {
-        "vocab": model.vocab,
-        "d_model": model.d_model,
-        "layers": (LayerKind.GLA,) * model.n_layers,
-        "heads": model.heads,
-        "head_dim": model.head_dim,
-        "mlp": MlpSpec(MlpKind.SWIGLU, width=model.options.mlp_width),
-        "norm_eps": model.norm_eps,
-        "expand_k": gla.head_k_dim * model.heads / model.d_model,
-        "expand_v": model.head_dim * model.heads / model.d_model,
-        "kv_heads": gla.kv_heads,
-        "gate_low_rank_dim": gla.gate_rank,
-        "gate_logit_normalizer": gla.gate_logit_normalizer,
-        "clamp_min": gla.gate_clamp_min,
-        "output_gate": gla.output_gate,
-        "tie_embeddings": model.options.tie_embeddings,
-    }
+    values = _model_values(model)
     has_weights = bool(safetensors_files(directory))
     if has_weights and importlib.util.find_spec("safetensors") is None:
         checker.error(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from schedlang import ast
 from schedlang.checks.readers import choice_hint, read_call, read_integer, read_number
 from schedlang.lowering.program import MlpKind, MlpSpec, ModelSpec
-from schedlang.runtime.model_options import GlaOptions
+from schedlang.runtime.model_options import GdnOptions, GlaOptions
 from schedlang.vocabulary import LayerKind
 
 if TYPE_CHECKING:
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 # Limits that keep a typo such as `layers = [gla] * 100000000` from exhausting memory.
 MAX_LAYERS = 4096
 MAX_HEAD_DIM = 1024
+MAX_SHORT_CONV_SIZE = 64
 
 StageAssignment = tuple[tuple[tuple[int, ...], ...], list]
 
@@ -139,6 +140,7 @@ GLA_OPTION_PATHS = (
     "model.clamp_min",
     "model.output_gate",
 )
+GDN_OPTION_PATHS = ("model.delta_gates", "model.short_conv_size")
 
 
 def _written_or_none(value: object) -> object:
@@ -147,29 +149,37 @@ def _written_or_none(value: object) -> object:
 
 
 def build_model(checker: Checker) -> ModelSpec | None:
-    """The spec; ``expand_k`` becomes the per-head key width (the rules of ``checks.model_rules`` have
-    checked it divides evenly), and ``model.from``'s weights, when it has any, the initial weights."""
+    """The spec; ``expand_k`` becomes the per-head key width of ``gla`` and ``gdn`` layers (the rules of
+    ``checks.model_rules`` have checked it divides evenly), and ``model.from``'s weights, when it has any,
+    the initial weights."""
     paths = ("model.vocab", "model.d_model", "model.layers", "model.heads", "model.head_dim", "model.mlp")
-    others = ("model.norm_eps", "model.tie_embeddings", "model.from", *GLA_OPTION_PATHS)
+    others = ("model.norm_eps", "model.tie_embeddings", "model.from", *GLA_OPTION_PATHS, *GDN_OPTION_PATHS)
     if not checker.valid(*paths, *others):
         return None
     base = ModelSpec(*(checker.get(path) for path in paths))
     expand_k, kv_heads, rank, normalizer, clamp_min, output_gate = (
         _written_or_none(checker.get(path)) for path in GLA_OPTION_PATHS if path != "model.expand_v"
     )
+    head_k_dim = None if expand_k is None else round(base.d_model * expand_k) // base.heads
     gla = GlaOptions(
-        head_k_dim=None if expand_k is None else round(base.d_model * expand_k) // base.heads,
+        head_k_dim=head_k_dim,
         kv_heads=kv_heads,
         gate_rank=rank,
         gate_logit_normalizer=normalizer,
         gate_clamp_min=clamp_min,
         output_gate=output_gate,
     )
+    gdn = GdnOptions(
+        head_k_dim=head_k_dim if LayerKind.GDN in base.layers else None,  # a model without gdn layers records none
+        gates=checker.get("model.delta_gates"),
+        short_conv_size=checker.get("model.short_conv_size"),
+    )
     imported = checker.get("model.from")
     return dataclasses.replace(
         base,
         norm_eps=checker.get("model.norm_eps"),
         gla=gla,
+        gdn=gdn,
         tie_embeddings=checker.get("model.tie_embeddings"),
         initial_weights=imported.directory if imported is not None and imported.has_weights else None,
     )

@@ -1,4 +1,4 @@
-"""Rules relating the model keys of flash-linear-attention's GLA to the sizes and the mesh.
+"""Rules relating the model keys of flash-linear-attention's GLA and Gated DeltaNet to the sizes and the mesh.
 
 Contract: as every rule of ``schedlang.checks.rules`` (:data:`MODEL_RULES` runs among them). A value that
 ``model.from`` gave rather than the schedule is reported at the ``from`` key.
@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from schedlang.checks.mesh import build_mesh
 from schedlang.checks.schema import FROM_KEY
-from schedlang.vocabulary import Span
+from schedlang.vocabulary import LayerKind, Span
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -68,6 +69,27 @@ def kv_heads_divide_heads(checker: Checker) -> None:
     checker.reject("model.kv_heads")
 
 
+def short_convolutions_fit_each_sequence_rank(checker: Checker) -> None:
+    """Under sequence parallelism a rank's first short-convolution outputs read the previous rank's last
+    ``short_conv_size - 1`` inputs, so every rank's slice of a chunk (whole kernel chunks) must hold as many:
+    ``kernel_chunk >= short_conv_size - 1``."""
+    size, layers = checker.get("model.short_conv_size"), checker.get("model.layers")
+    kernel_chunk = checker.get("sequence.kernel_chunk")
+    has_gdn = isinstance(layers, tuple) and LayerKind.GDN in layers
+    if size is None or not isinstance(kernel_chunk, int) or not has_gdn:
+        return
+    mesh = build_mesh(checker)
+    if mesh is None or mesh.sequence == 1 or kernel_chunk >= size - 1:
+        return
+    checker.error(
+        f"with mesh.sequence = {mesh.sequence} each rank's slice of a chunk must hold short_conv_size - 1 = "
+        f"{size - 1} tokens for the next rank's short convolutions, but kernel_chunk = {kernel_chunk}",
+        _span(checker, "model.short_conv_size"),
+        hint=f"use kernel_chunk >= {size - 1}",
+    )
+    checker.reject("model.short_conv_size")
+
+
 def weights_fit_the_model(checker: Checker) -> None:
     """``model.from``'s safetensors hold a tensor of the right shape for every parameter of the model the
     schedule builds (the directory's config with the keys the schedule writes)."""
@@ -95,6 +117,10 @@ MODEL_RULE_CHECKS = (
     (("model.expand_k", "model.d_model", "model.heads"), key_width_fits_heads),
     (("model.expand_v", "model.d_model", "model.heads", "model.head_dim"), value_width_is_heads_times_head_dim),
     (("model.kv_heads", "model.heads"), kv_heads_divide_heads),
+    (
+        ("model.short_conv_size", "model.layers", "mesh.sequence", "sequence.kernel_chunk"),
+        short_convolutions_fit_each_sequence_rank,
+    ),
     (
         (FROM_KEY, "model.vocab", "model.d_model", "model.layers", "model.heads", "model.head_dim", "model.mlp"),
         weights_fit_the_model,

@@ -29,7 +29,7 @@ from schedlang.lowering.program import (
     SequenceSpec,
     TrainSpec,
 )
-from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, OutputGate
+from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, DeltaGates, OutputGate
 from schedlang.vocabulary import CudaGraphs, DType
 
 if TYPE_CHECKING:
@@ -124,6 +124,11 @@ SCHEMA: tuple[Key, ...] = (
     Key("model", "gate_logit_normalizer", Number(0.0, above=True), GATE_LOGIT_NORMALIZER, "gate_logit_normalizer = 16"),
     Key("model", "clamp_min", Number(), None, "clamp_min = -5", accepts_none=True),
     Key("model", "output_gate", Choice(OutputGate, "output gate"), OutputGate.NONE, "output_gate = swish"),
+    Key("model", "delta_gates", Choice(DeltaGates, "delta gates"), DeltaGates.LOG_SIGMOID, "delta_gates = mamba"),
+    Key(
+        "model", "short_conv_size", Integer(1, model.MAX_SHORT_CONV_SIZE), None, "short_conv_size = 4",
+        accepts_none=True,
+    ),
     Key("model", "tie_embeddings", Boolean(), ModelSpec, "tie_embeddings = true"),
     Key("mesh", "pipeline", Integer(1, MAX_MESH_SIZE), MeshSpec, "pipeline = 2"),
     Key("mesh", "sequence", Integer(1, MAX_MESH_SIZE), MeshSpec, "sequence = 2"),

@@ -2,7 +2,8 @@
 
 Reads the model of a schedlang checkpoint (``train.checkpoint``'s directory, whose newest complete step
 is taken, or one ``step-N`` directory; any mesh, since parameter names carry global layer indices) and
-writes ``config.json`` and ``model.safetensors`` in flash-linear-attention's ``GLAForCausalLM`` form, so
+writes ``config.json`` and ``model.safetensors`` in flash-linear-attention's ``GLAForCausalLM`` form (its
+``GatedDeltaNetForCausalLM`` form for a model of ``gdn`` layers), so
 ``AutoModelForCausalLM.from_pretrained(DIR)`` loads it after ``import fla`` and ``model { from = hf(DIR) }``
 trains from it again. The checkpoint is trusted as a resume trusts it ([Note: checkpoint trust
 boundary] in ``schedlang.runtime.checkpoint``). An existing non-empty ``DIR`` is left alone unless
@@ -15,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-HELP = "write a checkpoint's model as a Hugging Face directory of flash-linear-attention's GLA"
+HELP = "write a checkpoint's model as a Hugging Face directory of flash-linear-attention's GLA or Gated DeltaNet"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

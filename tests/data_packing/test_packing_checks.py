@@ -147,3 +147,20 @@ def test_check_refuses_a_token_the_tokenizer_lacks(tmp_path, text_with_documents
     assert_error_at(schedule, text, completed, "document_end", message)
     legal = data.replace("<|eot|>", "<|endoftext|>")
     assert check(tmp_path, legal, vocab=320)[2].returncode == 0
+
+
+def test_check_refuses_document_end_with_short_convolutions(tmp_path):
+    """gdn's short convolutions would carry the previous document's last inputs across a document start."""
+    data = 'tokens(path = "train.bin", document_end = 59)'
+    schedule, text, completed = check(tmp_path, data, layers="gdn, attn")
+    assert completed.returncode == 0, completed.stderr
+    text = text.replace("head_dim = 16 }", "head_dim = 16  short_conv_size = 4 }")
+    schedule.write_text(text, encoding="utf-8")
+    completed = subprocess.run(
+        [sys.executable, "-m", "schedlang", "check", str(schedule)], capture_output=True, text=True, timeout=120
+    )
+    message = (
+        "packed documents (document_end) reset the recurrent state at each document start, but the gdn layers' "
+        "short convolutions (short_conv_size = 4) would still read the previous document's last inputs"
+    )
+    assert_error_at(schedule, text, completed, "document_end", message)

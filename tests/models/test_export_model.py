@@ -44,7 +44,7 @@ def _logits(model_config, tensors, tokens):
 def _trained_checkpoint(tmp_path):
     model = build_stage_model(read_fla_config(CONFIG).model_config(), (0, 1), True, True, 0, torch.device("cpu"), torch.float32)
     perturb(model, 2)
-    initial = to_fla_tensors(dict(model.named_parameters()))
+    initial = to_fla_tensors(dict(model.named_parameters()), model.config.layers)
     write_hf_directory(tmp_path / "start", initial, CONFIG)
     schedule = tmp_path / "train.sched"
     schedule.write_text(
@@ -139,3 +139,69 @@ def test_the_run_record_holds_the_options_only_when_they_are_not_the_defaults():
     fla_shaped = read_fla_config(CONFIG).model_config()
     record = run_record(fla_shaped, pipeline, TrainConfig(), (1, 1, 1))
     assert "model.options" in record and model_config_of_record(record) == fla_shaped
+
+
+def _exported_gated_deltanet(tmp_path):
+    """A perturbed fla-shaped Gated DeltaNet saved as a schedlang checkpoint and exported to ``out``: returns
+    its fla config, its model config and the model."""
+    from fla_gdn_reference import gdn_config
+
+    from schedlang.runtime.checkpoint import save_checkpoint
+    from schedlang.runtime.checkpoint_manifest import run_record
+    from schedlang.runtime.config import PipelineConfig, TrainConfig
+
+    config = gdn_config(intermediate_size=48, conv_size=3, tie_word_embeddings=True)
+    model_config = read_fla_config(config).model_config()
+    ours = build_stage_model(model_config, (0, 1), True, True, 0, torch.device("cpu"), torch.float32)
+    perturb(ours, 4)
+    pipeline = PipelineConfig(((0, 1),), (0, 32), 1, 1, ((),))
+    record = run_record(ours.config, pipeline, TrainConfig(), (1, 1, 1))
+    save_checkpoint(str(tmp_path / "ckpt"), 1, ours, torch.optim.AdamW(ours.parameters()), record)
+    assert main(["export-model", str(tmp_path / "ckpt"), "-o", str(tmp_path / "out")]) == 0
+    return config, model_config, ours
+
+
+def test_a_gated_deltanet_checkpoint_exports_and_loads_back_with_the_same_logits(tmp_path):
+    """checkpoint -> export-model -> from = hf: fla's Gated DeltaNet config and names, the same logits."""
+    from safetensors.torch import load_file
+
+    config, model_config, ours = _exported_gated_deltanet(tmp_path)
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["model_type"] == "gated_deltanet" and written["conv_size"] == 3 and written["head_dim"] == 8
+    assert read_fla_config(written) == read_fla_config(config)
+    tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert "model.layers.1.attn.v_conv1d.weight" in tensors and "lm_head.weight" not in tensors
+
+    back = tmp_path / "back.sched"
+    back.write_text(SCHEDULE.format(directory="out", pipeline=1, train=""), encoding="utf-8")
+    assert main(["compile", str(back), "-o", str(tmp_path / "back.py")]) == 0
+    loaded_config = runpy.run_path(str(tmp_path / "back.py"))["MODEL"]
+    tokens = torch.randint(0, config["vocab_size"], (2, 24), generator=torch.Generator().manual_seed(0))
+    expected = _logits(model_config, dict(ours.state_dict()), tokens)
+    torch.testing.assert_close(_logits(loaded_config, None, tokens), expected, rtol=0, atol=0)
+
+
+def test_fla_loads_the_gated_deltanet_export_with_every_tensor(tmp_path):
+    from safetensors.torch import load_file
+
+    pytest.importorskip("fla.models")
+    transformers = pytest.importorskip("transformers")
+    _exported_gated_deltanet(tmp_path)
+    exported_tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
+    fla_model, info = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), output_loading_info=True)
+    assert type(fla_model).__name__ == "GatedDeltaNetForCausalLM"
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    state = fla_model.state_dict()
+    for name, tensor in exported_tensors.items():
+        assert torch.equal(state[name], tensor), name
+
+
+def test_a_gdn_model_fla_cannot_load_is_refused_with_the_reason(tmp_path):
+    from schedlang.runtime.config import ModelConfig
+    from schedlang.runtime.hf_weights import write_hf_directory as write
+
+    refused = "Gated DeltaNet model: delta_gates must be mamba; short_conv_size must be set"
+    with pytest.raises(ValueError, match=refused):
+        write(tmp_path / "out", ModelConfig(vocab=8, d_model=4, layers=("gdn",), heads=1, head_dim=4), {})
+    with pytest.raises(ValueError, match="rotary position embeddings"):
+        write(tmp_path / "out", ModelConfig(vocab=8, d_model=4, layers=("gdn", "attn"), heads=1, head_dim=4), {})

@@ -10,6 +10,7 @@ from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.hf_format import fla_sources, read_fla_config, to_fla_tensors
 from schedlang.runtime.model import build_stage_model
 from schedlang.runtime.model_options import GlaOptions, ModelOptions, OutputGate
+from schedlang.vocabulary import LayerKind
 
 CONFIGS = {
     "fla_defaults": fla_config(),
@@ -31,7 +32,7 @@ def test_logits_match_the_reference_whole_and_in_chunks(name):
     config = CONFIGS[name]
     model = _stage(read_fla_config(config).model_config())
     tokens = torch.randint(0, config["vocab_size"], (2, 24), generator=torch.Generator().manual_seed(3))
-    expected = reference_logits(to_fla_tensors(dict(model.named_parameters())), config, tokens)
+    expected = reference_logits(to_fla_tensors(dict(model.named_parameters()), model.config.layers), config, tokens)
     with torch.no_grad():
         hidden, _ = model(tokens, [None] * model.n_states)
         whole = model.logits(hidden)
@@ -46,7 +47,7 @@ def test_the_clamp_and_the_grouping_change_the_logits():
     """The reference is sensitive to the options the comparison above relies on."""
     config = CONFIGS["grouped_kv_heads_clamped_gate"]
     model = _stage(read_fla_config(config).model_config())
-    tensors = to_fla_tensors(dict(model.named_parameters()))
+    tensors = to_fla_tensors(dict(model.named_parameters()), model.config.layers)
     tokens = torch.randint(0, config["vocab_size"], (1, 16), generator=torch.Generator().manual_seed(4))
     clamped = reference_logits(tensors, config, tokens)
     assert not torch.allclose(clamped, reference_logits(tensors, dict(config, clamp_min=None), tokens))
@@ -55,7 +56,8 @@ def test_the_clamp_and_the_grouping_change_the_logits():
 def test_fla_names_cover_every_parameter_once_and_tied_models_have_no_head():
     config = CONFIGS["wide_keys_narrow_values_tied"]
     model = _stage(read_fla_config(config).model_config())
-    names = [source for name, _ in model.named_parameters() for source in fla_sources(name)]
+    layers = model.config.layers
+    names = [source for name, _ in model.named_parameters() for source in fla_sources(name, layers)]
     assert len(names) == len(set(names))
     assert "lm_head.weight" not in names and "model.embeddings.weight" in names
     assert "model.layers.1.attn.gk_proj.0.weight" in names and "model.layers.0.mlp.up_proj.weight" in names
@@ -70,7 +72,7 @@ def test_default_options_keep_todays_parameters():
     assert shapes["layers.0.mixer.gate_proj.weight"] == (8, 8) and shapes["layers.0.mixer.gate_proj.bias"] == (8,)
     assert not any("output" in name for name in shapes)
     with pytest.raises(KeyError, match="no tensor"):
-        fla_sources("layers.0.mixer.gate_proj.weight")
+        fla_sources("layers.0.mixer.gate_proj.weight", (LayerKind.GLA,))
 
 
 def test_low_rank_gate_and_output_gate_train():

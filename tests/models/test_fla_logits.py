@@ -1,4 +1,5 @@
-"""Against flash-linear-attention itself: a GLAForCausalLM saved by fla, loaded by schedlang, and back.
+"""Against flash-linear-attention itself: a GLAForCausalLM or GatedDeltaNetForCausalLM saved by fla, loaded by
+schedlang, and back.
 
 Each test skips when fla or transformers is missing, or when fla's model cannot run here (on a CPU its
 Triton kernels need a driver even under TRITON_INTERPRET=1, so the CPU test skips there and says why).
@@ -29,12 +30,13 @@ pipeline {{ microbatches = 1 }}
 """
 
 
-def _fla_model(directory, **sizes):
-    """A randomly initialised (then perturbed) fla GLAForCausalLM in float32, saved with save_pretrained."""
+def _fla_model(directory, architecture="GLA", **sizes):
+    """A randomly initialised (then perturbed) fla ``{architecture}ForCausalLM`` in float32, saved with
+    save_pretrained."""
     pytest.importorskip("transformers")
     fla_models = pytest.importorskip("fla.models")
-    config = fla_models.GLAConfig(fuse_cross_entropy=False, **sizes)
-    model = fla_models.GLAForCausalLM(config).float()
+    config = getattr(fla_models, f"{architecture}Config")(fuse_cross_entropy=False, **sizes)
+    model = getattr(fla_models, f"{architecture}ForCausalLM")(config).float()
     perturb(model, 0)
     model.save_pretrained(str(directory))
     return model
@@ -63,25 +65,35 @@ def _fla_logits(model, tokens):
 SIZES = dict(vocab_size=97, hidden_size=64, num_heads=2, num_hidden_layers=2, num_kv_heads=1, clamp_min=-0.05)
 
 
-def test_fla_logits_on_the_cpu_in_float32(tmp_path):
-    fla_model = _fla_model(tmp_path / "fla", **SIZES)
-    tokens = torch.randint(0, SIZES["vocab_size"], (2, 128), generator=torch.Generator().manual_seed(0))
+GDN_SIZES = dict(vocab_size=97, hidden_size=64, num_heads=2, head_dim=16, expand_v=2.0, num_hidden_layers=2)
+ARCHITECTURES = {"GLA": SIZES, "GatedDeltaNet": GDN_SIZES}
+
+
+@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
+def test_fla_logits_on_the_cpu_in_float32(tmp_path, architecture):
+    sizes = ARCHITECTURES[architecture]
+    fla_model = _fla_model(tmp_path / "fla", architecture, **sizes)
+    tokens = torch.randint(0, sizes["vocab_size"], (2, 128), generator=torch.Generator().manual_seed(0))
     try:
         expected = _fla_logits(fla_model, tokens)
     except Exception as error:  # noqa: BLE001 - whatever stops fla's kernels here is a reason to skip
-        pytest.skip(f"fla's GLAForCausalLM does not run on this machine: {str(error).splitlines()[0][:120]}")
+        pytest.skip(f"fla's {architecture}ForCausalLM does not run on this machine: {str(error).splitlines()[0][:120]}")
     schedlang_model = _schedlang_model(tmp_path, tmp_path / "fla", "cpu", torch.float32)
     torch.testing.assert_close(_schedlang_logits(schedlang_model, tokens), expected, rtol=1e-4, atol=1e-4)
 
 
 GPU_SIZES = dict(vocab_size=1000, hidden_size=512, num_heads=4, num_hidden_layers=3, clamp_min=None)
+GDN_GPU_SIZES = dict(vocab_size=1000, hidden_size=512, num_heads=4, head_dim=64, expand_v=2.0, num_hidden_layers=3)
+GPU_ARCHITECTURES = {"GLA": GPU_SIZES, "GatedDeltaNet": GDN_GPU_SIZES}
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_gpu_fla_saved_schedlang_loaded_bf16_logits_within_tolerance(tmp_path):
-    fla_model = _fla_model(tmp_path / "fla", **GPU_SIZES).cuda()
-    tokens = torch.randint(0, GPU_SIZES["vocab_size"], (2, 512), generator=torch.Generator().manual_seed(0)).cuda()
+@pytest.mark.parametrize("architecture", list(GPU_ARCHITECTURES))
+def test_gpu_fla_saved_schedlang_loaded_bf16_logits_within_tolerance(tmp_path, architecture):
+    sizes = GPU_ARCHITECTURES[architecture]
+    fla_model = _fla_model(tmp_path / "fla", architecture, **sizes).cuda()
+    tokens = torch.randint(0, sizes["vocab_size"], (2, 512), generator=torch.Generator().manual_seed(0)).cuda()
     exact = _fla_logits(fla_model, tokens)
     fla_bf16 = _fla_logits(fla_model.to(torch.bfloat16), tokens)
     ours_fp32 = _schedlang_logits(_schedlang_model(tmp_path, tmp_path / "fla", "cuda", torch.float32), tokens)
@@ -94,22 +106,24 @@ def test_gpu_fla_saved_schedlang_loaded_bf16_logits_within_tolerance(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_gpu_schedlang_checkpoint_exported_and_loaded_by_fla_matches(tmp_path):
+@pytest.mark.parametrize("architecture, model_type", [("GLA", "gla"), ("GatedDeltaNet", "gated_deltanet")])
+def test_gpu_schedlang_checkpoint_exported_and_loaded_by_fla_matches(tmp_path, architecture, model_type):
     from schedlang.runtime.checkpoint import save_checkpoint
     from schedlang.runtime.checkpoint_manifest import run_record
     from schedlang.runtime.config import PipelineConfig, TrainConfig
 
     transformers = pytest.importorskip("transformers")
-    _fla_model(tmp_path / "fla", **GPU_SIZES)
+    sizes = GPU_ARCHITECTURES[architecture]
+    _fla_model(tmp_path / "fla", architecture, **sizes)
     ours = _schedlang_model(tmp_path, tmp_path / "fla", "cuda", torch.float32)
     perturb(ours, 5)  # no longer the weights fla saved
     pipeline = PipelineConfig(((0, 1, 2),), (0, 128), 1, 1, ((),))
     record = run_record(ours.config, pipeline, TrainConfig(), (1, 1, 1))
     save_checkpoint(str(tmp_path / "ckpt"), 1, ours, torch.optim.AdamW(ours.parameters()), record)
     assert main(["export-model", str(tmp_path / "ckpt"), "-o", str(tmp_path / "out")]) == 0
-    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "gla"
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == model_type
     fla_model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).cuda().float()
-    tokens = torch.randint(0, GPU_SIZES["vocab_size"], (2, 512), generator=torch.Generator().manual_seed(1)).cuda()
+    tokens = torch.randint(0, sizes["vocab_size"], (2, 512), generator=torch.Generator().manual_seed(1)).cuda()
     expected = _schedlang_logits(ours, tokens)
     scale = expected.abs().max()
     assert (_fla_logits(fla_model, tokens) - expected).abs().max() <= 5e-3 * scale

@@ -1,5 +1,6 @@
-"""A flash-linear-attention-shaped GLA trains exactly on any mesh: pipeline, sequence and data ranks give the
-single-device losses and gradients."""
+"""flash-linear-attention-shaped models train exactly on any mesh: pipeline, sequence and data ranks give the
+single-device losses and gradients (GLA), and a Gated DeltaNet with short convolutions on pipeline and
+sequence ranks with several chunks gives those of one process running each sequence whole."""
 
 from __future__ import annotations
 
@@ -51,3 +52,43 @@ def test_the_fla_shaped_model_trains_exactly_on_the_mesh(runs, name):
     assert_trains_like(runs[name], runs["reference"], STEPS, TOLERANCE)
     gradients = runs[name][1]
     assert any("gate_proj.0" in key for key in gradients) and any("output_norm" in key for key in gradients)
+
+
+def _gdn_schedule(name: str, pipeline: int, chunks: int, recompute: str, sequence: int = 1) -> str:
+    return f"""schedule {name}
+model {{
+  vocab = 64  d_model = 32  heads = 2  head_dim = 16
+  layers = [gdn] * 2
+  expand_k = 0.5  delta_gates = mamba  short_conv_size = 4
+  mlp = swiglu(intermediate_size = 40)  norm_eps = 1e-5
+}}
+mesh {{ pipeline = {pipeline}  sequence = {sequence} }}
+sequence {{ length = 64  chunks = {chunks}  kernel_chunk = 4 }}
+pipeline {{ microbatches = 2  microbatch_size = 2  order = 1f1b  recompute = {recompute} }}
+train {{ steps = {STEPS}  seed = 3  optimizer = adamw(lr = 1e-2)  data = synthetic(seed = 4) }}
+"""
+
+
+GDN_JOBS = {
+    1: {"gdn_reference": _gdn_schedule("gdn_reference", 1, 1, "none")},
+    2: {
+        "gdn_p2_4_chunks": _gdn_schedule("gdn_p2_4_chunks", 2, 4, "none"),
+        "gdn_p2_4_chunks_recompute": _gdn_schedule("gdn_p2_4_chunks_recompute", 2, 4, "full"),
+        "gdn_s2_4_chunks": _gdn_schedule("gdn_s2_4_chunks", 1, 4, "none", sequence=2),
+    },
+    4: {"gdn_p2_s2_4_chunks": _gdn_schedule("gdn_p2_s2_4_chunks", 2, 4, "none", sequence=2)},
+}
+
+
+@pytest.fixture(scope="module")
+def gdn_runs(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("fla_gdn_mesh")
+    return run_jobs(GDN_JOBS, directory, STEPS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [name for size, jobs in GDN_JOBS.items() if size > 1 for name in jobs])
+def test_the_fla_shaped_gated_deltanet_trains_exactly_on_the_mesh(gdn_runs, name):
+    assert_trains_like(gdn_runs[name], gdn_runs["gdn_reference"], STEPS, TOLERANCE)
+    gradients = gdn_runs[name][1]
+    assert any("q_conv" in key for key in gradients) and any("gate_time_bias" in key for key in gradients)

@@ -48,7 +48,7 @@ def _hf_model(tmp_path, config, seed=0, rename=None):
         torch.device("cpu"), torch.float32,
     )
     perturb(model, seed + 7)
-    tensors = to_fla_tensors(dict(model.named_parameters()))
+    tensors = to_fla_tensors(dict(model.named_parameters()), model.config.layers)
     if rename is not None:
         tensors = {rename(name): tensor for name, tensor in tensors.items()}
     write_hf_directory(tmp_path / "model", tensors, config)
@@ -81,7 +81,10 @@ def test_written_keys_win_and_are_checked(tmp_path):
     [
         (None, "Hugging Face model directory 'model' does not exist"),
         ({}, "'model' has no config.json"),
-        (fla_config(model_type="llama"), "model_type is 'llama'; schedlang reads flash-linear-attention's 'gla' models"),
+        (
+            fla_config(model_type="llama"),
+            "model_type is 'llama'; schedlang reads flash-linear-attention's 'gla' and 'gated_deltanet' models",
+        ),
         (fla_config(use_short_conv=True), "short convolutions"),
         (fla_config(expand_k=0.3), "config field 'expand_k' gives a width of 9.6, not a whole multiple of num_heads = 2"),
         (fla_config(num_kv_heads=3), "num_kv_heads = 3 does not divide num_heads = 2"),
