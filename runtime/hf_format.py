@@ -222,8 +222,16 @@ def fla_config(model: ModelConfig, torch_dtype: torch.dtype = torch.float32) -> 
     if problems:
         kind = "Gated DeltaNet" if is_gated_deltanet(model) else "GLA"
         raise ValueError(f"not a flash-linear-attention {kind} model: " + "; ".join(problems))
+    shared = {
+        "norm_eps": model.norm_eps,
+        "tie_word_embeddings": model.options.tie_embeddings,
+        "fuse_norm": True,
+        "fuse_swiglu": True,
+        "fuse_cross_entropy": True,
+        "dtype": str(torch_dtype).removeprefix("torch."),
+    }
     if is_gated_deltanet(model):
-        return gdn_config(model, torch_dtype)
+        return {**gdn_config(model), **shared}
     gla = model.options.gla
     head_k_dim = gla.head_k_dim or model.head_dim
     mlp_width = model.options.mlp_width or swiglu_width(model.d_model, model.mlp_ratio)
@@ -246,12 +254,7 @@ def fla_config(model: ModelConfig, torch_dtype: torch.dtype = torch.float32) -> 
         "feature_map": None,
         "clamp_min": gla.gate_clamp_min,
         "elementwise_affine": True,
-        "norm_eps": model.norm_eps,
-        "tie_word_embeddings": model.options.tie_embeddings,
-        "fuse_norm": True,
-        "fuse_swiglu": True,
-        "fuse_cross_entropy": True,
-        "dtype": str(torch_dtype).removeprefix("torch."),
+        **shared,
     }
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-import torch
 
 from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.model_options import DeltaGates, GdnOptions, ModelOptions
@@ -113,9 +112,9 @@ def gdn_config_problems(model: ModelConfig) -> list[str]:
     return problems
 
 
-def gdn_config(model: ModelConfig, torch_dtype: torch.dtype) -> dict[str, object]:
-    """The ``config.json`` of ``model`` (which :func:`gdn_config_problems` accepts) as fla's
-    ``GatedDeltaNetConfig``."""
+def gdn_config(model: ModelConfig) -> dict[str, object]:
+    """The fields of fla's ``GatedDeltaNetConfig`` of ``model`` (which :func:`gdn_config_problems` accepts)
+    besides those every fla config shares (:func:`schedlang.runtime.hf_format.fla_config` adds them)."""
     from schedlang.runtime.model import swiglu_width
 
     gdn = model.options.gdn
@@ -140,12 +139,6 @@ def gdn_config(model: ModelConfig, torch_dtype: torch.dtype) -> dict[str, object
         "conv_size": gdn.short_conv_size,
         "allow_neg_eigval": False,
         "attn": None,
-        "norm_eps": model.norm_eps,
-        "tie_word_embeddings": model.options.tie_embeddings,
-        "fuse_norm": True,
-        "fuse_swiglu": True,
-        "fuse_cross_entropy": True,
-        "dtype": str(torch_dtype).removeprefix("torch."),
     }
 
 

@@ -68,7 +68,9 @@ def run_script(index: int, path: Path, steps: int, out_dir: Path, rank: int) -> 
     torch.save(result, out_dir / f"result-{index}-rank{rank}.pt")
 
 
-def main() -> int:
+def main(run_script=run_script) -> int:
+    """Run each script of the command line with ``run_script``; a failure's traceback goes to
+    ``error-rank<R>.txt`` (exit 1)."""
     out_dir, steps, scripts = Path(sys.argv[1]), int(sys.argv[2]), [Path(path) for path in sys.argv[3:]]
     rank = int(os.environ["RANK"])
     torch.set_num_threads(1)

@@ -14,7 +14,6 @@ gradient before the reduction of those steps; SCHEDLANG_TEST_DEVICE (cpu by defa
 import dataclasses
 import os
 import sys
-import traceback
 from pathlib import Path
 
 import torch
@@ -22,6 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
 from rank_worker import load_script  # noqa: E402
+from rank_worker import main as rank_worker_main  # noqa: E402
 
 
 def poison_gradients(trainer, rank: int) -> None:
@@ -91,22 +91,5 @@ def run_script(index: int, path: Path, steps: int, out_dir: Path, rank: int) -> 
     torch.save(result, out_dir / f"result-{index}-rank{rank}.pt")
 
 
-def main() -> int:
-    out_dir, steps, scripts = Path(sys.argv[1]), int(sys.argv[2]), [Path(path) for path in sys.argv[3:]]
-    rank = int(os.environ["RANK"])
-    torch.set_num_threads(1)
-    try:
-        for index, path in enumerate(scripts):
-            run_script(index, path, steps, out_dir, rank)
-    except Exception:
-        (out_dir / f"error-rank{rank}.txt").write_text(traceback.format_exc(), encoding="utf-8")
-        return 1
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(rank_worker_main(run_script))
