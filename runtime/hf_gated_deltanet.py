@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-
 from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.model_options import DeltaGates, GdnOptions, ModelOptions
 from schedlang.vocabulary import LayerKind
