@@ -3,6 +3,7 @@
     python benchmarks/gdn_kernels.py                         # 4K with state in and out, 16K without; B=1 H=16 D=128 bf16
     python benchmarks/gdn_kernels.py --lengths 4096 --check  # also the relative errors against the float32 recurrence
     python benchmarks/gdn_kernels.py --launch-table tuned.json  # under benchmarks/tune_kernels.py's overrides
+    python benchmarks/gdn_kernels.py --launch-table a.json b.json --no-peer  # ours under each table, one job
 
 Inputs as Gated DeltaNet's layer makes them (benchmarks/kernels.py make_inputs: unit-norm keys, beta in (0, 1)).
 Each case times the forward (no autograd) and the forward+backward (torch.autograd.grad of the output, and of the
@@ -92,21 +93,21 @@ def main() -> None:
     parser.add_argument("--save-states", action="store_true", help="time our operator with save_states=True")
     parser.add_argument("--check", action="store_true", help="relative errors against the float32 recurrence")
     parser.add_argument(
-        "--launch-table", type=Path, help="launch-table overrides to time with, {table: {entry: {knob: value}}} "
-        "(benchmarks/tune_kernels.py --out)",
+        "--launch-table", type=Path, nargs="+", default=[], help="launch-table overrides to time with, {table: "
+        "{entry: {knob: value}}} (benchmarks/tune_kernels.py --out); several: ours is timed under each in turn",
     )
+    parser.add_argument("--no-peer", action="store_true", help="do not time flash-linear-attention")
     args = parser.parse_args()
     import_launch_tables()
-    overrides = json.loads(args.launch_table.read_text()) if args.launch_table else {}
-    with launch_overrides(overrides):
-        run_cases(args)
-
-
-def run_cases(args: argparse.Namespace) -> None:
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gdn_kernels.py times CUDA kernels; no CUDA device is available")
-    peers = load_peer()
-    fla = None if peers is None else peers["gdn"]
+    peers = None if args.no_peer else load_peer()
+    tables = {path.name: json.loads(path.read_text()) for path in args.launch_table} or {"": {}}
+    run_cases(args, tables, None if peers is None else peers["gdn"])
+
+
+def run_cases(args: argparse.Namespace, tables: dict[str, dict], fla) -> None:
+    """Each length: fla once (when given), then ours under each launch table, printed with the ratio to fla."""
 
     def ours(*operands, **kwargs):
         return chunk_gated_delta_rule(*operands, save_states=args.save_states, **kwargs)
@@ -116,20 +117,22 @@ def run_cases(args: argparse.Namespace) -> None:
         torch.manual_seed(length)
         inputs = make_inputs("gdn", length, args.heads, args.head_dim, with_state)
         label = f"T={length} H={args.heads} D={args.head_dim} bf16" + (" state in/out" if with_state else "")
-        timings = {"ours": time_case(ours, inputs, with_state, args.warmup, args.iterations)}
-        if fla is not None:
-            timings["fla"] = time_case(fla, inputs, with_state, args.warmup, args.iterations)
-        for phase in ("fwd_ms", "fwdbwd_ms"):
-            line = f"{label} {phase[:-3]:>7}: ours {timings['ours'][phase]:8.3f} ms"
-            if fla is not None:
-                ratio = timings["ours"][phase] / timings["fla"][phase]
-                line += f"   fla {timings['fla'][phase]:8.3f} ms   ours/fla {ratio:5.2f}x"
-            print(line, flush=True)
-        if args.check:
-            candidates = {"ours": ours} if fla is None else {"ours": ours, "fla": fla}
-            for name, function in candidates.items():
-                errors = relative_errors(function, inputs, with_state)
-                print(f"{label} {name} relative errors: " + " ".join(f"{k} {v:.1e}" for k, v in errors.items()), flush=True)
+        peer = None if fla is None else time_case(fla, inputs, with_state, args.warmup, args.iterations)
+        for table_name, overrides in tables.items():
+            with launch_overrides(overrides):
+                timings = time_case(ours, inputs, with_state, args.warmup, args.iterations)
+                for phase in ("fwd_ms", "fwdbwd_ms"):
+                    line = f"{label} {table_name} {phase[:-3]:>7}: ours {timings[phase]:8.3f} ms"
+                    if peer is not None:
+                        ratio = timings[phase] / peer[phase]
+                        line += f"   fla {peer[phase]:8.3f} ms   ours/fla {ratio:5.2f}x"
+                    print(line, flush=True)
+                if args.check:
+                    errors = relative_errors(ours, inputs, with_state)
+                    print(f"{label} {table_name} ours relative errors: " + " ".join(f"{k} {v:.1e}" for k, v in errors.items()), flush=True)
+        if args.check and fla is not None:
+            errors = relative_errors(fla, inputs, with_state)
+            print(f"{label} fla relative errors: " + " ".join(f"{k} {v:.1e}" for k, v in errors.items()), flush=True)
 
 
 if __name__ == "__main__":
