@@ -21,7 +21,7 @@ import torch
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, states_dtype
 from schedlang.kernels.common.triton_scan import new_output
 from schedlang.kernels.gdn.state_pass_triton import LAUNCH, triton_state_pass_backward, triton_state_pass_forward
-from schedlang.kernels.gdn.triton_backward import gdn_bwd_kernel_chunk
+from schedlang.kernels.gdn.triton_backward import gdn_bwd_kernel_chunk, gdn_bwd_kernel_key_block, gdn_bwd_kernel_wy_block
 from schedlang.kernels.gdn.triton_output import gdn_bwd_kernel_output_terms, gdn_fwd_kernel_output
 from schedlang.kernels.gdn.triton_wy import gdn_fwd_kernel_wy_apply, gdn_fwd_kernel_wy_solve
 
@@ -138,11 +138,28 @@ def chunk_gradients(q, k, v, beta, do, solved: SolvedChunks, states, leaving_gra
     dg = new_output(beta.shape, torch.float32, beta.device)
     scratch = torch.empty(solved.inverse.shape, dtype=torch.float32, device=q.device)
     launch = LAUNCH["chunk_gradients"]
-    gdn_bwd_kernel_chunk[(n_chunks, batch * heads)](
-        q, k, v, beta, do, solved.gate_cumsum, solved.inverse, states, leaving_grad, corrections, corrections_grad,
-        dq, dk, dv, dbeta, dg, scratch, scale, sizes["T"], n_chunks,
+    blocks = dict(
         H=heads, K=sizes["K"], V=sizes["V"], C=CHUNK, BK=block_size(sizes["K"], launch["block_k"]),
         BV=block_size(sizes["V"], launch["block_v"]), PRECISION=products_precision(q.dtype), **launch_options(launch),
+    )
+    if not launch["split"]:
+        gdn_bwd_kernel_chunk[(n_chunks, batch * heads)](
+            q, k, v, beta, do, solved.gate_cumsum, solved.inverse, states, leaving_grad, corrections, corrections_grad,
+            dq, dk, dv, dbeta, dg, scratch, scale, sizes["T"], n_chunks, **blocks,
+        )
+        return dq, dk, dv, dbeta, dg
+    key_blocks = cdiv(sizes["K"], blocks["BK"])
+    shares = key_blocks * batch * heads * n_chunks
+    partial_dt = torch.empty((shares, CHUNK, CHUNK), dtype=torch.float32, device=q.device)
+    partial_dbeta = torch.empty((shares, CHUNK), dtype=torch.float32, device=q.device)
+    partial_dgc = torch.empty((shares, CHUNK), dtype=torch.float32, device=q.device)
+    gdn_bwd_kernel_key_block[(key_blocks, n_chunks, batch * heads)](
+        q, k, beta, do, solved.gate_cumsum, solved.inverse, states, leaving_grad, corrections, corrections_grad,
+        dq, dk, partial_dt, partial_dbeta, partial_dgc, scale, sizes["T"], n_chunks, **blocks,
+    )
+    gdn_bwd_kernel_wy_block[(n_chunks, batch * heads)](
+        k, v, beta, solved.gate_cumsum, solved.inverse, corrections_grad, dk, dv, dbeta, dg,
+        partial_dt, partial_dbeta, partial_dgc, scratch, sizes["T"], n_chunks, **blocks,
     )
     return dq, dk, dv, dbeta, dg
 

@@ -148,3 +148,156 @@ def gdn_bwd_kernel_chunk(
     b_dg = tl.sum(b_dgc, axis=0) - tl.cumsum(b_dgc, axis=0) + b_dgc
     tl.store(dg + gate_offset, b_dg, mask=token < T)
     tl.store(dbeta + gate_offset, b_dbeta, mask=token < T)
+
+
+@triton.jit
+def gdn_bwd_kernel_key_block(
+    q, k, beta, do, gate_cumsum, inverse, states, leaving_grad, corrections, corrections_grad,
+    dq, dk, partial_dt, partial_dbeta, partial_dgc, scale, T, N,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """The split backward's first kernel, one program per (key block, chunk, batch * head): steps 1-2 of
+    ``gdn_bwd_kernel_chunk`` that need only this key block (dq complete; into dk the terms of the outputs, W and
+    KE; this block's shares of dT, dbeta and dgc into ``partial_*`` [key blocks, B * H * N, ...]). P and P^T are
+    both accumulated as products (P^T = Delta dO^T), so no tile is transposed and no scratch is needed."""
+    i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    chunk = i_bh.to(tl.int64) * N + i_n
+    o_c = tl.arange(0, C)
+    token = i_n * C + o_c
+    gate_offset = (i_b * T + token).to(tl.int64) * H + i_h
+    b_beta = tl.load(beta + gate_offset, mask=token < T, other=0.0).to(tl.float32)
+    b_gc = tl.load(gate_cumsum + chunk * C + o_c)
+    b_last = tl.sum(tl.where(o_c == C - 1, b_gc, 0.0), axis=0)
+    b_e = tl.exp(b_gc)
+    key_base = (i_b * T * H + i_h).to(tl.int64) * K
+    value_base = (i_b * T * H + i_h).to(tl.int64) * V
+    b_p = tl.zeros([C, C], dtype=tl.float32)
+    b_p_t = tl.zeros([C, C], dtype=tl.float32)
+    b_dos = tl.zeros([C, BK], dtype=tl.float32)
+    b_dds = tl.zeros([C, BK], dtype=tl.float32)
+    b_dke = tl.zeros([C, BK], dtype=tl.float32)
+    b_state_products = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        p_do = tl.make_block_ptr(do + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
+        p_do_t = tl.make_block_ptr(do + value_base, (V, T), (1, H * V), (i_v * BV, i_n * C), (BV, C), (0, 1))
+        p_delta = tl.make_block_ptr(corrections + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
+        p_delta_t = tl.make_block_ptr(corrections + chunk * C * V, (V, C), (1, V), (i_v * BV, 0), (BV, C), (0, 1))
+        p_dd = tl.make_block_ptr(corrections_grad + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
+        # [BV, BK] views of the chunk's [K, V] state and leaving-state gradient
+        p_s_t = tl.make_block_ptr(states + chunk * K * V, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK), (0, 1))
+        p_g_t = tl.make_block_ptr(leaving_grad + chunk * K * V, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK), (0, 1))
+        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_do_t = tl.load(p_do_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_delta = tl.load(p_delta, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_delta_t = tl.load(p_delta_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_dd = tl.load(p_dd, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_s_t = tl.load(p_s_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_g_t = tl.load(p_g_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_p += tl.dot(b_do, b_delta_t, input_precision=PRECISION)
+        b_p_t += tl.dot(b_delta, b_do_t, input_precision=PRECISION)
+        b_dos += tl.dot(b_do, b_s_t, input_precision=PRECISION)
+        b_dds += tl.dot(b_dd, b_s_t, input_precision=PRECISION)
+        b_dke += tl.dot(b_delta, b_g_t, input_precision=PRECISION)
+        b_state_products += tl.sum(b_s_t * b_g_t, axis=0)
+    p_q = tl.make_block_ptr(q + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
+    p_k = tl.make_block_ptr(k + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
+    b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32) * scale
+    b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    # the outputs: dq complete, D^T o P^T for dk
+    b_dq = b_e[:, None] * b_dos + tl.dot(decay_matrix(b_gc, True, C) * b_p, b_k, input_precision=PRECISION)
+    p_dq = tl.make_block_ptr(dq + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
+    tl.store(p_dq, (b_dq * scale).to(p_dq.dtype.element_ty), boundary_check=(0, 1))
+    upper = o_c[:, None] <= o_c[None, :]
+    b_decay_t = tl.where(upper, tl.exp(tl.where(upper, b_gc[None, :] - b_gc[:, None], 0.0)), 0.0)
+    b_dk = tl.dot(b_decay_t * b_p_t, b_q, input_precision=PRECISION)
+    b_dgc = tl.sum(b_q * b_dq, axis=1) - tl.sum(b_k * b_dk, axis=1)
+    # W: dW = -dDelta S^T
+    b_t_t = tl.load(inverse + chunk * C * C + o_c[None, :] * C + o_c[:, None])
+    b_tdw = -tl.dot(b_t_t, b_dds, input_precision=PRECISION)
+    b_dk += (b_beta * b_e)[:, None] * b_tdw
+    b_kw = tl.sum(b_k * b_tdw, axis=1)
+    b_dbeta = b_e * b_kw
+    b_dgc += b_beta * b_e * b_kw
+    # KE and the chunk decay; their chunk-end terms belong to gc_C, the last row
+    b_end = tl.exp(b_last - b_gc)
+    b_dk += b_end[:, None] * b_dke
+    b_ke = tl.sum(b_k * b_dke, axis=1) * b_end
+    b_dlast = tl.sum(b_state_products, axis=0) * tl.exp(b_last) + tl.sum(b_ke, axis=0)
+    b_dgc += tl.where(o_c == C - 1, b_dlast, 0.0) - b_ke
+    p_dk = tl.make_block_ptr(dk + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
+    tl.store(p_dk, b_dk, boundary_check=(0, 1))
+    # this block's share of dT: -dW-side product dDelta S^T (B E K)^T
+    p_k_t = tl.make_block_ptr(k + key_base, (K, T), (1, H * K), (i_k * BK, i_n * C), (BK, C), (0, 1))
+    b_gated_t = tl.load(p_k_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32) * (b_beta * b_e)[None, :]
+    b_dt = -tl.dot(b_dds, b_gated_t, input_precision=PRECISION)
+    share = i_k.to(tl.int64) * tl.num_programs(1) * tl.num_programs(2) + chunk
+    tl.store(partial_dt + share * C * C + o_c[:, None] * C + o_c[None, :], b_dt)
+    tl.store(partial_dbeta + share * C + o_c, b_dbeta)
+    tl.store(partial_dgc + share * C + o_c, b_dgc)
+
+
+@triton.jit
+def gdn_bwd_kernel_wy_block(
+    k, v, beta, gate_cumsum, inverse, corrections_grad, dk, dv, dbeta, dg, partial_dt, partial_dbeta, partial_dgc,
+    scratch, T, N,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """The split backward's second kernel, one program per (chunk, batch * head): dv and the U terms (step 1 of
+    ``gdn_bwd_kernel_chunk`` without P), the key blocks' shares summed, then steps 3-4: the solve's terms added
+    into dk, and dbeta and dg written."""
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    chunk = i_bh.to(tl.int64) * N + i_n
+    o_c = tl.arange(0, C)
+    token = i_n * C + o_c
+    gate_offset = (i_b * T + token).to(tl.int64) * H + i_h
+    b_beta = tl.load(beta + gate_offset, mask=token < T, other=0.0).to(tl.float32)
+    b_gc = tl.load(gate_cumsum + chunk * C + o_c)
+    b_t_t = tl.load(inverse + chunk * C * C + o_c[None, :] * C + o_c[:, None])
+    key_base = (i_b * T * H + i_h).to(tl.int64) * K
+    value_base = (i_b * T * H + i_h).to(tl.int64) * V
+    b_dbeta = tl.zeros([C], dtype=tl.float32)
+    b_dgc = tl.zeros([C], dtype=tl.float32)
+    b_dt = tl.zeros([C, C], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        p_v = tl.make_block_ptr(v + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
+        p_v_t = tl.make_block_ptr(v + value_base, (V, T), (1, H * V), (i_v * BV, i_n * C), (BV, C), (0, 1))
+        p_dd = tl.make_block_ptr(corrections_grad + chunk * C * V, (C, V), (V, 1), (0, i_v * BV), (C, BV), (1, 0))
+        b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_v_t = tl.load(p_v_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_dd = tl.load(p_dd, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_dt += tl.dot(b_dd, b_v_t * b_beta[None, :], input_precision=PRECISION)
+        b_tdu = tl.dot(b_t_t, b_dd, input_precision=PRECISION)
+        b_dbeta += tl.sum(b_v * b_tdu, axis=1)
+        p_dv = tl.make_block_ptr(dv + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
+        tl.store(p_dv, (b_beta[:, None] * b_tdu).to(p_dv.dtype.element_ty), boundary_check=(0, 1))
+    shares = tl.num_programs(0) * tl.num_programs(1)
+    for i_k in range(tl.cdiv(K, BK)):
+        share = i_k * shares + chunk
+        b_dt += tl.load(partial_dt + share * C * C + o_c[:, None] * C + o_c[None, :])
+        b_dbeta += tl.load(partial_dbeta + share * C + o_c)
+        b_dgc += tl.load(partial_dgc + share * C + o_c)
+    # the solve: A = beta D o K K^T; Z^T through the chunk's scratch slot
+    b_da = -tl.dot(tl.dot(b_t_t, b_dt, input_precision=PRECISION), b_t_t, input_precision=PRECISION)
+    b_dad = tl.where(o_c[:, None] > o_c[None, :], b_da, 0.0) * decay_matrix(b_gc, True, C)
+    scratch_base = scratch + chunk * C * C
+    tl.store(scratch_base + o_c[:, None] * C + o_c[None, :], b_beta[:, None] * b_dad)
+    tl.debug_barrier()
+    b_z_t = tl.load(scratch_base + o_c[None, :] * C + o_c[:, None])
+    for i_k in range(tl.cdiv(K, BK)):
+        p_k = tl.make_block_ptr(k + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_row = tl.dot(b_dad, b_k, input_precision=PRECISION)
+        b_column = tl.dot(b_z_t, b_k, input_precision=PRECISION)
+        b_row_k = tl.sum(b_k * b_row, axis=1)
+        b_dbeta += b_row_k
+        b_dgc += b_beta * b_row_k - tl.sum(b_k * b_column, axis=1)
+        p_dk = tl.make_block_ptr(dk + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
+        b_dk = tl.load(p_dk, boundary_check=(0, 1), padding_option="zero")
+        tl.store(p_dk, b_dk + b_beta[:, None] * b_row + b_column, boundary_check=(0, 1))
+    b_dg = tl.sum(b_dgc, axis=0) - tl.cumsum(b_dgc, axis=0) + b_dgc
+    tl.store(dg + gate_offset, b_dg, mask=token < T)
+    tl.store(dbeta + gate_offset, b_dbeta, mask=token < T)
