@@ -151,6 +151,30 @@ def test_triton_backward_matches_autograd_of_the_torch_path(case, save_states):
     assert_close({name: t.cpu() for name, t in actual.items()}, expected, 1e-4)
 
 
+SPLIT_LAUNCHES = [
+    {"split": 1},
+    {"split": 1, "block_k": 32, "block_v": 16},
+    {"split": 0, "block_k": 32, "block_v": 16},
+]
+
+
+@pytest.mark.parametrize("launch", SPLIT_LAUNCHES, ids=lambda l: "-".join(f"{k}{v}" for k, v in l.items()))
+def test_per_chunk_backward_layouts_give_the_same_gradients(launch):
+    """The per-chunk backward fused or split in two kernels, with several key blocks per head (partial dT, dbeta
+    and dg summed across them), against the recurrence in float64: every gradient and the final state."""
+    from schedlang.kernels.common.launch_tables import launch_overrides
+    from schedlang.kernels.gdn import state_pass_triton  # noqa: F401  (registers the "gdn" launch table)
+
+    inputs, upstream = make_inputs(1, 150, 2, 64, "strong", True, torch.float64, seed=41)
+    expected = run_with_grads(naive_recurrent_gated_delta_rule, inputs, upstream)
+    on_device_upstream = {name: t.to(DEVICE) for name, t in upstream.items()}
+    with launch_overrides({"gdn": {"chunk_gradients": launch}}):
+        actual = run_with_grads(
+            chunk_gated_delta_rule, on_device(inputs, torch.float32), on_device_upstream, backend="triton",
+        )
+    assert_close({name: t.cpu() for name, t in actual.items()}, expected, 1e-4)
+
+
 @pytest.mark.parametrize("key_dim, value_dim", [(16, 48), (48, 16)], ids=["K16-V48", "K48-V16"])
 def test_triton_path_takes_a_value_dim_unlike_the_key_dim(key_dim, value_dim):
     """V = 2K is Gated DeltaNet's usual head shape; neither dimension need be a power of two."""
