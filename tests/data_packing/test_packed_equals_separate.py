@@ -204,9 +204,32 @@ def test_layout_and_targets_at_the_boundaries():
     assert loss_token_count(tokens, None) == 4 * LENGTH
 
 
+def relative_errors(run, reference) -> tuple[float, dict[str, float]]:
+    """The loss's and each gradient's relative error (in norm) against ``reference``, computed in float64 on the CPU."""
+    (loss, gradients), (reference_loss, reference_gradients) = run, reference
+    errors = {}
+    for name, expected in reference_gradients.items():
+        actual = gradients[name].detach().cpu().double()
+        errors[name] = float((actual - expected.cpu()).norm() / expected.cpu().norm().clamp_min(1e-30))
+    return abs(loss - reference_loss) / abs(reference_loss), errors
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_packed_chunks_equal_the_documents_alone_on_the_gpu():
     """The Triton kernels split at document starts and the CUDA attention kernels per document piece, in
-    float32: the loss and gradients of the documents alone within float32 tolerance."""
-    packed = packed_run(packed_tokens(), device="cuda", dtype=torch.float32)
-    assert_same(packed, separate_run(packed_tokens(), device="cuda", dtype=torch.float32), tolerance=1e-4)
+    float32, against the documents alone in float64 on the CPU: packing adds no error beyond what float32 makes
+    of the documents alone on the same GPU (each gradient within 4x that run's error, or 1e-5). A gradient that
+    is a long sum, such as a norm weight's, differs between the two float32 runs by their summation orders
+    alone, so a fixed float32 bound between them would test rounding, not packing."""
+    reference = separate_run(packed_tokens())
+    packed_loss_error, packed_errors = relative_errors(
+        packed_run(packed_tokens(), device="cuda", dtype=torch.float32), reference
+    )
+    separate_loss_error, separate_errors = relative_errors(
+        separate_run(packed_tokens(), device="cuda", dtype=torch.float32), reference
+    )
+    assert packed_loss_error <= max(4 * separate_loss_error, 1e-5)
+    for name, error in packed_errors.items():
+        assert error <= max(4 * separate_errors[name], 1e-5), (
+            f"{name}: packed {error:.2e}, documents alone {separate_errors[name]:.2e} against float64"
+        )
