@@ -158,26 +158,39 @@ def _order_name(pipeline) -> str:
     return f"{pipeline.order.value} order{more}"
 
 
-def _changed_fields(value) -> str:
-    """``name=literal, ...`` of the fields of dataclass ``value`` that differ from their defaults."""
+def _changed_field_list(value) -> list[str]:
+    """``name=literal`` of each field of dataclass ``value`` that differs from its default."""
     written = []
     for field in dataclasses.fields(value):
         default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
         current = getattr(value, field.name)
         if current != default:
             written.append(f"{field.name}={(current.value if isinstance(current, Enum) else current)!r}")
-    return ", ".join(written)
+    return written
+
+
+def _changed_fields(value) -> str:
+    """``name=literal, ...`` of the fields of dataclass ``value`` that differ from their defaults."""
+    return ", ".join(_changed_field_list(value))
+
+
+OPTIONS_LINE_LIMIT = 120 - len("    options=,")
+"""The widest ModelOptions(...) literal the script writes on one line; a wider one gets a line per argument."""
 
 
 def _options_literal(options: ModelOptions) -> str:
     """``ModelOptions(gla=GlaOptions(...), gdn=GdnOptions(...), ...)`` with only what differs from the
-    defaults; empty when nothing does."""
+    defaults, one argument per line when one line would be too wide; empty when nothing differs."""
     gla = _changed_fields(options.gla)
     gdn = _changed_fields(options.gdn)
-    others = _changed_fields(dataclasses.replace(options, gla=ModelOptions().gla, gdn=ModelOptions().gdn))
-    parts = ([f"gla=GlaOptions({gla})"] if gla else []) + ([f"gdn=GdnOptions({gdn})"] if gdn else [])
-    parts += [others] if others else []
-    return f"ModelOptions({', '.join(parts)})" if parts else ""
+    others = _changed_field_list(dataclasses.replace(options, gla=ModelOptions().gla, gdn=ModelOptions().gdn))
+    parts = ([f"gla=GlaOptions({gla})"] if gla else []) + ([f"gdn=GdnOptions({gdn})"] if gdn else []) + others
+    if not parts:
+        return ""
+    literal = f"ModelOptions({', '.join(parts)})"
+    if len(literal) <= OPTIONS_LINE_LIMIT:
+        return literal
+    return "ModelOptions(\n" + "".join(f"        {part},\n" for part in parts) + "    )"
 
 
 def _options_imports(options: ModelOptions) -> str:

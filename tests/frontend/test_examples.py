@@ -167,3 +167,18 @@ def test_other_examples_values():
     assert parallel.train.checkpoint.directory == "checkpoints/sequence_parallel"
     assert parallel.train.checkpoint.every == 5
     assert parallel.train.data.kind is DataKind.SYNTHETIC
+
+
+def test_new_feature_examples_values():
+    from schedlang.vocabulary import Recompute
+
+    packed = load_program(EXAMPLES / "packed_documents.sched")
+    assert packed.train.data.kind is DataKind.BYTES and packed.train.data.document_end == 10
+    assert packed.pipeline.recompute == (Recompute.MIXER, Recompute.NONE)
+    assert packed.model.layers == (LayerKind.GLA, LayerKind.GLA, LayerKind.ATTN) * 2
+
+    deltanet = load_program(EXAMPLES / "fla_gated_deltanet.sched")
+    assert deltanet.model.layers == (LayerKind.GDN,) * 4 and deltanet.model.tie_embeddings
+    assert deltanet.model.gdn.short_conv_size == 4 and deltanet.model.gdn.head_k_dim == 16
+    assert deltanet.model.gdn.gates.value == "mamba"
+    assert deltanet.mesh.pipeline == 2 and deltanet.mesh.sequence == 2
