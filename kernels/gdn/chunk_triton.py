@@ -10,6 +10,10 @@ The forward keeps gc, the chunk decays and T for the backward (T is [B, H, N, 64
 token and head); with ``save_states`` also S_n and Delta_n ([B, H, N, K, V] and [B, H, N, 64, V]). Those, U, W,
 KE and the leaving-state gradients are stored in the states' dtype (kernels/common/sizes.py: 16 bits for
 16-bit inputs, else float32); every product accumulates in float32 (kernels/gdn/README.md, "Precision").
+
+The host functions launch over a range of kernel chunks (a ``Segment``, all chunks by default) and can write
+into tensors made for every chunk, so the launch table's "overlap" entry can run the forward and the backward
+as two segments whose state passes run beside the other segment's per-chunk work ([Note: gdn overlap]).
 """
 
 from __future__ import annotations
@@ -91,7 +95,8 @@ def new_wy_products(k, v, with_updates: bool = True):
     chunked = (k.shape[0], sizes["H"], sizes["N"], CHUNK)
     stored = states_dtype(k.dtype)
     updates = new_output(chunked + (sizes["V"],), stored, k.device) if with_updates else None
-    return updates, new_output(chunked + (sizes["K"],), stored, k.device), new_output(chunked + (sizes["K"],), stored, k.device)
+    keys_in, keys_out = (new_output(chunked + (sizes["K"],), stored, k.device) for _ in range(2))
+    return updates, keys_in, keys_out
 
 
 def apply_inverse(k, v, beta, solved: SolvedChunks, with_updates: bool = True, segment: Segment | None = None,
@@ -263,7 +268,8 @@ def overlapped_forward(q, k, v, g, beta, initial_state, scale: float, segments: 
     batch, heads, n_chunks, _, key_dim = keys_in.shape
     states = new_output((batch, heads, n_chunks, key_dim, v.shape[-1]), stored, v.device)
     corrections = new_output(updates.shape, stored, v.device)
-    boundary_state, final_state = (new_output((batch, heads, key_dim, v.shape[-1]), torch.float32, v.device) for _ in range(2))
+    state_shape = (batch, heads, key_dim, v.shape[-1])
+    boundary_state, final_state = (new_output(state_shape, torch.float32, v.device) for _ in range(2))
     entering_state = _float32(initial_state)
 
     def prepare(segment):
@@ -312,7 +318,8 @@ def overlapped_backward(q, k, v, beta, initial_state, states, corrections, solve
     entering_grad, corrections_grad = output_gradients(q, k, v, do, solved, scale)
     total = new_output((batch, heads, n_chunks, CHUNK, value_dim), torch.float32, v.device)
     leaving = new_output((batch, heads, n_chunks, key_dim, value_dim), stored, v.device)
-    boundary_grad, initial_grad = (new_output((batch, heads, key_dim, value_dim), torch.float32, v.device) for _ in range(2))
+    state_shape = (batch, heads, key_dim, value_dim)
+    boundary_grad, initial_grad = (new_output(state_shape, torch.float32, v.device) for _ in range(2))
 
     def state_pass_backward(segment, grad_out, grad_in):
         triton_state_pass_backward(

@@ -27,7 +27,8 @@ def test_schedules_select_one_segment_then_each_split_and_tile():
             overlap, forward, backward = table["overlap"], table["forward"], table["backward"]
         assert schedule.name.startswith(f"segments={overlap['segments']}")
         assert (f"split={overlap['split']:.2f}" in schedule.name) == (overlap["segments"] == 2)
-        assert forward["block_v"] == backward["block_v"] == (32 if "BV=32" in schedule.name else table["forward"]["block_v"])
+        registered = table["forward"]["block_v"]
+        assert forward["block_v"] == backward["block_v"] == (32 if "BV=32" in schedule.name else registered)
 
 
 def test_splits_outside_the_open_interval_are_refused(capsys):
@@ -47,6 +48,8 @@ def test_without_a_gpu_it_says_so(capsys):
 
 def test_it_runs_as_a_file(tmp_path):
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "gdn_overlap.py"
-    completed = subprocess.run([sys.executable, str(script), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    completed = subprocess.run(
+        [sys.executable, str(script), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert "--regions" in completed.stdout
