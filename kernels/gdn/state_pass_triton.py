@@ -28,7 +28,7 @@ LAUNCH = register_launch_table("gdn", __name__, {
     "wy_apply": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
     "output": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
     "output_gradients": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
-    "chunk_gradients": {"block_k": 64, "block_v": 32, "num_warps": 4, "num_stages": 1, "split": 0},
+    "chunk_gradients": {"block_k": 64, "block_v": 32, "num_warps": 4, "num_stages": 1, "split": 1},
     "products": {"float32": "tf32x3", "reduced": "tf32"},
     "overlap": {"segments": 1, "split": 0.5},
 })
