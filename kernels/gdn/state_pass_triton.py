@@ -42,8 +42,8 @@ key block and chunk, then one per chunk) instead of one. "overlap" is the schedu
 ([Note: gdn overlap] in kernels/gdn/chunk_triton.py): ``segments`` 1 runs each phase once over all kernel
 chunks; 2 splits the chunks in two segments, the first holding ``split`` of them (a fraction in (0, 1), rounded
 to a whole chunk), and runs each segment's state pass beside the other segment's per-chunk work on a second
-CUDA stream. Everything runs at most 4 warps: Triton 3.6 miscompiled the state pass's backward at 8 on an H200 (docs/benchmarks.md,
-"Launch tables")."""
+CUDA stream. Everything runs at most 4 warps: Triton 3.6 miscompiled the state pass's backward at 8 on an H200
+(docs/benchmarks.md, "Launch tables")."""
 
 
 @triton.jit
