@@ -19,6 +19,7 @@ import triton.language as tl
 from schedlang.kernels.common.launch_tables import register_launch_table
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options
 from schedlang.kernels.common.triton_scan import INTERPRETED, new_output
+from schedlang.kernels.gdn.overlap import Segment
 
 LAUNCH = register_launch_table("gdn", __name__, {
     "forward": {"block_v": 16, "precision": "tf32x3", "num_warps": 4, "num_stages": 3},
@@ -29,6 +30,7 @@ LAUNCH = register_launch_table("gdn", __name__, {
     "output_gradients": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
     "chunk_gradients": {"block_k": 64, "block_v": 32, "num_warps": 4, "num_stages": 1, "split": 1},
     "products": {"float32": "tf32x3", "reduced": "tf32"},
+    "overlap": {"segments": 1, "split": 0.5},
 })
 """Launch table of every gdn kernel, read at call time ([Note: launch tables]). "forward" and "backward" are the
 state pass's: value columns per program (a [K, 32] float32 state slice is 16 KiB at K = 128), the products'
@@ -36,9 +38,12 @@ input precision, warps, stages. The others are the per-chunk kernels of kernels/
 edges (the largest; smaller dimensions get smaller tiles), warps, stages; "products" is their products'
 input precision for float32 inputs and for 16-bit ones (the per-chunk backward always takes float32 operands:
 the docstring of triton_backward.py); "chunk_gradients"'s "split" runs that backward as two kernels (one per
-key block and chunk, then one per chunk) instead of one. Everything runs
-at most 4 warps: Triton 3.6 miscompiled the state pass's backward at 8 on an H200 (docs/benchmarks.md,
-"Launch tables")."""
+key block and chunk, then one per chunk) instead of one. "overlap" is the schedule of the whole operator
+([Note: gdn overlap] in kernels/gdn/chunk_triton.py): ``segments`` 1 runs each phase once over all kernel
+chunks; 2 splits the chunks in two segments, the first holding ``split`` of them (a fraction in (0, 1), rounded
+to a whole chunk), and runs each segment's state pass beside the other segment's per-chunk work on a second
+CUDA stream. Everything runs at most 4 warps: Triton 3.6 miscompiled the state pass's backward at 8 on an H200
+(docs/benchmarks.md, "Launch tables")."""
 
 
 @triton.jit
@@ -65,7 +70,7 @@ def _forward_step(
 @triton.jit
 def gdn_state_pass_forward_kernel(
     updates, keys_in, keys_out, chunk_decay, initial_state, entering_states, corrections, final_state, N,
-    C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    first_chunk, stop_chunk, C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_INITIAL_STATE: tl.constexpr, INTERPRETED: tl.constexpr, PRECISION: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
@@ -76,15 +81,15 @@ def gdn_state_pass_forward_kernel(
     else:
         b_state = tl.zeros([BK, BV], dtype=tl.float32)
     if INTERPRETED:  # the interpreter cannot take a run-time range() bound ([Note: scan prefetch])
-        n = 0
-        while n < N:
+        n = first_chunk
+        while n < stop_chunk:
             b_state = _forward_step(
                 updates, keys_in, keys_out, chunk_decay, entering_states, corrections, b_state, i_v, i_bh, n, N,
                 C, K, V, BK, BV, PRECISION,
             )
             n += 1
     else:
-        for n in range(N):
+        for n in range(first_chunk, stop_chunk):
             b_state = _forward_step(
                 updates, keys_in, keys_out, chunk_decay, entering_states, corrections, b_state, i_v, i_bh, n, N,
                 C, K, V, BK, BV, PRECISION,
@@ -124,7 +129,7 @@ def _backward_step(
 @triton.jit
 def gdn_state_pass_backward_kernel(
     keys_in, keys_out, chunk_decay, entering_grad, corrections_grad, final_grad,
-    corrections_grad_total, leaving_grad, initial_grad, N,
+    corrections_grad_total, leaving_grad, initial_grad, N, first_chunk, stop_chunk,
     C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_ENTERING_GRAD: tl.constexpr, HAS_CORRECTIONS_GRAD: tl.constexpr, HAS_FINAL_GRAD: tl.constexpr,
     INTERPRETED: tl.constexpr, PRECISION: tl.constexpr,
@@ -138,18 +143,18 @@ def gdn_state_pass_backward_kernel(
         b_grad = tl.zeros([BK, BV], dtype=tl.float32)
     if INTERPRETED:
         step = 0
-        while step < N:
+        while step < stop_chunk - first_chunk:
             b_grad = _backward_step(
                 keys_in, keys_out, chunk_decay, entering_grad, corrections_grad, corrections_grad_total, leaving_grad,
-                b_grad, i_v, i_bh, N - 1 - step, N, C, K, V, BK, BV, HAS_ENTERING_GRAD, HAS_CORRECTIONS_GRAD,
+                b_grad, i_v, i_bh, stop_chunk - 1 - step, N, C, K, V, BK, BV, HAS_ENTERING_GRAD, HAS_CORRECTIONS_GRAD,
                 PRECISION,
             )
             step += 1
     else:
-        for step in range(N):
+        for step in range(stop_chunk - first_chunk):
             b_grad = _backward_step(
                 keys_in, keys_out, chunk_decay, entering_grad, corrections_grad, corrections_grad_total, leaving_grad,
-                b_grad, i_v, i_bh, N - 1 - step, N, C, K, V, BK, BV, HAS_ENTERING_GRAD, HAS_CORRECTIONS_GRAD,
+                b_grad, i_v, i_bh, stop_chunk - 1 - step, N, C, K, V, BK, BV, HAS_ENTERING_GRAD, HAS_CORRECTIONS_GRAD,
                 PRECISION,
             )
     p_initial = tl.make_block_ptr(initial_grad + state_base, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
@@ -157,23 +162,30 @@ def gdn_state_pass_backward_kernel(
 
 
 def triton_state_pass_forward(
-    updates, keys_in, keys_out, chunk_decay, initial_state, precision: str | None = None, stored=torch.float32
+    updates, keys_in, keys_out, chunk_decay, initial_state, precision: str | None = None, stored=torch.float32,
+    segment: Segment | None = None, outputs: tuple | None = None,
 ):
     """(entering states [B, H, N, K, V] and corrections [B, H, N, C, V] in ``stored``, final state [B, H, K, V]
     float32); operands as in kernels/gdn/state_pass.py, contiguous float32 (or 16-bit: read as float32) on one
-    CUDA device (or the interpreter). ``precision``: the products' input precision, the launch table's if None."""
+    CUDA device (or the interpreter). ``precision``: the products' input precision, the launch table's if None.
+    With a ``segment`` the pass starts from ``initial_state`` at the segment's first chunk, writes the entering
+    states and corrections of its chunks only and returns the state after its last chunk as the final state.
+    ``outputs``: the three tensors to write into (else new ones)."""
     batch, heads, n_chunks, chunk_size, key_dim = keys_in.shape
     value_dim = updates.shape[-1]
+    segment = segment or Segment(0, n_chunks)
     launch = LAUNCH["forward"]
     bk, bv = block_size(key_dim, 256), block_size(value_dim, launch["block_v"])
     device = keys_in.device
-    entering = new_output((batch, heads, n_chunks, key_dim, value_dim), stored, device)
-    corrections = new_output(updates.shape, stored, device)
-    final_state = new_output((batch, heads, key_dim, value_dim), torch.float32, device)
+    entering, corrections, final_state = outputs or (
+        new_output((batch, heads, n_chunks, key_dim, value_dim), stored, device),
+        new_output(updates.shape, stored, device),
+        new_output((batch, heads, key_dim, value_dim), torch.float32, device),
+    )
     grid = (cdiv(value_dim, bv), batch * heads)
     gdn_state_pass_forward_kernel[grid](
         updates, keys_in, keys_out, chunk_decay, initial_state if initial_state is not None else final_state,
-        entering, corrections, final_state, n_chunks,
+        entering, corrections, final_state, n_chunks, segment.first, segment.stop,
         C=chunk_size, K=key_dim, V=value_dim, BK=bk, BV=bv, HAS_INITIAL_STATE=initial_state is not None,
         INTERPRETED=INTERPRETED, PRECISION=precision or launch["precision"], **launch_options(launch),
     )
@@ -182,25 +194,30 @@ def triton_state_pass_forward(
 
 def triton_state_pass_backward(
     keys_in, keys_out, chunk_decay, entering_grad, corrections_grad, final_grad, value_dim,
-    precision: str | None = None, stored=torch.float32,
+    precision: str | None = None, stored=torch.float32, segment: Segment | None = None, outputs: tuple | None = None,
 ):
     """(total corrections gradient [B, H, N, C, V] float32, gradient of each chunk's leaving state [B, H, N, K, V]
     in ``stored``, initial-state gradient [B, H, K, V] float32); None gradients count as zeros; ``precision`` as
-    in triton_state_pass_forward."""
+    in triton_state_pass_forward. With a ``segment`` the pass starts from ``final_grad`` at the segment's last
+    chunk, writes the gradients of its chunks only and returns the gradient of the state entering its first
+    chunk as the initial-state gradient. ``outputs``: the three tensors to write into (else new ones)."""
     batch, heads, n_chunks, chunk_size, key_dim = keys_in.shape
+    segment = segment or Segment(0, n_chunks)
     launch = LAUNCH["backward"]
     bk, bv = block_size(key_dim, 256), block_size(value_dim, launch["block_v"])
     device = keys_in.device
-    total = new_output((batch, heads, n_chunks, chunk_size, value_dim), torch.float32, device)
-    leaving = new_output((batch, heads, n_chunks, key_dim, value_dim), stored, device)
-    initial_grad = new_output((batch, heads, key_dim, value_dim), torch.float32, device)
+    total, leaving, initial_grad = outputs or (
+        new_output((batch, heads, n_chunks, chunk_size, value_dim), torch.float32, device),
+        new_output((batch, heads, n_chunks, key_dim, value_dim), stored, device),
+        new_output((batch, heads, key_dim, value_dim), torch.float32, device),
+    )
     grid = (cdiv(value_dim, bv), batch * heads)
     gdn_state_pass_backward_kernel[grid](
         keys_in, keys_out, chunk_decay,
         entering_grad if entering_grad is not None else total,
         corrections_grad if corrections_grad is not None else total,
         final_grad if final_grad is not None else total,
-        total, leaving, initial_grad, n_chunks,
+        total, leaving, initial_grad, n_chunks, segment.first, segment.stop,
         C=chunk_size, K=key_dim, V=value_dim, BK=bk, BV=bv,
         HAS_ENTERING_GRAD=entering_grad is not None, HAS_CORRECTIONS_GRAD=corrections_grad is not None,
         HAS_FINAL_GRAD=final_grad is not None, INTERPRETED=INTERPRETED, PRECISION=precision or launch["precision"],

@@ -30,11 +30,11 @@ from schedlang.kernels.gdn.triton_wy import decay_matrix, load_chunk_gates
 @triton.jit
 def gdn_bwd_kernel_chunk(
     q, k, v, beta, do, gate_cumsum, inverse, states, leaving_grad, corrections, corrections_grad,
-    dq, dk, dv, dbeta, dg, scratch, scale, T, N,
+    dq, dk, dv, dbeta, dg, scratch, scale, T, N, first_chunk,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_n, i_bh = tl.program_id(0) + first_chunk, tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     chunk = i_bh.to(tl.int64) * N + i_n
     o_c = tl.arange(0, C)
@@ -153,7 +153,7 @@ def gdn_bwd_kernel_chunk(
 @triton.jit
 def gdn_bwd_kernel_key_block(
     q, k, beta, do, gate_cumsum, inverse, states, leaving_grad, corrections, corrections_grad,
-    dq, dk, partial_dt, partial_dbeta, partial_dgc, scale, T, N,
+    dq, dk, partial_dt, partial_dbeta, partial_dgc, scale, T, N, first_chunk,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -161,7 +161,7 @@ def gdn_bwd_kernel_key_block(
     ``gdn_bwd_kernel_chunk`` that need only this key block (dq complete; into dk the terms of the outputs, W and
     KE; this block's shares of dT, dbeta and dgc into ``partial_*`` [key blocks, B * H * N, ...]). P and P^T are
     both accumulated as products (P^T = Delta dO^T), so no tile is transposed and no scratch is needed."""
-    i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1) + first_chunk, tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     chunk = i_bh.to(tl.int64) * N + i_n
     o_c = tl.arange(0, C)
@@ -232,7 +232,7 @@ def gdn_bwd_kernel_key_block(
     p_k_t = tl.make_block_ptr(k + key_base, (K, T), (1, H * K), (i_k * BK, i_n * C), (BK, C), (0, 1))
     b_gated_t = tl.load(p_k_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32) * (b_beta * b_e)[None, :]
     b_dt = -tl.dot(b_dds, b_gated_t, input_precision=PRECISION)
-    share = i_k.to(tl.int64) * tl.num_programs(1) * tl.num_programs(2) + chunk
+    share = i_k.to(tl.int64) * N * tl.num_programs(2) + chunk
     tl.store(partial_dt + share * C * C + o_c[:, None] * C + o_c[None, :], b_dt)
     tl.store(partial_dbeta + share * C + o_c, b_dbeta)
     tl.store(partial_dgc + share * C + o_c, b_dgc)
@@ -241,14 +241,14 @@ def gdn_bwd_kernel_key_block(
 @triton.jit
 def gdn_bwd_kernel_wy_block(
     k, v, beta, gate_cumsum, inverse, corrections_grad, dk, dv, dbeta, dg, partial_dt, partial_dbeta, partial_dgc,
-    scratch, T, N,
+    scratch, T, N, first_chunk,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """The split backward's second kernel, one program per (chunk, batch * head): dv and the U terms (step 1 of
     ``gdn_bwd_kernel_chunk`` without P), the key blocks' shares summed, then steps 3-4: the solve's terms added
     into dk, and dbeta and dg written."""
-    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_n, i_bh = tl.program_id(0) + first_chunk, tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     chunk = i_bh.to(tl.int64) * N + i_n
     o_c = tl.arange(0, C)
@@ -274,7 +274,7 @@ def gdn_bwd_kernel_wy_block(
         b_dbeta += tl.sum(b_v * b_tdu, axis=1)
         p_dv = tl.make_block_ptr(dv + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
         tl.store(p_dv, (b_beta[:, None] * b_tdu).to(p_dv.dtype.element_ty), boundary_check=(0, 1))
-    shares = tl.num_programs(0) * tl.num_programs(1)
+    shares = N * tl.num_programs(1)
     for i_k in range(tl.cdiv(K, BK)):
         share = i_k * shares + chunk
         b_dt += tl.load(partial_dt + share * C * C + o_c[:, None] * C + o_c[None, :])

@@ -21,12 +21,12 @@ import triton.language as tl
 
 @triton.jit
 def gdn_fwd_kernel_output(
-    q, k, gate_cumsum, states, corrections, output, scale, T, N,
+    q, k, gate_cumsum, states, corrections, output, scale, T, N, first_chunk,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     # One program per (value block, chunk, batch * head).
-    i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1) + first_chunk, tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     chunk = i_bh.to(tl.int64) * N + i_n
     o_c = tl.arange(0, C)
@@ -57,13 +57,13 @@ def gdn_fwd_kernel_output(
 
 @triton.jit
 def gdn_bwd_kernel_output_terms(
-    q, k, do, gate_cumsum, entering_grad, corrections_grad, scale, T, N,
+    q, k, do, gate_cumsum, entering_grad, corrections_grad, scale, T, N, first_chunk,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     # One program per (chunk, batch * head): the outputs' gradients of the chunk's entering state [K, V] and
     # of its corrections [C, V], float32, chunk by chunk.
-    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_n, i_bh = tl.program_id(0) + first_chunk, tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     chunk = i_bh.to(tl.int64) * N + i_n
     o_c = tl.arange(0, C)

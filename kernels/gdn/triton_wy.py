@@ -55,11 +55,11 @@ def _store_block(base, b_block, row: tl.constexpr, column: tl.constexpr, C: tl.c
 
 @triton.jit
 def gdn_fwd_kernel_wy_solve(
-    k, g, beta, gate_cumsum, chunk_decay, inverse, T, N,
+    k, g, beta, gate_cumsum, chunk_decay, inverse, T, N, first_chunk,
     H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
 ):
     # One program per (chunk, batch * head): gc and exp(gc_C) of the chunk, then T = (I + A)^-1 [C, C].
-    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_n, i_bh = tl.program_id(0) + first_chunk, tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     chunk = i_bh.to(tl.int64) * N + i_n
     o_c = tl.arange(0, C)
@@ -118,13 +118,13 @@ def gdn_fwd_kernel_wy_solve(
 
 @triton.jit
 def gdn_fwd_kernel_wy_apply(
-    k, v, beta, gate_cumsum, inverse, updates, keys_in, keys_out, T, N,
+    k, v, beta, gate_cumsum, inverse, updates, keys_in, keys_out, T, N, first_chunk,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     PRECISION: tl.constexpr, UPDATES: tl.constexpr,
 ):
     # One program per (chunk, batch * head): U = T (beta v) (with UPDATES), W = T (beta exp(gc) k) and
     # KE = exp(gc_C - gc) k, stored chunk by chunk ([B, H, N, C, *], in the outputs' dtype) for the state pass.
-    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_n, i_bh = tl.program_id(0) + first_chunk, tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     chunk = i_bh.to(tl.int64) * N + i_n
     o_c = tl.arange(0, C)

@@ -1,9 +1,14 @@
 """The chunked gated delta rule against the token-by-token recurrence and against autograd of its PyTorch path:
 batched PyTorch around a Python state pass (backend="torch"), or the Triton kernels of kernels/gdn/chunk_triton.py
 with their hand-derived backward (backend="triton"; the interpreter on a CPU, real sizes and bfloat16 on a GPU).
-Kernel outputs are NaN-filled first (tests/kernels/conftest.py)."""
+Kernel outputs are NaN-filled first (tests/kernels/conftest.py).
+
+SCHEDLANG_TEST_GDN_OVERLAP=<split> (a fraction in (0, 1)) runs every test of this module under the two-segment
+overlap schedule ([Note: gdn overlap]) with that split, so the whole module checks it on a GPU's streams."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -14,6 +19,20 @@ from schedlang.kernels.common import to_chunks
 from schedlang.kernels.gdn import naive_recurrent_gated_delta_rule
 
 GRADIENT_NAMES = ["dq", "dk", "dv", "dg", "dbeta", "d_initial_state"]
+FORCED_OVERLAP_SPLIT = os.environ.get("SCHEDLANG_TEST_GDN_OVERLAP")
+
+
+@pytest.fixture(autouse=True)
+def forced_overlap():
+    """Every test under the two-segment schedule when SCHEDLANG_TEST_GDN_OVERLAP names a split, else as is."""
+    if FORCED_OVERLAP_SPLIT is None:
+        yield
+        return
+    from schedlang.kernels.common.launch_tables import launch_overrides
+    from schedlang.kernels.gdn import state_pass_triton  # noqa: F401  (registers the "gdn" launch table)
+
+    with launch_overrides({"gdn": {"overlap": {"segments": 2, "split": float(FORCED_OVERLAP_SPLIT)}}}):
+        yield
 
 
 def make_inputs(batch, length, heads, dim, decay, random_state, dtype, seed):
@@ -233,3 +252,98 @@ def test_invalid_arguments_raise_value_error():
         chunk_gated_delta_rule(q, k, v, g, beta, backend="cuda")
     with pytest.raises(ValueError, match="g must have shape"):
         chunk_gated_delta_rule(q, k, v, g[..., None].expand(-1, -1, -1, 16), beta)
+
+
+def overlap_launch(split):
+    from schedlang.kernels.gdn import state_pass_triton  # noqa: F401  (registers the "gdn" launch table)
+
+    return {"gdn": {"overlap": {"segments": 2, "split": split}}}
+
+
+OVERLAP_SHAPE = (2, 1500, 3, 128) if ON_GPU else (1, 200, 2, 16)
+
+
+@pytest.mark.parametrize("split", [0.01, 0.5, 0.9], ids=lambda s: f"split{s}")
+@pytest.mark.parametrize("with_state", [False, True], ids=["no_state", "state_in_out"])
+@pytest.mark.parametrize("save_states", [False, True], ids=["recompute_states", "save_states"])
+def test_two_segment_overlap_matches_the_recurrence(split, with_state, save_states):
+    """The two-segment schedule ([Note: gdn overlap]) against the recurrence in float64: the output, the final
+    state and every gradient, with the first segment one kernel chunk long (split 0.01), half and most of the
+    chunks, with and without an initial state and a final-state gradient, with kept and with replayed states."""
+    from schedlang.kernels.common.launch_tables import launch_overrides
+
+    inputs, upstream = make_inputs(*OVERLAP_SHAPE, "strong", with_state, torch.float64, seed=int(split * 100) + 7)
+    flags = {"use_final_state": with_state}
+    expected = run_with_grads(naive_recurrent_gated_delta_rule, inputs, upstream, **flags)
+    on_device_upstream = {name: t.to(DEVICE) for name, t in upstream.items()}
+    with launch_overrides(overlap_launch(split)):
+        actual = run_with_grads(
+            chunk_gated_delta_rule, on_device(inputs, torch.float32), on_device_upstream, backend="triton",
+            save_states=save_states, **flags,
+        )
+    if not with_state:
+        del expected["final_state"], actual["final_state"]
+    assert_close({name: t.cpu() for name, t in actual.items()}, expected, 1e-4)
+
+
+@pytest.mark.parametrize("save_states", [False, True], ids=["recompute_states", "save_states"])
+def test_the_second_segment_starts_from_the_first_segments_final_state(monkeypatch, save_states):
+    """With the first segment one kernel chunk long, the second segment's forward state pass starts from the state
+    the first one leaves (the recurrence's state after 64 tokens), the backward state pass of the first segment
+    from the gradient the second one leaves, and each covers its own chunks; the replay (without kept states)
+    covers all of them."""
+    from schedlang.kernels.common.launch_tables import launch_overrides
+    from schedlang.kernels.gdn import chunk_triton
+    from schedlang.kernels.gdn.overlap import Segment
+
+    inputs, upstream = make_inputs(1, 200, 2, 16, "strong", True, torch.float64, seed=13)
+    calls = {"forward": [], "backward": []}
+
+    def recording(name, state_pass, state_in_position, segment_position):
+        def record(*arguments):
+            result = state_pass(*arguments)
+            segment = arguments[segment_position] if len(arguments) > segment_position else None
+            calls[name].append({"segment": segment, "state_in": arguments[state_in_position], "state_out": result[2]})
+            return result
+
+        return record
+
+    for name, state_in_position, segment_position in (("forward", 4, 7), ("backward", 5, 9)):
+        function_name = f"triton_state_pass_{name}"
+        recorder = recording(name, getattr(chunk_triton, function_name), state_in_position, segment_position)
+        monkeypatch.setattr(chunk_triton, function_name, recorder)
+    on_device_upstream = {name: t.to(DEVICE) for name, t in upstream.items()}
+    with launch_overrides(overlap_launch(0.01)):
+        run_with_grads(
+            chunk_gated_delta_rule, on_device(inputs, torch.float32), on_device_upstream, backend="triton",
+            save_states=save_states,
+        )
+    first, second = Segment(0, 1), Segment(1, 4)
+    forward = calls["forward"][:2]
+    assert [call["segment"] for call in forward] == [first, second]
+    assert forward[1]["state_in"] is forward[0]["state_out"]
+    _, after_one_chunk = naive_recurrent_gated_delta_rule(
+        *(inputs[name][:, :64] for name in ("q", "k", "v", "g", "beta")), initial_state=inputs["initial_state"],
+        output_final_state=True,
+    )
+    assert relative_error(forward[0]["state_out"].cpu(), after_one_chunk) < 1e-5
+    replays = calls["forward"][2:]
+    assert [call["segment"] for call in replays] == ([] if save_states else [None])
+    backward = calls["backward"]
+    assert [call["segment"] for call in backward] == [second, first]
+    assert backward[1]["state_in"] is backward[0]["state_out"]
+
+
+def test_segments_split_the_kernel_chunks():
+    from schedlang.kernels.gdn.overlap import Segment, split_into_segments
+
+    assert split_into_segments(8, 1, 0.5) == (Segment(0, 8),)
+    assert split_into_segments(8, 2, 0.25) == (Segment(0, 2), Segment(2, 8))
+    assert split_into_segments(8, 2, 0.7) == (Segment(0, 6), Segment(6, 8))
+    assert split_into_segments(8, 2, 0.01) == (Segment(0, 1), Segment(1, 8))
+    assert split_into_segments(8, 2, 0.99) == (Segment(0, 7), Segment(7, 8))
+    assert split_into_segments(1, 2, 0.5) == (Segment(0, 1),)
+    with pytest.raises(ValueError, match="segments must be 1 or 2"):
+        split_into_segments(8, 3, 0.5)
+    with pytest.raises(ValueError, match="split must lie strictly between 0 and 1"):
+        split_into_segments(8, 2, 1.0)
