@@ -27,8 +27,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import MappingProxyType
 
-LaunchValue = int | str
-"""A knob's value: a tile edge, a split count, num_warps, num_stages, a flag as 0 or 1, a precision name."""
+LaunchValue = int | float | str
+"""A knob's value: a tile edge, a split count or fraction, num_warps, num_stages, a flag as 0 or 1, a precision name."""
 LaunchOverrides = Mapping[str, Mapping[str, Mapping[str, LaunchValue]]]
 """table name -> entry name -> knob -> value."""
 
