@@ -170,20 +170,26 @@ def _changed_fields(value) -> str:
 
 
 def _options_literal(options: ModelOptions) -> str:
-    """``ModelOptions(gla=GlaOptions(...), gdn=GdnOptions(...), ...)`` with only what differs from the
-    defaults; empty when nothing does."""
+    """``ModelOptions(gla=GlaOptions(...), gdn=GdnOptions(...), attention=AttentionOptions(...), ...)`` with
+    only what differs from the defaults; empty when nothing does."""
     gla = _changed_fields(options.gla)
     gdn = _changed_fields(options.gdn)
-    others = _changed_fields(dataclasses.replace(options, gla=ModelOptions().gla, gdn=ModelOptions().gdn))
+    attention = _changed_fields(options.attention)
+    defaults = ModelOptions()
+    others = _changed_fields(
+        dataclasses.replace(options, gla=defaults.gla, gdn=defaults.gdn, attention=defaults.attention)
+    )
     parts = ([f"gla=GlaOptions({gla})"] if gla else []) + ([f"gdn=GdnOptions({gdn})"] if gdn else [])
+    parts += [f"attention=AttentionOptions({attention})"] if attention else []
     parts += [others] if others else []
     return f"ModelOptions({', '.join(parts)})" if parts else ""
 
 
 def _options_imports(options: ModelOptions) -> str:
     """The names :func:`_options_literal` needs from ``schedlang.runtime.model_options``."""
+    attention = ("AttentionOptions",) if options.attention != ModelOptions().attention else ()
     gdn = ("GdnOptions",) if options.gdn != ModelOptions().gdn else ()
-    return ", ".join(gdn + ("GlaOptions", "ModelOptions"))
+    return ", ".join(attention + gdn + ("GlaOptions", "ModelOptions"))
 
 
 def _layers_text(layers: tuple[int, ...]) -> str:
