@@ -129,9 +129,9 @@ class HeadMixer(nn.Module):
         for projection in (self.q_proj, self.k_proj, self.v_proj, *gates):
             _init_normal(projection.weight, INIT_STD, generator)
         with torch.no_grad():
-            for gate in (self.q_proj, self.k_proj, self.v_proj, *gates):
-                if gate.bias is not None:
-                    gate.bias.zero_()
+            for projection in (self.q_proj, self.k_proj, self.v_proj, *gates):
+                if projection.bias is not None:
+                    projection.bias.zero_()
         _init_normal(self.o_proj.weight, output_std, generator)
 
 
@@ -390,12 +390,13 @@ class CausalAttentionMixer(HeadMixer):
     blocking. The prefix grows with the position in the sequence, which is why
     StateFlow balances hybrid chunks (section 3.2). With a ``sequence_context`` the chunk is split over
     that group and its keys and values are all-gathered over it ([Note: sequence-parallel attention] in
-    :mod:`schedlang.runtime.attention_parallel`). ``config.options.attention``
-    (:class:`~schedlang.runtime.model_options.AttentionOptions`)
-    sets the heads, grouped key/value heads, q/k/v biases and rotary position embeddings, which rotate
-    queries and keys at their absolute positions before the keys reach the buffers
-    ([Note: rotary positions] in :mod:`schedlang.runtime.rotary`); with its defaults and flash-linear-attention's
-    head layout this is that library's ``Attention`` layer (``docs/models.md``).
+    :mod:`schedlang.runtime.attention_parallel`).
+
+    ``config.options.attention`` (:class:`~schedlang.runtime.model_options.AttentionOptions`) sets the
+    heads, grouped key/value heads, q/k/v biases and rotary position embeddings; the rotation turns
+    queries and keys at their absolute positions before the keys reach the buffers ([Note: rotary
+    positions] in :mod:`schedlang.runtime.rotary`). With flash-linear-attention's head layout and a
+    ``rope_theta`` this is that library's ``Attention`` layer (``docs/models.md``).
     """
 
     def __init__(self, config: ModelConfig) -> None:
