@@ -99,7 +99,9 @@ def read_fla_attention(
     read = [_read_spec(spec, len(layers), d_model) for spec in specs]
     options = read[0][1]
     if any(other != options for _, other in read):
-        raise _problem("the attention specs differ in more than their layers, and schedlang's attn layers share one set")
+        raise _problem(
+            "the attention specs differ in more than their layers, and schedlang's attn layers share one set"
+        )
     indices = [index for spec_layers, _ in read for index in spec_layers]
     if len(set(indices)) != len(indices):
         raise _problem(f"a layer is listed twice: {sorted(indices)}")

@@ -41,7 +41,8 @@ def _errors(path) -> list[tuple[int, int, str]]:
 
 
 def test_the_keys_build_the_attention_options(tmp_path):
-    model = load_program(_path(tmp_path, "attn_heads = 4  attn_head_dim = 8  attn_kv_heads = 2  qkv_bias = true  rope_theta = 1e4")).model
+    keys = "attn_heads = 4  attn_head_dim = 8  attn_kv_heads = 2  qkv_bias = true  rope_theta = 1e4"
+    model = load_program(_path(tmp_path, keys)).model
     assert model.attention == AttentionOptions(heads=4, head_dim=8, kv_heads=2, qkv_bias=True, rope_theta=10000.0)
     assert load_program(_path(tmp_path, "")).model.attention == AttentionOptions()
     assert load_program(_path(tmp_path, "rope_theta = none")).model.attention == AttentionOptions()
@@ -127,4 +128,5 @@ def test_export_needs_rope_and_fla_s_head_width():
     problems = fla_config_problems(replace(model, options=no_rope))
     assert problems == ["attn layers need rope_theta (fla's Attention always applies rotary position embeddings)"]
     narrow = replace(model.options, attention=replace(model.options.attention, head_dim=8))
-    assert "attn layers need attn_heads * attn_head_dim = d_model" in fla_config_problems(replace(model, options=narrow))[0]
+    problems = fla_config_problems(replace(model, options=narrow))
+    assert "attn layers need attn_heads * attn_head_dim = d_model" in problems[0]

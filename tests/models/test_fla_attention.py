@@ -63,7 +63,8 @@ def _fla_attention(dtype, device):
     )
     with torch.no_grad():
         for parameter in attention.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(parameter.numel())) * 0.3)
+            generator = torch.Generator().manual_seed(parameter.numel())
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
     attention = attention.to(device=device, dtype=dtype)
     if device == "cpu":
         attention.rotary = TablesOfFlaWithTheFormula(attention.rotary)
@@ -71,8 +72,12 @@ def _fla_attention(dtype, device):
 
 
 def _schedlang_attention(fla_attention, dtype, device):
-    options = AttentionOptions(heads=HEADS, head_dim=HIDDEN // HEADS, kv_heads=KV_HEADS, qkv_bias=True, rope_theta=THETA)
-    config = ModelConfig(vocab=8, d_model=HIDDEN, layers=("attn",), heads=1, head_dim=1, options=ModelOptions(attention=options))
+    options = AttentionOptions(
+        heads=HEADS, head_dim=HIDDEN // HEADS, kv_heads=KV_HEADS, qkv_bias=True, rope_theta=THETA
+    )
+    config = ModelConfig(
+        vocab=8, d_model=HIDDEN, layers=("attn",), heads=1, head_dim=1, options=ModelOptions(attention=options)
+    )
     mixer = CausalAttentionMixer(config)
     missing, unexpected = mixer.load_state_dict(fla_attention.state_dict(), strict=False)
     assert not missing and not unexpected  # fla's names are schedlang's: q_proj, k_proj, v_proj, o_proj (+ biases)

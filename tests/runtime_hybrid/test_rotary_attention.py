@@ -49,7 +49,8 @@ def _rotate_half_as_complex(tensor: torch.Tensor, cosine: torch.Tensor, sine: to
 def test_rotation_is_the_rotate_half_formula(start):
     x = torch.randn(2, 11, 3, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     cosine, sine = rotary_tables(8, 10000.0, start, start + 11, torch.float64, x.device)
-    torch.testing.assert_close(apply_rotary(x, cosine, sine), _rotate_half_as_complex(x, cosine, sine), rtol=0, atol=1e-13)
+    expected = _rotate_half_as_complex(x, cosine, sine)
+    torch.testing.assert_close(apply_rotary(x, cosine, sine), expected, rtol=0, atol=1e-13)
 
 
 def test_tables_are_float32_trigonometry_of_the_positions_cast_to_the_dtype():
@@ -88,7 +89,13 @@ ROPE = AttentionOptions(heads=4, head_dim=8, kv_heads=2, qkv_bias=True, rope_the
 
 def _model(attention: AttentionOptions, recompute: Recompute = Recompute.NONE):
     config = ModelConfig(
-        vocab=32, d_model=16, layers=LAYERS, heads=2, head_dim=8, mlp_ratio=2.0, options=ModelOptions(attention=attention)
+        vocab=32,
+        d_model=16,
+        layers=LAYERS,
+        heads=2,
+        head_dim=8,
+        mlp_ratio=2.0,
+        options=ModelOptions(attention=attention),
     )
     model = build_stage_model(
         config, (0, 1, 2), True, True, 5, torch.device("cpu"), torch.float64, recompute=recompute
