@@ -179,12 +179,19 @@ OPTIONS_LINE_LIMIT = 120 - len("    options=,")
 
 
 def _options_literal(options: ModelOptions) -> str:
-    """``ModelOptions(gla=GlaOptions(...), gdn=GdnOptions(...), ...)`` with only what differs from the
-    defaults, one argument per line when one line would be too wide; empty when nothing differs."""
+    """``ModelOptions(gla=GlaOptions(...), gdn=GdnOptions(...), attention=AttentionOptions(...), ...)`` with
+    only what differs from the defaults, one argument per line when one line would be too wide; empty when
+    nothing differs."""
     gla = _changed_fields(options.gla)
     gdn = _changed_fields(options.gdn)
-    others = _changed_field_list(dataclasses.replace(options, gla=ModelOptions().gla, gdn=ModelOptions().gdn))
-    parts = ([f"gla=GlaOptions({gla})"] if gla else []) + ([f"gdn=GdnOptions({gdn})"] if gdn else []) + others
+    attention = _changed_fields(options.attention)
+    defaults = ModelOptions()
+    others = _changed_field_list(
+        dataclasses.replace(options, gla=defaults.gla, gdn=defaults.gdn, attention=defaults.attention)
+    )
+    parts = ([f"gla=GlaOptions({gla})"] if gla else []) + ([f"gdn=GdnOptions({gdn})"] if gdn else [])
+    parts += [f"attention=AttentionOptions({attention})"] if attention else []
+    parts += others
     if not parts:
         return ""
     literal = f"ModelOptions({', '.join(parts)})"
@@ -195,8 +202,9 @@ def _options_literal(options: ModelOptions) -> str:
 
 def _options_imports(options: ModelOptions) -> str:
     """The names :func:`_options_literal` needs from ``schedlang.runtime.model_options``."""
+    attention = ("AttentionOptions",) if options.attention != ModelOptions().attention else ()
     gdn = ("GdnOptions",) if options.gdn != ModelOptions().gdn else ()
-    return ", ".join(gdn + ("GlaOptions", "ModelOptions"))
+    return ", ".join(attention + gdn + ("GlaOptions", "ModelOptions"))
 
 
 def _layers_text(layers: tuple[int, ...]) -> str:

@@ -30,7 +30,7 @@ from enum import Enum
 
 from schedlang.lowering.tasks import TaskId
 from schedlang.runtime.config import ModelConfig
-from schedlang.runtime.model_options import GdnOptions, GlaOptions, ModelOptions
+from schedlang.runtime.model_options import AttentionOptions, GdnOptions, GlaOptions, ModelOptions
 from schedlang.vocabulary import (
     CudaGraphs,
     DataKind,
@@ -75,6 +75,7 @@ class ModelSpec:
     norm_eps: float = RUNTIME_NORM_EPS
     gla: GlaOptions = GlaOptions()
     gdn: GdnOptions = GdnOptions()
+    attention: AttentionOptions = AttentionOptions()
     tie_embeddings: bool = False
     initial_weights: str | None = None  # a Hugging Face directory with safetensors weights (model.from)
 
@@ -95,6 +96,7 @@ class ModelSpec:
         options = ModelOptions(
             gla=self.gla,
             gdn=self.gdn,
+            attention=self.attention,
             mlp_width=self.mlp.width if swiglu else None,
             tie_embeddings=self.tie_embeddings,
             initial_weights=self.initial_weights,

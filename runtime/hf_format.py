@@ -21,6 +21,12 @@ from typing import Mapping
 import torch
 
 from schedlang.runtime.config import ModelConfig
+from schedlang.runtime.hf_attention import (
+    ATTENTION_RENAMES,
+    fla_attention_config,
+    fla_attention_problems,
+    read_fla_attention,
+)
 from schedlang.runtime.hf_gated_deltanet import (
     GDN_MODEL_TYPE,
     GDN_RENAMES,
@@ -90,7 +96,6 @@ _FIXED_FIELDS = (
     ("hidden_act", "swish", "another activation"),
     ("elementwise_affine", True, "norms without weights"),
     ("use_gv", False, "a value gate"),
-    ("attn", None, "softmax-attention layers"),
     ("attnres_block_size", None, "attention residuals"),
 )
 
@@ -168,6 +173,8 @@ def read_fla_config(values: Mapping[str, object]) -> FlaModel:
     if clamp_min is not None:
         clamp_min = read_number(values, "clamp_min", 0.0)
     hidden_ratio, intermediate_size, norm_eps, tie = read_common_fields(values)
+    layers = (LayerKind.GLA,) * read_integer(values, "num_hidden_layers", 24)
+    layers, attention = read_fla_attention(values, layers, d_model)
     gla = GlaOptions(
         head_k_dim=head_k_dim,
         kv_heads=kv_heads,
@@ -179,12 +186,15 @@ def read_fla_config(values: Mapping[str, object]) -> FlaModel:
     return FlaModel(
         vocab=read_integer(values, "vocab_size", 32000),
         d_model=d_model,
-        layers=(LayerKind.GLA,) * read_integer(values, "num_hidden_layers", 24),
+        layers=layers,
         heads=heads,
         head_dim=head_dim,
         norm_eps=norm_eps,
         options=ModelOptions(
-            gla=gla, mlp_width=fla_mlp_width(d_model, hidden_ratio, intermediate_size), tie_embeddings=tie
+            gla=gla,
+            attention=attention,
+            mlp_width=fla_mlp_width(d_model, hidden_ratio, intermediate_size),
+            tie_embeddings=tie,
         ),
     )
 
@@ -195,13 +205,14 @@ def is_gated_deltanet(model: ModelConfig) -> bool:
 
 
 def fla_config_problems(model: ModelConfig) -> list[str]:
-    """Why ``model`` is not a flash-linear-attention GLA or Gated DeltaNet model; empty when it is."""
+    """Why ``model`` is not a flash-linear-attention GLA or Gated DeltaNet model (its ``attn`` layers fla's
+    ``Attention``); empty when it is."""
     if is_gated_deltanet(model):
-        return gdn_config_problems(model)
+        return gdn_config_problems(model) + fla_attention_problems(model)
     problems = []
     gla = model.options.gla
-    if any(kind is not LayerKind.GLA for kind in model.layers):
-        problems.append("every layer must be gla")
+    if any(kind not in (LayerKind.GLA, LayerKind.ATTN) for kind in model.layers):
+        problems.append("every layer must be gla or attn")
     if model.mlp_ratio <= 0 and model.options.mlp_width is None:
         problems.append("the blocks need an MLP (mlp = swiglu(...))")
     if gla.gate_rank != FLA_GATE_LOW_RANK_DIM:
@@ -210,7 +221,7 @@ def fla_config_problems(model: ModelConfig) -> list[str]:
         problems.append(f"gate_logit_normalizer must be {GATE_LOGIT_NORMALIZER:g}")
     if gla.output_gate is not OutputGate.SWISH:
         problems.append("output_gate must be swish")
-    return problems
+    return problems + fla_attention_problems(model)
 
 
 def fla_config(model: ModelConfig, torch_dtype: torch.dtype = torch.float32) -> dict[str, object]:
@@ -229,6 +240,7 @@ def fla_config(model: ModelConfig, torch_dtype: torch.dtype = torch.float32) -> 
         "fuse_swiglu": True,
         "fuse_cross_entropy": True,
         "dtype": str(torch_dtype).removeprefix("torch."),
+        "attn": fla_attention_config(model),
     }
     if is_gated_deltanet(model):
         return {**gdn_config(model), **shared}
@@ -285,6 +297,7 @@ _MIXER_RENAMES: dict[LayerKind, tuple[tuple[re.Pattern, str], ...]] = {
         )
     ),
     LayerKind.GDN: _compiled(GDN_RENAMES),
+    LayerKind.ATTN: _compiled(ATTENTION_RENAMES),
 }
 _FUSED_GATE_UP = re.compile(_LAYER + r"mlp\.gate_up_proj\.weight")
 

@@ -14,6 +14,7 @@ import math
 from typing import Mapping
 
 from schedlang.runtime.config import ModelConfig
+from schedlang.runtime.hf_attention import read_fla_attention
 from schedlang.runtime.model_options import DeltaGates, GdnOptions, ModelOptions
 from schedlang.vocabulary import LayerKind
 
@@ -27,12 +28,6 @@ _FIXED_FIELDS = (
     ("allow_neg_eigval", False, "negative eigenvalues (a write strength up to 2)"),
     ("hidden_act", "swish", "another activation"),
     ("output_gate_activation", "swish", "another output-gate activation"),
-    (
-        "attn",
-        None,
-        "softmax-attention layers with rotary position embeddings (fla's Attention always applies them), "
-        "which schedlang's attn layer does not",
-    ),
     ("attnres_block_size", None, "attention residuals"),
 )
 _SILU_NAMES = ("swish", "silu")
@@ -79,15 +74,18 @@ def read_gdn_config(values: Mapping[str, object]):
         )
     conv_size = read_integer(values, "conv_size", 4)
     hidden_ratio, intermediate_size, norm_eps, tie = read_common_fields(values)
+    layers = (LayerKind.GDN,) * read_integer(values, "num_hidden_layers", 21)
+    layers, attention = read_fla_attention(values, layers, d_model)
     return FlaModel(
         vocab=read_integer(values, "vocab_size", 32000),
         d_model=d_model,
-        layers=(LayerKind.GDN,) * read_integer(values, "num_hidden_layers", 21),
+        layers=layers,
         heads=heads,
         head_dim=round(value_width),
         norm_eps=norm_eps,
         options=ModelOptions(
             gdn=GdnOptions(head_k_dim=head_k_dim, gates=DeltaGates.MAMBA, short_conv_size=conv_size),
+            attention=attention,
             mlp_width=fla_mlp_width(d_model, hidden_ratio, intermediate_size),
             tie_embeddings=tie,
         ),
@@ -98,10 +96,8 @@ def gdn_config_problems(model: ModelConfig) -> list[str]:
     """Why ``model`` is not a flash-linear-attention Gated DeltaNet model; empty when it is."""
     problems = []
     gdn = model.options.gdn
-    if any(kind is LayerKind.ATTN for kind in model.layers):
-        problems.append("attn layers: fla's Attention applies rotary position embeddings, schedlang's does not")
     if any(kind not in (LayerKind.GDN, LayerKind.ATTN) for kind in model.layers):
-        problems.append("every layer must be gdn")
+        problems.append("every layer must be gdn or attn")
     if model.mlp_ratio <= 0 and model.options.mlp_width is None:
         problems.append("the blocks need an MLP (mlp = swiglu(...))")
     if gdn.gates is not DeltaGates.MAMBA:
@@ -137,7 +133,6 @@ def gdn_config(model: ModelConfig) -> dict[str, object]:
         "use_short_conv": True,
         "conv_size": gdn.short_conv_size,
         "allow_neg_eigval": False,
-        "attn": None,
     }
 
 

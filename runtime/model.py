@@ -26,6 +26,7 @@ from schedlang.runtime.kv_buffers import AttentionChunk, BufferedChunkAttention,
 from schedlang.runtime.linear import Linear, active_weight_gradient_recorder, recording_weight_gradients
 from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, DeltaGates, GlaOptions, OutputGate
 from schedlang.runtime.packing import ChunkDocuments, block_causal_mask, recurrent_by_document
+from schedlang.runtime.rotary import rotate_queries_and_keys
 from schedlang.runtime.short_convolution import PackedDeltaState, ShortConvolution, sequence_parallel_histories
 from schedlang.vocabulary import LayerKind, Recompute
 
@@ -83,21 +84,30 @@ class HeadMixer(nn.Module):
     """What every token mixer shares: ``heads`` heads of ``head_dim``, q/k/v projections to
     ``heads * head_dim`` and the output projection back (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``).
 
-    ``head_k_dim`` (default ``head_dim``) narrows queries and keys; with ``kv_heads`` (default ``heads``)
-    the key and value projections have ``kv_heads`` heads, each shared by ``heads / kv_heads`` consecutive
-    query heads.
+    ``heads`` and ``head_dim`` default to the model's; ``head_k_dim`` (default ``head_dim``) narrows queries
+    and keys; with ``kv_heads`` (default ``heads``) the key and value projections have ``kv_heads`` heads,
+    each shared by ``heads / kv_heads`` consecutive query heads; ``qkv_bias`` gives the q, k and v
+    projections biases.
     """
 
-    def __init__(self, config: ModelConfig, head_k_dim: int | None = None, kv_heads: int | None = None) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        head_k_dim: int | None = None,
+        kv_heads: int | None = None,
+        heads: int | None = None,
+        head_dim: int | None = None,
+        qkv_bias: bool = False,
+    ) -> None:
         super().__init__()
-        self.heads = config.heads
-        self.head_dim = config.head_dim
-        self.head_k_dim = head_k_dim or config.head_dim
-        self.kv_heads = kv_heads or config.heads
-        self.q_proj = Linear(config.d_model, config.heads * self.head_k_dim, bias=False)
-        self.k_proj = Linear(config.d_model, self.kv_heads * self.head_k_dim, bias=False)
-        self.v_proj = Linear(config.d_model, self.kv_heads * config.head_dim, bias=False)
-        self.o_proj = Linear(config.heads * config.head_dim, config.d_model, bias=False)
+        self.heads = heads or config.heads
+        self.head_dim = head_dim or config.head_dim
+        self.head_k_dim = head_k_dim or self.head_dim
+        self.kv_heads = kv_heads or self.heads
+        self.q_proj = Linear(config.d_model, self.heads * self.head_k_dim, bias=qkv_bias)
+        self.k_proj = Linear(config.d_model, self.kv_heads * self.head_k_dim, bias=qkv_bias)
+        self.v_proj = Linear(config.d_model, self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = Linear(self.heads * self.head_dim, config.d_model, bias=False)
 
     def head_shape(self, hidden: torch.Tensor) -> tuple[int, int, int, int]:
         return (hidden.shape[0], hidden.shape[1], self.heads, self.head_dim)
@@ -114,14 +124,14 @@ class HeadMixer(nn.Module):
         return q, self.share_kv_heads(self.k_proj(hidden)), self.share_kv_heads(self.v_proj(hidden))
 
     def init_projections(self, generator: torch.Generator, output_std: float, *gates: Linear) -> None:
-        """q, k, v, then each gate (a low-rank gate is two), drawn in that order; gate biases zero; the output
+        """q, k, v, then each gate (a low-rank gate is two), drawn in that order; biases zero; the output
         projection last."""
         for projection in (self.q_proj, self.k_proj, self.v_proj, *gates):
             _init_normal(projection.weight, INIT_STD, generator)
         with torch.no_grad():
-            for gate in gates:
-                if gate.bias is not None:
-                    gate.bias.zero_()
+            for projection in (self.q_proj, self.k_proj, self.v_proj, *gates):
+                if projection.bias is not None:
+                    projection.bias.zero_()
         _init_normal(self.o_proj.weight, output_std, generator)
 
 
@@ -381,10 +391,20 @@ class CausalAttentionMixer(HeadMixer):
     StateFlow balances hybrid chunks (section 3.2). With a ``sequence_context`` the chunk is split over
     that group and its keys and values are all-gathered over it ([Note: sequence-parallel attention] in
     :mod:`schedlang.runtime.attention_parallel`).
+
+    ``config.options.attention`` (:class:`~schedlang.runtime.model_options.AttentionOptions`) sets the
+    heads, grouped key/value heads, q/k/v biases and rotary position embeddings; the rotation turns
+    queries and keys at their absolute positions before the keys reach the buffers ([Note: rotary
+    positions] in :mod:`schedlang.runtime.rotary`). With flash-linear-attention's head layout and a
+    ``rope_theta`` this is that library's ``Attention`` layer (``docs/models.md``).
     """
 
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__(config)
+        options = config.options.attention
+        super().__init__(
+            config, kv_heads=options.kv_heads, heads=options.heads, head_dim=options.head_dim, qkv_bias=options.qkv_bias
+        )
+        self.rope_theta = options.rope_theta
         self.sequence_context: SequenceParallelContext | None = None
 
     def reset_parameters(self, generator: torch.Generator, output_std: float) -> None:
@@ -396,8 +416,14 @@ class CausalAttentionMixer(HeadMixer):
         """``chunk`` None: ``hidden`` is the whole sequence. Returns (output, None): attention has no state.
         ``documents``: the chunk's packed documents, each query seeing only its own ([Note: packed documents])."""
         batch, length, _ = hidden.shape
+        q = self.q_proj(hidden).view(batch, length, self.heads, self.head_dim)
+        k = self.k_proj(hidden).view(batch, length, self.kv_heads, self.head_dim)
+        if self.rope_theta is not None:
+            q, k = rotate_queries_and_keys(q, k, self.rope_theta, 0 if chunk is None else chunk.position.start)
+        k = self.share_kv_heads(k.flatten(2))
+        v = self.share_kv_heads(self.v_proj(hidden))
         # [B, H, L, D]
-        q, k, v = (tensor.transpose(1, 2) for tensor in self.project_qkv(hidden))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         group = None if self.sequence_context is None else self.sequence_context.group
         if chunk is None:
             if group is not None:

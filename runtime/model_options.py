@@ -4,7 +4,8 @@ flash-linear-attention's ``GLAForCausalLM`` and ``GatedDeltaNetForCausalLM`` are
 (``docs/models.md`` maps their config fields to these): a narrower key width (``expand_k``), fewer
 key/value heads than query heads, a low-rank forget-gate projection, a swish output gate behind a per-head
 RMSNorm, Mamba2's forget gate and short convolutions in Gated DeltaNet layers, the MLP's hidden width
-given exactly, and an LM head tied to the embedding. A generated training script writes a
+given exactly, an LM head tied to the embedding, and softmax-attention layers with their own head layout,
+grouped key/value heads, q/k/v biases and rotary position embeddings. A generated training script writes a
 :class:`ModelOptions` only when one of them differs from its default.
 """
 
@@ -76,8 +77,28 @@ class GdnOptions:
 
 
 @dataclass(frozen=True)
+class AttentionOptions:
+    """The options of ``attn`` layers (the other layer kinds ignore them).
+
+    ``heads`` and ``head_dim``: the query heads and their width (None: the model's ``heads`` and
+    ``head_dim``). ``kv_heads``: heads of the key and value projections, each shared by
+    ``heads / kv_heads`` consecutive query heads (None: ``heads``). ``qkv_bias``: the q, k and v projections
+    have biases (zero at initialisation). ``rope_theta``: queries and keys are rotated by rotary position
+    embeddings of this base at each token's position in the sequence (``schedlang.runtime.rotary``); None:
+    no position embedding.
+    """
+
+    heads: int | None = None
+    head_dim: int | None = None
+    kv_heads: int | None = None
+    qkv_bias: bool = False
+    rope_theta: float | None = None
+
+
+@dataclass(frozen=True)
 class ModelOptions:
-    """Everything of :class:`GlaOptions` and :class:`GdnOptions`, plus what every model has.
+    """Everything of :class:`GlaOptions`, :class:`GdnOptions` and :class:`AttentionOptions`, plus what every
+    model has.
 
     ``mlp_width``: the SwiGLU hidden width as is (None: ``d_model * mlp_ratio`` rounded up to a multiple
     of 8). ``tie_embeddings``: the LM head's weight is the embedding's (one stage only).
@@ -87,16 +108,19 @@ class ModelOptions:
 
     gla: GlaOptions = field(default_factory=GlaOptions)
     gdn: GdnOptions = field(default_factory=GdnOptions)
+    attention: AttentionOptions = field(default_factory=AttentionOptions)
     mlp_width: int | None = None
     tie_embeddings: bool = False
     initial_weights: str | None = None
 
     def architecture_record(self) -> tuple[tuple[str, object], ...]:
         """``(name, value)`` of every option that shapes the network (not where its weights come from),
-        as plain literals, for a checkpoint's run record and ``schedlang export-model``; the ``gdn`` options
-        only when one differs from its default, so records written before they existed still match."""
+        as plain literals, for a checkpoint's run record and ``schedlang export-model``; the ``gdn`` and
+        ``attention`` options only when one differs from its default, so records written before they existed
+        still match."""
         entries: list[tuple[str, object]] = []
         recorded = (("gla", self.gla),) + ((("gdn", self.gdn),) if self.gdn != GdnOptions() else ())
+        recorded += (("attention", self.attention),) if self.attention != AttentionOptions() else ()
         for prefix, options in recorded:
             for option in fields(options):
                 value = getattr(options, option.name)
@@ -108,9 +132,17 @@ class ModelOptions:
     @classmethod
     def from_architecture_record(cls, entries) -> "ModelOptions":
         """The inverse of :meth:`architecture_record` (``initial_weights`` None); a record written before
-        ``gdn`` options existed has their defaults."""
+        ``gdn`` or ``attention`` options existed has their defaults."""
         values = dict(entries)
         gla = GlaOptions(**{option.name: values[f"gla.{option.name}"] for option in fields(GlaOptions)})
-        recorded = {name.removeprefix("gdn."): value for name, value in values.items() if name.startswith("gdn.")}
-        gdn = GdnOptions(**recorded)
-        return cls(gla=gla, gdn=gdn, mlp_width=values["mlp_width"], tie_embeddings=values["tie_embeddings"])
+
+        def recorded(prefix: str) -> dict[str, object]:
+            return {name.removeprefix(prefix): value for name, value in values.items() if name.startswith(prefix)}
+
+        return cls(
+            gla=gla,
+            gdn=GdnOptions(**recorded("gdn.")),
+            attention=AttentionOptions(**recorded("attention.")),
+            mlp_width=values["mlp_width"],
+            tie_embeddings=values["tie_embeddings"],
+        )

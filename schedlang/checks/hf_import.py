@@ -58,6 +58,13 @@ def _model_values(model) -> dict[str, object]:
         "expand_v": model.head_dim * model.heads / model.d_model,
         "tie_embeddings": model.options.tie_embeddings,
     }
+    if LayerKind.ATTN in model.layers:
+        attention = model.options.attention
+        values["attn_heads"] = attention.heads
+        values["attn_head_dim"] = attention.head_dim
+        values["attn_kv_heads"] = attention.kv_heads
+        values["qkv_bias"] = attention.qkv_bias
+        values["rope_theta"] = attention.rope_theta
     if LayerKind.GDN in model.layers:
         gdn = model.options.gdn
         values["expand_k"] = gdn.head_k_dim * model.heads / model.d_model

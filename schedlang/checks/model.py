@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from schedlang import ast
 from schedlang.checks.readers import choice_hint, read_call, read_integer, read_number
 from schedlang.lowering.program import MlpKind, MlpSpec, ModelSpec
-from schedlang.runtime.model_options import GdnOptions, GlaOptions
+from schedlang.runtime.model_options import AttentionOptions, GdnOptions, GlaOptions
 from schedlang.vocabulary import LayerKind
 
 if TYPE_CHECKING:
@@ -141,6 +141,13 @@ GLA_OPTION_PATHS = (
     "model.output_gate",
 )
 GDN_OPTION_PATHS = ("model.delta_gates", "model.short_conv_size")
+ATTENTION_OPTION_PATHS = (
+    "model.attn_heads",
+    "model.attn_head_dim",
+    "model.attn_kv_heads",
+    "model.qkv_bias",
+    "model.rope_theta",
+)
 
 
 def _written_or_none(value: object) -> object:
@@ -153,7 +160,14 @@ def build_model(checker: Checker) -> ModelSpec | None:
     ``checks.model_rules`` have checked it divides evenly), and ``model.from``'s weights, when it has any,
     the initial weights."""
     paths = ("model.vocab", "model.d_model", "model.layers", "model.heads", "model.head_dim", "model.mlp")
-    others = ("model.norm_eps", "model.tie_embeddings", "model.from", *GLA_OPTION_PATHS, *GDN_OPTION_PATHS)
+    others = (
+        "model.norm_eps",
+        "model.tie_embeddings",
+        "model.from",
+        *GLA_OPTION_PATHS,
+        *GDN_OPTION_PATHS,
+        *ATTENTION_OPTION_PATHS,
+    )
     if not checker.valid(*paths, *others):
         return None
     base = ModelSpec(*(checker.get(path) for path in paths))
@@ -174,12 +188,19 @@ def build_model(checker: Checker) -> ModelSpec | None:
         gates=checker.get("model.delta_gates"),
         short_conv_size=checker.get("model.short_conv_size"),
     )
+    heads, head_dim, kv_heads, qkv_bias, rope_theta = (
+        _written_or_none(checker.get(path)) for path in ATTENTION_OPTION_PATHS
+    )
+    attention = AttentionOptions(
+        heads=heads, head_dim=head_dim, kv_heads=kv_heads, qkv_bias=bool(qkv_bias), rope_theta=rope_theta
+    )
     imported = checker.get("model.from")
     return dataclasses.replace(
         base,
         norm_eps=checker.get("model.norm_eps"),
         gla=gla,
         gdn=gdn,
+        attention=attention,
         tie_embeddings=checker.get("model.tie_embeddings"),
         initial_weights=imported.directory if imported is not None and imported.has_weights else None,
     )

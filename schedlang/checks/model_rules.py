@@ -69,6 +69,40 @@ def kv_heads_divide_heads(checker: Checker) -> None:
     checker.reject("model.kv_heads")
 
 
+def _attention_size(checker: Checker, path: str, fallback: str) -> int | None:
+    """An ``attn`` layer's size ``path``, or the model's ``fallback`` when the schedule leaves it out."""
+    value = _number(checker, path)
+    return value if value is not None else _number(checker, fallback)
+
+
+def attention_kv_heads_divide_attention_heads(checker: Checker) -> None:
+    kv_heads = _number(checker, "model.attn_kv_heads")
+    heads = _attention_size(checker, "model.attn_heads", "model.heads")
+    if kv_heads is None or heads is None or heads % kv_heads == 0:
+        return
+    checker.error(
+        f"attn_kv_heads = {kv_heads} must divide the attn layers' {heads} heads: each key/value head serves "
+        "attn_heads / attn_kv_heads query heads",
+        _span(checker, "model.attn_kv_heads"),
+    )
+    checker.reject("model.attn_kv_heads")
+
+
+def rotary_needs_an_even_head_width(checker: Checker) -> None:
+    """Rotary position embeddings rotate channel pairs: the ``attn`` layers' head width must be even."""
+    theta, layers = _number(checker, "model.rope_theta"), checker.get("model.layers")
+    head_dim = _attention_size(checker, "model.attn_head_dim", "model.head_dim")
+    has_attention = isinstance(layers, tuple) and LayerKind.ATTN in layers
+    if theta is None or head_dim is None or not has_attention or head_dim % 2 == 0:
+        return
+    checker.error(
+        f"rope_theta rotates pairs of channels, but the attn layers' head width is {head_dim}, which is odd",
+        _span(checker, "model.rope_theta"),
+        hint="an even attn_head_dim (or head_dim), or rope_theta = none",
+    )
+    checker.reject("model.rope_theta")
+
+
 def short_convolutions_fit_each_sequence_rank(checker: Checker) -> None:
     """Under sequence parallelism a rank's first short-convolution outputs read the previous rank's last
     ``short_conv_size - 1`` inputs, so every rank's slice of a chunk (whole kernel chunks) must hold as many:
@@ -117,6 +151,8 @@ MODEL_RULE_CHECKS = (
     (("model.expand_k", "model.d_model", "model.heads"), key_width_fits_heads),
     (("model.expand_v", "model.d_model", "model.heads", "model.head_dim"), value_width_is_heads_times_head_dim),
     (("model.kv_heads", "model.heads"), kv_heads_divide_heads),
+    (("model.attn_kv_heads", "model.attn_heads", "model.heads"), attention_kv_heads_divide_attention_heads),
+    (("model.rope_theta", "model.layers", "model.attn_head_dim", "model.head_dim"), rotary_needs_an_even_head_width),
     (
         ("model.short_conv_size", "model.layers", "mesh.sequence", "sequence.kernel_chunk"),
         short_convolutions_fit_each_sequence_rank,

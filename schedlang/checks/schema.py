@@ -29,7 +29,7 @@ from schedlang.lowering.program import (
     SequenceSpec,
     TrainSpec,
 )
-from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, DeltaGates, OutputGate
+from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, AttentionOptions, DeltaGates, OutputGate
 from schedlang.vocabulary import CudaGraphs, DType
 
 if TYPE_CHECKING:
@@ -129,6 +129,11 @@ SCHEMA: tuple[Key, ...] = (
         "model", "short_conv_size", Integer(1, model.MAX_SHORT_CONV_SIZE), None, "short_conv_size = 4",
         accepts_none=True,
     ),
+    Key("model", "attn_heads", Integer(1, 4096), Derived("heads"), "attn_heads = 4"),
+    Key("model", "attn_head_dim", Integer(1, model.MAX_HEAD_DIM), Derived("head_dim"), "attn_head_dim = 64"),
+    Key("model", "attn_kv_heads", Integer(1, 4096), Derived("attn_heads"), "attn_kv_heads = 1"),
+    Key("model", "qkv_bias", Boolean(), AttentionOptions, "qkv_bias = true"),
+    Key("model", "rope_theta", Number(0.0, above=True), AttentionOptions, "rope_theta = 10000", accepts_none=True),
     Key("model", "tie_embeddings", Boolean(), ModelSpec, "tie_embeddings = true"),
     Key("mesh", "pipeline", Integer(1, MAX_MESH_SIZE), MeshSpec, "pipeline = 2"),
     Key("mesh", "sequence", Integer(1, MAX_MESH_SIZE), MeshSpec, "sequence = 2"),

@@ -11,13 +11,16 @@ and parameter names and runs everything one token at a time. Per layer, with ``W
     out_t = o_proj(rmsnorm_head(o_t) * w * silu(g_proj(x_t)))
 
 with ``S`` of shape [head_dim, head_dim * expand_v], pre-norm residual blocks, a SwiGLU MLP, a final
-RMSNorm and the LM head (the embedding when tied).
+RMSNorm and the LM head (the embedding when tied). The layers of the config's ``attn`` spec are fla's
+``Attention`` (``fla_reference.attention_layer``).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from fla_reference import attention_layer, attention_spec
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -75,7 +78,9 @@ def gdn_reference_logits(tensors: dict[str, torch.Tensor], config: dict, tokens:
     x = t["model.embeddings.weight"][tokens]
     for layer in range(config["num_hidden_layers"]):
         p = f"model.layers.{layer}."
-        x = x + gdn_layer(t, p + "attn.", _rms(x, t[p + "attn_norm.weight"], eps), config)
+        spec = attention_spec(config, layer)
+        mixer = gdn_layer if spec is None else lambda t, prefix, h, config: attention_layer(t, prefix, h, spec)
+        x = x + mixer(t, p + "attn.", _rms(x, t[p + "attn_norm.weight"], eps), config)
         h = _rms(x, t[p + "mlp_norm.weight"], eps)
         gate, up = h @ t[p + "mlp.gate_proj.weight"].T, h @ t[p + "mlp.up_proj.weight"].T
         x = x + (F.silu(gate) * up) @ t[p + "mlp.down_proj.weight"].T

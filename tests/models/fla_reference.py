@@ -8,7 +8,10 @@ token at a time,
     o_t = (q_t / sqrt(head_k_dim)) S_t,   out_t = o_proj(rmsnorm_head(o_t) * w * silu(g_proj(x_t))),
 
 with key/value/gate heads repeated for their query heads, pre-norm residual blocks, a SwiGLU MLP
-``down(silu(gate(x)) * up(x))``, a final RMSNorm and the LM head (the embedding when tied).
+``down(silu(gate(x)) * up(x))``, a final RMSNorm and the LM head (the embedding when tied). The layers the
+config's ``attn`` spec lists are fla's ``Attention`` (fla/layers/attn.py, fla/modules/rotary), token ``p``'s
+query and key rotated half against half by the angles ``p * rope_theta ** (-2 i / D)`` (float32, as fla's
+``RotaryEmbedding`` computes them and their cosine and sine), then causal softmax attention over ``D = hidden_size // num_heads``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,48 @@ def fla_widths(config: dict) -> tuple[int, int, int, int]:
     return heads, kv_heads, round(d * config["expand_k"]) // heads, round(d * config["expand_v"]) // heads
 
 
+def attention_spec(config: dict, layer: int) -> dict | None:
+    """The ``attn`` spec of the config that lists ``layer``, or None (the layer is the model's own mixer)."""
+    specs = config.get("attn") or []
+    for spec in [specs] if isinstance(specs, dict) else specs:
+        if layer in spec["layers"]:
+            return spec
+    return None
+
+
+def attention_layer(t: dict[str, torch.Tensor], prefix: str, h: torch.Tensor, spec: dict) -> torch.Tensor:
+    """fla's ``Attention`` with rotary embeddings on the normed input ``h`` [B, L, d], by the formula."""
+    batch, length, width = h.shape
+    heads = spec["num_heads"]
+    kv_heads = spec.get("num_kv_heads") or heads
+    dim = width // heads
+
+    def project(name: str, count: int) -> torch.Tensor:
+        out = h @ t[prefix + f"{name}_proj.weight"].T
+        if spec.get("qkv_bias"):
+            out = out + t[prefix + f"{name}_proj.bias"]
+        return out.view(batch, length, count, dim)
+
+    theta = float(spec.get("rope_theta", 10000.0))
+    inverse = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    angles = torch.outer(torch.arange(length, dtype=torch.float32), inverse)
+    cosine, sine = (table.double()[None, :, None, :] for table in (angles.cos(), angles.sin()))
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        first, second = x[..., : dim // 2], x[..., dim // 2 :]
+        return torch.cat((first * cosine - second * sine, first * sine + second * cosine), -1)
+
+    groups = heads // kv_heads
+    q = rotate(project("q", heads))
+    k = rotate(project("k", kv_heads)).repeat_interleave(groups, 2)
+    v = project("v", kv_heads).repeat_interleave(groups, 2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / dim**0.5
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    weights = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+    o = torch.einsum("bhqk,bkhd->bqhd", weights, v)
+    return o.reshape(batch, length, heads * dim) @ t[prefix + "o_proj.weight"].T
+
+
 def reference_logits(tensors: dict[str, torch.Tensor], config: dict, tokens: torch.Tensor) -> torch.Tensor:
     """Logits [B, L, vocab] in float64 of fla's GLA with ``tensors`` (fla names) and ``config`` (config.json)."""
     t = {name: tensor.double() for name, tensor in tensors.items()}
@@ -44,6 +89,13 @@ def reference_logits(tensors: dict[str, torch.Tensor], config: dict, tokens: tor
     for layer in range(config["num_hidden_layers"]):
         p = f"model.layers.{layer}."
         h = _rms(x, t[p + "attn_norm.weight"], eps)
+        spec = attention_spec(config, layer)
+        if spec is not None:
+            x = x + attention_layer(t, p + "attn.", h, spec)
+            h = _rms(x, t[p + "mlp_norm.weight"], eps)
+            gate, up = h @ t[p + "mlp.gate_proj.weight"].T, h @ t[p + "mlp.up_proj.weight"].T
+            x = x + (F.silu(gate) * up) @ t[p + "mlp.down_proj.weight"].T
+            continue
         q = (h @ t[p + "attn.q_proj.weight"].T).view(batch, length, heads, dk)
         k = (h @ t[p + "attn.k_proj.weight"].T).view(batch, length, kv_heads, dk).repeat_interleave(groups, 2)
         v = (h @ t[p + "attn.v_proj.weight"].T).view(batch, length, kv_heads, dv).repeat_interleave(groups, 2)

@@ -28,7 +28,13 @@ def _logits(model, tokens):
 
 @pytest.mark.parametrize(
     "changes",
-    [{}, {"tie_word_embeddings": True}, {"conv_size": 2, "expand_v": 1.0}, {"head_dim": 4, "intermediate_size": 40}],
+    [
+        {},
+        {"tie_word_embeddings": True},
+        {"conv_size": 2, "expand_v": 1.0},
+        {"head_dim": 4, "intermediate_size": 40},
+        {"num_hidden_layers": 3, "attn": {"layers": [0, 2], "num_heads": 2, "num_kv_heads": 1, "qkv_bias": True}},
+    ],
 )
 def test_the_gdn_layer_is_flas_gated_deltanet(changes):
     config = gdn_config(**changes)

@@ -8,6 +8,7 @@ import torch
 from fla_reference import fla_config, perturb, reference_logits
 from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.hf_format import fla_sources, read_fla_config, to_fla_tensors
+from schedlang.runtime.kv_buffers import ChunkPosition, SequenceKV
 from schedlang.runtime.model import build_stage_model
 from schedlang.runtime.model_options import GlaOptions, ModelOptions, OutputGate
 from schedlang.vocabulary import LayerKind
@@ -17,6 +18,10 @@ CONFIGS = {
     "grouped_kv_heads_clamped_gate": fla_config(num_heads=4, num_kv_heads=2, clamp_min=-0.04, norm_eps=1e-5),
     "wide_keys_narrow_values_tied": fla_config(expand_k=1.0, expand_v=0.5, tie_word_embeddings=True),
     "intermediate_size": fla_config(intermediate_size=40, num_hidden_layers=3),
+    "hybrid_attention_with_rope": fla_config(
+        num_hidden_layers=3,
+        attn={"layers": [1], "num_heads": 4, "num_kv_heads": 2, "qkv_bias": True, "rope_theta": 500.0},
+    ),
 }
 
 
@@ -36,8 +41,9 @@ def test_logits_match_the_reference_whole_and_in_chunks(name):
     with torch.no_grad():
         hidden, _ = model(tokens, [None] * model.n_states)
         whole = model.logits(hidden)
-        first, states = model(tokens[:, :10], [None] * model.n_states)
-        second, _ = model(tokens[:, 10:], states)
+        kv = SequenceKV(tokens.shape[1])  # attention layers read earlier chunks' keys and values here
+        first, states = model(tokens[:, :10], [None] * model.n_states, ChunkPosition(kv, 0, 0, 10))
+        second, _ = model(tokens[:, 10:], states, ChunkPosition(kv, 0, 10, tokens.shape[1]))
         chunked = model.logits(torch.cat([first, second], dim=1))
     torch.testing.assert_close(whole, expected, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(chunked, expected, rtol=1e-9, atol=1e-9)

@@ -3,7 +3,9 @@ schedlang, and back.
 
 Each test skips when fla or transformers is missing, or when fla's model cannot run here (on a CPU its
 Triton kernels need a driver even under TRITON_INTERPRET=1, so the CPU test skips there and says why).
-The GPU tests are the acceptance check of docs/models.md; run them on a CUDA machine with
+Every GPU model is a hybrid (fla's ``Attention`` with rotary embeddings at layer 1, run with the reference
+``flash_attn`` stand-in that this folder's conftest registers). The GPU tests are the acceptance check of
+docs/models.md; run them on a CUDA machine with
 ``pip install -e '.[test,fla]' /path/to/fla_core*.whl /path/to/flash_linear_attention*.whl`` and
 ``python -m pytest -q tests/models/test_fla_logits.py``.
 """
@@ -66,12 +68,19 @@ SIZES = dict(vocab_size=97, hidden_size=64, num_heads=2, num_hidden_layers=2, nu
 
 
 GDN_SIZES = dict(vocab_size=97, hidden_size=64, num_heads=2, head_dim=16, expand_v=2.0, num_hidden_layers=2)
-ARCHITECTURES = {"GLA": SIZES, "GatedDeltaNet": GDN_SIZES}
+HYBRID = dict(num_hidden_layers=3, attn={"layers": [1], "num_heads": 2, "num_kv_heads": 1, "rope_theta": 10000.0})
+ARCHITECTURES = {
+    "GLA": ("GLA", SIZES),
+    "GatedDeltaNet": ("GatedDeltaNet", GDN_SIZES),
+    "GLA_hybrid": ("GLA", {**SIZES, **HYBRID}),
+    "GatedDeltaNet_hybrid": ("GatedDeltaNet", {**GDN_SIZES, **HYBRID}),
+}
 
 
-@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
-def test_fla_logits_on_the_cpu_in_float32(tmp_path, architecture):
-    sizes = ARCHITECTURES[architecture]
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_fla_logits_on_the_cpu_in_float32(tmp_path, name):
+    """The hybrids' attn layer (fla's Attention at layer 1) runs with the reference flash_attn stand-in."""
+    architecture, sizes = ARCHITECTURES[name]
     fla_model = _fla_model(tmp_path / "fla", architecture, **sizes)
     tokens = torch.randint(0, sizes["vocab_size"], (2, 128), generator=torch.Generator().manual_seed(0))
     try:
@@ -82,9 +91,12 @@ def test_fla_logits_on_the_cpu_in_float32(tmp_path, architecture):
     torch.testing.assert_close(_schedlang_logits(schedlang_model, tokens), expected, rtol=1e-4, atol=1e-4)
 
 
-GPU_SIZES = dict(vocab_size=1000, hidden_size=512, num_heads=4, num_hidden_layers=3, clamp_min=None)
-GDN_GPU_SIZES = dict(vocab_size=1000, hidden_size=512, num_heads=4, head_dim=64, expand_v=2.0, num_hidden_layers=3)
-GPU_ARCHITECTURES = {"GLA": GPU_SIZES, "GatedDeltaNet": GDN_GPU_SIZES}
+GPU_HYBRID = dict(attn={"layers": [1], "num_heads": 8, "num_kv_heads": 2, "qkv_bias": True, "rope_theta": 10000.0})
+GPU_SIZES = dict(vocab_size=1000, hidden_size=512, num_heads=4, num_hidden_layers=3, clamp_min=None, **GPU_HYBRID)
+GDN_GPU_SIZES = dict(
+    vocab_size=1000, hidden_size=512, num_heads=4, head_dim=64, expand_v=2.0, num_hidden_layers=3, **GPU_HYBRID
+)
+GPU_ARCHITECTURES = {"GLA": GPU_SIZES, "GatedDeltaNet": GDN_GPU_SIZES}  # hybrids: fla's Attention at layer 1
 
 
 @pytest.mark.gpu

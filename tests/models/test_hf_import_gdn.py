@@ -59,7 +59,9 @@ def test_the_directory_fills_the_model_block(tmp_path):
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"attn": {"layers": [1], "num_heads": 2}}, "rotary position embeddings"),
+        ({"attn": {"layers": [1], "num_heads": 2, "window_size": 8}}, "'window_size' = 8 selects sliding-window"),
+        ({"attn": {"layers": [1], "num_heads": 2, "qk_norm": True}}, "'qk_norm' = True selects RMS-normalised"),
+        ({"attn": [{"layers": [0], "num_heads": 2}, {"layers": [1], "num_heads": 1}]}, "the attention specs differ"),
         ({"num_v_heads": 4}, "grouped value attention"),
         ({"use_short_conv": False}, "no short convolutions"),
         ({"use_gate": False}, "no output gate"),
