@@ -176,6 +176,7 @@ def test_new_feature_examples_values():
     assert packed.train.data.kind is DataKind.BYTES and packed.train.data.document_end == 10
     assert packed.pipeline.recompute == (Recompute.MIXER, Recompute.NONE)
     assert packed.model.layers == (LayerKind.GLA, LayerKind.GLA, LayerKind.ATTN) * 2
+    assert packed.model.attention.rope_theta == 10000.0
 
     deltanet = load_program(EXAMPLES / "fla_gated_deltanet.sched")
     assert deltanet.model.layers == (LayerKind.GDN,) * 4 and deltanet.model.tie_embeddings

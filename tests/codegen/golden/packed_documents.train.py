@@ -24,6 +24,7 @@ from schedlang.runtime.config import (
     PipelineConfig,
     TrainConfig,
 )
+from schedlang.runtime.model_options import AttentionOptions, GlaOptions, ModelOptions
 from schedlang.runtime.trainer import launch, record
 
 SCHEDULE_SOURCE = 'packed_documents.sched'
@@ -35,6 +36,7 @@ MODEL = ModelConfig(
     heads=2,
     head_dim=32,
     mlp_ratio=4.0,
+    options=ModelOptions(attention=AttentionOptions(rope_theta=10000.0)),
 )
 
 MESH_SHAPE = (2, 1, 1)  # (pipeline, sequence, data)
