@@ -416,12 +416,9 @@ class CausalAttentionMixer(HeadMixer):
         """``chunk`` None: ``hidden`` is the whole sequence. Returns (output, None): attention has no state.
         ``documents``: the chunk's packed documents, each query seeing only its own ([Note: packed documents])."""
         batch, length, _ = hidden.shape
-        q = self.q_proj(hidden).view(batch, length, self.heads, self.head_dim)
-        k = self.k_proj(hidden).view(batch, length, self.kv_heads, self.head_dim)
+        q, k, v = self.project_qkv(hidden)
         if self.rope_theta is not None:
             q, k = rotate_queries_and_keys(q, k, self.rope_theta, 0 if chunk is None else chunk.position.start)
-        k = self.share_kv_heads(k.flatten(2))
-        v = self.share_kv_heads(self.v_proj(hidden))
         # [B, H, L, D]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         group = None if self.sequence_context is None else self.sequence_context.group
