@@ -216,12 +216,21 @@ def chunk_gradients(q, k, v, beta, do, solved: SolvedChunks, states, leaving_gra
     gdn_bwd_kernel_key_block[(cdiv(sizes["K"], blocks["BK"]), segment.count, batch * heads)](
         q, k, beta, do, solved.gate_cumsum, solved.inverse, states, leaving_grad, corrections, corrections_grad,
         buffers.dq, buffers.dk, *partials, scale, sizes["T"], n_chunks, segment.first, **blocks,
+        STORED_OPERANDS=value_operands_as_stored(launch, do, states, leaving_grad, corrections),
+        TRANSPOSE_SCORES=bool(launch["transpose_scores"]),
     )
     gdn_bwd_kernel_wy_block[(segment.count, batch * heads)](
         k, v, beta, solved.gate_cumsum, solved.inverse, corrections_grad, buffers.dk, buffers.dv, buffers.dbeta,
         buffers.dg, *partials, buffers.scratch, sizes["T"], n_chunks, segment.first, **blocks,
     )
     return gradients
+
+
+def value_operands_as_stored(launch: dict, *operands: torch.Tensor) -> bool:
+    """Whether the split backward's value-loop products take their operands as stored: when the launch entry's
+    "value_operands" asks for it and they share one 16-bit dtype (float32 operands take float32 either way)."""
+    dtypes = {operand.dtype for operand in operands}
+    return launch["value_operands"] == "stored" and len(dtypes) == 1 and dtypes != {torch.float32}
 
 
 def _float32(tensor: torch.Tensor | None) -> torch.Tensor | None:

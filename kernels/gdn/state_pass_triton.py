@@ -28,21 +28,26 @@ LAUNCH = register_launch_table("gdn", __name__, {
     "wy_apply": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
     "output": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
     "output_gradients": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
-    "chunk_gradients": {"block_k": 64, "block_v": 32, "num_warps": 4, "num_stages": 1, "split": 1},
+    "chunk_gradients": {
+        "block_k": 64, "block_v": 32, "num_warps": 4, "num_stages": 1, "split": 1, "value_operands": "float32",
+        "transpose_scores": 0,
+    },
     "products": {"float32": "tf32x3", "reduced": "tf32"},
     "overlap": {"segments": 1, "split": 0.5},
 })
-"""Launch table of every gdn kernel, read at call time ([Note: launch tables]). "forward" and "backward" are the
-state pass's: value columns per program (a [K, 32] float32 state slice is 16 KiB at K = 128), the products'
-input precision, warps, stages. The others are the per-chunk kernels of kernels/gdn/chunk_triton.py: tile
-edges (the largest; smaller dimensions get smaller tiles), warps, stages; "products" is their products'
-input precision for float32 inputs and for 16-bit ones (the per-chunk backward always takes float32 operands:
-the docstring of triton_backward.py); "chunk_gradients"'s "split" runs that backward as two kernels (one per
-key block and chunk, then one per chunk) instead of one. "overlap" is the schedule of the whole operator
-([Note: gdn overlap] in kernels/gdn/chunk_triton.py): ``segments`` 1 runs each phase once over all kernel
-chunks; 2 splits the chunks in two segments, the first holding ``split`` of them (a fraction in (0, 1), rounded
-to a whole chunk), and runs each segment's state pass beside the other segment's per-chunk work on a second
-CUDA stream. Everything runs at most 4 warps: Triton 3.6 miscompiled the state pass's backward at 8 on an H200
+"""Launch table of every gdn kernel, read at call time ([Note: launch tables]). "forward" and "backward" are the state
+pass's: value columns per program (a [K, 32] float32 state slice is 16 KiB at K = 128), the products' input
+precision, warps, stages. The others are the per-chunk kernels of kernels/gdn/chunk_triton.py: tile edges (the
+largest; smaller dimensions get smaller tiles), warps, stages; "products" is their products' input precision for
+float32 inputs and for 16-bit ones (the per-chunk backward always takes float32 operands: the docstring of
+triton_backward.py); "chunk_gradients"'s "split" runs that backward as two kernels (one per key block and chunk,
+then one per chunk) instead of one, and its "value_operands" "stored" gives the first of those kernels' value-loop
+products their operands in the dtype they are stored in ("float32": converted), and its "transpose_scores" 1
+transposes a register tile there instead of forming a transposed product. "overlap" is the schedule of the whole
+operator ([Note: gdn overlap] in kernels/gdn/chunk_triton.py): ``segments`` 1 runs each phase once over all kernel
+chunks; 2 splits the chunks in two segments, the first holding ``split`` of them (a fraction in (0, 1), rounded to a
+whole chunk), and runs each segment's state pass beside the other segment's per-chunk work on a second CUDA stream.
+Everything runs at most 4 warps: Triton 3.6 miscompiled the state pass's backward at 8 on an H200
 (docs/benchmarks.md, "Launch tables")."""
 
 

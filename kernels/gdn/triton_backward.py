@@ -151,16 +151,28 @@ def gdn_bwd_kernel_chunk(
 
 
 @triton.jit
+def _value_operand(tile, STORED: tl.constexpr):
+    """A loaded tile as a product operand: as stored when ``STORED``, else float32."""
+    return tile.to(tile.dtype if STORED else tl.float32)
+
+
+@triton.jit
 def gdn_bwd_kernel_key_block(
     q, k, beta, do, gate_cumsum, inverse, states, leaving_grad, corrections, corrections_grad,
     dq, dk, partial_dt, partial_dbeta, partial_dgc, scale, T, N, first_chunk,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, STORED_OPERANDS: tl.constexpr = False, TRANSPOSE_SCORES: tl.constexpr = False,
 ):
     """The split backward's first kernel, one program per (key block, chunk, batch * head): steps 1-2 of
     ``gdn_bwd_kernel_chunk`` that need only this key block (dq complete; into dk the terms of the outputs, W and
     KE; this block's shares of dT, dbeta and dgc into ``partial_*`` [key blocks, B * H * N, ...]). P and P^T are
-    both accumulated as products (P^T = Delta dO^T), so no tile is transposed and no scratch is needed."""
+    both accumulated as products (P^T = Delta dO^T), so no tile is transposed and no scratch is needed.
+
+    With ``STORED_OPERANDS`` the value loop's products of dO, Delta, S and G take them in the dtype they are stored
+    in instead of float32: the same products when that dtype is bfloat16 (a bfloat16 value is exact in tf32, the
+    reduced precision), with 16-bit tiles in registers and shared memory. dDelta is float32 either way. With
+    ``TRANSPOSE_SCORES`` dk's output term takes (D o P)^T as the transpose of the register tile that dq's takes,
+    instead of accumulating P^T as a product of its own."""
     i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1) + first_chunk, tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     chunk = i_bh.to(tl.int64) * N + i_n
@@ -174,7 +186,8 @@ def gdn_bwd_kernel_key_block(
     key_base = (i_b * T * H + i_h).to(tl.int64) * K
     value_base = (i_b * T * H + i_h).to(tl.int64) * V
     b_p = tl.zeros([C, C], dtype=tl.float32)
-    b_p_t = tl.zeros([C, C], dtype=tl.float32)
+    if not TRANSPOSE_SCORES:
+        b_p_t = tl.zeros([C, C], dtype=tl.float32)
     b_dos = tl.zeros([C, BK], dtype=tl.float32)
     b_dds = tl.zeros([C, BK], dtype=tl.float32)
     b_dke = tl.zeros([C, BK], dtype=tl.float32)
@@ -188,30 +201,35 @@ def gdn_bwd_kernel_key_block(
         # [BV, BK] views of the chunk's [K, V] state and leaving-state gradient
         p_s_t = tl.make_block_ptr(states + chunk * K * V, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK), (0, 1))
         p_g_t = tl.make_block_ptr(leaving_grad + chunk * K * V, (V, K), (1, V), (i_v * BV, i_k * BK), (BV, BK), (0, 1))
-        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_do_t = tl.load(p_do_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_delta = tl.load(p_delta, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_delta_t = tl.load(p_delta_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_do = _value_operand(tl.load(p_do, boundary_check=(0, 1), padding_option="zero"), STORED_OPERANDS)
+        b_delta = _value_operand(tl.load(p_delta, boundary_check=(0, 1), padding_option="zero"), STORED_OPERANDS)
+        b_delta_t = _value_operand(tl.load(p_delta_t, boundary_check=(0, 1), padding_option="zero"), STORED_OPERANDS)
         b_dd = tl.load(p_dd, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_s_t = tl.load(p_s_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_g_t = tl.load(p_g_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_s_t = _value_operand(tl.load(p_s_t, boundary_check=(0, 1), padding_option="zero"), STORED_OPERANDS)
+        b_g_t = _value_operand(tl.load(p_g_t, boundary_check=(0, 1), padding_option="zero"), STORED_OPERANDS)
         b_p += tl.dot(b_do, b_delta_t, input_precision=PRECISION)
-        b_p_t += tl.dot(b_delta, b_do_t, input_precision=PRECISION)
+        if not TRANSPOSE_SCORES:
+            b_p_t += tl.dot(b_delta, _value_operand(tl.load(p_do_t, boundary_check=(0, 1), padding_option="zero"),
+                                                    STORED_OPERANDS), input_precision=PRECISION)
         b_dos += tl.dot(b_do, b_s_t, input_precision=PRECISION)
-        b_dds += tl.dot(b_dd, b_s_t, input_precision=PRECISION)
+        b_dds += tl.dot(b_dd, b_s_t.to(tl.float32), input_precision=PRECISION)
         b_dke += tl.dot(b_delta, b_g_t, input_precision=PRECISION)
-        b_state_products += tl.sum(b_s_t * b_g_t, axis=0)
+        b_state_products += tl.sum(b_s_t.to(tl.float32) * b_g_t.to(tl.float32), axis=0)
     p_q = tl.make_block_ptr(q + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
     p_k = tl.make_block_ptr(k + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
     b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32) * scale
     b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
     # the outputs: dq complete, D^T o P^T for dk
-    b_dq = b_e[:, None] * b_dos + tl.dot(decay_matrix(b_gc, True, C) * b_p, b_k, input_precision=PRECISION)
+    b_dp = decay_matrix(b_gc, True, C) * b_p
+    b_dq = b_e[:, None] * b_dos + tl.dot(b_dp, b_k, input_precision=PRECISION)
     p_dq = tl.make_block_ptr(dq + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
     tl.store(p_dq, (b_dq * scale).to(p_dq.dtype.element_ty), boundary_check=(0, 1))
-    upper = o_c[:, None] <= o_c[None, :]
-    b_decay_t = tl.where(upper, tl.exp(tl.where(upper, b_gc[None, :] - b_gc[:, None], 0.0)), 0.0)
-    b_dk = tl.dot(b_decay_t * b_p_t, b_q, input_precision=PRECISION)
+    if TRANSPOSE_SCORES:
+        b_dk = tl.dot(tl.trans(b_dp), b_q, input_precision=PRECISION)
+    else:
+        upper = o_c[:, None] <= o_c[None, :]
+        b_decay_t = tl.where(upper, tl.exp(tl.where(upper, b_gc[None, :] - b_gc[:, None], 0.0)), 0.0)
+        b_dk = tl.dot(b_decay_t * b_p_t, b_q, input_precision=PRECISION)
     b_dgc = tl.sum(b_q * b_dq, axis=1) - tl.sum(b_k * b_dk, axis=1)
     # W: dW = -dDelta S^T
     b_t_t = tl.load(inverse + chunk * C * C + o_c[None, :] * C + o_c[:, None])

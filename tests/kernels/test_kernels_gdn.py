@@ -174,6 +174,8 @@ SPLIT_LAUNCHES = [
     {"split": 1},
     {"split": 1, "block_k": 32, "block_v": 16},
     {"split": 0, "block_k": 32, "block_v": 16},
+    {"split": 1, "transpose_scores": 1},
+    {"split": 1, "block_k": 32, "block_v": 16, "transpose_scores": 1},
 ]
 
 
@@ -192,6 +194,33 @@ def test_per_chunk_backward_layouts_give_the_same_gradients(launch):
             chunk_gated_delta_rule, on_device(inputs, torch.float32), on_device_upstream, backend="triton",
         )
     assert_close({name: t.cpu() for name, t in actual.items()}, expected, 1e-4)
+
+
+def test_stored_value_operands_give_16_bit_inputs_the_same_gradients():
+    """16-bit inputs: the split backward's value loop with its operands as stored gives the gradients it gives with
+    them converted to float32 (the same products), and the choice reaches the kernel only for one 16-bit dtype."""
+    from schedlang.kernels.common.launch_tables import launch_overrides
+    from schedlang.kernels.gdn import chunk_triton, state_pass_triton  # noqa: F401  (registers the "gdn" launch table)
+
+    stored = {"value_operands": "stored"}
+    half, single = torch.zeros(1, dtype=torch.float16), torch.zeros(1)
+    assert chunk_triton.value_operands_as_stored(stored, half, half)
+    assert not chunk_triton.value_operands_as_stored(stored, half, single)
+    assert not chunk_triton.value_operands_as_stored(stored, single, single)
+    assert not chunk_triton.value_operands_as_stored({"value_operands": "float32"}, half, half)
+    inputs, upstream = make_inputs(1, 150, 2, 64, "strong", True, torch.float64, seed=43)
+    expected = run_with_grads(naive_recurrent_gated_delta_rule, inputs, upstream)
+    on_device_upstream = {name: t.to(DEVICE) for name, t in upstream.items()}
+    results = {}
+    for operands in ("float32", "stored"):
+        with launch_overrides({"gdn": {"chunk_gradients": {"split": 1, "value_operands": operands}}}):
+            results[operands] = run_with_grads(
+                chunk_gated_delta_rule, on_device(inputs, torch.float16), on_device_upstream, backend="triton",
+            )
+    for name in expected:
+        converted, as_stored = (results[operands][name].double().cpu() for operands in ("float32", "stored"))
+        assert relative_error(as_stored, converted) < 1e-3, name
+        assert relative_error(as_stored, expected[name]) < 3e-3, name
 
 
 @pytest.mark.parametrize("key_dim, value_dim", [(16, 48), (48, 16)], ids=["K16-V48", "K48-V16"])
