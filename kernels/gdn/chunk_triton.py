@@ -25,7 +25,9 @@ import torch
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, states_dtype
 from schedlang.kernels.common.triton_scan import new_output
 from schedlang.kernels.gdn.overlap import Lanes, Segment, split_into_segments
-from schedlang.kernels.gdn.state_pass_triton import LAUNCH, triton_state_pass_backward, triton_state_pass_forward
+from schedlang.kernels.gdn.state_pass_triton import (
+    LAUNCH, OutputsOfChunks, triton_state_pass_backward, triton_state_pass_forward,
+)
 from schedlang.kernels.gdn.triton_backward import gdn_bwd_kernel_chunk, gdn_bwd_kernel_key_block, gdn_bwd_kernel_wy_block
 from schedlang.kernels.gdn.triton_output import gdn_bwd_kernel_output_terms, gdn_fwd_kernel_output
 from schedlang.kernels.gdn.triton_wy import gdn_fwd_kernel_wy_apply, gdn_fwd_kernel_wy_solve
@@ -137,19 +139,25 @@ def chunk_output(q, k, v, solved: SolvedChunks, states, corrections, scale: floa
 
 
 def output_gradients(q, k, v, do, solved: SolvedChunks, scale: float):
-    """The outputs' gradients of each chunk's entering state [B, H, N, K, V] and of its corrections
-    [B, H, N, C, V], float32."""
+    """(the outputs' gradients of each chunk's entering state [B, H, N, K, V], or None when the backward state
+    pass forms them itself (the launch table's "backward" "output_terms"), and of each chunk's corrections
+    [B, H, N, C, V]), float32; the second item of the pair is what that state pass then takes."""
     sizes = _sizes(q, v)
     batch, heads, n_chunks = q.shape[0], sizes["H"], sizes["N"]
-    entering_grad = new_output((batch, heads, n_chunks, sizes["K"], sizes["V"]), torch.float32, q.device)
+    in_state_pass = bool(LAUNCH["backward"]["output_terms"])
     corrections_grad = new_output((batch, heads, n_chunks, CHUNK, sizes["V"]), torch.float32, q.device)
+    entering_grad = None if in_state_pass else new_output(
+        (batch, heads, n_chunks, sizes["K"], sizes["V"]), torch.float32, q.device
+    )
     launch = LAUNCH["output_gradients"]
     gdn_bwd_kernel_output_terms[(n_chunks, batch * heads)](
-        q, k, do, solved.gate_cumsum, entering_grad, corrections_grad, scale, sizes["T"], n_chunks, 0,
-        H=heads, K=sizes["K"], V=sizes["V"], C=CHUNK, BK=block_size(sizes["K"], launch["block_k"]),
-        BV=block_size(sizes["V"], launch["block_v"]), PRECISION=products_precision(q.dtype), **launch_options(launch),
+        q, k, do, solved.gate_cumsum, corrections_grad if in_state_pass else entering_grad, corrections_grad, scale,
+        sizes["T"], n_chunks, 0, H=heads, K=sizes["K"], V=sizes["V"], C=CHUNK,
+        BK=block_size(sizes["K"], launch["block_k"]), BV=block_size(sizes["V"], launch["block_v"]),
+        PRECISION=products_precision(q.dtype), STATE_TERMS=not in_state_pass, **launch_options(launch),
     )
-    return entering_grad, corrections_grad
+    from_outputs = OutputsOfChunks(q, do, solved.gate_cumsum, scale) if in_state_pass else None
+    return (entering_grad, from_outputs), corrections_grad
 
 
 @dataclass(frozen=True)
@@ -324,7 +332,7 @@ def overlapped_backward(q, k, v, beta, initial_state, states, corrections, solve
             updates, keys_in, keys_out, solved.chunk_decay, entering_state, precision, stored, None,
             (states, corrections, replay_final),
         ))
-    entering_grad, corrections_grad = output_gradients(q, k, v, do, solved, scale)
+    (entering_grad, from_outputs), corrections_grad = output_gradients(q, k, v, do, solved, scale)
     total = new_output((batch, heads, n_chunks, CHUNK, value_dim), torch.float32, v.device)
     leaving = new_output((batch, heads, n_chunks, key_dim, value_dim), stored, v.device)
     state_shape = (batch, heads, key_dim, value_dim)
@@ -333,7 +341,7 @@ def overlapped_backward(q, k, v, beta, initial_state, states, corrections, solve
     def state_pass_backward(segment, grad_out, grad_in):
         triton_state_pass_backward(
             keys_in, keys_out, solved.chunk_decay, entering_grad, corrections_grad, grad_out, value_dim, precision,
-            stored, segment, (total, leaving, grad_in),
+            stored, segment, (total, leaving, grad_in), from_outputs,
         )
 
     buffers = new_gradient_buffers(q, k, v, beta)
@@ -396,10 +404,10 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
                     updates, keys_in, keys_out, solved.chunk_decay, _float32(initial_state),
                     state_pass_precision(k.dtype), states_dtype(k.dtype),
                 )
-            entering_grad, corrections_grad = output_gradients(q, k, v, do, solved, ctx.scale)
+            (entering_grad, from_outputs), corrections_grad = output_gradients(q, k, v, do, solved, ctx.scale)
             total, leaving, initial_grad = triton_state_pass_backward(
                 keys_in, keys_out, solved.chunk_decay, entering_grad, corrections_grad, _float32(final_state_grad),
-                v.shape[-1], state_pass_precision(k.dtype), states_dtype(k.dtype),
+                v.shape[-1], state_pass_precision(k.dtype), states_dtype(k.dtype), from_outputs=from_outputs,
             )
             dq, dk, dv, dbeta, dg = chunk_gradients(
                 q, k, v, beta, do, solved, states, leaving, corrections, total, ctx.scale

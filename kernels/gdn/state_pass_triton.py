@@ -12,6 +12,8 @@ products with float32 accumulation. Transposed operands are loaded transposed fr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -23,14 +25,14 @@ from schedlang.kernels.gdn.overlap import Segment
 
 LAUNCH = register_launch_table("gdn", __name__, {
     "forward": {"block_v": 16, "precision": "tf32x3", "num_warps": 4, "num_stages": 3},
-    "backward": {"block_v": 16, "precision": "tf32x3", "num_warps": 4, "num_stages": 3},
+    "backward": {"block_v": 16, "precision": "tf32x3", "num_warps": 4, "num_stages": 3, "output_terms": 0},
     "wy_solve": {"block_k": 64, "num_warps": 4, "num_stages": 2},
     "wy_apply": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
     "output": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
     "output_gradients": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
     "chunk_gradients": {
-        "block_k": 64, "block_v": 32, "num_warps": 4, "num_stages": 1, "split": 1, "value_operands": "float32",
-        "transpose_scores": 0,
+        "block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 1, "split": 1, "value_operands": "stored",
+        "transpose_scores": 1,
     },
     "products": {"float32": "tf32x3", "reduced": "tf32"},
     "overlap": {"segments": 1, "split": 0.5},
@@ -47,7 +49,9 @@ transposes a register tile there instead of forming a transposed product. "overl
 operator ([Note: gdn overlap] in kernels/gdn/chunk_triton.py): ``segments`` 1 runs each phase once over all kernel
 chunks; 2 splits the chunks in two segments, the first holding ``split`` of them (a fraction in (0, 1), rounded to a
 whole chunk), and runs each segment's state pass beside the other segment's per-chunk work on a second CUDA stream.
-Everything runs at most 4 warps: Triton 3.6 miscompiled the state pass's backward at 8 on an H200
+The backward's "output_terms" 1 has the backward state pass form each chunk's entering-state gradient
+from the outputs (q, dO) itself instead of reading it from memory, where the per-chunk output-terms kernel would
+write it. Everything runs at most 4 warps: Triton 3.6 miscompiled the state pass's backward at 8 on an H200
 (docs/benchmarks.md, "Launch tables")."""
 
 
@@ -104,11 +108,33 @@ def gdn_state_pass_forward_kernel(
 
 
 @triton.jit
+def _outputs_state_grad(
+    q, do, gate_cumsum, scale, i_v, i_bh, n, N, T, H: tl.constexpr,
+    C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
+):
+    # dS_n(outputs) = (diag(exp(gc)) scale Q_n)^T dO_n, [BK, BV] float32, formed exactly as
+    # gdn_bwd_kernel_output_terms forms it (kernels/gdn/triton_output.py)
+    i_b, i_h = i_bh // H, i_bh % H
+    chunk = i_bh.to(tl.int64) * N + n
+    dt = q.dtype.element_ty
+    b_gc = tl.load(gate_cumsum + chunk * C + tl.arange(0, C))
+    key_base = (i_b * T * H + i_h).to(tl.int64) * K
+    value_base = (i_b * T * H + i_h).to(tl.int64) * V
+    p_q_t = tl.make_block_ptr(q + key_base, (K, T), (1, H * K), (0, n * C), (BK, C), (0, 1))
+    p_do = tl.make_block_ptr(do + value_base, (T, V), (H * V, 1), (n * C, i_v * BV), (C, BV), (1, 0))
+    b_q_t = tl.load(p_q_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    b_qg_t = (b_q_t * (tl.exp(b_gc) * scale)[None, :]).to(dt)
+    b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
+    return tl.dot(b_qg_t, b_do.to(dt), input_precision=PRECISION)
+
+
+@triton.jit
 def _backward_step(
     keys_in, keys_out, chunk_decay, entering_grad, corrections_grad, corrections_grad_total, leaving_grad,
-    b_grad, i_v, i_bh, n, N,
+    q, do, gate_cumsum, scale, T, b_grad, i_v, i_bh, n, N, H: tl.constexpr,
     C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_ENTERING_GRAD: tl.constexpr, HAS_CORRECTIONS_GRAD: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_ENTERING_GRAD: tl.constexpr, HAS_CORRECTIONS_GRAD: tl.constexpr, HAS_OUTPUTS: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     # G = dL/dS_{n+1}:  dDelta_n = dDelta_n(ext) + KE_n G;  G <- a_n G + dS_n(ext) - W_n^T dDelta_n
     chunk = i_bh.to(tl.int64) * N + n
@@ -128,16 +154,18 @@ def _backward_step(
     if HAS_ENTERING_GRAD:
         p_de = tl.make_block_ptr(entering_grad + chunk * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
         b_grad += tl.load(p_de, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    if HAS_OUTPUTS:
+        b_grad += _outputs_state_grad(q, do, gate_cumsum, scale, i_v, i_bh, n, N, T, H, C, K, V, BK, BV, PRECISION)
     return b_grad
 
 
 @triton.jit
 def gdn_state_pass_backward_kernel(
     keys_in, keys_out, chunk_decay, entering_grad, corrections_grad, final_grad,
-    corrections_grad_total, leaving_grad, initial_grad, N, first_chunk, stop_chunk,
-    C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    corrections_grad_total, leaving_grad, initial_grad, q, do, gate_cumsum, scale, T, N, first_chunk, stop_chunk,
+    H: tl.constexpr, C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     HAS_ENTERING_GRAD: tl.constexpr, HAS_CORRECTIONS_GRAD: tl.constexpr, HAS_FINAL_GRAD: tl.constexpr,
-    INTERPRETED: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_OUTPUTS: tl.constexpr, INTERPRETED: tl.constexpr, PRECISION: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     state_base = i_bh.to(tl.int64) * K * V
@@ -151,16 +179,16 @@ def gdn_state_pass_backward_kernel(
         while step < stop_chunk - first_chunk:
             b_grad = _backward_step(
                 keys_in, keys_out, chunk_decay, entering_grad, corrections_grad, corrections_grad_total, leaving_grad,
-                b_grad, i_v, i_bh, stop_chunk - 1 - step, N, C, K, V, BK, BV, HAS_ENTERING_GRAD, HAS_CORRECTIONS_GRAD,
-                PRECISION,
+                q, do, gate_cumsum, scale, T, b_grad, i_v, i_bh, stop_chunk - 1 - step, N, H, C, K, V, BK, BV,
+                HAS_ENTERING_GRAD, HAS_CORRECTIONS_GRAD, HAS_OUTPUTS, PRECISION,
             )
             step += 1
     else:
         for step in range(stop_chunk - first_chunk):
             b_grad = _backward_step(
                 keys_in, keys_out, chunk_decay, entering_grad, corrections_grad, corrections_grad_total, leaving_grad,
-                b_grad, i_v, i_bh, stop_chunk - 1 - step, N, C, K, V, BK, BV, HAS_ENTERING_GRAD, HAS_CORRECTIONS_GRAD,
-                PRECISION,
+                q, do, gate_cumsum, scale, T, b_grad, i_v, i_bh, stop_chunk - 1 - step, N, H, C, K, V, BK, BV,
+                HAS_ENTERING_GRAD, HAS_CORRECTIONS_GRAD, HAS_OUTPUTS, PRECISION,
             )
     p_initial = tl.make_block_ptr(initial_grad + state_base, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
     tl.store(p_initial, b_grad, boundary_check=(0, 1))
@@ -197,16 +225,33 @@ def triton_state_pass_forward(
     return entering, corrections, final_state
 
 
+@dataclass(frozen=True)
+class OutputsOfChunks:
+    """What the backward state pass needs to form each chunk's entering-state gradient from the outputs itself,
+    instead of reading it: q [B, T, H, K] and dO [B, T, H, V] (user layout, contiguous), gc [B, H, N, C] float32
+    and the scale of q."""
+
+    q: torch.Tensor
+    do: torch.Tensor
+    gate_cumsum: torch.Tensor
+    scale: float
+
+
 def triton_state_pass_backward(
     keys_in, keys_out, chunk_decay, entering_grad, corrections_grad, final_grad, value_dim,
     precision: str | None = None, stored=torch.float32, segment: Segment | None = None, outputs: tuple | None = None,
+    from_outputs: OutputsOfChunks | None = None,
 ):
     """(total corrections gradient [B, H, N, C, V] float32, gradient of each chunk's leaving state [B, H, N, K, V]
     in ``stored``, initial-state gradient [B, H, K, V] float32); None gradients count as zeros; ``precision`` as
     in triton_state_pass_forward. With a ``segment`` the pass starts from ``final_grad`` at the segment's last
     chunk, writes the gradients of its chunks only and returns the gradient of the state entering its first
-    chunk as the initial-state gradient. ``outputs``: the three tensors to write into (else new ones)."""
+    chunk as the initial-state gradient. ``outputs``: the three tensors to write into (else new ones). With
+    ``from_outputs`` the pass adds each chunk's entering-state gradient from the outputs, formed in the pass, in
+    place of ``entering_grad`` (which must then be None)."""
     batch, heads, n_chunks, chunk_size, key_dim = keys_in.shape
+    if from_outputs is not None and entering_grad is not None:
+        raise ValueError("give the entering-state gradient or the outputs it comes from, not both")
     segment = segment or Segment(0, n_chunks)
     launch = LAUNCH["backward"]
     bk, bv = block_size(key_dim, 256), block_size(value_dim, launch["block_v"])
@@ -222,10 +267,13 @@ def triton_state_pass_backward(
         entering_grad if entering_grad is not None else total,
         corrections_grad if corrections_grad is not None else total,
         final_grad if final_grad is not None else total,
-        total, leaving, initial_grad, n_chunks, segment.first, segment.stop,
-        C=chunk_size, K=key_dim, V=value_dim, BK=bk, BV=bv,
+        total, leaving, initial_grad,
+        *((from_outputs.q, from_outputs.do, from_outputs.gate_cumsum, from_outputs.scale, from_outputs.q.shape[1])
+          if from_outputs is not None else (total, total, total, 1.0, 1)),
+        n_chunks, segment.first, segment.stop, H=heads, C=chunk_size, K=key_dim, V=value_dim, BK=bk, BV=bv,
         HAS_ENTERING_GRAD=entering_grad is not None, HAS_CORRECTIONS_GRAD=corrections_grad is not None,
-        HAS_FINAL_GRAD=final_grad is not None, INTERPRETED=INTERPRETED, PRECISION=precision or launch["precision"],
+        HAS_FINAL_GRAD=final_grad is not None, HAS_OUTPUTS=from_outputs is not None, INTERPRETED=INTERPRETED,
+        PRECISION=precision or launch["precision"],
         **launch_options(launch),
     )
     return total, leaving, initial_grad

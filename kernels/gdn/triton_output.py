@@ -59,10 +59,10 @@ def gdn_fwd_kernel_output(
 def gdn_bwd_kernel_output_terms(
     q, k, do, gate_cumsum, entering_grad, corrections_grad, scale, T, N, first_chunk,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, STATE_TERMS: tl.constexpr = True,
 ):
-    # One program per (chunk, batch * head): the outputs' gradients of the chunk's entering state [K, V] and
-    # of its corrections [C, V], float32, chunk by chunk.
+    # One program per (chunk, batch * head): the outputs' gradients of the chunk's entering state [K, V] (unless
+    # not STATE_TERMS: the backward state pass then forms them itself) and of its corrections [C, V], float32.
     i_n, i_bh = tl.program_id(0) + first_chunk, tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     chunk = i_bh.to(tl.int64) * N + i_n
@@ -80,7 +80,7 @@ def gdn_bwd_kernel_output_terms(
         b_kq += tl.dot(b_k, b_q_t.to(dt), input_precision=PRECISION)
         # [BK, C]: (exp(gc) scale q)^T of these keys
         b_qg_t = (b_q_t.to(tl.float32) * (tl.exp(b_gc) * scale)[None, :]).to(dt)
-        for i_v in range(tl.cdiv(V, BV)):
+        for i_v in range(tl.cdiv(V, BV) if STATE_TERMS else 0):
             p_do = tl.make_block_ptr(do + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
             b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
             p_ds = tl.make_block_ptr(entering_grad + chunk * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))

@@ -196,6 +196,33 @@ def test_per_chunk_backward_layouts_give_the_same_gradients(launch):
     assert_close({name: t.cpu() for name, t in actual.items()}, expected, 1e-4)
 
 
+@pytest.mark.parametrize("segments", [1, 2], ids=["one_segment", "two_segments"])
+def test_the_backward_state_pass_can_form_the_output_terms_itself(segments):
+    """With the launch table's backward "output_terms" the output-terms kernel writes no entering-state gradients
+    and the backward state pass forms them from q and dO: every gradient still matches the float64 recurrence,
+    in one segment and in the two-segment overlap."""
+    from schedlang.kernels.common.launch_tables import launch_overrides
+    from schedlang.kernels.gdn import chunk_triton, state_pass_triton  # noqa: F401  (registers the "gdn" launch table)
+
+    inputs, upstream = make_inputs(2, 150, 2, 32, "strong", True, torch.float64, seed=47)
+    expected = run_with_grads(naive_recurrent_gated_delta_rule, inputs, upstream)
+    on_device_upstream = {name: t.to(DEVICE) for name, t in upstream.items()}
+    table = {"backward": {"output_terms": 1}, "overlap": {"segments": segments}}
+    formed = []
+    original = chunk_triton.output_gradients
+
+    def spy(*args, **kwargs):
+        result = original(*args, **kwargs)
+        formed.append(result[0])
+        return result
+
+    with launch_overrides({"gdn": table}), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(chunk_triton, "output_gradients", spy)
+        actual = run_with_grads(chunk_gated_delta_rule, on_device(inputs, torch.float32), on_device_upstream, backend="triton")
+    assert formed and all(entering is None and from_outputs is not None for entering, from_outputs in formed)
+    assert_close({name: t.cpu() for name, t in actual.items()}, expected, 1e-4)
+
+
 def test_stored_value_operands_give_16_bit_inputs_the_same_gradients():
     """16-bit inputs: the split backward's value loop with its operands as stored gives the gradients it gives with
     them converted to float32 (the same products), and the choice reaches the kernel only for one 16-bit dtype."""
