@@ -138,13 +138,20 @@ def chunk_output(q, k, v, solved: SolvedChunks, states, corrections, scale: floa
     return output
 
 
+def state_pass_forms_output_terms(dtype: torch.dtype) -> bool:
+    """Whether the backward state pass forms the outputs' entering-state gradients itself for inputs of ``dtype``:
+    the launch table's backward "output_terms", for 16-bit inputs only (float32 q tiles overflow the pass's shared
+    memory at its stages)."""
+    return bool(LAUNCH["backward"]["output_terms"]) and dtype in (torch.float16, torch.bfloat16)
+
+
 def output_gradients(q, k, v, do, solved: SolvedChunks, scale: float):
     """(the outputs' gradients of each chunk's entering state [B, H, N, K, V], or None when the backward state
     pass forms them itself (the launch table's "backward" "output_terms"), and of each chunk's corrections
     [B, H, N, C, V]), float32; the second item of the pair is what that state pass then takes."""
     sizes = _sizes(q, v)
     batch, heads, n_chunks = q.shape[0], sizes["H"], sizes["N"]
-    in_state_pass = bool(LAUNCH["backward"]["output_terms"])
+    in_state_pass = state_pass_forms_output_terms(q.dtype)
     corrections_grad = new_output((batch, heads, n_chunks, CHUNK, sizes["V"]), torch.float32, q.device)
     entering_grad = None if in_state_pass else new_output(
         (batch, heads, n_chunks, sizes["K"], sizes["V"]), torch.float32, q.device

@@ -25,7 +25,7 @@ from schedlang.kernels.gdn.overlap import Segment
 
 LAUNCH = register_launch_table("gdn", __name__, {
     "forward": {"block_v": 16, "precision": "tf32x3", "num_warps": 4, "num_stages": 3},
-    "backward": {"block_v": 16, "precision": "tf32x3", "num_warps": 4, "num_stages": 3, "output_terms": 0},
+    "backward": {"block_v": 16, "precision": "tf32x3", "num_warps": 4, "num_stages": 3, "output_terms": 1},
     "wy_solve": {"block_k": 64, "num_warps": 4, "num_stages": 2},
     "wy_apply": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
     "output": {"block_k": 64, "block_v": 64, "num_warps": 4, "num_stages": 2},
@@ -50,8 +50,8 @@ operator ([Note: gdn overlap] in kernels/gdn/chunk_triton.py): ``segments`` 1 ru
 chunks; 2 splits the chunks in two segments, the first holding ``split`` of them (a fraction in (0, 1), rounded to a
 whole chunk), and runs each segment's state pass beside the other segment's per-chunk work on a second CUDA stream.
 The backward's "output_terms" 1 has the backward state pass form each chunk's entering-state gradient
-from the outputs (q, dO) itself instead of reading it from memory, where the per-chunk output-terms kernel would
-write it. Everything runs at most 4 warps: Triton 3.6 miscompiled the state pass's backward at 8 on an H200
+from the outputs (q, dO) itself, for 16-bit inputs, instead of reading it from memory, where the per-chunk
+output-terms kernel would write it. Everything runs at most 4 warps: Triton 3.6 miscompiled the state pass's backward at 8 on an H200
 (docs/benchmarks.md, "Launch tables")."""
 
 

@@ -199,8 +199,8 @@ def test_per_chunk_backward_layouts_give_the_same_gradients(launch):
 @pytest.mark.parametrize("segments", [1, 2], ids=["one_segment", "two_segments"])
 def test_the_backward_state_pass_can_form_the_output_terms_itself(segments):
     """With the launch table's backward "output_terms" the output-terms kernel writes no entering-state gradients
-    and the backward state pass forms them from q and dO: every gradient still matches the float64 recurrence,
-    in one segment and in the two-segment overlap."""
+    for 16-bit inputs and the backward state pass forms them from q and dO: every gradient still matches the
+    float64 recurrence, in one segment and in the two-segment overlap; float32 inputs keep reading them."""
     from schedlang.kernels.common.launch_tables import launch_overrides
     from schedlang.kernels.gdn import chunk_triton, state_pass_triton  # noqa: F401  (registers the "gdn" launch table)
 
@@ -218,9 +218,13 @@ def test_the_backward_state_pass_can_form_the_output_terms_itself(segments):
 
     with launch_overrides({"gdn": table}), pytest.MonkeyPatch.context() as patch:
         patch.setattr(chunk_triton, "output_gradients", spy)
-        actual = run_with_grads(chunk_gated_delta_rule, on_device(inputs, torch.float32), on_device_upstream, backend="triton")
+        single = run_with_grads(chunk_gated_delta_rule, on_device(inputs, torch.float32), on_device_upstream, backend="triton")
+        assert formed and all(entering is not None and from_outputs is None for entering, from_outputs in formed)
+        formed.clear()
+        half = run_with_grads(chunk_gated_delta_rule, on_device(inputs, torch.float16), on_device_upstream, backend="triton")
     assert formed and all(entering is None and from_outputs is not None for entering, from_outputs in formed)
-    assert_close({name: t.cpu() for name, t in actual.items()}, expected, 1e-4)
+    assert_close({name: t.cpu() for name, t in single.items()}, expected, 1e-4)
+    assert_close({name: t.double().cpu() for name, t in half.items()}, expected, 3e-3)
 
 
 def test_stored_value_operands_give_16_bit_inputs_the_same_gradients():
