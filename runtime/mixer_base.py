@@ -1,6 +1,7 @@
-"""What every token mixer of the model shares: the q/k/v/o head layout (:class:`HeadMixer`), the per-head
-RMSNorm, the sequence-parallel context a mixer runs its chunk slice in, the kernel backend, and the
-seed-determined initialisation of a parameter (see :mod:`schedlang.runtime.model`).
+"""What every token mixer of the model shares: the q/k/v/o head layout (:class:`HeadMixer`), RMSNorm (a
+mixer's per-head output norm, and the blocks' norms in :mod:`schedlang.runtime.model`), the sequence-parallel
+context a mixer runs its slice of a chunk in, the kernel backend, and the normal initialisation of a parameter
+from its piece's generator.
 
 The mixers themselves live in :mod:`schedlang.runtime.mixer_gla` (gla, simple_gla),
 :mod:`schedlang.runtime.mixer_gdn` (gdn) and :mod:`schedlang.runtime.mixer_attention` (attn).
@@ -30,7 +31,6 @@ class SequenceParallelContext:
     group: dist.ProcessGroup
     method: str
     scan_blocks: int
-
 
 
 def _init_normal(parameter: nn.Parameter, std: float, generator: torch.Generator) -> None:
