@@ -35,7 +35,8 @@ from schedlang.runtime.lr_schedule import build_scheduler
 from schedlang.runtime.master_weights import MasterWeights
 from schedlang.runtime.step_graphs import StepGraphs
 from schedlang.runtime.mesh import RuntimeMesh, init_mesh, tied_embedding_group
-from schedlang.runtime.model import SequenceParallelContext, build_stage_model
+from schedlang.runtime.mixer_base import SequenceParallelContext
+from schedlang.runtime.model import build_stage_model
 from schedlang.runtime.p2p import StageMessenger
 from schedlang.runtime.progress import StepMetrics, StepReporter
 from schedlang.runtime.step_loss import PendingLoss, StepClock

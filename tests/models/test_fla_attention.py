@@ -23,7 +23,8 @@ from schedlang.cli import main
 from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.hf_format import fla_sources, read_fla_config
 from schedlang.runtime.kv_buffers import AttentionChunk, ChunkPosition, SequenceKV
-from schedlang.runtime.model import CausalAttentionMixer, build_stage_model
+from schedlang.runtime.mixer_attention import CausalAttentionMixer
+from schedlang.runtime.model import build_stage_model
 from schedlang.runtime.model_options import AttentionOptions, ModelOptions
 from schedlang.vocabulary import LayerKind
 

@@ -189,7 +189,7 @@ def _sequence_parallel_worker(rank: int, world_size: int, bounds: tuple[int, ...
     its logits and the gradients summed over the ranks are the one-device run's."""
     import torch.distributed as dist
 
-    from schedlang.runtime.model import SequenceParallelContext
+    from schedlang.runtime.mixer_base import SequenceParallelContext
 
     config = ModelConfig(
         vocab=32, d_model=16, layers=("attn", "attn"), heads=2, head_dim=8, mlp_ratio=2.0,

@@ -1,0 +1,121 @@
+"""What every token mixer of the model shares: the q/k/v/o head layout (:class:`HeadMixer`), RMSNorm (a
+mixer's per-head output norm, and the blocks' norms in :mod:`schedlang.runtime.model`), the sequence-parallel
+context a mixer runs its slice of a chunk in, the kernel backend, and the normal initialisation of a parameter
+from its piece's generator.
+
+The mixers themselves live in :mod:`schedlang.runtime.mixer_gla` (gla, simple_gla),
+:mod:`schedlang.runtime.mixer_gdn` (gdn) and :mod:`schedlang.runtime.mixer_attention` (attn).
+"""
+
+from __future__ import annotations
+
+import os
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from schedlang.runtime.config import ModelConfig
+from schedlang.runtime.linear import Linear
+
+INIT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class SequenceParallelContext:
+    """Where a mixing layer's tokens are split: the sequence-parallel group and its scan method."""
+
+    group: dist.ProcessGroup
+    method: str
+    scan_blocks: int
+
+
+def _init_normal(parameter: nn.Parameter, std: float, generator: torch.Generator) -> None:
+    with torch.no_grad():
+        values = torch.empty(parameter.shape, dtype=torch.float32).normal_(0.0, std, generator=generator)
+        parameter.copy_(values)
+
+
+KERNEL_BACKEND_VARIABLE = "SCHEDLANG_KERNEL_BACKEND"
+
+
+def kernel_backend(device: torch.device) -> str:
+    """Always explicit: "auto" would pick Triton's slow interpreter on CPU machines that set TRITON_INTERPRET.
+
+    ``SCHEDLANG_KERNEL_BACKEND=torch`` forces the pure-PyTorch kernels on a GPU
+    (to compare, or where Triton is unavailable).
+    """
+    forced = os.environ.get(KERNEL_BACKEND_VARIABLE)
+    if forced:
+        return forced
+    return "triton" if device.type == "cuda" else "torch"
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, width: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # torch's own RMSNorm: one fused kernel each way on CUDA (it accumulates 16-bit inputs in float32),
+        # where the same formula written in tensor ops took about 20 launches per norm and chunk
+        return F.rms_norm(hidden, (hidden.shape[-1],), self.weight, self.eps)
+
+
+class HeadMixer(nn.Module):
+    """What every token mixer shares: ``heads`` heads of ``head_dim``, q/k/v projections to
+    ``heads * head_dim`` and the output projection back (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``).
+
+    ``heads`` and ``head_dim`` default to the model's; ``head_k_dim`` (default ``head_dim``) narrows queries
+    and keys; with ``kv_heads`` (default ``heads``) the key and value projections have ``kv_heads`` heads,
+    each shared by ``heads / kv_heads`` consecutive query heads; ``qkv_bias`` gives the q, k and v
+    projections biases.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        head_k_dim: int | None = None,
+        kv_heads: int | None = None,
+        heads: int | None = None,
+        head_dim: int | None = None,
+        qkv_bias: bool = False,
+    ) -> None:
+        super().__init__()
+        self.heads = heads or config.heads
+        self.head_dim = head_dim or config.head_dim
+        self.head_k_dim = head_k_dim or self.head_dim
+        self.kv_heads = kv_heads or self.heads
+        self.q_proj = Linear(config.d_model, self.heads * self.head_k_dim, bias=qkv_bias)
+        self.k_proj = Linear(config.d_model, self.kv_heads * self.head_k_dim, bias=qkv_bias)
+        self.v_proj = Linear(config.d_model, self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = Linear(self.heads * self.head_dim, config.d_model, bias=False)
+
+    def head_shape(self, hidden: torch.Tensor) -> tuple[int, int, int, int]:
+        return (hidden.shape[0], hidden.shape[1], self.heads, self.head_dim)
+
+    def share_kv_heads(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``[B, L, kv_heads * D]`` as ``[B, L, heads, D]``, each key/value head repeated for its query heads."""
+        per_head = tensor.view(tensor.shape[0], tensor.shape[1], self.kv_heads, -1)
+        groups = self.heads // self.kv_heads
+        return per_head if groups == 1 else per_head.repeat_interleave(groups, dim=2)
+
+    def project_qkv(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k as [B, L, H, head_k_dim], v as [B, L, H, head_dim]."""
+        q = self.q_proj(hidden).view(hidden.shape[0], hidden.shape[1], self.heads, self.head_k_dim)
+        return q, self.share_kv_heads(self.k_proj(hidden)), self.share_kv_heads(self.v_proj(hidden))
+
+    def init_projections(self, generator: torch.Generator, output_std: float, *gates: Linear) -> None:
+        """q, k, v, then each gate (a low-rank gate is two), drawn in that order; biases zero; the output
+        projection last."""
+        for projection in (self.q_proj, self.k_proj, self.v_proj, *gates):
+            _init_normal(projection.weight, INIT_STD, generator)
+        with torch.no_grad():
+            for projection in (self.q_proj, self.k_proj, self.v_proj, *gates):
+                if projection.bias is not None:
+                    projection.bias.zero_()
+        _init_normal(self.o_proj.weight, output_std, generator)
