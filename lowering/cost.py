@@ -141,13 +141,16 @@ def allgather_seconds(ranks: int, bytes_per_rank: float, hardware: Hardware) -> 
     return math.ceil(math.log2(ranks)) * hardware.latency_s + (ranks - 1) * bytes_per_rank / hardware.bandwidth_bytes_per_s
 
 
-def mixer_projection_flops_per_token(kind: LayerKind, d_model: int, heads: int, head_dim: int) -> float:
+def mixer_projection_flops_per_token(
+    kind: LayerKind, d_model: int, heads: int, head_dim: int, kv_heads: int | None = None
+) -> float:
     """Forward FLOPs per token of one token-mixing layer's linear layers (0 for ``mlp``): also the FLOPs of
-    their weight gradients."""
+    their weight gradients. ``kv_heads`` (None: ``heads``) is the width in heads of the k and v projections."""
     if not kind.is_mixer:
         return 0.0
     width = heads * head_dim
-    projections = 4 * 2 * d_model * width  # q, k, v, o
+    key_value_width = (heads if kv_heads is None else kv_heads) * head_dim
+    projections = 2 * 2 * d_model * width + 2 * 2 * d_model * key_value_width  # q and o; k and v
     if kind is LayerKind.GLA:
         projections += 2 * d_model * width  # per-channel forget gate
     elif kind is LayerKind.SIMPLE_GLA:
@@ -163,23 +166,53 @@ LINEAR_LAYERS_PER_MLP = 2
 """SwiGLU's fused gate-and-up projection and its down projection."""
 
 
-def mixer_flops_per_token(kind: LayerKind, d_model: int, heads: int, head_dim: int, kernel_chunk: int) -> float:
-    """Forward FLOPs per token of one token-mixing layer, without the attention pair term (0 for ``mlp``)."""
-    if not kind.is_mixer:
+def recurrence_flops_per_token(kind: LayerKind, heads: int, head_dim: int, kernel_chunk: int) -> float:
+    """Forward FLOPs per token of a recurrent layer's chunked recurrence (0 for ``attn`` and ``mlp``)."""
+    if not kind.is_recurrent:
         return 0.0
-    projections = mixer_projection_flops_per_token(kind, d_model, heads, head_dim)
-    if kind is LayerKind.ATTN:
-        return projections
     # chunked recurrence: intra-chunk q k^T and (q k^T) v over the kernel chunk, then q S and S += k^T v
     recurrence = heads * (4 * kernel_chunk * head_dim + 4 * head_dim * head_dim)
     if kind is LayerKind.GDN:
         recurrence += heads * (2 * kernel_chunk * head_dim + 2 * head_dim * head_dim)  # delta-rule WY terms
-    return projections + recurrence
+    return recurrence
+
+
+def mixer_flops_per_token(kind: LayerKind, d_model: int, heads: int, head_dim: int, kernel_chunk: int) -> float:
+    """Forward FLOPs per token of one token-mixing layer of ``heads`` heads of ``head_dim``, without the
+    attention pair term (0 for ``mlp``)."""
+    projections = mixer_projection_flops_per_token(kind, d_model, heads, head_dim)
+    return projections + recurrence_flops_per_token(kind, heads, head_dim, kernel_chunk)
+
+
+def layer_projection_flops_per_token(model: ModelSpec, kind: LayerKind) -> float:
+    """:func:`mixer_projection_flops_per_token` of a layer of ``kind`` in ``model``: an ``attn`` layer by its
+    own heads (``model.attention_geometry``: q and o ``heads``, k and v ``kv_heads``), every other kind by
+    the model's ``heads`` and ``head_dim``."""
+    if kind is LayerKind.ATTN:
+        attention = model.attention_geometry
+        return mixer_projection_flops_per_token(
+            kind, model.d_model, attention.heads, attention.head_dim, attention.kv_heads
+        )
+    return mixer_projection_flops_per_token(kind, model.d_model, model.heads, model.head_dim)
+
+
+def layer_mixer_flops_per_token(model: ModelSpec, kind: LayerKind, kernel_chunk: int) -> float:
+    """:func:`mixer_flops_per_token` of a layer of ``kind`` in ``model``, its projections sized by
+    :func:`layer_projection_flops_per_token`."""
+    recurrence = recurrence_flops_per_token(kind, model.heads, model.head_dim, kernel_chunk)
+    return layer_projection_flops_per_token(model, kind) + recurrence
 
 
 def attention_pair_flops(heads: int, head_dim: int) -> float:
-    """Forward FLOPs per causal query-key pair of one softmax attention layer: q k and p v."""
+    """Forward FLOPs per causal query-key pair of one softmax attention layer of ``heads`` query heads: q k and
+    p v (grouped key/value heads change nothing: each query head still meets a key and a value of ``head_dim``)."""
     return 4 * heads * head_dim
+
+
+def model_attention_pair_flops(model: ModelSpec) -> float:
+    """:func:`attention_pair_flops` of the ``attn`` layers of ``model``, by their own query heads."""
+    attention = model.attention_geometry
+    return attention_pair_flops(attention.heads, attention.head_dim)
 
 
 def attention_pairs(prefix: int, tokens: int, ranks: int) -> float:
@@ -341,8 +374,7 @@ class FlopsCostModel:
         is_last = stage == program.n_stages - 1
         per_token = 0.0
         for kind, n_layers in self.stage_kinds[stage].items():
-            projections = mixer_projection_flops_per_token(kind, model.d_model, model.heads, model.head_dim)
-            per_token += n_layers * projections
+            per_token += n_layers * layer_projection_flops_per_token(model, kind)
             per_token += n_layers * mlp_flops_per_token(model) if model.has_mlp(kind) else 0.0
         if is_last:
             per_token += head_flops_per_token(model)
@@ -358,13 +390,12 @@ class FlopsCostModel:
         pairs_flops = 0.0
         attention_layers = 0
         for kind, n_layers in self.stage_kinds[stage].items():
-            mixer = mixer_flops_per_token(kind, model.d_model, model.heads, model.head_dim, kernel_chunk)
-            mixer_per_token += n_layers * mixer
+            mixer_per_token += n_layers * layer_mixer_flops_per_token(model, kind, kernel_chunk)
             mlp_per_token += n_layers * mlp_flops_per_token(model) if model.has_mlp(kind) else 0.0
             if kind is LayerKind.ATTN:
                 attention_layers += n_layers
                 pairs = attention_pairs(prefix, tokens, self.sequence_ranks)
-                pairs_flops += n_layers * attention_pair_flops(model.heads, model.head_dim) * pairs
+                pairs_flops += n_layers * model_attention_pair_flops(model) * pairs
         if stage == program.n_stages - 1:
             head_per_token = head_flops_per_token(model)
         # the chunk takes as long as its slowest sequence-parallel rank, whose attention pairs these are
@@ -380,7 +411,8 @@ class FlopsCostModel:
     def _sequence_parallel_seconds(self, stage: int, tokens: int, attention_layers: int) -> float:
         """State exchange between the sequence-parallel ranks of one chunk, and each attention layer's all-gather
         of the chunk's keys and values ([Note: sequence-parallel attention] in schedlang.runtime.attention_parallel;
-        its backward reduce-scatters as many bytes)."""
+        its backward reduce-scatters as many bytes), as wide as the K/V buffers (``buffered_key_value_width`` of
+        ``model.attention_geometry``)."""
         ranks = self.sequence_ranks
         if ranks == 1:
             return 0.0
@@ -392,7 +424,8 @@ class FlopsCostModel:
             for kind, n_layers in self.stage_kinds[stage].items()
             if kind.is_recurrent
         )
-        key_value_bytes = 2 * self.batch * -(-tokens // ranks) * model.heads * model.head_dim * self.element_bytes
+        key_value_width = model.attention_geometry.buffered_key_value_width
+        key_value_bytes = 2 * self.batch * -(-tokens // ranks) * key_value_width * self.element_bytes
         attention = attention_layers * allgather_seconds(ranks, key_value_bytes, hardware)
         return scans + attention
 

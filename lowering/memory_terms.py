@@ -1,7 +1,8 @@
 """The memory model's terms: bytes of each thing a pipeline stage keeps, one formula per term.
 
 Every function here is a closed form in the program's sizes (``d`` = ``d_model``, ``H`` heads, ``D``
-head dimension, ``W = H D``, ``h`` the SwiGLU width, ``V`` the vocabulary, ``e`` bytes per element of
+head dimension, ``W = H D``, an ``attn`` layer's own ``H_a`` query heads of ``D_a`` and ``W_a = H_a D_a``
+(``ModelSpec.attention_geometry``), ``h`` the SwiGLU width, ``V`` the vocabulary, ``e`` bytes per element of
 ``train.dtype``, ``f`` bytes of the kernels' compute dtype: 4, or 8 for fp64) and is what
 :mod:`schedlang.lowering.memory_peak` adds up along a stage's order. docs/cost-model.md ("Memory") states
 every formula and what it assumes; the per-token activation terms are the tensors autograd saves in
@@ -17,9 +18,9 @@ backward (its ``W`` task when the backward is split):
   per row (:attr:`Device.CUDA`); on the CPU the composite norm keeps the input and the normalised rows in fp32
   (``2 w f``) and the ``rstd`` (:attr:`Device.CPU`, what the calibration runs on);
 * every token mixer: its norm, the normed input that its projections share (``d e``) and the output
-  projection's input (``W e``); then per kind
+  projection's input (``W e``, ``W_a e`` for attn); then per kind
   gla ``3 W e`` (q, k, v) ``+ W e`` (gate logits) ``+ W f`` (the log-gate), simple_gla ``3 W e + H e + H f``,
-  attn ``W e`` (q; k and v live in the sequence-wide K/V buffers, a term of their own) ``+ H f`` (the
+  attn ``W_a e`` (q; k and v live in the sequence-wide K/V buffers, a term of their own) ``+ H_a f`` (the
   log-sum-exp), gdn ``5 W e + 5 H e`` (the raw q and k, the output gate and its SiLU, the output norm's
   result, their per-head norms and the gate and write-strength inputs) ``+`` the per-head output norm over
   ``W`` with ``H`` rows, plus what the chunked operator keeps: on the CPU (batched PyTorch)
@@ -48,6 +49,7 @@ from enum import Enum
 from schedlang.lowering.cost import DTYPE_BYTES
 from schedlang.lowering.parameters import mlp_width, stage_parameters
 from schedlang.lowering.program import MlpKind, ModelSpec, Recompute, ScheduleProgram
+from schedlang.runtime.config import AttentionGeometry
 from schedlang.vocabulary import DType, LayerKind, OptimizerKind, recompute_on
 
 RUNTIME_KERNEL_CHUNK = 64
@@ -86,6 +88,7 @@ class Sizes:
     element_bytes: int
     compute_bytes: int
     batch: int
+    attention: AttentionGeometry  # the heads of the attn layers
 
     @property
     def width(self) -> int:
@@ -104,6 +107,7 @@ def program_sizes(program: ScheduleProgram) -> Sizes:
         element_bytes=element,
         compute_bytes=8 if program.train.dtype is DType.FP64 else 4,
         batch=program.pipeline.microbatch_size,
+        attention=model.attention_geometry,
     )
 
 
@@ -118,13 +122,15 @@ def mixer_bytes_per_token(kind: LayerKind, sizes: Sizes, device: Device) -> floa
     """A token mixer's saved bytes per token, its norm included ([Note: activation bytes])."""
     d, heads, dim, width = sizes.d_model, sizes.heads, sizes.head_dim, sizes.width
     e, f, chunk = sizes.element_bytes, sizes.compute_bytes, RUNTIME_KERNEL_CHUNK
-    shared = norm_bytes_per_row(d, sizes, device) + d * e + width * e
+    normed_input = norm_bytes_per_row(d, sizes, device) + d * e
+    if kind is LayerKind.ATTN:  # the output projection's input and q, then the log-sum-exp
+        attention = sizes.attention
+        return normed_input + 2 * attention.query_width * e + attention.heads * f
+    shared = normed_input + width * e
     if kind is LayerKind.GLA:
         return shared + 4 * width * e + width * f
     if kind is LayerKind.SIMPLE_GLA:
         return shared + 3 * width * e + heads * e + heads * f
-    if kind is LayerKind.ATTN:
-        return shared + width * e + heads * f
     if kind is LayerKind.GDN:
         output_norm = heads * norm_bytes_per_row(dim, sizes, device)
         if device is Device.CUDA:  # the Triton operator's autograd Function (kernels/gdn/chunk_triton.py)
@@ -233,12 +239,14 @@ def state_bytes(program: ScheduleProgram, stage: int) -> float:
 
 
 def key_value_bytes(program: ScheduleProgram, stage: int) -> float:
-    """One microbatch's sequence-wide K and V buffers on ``stage``: ``2 b H T D e`` per attn layer
-    ([Note: sequence-wide K/V] in schedlang.runtime.kv_buffers); their gradient buffers, opened by the
-    microbatch's first backward, weigh as much again."""
+    """One microbatch's sequence-wide K and V buffers on ``stage``: ``2 b T W_a e`` per attn layer
+    ([Note: sequence-wide K/V] in schedlang.runtime.kv_buffers), the buffers as wide as the query heads
+    (``AttentionGeometry.buffered_key_value_width``, whatever ``kv_heads``); their gradient buffers, opened by
+    the microbatch's first backward, weigh as much again."""
     sizes = program_sizes(program)
     attention = sum(kind is LayerKind.ATTN for kind in stage_layer_kinds(program, stage))
-    return attention * 2 * sizes.batch * program.sequence.length * sizes.width * sizes.element_bytes
+    width = sizes.attention.buffered_key_value_width
+    return attention * 2 * sizes.batch * program.sequence.length * width * sizes.element_bytes
 
 
 def activation_message_bytes(program: ScheduleProgram, chunk: int) -> float:
@@ -339,7 +347,7 @@ def recomputed_part_bytes_per_token(kind: LayerKind, sizes: Sizes, recompute: Re
 def sequence_parallel_bytes(program: ScheduleProgram, stage: int, chunk: int) -> float:
     """Messages of one layer's exchange across the sequence-parallel group: a state in and a state out
     per recurrent layer (the scan runs layer by layer, so one layer's), and an attn layer's all-gathered K/V
-    of the whole chunk."""
+    of the whole chunk, as wide as its K/V buffers."""
     ranks = program.mesh.sequence
     if ranks == 1:
         return 0.0
@@ -349,5 +357,6 @@ def sequence_parallel_bytes(program: ScheduleProgram, stage: int, chunk: int) ->
     recurrent = 2 * one_state if any(kind.is_recurrent for kind in kinds) else 0.0
     attention = 0.0
     if LayerKind.ATTN in kinds:
-        attention = 2 * sizes.batch * program.sequence.chunk_length(chunk) * sizes.width * sizes.element_bytes
+        width = sizes.attention.buffered_key_value_width
+        attention = 2 * sizes.batch * program.sequence.chunk_length(chunk) * width * sizes.element_bytes
     return max(recurrent, attention)

@@ -39,10 +39,24 @@ def mlp_width(model: ModelSpec) -> int:
     return -(-width // MLP_WIDTH_MULTIPLE) * MLP_WIDTH_MULTIPLE
 
 
+def attention_parameters(model: ModelSpec) -> ParameterCount:
+    """An ``attn`` layer's token mixer and its norm, by the layer's own heads (``model.attention_geometry``): q
+    and o ``heads`` wide, k and v ``kv_heads`` wide, and with ``qkv_bias`` a bias on each of q, k and v."""
+    d, attention = model.d_model, model.attention_geometry
+    projected_width = attention.query_width + 2 * attention.key_value_width  # q, k, v
+    weights = d * projected_width + attention.query_width * d  # q, k, v; o
+    biases = projected_width if model.attention.qkv_bias else 0
+    return ParameterCount(weights, d + biases)  # the mixer's norm
+
+
 def layer_parameters(model: ModelSpec, kind: LayerKind) -> ParameterCount:
     """One block: its norms, token mixer and MLP ([Note: separate MLP layers]: an ``mlp`` layer is only the MLP)."""
     d, heads, width = model.d_model, model.heads, model.heads * model.head_dim
-    weights, other = (4 * d * width, d) if kind.is_mixer else (0, 0)  # q, k, v, o; the mixer's norm
+    if kind is LayerKind.ATTN:
+        mixer = attention_parameters(model)
+        weights, other = mixer.linear_weights, mixer.other
+    else:
+        weights, other = (4 * d * width, d) if kind.is_mixer else (0, 0)  # q, k, v, o; the mixer's norm
     if kind is LayerKind.GLA:
         weights, other = weights + d * width, other + width  # per-channel gate with bias
     elif kind is LayerKind.SIMPLE_GLA:

@@ -39,11 +39,11 @@ import math
 from dataclasses import dataclass, replace
 
 from schedlang.lowering.cost import (
-    attention_pair_flops,
     last_rank_square_share,
     head_flops_per_token,
-    mixer_flops_per_token,
+    layer_mixer_flops_per_token,
     mlp_flops_per_token,
+    model_attention_pair_flops,
 )
 from schedlang.lowering.program import ModelSpec, OrderKind, PartitionKind, ScheduleProgram
 from schedlang.vocabulary import LayerKind
@@ -222,12 +222,14 @@ def layer_flop_coefficients(model: ModelSpec, kernel_chunk: int) -> LayerFlopCoe
       C_lin is their mean;
     * C_soft: one attention layer's FLOPs per causal query-key pair;
     * C_dense: the attention layers' projections, every layer's MLP and the LM head.
+
+    Attention layers are sized by their own heads (``model.attention_geometry``), as in the simulator.
     """
     recurrent = [kind for kind in model.layers if kind.is_recurrent]
     n_softmax = sum(kind is LayerKind.ATTN for kind in model.layers)
 
     def mixer(kind: LayerKind) -> float:
-        return mixer_flops_per_token(kind, model.d_model, model.heads, model.head_dim, kernel_chunk)
+        return layer_mixer_flops_per_token(model, kind, kernel_chunk)
 
     linear_cost = sum(mixer(kind) for kind in recurrent) / len(recurrent) if recurrent else 0.0
     dense_cost = (
@@ -235,7 +237,7 @@ def layer_flop_coefficients(model: ModelSpec, kernel_chunk: int) -> LayerFlopCoe
         + sum(model.has_mlp(kind) for kind in model.layers) * mlp_flops_per_token(model)
         + head_flops_per_token(model)
     )
-    softmax_cost = attention_pair_flops(model.heads, model.head_dim)
+    softmax_cost = model_attention_pair_flops(model)
     return LayerFlopCoefficients(len(recurrent), n_softmax, linear_cost, dense_cost, softmax_cost)
 
 

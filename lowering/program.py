@@ -6,8 +6,9 @@ A :class:`ScheduleProgram` is built only by the front end's semantic pass
 divisibility and chunk boundaries. Later passes may therefore assume:
 
 * ``model.layers`` is non-empty; ``model.heads * model.head_dim`` is the width
-  of every mixing layer's values (and of its queries and keys unless ``model.gla``
-  narrows those of ``gla`` layers);
+  of every recurrent layer's values (and of its queries and keys unless ``model.gla``
+  narrows those of ``gla`` layers); ``attn`` layers have the heads of
+  ``model.attention_geometry``;
 * ``stage_layers`` partitions ``range(len(model.layers))`` into
   ``mesh.pipeline`` contiguous, non-empty, increasing runs;
 * ``sequence.boundaries`` starts at 0, ends at ``sequence.length`` and is
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from schedlang.lowering.tasks import TaskId
-from schedlang.runtime.config import ModelConfig
+from schedlang.runtime.config import AttentionGeometry, ModelConfig, attention_geometry
 from schedlang.runtime.model_options import AttentionOptions, GdnOptions, GlaOptions, ModelOptions
 from schedlang.vocabulary import (
     CudaGraphs,
@@ -89,6 +90,11 @@ class ModelSpec:
         if kind is LayerKind.MLP:
             return True
         return self.mlp.kind is not MlpKind.NONE and not self.separate_mlp
+
+    @property
+    def attention_geometry(self) -> AttentionGeometry:
+        """The heads of the ``attn`` layers, by the runtime's rule (``schedlang.runtime.config.attention_geometry``)."""
+        return attention_geometry(self.heads, self.head_dim, self.attention)
 
     def runtime_config(self) -> ModelConfig:
         """The runtime's record of this model, which a generated script writes out (``mlp_ratio`` 0: no MLP)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schedlang.runtime.model_options import ModelOptions
+from schedlang.runtime.model_options import AttentionOptions, ModelOptions
 from schedlang.vocabulary import (
     CudaGraphs,
     DataKind,
@@ -25,6 +25,42 @@ from schedlang.vocabulary import (
     TokenFileDType,
     stage_recompute,
 )
+
+
+@dataclass(frozen=True)
+class AttentionGeometry:
+    """The head layout of a model's ``attn`` layers: ``heads`` query heads and ``kv_heads`` key/value heads,
+    all ``head_dim`` wide (:func:`attention_geometry` derives it)."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    @property
+    def query_width(self) -> int:
+        """Features of a token's queries, and of the attention output the output projection reads."""
+        return self.heads * self.head_dim
+
+    @property
+    def key_value_width(self) -> int:
+        """Features of a token's keys (and of its values) as the k and v projections produce them."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def buffered_key_value_width(self) -> int:
+        """Features of a token's keys (and of its values) in the sequence-wide K/V buffers and in the
+        sequence-parallel all-gather: each key/value head is repeated for its query heads before the keys
+        reach the buffers (``HeadMixer.share_kv_heads`` in schedlang.runtime.model), so ``heads`` wide."""
+        return self.query_width
+
+
+def attention_geometry(heads: int, head_dim: int, options: AttentionOptions) -> AttentionGeometry:
+    """The ``attn`` layers' heads: ``options.heads`` and ``options.head_dim``, each None falling back to the
+    model's ``heads`` and ``head_dim``, and ``options.kv_heads``, None falling back to the query heads."""
+    query_heads = options.heads or heads
+    return AttentionGeometry(
+        heads=query_heads, kv_heads=options.kv_heads or query_heads, head_dim=options.head_dim or head_dim
+    )
 
 
 @dataclass(frozen=True)
@@ -57,6 +93,11 @@ class ModelConfig:
         if kind is LayerKind.MLP:
             return True
         return self.mlp_ratio > 0 and LayerKind.MLP not in self.layers
+
+    @property
+    def attention_geometry(self) -> AttentionGeometry:
+        """The head layout of the ``attn`` layers (:func:`attention_geometry`)."""
+        return attention_geometry(self.heads, self.head_dim, self.options.attention)
 
     @property
     def init_depth(self) -> int:

@@ -22,7 +22,6 @@ import torch
 from schedlang.frontend import load_program_text
 from schedlang.lowering.memory_terms import RUNTIME_KERNEL_CHUNK, Device, chunk_activation_bytes
 from schedlang.lowering.program import Recompute
-from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.kv_buffers import ChunkPosition, SequenceKV
 from schedlang.runtime.model import build_stage_model
 
@@ -31,7 +30,7 @@ LENGTH = 256  # four kernel chunks of 64 tokens
 CHUNK = 128
 
 
-def schedule_text(kind: str, dtype: str, recompute: str) -> str:
+def schedule_text(kind: str, dtype: str, recompute: str, model_keys: str = "") -> str:
     return f"""\
 schedule calibration
 model {{
@@ -41,6 +40,7 @@ model {{
   heads    = 2
   head_dim = 32
   mlp      = swiglu(ratio = 4)
+  {model_keys}
 }}
 mesh {{ pipeline = 3 }}
 sequence {{
@@ -83,11 +83,7 @@ def _live_tensor_storages() -> dict[int, int]:
 
 
 def build_stage(program, stage: int, recompute: Recompute):
-    model = program.model
-    config = ModelConfig(
-        vocab=model.vocab, d_model=model.d_model, layers=model.layers, heads=model.heads,
-        head_dim=model.head_dim, mlp_ratio=model.mlp.ratio,
-    )
+    config = program.model.runtime_config()
     options = {}
     if recompute in (Recompute.MLP, Recompute.MIXER):
         options["recompute"] = recompute  # the runtime's keyword once it runs these modes
@@ -150,6 +146,18 @@ def test_saved_bytes_without_recompute(kind, dtype):
         measured = kept_bytes(program, stage, Recompute.NONE)
         predicted = predicted_bytes(program, stage, Recompute.NONE)
         assert predicted == pytest.approx(measured, rel=TOLERANCE), (kind, dtype, stage, measured, predicted)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_saved_bytes_of_attention_with_heads_of_its_own(dtype):
+    """attn layers wider than the model's heads, with grouped key/value heads and q/k/v biases."""
+    keys = "attn_heads = 8  attn_head_dim = 32  attn_kv_heads = 2  qkv_bias = true"
+    program = load_program_text(schedule_text("attn", dtype, "none", keys))
+    assert program.model.attention_geometry.query_width == 4 * 64  # four times the model's heads * head_dim
+    for stage in range(program.n_stages):
+        measured = kept_bytes(program, stage, Recompute.NONE)
+        predicted = predicted_bytes(program, stage, Recompute.NONE)
+        assert predicted == pytest.approx(measured, rel=TOLERANCE), (dtype, stage, measured, predicted)
 
 
 @pytest.mark.parametrize("kind", KINDS)
