@@ -50,7 +50,7 @@ class AttentionGeometry:
     def buffered_key_value_width(self) -> int:
         """Features of a token's keys (and of its values) in the sequence-wide K/V buffers and in the
         sequence-parallel all-gather: each key/value head is repeated for its query heads before the keys
-        reach the buffers (``HeadMixer.share_kv_heads`` in schedlang.runtime.model), so ``heads`` wide."""
+        reach the buffers (``HeadMixer.share_kv_heads`` in schedlang.runtime.mixer_base), so ``heads`` wide."""
         return self.query_width
 
 

@@ -34,9 +34,10 @@ class CausalAttentionMixer(HeadMixer):
     """
 
     def __init__(self, config: ModelConfig) -> None:
-        options = config.options.attention
+        options, geometry = config.options.attention, config.attention_geometry
         super().__init__(
-            config, kv_heads=options.kv_heads, heads=options.heads, head_dim=options.head_dim, qkv_bias=options.qkv_bias
+            config, kv_heads=geometry.kv_heads, heads=geometry.heads, head_dim=geometry.head_dim,
+            qkv_bias=options.qkv_bias,
         )
         self.rope_theta = options.rope_theta
         self.sequence_context: SequenceParallelContext | None = None
