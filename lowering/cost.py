@@ -234,7 +234,7 @@ def mlp_flops_per_token(model: ModelSpec) -> float:
     mlp = model.mlp
     if mlp.kind is MlpKind.NONE:
         return 0.0
-    hidden = mlp.ratio * model.d_model
+    hidden = mlp.ratio * model.d_model if mlp.width is None else mlp.width
     return 3 * 2 * model.d_model * hidden  # SwiGLU: gate, up and down projections
 
 

@@ -2,12 +2,14 @@
 
 The FLOPS cost model charges every backward for adding its parameter gradients into ``.grad``
 (docs/cost-model.md), which needs how many parameters a stage holds and how many of them are weights of
-linear layers (those a CUDA-graph stage accumulates inside its weight-gradient GEMMs instead). The counts
-follow ``schedlang.runtime.model``; tests/lowering/test_lowering_parameters.py builds that model and compares.
+linear layers (those a CUDA-graph stage accumulates inside its weight-gradient GEMMs instead). A layer's count
+is read off the runtime's own block (:func:`layer_parameters`); tests/lowering/test_lowering_parameters.py builds
+the whole model and compares.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass
 
@@ -32,42 +34,30 @@ class ParameterCount:
 
 
 def mlp_width(model: ModelSpec) -> int:
-    """The SwiGLU hidden width the runtime builds (0 without an MLP)."""
+    """The SwiGLU hidden width the runtime builds (0 without an MLP): ``mlp.width`` as is, else from the ratio."""
     if model.mlp.kind is MlpKind.NONE:
         return 0
+    if model.mlp.width is not None:
+        return model.mlp.width
     width = max(1, int(round(model.d_model * model.mlp.ratio)))
     return -(-width // MLP_WIDTH_MULTIPLE) * MLP_WIDTH_MULTIPLE
 
 
-def attention_parameters(model: ModelSpec) -> ParameterCount:
-    """An ``attn`` layer's token mixer and its norm, by the layer's own heads (``model.attention_geometry``): q
-    and o ``heads`` wide, k and v ``kv_heads`` wide, and with ``qkv_bias`` a bias on each of q, k and v."""
-    d, attention = model.d_model, model.attention_geometry
-    projected_width = attention.query_width + 2 * attention.key_value_width  # q, k, v
-    weights = d * projected_width + attention.query_width * d  # q, k, v; o
-    biases = projected_width if model.attention.qkv_bias else 0
-    return ParameterCount(weights, d + biases)  # the mixer's norm
-
-
+@functools.lru_cache(maxsize=64)
 def layer_parameters(model: ModelSpec, kind: LayerKind) -> ParameterCount:
-    """One block: its norms, token mixer and MLP ([Note: separate MLP layers]: an ``mlp`` layer is only the MLP)."""
-    d, heads, width = model.d_model, model.heads, model.heads * model.head_dim
-    if kind is LayerKind.ATTN:
-        mixer = attention_parameters(model)
-        weights, other = mixer.linear_weights, mixer.other
-    else:
-        weights, other = (4 * d * width, d) if kind.is_mixer else (0, 0)  # q, k, v, o; the mixer's norm
-    if kind is LayerKind.GLA:
-        weights, other = weights + d * width, other + width  # per-channel gate with bias
-    elif kind is LayerKind.SIMPLE_GLA:
-        weights, other = weights + d * heads, other + heads  # one scalar gate per head, with bias
-    elif kind is LayerKind.GDN:
-        # forget gate and write strength per head (with biases), output gate, per-head output norm
-        weights, other = weights + 2 * d * heads + d * width, other + 2 * heads + model.head_dim
-    hidden = mlp_width(model) if model.has_mlp(kind) else 0
-    if hidden:
-        weights, other = weights + 3 * d * hidden, other + d  # gate, up, down; the MLP's norm
-    return ParameterCount(weights, other)
+    """One block (its norms, token mixer and MLP; [Note: separate MLP layers]: an ``mlp`` layer is only the MLP)
+    counted on the runtime's own ``Block``, built for ``model.runtime_config()`` on torch's meta device (shapes,
+    no memory, no values): every option the runtime honours (narrow keys, grouped heads, low-rank gates, output
+    gates, short convolutions, attention heads, MLP widths) counts as the runtime builds it."""
+    import torch
+
+    from schedlang.runtime.linear import Linear
+    from schedlang.runtime.model import Block
+
+    with torch.device("meta"):
+        block = Block(model.runtime_config(), kind)
+    weights = sum(module.weight.numel() for module in block.modules() if isinstance(module, Linear))
+    return ParameterCount(weights, sum(parameter.numel() for parameter in block.parameters()) - weights)
 
 
 def stage_parameters(program: ScheduleProgram, stage: int) -> ParameterCount:

@@ -63,3 +63,38 @@ def test_separate_mlp_layers_hold_the_same_parameters_and_flops():
     assert layer_flop_coefficients(blocks.model, 64) == layer_flop_coefficients(split.model, 64)
     # the split program's stages end between a mixer and its MLP: stage 0 holds layers 0-3 of 8
     assert split.stage_layers[0] == (0, 1, 2, 3)
+
+
+def test_stage_counts_follow_the_layer_options_the_runtime_honours():
+    """fla-shaped options change what a layer holds (narrow keys, grouped key/value heads, low-rank gates, output
+    gates, Mamba gates, short convolutions, attention heads with biases, an explicit MLP width): the counts equal
+    the runtime model built from the program's runtime config, and differ from the same model without options."""
+    from dataclasses import replace
+
+    from schedlang.lowering.parameters import mlp_width
+    from schedlang.runtime.model_options import AttentionOptions, DeltaGates, GdnOptions, GlaOptions, OutputGate
+
+    layers = (LayerKind.GLA, LayerKind.GDN, LayerKind.ATTN, LayerKind.GLA)
+    program = make_program(2, 1, 1, layers=layers)
+    plain = ModelSpec(vocab=300, d_model=96, layers=layers, heads=4, head_dim=32, mlp=MlpSpec(MlpKind.SWIGLU, 8 / 3))
+    shaped = replace(
+        plain,
+        mlp=MlpSpec(MlpKind.SWIGLU, 8 / 3, width=200),
+        gla=GlaOptions(head_k_dim=16, kv_heads=2, gate_rank=8, output_gate=OutputGate.SWISH),
+        gdn=GdnOptions(head_k_dim=16, gates=DeltaGates.MAMBA, short_conv_size=4),
+        attention=AttentionOptions(heads=6, head_dim=16, kv_heads=2, qkv_bias=True),
+    )
+    assert mlp_width(shaped) == 200
+    totals = {}
+    for name, model in (("plain", plain), ("shaped", shaped)):
+        staged = replace(program, model=model)
+        config = model.runtime_config()
+        for stage, indices in enumerate(staged.stage_layers):
+            with torch.device("meta"):
+                built = StageModel(config, indices, stage == 0, stage == len(staged.stage_layers) - 1)
+            linear_weights = sum(module.weight.numel() for module in built.modules() if isinstance(module, Linear))
+            total = sum(parameter.numel() for parameter in built.parameters())
+            count = stage_parameters(staged, stage)
+            assert (count.linear_weights, count.total) == (linear_weights, total), (name, stage)
+            totals[name, stage] = total
+    assert all(totals["plain", stage] != totals["shaped", stage] for stage in range(2))
