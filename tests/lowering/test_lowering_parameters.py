@@ -12,6 +12,15 @@ from schedlang.runtime.model import StageModel
 from schedlang.vocabulary import LayerKind
 
 
+def runtime_stage_counts(config: ModelConfig, program, stage: int) -> tuple[int, int]:
+    """(weights of linear layers, all parameters) of the runtime's ``stage``, built on the meta device."""
+    indices = program.stage_layers[stage]
+    with torch.device("meta"):
+        built = StageModel(config, indices, stage == 0, stage == len(program.stage_layers) - 1)
+    linear_weights = sum(module.weight.numel() for module in built.modules() if isinstance(module, Linear))
+    return linear_weights, sum(parameter.numel() for parameter in built.parameters())
+
+
 @pytest.mark.parametrize(
     "layers, mlp",
     [
@@ -30,13 +39,9 @@ def test_stage_counts_equal_the_runtime_model(layers, mlp):
         vocab=300, d_model=96, layers=layers, heads=3, head_dim=32,
         mlp_ratio=0.0 if mlp.kind is MlpKind.NONE else mlp.ratio,
     )
-    for stage, indices in enumerate(program.stage_layers):
-        with torch.device("meta"):
-            built = StageModel(config, indices, stage == 0, stage == len(program.stage_layers) - 1)
-        linear_weights = sum(module.weight.numel() for module in built.modules() if isinstance(module, Linear))
-        total = sum(parameter.numel() for parameter in built.parameters())
+    for stage in range(len(program.stage_layers)):
         count = stage_parameters(program, stage)
-        assert (count.linear_weights, count.total) == (linear_weights, total), (stage, layers)
+        assert (count.linear_weights, count.total) == runtime_stage_counts(config, program, stage), (stage, layers)
 
 
 def test_separate_mlp_layers_hold_the_same_parameters_and_flops():
@@ -88,12 +93,8 @@ def test_stage_counts_follow_the_layer_options_the_runtime_honours():
     totals = {}
     for name, model in (("plain", plain), ("shaped", shaped)):
         staged = replace(program, model=model)
-        config = model.runtime_config()
-        for stage, indices in enumerate(staged.stage_layers):
-            with torch.device("meta"):
-                built = StageModel(config, indices, stage == 0, stage == len(staged.stage_layers) - 1)
-            linear_weights = sum(module.weight.numel() for module in built.modules() if isinstance(module, Linear))
-            total = sum(parameter.numel() for parameter in built.parameters())
+        for stage in range(len(staged.stage_layers)):
+            linear_weights, total = runtime_stage_counts(model.runtime_config(), staged, stage)
             count = stage_parameters(staged, stage)
             assert (count.linear_weights, count.total) == (linear_weights, total), (name, stage)
             totals[name, stage] = total
