@@ -22,6 +22,7 @@ from schedlang.kernels.common.launch_tables import register_launch_table
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options
 from schedlang.kernels.common.triton_scan import INTERPRETED, new_output
 from schedlang.kernels.gdn.overlap import Segment
+from schedlang.kernels.gdn.triton_output import gated_queries_transposed
 
 LAUNCH = register_launch_table("gdn", __name__, {
     "forward": {"block_v": 16, "precision": "tf32x3", "num_warps": 4, "num_stages": 3},
@@ -112,7 +113,7 @@ def _outputs_state_grad(
     q, do, gate_cumsum, scale, i_v, i_bh, n, N, T, H: tl.constexpr,
     C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    # dS_n(outputs) = (diag(exp(gc)) scale Q_n)^T dO_n, [BK, BV] float32, formed exactly as
+    # dS_n(outputs) = (diag(exp(gc)) scale Q_n)^T dO_n, [BK, BV] float32, formed as
     # gdn_bwd_kernel_output_terms forms it (kernels/gdn/triton_output.py)
     i_b, i_h = i_bh // H, i_bh % H
     chunk = i_bh.to(tl.int64) * N + n
@@ -122,8 +123,8 @@ def _outputs_state_grad(
     value_base = (i_b * T * H + i_h).to(tl.int64) * V
     p_q_t = tl.make_block_ptr(q + key_base, (K, T), (1, H * K), (0, n * C), (BK, C), (0, 1))
     p_do = tl.make_block_ptr(do + value_base, (T, V), (H * V, 1), (n * C, i_v * BV), (C, BV), (1, 0))
-    b_q_t = tl.load(p_q_t, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-    b_qg_t = (b_q_t * (tl.exp(b_gc) * scale)[None, :]).to(dt)
+    b_q_t = tl.load(p_q_t, boundary_check=(0, 1), padding_option="zero")
+    b_qg_t = gated_queries_transposed(b_q_t, b_gc, scale).to(dt)
     b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
     return tl.dot(b_qg_t, b_do.to(dt), input_precision=PRECISION)
 

@@ -26,7 +26,55 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from schedlang.kernels.gdn.triton_wy import decay_matrix, load_chunk_gates
+from schedlang.kernels.gdn.triton_wy import decay_matrix
+
+
+@triton.jit
+def _chunk_prelude(
+    beta, gate_cumsum, i_n, i_bh, T, N, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+):
+    """Where a backward program of chunk ``i_n`` and batch * head ``i_bh`` reads: (the chunk's index in the
+    [B * H * N] per-chunk tensors, arange(C), its tokens [C], their offsets in [B, T, H] tensors, beta [C]
+    float32 and zero past T, gc [C], and the (batch, head)'s bases in [B, T, H, K] and [B, T, H, V] tensors)."""
+    i_b, i_h = i_bh // H, i_bh % H
+    chunk = i_bh.to(tl.int64) * N + i_n
+    o_c = tl.arange(0, C)
+    token = i_n * C + o_c
+    gate_offset = (i_b * T + token).to(tl.int64) * H + i_h
+    b_beta = tl.load(beta + gate_offset, mask=token < T, other=0.0).to(tl.float32)
+    b_gc = tl.load(gate_cumsum + chunk * C + o_c)
+    key_base = (i_b * T * H + i_h).to(tl.int64) * K
+    value_base = (i_b * T * H + i_h).to(tl.int64) * V
+    return chunk, o_c, token, gate_offset, b_beta, b_gc, key_base, value_base
+
+
+@triton.jit
+def _solve_terms(
+    k, dk, b_t_t, b_dt, b_beta, b_gc, b_dbeta, b_dgc, scratch_base, key_base, i_n, T,
+    H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Step 3, the terms of the solve A = beta D o K K^T: from dT (float32 [C, C]) and T^T, dA = -strictly-lower(
+    T^T dT T^T); Z = beta o dA o D passes through the chunk's ``scratch_base`` slot so that Z^T is loaded
+    transposed; each key block's terms are added into dk (read back from its float32 output). Returns (dbeta,
+    dgc) with the terms added. The caller orders any earlier use of the scratch slot before this with a barrier."""
+    o_c = tl.arange(0, C)
+    b_da = -tl.dot(tl.dot(b_t_t, b_dt, input_precision=PRECISION), b_t_t, input_precision=PRECISION)
+    b_dad = tl.where(o_c[:, None] > o_c[None, :], b_da, 0.0) * decay_matrix(b_gc, True, C)
+    tl.store(scratch_base + o_c[:, None] * C + o_c[None, :], b_beta[:, None] * b_dad)
+    tl.debug_barrier()
+    b_z_t = tl.load(scratch_base + o_c[None, :] * C + o_c[:, None])
+    for i_k in range(tl.cdiv(K, BK)):
+        p_k = tl.make_block_ptr(k + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_row = tl.dot(b_dad, b_k, input_precision=PRECISION)
+        b_column = tl.dot(b_z_t, b_k, input_precision=PRECISION)
+        b_row_k = tl.sum(b_k * b_row, axis=1)
+        b_dbeta += b_row_k
+        b_dgc += b_beta * b_row_k - tl.sum(b_k * b_column, axis=1)
+        p_dk = tl.make_block_ptr(dk + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
+        b_dk = tl.load(p_dk, boundary_check=(0, 1), padding_option="zero")
+        tl.store(p_dk, b_dk + b_beta[:, None] * b_row + b_column, boundary_check=(0, 1))
+    return b_dbeta, b_dgc
 
 
 @triton.jit
@@ -37,20 +85,13 @@ def gdn_bwd_kernel_chunk(
     PRECISION: tl.constexpr,
 ):
     i_n, i_bh = tl.program_id(0) + first_chunk, tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    chunk = i_bh.to(tl.int64) * N + i_n
-    o_c = tl.arange(0, C)
-    token = i_n * C + o_c
-    gate_offset = (i_b * T + token).to(tl.int64) * H + i_h
-    b_beta = tl.load(beta + gate_offset, mask=token < T, other=0.0).to(tl.float32)
-    b_gc = tl.load(gate_cumsum + chunk * C + o_c)
+    chunk, o_c, token, gate_offset, b_beta, b_gc, key_base, value_base = _chunk_prelude(
+        beta, gate_cumsum, i_n, i_bh, T, N, H, K, V, C)
     b_last = tl.sum(tl.where(o_c == C - 1, b_gc, 0.0), axis=0)
     b_e = tl.exp(b_gc)
     b_decay = decay_matrix(b_gc, True, C)
     dt = tl.float32  # the products' operand type
     b_t_t = tl.load(inverse + chunk * C * C + o_c[None, :] * C + o_c[:, None]).to(dt)
-    key_base = (i_b * T * H + i_h).to(tl.int64) * K
-    value_base = (i_b * T * H + i_h).to(tl.int64) * V
     # 1. value blocks
     b_dbeta = tl.zeros([C], dtype=tl.float32)
     b_dt = tl.zeros([C, C], dtype=tl.float32)
@@ -127,23 +168,9 @@ def gdn_bwd_kernel_chunk(
         p_dk = tl.make_block_ptr(dk + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
         tl.store(p_dk, b_dk, boundary_check=(0, 1))
     # 3. A = beta D o K K^T
-    b_da = -tl.dot(tl.dot(b_t_t, b_dt.to(dt), input_precision=PRECISION).to(dt), b_t_t, input_precision=PRECISION)
-    b_dad = tl.where(o_c[:, None] > o_c[None, :], b_da, 0.0) * b_decay
     tl.debug_barrier()
-    tl.store(scratch_base + o_c[:, None] * C + o_c[None, :], b_beta[:, None] * b_dad)
-    tl.debug_barrier()
-    b_z_t = tl.load(scratch_base + o_c[None, :] * C + o_c[:, None]).to(dt)
-    for i_k in range(tl.cdiv(K, BK)):
-        p_k = tl.make_block_ptr(k + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_row = tl.dot(b_dad.to(dt), b_k.to(dt), input_precision=PRECISION)
-        b_column = tl.dot(b_z_t, b_k.to(dt), input_precision=PRECISION)
-        b_row_k = tl.sum(b_k * b_row, axis=1)
-        b_dbeta += b_row_k
-        b_dgc += b_beta * b_row_k - tl.sum(b_k * b_column, axis=1)
-        p_dk = tl.make_block_ptr(dk + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
-        b_dk = tl.load(p_dk, boundary_check=(0, 1), padding_option="zero")
-        tl.store(p_dk, b_dk + b_beta[:, None] * b_row + b_column, boundary_check=(0, 1))
+    b_dbeta, b_dgc = _solve_terms(
+        k, dk, b_t_t, b_dt, b_beta, b_gc, b_dbeta, b_dgc, scratch_base, key_base, i_n, T, H, K, C, BK, PRECISION)
     # 4. the chunk-end terms belong to gc_C, the last row; dg is the reverse cumsum of dgc
     b_dlast = tl.sum(b_state_products, axis=0) * tl.exp(b_last) + tl.sum(b_end_terms, axis=0)
     b_dgc += tl.where(o_c == C - 1, b_dlast, 0.0)
@@ -176,17 +203,10 @@ def gdn_bwd_kernel_key_block(
     ``TRANSPOSE_SCORES`` dk's output term takes (D o P)^T as the transpose of the register tile that dq's takes,
     instead of accumulating P^T as a product of its own."""
     i_k, i_n, i_bh = tl.program_id(0), tl.program_id(1) + first_chunk, tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
-    chunk = i_bh.to(tl.int64) * N + i_n
-    o_c = tl.arange(0, C)
-    token = i_n * C + o_c
-    gate_offset = (i_b * T + token).to(tl.int64) * H + i_h
-    b_beta = tl.load(beta + gate_offset, mask=token < T, other=0.0).to(tl.float32)
-    b_gc = tl.load(gate_cumsum + chunk * C + o_c)
+    chunk, o_c, token, gate_offset, b_beta, b_gc, key_base, value_base = _chunk_prelude(
+        beta, gate_cumsum, i_n, i_bh, T, N, H, K, V, C)
     b_last = tl.sum(tl.where(o_c == C - 1, b_gc, 0.0), axis=0)
     b_e = tl.exp(b_gc)
-    key_base = (i_b * T * H + i_h).to(tl.int64) * K
-    value_base = (i_b * T * H + i_h).to(tl.int64) * V
     b_p = tl.zeros([C, C], dtype=tl.float32)
     if not TRANSPOSE_SCORES:
         b_p_t = tl.zeros([C, C], dtype=tl.float32)
@@ -269,16 +289,9 @@ def gdn_bwd_kernel_wy_block(
     ``gdn_bwd_kernel_chunk`` without P), the key blocks' shares summed, then steps 3-4: the solve's terms added
     into dk, and dbeta and dg written."""
     i_n, i_bh = tl.program_id(0) + first_chunk, tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    chunk = i_bh.to(tl.int64) * N + i_n
-    o_c = tl.arange(0, C)
-    token = i_n * C + o_c
-    gate_offset = (i_b * T + token).to(tl.int64) * H + i_h
-    b_beta = tl.load(beta + gate_offset, mask=token < T, other=0.0).to(tl.float32)
-    b_gc = tl.load(gate_cumsum + chunk * C + o_c)
+    chunk, o_c, token, gate_offset, b_beta, b_gc, key_base, value_base = _chunk_prelude(
+        beta, gate_cumsum, i_n, i_bh, T, N, H, K, V, C)
     b_t_t = tl.load(inverse + chunk * C * C + o_c[None, :] * C + o_c[:, None])
-    key_base = (i_b * T * H + i_h).to(tl.int64) * K
-    value_base = (i_b * T * H + i_h).to(tl.int64) * V
     b_dbeta = tl.zeros([C], dtype=tl.float32)
     b_dgc = tl.zeros([C], dtype=tl.float32)
     b_dt = tl.zeros([C, C], dtype=tl.float32)
@@ -300,24 +313,11 @@ def gdn_bwd_kernel_wy_block(
         b_dt += tl.load(partial_dt + share * C * C + o_c[:, None] * C + o_c[None, :])
         b_dbeta += tl.load(partial_dbeta + share * C + o_c)
         b_dgc += tl.load(partial_dgc + share * C + o_c)
-    # the solve: A = beta D o K K^T; Z^T through the chunk's scratch slot
-    b_da = -tl.dot(tl.dot(b_t_t, b_dt, input_precision=PRECISION), b_t_t, input_precision=PRECISION)
-    b_dad = tl.where(o_c[:, None] > o_c[None, :], b_da, 0.0) * decay_matrix(b_gc, True, C)
-    scratch_base = scratch + chunk * C * C
-    tl.store(scratch_base + o_c[:, None] * C + o_c[None, :], b_beta[:, None] * b_dad)
-    tl.debug_barrier()
-    b_z_t = tl.load(scratch_base + o_c[None, :] * C + o_c[:, None])
-    for i_k in range(tl.cdiv(K, BK)):
-        p_k = tl.make_block_ptr(k + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_row = tl.dot(b_dad, b_k, input_precision=PRECISION)
-        b_column = tl.dot(b_z_t, b_k, input_precision=PRECISION)
-        b_row_k = tl.sum(b_k * b_row, axis=1)
-        b_dbeta += b_row_k
-        b_dgc += b_beta * b_row_k - tl.sum(b_k * b_column, axis=1)
-        p_dk = tl.make_block_ptr(dk + key_base, (T, K), (H * K, 1), (i_n * C, i_k * BK), (C, BK), (1, 0))
-        b_dk = tl.load(p_dk, boundary_check=(0, 1), padding_option="zero")
-        tl.store(p_dk, b_dk + b_beta[:, None] * b_row + b_column, boundary_check=(0, 1))
+    # the solve: A = beta D o K K^T
+    b_dbeta, b_dgc = _solve_terms(
+        k, dk, b_t_t, b_dt, b_beta, b_gc, b_dbeta, b_dgc, scratch + chunk * C * C, key_base, i_n, T, H, K, C, BK,
+        PRECISION,
+    )
     b_dg = tl.sum(b_dgc, axis=0) - tl.cumsum(b_dgc, axis=0) + b_dgc
     tl.store(dg + gate_offset, b_dg, mask=token < T)
     tl.store(dbeta + gate_offset, b_dbeta, mask=token < T)

@@ -20,6 +20,13 @@ import triton.language as tl
 
 
 @triton.jit
+def gated_queries_transposed(b_q_t, b_gc, scale):
+    """(diag(exp(gc)) scale Q)^T in float32 from a [BK, C] tile of Q^T: the left factor of a chunk's dS_n(outputs),
+    here and in the backward state pass (kernels/gdn/state_pass_triton.py), which casts it to the inputs' dtype."""
+    return b_q_t.to(tl.float32) * (tl.exp(b_gc) * scale)[None, :]
+
+
+@triton.jit
 def gdn_fwd_kernel_output(
     q, k, gate_cumsum, states, corrections, output, scale, T, N, first_chunk,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -78,13 +85,14 @@ def gdn_bwd_kernel_output_terms(
         b_q_t = tl.load(p_q_t, boundary_check=(0, 1), padding_option="zero")
         b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(dt)
         b_kq += tl.dot(b_k, b_q_t.to(dt), input_precision=PRECISION)
-        # [BK, C]: (exp(gc) scale q)^T of these keys
-        b_qg_t = (b_q_t.to(tl.float32) * (tl.exp(b_gc) * scale)[None, :]).to(dt)
-        for i_v in range(tl.cdiv(V, BV) if STATE_TERMS else 0):
-            p_do = tl.make_block_ptr(do + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
-            b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-            p_ds = tl.make_block_ptr(entering_grad + chunk * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-            tl.store(p_ds, tl.dot(b_qg_t, b_do.to(dt), input_precision=PRECISION), boundary_check=(0, 1))
+        if STATE_TERMS:
+            b_qg_t = gated_queries_transposed(b_q_t, b_gc, scale).to(dt)
+            for i_v in range(tl.cdiv(V, BV)):
+                p_do = tl.make_block_ptr(do + value_base, (T, V), (H * V, 1), (i_n * C, i_v * BV), (C, BV), (1, 0))
+                b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
+                p_ds = tl.make_block_ptr(
+                    entering_grad + chunk * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+                tl.store(p_ds, tl.dot(b_qg_t, b_do.to(dt), input_precision=PRECISION), boundary_check=(0, 1))
     mask = o_c[:, None] <= o_c[None, :]
     b_scores_t = tl.where(mask, tl.exp(tl.where(mask, b_gc[None, :] - b_gc[:, None], 0.0)) * b_kq * scale, 0.0)
     for i_v in range(tl.cdiv(V, BV)):
