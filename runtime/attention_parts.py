@@ -160,7 +160,8 @@ def _part_backward(
     row_terms = (output_grad * output).sum(dim=-1, keepdim=True)
     score_grads = probabilities * (torch.matmul(output_grad, values.transpose(-1, -2)) - row_terms) * scale
     dq = torch.matmul(score_grads, keys)
-    return dq, torch.matmul(score_grads.transpose(-1, -2), q), torch.matmul(probabilities.transpose(-1, -2), output_grad)
+    dk = torch.matmul(score_grads.transpose(-1, -2), q)
+    return dq, dk, torch.matmul(probabilities.transpose(-1, -2), output_grad)
 
 
 def _above_diagonal(scores: torch.Tensor) -> torch.Tensor:
