@@ -1,12 +1,12 @@
 """The memory model's terms: bytes of each thing a pipeline stage keeps, one formula per term.
 
-Every function here is a closed form in the program's sizes (``d`` = ``d_model``, ``H`` heads, ``D``
-head dimension, ``W = H D``, an ``attn`` layer's own ``H_a`` query heads of ``D_a`` and ``W_a = H_a D_a``, its
+Every function here is a closed form in the program's sizes (``d`` = ``d_model``, ``H`` heads, ``D`` head
+dimension, ``W = H D``, an ``attn`` layer's own ``H_a`` query heads of ``D_a`` and ``W_a = H_a D_a``, its
 ``H_kv`` key/value heads and ``W_kv = H_kv D_a`` (``ModelSpec.attention_geometry``), ``h`` the SwiGLU width,
 ``V`` the vocabulary, ``e`` bytes per element of ``train.dtype``, ``f`` bytes of the kernels' compute dtype: 4,
-or 8 for fp64) and is what :mod:`schedlang.lowering.memory_peak` adds up along a stage's order. docs/cost-model.md ("Memory") states
-every formula and what it assumes; the per-token activation terms are the tensors autograd saves in
-``schedlang.runtime.model``'s layers, checked against the runtime on the CPU by
+or 8 for fp64) and is what :mod:`schedlang.lowering.memory_peak` adds up along a stage's order.
+docs/cost-model.md ("Memory") states every formula and what it assumes; the per-token activation terms are the
+tensors autograd saves in ``schedlang.runtime.model``'s layers, checked against the runtime on the CPU by
 tests/lowering/test_memory_calibration.py ([Note: activation bytes]).
 
 [Note: activation bytes]
