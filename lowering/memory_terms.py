@@ -1,12 +1,12 @@
 """The memory model's terms: bytes of each thing a pipeline stage keeps, one formula per term.
 
-Every function here is a closed form in the program's sizes (``d`` = ``d_model``, ``H`` heads, ``D``
-head dimension, ``W = H D``, an ``attn`` layer's own ``H_a`` query heads of ``D_a`` and ``W_a = H_a D_a``
-(``ModelSpec.attention_geometry``), ``h`` the SwiGLU width, ``V`` the vocabulary, ``e`` bytes per element of
-``train.dtype``, ``f`` bytes of the kernels' compute dtype: 4, or 8 for fp64) and is what
-:mod:`schedlang.lowering.memory_peak` adds up along a stage's order. docs/cost-model.md ("Memory") states
-every formula and what it assumes; the per-token activation terms are the tensors autograd saves in
-``schedlang.runtime.model``'s layers, checked against the runtime on the CPU by
+Every function here is a closed form in the program's sizes (``d`` = ``d_model``, ``H`` heads, ``D`` head
+dimension, ``W = H D``, an ``attn`` layer's own ``H_a`` query heads of ``D_a`` and ``W_a = H_a D_a``, its
+``H_kv`` key/value heads and ``W_kv = H_kv D_a`` (``ModelSpec.attention_geometry``), ``h`` the SwiGLU width,
+``V`` the vocabulary, ``e`` bytes per element of ``train.dtype``, ``f`` bytes of the kernels' compute dtype: 4,
+or 8 for fp64) and is what :mod:`schedlang.lowering.memory_peak` adds up along a stage's order.
+docs/cost-model.md ("Memory") states every formula and what it assumes; the per-token activation terms are the
+tensors autograd saves in ``schedlang.runtime.model``'s layers, checked against the runtime on the CPU by
 tests/lowering/test_memory_calibration.py ([Note: activation bytes]).
 
 [Note: activation bytes]
@@ -239,10 +239,10 @@ def state_bytes(program: ScheduleProgram, stage: int) -> float:
 
 
 def key_value_bytes(program: ScheduleProgram, stage: int) -> float:
-    """One microbatch's sequence-wide K and V buffers on ``stage``: ``2 b T W_a e`` per attn layer
-    ([Note: sequence-wide K/V] in schedlang.runtime.kv_buffers), the buffers as wide as the query heads
-    (``AttentionGeometry.buffered_key_value_width``, whatever ``kv_heads``); their gradient buffers, opened by
-    the microbatch's first backward, weigh as much again."""
+    """One microbatch's sequence-wide K and V buffers on ``stage``: ``2 b T W_kv e`` per attn layer
+    ([Note: sequence-wide K/V] in schedlang.runtime.kv_buffers), the buffers as wide as the key/value heads
+    (``AttentionGeometry.buffered_key_value_width``); their gradient buffers, opened by the microbatch's first
+    backward, weigh as much again."""
     sizes = program_sizes(program)
     attention = sum(kind is LayerKind.ATTN for kind in stage_layer_kinds(program, stage))
     width = sizes.attention.buffered_key_value_width
@@ -312,19 +312,39 @@ def head_workspace_bytes_per_token(sizes: Sizes) -> float:
     return sizes.vocab * (2 * sizes.compute_bytes + sizes.element_bytes)
 
 
+def attention_read_bytes(program: ScheduleProgram, chunk: int, device: Device) -> float:
+    """What one attn layer's backward of chunk ``chunk`` holds while its kernels read grouped key/value heads
+    at query-head width ([Note: grouped key/value heads] in schedlang.runtime.attention_parts): the longest
+    part's keys and values and their gradients, ``4 b P W_a x``, ``P`` the longer of the slowest rank's prefix
+    (every key before its slice) and its slice, ``x`` the kernels' element bytes (``f`` on CUDA, ``e`` on the
+    CPU). None without groups: the kernels read the buffers themselves."""
+    sizes = program_sizes(program)
+    if not sizes.attention.is_grouped:
+        return 0.0
+    length = program.sequence.chunk_length(chunk)
+    last_slice = -(-length // program.mesh.sequence)
+    longest = max(program.sequence.boundaries[chunk] + length - last_slice, last_slice)
+    element = sizes.compute_bytes if device is Device.CUDA else sizes.element_bytes
+    return 4 * sizes.batch * longest * sizes.attention.read_key_value_width * element
+
+
 def transient_bytes(program: ScheduleProgram, stage: int, chunk: int, device: Device = Device.CUDA) -> float:
     """The most a single task on ``stage`` allocates beyond what outlives it, for chunk ``chunk``: the
-    largest layer's backward workspace (or the head's), the output and input gradients of the chunk
-    (``2 b s / S d e``), sequence-parallel messages, and what the backward rebuilds: under
-    ``recompute = full`` the whole chunk's activations, under ``mlp`` or ``mixer`` the largest such part."""
+    largest layer's backward workspace (an attn layer's with :func:`attention_read_bytes`; or the head's),
+    the output and input gradients of the chunk (``2 b s / S d e``), sequence-parallel messages, and what the
+    backward rebuilds: under ``recompute = full`` the whole chunk's activations, under ``mlp`` or ``mixer``
+    the largest such part."""
     sizes = program_sizes(program)
     tokens = local_tokens(program, chunk)
     kinds = set(stage_layer_kinds(program, stage))
-    workspaces = [layer_workspace_bytes_per_token(program.model, kind, sizes, device) for kind in kinds]
-    per_token = max(workspaces, default=0.0)
+    workspaces = [
+        tokens * layer_workspace_bytes_per_token(program.model, kind, sizes, device)
+        + (attention_read_bytes(program, chunk, device) if kind is LayerKind.ATTN else 0.0)
+        for kind in kinds
+    ]
     if stage == program.n_stages - 1:
-        per_token = max(per_token, head_workspace_bytes_per_token(sizes))
-    workspace = tokens * (per_token + 2 * sizes.d_model * sizes.element_bytes)
+        workspaces.append(tokens * head_workspace_bytes_per_token(sizes))
+    workspace = max(workspaces, default=0.0) + tokens * 2 * sizes.d_model * sizes.element_bytes
     recompute = recompute_on(program.pipeline.recompute, stage)
     if recompute is Recompute.FULL:
         workspace += chunk_activation_bytes(program, stage, chunk, Recompute.NONE, device)
@@ -347,7 +367,7 @@ def recomputed_part_bytes_per_token(kind: LayerKind, sizes: Sizes, recompute: Re
 def sequence_parallel_bytes(program: ScheduleProgram, stage: int, chunk: int) -> float:
     """Messages of one layer's exchange across the sequence-parallel group: a state in and a state out
     per recurrent layer (the scan runs layer by layer, so one layer's), and an attn layer's all-gathered K/V
-    of the whole chunk, as wide as its K/V buffers."""
+    of the whole chunk, as wide as its K/V buffers (its key/value heads)."""
     ranks = program.mesh.sequence
     if ranks == 1:
         return 0.0

@@ -16,9 +16,11 @@ its slice into its own sequence-wide gradient buffers (positions of earlier chun
 slices of this chunk alike). When ``B(a, i)`` runs, every later chunk's backward has run on every rank, so
 the chunk's region of each rank's gradient buffers is complete; one reduce-scatter over the group sums the
 region over the ranks and hands each rank the total for its own slice, which is what its keys and values
-receive. The gather buffers hold, per attention layer and open microbatch, ``2 x B x H x T x D`` elements of
+receive. The gather buffers hold, per attention layer and open microbatch, ``2 x B x H_kv x T x D`` elements of
 keys and values and as many of their gradients (the whole sequence on every rank), plus one chunk's padded
-slices in flight (``2 x S x B x H x ceil(L / S) x D`` each way).
+slices in flight (``2 x S x B x H_kv x ceil(L / S) x D`` each way): ``H_kv`` key/value heads, shared with
+the query heads only inside the kernels ([Note: grouped key/value heads] in
+:mod:`schedlang.runtime.attention_parts`).
 
 Every rank of the group runs the same action list, so the collectives of each chunk and layer meet.
 """
@@ -37,7 +39,7 @@ def _width(slices: Slices) -> int:
 
 def gather_chunk(keys: torch.Tensor, values: torch.Tensor, slices: Slices, group: dist.ProcessGroup) -> None:
     """Write every rank's slice of the chunk, ``slices[r]`` of group rank ``r``, into this rank's sequence-wide
-    buffers ``keys`` and ``values`` ``[B, H, T, D]``.
+    buffers ``keys`` and ``values`` ``[B, H_kv, T, D]``.
 
     On entry this rank's own slice is in the buffers; one ``all_gather`` brings the others'.
     """
@@ -45,7 +47,7 @@ def gather_chunk(keys: torch.Tensor, values: torch.Tensor, slices: Slices, group
     width = _width(slices)
     start, end = slices[rank]
     batch, heads, _, dim = keys.shape
-    # [2 (keys, values), B, H, width, D]
+    # [2 (keys, values), B, H_kv, width, D]
     local = keys.new_zeros((2, batch, heads, width, dim))
     local[0, :, :, : end - start] = keys[:, :, start:end]
     local[1, :, :, : end - start] = values[:, :, start:end]
@@ -60,7 +62,7 @@ def gather_chunk(keys: torch.Tensor, values: torch.Tensor, slices: Slices, group
 def reduce_scatter_chunk_gradients(
     key_grads: torch.Tensor, value_grads: torch.Tensor, slices: Slices, group: dist.ProcessGroup
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chunk's key and value gradients summed over the group, this rank's slice ``[B, H, e - s, D]`` of each.
+    """The chunk's key and value gradients summed over the group, this rank's slice ``[B, H_kv, e - s, D]`` of each.
 
     ``key_grads`` and ``value_grads`` are this rank's sequence-wide gradient buffers, complete over the
     chunk's region ``slices[0][0] .. slices[-1][1]``.
@@ -70,7 +72,7 @@ def reduce_scatter_chunk_gradients(
     batch, heads, _, dim = key_grads.shape
     contributions = []
     for start, end in slices:
-        # [2 (keys, values), B, H, width, D]
+        # [2 (keys, values), B, H_kv, width, D]
         contribution = key_grads.new_zeros((2, batch, heads, width, dim))
         contribution[0, :, :, : end - start] = key_grads[:, :, start:end]
         contribution[1, :, :, : end - start] = value_grads[:, :, start:end]

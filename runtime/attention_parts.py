@@ -20,6 +20,17 @@ attention in float32, 16-bit inputs upcast around each call (a float32 copy of o
 a time, linear in the sequence and never saved: the 16-bit kernels' backward did not reproduce the
 gradients from a merged log-sum-exp); elsewhere (float64 on CUDA) the same two outputs written in tensor
 ops, which form one part's scores at a time and keep none of them.
+
+[Note: grouped key/value heads]
+With grouped-query attention the keys and values have ``kv_heads`` heads, each serving ``heads / kv_heads``
+consecutive query heads (key/value head ``j`` serves query heads ``j G .. j G + G - 1``, ``G = heads /
+kv_heads``: the order of ``HeadMixer.share_kv_heads`` in :mod:`schedlang.runtime.mixer_base`, which is
+flash-linear-attention's). The caller keeps them that narrow (the sequence-wide buffers of
+:mod:`schedlang.runtime.kv_buffers`); none of the kernels takes grouped heads, so each call reads one part's
+keys and values at query-head width (:func:`read_heads`: one copy of that part, in the kernel's dtype, made
+per call and dropped after it) and the backward sums the wide ``dK`` and ``dV`` over each group
+(:func:`sum_head_groups`), returning them as narrow as the part's keys. Without groups the kernels read the
+caller's keys in place (the CUDA kernels' float32 copy aside).
 """
 
 from __future__ import annotations
@@ -56,30 +67,59 @@ def part_kernel(q: torch.Tensor) -> PartKernel:
 
 @dataclass(frozen=True)
 class AttentionPart:
-    """One block of keys and values ``[B, H, S, D]``, and whether the causal (square) mask applies."""
+    """One block of keys and values ``[B, H_kv, S, D]`` (``H_kv`` dividing the queries' heads: [Note: grouped
+    key/value heads]), and whether the causal (square) mask applies."""
 
     keys: torch.Tensor
     values: torch.Tensor
     causal: bool
 
 
+def read_heads(tensor: torch.Tensor, heads: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Keys or values ``[B, H_kv, S, D]`` as ``[B, heads, S, D]`` in ``dtype`` (default theirs), each key/value
+    head repeated for its ``heads / H_kv`` consecutive query heads ([Note: grouped key/value heads]).
+
+    ``tensor`` itself when nothing changes; otherwise one new tensor, written once from ``tensor``.
+    """
+    batch, kv_heads, length, dim = tensor.shape
+    dtype = tensor.dtype if dtype is None else dtype
+    if kv_heads == heads:
+        return tensor.to(dtype)
+    if heads % kv_heads:
+        raise ValueError(f"{kv_heads} key/value heads do not divide {heads} query heads")
+    # [B, H_kv, G, S, D]: group member g of key/value head j is query head j G + g
+    wide = tensor.new_empty((batch, kv_heads, heads // kv_heads, length, dim), dtype=dtype)
+    wide.copy_(tensor[:, :, None])
+    return wide.view(batch, heads, length, dim)
+
+
+def sum_head_groups(gradient: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """The gradient ``[B, heads, S, D]`` of :func:`read_heads`' result, summed back to ``[B, H_kv, S, D]``."""
+    if gradient.shape[1] == kv_heads:
+        return gradient
+    return gradient.unflatten(1, (kv_heads, gradient.shape[1] // kv_heads)).sum(dim=2)
+
+
 def _part_forward(q: torch.Tensor, part: AttentionPart, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(output [B, H, L, D], log-sum-exp [B, H, L]) of one part."""
     kernel = part_kernel(q)
+    heads = q.shape[1]
     if kernel is PartKernel.CPU_FLASH:
         return aten._scaled_dot_product_flash_attention_for_cpu(
-            q, part.keys, part.values, 0.0, part.causal, scale=scale
+            q, read_heads(part.keys, heads), read_heads(part.values, heads), 0.0, part.causal, scale=scale
         )
     if kernel is PartKernel.CUDA_EFFICIENT:
+        keys, values = read_heads(part.keys, heads, torch.float32), read_heads(part.values, heads, torch.float32)
         output, log_sum_exp, _, _ = aten._scaled_dot_product_efficient_attention(
-            q.float(), part.keys.float(), part.values.float(), None, True, 0.0, part.causal, scale=scale
+            q.float(), keys, values, None, True, 0.0, part.causal, scale=scale
         )
         return output, log_sum_exp[..., : q.shape[2]]
-    scores = torch.matmul(q, part.keys.transpose(-1, -2)) * scale
+    keys, values = read_heads(part.keys, heads), read_heads(part.values, heads)
+    scores = torch.matmul(q, keys.transpose(-1, -2)) * scale
     if part.causal:
         scores = scores.masked_fill(_above_diagonal(scores), -math.inf)
     log_sum_exp = torch.logsumexp(scores, dim=-1)
-    return torch.matmul(torch.exp(scores - log_sum_exp[..., None]), part.values), log_sum_exp
+    return torch.matmul(torch.exp(scores - log_sum_exp[..., None]), values), log_sum_exp
 
 
 def _part_backward(
@@ -90,11 +130,14 @@ def _part_backward(
     log_sum_exp: torch.Tensor,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """This part's (dq, dk, dv), from the merged output and log-sum-exp; see the note."""
+    """This part's (dq, dk, dv), from the merged output and log-sum-exp, ``dk`` and ``dv`` at query-head
+    width (:func:`attention_parts_backward` sums them over the groups); see the note."""
     kernel = part_kernel(q)
+    heads = q.shape[1]
     if kernel is PartKernel.CPU_FLASH:
         return aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            output_grad, q, part.keys, part.values, output, log_sum_exp, 0.0, part.causal, scale=scale
+            output_grad, q, read_heads(part.keys, heads), read_heads(part.values, heads), output, log_sum_exp,
+            0.0, part.causal, scale=scale,
         )
     if kernel is PartKernel.CUDA_EFFICIENT:
         empty = torch.empty((), dtype=torch.int64, device=q.device)
@@ -102,19 +145,23 @@ def _part_backward(
         queries = q.shape[2]
         padding = -(-queries // EFFICIENT_LSE_ROWS) * EFFICIENT_LSE_ROWS - queries
         padded_log_sum_exp = F.pad(log_sum_exp, (0, padding))
+        keys, values = read_heads(part.keys, heads, torch.float32), read_heads(part.values, heads, torch.float32)
         dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
-            output_grad.float(), q.float(), part.keys.float(), part.values.float(), None, output.float(),
+            output_grad.float(), q.float(), keys, values, None, output.float(),
             padded_log_sum_exp, empty, empty, 0.0, [True, True, True, False], part.causal, scale=scale,
         )
-        return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
-    scores = torch.matmul(q, part.keys.transpose(-1, -2)) * scale
+        # dk and dv stay float32 until their groups are summed
+        return dq.to(q.dtype), dk, dv
+    keys, values = read_heads(part.keys, heads), read_heads(part.values, heads)
+    scores = torch.matmul(q, keys.transpose(-1, -2)) * scale
     if part.causal:
         scores = scores.masked_fill(_above_diagonal(scores), -math.inf)
     probabilities = torch.exp(scores - log_sum_exp[..., None])
     row_terms = (output_grad * output).sum(dim=-1, keepdim=True)
-    score_grads = probabilities * (torch.matmul(output_grad, part.values.transpose(-1, -2)) - row_terms) * scale
-    dq = torch.matmul(score_grads, part.keys)
-    return dq, torch.matmul(score_grads.transpose(-1, -2), q), torch.matmul(probabilities.transpose(-1, -2), output_grad)
+    score_grads = probabilities * (torch.matmul(output_grad, values.transpose(-1, -2)) - row_terms) * scale
+    dq = torch.matmul(score_grads, keys)
+    dk = torch.matmul(score_grads.transpose(-1, -2), q)
+    return dq, dk, torch.matmul(probabilities.transpose(-1, -2), output_grad)
 
 
 def _above_diagonal(scores: torch.Tensor) -> torch.Tensor:
@@ -154,7 +201,8 @@ def attention_parts_backward(
     output: torch.Tensor,
     log_sum_exp: torch.Tensor,
 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor] | None]]:
-    """``dq`` and, per part, ``(dk, dv)`` (None for a part without keys), from :func:`attend_in_parts`' results."""
+    """``dq`` and, per part, ``(dk, dv)`` as narrow as the part's keys and in their dtype (None for a part
+    without keys), from :func:`attend_in_parts`' results."""
     scale = q.shape[-1] ** -0.5
     output_grad = output_grad.contiguous()
     dq = None
@@ -165,5 +213,6 @@ def attention_parts_backward(
             continue
         part_dq, dk, dv = _part_backward(output_grad, q, part, output, log_sum_exp, scale)
         dq = part_dq if dq is None else dq + part_dq
-        part_grads.append((dk, dv))
+        kv_heads, dtype = part.keys.shape[1], part.keys.dtype
+        part_grads.append((sum_head_groups(dk, kv_heads).to(dtype), sum_head_groups(dv, kv_heads).to(dtype)))
     return dq, part_grads

@@ -47,10 +47,22 @@ class AttentionGeometry:
         return self.kv_heads * self.head_dim
 
     @property
+    def is_grouped(self) -> bool:
+        """Whether key/value heads are shared by several query heads (grouped-query attention)."""
+        return self.kv_heads < self.heads
+
+    @property
     def buffered_key_value_width(self) -> int:
-        """Features of a token's keys (and of its values) in the sequence-wide K/V buffers and in the
-        sequence-parallel all-gather: each key/value head is repeated for its query heads before the keys
-        reach the buffers (``HeadMixer.share_kv_heads`` in schedlang.runtime.mixer_base), so ``heads`` wide."""
+        """Features of a token's keys (and of its values) in the sequence-wide K/V buffers, their gradient
+        buffers and the sequence-parallel all-gather: the ``kv_heads`` heads the projections make ([Note:
+        sequence-wide K/V] in schedlang.runtime.kv_buffers)."""
+        return self.key_value_width
+
+    @property
+    def read_key_value_width(self) -> int:
+        """Features of a token's keys (and of its values) as the attention kernels read them: each key/value
+        head repeated for its query heads, so ``heads`` wide; with groups a copy of one part per kernel call,
+        per layer at a time ([Note: grouped key/value heads] in schedlang.runtime.attention_parts)."""
         return self.query_width
 
 

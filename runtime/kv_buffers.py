@@ -4,7 +4,7 @@
 Chunk ``i`` of an attention layer attends to every key of chunks ``0..i``. Carrying that prefix as a
 chunk-to-chunk state would copy it for every chunk and keep each copy in that chunk's saved graph: saved
 keys and values growing with the square of the chunk count. Instead each microbatch gets, per attention
-layer, one buffer of the whole sequence's keys and values ``[B, H, T, D]``, written once by the chunk that
+layer, one buffer of the whole sequence's keys and values ``[B, H_kv, T, D]``, written once by the chunk that
 computes them; a chunk's attention reads ``buffer[:, :, :end]`` through an alias that shares the storage
 (nothing is copied or saved twice). The backward mirrors it: ``B(a, i)`` adds the gradients it finds for
 earlier chunks' keys and values into a sequence-wide gradient buffer, and takes the part for its own chunk
@@ -23,6 +23,11 @@ per chunk is its queries, output and log-sum-exp, and aliases of the buffers, so
 sequence are linear in its length whatever the chunk count. Under sequence parallelism each chunk's forward
 also gathers the other ranks' slices into the buffers, and its backward reduce-scatters the chunk's region
 of the gradient buffers ([Note: sequence-parallel attention] in :mod:`schedlang.runtime.attention_parallel`).
+
+The buffers, their gradient buffers and the sequence-parallel messages hold the ``H_kv`` key/value heads as
+the k and v projections make them (grouped-query attention): each kernel call reads its part at query-head
+width and the backward sums each group's gradients back ([Note: grouped key/value heads] in
+:mod:`schedlang.runtime.attention_parts`), so what persists per layer is ``H_kv`` heads wide, not ``H``.
 
 [Note: documents in the K/V buffers]
 With packed documents ([Note: packed documents] in :mod:`schedlang.runtime.packing`) a query sees only the keys
@@ -47,7 +52,7 @@ from schedlang.runtime.packing import ChunkDocuments
 
 @dataclass
 class LayerKV:
-    """One attention layer's buffers for one microbatch: [B, H, T, D] keys and values, and their gradients."""
+    """One attention layer's buffers for one microbatch: [B, H_kv, T, D] keys and values, and their gradients."""
 
     keys: torch.Tensor
     values: torch.Tensor
@@ -69,7 +74,7 @@ class SequenceKV:
     open: dict[tuple[int, int], LayerKV] = field(default_factory=dict)
 
     def buffers(self, microbatch: int, layer: int, like: torch.Tensor) -> LayerKV:
-        """The layer's buffers for this microbatch, opened on first use, shaped like ``like`` [B, H, L, D]."""
+        """The layer's buffers for this microbatch, opened on first use, shaped like ``like`` [B, H_kv, L, D]."""
         key = (microbatch, layer)
         if key not in self.open:
             batch, heads, _, dim = like.shape
@@ -172,7 +177,8 @@ def _attention_backward_by_document(output_grad, q, keys, values, output, log_su
 
 
 class BufferedChunkAttention(torch.autograd.Function):
-    """Attention of one chunk's q, k, v ([B, H, L, D]) over the sequence-wide buffers; see the note.
+    """Attention of one chunk's q ([B, H, L, D]) and k, v ([B, H_kv, L, D], ``H_kv`` dividing ``H``) over the
+    sequence-wide buffers; see the note.
 
     ``group``: the sequence-parallel group the chunk is split over (then ``chunk.position.sequence_slices``
     says how), or None. ``documents``: the chunk's packed documents ([Note: documents in the K/V buffers]), or

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from schedlang.runtime.attention_parts import read_heads
 from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.kv_buffers import AttentionChunk, BufferedChunkAttention
 from schedlang.runtime.mixer_base import HeadMixer, SequenceParallelContext
@@ -18,7 +19,10 @@ class CausalAttentionMixer(HeadMixer):
     Chunk by chunk, a chunk's queries attend to the keys and values of every
     earlier chunk and, causally, to their own, read from its microbatch's
     sequence-wide buffers ([Note: sequence-wide K/V] in
-    :mod:`schedlang.runtime.kv_buffers`): nothing is passed as a state, and
+    :mod:`schedlang.runtime.kv_buffers`), which hold the ``kv_heads`` key/value
+    heads, shared with their query heads only where the kernels read them
+    ([Note: grouped key/value heads] in :mod:`schedlang.runtime.attention_parts`):
+    nothing is passed as a state, and
     gradients reach earlier chunks' keys and values through the gradient
     buffers, so chunking changes nothing in the arithmetic except its
     blocking. The prefix grows with the position in the sequence, which is why
@@ -51,7 +55,9 @@ class CausalAttentionMixer(HeadMixer):
         """``chunk`` None: ``hidden`` is the whole sequence. Returns (output, None): attention has no state.
         ``documents``: the chunk's packed documents, each query seeing only its own ([Note: packed documents])."""
         batch, length, _ = hidden.shape
-        q, k, v = self.project_qkv(hidden)
+        # k and v keep their kv_heads heads: the kernels share them with the query heads where they read them
+        # ([Note: grouped key/value heads] in schedlang.runtime.attention_parts)
+        q, k, v = self.project_grouped_qkv(hidden)
         if self.rope_theta is not None:
             q, k = rotate_queries_and_keys(q, k, self.rope_theta, 0 if chunk is None else chunk.position.start)
         # [B, H, L, D]
@@ -61,6 +67,7 @@ class CausalAttentionMixer(HeadMixer):
             if group is not None:
                 raise ValueError("sequence-parallel attention runs chunk by chunk: pass the chunk's position")
             mask = None if documents is None else block_causal_mask(documents, q.device)
+            k, v = read_heads(k, self.heads), read_heads(v, self.heads)
             mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         else:
             mixed = BufferedChunkAttention.apply(q, k, v, chunk, group, documents)

@@ -99,15 +99,26 @@ class HeadMixer(nn.Module):
         return (hidden.shape[0], hidden.shape[1], self.heads, self.head_dim)
 
     def share_kv_heads(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``[B, L, kv_heads * D]`` as ``[B, L, heads, D]``, each key/value head repeated for its query heads."""
+        """``[B, L, kv_heads * D]`` (or ``[B, L, kv_heads, D]``) as ``[B, L, heads, D]``, each key/value head
+        repeated for its query heads: key/value head ``j`` serves query heads ``j G .. j G + G - 1`` (``G =
+        heads / kv_heads``; the attention kernels' ``read_heads`` in schedlang.runtime.attention_parts keeps this
+        order)."""
         per_head = tensor.view(tensor.shape[0], tensor.shape[1], self.kv_heads, -1)
         groups = self.heads // self.kv_heads
         return per_head if groups == 1 else per_head.repeat_interleave(groups, dim=2)
 
+    def project_grouped_qkv(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q as [B, L, H, head_k_dim]; k as [B, L, kv_heads, head_k_dim] and v as [B, L, kv_heads, head_dim],
+        not yet shared by their query heads."""
+        batch, length = hidden.shape[:2]
+        q = self.q_proj(hidden).view(batch, length, self.heads, self.head_k_dim)
+        k = self.k_proj(hidden).view(batch, length, self.kv_heads, self.head_k_dim)
+        return q, k, self.v_proj(hidden).view(batch, length, self.kv_heads, self.head_dim)
+
     def project_qkv(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k as [B, L, H, head_k_dim], v as [B, L, H, head_dim]."""
-        q = self.q_proj(hidden).view(hidden.shape[0], hidden.shape[1], self.heads, self.head_k_dim)
-        return q, self.share_kv_heads(self.k_proj(hidden)), self.share_kv_heads(self.v_proj(hidden))
+        q, k, v = self.project_grouped_qkv(hidden)
+        return q, self.share_kv_heads(k), self.share_kv_heads(v)
 
     def init_projections(self, generator: torch.Generator, output_std: float, *gates: Linear) -> None:
         """q, k, v, then each gate (a low-rank gate is two), drawn in that order; biases zero; the output

@@ -13,12 +13,16 @@ from schedlang.lowering.cost import FlopsCostModel, Hardware, allgather_seconds,
 from schedlang.lowering.memory_peak import predict_memory
 from schedlang.lowering.memory_terms import (
     Device,
+    attention_read_bytes,
     chunk_activation_bytes,
+    head_workspace_bytes_per_token,
     key_value_bytes,
+    layer_workspace_bytes_per_token,
     mixer_bytes_per_token,
     norm_bytes_per_row,
     program_sizes,
     sequence_parallel_bytes,
+    transient_bytes,
 )
 from schedlang.lowering.parameters import stage_parameters
 from schedlang.lowering.partition import layer_flop_coefficients
@@ -158,7 +162,7 @@ def test_balanced_cut_coefficients_by_hand():
     assert own != shared.sequence.boundaries
 
 
-def test_sequence_parallel_all_gather_is_as_wide_as_the_query_heads():
+def test_sequence_parallel_all_gather_is_as_wide_as_the_key_value_heads():
     program = program_of(sequence=2)
     hardware = Hardware()
     model = FlopsCostModel(program, hardware)
@@ -166,14 +170,14 @@ def test_sequence_parallel_all_gather_is_as_wide_as_the_query_heads():
     batch, element = program.pipeline.microbatch_size, 2
     state = batch * HEADS * HEAD_DIM * HEAD_DIM * element
     expected = state_scan_seconds(program.sequence.parallel, 2, program.sequence.scan_blocks, state, hardware)
-    expected += allgather_seconds(2, 2 * batch * (tokens // 2) * ATTN_HEADS * ATTN_HEAD_DIM * element, hardware)
+    expected += allgather_seconds(2, 2 * batch * (tokens // 2) * ATTN_KV_HEADS * ATTN_HEAD_DIM * element, hardware)
     assert model._sequence_parallel_seconds(0, tokens, attention_layers=1) == pytest.approx(expected)
-    assert sequence_parallel_bytes(program, 0, 0) == 2 * batch * tokens * ATTN_HEADS * ATTN_HEAD_DIM * element
+    assert sequence_parallel_bytes(program, 0, 0) == 2 * batch * tokens * ATTN_KV_HEADS * ATTN_HEAD_DIM * element
 
 
 def test_memory_terms_by_hand():
     """bf16 (e = 2, f = 4), on CUDA: the attn mixer keeps its norm, the normed input, the output projection's
-    input and q (``W_a e`` each) and the log-sum-exp (``H_a f``); the K/V buffers are ``2 b T W_a e``."""
+    input and q (``W_a e`` each) and the log-sum-exp (``H_a f``); the K/V buffers are ``2 b T W_kv e``."""
     own, shared = program_of(), program_of(attention="")
     sizes = program_sizes(own)
     norm = norm_bytes_per_row(D_MODEL, sizes, Device.CUDA)
@@ -187,27 +191,87 @@ def test_memory_terms_by_hand():
         LayerKind.GLA, program_sizes(shared), Device.CUDA
     )
     batch = own.pipeline.microbatch_size
-    assert key_value_bytes(own, 0) == 2 * batch * LENGTH * 96 * 2
+    assert key_value_bytes(own, 0) == 2 * batch * LENGTH * 48 * 2
     assert key_value_bytes(shared, 0) == 2 * batch * LENGTH * 64 * 2
-    # wider attention keeps more in every chunk and at the peak
+    # wider attention keeps more in every chunk
     for stage in range(own.n_stages):
         assert chunk_activation_bytes(own, stage, 0) > chunk_activation_bytes(shared, stage, 0)
-        assert predict_memory(own)[stage].allocated > predict_memory(shared)[stage].allocated
 
 
-def test_key_value_buffers_are_what_the_runtime_opens():
-    """One chunk's forward on the CPU opens the attn layer's sequence-wide buffers: as many bytes as
-    :func:`key_value_bytes` (K/V heads repeated for their query heads, so ``attn_kv_heads`` saves nothing)."""
-    program = program_of(layers="[attn, gla]", dtype="fp32")
+UNGROUPED = f"attn_heads = {ATTN_HEADS}  attn_head_dim = {ATTN_HEAD_DIM}"
+
+
+@pytest.mark.parametrize("sequence", [1, 2])
+def test_grouped_heads_shrink_the_key_value_buffers_and_gather_by_the_group(sequence):
+    """The K/V buffers (and so their gradient buffers) and the all-gathered K/V are ``H_kv`` heads wide:
+    ``H_a / H_kv`` times fewer bytes than the same attention without groups."""
+    grouped, ungrouped = program_of(sequence=sequence), program_of(attention=UNGROUPED, sequence=sequence)
+    groups = ATTN_HEADS // ATTN_KV_HEADS
+    for stage in range(grouped.n_stages):
+        assert key_value_bytes(ungrouped, stage) == groups * key_value_bytes(grouped, stage) > 0
+        for chunk in range(grouped.n_chunks):
+            if sequence > 1:
+                assert sequence_parallel_bytes(ungrouped, stage, chunk) == groups * sequence_parallel_bytes(
+                    grouped, stage, chunk
+                )
+
+
+@pytest.mark.parametrize("sequence", [1, 2])
+def test_the_grouped_read_is_one_part_at_query_head_width_in_the_attn_backward(sequence):
+    """``4 b P W_a x``: the longest part's keys and values read at query-head width and their gradients, ``P``
+    the longer of the slowest rank's prefix and its slice; on CUDA in the kernels' float32, on the CPU in
+    ``train.dtype``; nothing without groups, and it enters the transient of the stages with an attn layer."""
+    grouped, ungrouped = program_of(sequence=sequence), program_of(attention=UNGROUPED, sequence=sequence)
+    batch = grouped.pipeline.microbatch_size
+    for chunk in range(grouped.n_chunks):
+        start, length = grouped.sequence.boundaries[chunk], grouped.sequence.chunk_length(chunk)
+        last_slice = -(-length // sequence)
+        longest = max(start + length - last_slice, last_slice)
+        assert attention_read_bytes(grouped, chunk, Device.CUDA) == 4 * batch * longest * 96 * 4
+        assert attention_read_bytes(grouped, chunk, Device.CPU) == 4 * batch * longest * 96 * 2
+        assert attention_read_bytes(ungrouped, chunk, Device.CUDA) == 0
+    last = grouped.n_chunks - 1
+    attention_only = program_of(layers="[attn] * 2", mlp="none", stages=1, sequence=sequence)
+    read = attention_read_bytes(attention_only, last, Device.CUDA)
+    assert read > 0
+    sizes = program_sizes(attention_only)
+    tokens = attention_only.pipeline.microbatch_size * attention_only.sequence.chunk_length(last) / sequence
+    attention = tokens * layer_workspace_bytes_per_token(attention_only.model, LayerKind.ATTN, sizes, Device.CUDA)
+    head = tokens * head_workspace_bytes_per_token(sizes)
+    assert attention < head < attention + read  # the read makes the attn layer's backward the largest
+    rest = tokens * 2 * D_MODEL * 2 + sequence_parallel_bytes(attention_only, 0, last)
+    assert transient_bytes(attention_only, 0, last) == pytest.approx(attention + read + rest)
+
+
+def _opened_buffer_bytes(attention: str) -> tuple[int, int, float]:
+    """(K/V buffer bytes, gradient buffer bytes) the runtime opens on the CPU for one microbatch of stage 0
+    of ``[attn, gla]`` (two chunks forward, their backwards in reverse), and :func:`key_value_bytes`."""
+    program = program_of(layers="[attn, gla]", dtype="fp32", attention=attention)
     config = program.model.runtime_config()
     model = build_stage_model(config, program.stage_layers[0], True, False, 0, torch.device("cpu"), torch.float32)
     kv = SequenceKV(LENGTH)
-    tokens = torch.randint(0, 256, (program.pipeline.microbatch_size, LENGTH))
-    chunk_end = program.sequence.boundaries[1]
-    with torch.no_grad():
-        model(tokens[:, :chunk_end], [None] * model.n_states, ChunkPosition(kv, 0, 0, chunk_end))
-    opened = sum(buffers.keys.nbytes + buffers.values.nbytes for buffers in kv.open.values())
-    assert opened == key_value_bytes(program, 0) == 2 * program.pipeline.microbatch_size * LENGTH * 96 * 4
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 256, (program.pipeline.microbatch_size, LENGTH), generator=generator)
+    bounds = program.sequence.boundaries[:3]
+    outputs, states = [], [None] * model.n_states
+    for start, end in zip(bounds, bounds[1:]):
+        hidden, states = model(tokens[:, start:end], states, ChunkPosition(kv, 0, start, end))
+        outputs.append(hidden)
+    for hidden in reversed(outputs):
+        hidden.square().sum().backward(retain_graph=True)
+    (buffers,) = kv.open.values()
+    opened = buffers.keys.nbytes + buffers.values.nbytes
+    return opened, buffers.key_grads.nbytes + buffers.value_grads.nbytes, key_value_bytes(program, 0)
+
+
+def test_key_value_buffers_are_what_the_runtime_opens():
+    """Chunks on the CPU open the attn layer's sequence-wide buffers and, in their backward, the gradient
+    buffers: each as many bytes as :func:`key_value_bytes`, ``attn_kv_heads`` heads wide, so the
+    ``attn_heads / attn_kv_heads`` grouping divides them against the same attention without groups."""
+    opened, gradients, predicted = _opened_buffer_bytes(OWN_HEADS)
+    assert opened == gradients == predicted == 2 * LENGTH * ATTN_KV_HEADS * ATTN_HEAD_DIM * 4  # b = 1, fp32
+    wide_opened, wide_gradients, wide_predicted = _opened_buffer_bytes(UNGROUPED)
+    assert wide_opened == wide_gradients == wide_predicted == ATTN_HEADS // ATTN_KV_HEADS * opened
 
 
 KEYS_AT_THEIR_DEFAULTS = f"attn_heads = {HEADS}  attn_head_dim = {HEAD_DIM}  attn_kv_heads = {HEADS}"
