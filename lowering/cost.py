@@ -199,7 +199,8 @@ def layer_projection_flops_per_token(model: ModelSpec, kind: LayerKind) -> float
 def layer_mixer_flops_per_token(model: ModelSpec, kind: LayerKind, kernel_chunk: int) -> float:
     """:func:`mixer_flops_per_token` of a layer of ``kind`` in ``model``, its projections sized by
     :func:`layer_projection_flops_per_token`."""
-    recurrence = recurrence_flops_per_token(kind, model.heads, model.head_dim, kernel_chunk)
+    heads = model.gdn.value_heads_of(model.heads) if kind is LayerKind.GDN else model.heads  # the state's heads
+    recurrence = recurrence_flops_per_token(kind, heads, model.head_dim, kernel_chunk)
     return layer_projection_flops_per_token(model, kind) + recurrence
 
 
@@ -323,6 +324,8 @@ class FlopsCostModel:
         self.batch = program.pipeline.microbatch_size
         self.sequence_ranks = program.mesh.sequence
         self.state_bytes_per_layer = self.batch * model.heads * model.head_dim * model.head_dim * self.element_bytes
+        # a gdn layer's state has its value heads (GdnOptions.value_heads_of)
+        self.gdn_state_bytes_per_layer = self.state_bytes_per_layer * model.gdn.value_heads_of(model.heads) // model.heads
         self.stage_kinds = [layer_kind_counts(model, layers) for layers in program.stage_layers]
         self.recurrent_layers = [
             sum(n_layers for kind, n_layers in kinds.items() if kind.is_recurrent) for kinds in self.stage_kinds
@@ -433,8 +436,9 @@ class FlopsCostModel:
         """What one layer's cross-rank scan moves per rank: the state; the all-gather also gathers each rank's
         transition, which for gdn is a ``[K, K]`` matrix per head (K = V = head_dim, so twice the state;
         [Note: transitions] in schedlang.runtime.scan_common). The point-to-point methods pass carries only."""
-        if kind is LayerKind.GDN and self.program.sequence.parallel is SequenceParallelMethod.ALLGATHER:
-            return 2 * self.state_bytes_per_layer
+        if kind is LayerKind.GDN:
+            allgather = self.program.sequence.parallel is SequenceParallelMethod.ALLGATHER
+            return (2 if allgather else 1) * self.gdn_state_bytes_per_layer
         return self.state_bytes_per_layer
 
     def task_duration(self, task: TaskId) -> float:
@@ -454,7 +458,11 @@ class FlopsCostModel:
         if kind in (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRADIENT):
             tokens = self.program.sequence.chunk_length(source.chunk)
             return self.batch * tokens // self.sequence_ranks * self.program.model.d_model * self.element_bytes
-        return self.recurrent_layers[source.stage] * self.state_bytes_per_layer
+        return sum(
+            n_layers * (self.gdn_state_bytes_per_layer if kind is LayerKind.GDN else self.state_bytes_per_layer)
+            for kind, n_layers in self.stage_kinds[source.stage].items()
+            if kind.is_recurrent
+        )
 
     def message_duration(self, kind: MessageKind, source: TaskId, destination: TaskId) -> float:
         if source.stage == destination.stage:
