@@ -81,9 +81,10 @@ def test_the_generated_script_builds_the_grouped_model(tmp_path):
 
 
 def test_the_memory_and_cost_models_size_the_state_by_the_value_heads(tmp_path):
-    """The state at a chunk boundary, the sequence-parallel exchange, a pipeline state message and the
-    recurrence FLOPs grow with the value heads (the layer's q/k heads stay 2)."""
-    from schedlang.lowering.cost import FlopsCostModel, layer_mixer_flops_per_token
+    """The state at a chunk boundary, the sequence-parallel exchange, a pipeline state message, the recurrence
+    FLOPs and the v, output-gate, output, alpha and beta projections grow with the value heads (the layer's
+    q/k heads stay 2)."""
+    from schedlang.lowering.cost import FlopsCostModel, layer_mixer_flops_per_token, layer_projection_flops_per_token
     from schedlang.lowering.memory_terms import sequence_parallel_bytes, state_bytes
     from schedlang.lowering.tasks import TaskId
     from schedlang.lowering.timeline import MessageKind
@@ -104,3 +105,8 @@ def test_the_memory_and_cost_models_size_the_state_by_the_value_heads(tmp_path):
     assert layer_mixer_flops_per_token(grouped.model, LayerKind.GDN, 16) > layer_mixer_flops_per_token(
         plain.model, LayerKind.GDN, 16
     )
+    d_model, head_dim, more_heads = 32, 16, 6 - 2
+    added = layer_projection_flops_per_token(grouped.model, LayerKind.GDN) - layer_projection_flops_per_token(
+        plain.model, LayerKind.GDN
+    )
+    assert added == more_heads * (3 * 2 * d_model * head_dim + 2 * 2 * d_model)
