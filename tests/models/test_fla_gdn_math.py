@@ -163,6 +163,44 @@ pipeline {{ microbatches = 2 }}
     assert count.total == fla_layer + 2 * d + 3 * d * width
 
 
+def test_default_gdn_options_keep_todays_parameters():
+    """No option set: gate and beta projections with bias, no convolutions, no Mamba2 parameters; the state is
+    the bare [B, H, K, V] matrix."""
+    config = ModelConfig(vocab=16, d_model=8, layers=("gdn",), heads=2, head_dim=4)
+    assert config.options == ModelOptions()
+    model = _stage(config)
+    shapes = {name: tuple(parameter.shape) for name, parameter in model.named_parameters()}
+    assert shapes["layers.0.mixer.gate_proj.bias"] == (2,) and shapes["layers.0.mixer.beta_proj.bias"] == (2,)
+    assert not any("conv" in name or "gate_log_rate" in name for name in shapes)
+    _, states = model(torch.zeros(1, 3, dtype=torch.long), [None])
+    assert states[0].shape == (1, 2, 4, 4)
+
+
+def test_mamba_gates_follow_flas_initialisation():
+    """A_log is log(U(0, 16)) and softplus(dt_bias) lies in fla's [1e-3, 0.1]."""
+    options = ModelOptions(gdn=GdnOptions(gates=DeltaGates.MAMBA, short_conv_size=4))
+    config = ModelConfig(vocab=16, d_model=8, layers=("gdn",) * 3, heads=64, head_dim=2, options=options)
+    model = _stage(config)
+    for index in range(3):
+        mixer = model.layers[str(index)].mixer
+        assert mixer.gate_log_rate.exp().min() >= 0 and mixer.gate_log_rate.exp().max() <= 16
+        step = torch.nn.functional.softplus(mixer.gate_time_bias)
+        assert step.min() >= 1e-3 - 1e-9 and step.max() <= 0.1 + 1e-9
+        assert mixer.gate_proj.bias is None and mixer.beta_proj.bias is None
+
+
+def test_every_parameter_has_its_fla_name():
+    model = _stage(read_fla_config(gdn_config(tie_word_embeddings=True)).model_config())
+    layers = model.config.layers
+    names = [source for name, _ in model.named_parameters() for source in fla_sources(name, layers)]
+    assert len(names) == len(set(names))
+    assert "lm_head.weight" not in names
+    for expected in ("A_log", "dt_bias", "a_proj.weight", "b_proj.weight", "q_conv1d.weight", "o_norm.weight"):
+        assert f"model.layers.1.attn.{expected}" in names
+    with pytest.raises(KeyError, match="Gated DeltaNet has no tensor"):
+        fla_sources("layers.0.mixer.gate_proj.bias", (LayerKind.GDN,))
+
+
 @pytest.mark.parametrize("value_heads", ["", "value_heads = 4"])
 def test_the_memory_models_state_term_counts_the_packed_state(tmp_path, value_heads):
     """lowering.memory_terms.state_bytes equals the bytes of the states the runtime hands between chunks
