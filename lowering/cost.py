@@ -142,21 +142,25 @@ def allgather_seconds(ranks: int, bytes_per_rank: float, hardware: Hardware) -> 
 
 
 def mixer_projection_flops_per_token(
-    kind: LayerKind, d_model: int, heads: int, head_dim: int, kv_heads: int | None = None
+    kind: LayerKind, d_model: int, heads: int, head_dim: int, kv_heads: int | None = None,
+    value_heads: int | None = None,
 ) -> float:
     """Forward FLOPs per token of one token-mixing layer's linear layers (0 for ``mlp``): also the FLOPs of
-    their weight gradients. ``kv_heads`` (None: ``heads``) is the width in heads of the k and v projections."""
+    their weight gradients. ``kv_heads`` (None: ``heads``) is the width in heads of the k and v projections;
+    ``value_heads`` (None: ``heads``) a gdn layer's value heads, the width of its v, output-gate and output
+    projections and its alpha and beta (``GdnOptions.value_heads_of``)."""
     if not kind.is_mixer:
         return 0.0
     width = heads * head_dim
+    if kind is LayerKind.GDN:  # q and k; v, o and the output gate; alpha and beta per value head
+        value_heads = heads if value_heads is None else value_heads
+        return 2 * 2 * d_model * width + 3 * 2 * d_model * value_heads * head_dim + 2 * 2 * d_model * value_heads
     key_value_width = (heads if kv_heads is None else kv_heads) * head_dim
     projections = 2 * 2 * d_model * width + 2 * 2 * d_model * key_value_width  # q and o; k and v
     if kind is LayerKind.GLA:
         projections += 2 * d_model * width  # per-channel forget gate
     elif kind is LayerKind.SIMPLE_GLA:
         projections += 2 * d_model * heads  # one scalar gate per head
-    elif kind is LayerKind.GDN:
-        projections += 2 * d_model * width + 2 * 2 * d_model * heads  # output gate; alpha and beta per head
     return projections
 
 
@@ -187,19 +191,21 @@ def mixer_flops_per_token(kind: LayerKind, d_model: int, heads: int, head_dim: i
 def layer_projection_flops_per_token(model: ModelSpec, kind: LayerKind) -> float:
     """:func:`mixer_projection_flops_per_token` of a layer of ``kind`` in ``model``: an ``attn`` layer by its
     own heads (``model.attention_geometry``: q and o ``heads``, k and v ``kv_heads``), every other kind by
-    the model's ``heads`` and ``head_dim``."""
+    the model's ``heads`` and ``head_dim`` (a gdn layer's values by its value heads)."""
     if kind is LayerKind.ATTN:
         attention = model.attention_geometry
         return mixer_projection_flops_per_token(
             kind, model.d_model, attention.heads, attention.head_dim, attention.kv_heads
         )
-    return mixer_projection_flops_per_token(kind, model.d_model, model.heads, model.head_dim)
+    value_heads = model.gdn.value_heads_of(model.heads)
+    return mixer_projection_flops_per_token(kind, model.d_model, model.heads, model.head_dim, value_heads=value_heads)
 
 
 def layer_mixer_flops_per_token(model: ModelSpec, kind: LayerKind, kernel_chunk: int) -> float:
     """:func:`mixer_flops_per_token` of a layer of ``kind`` in ``model``, its projections sized by
     :func:`layer_projection_flops_per_token`."""
-    recurrence = recurrence_flops_per_token(kind, model.heads, model.head_dim, kernel_chunk)
+    heads = model.gdn.value_heads_of(model.heads) if kind is LayerKind.GDN else model.heads  # the state's heads
+    recurrence = recurrence_flops_per_token(kind, heads, model.head_dim, kernel_chunk)
     return layer_projection_flops_per_token(model, kind) + recurrence
 
 
@@ -323,6 +329,8 @@ class FlopsCostModel:
         self.batch = program.pipeline.microbatch_size
         self.sequence_ranks = program.mesh.sequence
         self.state_bytes_per_layer = self.batch * model.heads * model.head_dim * model.head_dim * self.element_bytes
+        # a gdn layer's state has its value heads (GdnOptions.value_heads_of)
+        self.gdn_state_bytes_per_layer = self.state_bytes_per_layer * model.gdn.value_heads_of(model.heads) // model.heads
         self.stage_kinds = [layer_kind_counts(model, layers) for layers in program.stage_layers]
         self.recurrent_layers = [
             sum(n_layers for kind, n_layers in kinds.items() if kind.is_recurrent) for kinds in self.stage_kinds
@@ -433,8 +441,9 @@ class FlopsCostModel:
         """What one layer's cross-rank scan moves per rank: the state; the all-gather also gathers each rank's
         transition, which for gdn is a ``[K, K]`` matrix per head (K = V = head_dim, so twice the state;
         [Note: transitions] in schedlang.runtime.scan_common). The point-to-point methods pass carries only."""
-        if kind is LayerKind.GDN and self.program.sequence.parallel is SequenceParallelMethod.ALLGATHER:
-            return 2 * self.state_bytes_per_layer
+        if kind is LayerKind.GDN:
+            allgather = self.program.sequence.parallel is SequenceParallelMethod.ALLGATHER
+            return (2 if allgather else 1) * self.gdn_state_bytes_per_layer
         return self.state_bytes_per_layer
 
     def task_duration(self, task: TaskId) -> float:
@@ -454,7 +463,11 @@ class FlopsCostModel:
         if kind in (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRADIENT):
             tokens = self.program.sequence.chunk_length(source.chunk)
             return self.batch * tokens // self.sequence_ranks * self.program.model.d_model * self.element_bytes
-        return self.recurrent_layers[source.stage] * self.state_bytes_per_layer
+        return sum(
+            n_layers * (self.gdn_state_bytes_per_layer if kind is LayerKind.GDN else self.state_bytes_per_layer)
+            for kind, n_layers in self.stage_kinds[source.stage].items()
+            if kind.is_recurrent
+        )
 
     def message_duration(self, kind: MessageKind, source: TaskId, destination: TaskId) -> float:
         if source.stage == destination.stage:

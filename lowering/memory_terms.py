@@ -220,19 +220,21 @@ def chunk_activation_bytes(
 
 def state_bytes(program: ScheduleProgram, stage: int) -> float:
     """One chunk boundary's recurrent states on ``stage``: ``b H D^2 f`` per recurrent layer, but
-    ``b (H K D + (c - 1) (2 H K + W)) f`` per gdn layer, ``K`` its key width per head and ``c`` the taps of
-    its short convolutions (0 without them), whose last inputs of q, k and v are packed into its state
-    ([Note: short-convolution state] in schedlang.runtime.short_convolution)."""
+    ``b (H_v K D + (c - 1) (2 H K + H_v D)) f`` per gdn layer, ``K`` its key width per head, ``H_v`` its value
+    heads (``GdnOptions.value_heads_of``) and ``c`` the taps of its short convolutions (0 without them), whose
+    last inputs of q, k and v are packed into its state ([Note: short-convolution state] in
+    schedlang.runtime.short_convolution)."""
     sizes = program_sizes(program)
     kinds = stage_layer_kinds(program, stage)
     gdn = program.model.gdn
     key_dim = gdn.head_k_dim or sizes.head_dim
     taps = 1 if gdn.short_conv_size is None else gdn.short_conv_size
-    history = (taps - 1) * sizes.heads * (2 * key_dim + sizes.head_dim)
+    value_heads = gdn.value_heads_of(sizes.heads)
+    history = (taps - 1) * (2 * sizes.heads * key_dim + value_heads * sizes.head_dim)
     total = 0
     for kind in kinds:
         if kind is LayerKind.GDN:
-            total += sizes.heads * key_dim * sizes.head_dim + history
+            total += value_heads * key_dim * sizes.head_dim + history
         elif kind.is_recurrent:
             total += sizes.heads * sizes.head_dim * sizes.head_dim
     return total * sizes.batch * sizes.compute_bytes
@@ -298,11 +300,12 @@ def static_bytes(program: ScheduleProgram, stage: int) -> dict[StaticPart, float
 def layer_workspace_bytes_per_token(model: ModelSpec, kind: LayerKind, sizes: Sizes, device: Device) -> float:
     """The temporaries of one layer's backward, per token: the gradients of what it saved (as large as the
     saved tensors) and, for a recurrent layer, the states entering each kernel chunk that its backward
-    recomputes (``H D^2 / C`` in fp32)."""
+    recomputes (``H D^2 / C`` in fp32; a gdn layer's ``H`` its value heads)."""
     saved = layer_bytes_per_token(model, kind, sizes, Recompute.NONE, device)
     recomputed_states = 0.0
     if kind.is_recurrent:
-        recomputed_states = sizes.heads * sizes.head_dim * sizes.head_dim * sizes.compute_bytes / RUNTIME_KERNEL_CHUNK
+        heads = model.gdn.value_heads_of(sizes.heads) if kind is LayerKind.GDN else sizes.heads
+        recomputed_states = heads * sizes.head_dim * sizes.head_dim * sizes.compute_bytes / RUNTIME_KERNEL_CHUNK
     return saved + recomputed_states
 
 
@@ -366,14 +369,16 @@ def recomputed_part_bytes_per_token(kind: LayerKind, sizes: Sizes, recompute: Re
 
 def sequence_parallel_bytes(program: ScheduleProgram, stage: int, chunk: int) -> float:
     """Messages of one layer's exchange across the sequence-parallel group: a state in and a state out
-    per recurrent layer (the scan runs layer by layer, so one layer's), and an attn layer's all-gathered K/V
-    of the whole chunk, as wide as its K/V buffers (its key/value heads)."""
+    per recurrent layer (the scan runs layer by layer, so one layer's, the widest: a gdn layer's of its value
+    heads), and an attn layer's all-gathered K/V of the whole chunk, as wide as its K/V buffers (its key/value
+    heads)."""
     ranks = program.mesh.sequence
     if ranks == 1:
         return 0.0
     kinds = set(stage_layer_kinds(program, stage))
     sizes = program_sizes(program)
-    one_state = sizes.batch * sizes.heads * sizes.head_dim * sizes.head_dim * sizes.compute_bytes
+    state_heads = program.model.gdn.value_heads_of(sizes.heads) if LayerKind.GDN in kinds else sizes.heads
+    one_state = sizes.batch * state_heads * sizes.head_dim * sizes.head_dim * sizes.compute_bytes
     recurrent = 2 * one_state if any(kind.is_recurrent for kind in kinds) else 0.0
     attention = 0.0
     if LayerKind.ATTN in kinds:

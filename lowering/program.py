@@ -7,8 +7,9 @@ divisibility and chunk boundaries. Later passes may therefore assume:
 
 * ``model.layers`` is non-empty; ``model.heads * model.head_dim`` is the width
   of every recurrent layer's values (and of its queries and keys unless ``model.gla``
-  narrows those of ``gla`` layers); ``attn`` layers have the heads of
-  ``model.attention_geometry``;
+  narrows those of ``gla`` layers), but ``gdn`` layers have
+  ``model.gdn.value_heads_of(model.heads)`` value heads, a multiple of ``model.heads``;
+  ``attn`` layers have the heads of ``model.attention_geometry``;
 * ``stage_layers`` partitions ``range(len(model.layers))`` into
   ``mesh.pipeline`` contiguous, non-empty, increasing runs;
 * ``sequence.boundaries`` starts at 0, ends at ``sequence.length`` and is

@@ -5,7 +5,11 @@ The ``model_type`` ``"gated_deltanet"`` half of :mod:`schedlang.runtime.hf_forma
 schedlang, refusing field by field what schedlang does not build; :func:`gdn_config` is the inverse;
 :data:`GDN_RENAMES` maps parameter names. fla's ``GatedDeltaNet`` layer is schedlang's ``gdn`` layer with
 ``delta_gates = mamba`` and ``short_conv_size = conv_size``; fla's ``head_dim`` is the key width per head
-and ``head_dim * expand_v`` the value width, which is schedlang's ``head_dim`` (``docs/models.md``).
+and ``head_dim * expand_v`` the value width, which is schedlang's ``head_dim`` (``docs/models.md``). fla's
+``num_v_heads`` (grouped value attention) is ``GdnOptions.value_heads`` (None when it equals ``num_heads``):
+``v_proj``, ``a_proj``, ``b_proj``, ``A_log``, ``dt_bias``, ``v_conv1d``, ``g_proj`` and ``o_proj`` are sized by
+it, ``q_proj``, ``k_proj``, ``q_conv1d`` and ``k_conv1d`` by ``num_heads``, with the same names and layouts
+(value head ``j`` reads q/k head ``j // (num_v_heads // num_heads)``, as fla's kernels index them).
 """
 
 from __future__ import annotations
@@ -59,12 +63,12 @@ def read_gdn_config(values: Mapping[str, object]):
         )
     d_model = read_integer(values, "hidden_size", 2048)
     heads = read_integer(values, "num_heads", 6)
-    value_heads = values.get("num_v_heads")
-    if value_heads is not None and read_integer(values, "num_v_heads") != heads:
+    value_heads = None if values.get("num_v_heads") is None else read_integer(values, "num_v_heads")
+    if value_heads is not None and (value_heads < heads or value_heads % heads):
         raise UnsupportedFlaConfig(
             "num_v_heads",
-            f"config field 'num_v_heads' = {value_heads!r} differs from num_heads = {heads} (grouped value "
-            "attention), which schedlang does not build",
+            f"config field 'num_v_heads' = {value_heads} is not a multiple of num_heads = {heads} (grouped "
+            "value attention gives each q/k head num_v_heads / num_heads value heads)",
         )
     head_k_dim = read_integer(values, "head_dim", 256)
     value_width = head_k_dim * read_number(values, "expand_v", 2.0)
@@ -84,7 +88,12 @@ def read_gdn_config(values: Mapping[str, object]):
         head_dim=round(value_width),
         norm_eps=norm_eps,
         options=ModelOptions(
-            gdn=GdnOptions(head_k_dim=head_k_dim, gates=DeltaGates.MAMBA, short_conv_size=conv_size),
+            gdn=GdnOptions(
+                head_k_dim=head_k_dim,
+                gates=DeltaGates.MAMBA,
+                short_conv_size=conv_size,
+                value_heads=None if value_heads == heads else value_heads,
+            ),
             attention=attention,
             mlp_width=fla_mlp_width(d_model, hidden_ratio, intermediate_size),
             tie_embeddings=tie,
@@ -121,7 +130,7 @@ def gdn_config(model: ModelConfig) -> dict[str, object]:
         "hidden_size": model.d_model,
         "num_hidden_layers": len(model.layers),
         "num_heads": model.heads,
-        "num_v_heads": None,
+        "num_v_heads": gdn.value_heads,
         "head_dim": head_k_dim,
         "expand_v": model.head_dim / head_k_dim,
         "hidden_ratio": 4,

@@ -39,28 +39,41 @@ class GatedDeltaMixer(HeadMixer):
     and short convolutions this is flash-linear-attention's ``GatedDeltaNet`` layer (``docs/models.md``).
     The chunked operator runs as Triton kernels on CUDA (the WY solve, the state pass, the outputs and
     their backward) and as batched PyTorch on the CPU (``kernel_backend``).
+
+    Grouped value attention (``options.value_heads``, fla's ``num_v_heads``): q and k are projected (and
+    convolved) to ``query_key_heads`` (the model's ``heads``) heads of ``head_k_dim``; v, the gates, the write
+    strength, the output gate and norm and the state have ``heads`` = ``value_heads`` heads, and value head
+    ``j`` reads q/k head ``j // (value_heads // query_key_heads)``: fla's kernels index q and k at
+    ``i_hv // (HV // H)``, so each q/k head serves a block of consecutive value heads, einops'
+    ``h d -> (h g) d``. The mixer repeats q and k so (``repeat_interleave``) before the kernel, so the kernels,
+    the chunking, the state store and sequence parallelism see ``value_heads`` heads throughout.
     """
 
     def __init__(self, config: ModelConfig) -> None:
         options = config.options.gdn
-        super().__init__(config, options.head_k_dim)
+        value_heads = options.value_heads_of(config.heads)
+        super().__init__(config, options.head_k_dim, heads=value_heads)
         self.options = options
+        self.query_key_heads = config.heads
+        key_width, value_width = config.heads * self.head_k_dim, value_heads * config.head_dim
+        if value_heads != config.heads:  # HeadMixer sized q and k by the value heads
+            self.q_proj = Linear(config.d_model, key_width, bias=False)
+            self.k_proj = Linear(config.d_model, key_width, bias=False)
         mamba = options.gates is DeltaGates.MAMBA
-        self.gate_proj = Linear(config.d_model, config.heads, bias=not mamba)
-        self.beta_proj = Linear(config.d_model, config.heads, bias=not mamba)
+        self.gate_proj = Linear(config.d_model, value_heads, bias=not mamba)
+        self.beta_proj = Linear(config.d_model, value_heads, bias=not mamba)
         if mamba:
-            self.gate_log_rate = nn.Parameter(torch.empty(config.heads))
-            self.gate_time_bias = nn.Parameter(torch.empty(config.heads))
-        self.output_gate_proj = Linear(config.d_model, config.heads * config.head_dim, bias=False)
+            self.gate_log_rate = nn.Parameter(torch.empty(value_heads))
+            self.gate_time_bias = nn.Parameter(torch.empty(value_heads))
+        self.output_gate_proj = Linear(config.d_model, value_width, bias=False)
         self.output_norm = RMSNorm(config.head_dim, config.norm_eps)
         self.packed_state: PackedDeltaState | None = None
         if options.short_conv_size is not None:
-            key_width, value_width = config.heads * self.head_k_dim, config.heads * config.head_dim
             self.q_conv = ShortConvolution(key_width, options.short_conv_size)
             self.k_conv = ShortConvolution(key_width, options.short_conv_size)
             self.v_conv = ShortConvolution(value_width, options.short_conv_size)
             self.packed_state = PackedDeltaState(
-                (config.heads, self.head_k_dim, config.head_dim),
+                (value_heads, self.head_k_dim, config.head_dim),
                 options.short_conv_size - 1,
                 (key_width, key_width, value_width),
             )
@@ -97,10 +110,10 @@ class GatedDeltaMixer(HeadMixer):
         q, k, v = self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
         if self.packed_state is not None:
             q, k, v, final_histories = self._convolve(q, k, v, histories)
-        q = q.view(batch, length, self.heads, self.head_k_dim)
-        k = k.view(batch, length, self.heads, self.head_k_dim)
+        q = q.view(batch, length, self.query_key_heads, self.head_k_dim)
+        k = k.view(batch, length, self.query_key_heads, self.head_k_dim)
         v = v.view(shape)
-        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        q, k = self._per_value_head(F.normalize(q, dim=-1)), self._per_value_head(F.normalize(k, dim=-1))
         gate = self._log_forget_gate(hidden)
         beta = torch.sigmoid(_at_least_float32(self.beta_proj(hidden)))
         if self.sequence_context is None:
@@ -119,6 +132,12 @@ class GatedDeltaMixer(HeadMixer):
             final_state = self.packed_state.pack(final_state, final_histories)
         gated = self.output_norm(mixed.to(hidden.dtype)) * F.silu(self.output_gate_proj(hidden).view(shape))
         return self.o_proj(gated.reshape(batch, length, -1)), final_state
+
+    def _per_value_head(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``[B, L, query_key_heads, K]`` as ``[B, L, heads, K]``: each q/k head repeated for its block of
+        consecutive value heads (fla's order, see the class docstring)."""
+        groups = self.heads // self.query_key_heads
+        return tensor if groups == 1 else tensor.repeat_interleave(groups, dim=2)
 
     def _convolve(self, q, k, v, histories):
         """The short convolutions of the projected q, k, v from ``histories`` (None: zeros); returns their

@@ -66,14 +66,24 @@ class GdnOptions:
     convolution of this many taps without bias, then SiLU (flash-linear-attention's ``ShortConvolution``);
     its last ``short_conv_size - 1`` inputs are part of the layer's state
     (``schedlang.runtime.short_convolution``). None: no convolution and no activation.
+    ``value_heads``: grouped value attention, flash-linear-attention's ``num_v_heads``: the value projection,
+    the gates, the write strength, the output gate and norm and the state have ``value_heads`` heads (a
+    positive multiple of the model's ``heads``, which size q and k), and value head ``j`` reads q/k head
+    ``j // (value_heads // heads)`` (:meth:`value_heads_of`; None: ``heads``).
     """
 
     head_k_dim: int | None = None
     gates: DeltaGates = DeltaGates.LOG_SIGMOID
     short_conv_size: int | None = None
+    value_heads: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gates", DeltaGates(self.gates))
+
+    def value_heads_of(self, heads: int) -> int:
+        """The value heads of a ``gdn`` layer of a model with ``heads`` q/k heads: the heads of its state
+        ``[value_heads, head_k_dim, head_dim]``, of its values and of every per-head gate and norm."""
+        return self.value_heads or heads
 
 
 @dataclass(frozen=True)

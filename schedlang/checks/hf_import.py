@@ -70,6 +70,7 @@ def _model_values(model) -> dict[str, object]:
         values["expand_k"] = gdn.head_k_dim * model.heads / model.d_model
         values["delta_gates"] = gdn.gates
         values["short_conv_size"] = gdn.short_conv_size
+        values["value_heads"] = gdn.value_heads_of(model.heads)
         return values
     gla = model.options.gla
     values["expand_k"] = gla.head_k_dim * model.heads / model.d_model

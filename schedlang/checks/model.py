@@ -140,7 +140,7 @@ GLA_OPTION_PATHS = (
     "model.clamp_min",
     "model.output_gate",
 )
-GDN_OPTION_PATHS = ("model.delta_gates", "model.short_conv_size")
+GDN_OPTION_PATHS = ("model.delta_gates", "model.short_conv_size", "model.value_heads")
 ATTENTION_OPTION_PATHS = (
     "model.attn_heads",
     "model.attn_head_dim",
@@ -153,6 +153,15 @@ ATTENTION_OPTION_PATHS = (
 def _written_or_none(value: object) -> object:
     """A value read, or None for a default derived from other keys (``schema.Derived``)."""
     return value if value is None or isinstance(value, (int, float, str)) else None
+
+
+def _value_heads(written: object, base: ModelSpec) -> int | None:
+    """``model.value_heads`` as ``GdnOptions.value_heads``: None when it is the default (``heads``) or the
+    model has no ``gdn`` layers, so such a model records no grouped values."""
+    value_heads = _written_or_none(written)
+    if value_heads == base.heads or LayerKind.GDN not in base.layers:
+        return None
+    return value_heads
 
 
 def build_model(checker: Checker) -> ModelSpec | None:
@@ -187,6 +196,7 @@ def build_model(checker: Checker) -> ModelSpec | None:
         head_k_dim=head_k_dim if LayerKind.GDN in base.layers else None,  # a model without gdn layers records none
         gates=checker.get("model.delta_gates"),
         short_conv_size=checker.get("model.short_conv_size"),
+        value_heads=_value_heads(checker.get("model.value_heads"), base),
     )
     heads, head_dim, kv_heads, qkv_bias, rope_theta = (
         _written_or_none(checker.get(path)) for path in ATTENTION_OPTION_PATHS

@@ -69,6 +69,21 @@ def kv_heads_divide_heads(checker: Checker) -> None:
     checker.reject("model.kv_heads")
 
 
+def value_heads_are_a_multiple_of_heads(checker: Checker) -> None:
+    """A ``gdn`` layer's value heads are a positive multiple of its q/k heads (fla's ``num_v_heads``): each
+    q/k head serves ``value_heads / heads`` value heads."""
+    value_heads, heads = _number(checker, "model.value_heads"), checker.get("model.heads")
+    if value_heads is None or not isinstance(heads, int) or (value_heads >= heads and value_heads % heads == 0):
+        return
+    checker.error(
+        f"value_heads = {value_heads} must be a multiple of heads = {heads}: each query/key head of a gdn layer "
+        "serves value_heads / heads value heads",
+        _span(checker, "model.value_heads"),
+        hint=f"value_heads = {heads * max(1, round(value_heads / heads))}, or leave it out (value_heads = heads)",
+    )
+    checker.reject("model.value_heads")
+
+
 def _attention_size(checker: Checker, path: str, fallback: str) -> int | None:
     """An ``attn`` layer's size ``path``, or the model's ``fallback`` when the schedule leaves it out."""
     value = _number(checker, path)
@@ -151,6 +166,7 @@ MODEL_RULE_CHECKS = (
     (("model.expand_k", "model.d_model", "model.heads"), key_width_fits_heads),
     (("model.expand_v", "model.d_model", "model.heads", "model.head_dim"), value_width_is_heads_times_head_dim),
     (("model.kv_heads", "model.heads"), kv_heads_divide_heads),
+    (("model.value_heads", "model.heads"), value_heads_are_a_multiple_of_heads),
     (("model.attn_kv_heads", "model.attn_heads", "model.heads"), attention_kv_heads_divide_attention_heads),
     (("model.rope_theta", "model.layers", "model.attn_head_dim", "model.head_dim"), rotary_needs_an_even_head_width),
     (

@@ -129,6 +129,7 @@ SCHEMA: tuple[Key, ...] = (
         "model", "short_conv_size", Integer(1, model.MAX_SHORT_CONV_SIZE), None, "short_conv_size = 4",
         accepts_none=True,
     ),
+    Key("model", "value_heads", Integer(1, 4096), Derived("heads"), "value_heads = 4"),
     Key("model", "attn_heads", Integer(1, 4096), Derived("heads"), "attn_heads = 4"),
     Key("model", "attn_head_dim", Integer(1, model.MAX_HEAD_DIM), Derived("head_dim"), "attn_head_dim = 64"),
     Key("model", "attn_kv_heads", Integer(1, 4096), Derived("attn_heads"), "attn_kv_heads = 1"),

@@ -10,7 +10,11 @@ and parameter names and runs everything one token at a time. Per layer, with ``W
     S_t = exp(g_t) S_{t-1} + beta_t k_t^T (v_t - exp(g_t) k_t S_{t-1}),   o_t = (q_t / sqrt(head_dim)) S_t
     out_t = o_proj(rmsnorm_head(o_t) * w * silu(g_proj(x_t)))
 
-with ``S`` of shape [head_dim, head_dim * expand_v], pre-norm residual blocks, a SwiGLU MLP, a final
+per value head, with ``S`` of shape [head_dim, head_dim * expand_v]. With grouped value attention
+(``num_v_heads``, a multiple of ``num_heads``) v, a, b, ``A_log``, ``dt_bias``, g and the state have
+``num_v_heads`` heads and value head ``j`` reads q/k head ``j // (num_v_heads // num_heads)``, the index fla's
+kernels use (``i_h // (HV // H)`` in fla/ops/gated_delta_rule/chunk_fwd.py and ``i_hv // (HV // H)`` in
+fused_recurrent.py). Around it: pre-norm residual blocks, a SwiGLU MLP, a final
 RMSNorm and the LM head (the embedding when tied). The layers of the config's ``attn`` spec are fla's
 ``Attention`` (``fla_reference.attention_layer``).
 """
@@ -45,6 +49,7 @@ def gdn_layer(t: dict[str, torch.Tensor], prefix: str, h: torch.Tensor, config: 
     """fla's ``GatedDeltaNet`` layer on the normed input ``h`` [B, L, d]; ``t`` float64 tensors by fla name."""
     batch, length, _ = h.shape
     heads, dk = config["num_heads"], config["head_dim"]
+    value_heads = config.get("num_v_heads") or heads
     dv = round(dk * config["expand_v"])
     q, k, v = (
         _short_convolution(h @ t[prefix + f"{name}_proj.weight"].T, t[prefix + f"{name}_conv1d.weight"])
@@ -52,10 +57,12 @@ def gdn_layer(t: dict[str, torch.Tensor], prefix: str, h: torch.Tensor, config: 
     )
     q = F.normalize(q.view(batch, length, heads, dk), dim=-1)
     k = F.normalize(k.view(batch, length, heads, dk), dim=-1)
-    v = v.view(batch, length, heads, dv)
+    query_key_head = torch.arange(value_heads) // (value_heads // heads)  # of each value head, as fla's kernels
+    q, k = q[:, :, query_key_head], k[:, :, query_key_head]
+    v = v.view(batch, length, value_heads, dv)
     g = -t[prefix + "A_log"].exp() * F.softplus(h @ t[prefix + "a_proj.weight"].T + t[prefix + "dt_bias"])
     beta = torch.sigmoid(h @ t[prefix + "b_proj.weight"].T)
-    state = h.new_zeros(batch, heads, dk, dv)
+    state = h.new_zeros(batch, value_heads, dk, dv)
     outputs = []
     for step in range(length):
         decay = g[:, step].exp()[..., None, None]
@@ -66,9 +73,9 @@ def gdn_layer(t: dict[str, torch.Tensor], prefix: str, h: torch.Tensor, config: 
         outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, step] * dk**-0.5, state))
     o = torch.stack(outputs, dim=1)
     eps = config.get("norm_eps", 1e-6)
-    gate = (h @ t[prefix + "g_proj.weight"].T).view(batch, length, heads, dv)
+    gate = (h @ t[prefix + "g_proj.weight"].T).view(batch, length, value_heads, dv)
     o = _rms(o, t[prefix + "o_norm.weight"], eps) * F.silu(gate)
-    return o.reshape(batch, length, heads * dv) @ t[prefix + "o_proj.weight"].T
+    return o.reshape(batch, length, value_heads * dv) @ t[prefix + "o_proj.weight"].T
 
 
 def gdn_reference_logits(tensors: dict[str, torch.Tensor], config: dict, tokens: torch.Tensor) -> torch.Tensor:

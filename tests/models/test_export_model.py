@@ -141,16 +141,16 @@ def test_the_run_record_holds_the_options_only_when_they_are_not_the_defaults():
     assert "model.options" in record and model_config_of_record(record) == fla_shaped
 
 
-def _exported_gated_deltanet(tmp_path):
-    """A perturbed fla-shaped Gated DeltaNet saved as a schedlang checkpoint and exported to ``out``: returns
-    its fla config, its model config and the model."""
+def _exported_gated_deltanet(tmp_path, **changes):
+    """A perturbed fla-shaped Gated DeltaNet (``changes`` to its config) saved as a schedlang checkpoint and
+    exported to ``out``: returns its fla config, its model config and the model."""
     from fla_gdn_reference import gdn_config
 
     from schedlang.runtime.checkpoint import save_checkpoint
     from schedlang.runtime.checkpoint_manifest import run_record
     from schedlang.runtime.config import PipelineConfig, TrainConfig
 
-    config = gdn_config(intermediate_size=48, conv_size=3, tie_word_embeddings=True)
+    config = gdn_config(intermediate_size=48, conv_size=3, tie_word_embeddings=True, **changes)
     model_config = read_fla_config(config).model_config()
     ours = build_stage_model(model_config, (0, 1), True, True, 0, torch.device("cpu"), torch.float32)
     perturb(ours, 4)
@@ -161,16 +161,27 @@ def _exported_gated_deltanet(tmp_path):
     return config, model_config, ours
 
 
-def test_a_gated_deltanet_checkpoint_exports_and_loads_back_with_the_same_logits(tmp_path):
-    """checkpoint -> export-model -> from = hf: fla's Gated DeltaNet config and names, the same logits."""
+GROUPED_VALUE_HEADS = [{}, {"num_v_heads": 4}]
+
+
+@pytest.mark.parametrize("changes", GROUPED_VALUE_HEADS, ids=["num_v_heads=None", "num_v_heads=4"])
+def test_a_gated_deltanet_checkpoint_exports_and_loads_back_with_the_same_logits(tmp_path, changes):
+    """checkpoint -> export-model -> from = hf: fla's Gated DeltaNet config and names, the same logits; grouped
+    value heads keep num_v_heads and the weights' shapes."""
     from safetensors.torch import load_file
 
-    config, model_config, ours = _exported_gated_deltanet(tmp_path)
+    config, model_config, ours = _exported_gated_deltanet(tmp_path, **changes)
     written = json.loads((tmp_path / "out" / "config.json").read_text())
     assert written["model_type"] == "gated_deltanet" and written["conv_size"] == 3 and written["head_dim"] == 8
+    assert written["num_v_heads"] == changes.get("num_v_heads")
     assert read_fla_config(written) == read_fla_config(config)
     tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
     assert "model.layers.1.attn.v_conv1d.weight" in tensors and "lm_head.weight" not in tensors
+    value_heads = changes.get("num_v_heads", config["num_heads"])
+    assert tensors["model.layers.1.attn.v_proj.weight"].shape == (value_heads * 16, 32)
+    assert tensors["model.layers.1.attn.q_proj.weight"].shape == (config["num_heads"] * 8, 32)
+    assert tensors["model.layers.1.attn.A_log"].shape == (value_heads,)
+    assert torch.equal(tensors["model.layers.1.attn.v_proj.weight"], ours.state_dict()["layers.1.mixer.v_proj.weight"])
 
     back = tmp_path / "back.sched"
     back.write_text(SCHEDULE.format(directory="out", pipeline=1, train=""), encoding="utf-8")
@@ -181,12 +192,13 @@ def test_a_gated_deltanet_checkpoint_exports_and_loads_back_with_the_same_logits
     torch.testing.assert_close(_logits(loaded_config, None, tokens), expected, rtol=0, atol=0)
 
 
-def test_fla_loads_the_gated_deltanet_export_with_every_tensor(tmp_path):
+@pytest.mark.parametrize("changes", GROUPED_VALUE_HEADS, ids=["num_v_heads=None", "num_v_heads=4"])
+def test_fla_loads_the_gated_deltanet_export_with_every_tensor(tmp_path, changes):
     from safetensors.torch import load_file
 
     pytest.importorskip("fla.models")
     transformers = pytest.importorskip("transformers")
-    _exported_gated_deltanet(tmp_path)
+    _exported_gated_deltanet(tmp_path, **changes)
     exported_tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
     fla_model, info = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), output_loading_info=True)
     assert type(fla_model).__name__ == "GatedDeltaNetForCausalLM"

@@ -34,6 +34,9 @@ def _logits(model, tokens):
         {"conv_size": 2, "expand_v": 1.0},
         {"head_dim": 4, "intermediate_size": 40},
         {"num_hidden_layers": 3, "attn": {"layers": [0, 2], "num_heads": 2, "num_kv_heads": 1, "qkv_bias": True}},
+        {"num_v_heads": 4},
+        {"num_v_heads": 6, "head_dim": 4, "expand_v": 1.5, "conv_size": 3},
+        {"num_heads": 1, "num_v_heads": 3, "num_hidden_layers": 3, "attn": {"layers": [1], "num_heads": 2}},
     ],
 )
 def test_the_gdn_layer_is_flas_gated_deltanet(changes):
@@ -43,6 +46,23 @@ def test_the_gdn_layer_is_flas_gated_deltanet(changes):
     tokens = torch.randint(0, config["vocab_size"], (2, 21), generator=torch.Generator().manual_seed(0))
     expected = gdn_reference_logits(to_fla_tensors(dict(model.named_parameters()), model.config.layers), config, tokens)
     torch.testing.assert_close(_logits(model, tokens), expected, rtol=1e-9, atol=1e-9)
+
+
+def test_a_wrong_value_head_order_would_be_caught(monkeypatch):
+    """Grouped value heads: repeating q and k as whole blocks (value head j reading q/k head j mod heads)
+    instead of fla's j // (value_heads / heads) disagrees with the reference (the GVA cases can fail)."""
+    from schedlang.runtime.mixer_gdn import GatedDeltaMixer
+
+    config = gdn_config(num_v_heads=4)
+    model = _stage(read_fla_config(config).model_config())
+    perturb(model, 1)
+    tensors = to_fla_tensors(dict(model.named_parameters()), model.config.layers)
+    tokens = torch.randint(0, config["vocab_size"], (1, 9), generator=torch.Generator().manual_seed(0))
+    assert (_logits(model, tokens) - gdn_reference_logits(tensors, config, tokens)).abs().max() < 1e-9
+    monkeypatch.setattr(
+        GatedDeltaMixer, "_per_value_head", lambda self, tensor: tensor.repeat(1, 1, self.heads // tensor.shape[2], 1)
+    )
+    assert (_logits(model, tokens) - gdn_reference_logits(tensors, config, tokens)).abs().max() > 1e-4
 
 
 def test_a_wrong_conv_tap_order_would_be_caught():
@@ -56,15 +76,16 @@ def test_a_wrong_conv_tap_order_would_be_caught():
     assert (_logits(model, tokens) - gdn_reference_logits(tensors, config, tokens)).abs().max() > 1e-4
 
 
+@pytest.mark.parametrize("value_heads", [None, 4], ids=["value_heads=heads", "grouped value heads"])
 @pytest.mark.parametrize(
     "boundaries",
     [(0, 16, 32), (0, 8, 16, 24, 32), (0, 1, 3, 4, 20, 21, 32), (0, 2, 30, 32)],
     ids=["2 chunks", "4 chunks", "chunks shorter than conv_size - 1", "a short first chunk"],
 )
-def test_chunked_equals_unchunked_with_short_convolutions(boundaries):
+def test_chunked_equals_unchunked_with_short_convolutions(boundaries, value_heads):
     """The packed state (recurrent matrix and the convolutions' last inputs) carries every chunk into the next:
     outputs, final states and gradients (parameters and input) equal the one-chunk run."""
-    config = gdn_config(conv_size=4)
+    config = gdn_config(conv_size=4, num_v_heads=value_heads)
     model = _stage(read_fla_config(config).model_config())
     perturb(model, 2)
     tokens = torch.randint(0, config["vocab_size"], (2, boundaries[-1]), generator=torch.Generator().manual_seed(3))
@@ -96,6 +117,50 @@ def test_the_packed_state_holds_the_last_inputs_of_q_k_and_v():
     _, states = model(torch.zeros(2, 5, dtype=torch.long), [None] * model.n_states)
     heads, dk, dv = 2, 8, 16
     assert states[0].shape == (2, heads * dk * dv + 2 * (2 * heads * dk + heads * dv))
+
+
+def test_grouped_value_heads_size_the_state_by_the_value_heads():
+    """With num_v_heads = 6 over 2 q/k heads the delta-rule state is [6, K, V] and the convolutions keep
+    2 q/k heads' and 6 value heads' last inputs."""
+    config = gdn_config(conv_size=3, num_v_heads=6)
+    model = _stage(read_fla_config(config).model_config())
+    _, states = model(torch.zeros(2, 5, dtype=torch.long), [None] * model.n_states)
+    heads, value_heads, dk, dv = 2, 6, 8, 16
+    assert states[0].shape == (2, value_heads * dk * dv + 2 * (2 * heads * dk + value_heads * dv))
+    recurrent, _ = model.layers["0"].mixer.packed_state.unpack(states[0])
+    assert recurrent.shape == (2, value_heads, dk, dv)
+
+
+@pytest.mark.parametrize("value_heads", [2, 6])
+def test_layer_parameters_count_flas_grouped_value_layer(tmp_path, value_heads):
+    """lowering.parameters counts a gdn block as fla's GatedDeltaNet layer holds it: q, k and their
+    convolutions at num_heads * head_dim, v, g, o and v's convolution at num_v_heads * head_v_dim, a, b, A_log
+    and dt_bias at num_v_heads, o_norm at head_v_dim (fla/layers/gated_deltanet.py), plus the block's two
+    norms and SwiGLU."""
+    from schedlang.frontend import load_program
+    from schedlang.lowering.parameters import layer_parameters
+
+    schedule = tmp_path / "gva.sched"
+    schedule.write_text(
+        f"""schedule gva_parameters
+model {{
+  vocab = 64  d_model = 32  heads = 2  head_dim = 6  layers = [gdn] * 2  mlp = swiglu(intermediate_size = 40)
+  expand_k = 0.25  value_heads = {value_heads}  delta_gates = mamba  short_conv_size = 3
+}}
+sequence {{ length = 64  chunks = 2  kernel_chunk = 16 }}
+pipeline {{ microbatches = 2 }}
+""",
+        encoding="utf-8",
+    )
+    d, heads, dk, dv, taps, width = 32, 2, 4, 6, 3, 40
+    key_dim, value_dim = heads * dk, value_heads * dv
+    fla_layer = (
+        2 * d * key_dim + 2 * d * value_dim + value_dim * d  # q, k; v, g; o
+        + 2 * d * value_heads + 2 * value_heads  # a, b; A_log, dt_bias
+        + taps * (2 * key_dim + value_dim) + dv  # the three convolutions; o_norm
+    )
+    count = layer_parameters(load_program(schedule).model, LayerKind.GDN)
+    assert count.total == fla_layer + 2 * d + 3 * d * width
 
 
 def test_default_gdn_options_keep_todays_parameters():
@@ -136,8 +201,10 @@ def test_every_parameter_has_its_fla_name():
         fla_sources("layers.0.mixer.gate_proj.bias", (LayerKind.GDN,))
 
 
-def test_the_memory_models_state_term_counts_the_packed_state(tmp_path):
-    """lowering.memory_terms.state_bytes equals the bytes of the states the runtime hands between chunks."""
+@pytest.mark.parametrize("value_heads", ["", "value_heads = 4"])
+def test_the_memory_models_state_term_counts_the_packed_state(tmp_path, value_heads):
+    """lowering.memory_terms.state_bytes equals the bytes of the states the runtime hands between chunks
+    (with grouped value heads too)."""
     from schedlang.frontend import load_program
     from schedlang.lowering.memory_terms import state_bytes
 
@@ -146,14 +213,15 @@ def test_the_memory_models_state_term_counts_the_packed_state(tmp_path):
         """schedule gdn_state
 model {
   vocab = 64  d_model = 32  heads = 2  head_dim = 16  layers = [gdn] * 2
-  expand_k = 0.5  delta_gates = mamba  short_conv_size = 4
+  expand_k = 0.5  delta_gates = mamba  short_conv_size = 4  VALUE_HEADS
 }
 sequence { length = 64  chunks = 2  kernel_chunk = 16 }
 pipeline { microbatches = 2  microbatch_size = 3 }
-""",
+""".replace("VALUE_HEADS", value_heads),
         encoding="utf-8",
     )
     program = load_program(schedule)
+    assert program.model.gdn.value_heads == (4 if value_heads else None)
     model = _stage(program.model.runtime_config(), torch.float32)
     _, states = model(torch.zeros(3, 8, dtype=torch.long), [None] * model.n_states)
     assert state_bytes(program, 0) == sum(state.numel() * state.element_size() for state in states)

@@ -74,6 +74,7 @@ ARCHITECTURES = {
     "GatedDeltaNet": ("GatedDeltaNet", GDN_SIZES),
     "GLA_hybrid": ("GLA", {**SIZES, **HYBRID}),
     "GatedDeltaNet_hybrid": ("GatedDeltaNet", {**GDN_SIZES, **HYBRID}),
+    "GatedDeltaNet_gva": ("GatedDeltaNet", {**GDN_SIZES, "num_v_heads": 4}),  # grouped value heads
 }
 
 
@@ -96,14 +97,18 @@ GPU_SIZES = dict(vocab_size=1000, hidden_size=512, num_heads=4, num_hidden_layer
 GDN_GPU_SIZES = dict(
     vocab_size=1000, hidden_size=512, num_heads=4, head_dim=64, expand_v=2.0, num_hidden_layers=3, **GPU_HYBRID
 )
-GPU_ARCHITECTURES = {"GLA": GPU_SIZES, "GatedDeltaNet": GDN_GPU_SIZES}  # hybrids: fla's Attention at layer 1
+GPU_ARCHITECTURES = {  # hybrids: fla's Attention at layer 1
+    "GLA": ("GLA", GPU_SIZES),
+    "GatedDeltaNet": ("GatedDeltaNet", GDN_GPU_SIZES),
+    "GatedDeltaNet_gva": ("GatedDeltaNet", {**GDN_GPU_SIZES, "num_v_heads": 8}),  # grouped value heads
+}
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("architecture", list(GPU_ARCHITECTURES))
-def test_gpu_fla_saved_schedlang_loaded_bf16_logits_within_tolerance(tmp_path, architecture):
-    sizes = GPU_ARCHITECTURES[architecture]
+@pytest.mark.parametrize("name", list(GPU_ARCHITECTURES))
+def test_gpu_fla_saved_schedlang_loaded_bf16_logits_within_tolerance(tmp_path, name):
+    architecture, sizes = GPU_ARCHITECTURES[name]
     fla_model = _fla_model(tmp_path / "fla", architecture, **sizes).cuda()
     tokens = torch.randint(0, sizes["vocab_size"], (2, 512), generator=torch.Generator().manual_seed(0)).cuda()
     exact = _fla_logits(fla_model, tokens)
@@ -118,14 +123,16 @@ def test_gpu_fla_saved_schedlang_loaded_bf16_logits_within_tolerance(tmp_path, a
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("architecture, model_type", [("GLA", "gla"), ("GatedDeltaNet", "gated_deltanet")])
-def test_gpu_schedlang_checkpoint_exported_and_loaded_by_fla_matches(tmp_path, architecture, model_type):
+@pytest.mark.parametrize(
+    "name, model_type", [("GLA", "gla"), ("GatedDeltaNet", "gated_deltanet"), ("GatedDeltaNet_gva", "gated_deltanet")]
+)
+def test_gpu_schedlang_checkpoint_exported_and_loaded_by_fla_matches(tmp_path, name, model_type):
     from schedlang.runtime.checkpoint import save_checkpoint
     from schedlang.runtime.checkpoint_manifest import run_record
     from schedlang.runtime.config import PipelineConfig, TrainConfig
 
     transformers = pytest.importorskip("transformers")
-    sizes = GPU_ARCHITECTURES[architecture]
+    architecture, sizes = GPU_ARCHITECTURES[name]
     _fla_model(tmp_path / "fla", architecture, **sizes)
     ours = _schedlang_model(tmp_path, tmp_path / "fla", "cuda", torch.float32)
     perturb(ours, 5)  # no longer the weights fla saved
@@ -133,7 +140,8 @@ def test_gpu_schedlang_checkpoint_exported_and_loaded_by_fla_matches(tmp_path, a
     record = run_record(ours.config, pipeline, TrainConfig(), (1, 1, 1))
     save_checkpoint(str(tmp_path / "ckpt"), 1, ours, torch.optim.AdamW(ours.parameters()), record)
     assert main(["export-model", str(tmp_path / "ckpt"), "-o", str(tmp_path / "out")]) == 0
-    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == model_type
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["model_type"] == model_type and written.get("num_v_heads") == sizes.get("num_v_heads")
     fla_model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).cuda().float()
     tokens = torch.randint(0, sizes["vocab_size"], (2, 512), generator=torch.Generator().manual_seed(1)).cuda()
     expected = _schedlang_logits(ours, tokens)

@@ -54,12 +54,14 @@ def test_the_fla_shaped_model_trains_exactly_on_the_mesh(runs, name):
     assert any("gate_proj.0" in key for key in gradients) and any("output_norm" in key for key in gradients)
 
 
-def _gdn_schedule(name: str, pipeline: int, chunks: int, recompute: str, sequence: int = 1) -> str:
+def _gdn_schedule(
+    name: str, pipeline: int, chunks: int, recompute: str, sequence: int = 1, value_heads: int = 2
+) -> str:
     return f"""schedule {name}
 model {{
   vocab = 64  d_model = 32  heads = 2  head_dim = 16
   layers = [gdn] * 2
-  expand_k = 0.5  delta_gates = mamba  short_conv_size = 4
+  expand_k = 0.5  delta_gates = mamba  short_conv_size = 4  value_heads = {value_heads}
   mlp = swiglu(intermediate_size = 40)  norm_eps = 1e-5
 }}
 mesh {{ pipeline = {pipeline}  sequence = {sequence} }}
@@ -92,3 +94,24 @@ def test_the_fla_shaped_gated_deltanet_trains_exactly_on_the_mesh(gdn_runs, name
     assert_trains_like(gdn_runs[name], gdn_runs["gdn_reference"], STEPS, TOLERANCE)
     gradients = gdn_runs[name][1]
     assert any("q_conv" in key for key in gradients) and any("gate_time_bias" in key for key in gradients)
+
+
+GVA_JOBS = {
+    1: {"gva_reference": _gdn_schedule("gva_reference", 1, 1, "none", value_heads=4)},
+    2: {"gva_s2_4_chunks": _gdn_schedule("gva_s2_4_chunks", 1, 4, "none", sequence=2, value_heads=4)},
+}
+
+
+@pytest.fixture(scope="module")
+def gva_runs(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("fla_gva_mesh")
+    return run_jobs(GVA_JOBS, directory, STEPS)
+
+
+@pytest.mark.slow
+def test_grouped_value_heads_train_exactly_on_two_sequence_ranks(gva_runs):
+    """value_heads = 4 over 2 q/k heads: two sequence ranks with four chunks give one process's losses and
+    gradients (the scan carries the [4, K, V] states, the convolutions' histories 2 q/k and 4 value heads)."""
+    assert_trains_like(gva_runs["gva_s2_4_chunks"], gva_runs["gva_reference"], STEPS, TOLERANCE)
+    gradients = gva_runs["gva_s2_4_chunks"][1]
+    assert any("v_conv" in key for key in gradients) and any("gate_time_bias" in key for key in gradients)

@@ -54,6 +54,18 @@ def test_the_directory_fills_the_model_block(tmp_path):
     assert model.mlp == MlpSpec(width=256)
     assert (model.gdn.head_k_dim, model.gdn.gates, model.gdn.short_conv_size) == (4, DeltaGates.MAMBA, 3)
     assert model.gla.gate_rank is None and model.gla.kv_heads is None  # the gla-only keys keep their defaults
+    assert model.gdn.value_heads is None
+
+
+def test_num_v_heads_gives_the_value_heads(tmp_path):
+    """fla's num_v_heads is value_heads; equal to num_heads (or a written value_heads = heads) it is no grouping,
+    and a written value_heads wins over the directory's."""
+    assert load_program(_schedule(tmp_path, gdn_config(num_v_heads=6))).model.gdn.value_heads == 6
+    assert load_program(_schedule(tmp_path, gdn_config(num_v_heads=2))).model.gdn.value_heads is None
+    written = _schedule(tmp_path, gdn_config(num_v_heads=6), extra="\n  value_heads = 4")
+    assert load_program(written).model.gdn.value_heads == 4
+    ((line, column, text),) = _errors(_schedule(tmp_path, gdn_config(num_v_heads=6), extra="\n  value_heads = 5"))
+    assert (line, column) == (4, 3) and text.startswith("value_heads = 5 must be a multiple of heads = 2")
 
 
 @pytest.mark.parametrize(
@@ -62,7 +74,8 @@ def test_the_directory_fills_the_model_block(tmp_path):
         ({"attn": {"layers": [1], "num_heads": 2, "window_size": 8}}, "'window_size' = 8 selects sliding-window"),
         ({"attn": {"layers": [1], "num_heads": 2, "qk_norm": True}}, "'qk_norm' = True selects RMS-normalised"),
         ({"attn": [{"layers": [0], "num_heads": 2}, {"layers": [1], "num_heads": 1}]}, "the attention specs differ"),
-        ({"num_v_heads": 4}, "grouped value attention"),
+        ({"num_v_heads": 3}, "'num_v_heads' = 3 is not a multiple of num_heads = 2"),
+        ({"num_v_heads": 1}, "'num_v_heads' = 1 is not a multiple of num_heads = 2"),
         ({"use_short_conv": False}, "no short convolutions"),
         ({"use_gate": False}, "no output gate"),
         ({"allow_neg_eigval": True}, "negative eigenvalues"),
@@ -96,8 +109,9 @@ def test_each_sequence_rank_must_hold_the_short_convolutions_history(tmp_path):
     load_program(_schedule(tmp_path, gdn_config(), sequence=1, kernel_chunk=2))
 
 
-def test_the_weights_are_the_initial_weights_on_two_stages(tmp_path):
-    config = gdn_config(tie_word_embeddings=False)
+@pytest.mark.parametrize("value_heads", [None, 4])
+def test_the_weights_are_the_initial_weights_on_two_stages(tmp_path, value_heads):
+    config = gdn_config(tie_word_embeddings=False, num_v_heads=value_heads)
     model = build_stage_model(
         read_fla_config(config).model_config(), (0, 1), True, True, 0, torch.device("cpu"), torch.float32
     )
