@@ -37,7 +37,7 @@ from schedlang.runtime.packing import DocumentLayout
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime_sp"))
 
-from sp_harness import run_on_ranks  # noqa: E402
+from sp_harness import chunk_slices, run_on_ranks  # noqa: E402
 
 BATCH, HEADS, DIM = 2, 4, 16
 LAYOUT = DocumentLayout(((11, 12), (4, 20, 26)))  # document starts per row: inside and across chunks
@@ -232,11 +232,7 @@ def _sequence_parallel_worker(rank: int, world_size: int, kv_heads: int, chunk_b
     leaves = [tensor.clone().requires_grad_(True) for tensor in (q, k, v)]
     outputs = []
     for chunk_start, chunk_end in zip(chunk_bounds, chunk_bounds[1:]):
-        size = chunk_end - chunk_start
-        slices = tuple(
-            (chunk_start + size * index // world_size, chunk_start + size * (index + 1) // world_size)
-            for index in range(world_size)
-        )
+        slices = chunk_slices(chunk_start, chunk_end, world_size)
         start, end = slices[rank]
         chunk = AttentionChunk(ChunkPosition(kv, 0, start, end, slices), layer=0)
         mine = [leaf[:, :, start:end] for leaf in leaves]

@@ -34,7 +34,7 @@ from runtime_harness import assert_trains_like, run_jobs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime_sp"))
 
-from sp_harness import run_on_ranks  # noqa: E402
+from sp_harness import chunk_slices, run_on_ranks  # noqa: E402
 
 
 def _rotate_half_as_complex(tensor: torch.Tensor, cosine: torch.Tensor, sine: torch.Tensor) -> torch.Tensor:
@@ -204,11 +204,7 @@ def _sequence_parallel_worker(rank: int, world_size: int, bounds: tuple[int, ...
     (expected**2).sum().backward()
     kv, outputs = SequenceKV(tokens.shape[1]), []
     for chunk_start, chunk_end in zip(bounds, bounds[1:]):
-        size = chunk_end - chunk_start
-        slices = tuple(
-            (chunk_start + size * index // world_size, chunk_start + size * (index + 1) // world_size)
-            for index in range(world_size)
-        )
+        slices = chunk_slices(chunk_start, chunk_end, world_size)
         start, end = slices[rank]
         hidden, _ = split(tokens[:, start:end], [None, None], ChunkPosition(kv, 0, start, end, slices))
         outputs.append(((start, end), split.logits(hidden)))

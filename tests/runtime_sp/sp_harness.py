@@ -30,3 +30,13 @@ def run_on_ranks(world_size: int, worker, *worker_args) -> None:
     with tempfile.TemporaryDirectory() as directory:
         init_file = os.path.join(directory, "store")
         mp.spawn(_entry, args=(world_size, init_file, worker, worker_args), nprocs=world_size, join=True)
+
+
+def chunk_slices(chunk_start: int, chunk_end: int, world_size: int) -> tuple[tuple[int, int], ...]:
+    """Every rank's contiguous share ``(start, end)`` of the chunk ``chunk_start .. chunk_end``, rank by rank: the
+    split ``PipelineConfig.local_bounds`` (schedlang.runtime.config) makes."""
+    size = chunk_end - chunk_start
+    return tuple(
+        (chunk_start + size * index // world_size, chunk_start + size * (index + 1) // world_size)
+        for index in range(world_size)
+    )
