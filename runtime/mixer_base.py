@@ -66,13 +66,22 @@ class RMSNorm(nn.Module):
         return F.rms_norm(hidden, (hidden.shape[-1],), self.weight, self.eps)
 
 
+def repeat_each_head(per_head: torch.Tensor, heads: int) -> torch.Tensor:
+    """``[B, L, G, D]`` as ``[B, L, heads, D]``: head ``j`` repeated for the ``heads / G`` consecutive heads
+    ``j heads / G ..`` it serves, the grouped order of both grouped-query and grouped value attention."""
+    groups = heads // per_head.shape[2]
+    return per_head if groups == 1 else per_head.repeat_interleave(groups, dim=2)
+
+
 class HeadMixer(nn.Module):
     """What every token mixer shares: ``heads`` heads of ``head_dim``, q/k/v projections to
     ``heads * head_dim`` and the output projection back (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``).
 
     ``heads`` and ``head_dim`` default to the model's; ``head_k_dim`` (default ``head_dim``) narrows queries
     and keys; with ``kv_heads`` (default ``heads``) the key and value projections have ``kv_heads`` heads,
-    each shared by ``heads / kv_heads`` consecutive query heads; ``qkv_bias`` gives the q, k and v
+    each shared by ``heads / kv_heads`` consecutive query heads (grouped-query attention); with
+    ``query_key_heads`` instead, the query and key projections have that many heads, each shared by ``heads /
+    query_key_heads`` consecutive value heads (grouped value attention); ``qkv_bias`` gives the q, k and v
     projections biases.
     """
 
@@ -84,14 +93,19 @@ class HeadMixer(nn.Module):
         heads: int | None = None,
         head_dim: int | None = None,
         qkv_bias: bool = False,
+        query_key_heads: int | None = None,
     ) -> None:
         super().__init__()
+        if kv_heads is not None and query_key_heads is not None:
+            raise ValueError("a mixer groups either its key/value heads or its query/key heads, not both")
         self.heads = heads or config.heads
         self.head_dim = head_dim or config.head_dim
         self.head_k_dim = head_k_dim or self.head_dim
         self.kv_heads = kv_heads or self.heads
-        self.q_proj = Linear(config.d_model, self.heads * self.head_k_dim, bias=qkv_bias)
-        self.k_proj = Linear(config.d_model, self.kv_heads * self.head_k_dim, bias=qkv_bias)
+        self.query_key_heads = query_key_heads or self.heads
+        key_heads = self.kv_heads if query_key_heads is None else self.query_key_heads
+        self.q_proj = Linear(config.d_model, self.query_key_heads * self.head_k_dim, bias=qkv_bias)
+        self.k_proj = Linear(config.d_model, key_heads * self.head_k_dim, bias=qkv_bias)
         self.v_proj = Linear(config.d_model, self.kv_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = Linear(self.heads * self.head_dim, config.d_model, bias=False)
 
@@ -103,9 +117,7 @@ class HeadMixer(nn.Module):
         repeated for its query heads: key/value head ``j`` serves query heads ``j G .. j G + G - 1`` (``G =
         heads / kv_heads``; the attention kernels' ``read_heads`` in schedlang.runtime.attention_parts keeps this
         order)."""
-        per_head = tensor.view(tensor.shape[0], tensor.shape[1], self.kv_heads, -1)
-        groups = self.heads // self.kv_heads
-        return per_head if groups == 1 else per_head.repeat_interleave(groups, dim=2)
+        return repeat_each_head(tensor.view(tensor.shape[0], tensor.shape[1], self.kv_heads, -1), self.heads)
 
     def project_grouped_qkv(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q as [B, L, H, head_k_dim]; k as [B, L, kv_heads, head_k_dim] and v as [B, L, kv_heads, head_dim],

@@ -17,6 +17,7 @@ from schedlang.runtime.mixer_base import (
     SequenceParallelContext,
     _init_normal,
     kernel_backend,
+    repeat_each_head,
 )
 from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, DeltaGates
 from schedlang.runtime.packing import ChunkDocuments, recurrent_by_document
@@ -45,20 +46,17 @@ class GatedDeltaMixer(HeadMixer):
     strength, the output gate and norm and the state have ``heads`` = ``value_heads`` heads, and value head
     ``j`` reads q/k head ``j // (value_heads // query_key_heads)``: fla's kernels index q and k at
     ``i_hv // (HV // H)``, so each q/k head serves a block of consecutive value heads, einops'
-    ``h d -> (h g) d``. The mixer repeats q and k so (``repeat_interleave``) before the kernel, so the kernels,
-    the chunking, the state store and sequence parallelism see ``value_heads`` heads throughout.
+    ``h d -> (h g) d``. The mixer repeats q and k so (``repeat_each_head``, the order grouped-query attention
+    uses too) before the kernel, so the kernels, the chunking, the state store and sequence parallelism see
+    ``value_heads`` heads throughout.
     """
 
     def __init__(self, config: ModelConfig) -> None:
         options = config.options.gdn
         value_heads = options.value_heads_of(config.heads)
-        super().__init__(config, options.head_k_dim, heads=value_heads)
+        super().__init__(config, options.head_k_dim, heads=value_heads, query_key_heads=config.heads)
         self.options = options
-        self.query_key_heads = config.heads
         key_width, value_width = config.heads * self.head_k_dim, value_heads * config.head_dim
-        if value_heads != config.heads:  # HeadMixer sized q and k by the value heads
-            self.q_proj = Linear(config.d_model, key_width, bias=False)
-            self.k_proj = Linear(config.d_model, key_width, bias=False)
         mamba = options.gates is DeltaGates.MAMBA
         self.gate_proj = Linear(config.d_model, value_heads, bias=not mamba)
         self.beta_proj = Linear(config.d_model, value_heads, bias=not mamba)
@@ -113,7 +111,8 @@ class GatedDeltaMixer(HeadMixer):
         q = q.view(batch, length, self.query_key_heads, self.head_k_dim)
         k = k.view(batch, length, self.query_key_heads, self.head_k_dim)
         v = v.view(shape)
-        q, k = self._per_value_head(F.normalize(q, dim=-1)), self._per_value_head(F.normalize(k, dim=-1))
+        q = repeat_each_head(F.normalize(q, dim=-1), self.heads)
+        k = repeat_each_head(F.normalize(k, dim=-1), self.heads)
         gate = self._log_forget_gate(hidden)
         beta = torch.sigmoid(_at_least_float32(self.beta_proj(hidden)))
         if self.sequence_context is None:
@@ -132,12 +131,6 @@ class GatedDeltaMixer(HeadMixer):
             final_state = self.packed_state.pack(final_state, final_histories)
         gated = self.output_norm(mixed.to(hidden.dtype)) * F.silu(self.output_gate_proj(hidden).view(shape))
         return self.o_proj(gated.reshape(batch, length, -1)), final_state
-
-    def _per_value_head(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``[B, L, query_key_heads, K]`` as ``[B, L, heads, K]``: each q/k head repeated for its block of
-        consecutive value heads (fla's order, see the class docstring)."""
-        groups = self.heads // self.query_key_heads
-        return tensor if groups == 1 else tensor.repeat_interleave(groups, dim=2)
 
     def _convolve(self, q, k, v, histories):
         """The short convolutions of the projected q, k, v from ``histories`` (None: zeros); returns their
