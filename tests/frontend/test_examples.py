@@ -181,5 +181,5 @@ def test_new_feature_examples_values():
     deltanet = load_program(EXAMPLES / "fla_gated_deltanet.sched")
     assert deltanet.model.layers == (LayerKind.GDN,) * 4 and deltanet.model.tie_embeddings
     assert deltanet.model.gdn.short_conv_size == 4 and deltanet.model.gdn.head_k_dim == 16
-    assert deltanet.model.gdn.gates.value == "mamba"
+    assert deltanet.model.gdn.gates.value == "mamba" and deltanet.model.gdn.value_heads == 4
     assert deltanet.mesh.pipeline == 2 and deltanet.mesh.sequence == 2

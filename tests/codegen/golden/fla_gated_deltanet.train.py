@@ -38,7 +38,7 @@ MODEL = ModelConfig(
     mlp_ratio=4.0,
     options=ModelOptions(
         gla=GlaOptions(head_k_dim=16),
-        gdn=GdnOptions(head_k_dim=16, gates='mamba', short_conv_size=4),
+        gdn=GdnOptions(head_k_dim=16, gates='mamba', short_conv_size=4, value_heads=4),
         tie_embeddings=True,
     ),
 )
