@@ -21,14 +21,19 @@ backward (its ``W`` task when the backward is split):
   projection's input (``W e``, ``W_a e`` for attn); then per kind
   gla ``3 W e`` (q, k, v) ``+ W e`` (gate logits) ``+ W f`` (the log-gate), simple_gla ``3 W e + H e + H f``,
   attn ``W_a e`` (q; k and v live in the sequence-wide K/V buffers, a term of their own) ``+ H_a f`` (the
-  log-sum-exp), gdn ``5 W e + 5 H e`` (the raw q and k, the output gate and its SiLU, the output norm's
-  result, their per-head norms and the gate and write-strength inputs) ``+`` the per-head output norm over
-  ``W`` with ``H`` rows, plus what the chunked operator keeps: on the CPU (batched PyTorch)
-  ``f (12 W + 6 C H + 5 H + H D^2 / C + H / C)`` (the WY form's chunked operands, the ``C x C`` decay and
-  triangular matrices per kernel chunk of ``C = 64`` tokens, and the states entering each kernel chunk) plus a
-  ``C x C`` boolean mask per layer and chunk; on CUDA (the Triton operator, chunk states not kept) ``3 W e``
-  (its q, k, v) ``+ f H (C + 3 + 1 / C)`` (the ``C x C`` inverse per kernel chunk, the gate cumsum, the gate,
-  the write strength and the chunk decay);
+  log-sum-exp), gdn (``H_v`` value heads of ``D``, ``W_v = H_v D``; ``H`` q/k heads of ``D_k``, ``W_q = H
+  D_k``, repeated to ``W_k = H_v D_k`` for the operator; all ``W`` and ``H`` without grouped value heads or
+  ``expand_k``) ``(2 W_q + 3 W_v) e + (2 H + 3 H_v) e`` (the raw q and k, the output gate, its SiLU and the
+  output norm's result; the q and k norms, the gate and write-strength inputs and the write strength) ``+``
+  the per-head output norm over ``W_v`` with ``H_v`` rows, ``+ 2 (2 W_q + W_v) e`` with short convolutions
+  (each one's input and output, and ``taps - 1`` history rows of its input per chunk), plus what the chunked
+  operator keeps: on the CPU (batched PyTorch) ``f (9 W_k + 3 W_v + 6 C H_v + 5 H_v + H_v D_k D / C + H_v /
+  C)`` (the WY form's chunked operands, the ``C x C`` decay and triangular matrices per kernel chunk of ``C =
+  64`` tokens, and the states entering each kernel chunk; how many operands are key-wide and how many
+  value-wide the calibration separates by varying ``D_k``) plus a ``C x C`` boolean mask per layer and chunk;
+  on CUDA (the Triton operator, chunk states not kept) ``(2 W_k + W_v) e`` (its q, k, v) ``+ f H_v (C + 3 + 1
+  / C)`` (the ``C x C`` inverse per kernel chunk, the gate cumsum, the gate, the write strength and the chunk
+  decay);
 * an MLP (SwiGLU): its norm, the normed input (``d e``), the fused gate-and-up output (``2 h e``) and the
   activation's output (``h e``);
 * the last stage's head: the final norm, the head's input (``d e``), the log-softmax over the vocabulary in
@@ -77,6 +82,18 @@ class StaticPart(str, Enum):
 
 
 @dataclass(frozen=True)
+class GdnGeometry:
+    """A gdn layer's widths: ``query_key_heads`` q/k heads of ``key_dim`` (the model's ``heads`` and
+    ``head_k_dim``), each repeated for its ``value_heads / query_key_heads`` value heads of the model's
+    ``head_dim`` before the operator, and ``conv_taps`` taps of its short convolutions (0: none)."""
+
+    query_key_heads: int
+    value_heads: int
+    key_dim: int
+    conv_taps: int
+
+
+@dataclass(frozen=True)
 class Sizes:
     """The sizes every term reads, taken once from a program."""
 
@@ -89,6 +106,7 @@ class Sizes:
     compute_bytes: int
     batch: int
     attention: AttentionGeometry  # the heads of the attn layers
+    gdn: GdnGeometry  # the heads and widths of the gdn layers
 
     @property
     def width(self) -> int:
@@ -108,6 +126,12 @@ def program_sizes(program: ScheduleProgram) -> Sizes:
         compute_bytes=8 if program.train.dtype is DType.FP64 else 4,
         batch=program.pipeline.microbatch_size,
         attention=model.attention_geometry,
+        gdn=GdnGeometry(
+            query_key_heads=model.heads,
+            value_heads=model.gdn.value_heads_of(model.heads),
+            key_dim=model.gdn.head_k_dim or model.head_dim,
+            conv_taps=model.gdn.short_conv_size or 0,
+        ),
     )
 
 
@@ -132,13 +156,28 @@ def mixer_bytes_per_token(kind: LayerKind, sizes: Sizes, device: Device) -> floa
     if kind is LayerKind.SIMPLE_GLA:
         return shared + 3 * width * e + heads * e + heads * f
     if kind is LayerKind.GDN:
-        output_norm = heads * norm_bytes_per_row(dim, sizes, device)
-        if device is Device.CUDA:  # the Triton operator's autograd Function (kernels/gdn/chunk_triton.py)
-            chunked = 3 * width * e + f * heads * (chunk + 3 + 1 / chunk)
-        else:
-            chunked = f * (12 * width + 6 * chunk * heads + 5 * heads + heads * dim * dim / chunk + heads / chunk)
-        return shared + 5 * width * e + 5 * heads * e + output_norm + chunked
+        return normed_input + gdn_bytes_per_token(sizes, device)
     return 0.0
+
+
+def gdn_bytes_per_token(sizes: Sizes, device: Device) -> float:
+    """A gdn layer's saved bytes per token after its normed input ([Note: activation bytes]): ``H_v`` value
+    heads of ``D`` (``W_v = H_v D``), ``H_q`` q/k heads of ``D_k`` (``W_q = H_q D_k``) repeated to ``W_k = H_v
+    D_k`` for the operator."""
+    gdn, dim = sizes.gdn, sizes.head_dim
+    e, f, chunk = sizes.element_bytes, sizes.compute_bytes, RUNTIME_KERNEL_CHUNK
+    heads, query_heads = gdn.value_heads, gdn.query_key_heads
+    value_width, query_width, key_width = heads * dim, query_heads * gdn.key_dim, heads * gdn.key_dim
+    # the raw q and k, the output projection's input, the output gate, its SiLU and the output norm's result;
+    # the q and k norms, the gate and write-strength inputs and the write strength
+    kept = (2 * query_width + 4 * value_width) * e + (2 * query_heads + 3 * heads) * e
+    kept += heads * norm_bytes_per_row(dim, sizes, device)
+    if gdn.conv_taps:  # each short convolution's input (its history rows: stage_chunk_constant_bytes) and output
+        kept += 2 * (2 * query_width + value_width) * e
+    if device is Device.CUDA:  # the Triton operator's autograd Function (kernels/gdn/chunk_triton.py)
+        return kept + (2 * key_width + value_width) * e + f * heads * (chunk + 3 + 1 / chunk)
+    chunked = 9 * key_width + 3 * value_width + 6 * chunk * heads + 5 * heads + key_width * dim / chunk + heads / chunk
+    return kept + f * chunked
 
 
 def mlp_bytes_per_token(sizes: Sizes, device: Device) -> float:
@@ -199,13 +238,18 @@ def stage_bytes_per_token(
 
 
 def stage_chunk_constant_bytes(program: ScheduleProgram, stage: int, recompute: Recompute, device: Device) -> float:
-    """Saved bytes of a chunk that are not per token: on the CPU, each GDN layer's ``C x C`` causal mask (the
-    Triton operator on CUDA keeps none). (Attention in parts saves no mask of the chunk's queries against the
-    prefix: [Note: attention in parts] in schedlang.runtime.attention_parts.)"""
-    if device is Device.CUDA or recompute in (Recompute.FULL, Recompute.MIXER):
+    """Saved bytes of a chunk that are not per token, per GDN layer: on the CPU its ``C x C`` causal mask (the
+    Triton operator on CUDA keeps none), and with short convolutions the ``taps - 1`` history rows each
+    convolution's saved input has before the chunk's own. (Attention in parts saves no mask of the chunk's
+    queries against the prefix: [Note: attention in parts] in schedlang.runtime.attention_parts.)"""
+    if recompute in (Recompute.FULL, Recompute.MIXER):
         return 0.0
-    kinds = stage_layer_kinds(program, stage)
-    return sum(kind is LayerKind.GDN for kind in kinds) * RUNTIME_KERNEL_CHUNK * RUNTIME_KERNEL_CHUNK
+    sizes = program_sizes(program)
+    gdn = sizes.gdn
+    mask = RUNTIME_KERNEL_CHUNK * RUNTIME_KERNEL_CHUNK if device is Device.CPU else 0
+    history_width = 2 * gdn.query_key_heads * gdn.key_dim + gdn.value_heads * sizes.head_dim
+    history = sizes.batch * max(gdn.conv_taps - 1, 0) * history_width * sizes.element_bytes
+    return sum(kind is LayerKind.GDN for kind in stage_layer_kinds(program, stage)) * (mask + history)
 
 
 def chunk_activation_bytes(

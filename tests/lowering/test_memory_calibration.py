@@ -160,6 +160,27 @@ def test_saved_bytes_of_attention_with_heads_of_its_own(dtype):
         assert predicted == pytest.approx(measured, rel=TOLERANCE), (dtype, stage, measured, predicted)
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "keys",
+    [
+        "value_heads = 4",
+        "expand_k = 0.5",
+        "expand_k = 2",
+        "delta_gates = mamba  short_conv_size = 4",
+        "value_heads = 4  expand_k = 0.5  delta_gates = mamba  short_conv_size = 4",
+    ],
+)
+def test_saved_bytes_of_gdn_with_fla_options(keys, dtype):
+    """gdn layers with grouped value heads, narrower or wider keys, Mamba gates and short convolutions: what
+    the model counts by value, key and query widths (and the convolutions' history rows) is what they keep."""
+    program = load_program_text(schedule_text("gdn", dtype, "none", keys))
+    for stage in range(program.n_stages):
+        measured = kept_bytes(program, stage, Recompute.NONE)
+        predicted = predicted_bytes(program, stage, Recompute.NONE)
+        assert predicted == pytest.approx(measured, rel=TOLERANCE / 5), (keys, dtype, stage, measured, predicted)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_full_recompute_keeps_the_chunk_input_only(kind):
     """``recompute = full``: the executor runs the forward under no_grad and keeps its inputs."""
