@@ -46,7 +46,7 @@ from enum import Enum
 from typing import Protocol
 
 from schedlang.lowering.program import MlpKind, ModelSpec, ScheduleProgram
-from schedlang.lowering.parameters import stage_parameters
+from schedlang.lowering.parameters import mixer_linear_weights, stage_parameters
 from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.lowering.timeline import MessageKind
 from schedlang.vocabulary import DType, LayerKind, Recompute, SequenceParallelMethod, recompute_on
@@ -141,26 +141,21 @@ def allgather_seconds(ranks: int, bytes_per_rank: float, hardware: Hardware) -> 
     return math.ceil(math.log2(ranks)) * hardware.latency_s + (ranks - 1) * bytes_per_rank / hardware.bandwidth_bytes_per_s
 
 
-def mixer_projection_flops_per_token(
-    kind: LayerKind, d_model: int, heads: int, head_dim: int, kv_heads: int | None = None,
-    value_heads: int | None = None,
-) -> float:
-    """Forward FLOPs per token of one token-mixing layer's linear layers (0 for ``mlp``): also the FLOPs of
-    their weight gradients. ``kv_heads`` (None: ``heads``) is the width in heads of the k and v projections;
-    ``value_heads`` (None: ``heads``) a gdn layer's value heads, the width of its v, output-gate and output
-    projections and its alpha and beta (``GdnOptions.value_heads_of``)."""
+def mixer_projection_flops_per_token(kind: LayerKind, d_model: int, heads: int, head_dim: int) -> float:
+    """Forward FLOPs per token of the linear layers of a token mixer with the default options (``heads`` heads of
+    ``head_dim`` for q, k, v and every gate; no grouped heads, narrow keys or low-rank gates; 0 for ``mlp``):
+    also the FLOPs of their weight gradients. docs/cost-model.md's table; :func:`layer_projection_flops_per_token`
+    counts a model's own mixer and equals this for such a model."""
     if not kind.is_mixer:
         return 0.0
     width = heads * head_dim
-    if kind is LayerKind.GDN:  # q and k; v, o and the output gate; alpha and beta per value head
-        value_heads = heads if value_heads is None else value_heads
-        return 2 * 2 * d_model * width + 3 * 2 * d_model * value_heads * head_dim + 2 * 2 * d_model * value_heads
-    key_value_width = (heads if kv_heads is None else kv_heads) * head_dim
-    projections = 2 * 2 * d_model * width + 2 * 2 * d_model * key_value_width  # q and o; k and v
+    projections = 4 * 2 * d_model * width  # q, k, v and o
     if kind is LayerKind.GLA:
         projections += 2 * d_model * width  # per-channel forget gate
     elif kind is LayerKind.SIMPLE_GLA:
         projections += 2 * d_model * heads  # one scalar gate per head
+    elif kind is LayerKind.GDN:
+        projections += 2 * d_model * width + 2 * 2 * d_model * heads  # output gate; alpha and beta per head
     return projections
 
 
@@ -189,16 +184,11 @@ def mixer_flops_per_token(kind: LayerKind, d_model: int, heads: int, head_dim: i
 
 
 def layer_projection_flops_per_token(model: ModelSpec, kind: LayerKind) -> float:
-    """:func:`mixer_projection_flops_per_token` of a layer of ``kind`` in ``model``: an ``attn`` layer by its
-    own heads (``model.attention_geometry``: q and o ``heads``, k and v ``kv_heads``), every other kind by
-    the model's ``heads`` and ``head_dim`` (a gdn layer's values by its value heads)."""
-    if kind is LayerKind.ATTN:
-        attention = model.attention_geometry
-        return mixer_projection_flops_per_token(
-            kind, model.d_model, attention.heads, attention.head_dim, attention.kv_heads
-        )
-    value_heads = model.gdn.value_heads_of(model.heads)
-    return mixer_projection_flops_per_token(kind, model.d_model, model.heads, model.head_dim, value_heads=value_heads)
+    """Forward FLOPs per token of the linear layers of a ``kind`` layer's token mixer in ``model``: 2 per weight
+    of the mixer the runtime builds (:func:`schedlang.lowering.parameters.mixer_linear_weights`), so every
+    option counts (narrow keys, grouped heads, low-rank gates, output gates, an attn layer's own heads). For
+    the default options this is :func:`mixer_projection_flops_per_token`."""
+    return 2.0 * mixer_linear_weights(model, kind)
 
 
 def layer_mixer_flops_per_token(model: ModelSpec, kind: LayerKind, kernel_chunk: int) -> float:

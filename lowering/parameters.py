@@ -44,20 +44,39 @@ def mlp_width(model: ModelSpec) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def layer_parameters(model: ModelSpec, kind: LayerKind) -> ParameterCount:
-    """One block (its norms, token mixer and MLP; [Note: separate MLP layers]: an ``mlp`` layer is only the MLP)
-    counted on the runtime's own ``Block``, built for ``model.runtime_config()`` on torch's meta device (shapes,
-    no memory, no values): every option the runtime honours (narrow keys, grouped heads, low-rank gates, output
-    gates, short convolutions, attention heads, MLP widths) counts as the runtime builds it."""
+def _meta_block(model: ModelSpec, kind: LayerKind):
+    """The runtime's own ``Block`` of ``kind`` for ``model.runtime_config()``, built on torch's meta device
+    (shapes, no memory, no values)."""
     import torch
 
-    from schedlang.runtime.linear import Linear
     from schedlang.runtime.model import Block
 
     with torch.device("meta"):
-        block = Block(model.runtime_config(), kind)
-    weights = sum(module.weight.numel() for module in block.modules() if isinstance(module, Linear))
+        return Block(model.runtime_config(), kind)
+
+
+def _linear_weights(module) -> int:
+    from schedlang.runtime.linear import Linear
+
+    return sum(part.weight.numel() for part in module.modules() if isinstance(part, Linear))
+
+
+@functools.lru_cache(maxsize=64)
+def layer_parameters(model: ModelSpec, kind: LayerKind) -> ParameterCount:
+    """One block (its norms, token mixer and MLP; [Note: separate MLP layers]: an ``mlp`` layer is only the MLP)
+    counted on the runtime's own ``Block`` (:func:`_meta_block`): every option the runtime honours (narrow keys,
+    grouped heads, low-rank gates, output gates, short convolutions, attention heads, MLP widths) counts as the
+    runtime builds it."""
+    block = _meta_block(model, kind)
+    weights = _linear_weights(block)
     return ParameterCount(weights, sum(parameter.numel() for parameter in block.parameters()) - weights)
+
+
+def mixer_linear_weights(model: ModelSpec, kind: LayerKind) -> int:
+    """The weights of the linear layers of a ``kind`` layer's token mixer as the runtime builds it (its q, k, v
+    and output projections and its gates; 0 for ``mlp``): each costs 2 FLOPs per token forward."""
+    mixer = _meta_block(model, kind).mixer
+    return 0 if mixer is None else _linear_weights(mixer)
 
 
 def stage_parameters(program: ScheduleProgram, stage: int) -> ParameterCount:

@@ -99,3 +99,31 @@ def test_stage_counts_follow_the_layer_options_the_runtime_honours():
             assert (count.linear_weights, count.total) == (linear_weights, total), (name, stage)
             totals[name, stage] = total
     assert all(totals["plain", stage] != totals["shaped", stage] for stage in range(2))
+
+
+@pytest.mark.parametrize("kind", [LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GDN, LayerKind.ATTN])
+def test_projection_flops_are_twice_the_mixers_linear_weights(kind):
+    """The cost model's projection FLOPs count the mixer the runtime builds: with the default options they are
+    the closed form of docs/cost-model.md; with fla-shaped options (narrow keys, grouped heads, low-rank and
+    output gates, short convolutions, grouped value heads, attention heads of their own) they follow the
+    runtime's linear layers, which the closed form does not see."""
+    from dataclasses import replace
+
+    from schedlang.lowering.cost import layer_projection_flops_per_token, mixer_projection_flops_per_token
+    from schedlang.runtime.model import Block
+    from schedlang.runtime.model_options import AttentionOptions, DeltaGates, GdnOptions, GlaOptions, OutputGate
+
+    plain = ModelSpec(vocab=300, d_model=96, layers=(kind,), heads=4, head_dim=32, mlp=MlpSpec(MlpKind.SWIGLU, 2.0))
+    shaped = replace(
+        plain,
+        gla=GlaOptions(head_k_dim=16, kv_heads=2, gate_rank=8, output_gate=OutputGate.SWISH),
+        gdn=GdnOptions(head_k_dim=16, gates=DeltaGates.MAMBA, short_conv_size=4, value_heads=8),
+        attention=AttentionOptions(heads=6, head_dim=16, kv_heads=2, qkv_bias=True),
+    )
+    assert layer_projection_flops_per_token(plain, kind) == mixer_projection_flops_per_token(kind, 96, 4, 32)
+    with torch.device("meta"):
+        mixer = Block(shaped.runtime_config(), kind).mixer
+    weights = sum(module.weight.numel() for module in mixer.modules() if isinstance(module, Linear))
+    assert layer_projection_flops_per_token(shaped, kind) == 2 * weights
+    if kind is not LayerKind.SIMPLE_GLA:  # the options leave simple_gla as it is
+        assert layer_projection_flops_per_token(shaped, kind) != layer_projection_flops_per_token(plain, kind)
