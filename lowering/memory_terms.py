@@ -84,13 +84,19 @@ class StaticPart(str, Enum):
 @dataclass(frozen=True)
 class GdnGeometry:
     """A gdn layer's widths: ``query_key_heads`` q/k heads of ``key_dim`` (the model's ``heads`` and
-    ``head_k_dim``), each repeated for its ``value_heads / query_key_heads`` value heads of the model's
-    ``head_dim`` before the operator, and ``conv_taps`` taps of its short convolutions (0: none)."""
+    ``head_k_dim``), each repeated for its ``value_heads / query_key_heads`` value heads of ``value_dim`` (the
+    model's ``head_dim``) before the operator, and ``conv_taps`` taps of its short convolutions (0: none)."""
 
     query_key_heads: int
     value_heads: int
     key_dim: int
+    value_dim: int
     conv_taps: int
+
+    @property
+    def convolved_width(self) -> int:
+        """Channels of the short convolutions, q, k and v together: ``2 W_q + W_v``."""
+        return 2 * self.query_key_heads * self.key_dim + self.value_heads * self.value_dim
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,7 @@ def program_sizes(program: ScheduleProgram) -> Sizes:
             query_key_heads=model.heads,
             value_heads=model.gdn.value_heads_of(model.heads),
             key_dim=model.gdn.head_k_dim or model.head_dim,
+            value_dim=model.head_dim,
             conv_taps=model.gdn.short_conv_size or 0,
         ),
     )
@@ -173,7 +180,7 @@ def gdn_bytes_per_token(sizes: Sizes, device: Device) -> float:
     kept = (2 * query_width + 4 * value_width) * e + (2 * query_heads + 3 * heads) * e
     kept += heads * norm_bytes_per_row(dim, sizes, device)
     if gdn.conv_taps:  # each short convolution's input (its history rows: stage_chunk_constant_bytes) and output
-        kept += 2 * (2 * query_width + value_width) * e
+        kept += 2 * gdn.convolved_width * e
     if device is Device.CUDA:  # the Triton operator's autograd Function (kernels/gdn/chunk_triton.py)
         return kept + (2 * key_width + value_width) * e + f * heads * (chunk + 3 + 1 / chunk)
     chunked = 9 * key_width + 3 * value_width + 6 * chunk * heads + 5 * heads + key_width * dim / chunk + heads / chunk
@@ -247,8 +254,7 @@ def stage_chunk_constant_bytes(program: ScheduleProgram, stage: int, recompute: 
     sizes = program_sizes(program)
     gdn = sizes.gdn
     mask = RUNTIME_KERNEL_CHUNK * RUNTIME_KERNEL_CHUNK if device is Device.CPU else 0
-    history_width = 2 * gdn.query_key_heads * gdn.key_dim + gdn.value_heads * sizes.head_dim
-    history = sizes.batch * max(gdn.conv_taps - 1, 0) * history_width * sizes.element_bytes
+    history = sizes.batch * max(gdn.conv_taps - 1, 0) * gdn.convolved_width * sizes.element_bytes
     return sum(kind is LayerKind.GDN for kind in stage_layer_kinds(program, stage)) * (mask + history)
 
 
@@ -270,11 +276,9 @@ def state_bytes(program: ScheduleProgram, stage: int) -> float:
     schedlang.runtime.short_convolution)."""
     sizes = program_sizes(program)
     kinds = stage_layer_kinds(program, stage)
-    gdn = program.model.gdn
-    key_dim = gdn.head_k_dim or sizes.head_dim
-    taps = 1 if gdn.short_conv_size is None else gdn.short_conv_size
-    value_heads = gdn.value_heads_of(sizes.heads)
-    history = (taps - 1) * (2 * sizes.heads * key_dim + value_heads * sizes.head_dim)
+    gdn = sizes.gdn
+    key_dim, value_heads = gdn.key_dim, gdn.value_heads
+    history = max(gdn.conv_taps - 1, 0) * gdn.convolved_width
     total = 0
     for kind in kinds:
         if kind is LayerKind.GDN:
@@ -421,7 +425,7 @@ def sequence_parallel_bytes(program: ScheduleProgram, stage: int, chunk: int) ->
         return 0.0
     kinds = set(stage_layer_kinds(program, stage))
     sizes = program_sizes(program)
-    state_heads = program.model.gdn.value_heads_of(sizes.heads) if LayerKind.GDN in kinds else sizes.heads
+    state_heads = sizes.gdn.value_heads if LayerKind.GDN in kinds else sizes.heads
     one_state = sizes.batch * state_heads * sizes.head_dim * sizes.head_dim * sizes.compute_bytes
     recurrent = 2 * one_state if any(kind.is_recurrent for kind in kinds) else 0.0
     attention = 0.0
