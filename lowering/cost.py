@@ -65,6 +65,12 @@ GRADIENT_ACCUMULATION_PASSES = 3
 DTYPE_BYTES = {DType.FP32: 4, DType.BF16: 2, DType.FP16: 2, DType.FP64: 8}
 
 
+def compute_bytes(dtype: DType) -> int:
+    """Bytes per element of what the runtime keeps in float32 whatever ``train.dtype`` is (recurrent states,
+    the kernels' accumulators, norm statistics): float64 for a float64 model."""
+    return DTYPE_BYTES[DType.FP64] if dtype is DType.FP64 else DTYPE_BYTES[DType.FP32]
+
+
 class CostModel(Protocol):
     time_divisor: float
 
@@ -318,9 +324,9 @@ class FlopsCostModel:
         self.element_bytes = DTYPE_BYTES[program.train.dtype]
         self.batch = program.pipeline.microbatch_size
         self.sequence_ranks = program.mesh.sequence
-        self.state_bytes_per_layer = self.batch * model.heads * model.head_dim * model.head_dim * self.element_bytes
-        # a gdn layer's state has its value heads (GdnOptions.value_heads_of)
-        self.gdn_state_bytes_per_layer = self.state_bytes_per_layer * model.gdn.value_heads_of(model.heads) // model.heads
+        # every recurrent kind's state by the runtime's rule (ModelSpec.state_geometry), float32 elements
+        self.state_geometries = {kind: model.state_geometry(kind) for kind in set(model.layers) if kind.is_recurrent}
+        self.state_element_bytes = compute_bytes(program.train.dtype)
         self.stage_kinds = [layer_kind_counts(model, layers) for layers in program.stage_layers]
         self.recurrent_layers = [
             sum(n_layers for kind, n_layers in kinds.items() if kind.is_recurrent) for kinds in self.stage_kinds
@@ -428,13 +434,14 @@ class FlopsCostModel:
         return scans + attention
 
     def _scan_bytes(self, kind: LayerKind) -> float:
-        """What one layer's cross-rank scan moves per rank: the state; the all-gather also gathers each rank's
-        transition, which for gdn is a ``[K, K]`` matrix per head (K = V = head_dim, so twice the state;
-        [Note: transitions] in schedlang.runtime.scan_common). The point-to-point methods pass carries only."""
-        if kind is LayerKind.GDN:
-            allgather = self.program.sequence.parallel is SequenceParallelMethod.ALLGATHER
-            return (2 if allgather else 1) * self.gdn_state_bytes_per_layer
-        return self.state_bytes_per_layer
+        """What one layer's cross-rank scan moves per rank: the state matrix; the all-gather also gathers each
+        rank's transition (a decay, or for gdn a ``[K, K]`` matrix per head: [Note: transitions] in
+        schedlang.runtime.scan_common). The point-to-point methods pass carries only."""
+        geometry = self.state_geometries[kind]
+        elements = geometry.matrix_elements
+        if self.program.sequence.parallel is SequenceParallelMethod.ALLGATHER:
+            elements += geometry.transition_elements
+        return self.batch * elements * self.state_element_bytes
 
     def task_duration(self, task: TaskId) -> float:
         stage, chunk = task.stage, task.chunk
@@ -454,7 +461,7 @@ class FlopsCostModel:
             tokens = self.program.sequence.chunk_length(source.chunk)
             return self.batch * tokens // self.sequence_ranks * self.program.model.d_model * self.element_bytes
         return sum(
-            n_layers * (self.gdn_state_bytes_per_layer if kind is LayerKind.GDN else self.state_bytes_per_layer)
+            n_layers * self.batch * self.state_geometries[kind].elements * self.state_element_bytes
             for kind, n_layers in self.stage_kinds[source.stage].items()
             if kind.is_recurrent
         )

@@ -51,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from schedlang.lowering.cost import DTYPE_BYTES
+from schedlang.lowering.cost import DTYPE_BYTES, compute_bytes
 from schedlang.lowering.parameters import mlp_width, stage_parameters
 from schedlang.lowering.program import MlpKind, ModelSpec, Recompute, ScheduleProgram
 from schedlang.runtime.config import AttentionGeometry
@@ -122,6 +122,7 @@ class Sizes:
 def program_sizes(program: ScheduleProgram) -> Sizes:
     model = program.model
     element = DTYPE_BYTES[program.train.dtype]
+    gdn_state = model.state_geometry(LayerKind.GDN)
     return Sizes(
         d_model=model.d_model,
         heads=model.heads,
@@ -129,14 +130,14 @@ def program_sizes(program: ScheduleProgram) -> Sizes:
         mlp_hidden=mlp_width(model),
         vocab=model.vocab,
         element_bytes=element,
-        compute_bytes=8 if program.train.dtype is DType.FP64 else 4,
+        compute_bytes=compute_bytes(program.train.dtype),
         batch=program.pipeline.microbatch_size,
         attention=model.attention_geometry,
         gdn=GdnGeometry(
             query_key_heads=model.heads,
-            value_heads=model.gdn.value_heads_of(model.heads),
-            key_dim=model.gdn.head_k_dim or model.head_dim,
-            value_dim=model.head_dim,
+            value_heads=gdn_state.heads,
+            key_dim=gdn_state.key_dim,
+            value_dim=gdn_state.value_dim,
             conv_taps=model.gdn.short_conv_size or 0,
         ),
     )
@@ -269,23 +270,13 @@ def chunk_activation_bytes(
 
 
 def state_bytes(program: ScheduleProgram, stage: int) -> float:
-    """One chunk boundary's recurrent states on ``stage``: ``b H D^2 f`` per recurrent layer, but
-    ``b (H_v K D + (c - 1) (2 H K + H_v D)) f`` per gdn layer, ``K`` its key width per head, ``H_v`` its value
-    heads (``GdnOptions.value_heads_of``) and ``c`` the taps of its short convolutions (0 without them), whose
-    last inputs of q, k and v are packed into its state ([Note: short-convolution state] in
-    schedlang.runtime.short_convolution)."""
+    """One chunk boundary's recurrent states on ``stage``: every recurrent layer's whole state
+    (``ModelSpec.state_geometry``: its matrix, and a gdn layer's short-convolution history), float32."""
     sizes = program_sizes(program)
-    kinds = stage_layer_kinds(program, stage)
-    gdn = sizes.gdn
-    key_dim, value_heads = gdn.key_dim, gdn.value_heads
-    history = max(gdn.conv_taps - 1, 0) * gdn.convolved_width
-    total = 0
-    for kind in kinds:
-        if kind is LayerKind.GDN:
-            total += value_heads * key_dim * sizes.head_dim + history
-        elif kind.is_recurrent:
-            total += sizes.heads * sizes.head_dim * sizes.head_dim
-    return total * sizes.batch * sizes.compute_bytes
+    elements = sum(
+        program.model.state_geometry(kind).elements for kind in stage_layer_kinds(program, stage) if kind.is_recurrent
+    )
+    return elements * sizes.batch * sizes.compute_bytes
 
 
 def key_value_bytes(program: ScheduleProgram, stage: int) -> float:
@@ -348,12 +339,12 @@ def static_bytes(program: ScheduleProgram, stage: int) -> dict[StaticPart, float
 def layer_workspace_bytes_per_token(model: ModelSpec, kind: LayerKind, sizes: Sizes, device: Device) -> float:
     """The temporaries of one layer's backward, per token: the gradients of what it saved (as large as the
     saved tensors) and, for a recurrent layer, the states entering each kernel chunk that its backward
-    recomputes (``H D^2 / C`` in fp32; a gdn layer's ``H`` its value heads)."""
+    recomputes (its state matrix, ``ModelSpec.state_geometry``, over ``C`` tokens, in fp32)."""
     saved = layer_bytes_per_token(model, kind, sizes, Recompute.NONE, device)
     recomputed_states = 0.0
     if kind.is_recurrent:
-        heads = model.gdn.value_heads_of(sizes.heads) if kind is LayerKind.GDN else sizes.heads
-        recomputed_states = heads * sizes.head_dim * sizes.head_dim * sizes.compute_bytes / RUNTIME_KERNEL_CHUNK
+        matrix = model.state_geometry(kind).matrix_elements
+        recomputed_states = matrix * sizes.compute_bytes / RUNTIME_KERNEL_CHUNK
     return saved + recomputed_states
 
 
@@ -425,9 +416,8 @@ def sequence_parallel_bytes(program: ScheduleProgram, stage: int, chunk: int) ->
         return 0.0
     kinds = set(stage_layer_kinds(program, stage))
     sizes = program_sizes(program)
-    state_heads = sizes.gdn.value_heads if LayerKind.GDN in kinds else sizes.heads
-    one_state = sizes.batch * state_heads * sizes.head_dim * sizes.head_dim * sizes.compute_bytes
-    recurrent = 2 * one_state if any(kind.is_recurrent for kind in kinds) else 0.0
+    widest = max((program.model.state_geometry(kind).matrix_elements for kind in kinds if kind.is_recurrent), default=0)
+    recurrent = 2 * sizes.batch * widest * sizes.compute_bytes
     attention = 0.0
     if LayerKind.ATTN in kinds:
         width = sizes.attention.buffered_key_value_width

@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from schedlang.lowering.tasks import TaskId
-from schedlang.runtime.config import AttentionGeometry, ModelConfig, attention_geometry
+from schedlang.runtime.config import (
+    AttentionGeometry,
+    ModelConfig,
+    RecurrentStateGeometry,
+    attention_geometry,
+    recurrent_state_geometry,
+)
 from schedlang.runtime.model_options import AttentionOptions, GdnOptions, GlaOptions, ModelOptions
 from schedlang.vocabulary import (
     CudaGraphs,
@@ -96,6 +102,11 @@ class ModelSpec:
     def attention_geometry(self) -> AttentionGeometry:
         """The heads of the ``attn`` layers, by the runtime's rule (``schedlang.runtime.config.attention_geometry``)."""
         return attention_geometry(self.heads, self.head_dim, self.attention)
+
+    def state_geometry(self, kind: LayerKind) -> RecurrentStateGeometry | None:
+        """The state a ``kind`` layer carries, by the runtime's rule (``schedlang.runtime.config.
+        recurrent_state_geometry``); None for a layer without one."""
+        return recurrent_state_geometry(kind, self.heads, self.head_dim, self.runtime_config().options)
 
     def runtime_config(self) -> ModelConfig:
         """The runtime's record of this model, which a generated script writes out (``mlp_ratio`` 0: no MLP)."""

@@ -76,6 +76,61 @@ def attention_geometry(heads: int, head_dim: int, options: AttentionOptions) -> 
 
 
 @dataclass(frozen=True)
+class RecurrentStateGeometry:
+    """What one recurrent layer carries across a chunk, stage or sequence-rank boundary, per batch row, by the
+    rule its mixer builds it with (:func:`recurrent_state_geometry`): a ``[heads, key_dim, value_dim]`` state
+    matrix, then ``history_rows`` of its short convolutions' last inputs, ``history_channels`` features each
+    ([Note: short-convolution state] in schedlang.runtime.short_convolution); ``transition_elements``: one
+    rank's transition over its span, which the sequence-parallel all-gather sends beside the state ([Note:
+    transitions] in schedlang.runtime.scan_common)."""
+
+    heads: int
+    key_dim: int
+    value_dim: int
+    transition_elements: int
+    history_rows: int = 0
+    history_channels: int = 0
+
+    @property
+    def matrix_elements(self) -> int:
+        """Elements of the state matrix: what the cross-rank scan passes."""
+        return self.heads * self.key_dim * self.value_dim
+
+    @property
+    def elements(self) -> int:
+        """Elements of the whole state: what the state store keeps and a stage boundary passes."""
+        return self.matrix_elements + self.history_rows * self.history_channels
+
+
+def recurrent_state_geometry(
+    kind: LayerKind, heads: int, head_dim: int, options: ModelOptions
+) -> RecurrentStateGeometry | None:
+    """The state of a ``kind`` layer of a model with ``heads`` heads of ``head_dim`` (None for a layer without
+    one). GLA: ``heads`` heads of ``gla.head_k_dim`` keys, a decay per key row; simple GLA: ``head_dim`` keys,
+    a decay per head; Gated DeltaNet: ``gdn.value_heads_of(heads)`` heads of ``gdn.head_k_dim`` keys, a
+    ``[key_dim, key_dim]`` transition per head, and with short convolutions ``short_conv_size - 1`` history
+    rows of its q, k and v inputs (``2 heads key_dim + value_heads head_dim`` features)."""
+    if kind is LayerKind.GLA:
+        key_dim = options.gla.head_k_dim or head_dim
+        return RecurrentStateGeometry(heads, key_dim, head_dim, transition_elements=heads * key_dim)
+    if kind is LayerKind.SIMPLE_GLA:
+        return RecurrentStateGeometry(heads, head_dim, head_dim, transition_elements=heads)
+    if kind is LayerKind.GDN:
+        gdn = options.gdn
+        value_heads, key_dim = gdn.value_heads_of(heads), gdn.head_k_dim or head_dim
+        taps = gdn.short_conv_size
+        return RecurrentStateGeometry(
+            value_heads,
+            key_dim,
+            head_dim,
+            transition_elements=value_heads * key_dim * key_dim,
+            history_rows=taps - 1 if taps else 0,
+            history_channels=2 * heads * key_dim + value_heads * head_dim if taps else 0,
+        )
+    return None
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """The language model: embedding, ``layers`` blocks, final RMSNorm, LM head.
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from schedlang.runtime.config import ModelConfig
+from schedlang.runtime.config import ModelConfig, recurrent_state_geometry
 from schedlang.runtime.linear import Linear
 from schedlang.runtime.mixer_base import (
     INIT_STD,
@@ -22,6 +22,7 @@ from schedlang.runtime.mixer_base import (
 from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, DeltaGates
 from schedlang.runtime.packing import ChunkDocuments, recurrent_by_document
 from schedlang.runtime.short_convolution import PackedDeltaState, ShortConvolution, sequence_parallel_histories
+from schedlang.vocabulary import LayerKind
 
 
 def _at_least_float32(tensor: torch.Tensor) -> torch.Tensor:
@@ -70,10 +71,9 @@ class GatedDeltaMixer(HeadMixer):
             self.q_conv = ShortConvolution(key_width, options.short_conv_size)
             self.k_conv = ShortConvolution(key_width, options.short_conv_size)
             self.v_conv = ShortConvolution(value_width, options.short_conv_size)
+            state = recurrent_state_geometry(LayerKind.GDN, config.heads, config.head_dim, config.options)
             self.packed_state = PackedDeltaState(
-                (value_heads, self.head_k_dim, config.head_dim),
-                options.short_conv_size - 1,
-                (key_width, key_width, value_width),
+                (state.heads, state.key_dim, state.value_dim), state.history_rows, (key_width, key_width, value_width)
             )
         self.sequence_context: SequenceParallelContext | None = None
 

@@ -57,7 +57,8 @@ def test_the_kv_all_gather_is_in_the_sequence_parallel_time():
     model = FlopsCostModel(program, hardware)
     tokens = program.sequence.chunk_length(0)
     key_value_bytes = 2 * program.pipeline.microbatch_size * (tokens // 2) * 4 * 64 * 4
-    state_bytes = program.pipeline.microbatch_size * 4 * 64 * 64 * 4
+    # the all-gather sends each gla layer's state and its decay per key row, float32
+    state_bytes = program.pipeline.microbatch_size * 4 * 64 * (64 + 1) * 4
     expected = 2 * state_scan_seconds(SequenceParallelMethod.ALLGATHER, 2, 1, state_bytes, hardware)
     expected += 2 * allgather_seconds(2, key_value_bytes, hardware)
     assert model._sequence_parallel_seconds(0, tokens, attention_layers=2) == pytest.approx(expected)

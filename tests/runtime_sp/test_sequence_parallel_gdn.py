@@ -373,14 +373,18 @@ def test_allscan_blocks_are_groups_of_value_columns():
 
 @pytest.mark.parametrize("method", list(SequenceParallelMethod), ids=[method.value for method in SequenceParallelMethod])
 def test_the_simulator_gathers_the_transition_with_the_state(method):
-    """The all-gather moves gdn's [K, K] transition besides the state; the point-to-point methods pass carries."""
+    """The all-gather moves each rank's transition besides its float32 state (gdn's a [K, K] matrix per head, gla's
+    a decay per key row); the point-to-point methods pass carries only."""
     parallel = "allscan(blocks = 1)" if method is SequenceParallelMethod.ALLSCAN else method.value
     text = _schedule("scan_bytes", "[gdn, gla]", 1, 4, parallel, 1)
     program = compile_program(ScheduleText(text, "s.sched"), through=Pass.CHECK).program
     model = FlopsCostModel(program, Hardware())
-    state = model.state_bytes_per_layer
-    gdn_bytes = 2 * state if method is SequenceParallelMethod.ALLGATHER else state
-    expected = sum(state_scan_seconds(method, 4, 1, size, Hardware()) for size in (gdn_bytes, state))
+    batch, heads, dim, float32 = 2, 2, 16, 4
+    state = batch * heads * dim * dim * float32
+    allgather = method is SequenceParallelMethod.ALLGATHER
+    gdn_bytes = 2 * state if allgather else state
+    gla_bytes = state + batch * heads * dim * float32 if allgather else state
+    expected = sum(state_scan_seconds(method, 4, 1, size, Hardware()) for size in (gdn_bytes, gla_bytes))
     assert model._sequence_parallel_seconds(0, 192, 0) == pytest.approx(expected)
 
 
