@@ -200,7 +200,8 @@ def layer_projection_flops_per_token(model: ModelSpec, kind: LayerKind) -> float
 def layer_mixer_flops_per_token(model: ModelSpec, kind: LayerKind, kernel_chunk: int) -> float:
     """:func:`mixer_flops_per_token` of a layer of ``kind`` in ``model``, its projections sized by
     :func:`layer_projection_flops_per_token`."""
-    heads = model.gdn.value_heads_of(model.heads) if kind is LayerKind.GDN else model.heads  # the state's heads
+    state = model.state_geometry(kind)
+    heads = state.heads if state is not None else model.heads  # a recurrent layer's are its state's
     recurrence = recurrence_flops_per_token(kind, heads, model.head_dim, kernel_chunk)
     return layer_projection_flops_per_token(model, kind) + recurrence
 
