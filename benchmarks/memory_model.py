@@ -33,7 +33,7 @@ GIB = 2**30
 
 SCHEDULE = """schedule memory_model
 model {{ vocab = {vocab}  d_model = {d_model}  layers = {layers}  heads = {heads}  head_dim = {head_dim}
-  mlp = swiglu(ratio = 2.6666666666666665) {attention} }}
+  mlp = swiglu(ratio = 2.6666666666666665) {extra_keys} }}
 mesh {{ pipeline = 1 }}
 sequence {{ length = {length}  chunks = {chunks} }}
 pipeline {{ microbatches = {microbatches}  order = 1f1b  cuda_graphs = {graphs}  recompute = {recompute} }}
@@ -51,10 +51,13 @@ CASES = {
     "gdn-c8": ("[gdn] * {n}", 8, "none", "false"),
     "hybrid-c8": ("[gla, gla, gla, attn] * {q}", 8, "none", "false"),
     "hybrid-c8-gqa": ("[gla, gla, gla, attn] * {q}", 8, "none", "false"),
+    "gdn-c8-fla": ("[gdn] * {n}", 8, "none", "false"),
 }
-ATTENTION_KEYS = {
+MODEL_KEYS = {
     # name: the attn layers' own heads (twice the model's query heads, each key/value head shared by two)
     "hybrid-c8-gqa": "attn_heads = {wide}  attn_kv_heads = {heads}  qkv_bias = true",
+    # flash-linear-attention's Gated DeltaNet: grouped value heads (two per q/k head), short convolutions, Mamba-2 gates
+    "gdn-c8-fla": "value_heads = {wide}  short_conv_size = 4  delta_gates = mamba",
 }
 
 
@@ -64,7 +67,7 @@ def schedule_text(args: argparse.Namespace, case: str) -> str:
         vocab=args.vocab, d_model=args.d_model, layers=layers.format(n=args.layers, q=max(1, args.layers // 4)),
         heads=args.heads, head_dim=args.head_dim, length=args.length, chunks=chunks,
         microbatches=args.microbatches, graphs=graphs, recompute=recompute, steps=args.steps, dtype=args.dtype,
-        attention=ATTENTION_KEYS.get(case, "").format(wide=2 * args.heads, heads=args.heads),
+        extra_keys=MODEL_KEYS.get(case, "").format(wide=2 * args.heads, heads=args.heads),
     )
 
 

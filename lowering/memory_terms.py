@@ -170,8 +170,8 @@ def mixer_bytes_per_token(kind: LayerKind, sizes: Sizes, device: Device) -> floa
 
 def gdn_bytes_per_token(sizes: Sizes, device: Device) -> float:
     """A gdn layer's saved bytes per token after its normed input ([Note: activation bytes]): ``H_v`` value
-    heads of ``D`` (``W_v = H_v D``), ``H_q`` q/k heads of ``D_k`` (``W_q = H_q D_k``) repeated to ``W_k = H_v
-    D_k`` for the operator."""
+    heads of ``D`` (``W_v = H_v D``), ``H_q`` q/k heads of ``D_k`` (``W_q = H_q D_k``), which the CPU operator
+    keeps repeated to ``W_k = H_v D_k`` and the Triton operator as they are."""
     gdn, dim = sizes.gdn, sizes.head_dim
     e, f, chunk = sizes.element_bytes, sizes.compute_bytes, RUNTIME_KERNEL_CHUNK
     heads, query_heads = gdn.value_heads, gdn.query_key_heads
@@ -182,8 +182,8 @@ def gdn_bytes_per_token(sizes: Sizes, device: Device) -> float:
     kept += heads * norm_bytes_per_row(dim, sizes, device)
     if gdn.conv_taps:  # each short convolution's input (its history rows: stage_chunk_constant_bytes) and output
         kept += 2 * gdn.convolved_width * e
-    if device is Device.CUDA:  # the Triton operator's autograd Function (kernels/gdn/chunk_triton.py)
-        return kept + (2 * key_width + value_width) * e + f * heads * (chunk + 3 + 1 / chunk)
+    if device is Device.CUDA:  # the Triton operator's autograd Function (kernels/gdn/chunk_triton.py): q, k narrow
+        return kept + (2 * query_width + value_width) * e + f * heads * (chunk + 3 + 1 / chunk)
     chunked = 9 * key_width + 3 * value_width + 6 * chunk * heads + 5 * heads + key_width * dim / chunk + heads / chunk
     return kept + f * chunked
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from schedlang.kernels.common.heads import repeat_each_head
 from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.linear import Linear
 
@@ -64,13 +65,6 @@ class RMSNorm(nn.Module):
         # torch's own RMSNorm: one fused kernel each way on CUDA (it accumulates 16-bit inputs in float32),
         # where the same formula written in tensor ops took about 20 launches per norm and chunk
         return F.rms_norm(hidden, (hidden.shape[-1],), self.weight, self.eps)
-
-
-def repeat_each_head(per_head: torch.Tensor, heads: int) -> torch.Tensor:
-    """``[B, L, G, D]`` as ``[B, L, heads, D]``: head ``j`` repeated for the ``heads / G`` consecutive heads
-    ``j heads / G ..`` it serves, the grouped order of both grouped-query and grouped value attention."""
-    groups = heads // per_head.shape[2]
-    return per_head if groups == 1 else per_head.repeat_interleave(groups, dim=2)
 
 
 class HeadMixer(nn.Module):

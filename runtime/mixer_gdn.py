@@ -47,9 +47,10 @@ class GatedDeltaMixer(HeadMixer):
     strength, the output gate and norm and the state have ``heads`` = ``value_heads`` heads, and value head
     ``j`` reads q/k head ``j // (value_heads // query_key_heads)``: fla's kernels index q and k at
     ``i_hv // (HV // H)``, so each q/k head serves a block of consecutive value heads, einops'
-    ``h d -> (h g) d``. The mixer repeats q and k so (``repeat_each_head``, the order grouped-query attention
-    uses too) before the kernel, so the kernels, the chunking, the state store and sequence parallelism see
-    ``value_heads`` heads throughout.
+    ``h d -> (h g) d`` ([Note: grouped head order] in schedlang.kernels.common.heads). The chunked operator
+    takes q and k that narrow (its Triton path keeps them so for the backward and repeats them only while it
+    runs); sequence parallelism repeats them before its scan. The state store and the state have ``value_heads``
+    heads throughout.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -111,8 +112,7 @@ class GatedDeltaMixer(HeadMixer):
         q = q.view(batch, length, self.query_key_heads, self.head_k_dim)
         k = k.view(batch, length, self.query_key_heads, self.head_k_dim)
         v = v.view(shape)
-        q = repeat_each_head(F.normalize(q, dim=-1), self.heads)
-        k = repeat_each_head(F.normalize(k, dim=-1), self.heads)
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         gate = self._log_forget_gate(hidden)
         beta = torch.sigmoid(_at_least_float32(self.beta_proj(hidden)))
         if self.sequence_context is None:
@@ -170,6 +170,7 @@ class GatedDeltaMixer(HeadMixer):
         from schedlang.runtime.sequence_parallel import sequence_parallel_gated_delta_rule
 
         context = self.sequence_context
+        q, k = repeat_each_head(q, self.heads), repeat_each_head(k, self.heads)
         return sequence_parallel_gated_delta_rule(
             q, k, v, gate, beta, group=context.group, method=context.method, scan_blocks=context.scan_blocks,
             initial_state=initial_state, output_final_state=True, scale=self.head_k_dim**-0.5,

@@ -79,17 +79,27 @@ def check_recurrence_arguments(
     g: torch.Tensor,
     initial_state: torch.Tensor | None,
     gate_per_key: bool,
+    grouped_queries: bool = False,
 ) -> RecurrenceShape:
-    """Check shapes, devices and dtypes; return the sizes. Raises ValueError on any mismatch."""
+    """Check shapes, devices and dtypes; return the sizes (``heads``: v's). With ``grouped_queries`` q and k may
+    have fewer heads than v, a divisor of v's ([Note: grouped head order] in schedlang.kernels.common.heads).
+    Raises ValueError on any mismatch."""
     for name, tensor in (("q", q), ("k", k), ("v", v), ("g", g)):
         check_floating_tensor(name, tensor)
     if q.dim() != 4:
         raise ValueError(f"q must have shape [B, T, H, K], got {tuple(q.shape)}")
-    batch, length, heads, key_dim = q.shape
+    batch, length, query_heads, key_dim = q.shape
     if k.shape != q.shape:
         raise ValueError(f"k must have q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
-    if v.dim() != 4 or v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"v must have shape [B, T, H, V] = [{batch}, {length}, {heads}, V], got {tuple(v.shape)}")
+    if grouped_queries:
+        heads = v.shape[2] if v.dim() == 4 else 0
+        if v.dim() != 4 or v.shape[:2] != (batch, length) or query_heads == 0 or heads % query_heads:
+            raise ValueError(f"v must have shape [B, T, H, V] = [{batch}, {length}, H, V], H a multiple of q's "
+                             f"{query_heads} heads, got {tuple(v.shape)}")
+    else:
+        heads = query_heads
+        if v.dim() != 4 or v.shape[:3] != q.shape[:3]:
+            raise ValueError(f"v must have shape [B, T, H, V] = [{batch}, {length}, {heads}, V], got {tuple(v.shape)}")
     value_dim = v.shape[3]
     expected_gate = (batch, length, heads, key_dim) if gate_per_key else (batch, length, heads)
     if tuple(g.shape) != expected_gate:

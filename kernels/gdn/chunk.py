@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from schedlang.kernels.common import Backend, check_recurrence_arguments, resolve_backend
+from schedlang.kernels.common.heads import repeat_each_head
 from schedlang.kernels.gdn.chunk_torch import chunk_gated_delta_rule_forward
 
 
@@ -23,7 +24,10 @@ def chunk_gated_delta_rule(
     """Chunked gated delta rule: S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, o_t = scale q_t S_t.
 
     Args:
-        q, k: [B, T, H, K] (k is expected L2-normalised per head, as Gated DeltaNet does). v: [B, T, H, V].
+        q, k: [B, T, H_q, K] (k is expected L2-normalised per head, as Gated DeltaNet does). v: [B, T, H, V],
+            ``H`` a multiple of ``H_q``: with ``H_q < H`` (grouped value heads, fla's ``num_v_heads``) head ``j``
+            reads q/k head ``j // (H / H_q)`` ([Note: grouped head order] in schedlang.kernels.common.heads);
+            the Triton path keeps q and k that narrow for the backward and repeats them only while it runs.
         g: [B, T, H] log of the forget gate (<= 0). beta: [B, T, H] write strength (in (0, 1) usually).
         scale: defaults to K ** -0.5. initial_state: [B, H, K, V] (float32) or None for zeros.
         output_final_state: also return the state after the last token.
@@ -38,7 +42,7 @@ def chunk_gated_delta_rule(
         o: [B, T, H, V] in v's dtype; final_state: [B, H, K, V] float32, or None.
     Gradients flow to q, k, v, g, beta and initial_state, and from the final state (through autograd).
     """
-    shape = check_recurrence_arguments(q, k, v, g, initial_state, gate_per_key=False)
+    shape = check_recurrence_arguments(q, k, v, g, initial_state, gate_per_key=False, grouped_queries=True)
     chosen = resolve_backend(backend, q.device, matmul_dtype=q.dtype)
     if not isinstance(beta, torch.Tensor) or tuple(beta.shape) != tuple(g.shape) or not beta.is_floating_point():
         found = tuple(beta.shape) if isinstance(beta, torch.Tensor) else type(beta).__name__
@@ -52,5 +56,6 @@ def chunk_gated_delta_rule(
             q, k, v, g, beta, float(scale), initial_state, bool(save_states)
         )
     else:
+        q, k = repeat_each_head(q, shape.heads), repeat_each_head(k, shape.heads)
         output, final_state = chunk_gated_delta_rule_forward(q, k, v, g, beta, float(scale), initial_state)
     return output, (final_state if output_final_state else None)

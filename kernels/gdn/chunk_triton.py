@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from schedlang.kernels.common.heads import repeat_each_head, sum_each_head_group
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, states_dtype
 from schedlang.kernels.common.triton_scan import new_output
 from schedlang.kernels.gdn.overlap import Lanes, Segment, split_into_segments
@@ -370,11 +371,16 @@ def overlapped_backward(q, k, v, beta, initial_state, states, corrections, solve
 class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     """``(q, k, v, g, beta, initial_state or None, scale, save_states)`` -> ``(o, final state)``; inputs of 16 or 32
     bits, contiguous, on one CUDA device (or the interpreter). Gradients flow to the first six. The launch
-    table's "overlap" entry picks the schedule of the forward and, separately, of the backward."""
+    table's "overlap" entry picks the schedule of the forward and, separately, of the backward.
+
+    q and k may have fewer heads than v (grouped value heads): the kernels read them repeated to v's heads
+    (:func:`repeat_each_head`), a copy made in the forward and again in the backward and freed after each, so
+    only the narrow q and k are kept between the two; their gradients are summed back over each group."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, scale, save_states):
+    def forward(ctx, narrow_q, narrow_k, v, g, beta, initial_state, scale, save_states):
         ctx.set_materialize_grads(False)
+        q, k = repeat_each_head(narrow_q, v.shape[2]), repeat_each_head(narrow_k, v.shape[2])
         segments = overlap_segments(q.shape[1])
         if len(segments) == 2:
             output, final_state, solved, states, corrections = overlapped_forward(
@@ -389,13 +395,17 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
             )
             output = chunk_output(q, k, v, solved, states, corrections, scale)
         kept = (states, corrections) if save_states else (None, None)
-        ctx.save_for_backward(q, k, v, g, beta, initial_state, *kept, solved.gate_cumsum, solved.chunk_decay, solved.inverse)
+        ctx.save_for_backward(
+            narrow_q, narrow_k, v, g, beta, initial_state, *kept, solved.gate_cumsum, solved.chunk_decay, solved.inverse
+        )
         ctx.scale = scale
         return output, final_state
 
     @staticmethod
     def backward(ctx, output_grad, final_state_grad):
-        q, k, v, g, beta, initial_state, states, corrections, *solved_tensors = ctx.saved_tensors
+        narrow_q, narrow_k, v, g, beta, initial_state, states, corrections, *solved_tensors = ctx.saved_tensors
+        q, k = repeat_each_head(narrow_q, v.shape[2]), repeat_each_head(narrow_k, v.shape[2])
+        groups = v.shape[2] // narrow_q.shape[2]
         solved = SolvedChunks(*solved_tensors)
         do = torch.zeros_like(v) if output_grad is None else output_grad.contiguous()
         segments = overlap_segments(q.shape[1])
@@ -420,10 +430,14 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
                 q, k, v, beta, do, solved, states, leaving, corrections, total, ctx.scale
             )
         d_initial = None if initial_state is None else initial_grad.to(initial_state.dtype)
+        if groups > 1:  # each q/k head's gradient: the sum over the value heads it served, in float32
+            dq = sum_each_head_group(dq.float(), groups).to(q.dtype)
+            dk = sum_each_head_group(dk, groups)
         return dq, dk.to(k.dtype), dv, dg.to(g.dtype), dbeta.to(beta.dtype), d_initial, None, None
 
 
 def triton_chunk_gated_delta_rule(q, k, v, g, beta, scale: float, initial_state, save_states: bool):
-    """(o [B, T, H, V] in v's dtype, final state [B, H, K, V] float32) through ChunkGatedDeltaRuleFunction."""
+    """(o [B, T, H, V] in v's dtype, final state [B, H, K, V] float32) through ChunkGatedDeltaRuleFunction (q and k
+    [B, T, H_q, K], ``H_q`` dividing ``H``)."""
     q, k, v, g, beta = (tensor.contiguous() for tensor in (q, k, v, g, beta))
     return ChunkGatedDeltaRuleFunction.apply(q, k, v, g, beta, initial_state, scale, save_states)

@@ -269,6 +269,46 @@ def test_triton_path_takes_a_value_dim_unlike_the_key_dim(key_dim, value_dim):
     assert_close({name: t.cpu() for name, t in actual.items()}, expected, 1e-4)
 
 
+GROUPED_CASES = [(1, 100, 1, 3, 16), (2, 70, 2, 4, 32)] if not ON_GPU else [(1, 1000, 2, 8, 128), (2, 300, 4, 8, 64)]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("case", GROUPED_CASES, ids=lambda c: "B{}-T{}-Hq{}-H{}-D{}".format(*c))
+def test_grouped_queries_read_their_q_k_head(case, backend):
+    """q and k with fewer heads than v (grouped value heads): value head j reads q/k head j // (H / H_q), and q/k
+    gradients are the sums over the value heads each served; against the recurrence on explicitly repeated q and k
+    (float64), outputs, final state and every gradient, q's and k's at their narrow width."""
+    batch, length, query_heads, heads, dim = case
+    inputs, upstream = make_inputs(batch, length, heads, dim, "strong", True, torch.float64, seed=sum(case))
+    for name in ("q", "k"):
+        inputs[name] = inputs[name][:, :, :query_heads].contiguous()
+    groups = heads // query_heads
+
+    def repeated_reference(q, k, v, g, beta, **options):
+        return naive_recurrent_gated_delta_rule(
+            q.repeat_interleave(groups, dim=2), k.repeat_interleave(groups, dim=2), v, g, beta, **options
+        )
+
+    expected = run_with_grads(repeated_reference, inputs, upstream)
+    if backend == "torch":  # float64 throughout
+        actual, tolerance = run_with_grads(chunk_gated_delta_rule, inputs, upstream, backend=backend), 1e-10
+    else:
+        on_device_upstream = {name: t.to(DEVICE) for name, t in upstream.items()}
+        actual = run_with_grads(
+            chunk_gated_delta_rule, on_device(inputs, torch.float32), on_device_upstream, backend=backend
+        )
+        tolerance = 1e-4
+    assert actual["dq"].shape == actual["dk"].shape == (batch, length, query_heads, dim)
+    assert_close({name: t.cpu() for name, t in actual.items()}, expected, tolerance)
+
+
+def test_grouped_queries_must_divide_the_value_heads():
+    inputs, _ = make_inputs(1, 10, 3, 16, "weak", False, torch.float32, seed=2)
+    q, k = inputs["q"][:, :, :2], inputs["k"][:, :, :2]
+    with pytest.raises(ValueError, match="a multiple of q's 2 heads"):
+        chunk_gated_delta_rule(q, k, inputs["v"], inputs["g"], inputs["beta"])
+
+
 def test_the_wy_solve_inverts_each_chunk():
     """T = (I + A)^-1 chunk by chunk, with A = strictly-lower(beta D o K K^T), against torch.linalg.inv in float64,
     on a sequence that ends inside a chunk (the padded rows of T are identity rows)."""

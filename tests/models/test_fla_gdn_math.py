@@ -51,7 +51,7 @@ def test_the_gdn_layer_is_flas_gated_deltanet(changes):
 def test_a_wrong_value_head_order_would_be_caught(monkeypatch):
     """Grouped value heads: repeating q and k as whole blocks (value head j reading q/k head j mod heads)
     instead of fla's j // (value_heads / heads) disagrees with the reference (the GVA cases can fail)."""
-    from schedlang.runtime import mixer_gdn
+    from schedlang.kernels.gdn import chunk as gdn_operator
 
     config = gdn_config(num_v_heads=4)
     model = _stage(read_fla_config(config).model_config())
@@ -60,7 +60,7 @@ def test_a_wrong_value_head_order_would_be_caught(monkeypatch):
     tokens = torch.randint(0, config["vocab_size"], (1, 9), generator=torch.Generator().manual_seed(0))
     assert (_logits(model, tokens) - gdn_reference_logits(tensors, config, tokens)).abs().max() < 1e-9
     monkeypatch.setattr(
-        mixer_gdn, "repeat_each_head", lambda per_head, heads: per_head.repeat(1, 1, heads // per_head.shape[2], 1)
+        gdn_operator, "repeat_each_head", lambda per_head, heads: per_head.repeat(1, 1, heads // per_head.shape[2], 1)
     )
     assert (_logits(model, tokens) - gdn_reference_logits(tensors, config, tokens)).abs().max() > 1e-4
 
