@@ -23,7 +23,8 @@ nothing behind) that runs one step after ``--search-warmup`` steps (1 makes the 
 AdamW's state live, at the price of a step per attempt); tokens/s at the longest come from that step. An
 out-of-memory is "does not fit"; any other failure, or a timeout, stops that system's search. ``--budget``
 seconds cover the whole search, shared fairly: a system starts attempts until its share (what is left over
-the systems still to search) is spent, and an attempt started runs to its end (at most ``--search-timeout``).
+the systems still to search) is spent, and an attempt started runs at most ``--search-timeout`` seconds and
+not past the budget's end (a few seconds' grace), so the search keeps to ``--budget``.
 Prediction: for each schedlang system, what ``schedlang simulate --fit`` proposes for its schedule on a
 device of the GPU's memory (length, chunk count, reserved peak, tokens/s), beside the measured longest length
 with its reserved peak and the memory model's peak there; ``--fit`` runs on the CPU beside the search.
@@ -86,8 +87,10 @@ from benchmarks.training_systems import (  # noqa: E402
     train_dtype,
 )
 
-DEFAULT_SYSTEMS = ["torch", "torch+ckpt", FLA_SYSTEM, "schedlang:16", "schedlang:16/full"]
-DEFAULT_SEARCH_SYSTEMS = ["torch+ckpt", FLA_SYSTEM, "schedlang:16/full"]
+DEFAULT_SYSTEMS = ["torch", "torch+ckpt", "schedlang:16", "schedlang:16/full", FLA_SYSTEM]
+DEFAULT_SEARCH_SYSTEMS = ["schedlang:16/full", "torch+ckpt", FLA_SYSTEM]
+"""fla last in both phases: its first call autotunes its kernels (minutes on a fresh machine), so a system
+after it would get less of the time; in the search it inherits what the others left of ``--budget``."""
 
 
 class Outcome(str, Enum):
@@ -188,7 +191,10 @@ def run_attempt(args, name: str, length: int, warmup: int, steps: int, timeout: 
         sys.executable, str(Path(__file__).resolve()), "--worker", "--system", name, "--device", args.device,
         "--length", str(length), "--warmup", str(warmup), "--steps", str(steps), "--result", str(result),
     ] + (["--tiny"] if args.tiny else [])
-    code, records, output = run_job(command, dict(os.environ), timeout, result)
+    # Triton's autotuning results on disk: fla's kernels tune at their first call (minutes), and every length
+    # of the search is a fresh process that would tune them again; schedlang's kernels do not autotune
+    environment = {"TRITON_CACHE_AUTOTUNING": "1", **os.environ}
+    code, records, output = run_job(command, environment, timeout, result)
     outcome = job_outcome(code, output)
     if outcome is Outcome.MEASURED and records:
         return Attempt(name, length, outcome, records[0])
@@ -204,6 +210,10 @@ def fla_skip_reason(device: str) -> str | None:
     if completed.returncode != 0:
         return "not installed (import fla: " + (completed.stderr.strip().splitlines() or ["failed"])[-1] + ")"
     return None
+
+
+LAST_ATTEMPT_GRACE = 10.0
+"""Seconds an attempt of the length search may run past the end of ``--budget``."""
 
 
 class SearchStopped(Exception):
@@ -240,9 +250,12 @@ def search_longest(
     return best, attempts, ending
 
 
-def search_attempt(args, name: str, length: int) -> Attempt:
-    """One attempt of the length search (``--search-warmup`` steps, one timed), printed as it ends."""
-    attempt = run_attempt(args, name, length, args.search_warmup, 1, args.search_timeout, None)
+def search_attempt(args, name: str, length: int, search_end: float) -> Attempt:
+    """One attempt of the length search (``--search-warmup`` steps, one timed), printed as it ends. It may run
+    ``--search-timeout`` seconds, but not past ``search_end`` (the end of ``--budget``) by more than
+    :data:`LAST_ATTEMPT_GRACE`: the whole search keeps to its budget."""
+    timeout = min(args.search_timeout, max(search_end - time.monotonic(), 0.0) + LAST_ATTEMPT_GRACE)
+    attempt = run_attempt(args, name, length, args.search_warmup, 1, timeout, None)
     if attempt.record:
         found = (f" ({attempt.record['tokens_per_second']:,.0f} tokens/s, reserved peak "
                  f"{gib(attempt.record['peak_reserved_bytes'])} GiB)")
@@ -370,7 +383,7 @@ def driver(args: argparse.Namespace) -> int:
             results[name] = (None, [], f"skipped: {skips[name]}")
             continue
         results[name] = search_longest(
-            lambda length, name=name: search_attempt(args, name, length),
+            lambda length, name=name: search_attempt(args, name, length, search_end),
             args.search_start, args.search_step, args.search_max, time.monotonic() + share,
         )
     lines += ["", f"Longest sequence that trains ({args.search_warmup} warm-up steps, then the one timed)", ""]
@@ -430,7 +443,7 @@ def main() -> int:
     parser.add_argument("--search-max", type=int, default=1048576, help="the longest length the search tries")
     parser.add_argument("--search-warmup", type=int, default=0, help="steps before the search's timed one")
     parser.add_argument("--budget", type=float, default=300.0, help="seconds of the whole length search")
-    parser.add_argument("--throughput-timeout", type=float, default=180.0)
+    parser.add_argument("--throughput-timeout", type=float, default=120.0, help="seconds one throughput job may take")
     parser.add_argument("--search-timeout", type=float, default=150.0, help="seconds one search attempt may take")
     parser.add_argument("--device-memory", type=int, help="bytes simulate --fit fits (default: the GPU's)")
     parser.add_argument("--out", default="benchmark-results/one-device")

@@ -119,7 +119,8 @@ class FlaSystem:
         from schedlang.runtime.trainer import DTYPES, build_optimizer, zero_gradients
 
         config = GLAConfig(**fla_config_keys(configs.model))
-        self.model = GLAForCausalLM(config).to(device=device, dtype=DTYPES[configs.train.dtype])
+        with torch.device(device):  # initialised where it trains: a 1B model's init on the host takes long
+            self.model = GLAForCausalLM(config).to(dtype=DTYPES[configs.train.dtype])
         self.model.train()
         self.optimizer = build_optimizer(self.model.parameters(), configs.train)
         self.zero_gradients = zero_gradients
