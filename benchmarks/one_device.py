@@ -103,7 +103,10 @@ class Outcome(str, Enum):
     SKIPPED = "skipped"
 
 
-OUT_OF_MEMORY_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "CUBLAS_STATUS_ALLOC_FAILED")
+OUT_OF_MEMORY_MARKERS = (
+    "OutOfMemoryError", "CUDA out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "DefaultCPUAllocator: can't allocate memory"
+)
+"""What a job prints when the device (or, for offloaded activations, the host) ran out of memory."""
 
 
 def job_outcome(code: int, output: str) -> Outcome:

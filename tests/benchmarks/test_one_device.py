@@ -32,6 +32,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "one_device.py"
         (124, "torch.OutOfMemoryError", Outcome.TIMED_OUT),
         (1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB", Outcome.OUT_OF_MEMORY),
         (1, "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate", Outcome.OUT_OF_MEMORY),
+        (1, "RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 8589934592 bytes",
+         Outcome.OUT_OF_MEMORY),
         (1, "schedlang.diagnostics.ScheduleError: error: 'sequence.chunks' = 2 does not fit", Outcome.FAILED),
         (-9, "", Outcome.FAILED),
     ],
