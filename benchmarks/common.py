@@ -1,5 +1,5 @@
 """Helpers the benchmark scripts share: waiting for a device, its memory figures, the kernel time of a profiled
-step, byte counts in words.
+step, byte counts in words, the search for the longest sequence that fits.
 
 Every function takes the ``torch.device`` a measurement runs on and is a no-op (or 0) off CUDA, so a script's
 whole path runs on the CPU too; only the numbers need a GPU.
@@ -130,3 +130,26 @@ def kernel_seconds_of_step(
                 compute += seconds
     largest = sorted(by_name.items(), key=lambda item: -item[1])[:KERNELS_KEPT]
     return compute, communication, dict(largest)
+
+
+def longest_fitting_length(fits_at, start: int, step: int, maximum: int) -> int | None:
+    """The longest multiple of ``step`` in ``[start, maximum]`` for which ``fits_at`` holds, assuming that whatever
+    fits a length fits every shorter one: ``start`` first (None if it does not fit), then doubling up to
+    ``maximum`` until a length fails, then bisection between the last that fit and the first that failed, in
+    whole steps. ``start`` and ``maximum`` are multiples of ``step``."""
+    if not fits_at(start):
+        return None
+    good, bad = start, None
+    while bad is None and good < maximum:
+        candidate = min(2 * good, maximum)
+        if fits_at(candidate):
+            good = candidate
+        else:
+            bad = candidate
+    while bad is not None and bad - good > step:
+        middle = good + (bad - good) // (2 * step) * step
+        if fits_at(middle):
+            good = middle
+        else:
+            bad = middle
+    return good

@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -49,8 +48,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
 
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -58,6 +55,7 @@ if __package__ in (None, ""):  # run as a file: the benchmarks package lives in 
 from benchmarks.common import (  # noqa: E402
     gib,
     kernel_seconds_of_step,
+    longest_fitting_length,
     memory_now,
     model_state_bytes,
     peak_memory,
@@ -79,55 +77,17 @@ from benchmarks.pipeline_schedule import (  # noqa: E402
     system_configs,
     variant_keys,
 )
+from benchmarks.training_systems import (  # noqa: E402
+    FullSequenceStage,
+    SchedlangSystem,
+    error_lines,
+    full_sequence_loss,
+    kernel_preflight,
+    preflight,
+    run_job,
+    train_dtype,
+)
 from schedlang.vocabulary import CudaGraphs  # noqa: E402
-
-
-class SchedlangSystem:
-    """schedlang's runtime: one Trainer running the configs of a compiled schedule."""
-
-    def __init__(self, mesh, configs: RuntimeConfigs) -> None:
-        from schedlang.runtime.trainer import Trainer
-
-        self.trainer = Trainer(configs.model, configs.pipeline, configs.train, mesh, timeout_s=600.0)
-        self.step_index = 0
-        self.pending_loss = None  # read one step late, as Trainer.train does: [Note: loss without a barrier]
-
-    def model_state_bytes(self) -> int:
-        return model_state_bytes(self.trainer.model, self.trainer.optimizer)
-
-    def step(self) -> None:
-        loss = self.trainer.queue_step(self.step_index)
-        self.trainer.optimizer_step()
-        if self.pending_loss is not None:
-            self.pending_loss.value()
-        self.pending_loss = loss
-        self.step_index += 1
-
-    def close(self) -> None:
-        if self.pending_loss is not None:
-            self.pending_loss.value()
-        messenger = self.trainer.executor.messenger
-        for group in (messenger.activation_group, messenger.gradient_group):
-            dist.destroy_process_group(group)
-        self.trainer = None
-
-
-class FullSequenceStage(nn.Module):
-    """The same stage module as schedlang's, called once per full-sequence microbatch."""
-
-    def __init__(self, stage) -> None:
-        super().__init__()
-        self.stage = stage
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        hidden, _ = self.stage(inputs, [None] * self.stage.n_states)
-        if self.stage.is_last:
-            return self.stage.lm_head(self.stage.final_norm(hidden))
-        return hidden
-
-
-def full_sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
 class TorchSystem:
@@ -178,16 +138,13 @@ class TorchSystem:
         self.schedule = None
 
 
-def train_dtype(device: str) -> str:
-    """The ``train.dtype`` of every system: bf16 on a GPU, fp32 on the CPU."""
-    return "bf16" if device == "cuda" else "fp32"
-
-
 def build_system(name: str, mesh, model: BenchmarkModel, length: int, microbatches: int):
     configs = system_configs(name, model, length, microbatches, train_dtype(mesh.device.type))
     if name in TORCH_SYSTEMS:
         return TorchSystem(mesh, configs, microbatches, checkpointed=name == TORCH_CHECKPOINTED_SYSTEM)
-    return SchedlangSystem(mesh, configs)
+    from schedlang.runtime.trainer import Trainer
+
+    return SchedlangSystem(Trainer(configs.model, configs.pipeline, configs.train, mesh, timeout_s=600.0))
 
 
 def job_environment(systems: list[str], device: str, cublas_workspace: str) -> tuple[dict[str, str], str]:
@@ -292,64 +249,11 @@ def launch_worker(args, systems, length, warmup, steps, result: Path, timeout: f
     ] + (["--tiny"] if args.tiny else []) + (
         ["--first-stage-layers", str(args.first_stage_layers)] if args.first_stage_layers is not None else []
     ) + (["--trace-dir", args.trace_dir] if args.trace_dir else []) + (["--split-mlp"] if args.split_mlp else [])
-    try:
-        environment, _ = job_environment(systems, args.device, args.cublas_workspace)
-        completed = subprocess.run(command, timeout=timeout, capture_output=True, text=True, env=environment)
-        code, output = completed.returncode, completed.stdout + completed.stderr
-    except subprocess.TimeoutExpired as error:
-        code, output = 124, str(error.stdout or "") + str(error.stderr or "")
+    environment, _ = job_environment(systems, args.device, args.cublas_workspace)
+    code, records, output = run_job(command, environment, timeout, result)
     if code != 0:
-        tail = "\n".join(line for line in output.splitlines() if "Error" in line or "error" in line)[-1500:]
-        print(f"  [{' '.join(systems)} at {length}: exit {code}] {tail}", flush=True)
-    if code == 0 and result.exists():
-        return code, json.loads(result.read_text())
-    # A job cut short still printed every system it finished, one JSON line each.
-    records = []
-    for line in output.splitlines():
-        if line.startswith('[{"system"'):
-            records.extend(json.loads(line))
+        print(f"  [{' '.join(systems)} at {length}: exit {code}] {error_lines(output)}", flush=True)
     return code, records
-
-
-def kernel_preflight(device: str) -> str:
-    """Use Triton on the GPU if it runs and agrees with the PyTorch path on a bf16 problem; else PyTorch.
-
-    Runs in a subprocess so the driver holds no CUDA context while the jobs measure memory.
-    """
-    if device != "cuda":
-        return "torch"
-    completed = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--preflight"], capture_output=True, text=True, timeout=300
-    )
-    print(completed.stdout.strip(), completed.stderr.strip()[-800:], flush=True)
-    lines = completed.stdout.strip().splitlines()
-    return lines[-1] if completed.returncode == 0 and lines and lines[-1] in ("triton", "torch") else "torch"
-
-
-def preflight() -> int:
-    from schedlang.kernels import chunk_gla
-
-    try:
-        generator = torch.Generator(device="cuda").manual_seed(0)
-        shape = (1, 512, 4, 128)
-        q, k, v = (torch.randn(shape, device="cuda", generator=generator, dtype=torch.bfloat16) for _ in range(3))
-        g = F.logsigmoid(torch.randn(shape, device="cuda", generator=generator)) / 16
-        weight = torch.randn(shape, device="cuda", generator=generator)
-        outputs = {}
-        for backend in ("torch", "triton"):
-            leaves = [tensor.detach().clone().requires_grad_(True) for tensor in (q, k, v, g)]
-            o, state = chunk_gla(*leaves, initial_state=None, output_final_state=True, backend=backend)
-            ((o.float() * weight).sum() + state.sum()).backward()
-            outputs[backend] = (o.float(), state.float(), *(leaf.grad.float() for leaf in leaves))
-        error = max(
-            float((outputs["triton"][i] - outputs["torch"][i]).norm() / outputs["torch"][i].norm()) for i in range(6)
-        )
-        print(f"kernel preflight: triton vs torch relative error {error:.2e}", flush=True)
-        print("triton" if error < 2e-2 else "torch")
-    except Exception as error:
-        print(f"kernel preflight: triton failed ({type(error).__name__}: {error}); using the PyTorch kernels")
-        print("torch")
-    return 0
 
 
 def activation_ratio(mine: list[dict], peer: list[dict], key: str) -> float:
@@ -417,36 +321,13 @@ def prediction_lines(systems: list[str], records: list[dict], predicted: dict[st
     return lines
 
 
-def longest_fitting_length(fits_at, start: int, step: int, maximum: int) -> int | None:
-    """The longest multiple of ``step`` in ``[start, maximum]`` for which ``fits_at`` holds, assuming that whatever
-    fits a length fits every shorter one: ``start`` first (None if it does not fit), then doubling up to
-    ``maximum`` until a length fails, then bisection between the last that fit and the first that failed, in
-    whole steps. ``start`` and ``maximum`` are multiples of ``step``."""
-    if not fits_at(start):
-        return None
-    good, bad = start, None
-    while bad is None and good < maximum:
-        candidate = min(2 * good, maximum)
-        if fits_at(candidate):
-            good = candidate
-        else:
-            bad = candidate
-    while bad is not None and bad - good > step:
-        middle = good + (bad - good) // (2 * step) * step
-        if fits_at(middle):
-            good = middle
-        else:
-            bad = middle
-    return good
-
-
 def driver(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.trace_dir:
         Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    backend = kernel_preflight(args.device)
+    backend = kernel_preflight(args.device, Path(__file__).resolve())
     os.environ["SCHEDLANG_KERNEL_BACKEND"] = backend
     systems = [f"schedlang:{n}" for n in args.chunks] + list(args.peers)
     model, dtype = benchmark_model(args), train_dtype(args.device)

@@ -38,6 +38,7 @@ class BenchmarkModel:
     ``split_mlp`` writes the layer list as ``[gla, mlp] * layers`` ([Note: separate MLP layers]): the same
     network, with stage boundaries possible between a mixer and its MLP. ``first_stage_layers`` counts the
     entries of the layer list on stage 0 (None: half); stage 1 also holds the LM head and the loss.
+    ``pipeline_stages`` is ``mesh.pipeline``: 2, or 1 for the whole model on one device (benchmarks/one_device.py).
     """
 
     vocab: int
@@ -48,6 +49,7 @@ class BenchmarkModel:
     mlp_ratio: float
     split_mlp: bool = False
     first_stage_layers: int | None = None
+    pipeline_stages: int = 2
 
     @property
     def layer_list_text(self) -> str:
@@ -60,6 +62,8 @@ class BenchmarkModel:
     @property
     def stages_text(self) -> str:
         entries = self.n_layer_entries
+        if self.pipeline_stages == 1:
+            return "[[" + ", ".join(str(layer) for layer in range(entries)) + "]]"
         first = entries // 2 if self.first_stage_layers is None else self.first_stage_layers
         stages = (range(max(first, 0)), range(max(first, 0), entries))
         return "[" + ", ".join("[" + ", ".join(str(layer) for layer in stage) + "]" for stage in stages) + "]"
@@ -145,7 +149,7 @@ model {{
 }}
 
 mesh {{
-  pipeline = 2
+  pipeline = {model.pipeline_stages}
 }}
 
 sequence {{
