@@ -59,6 +59,8 @@ from typing import Callable
 
 import torch
 
+from schedlang.kernels import CHUNK_SIZE
+
 IGNORED_TARGET = -100
 """The target id ``torch.nn.functional.cross_entropy`` skips (its default ``ignore_index``)."""
 
@@ -162,8 +164,8 @@ Operator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 None for zeros) in, ``(output [B, L, ...], final state [B, ...])`` out."""
 
 RESET_LOG_GATE = -1.0e4
-"""The log-gate of a reset token ([Note: packed documents]): exp of it is exactly 0 in float32 and float64 (and
-after the kernels' 16-bit round trips), so the state leaving the token is zero. Finite, since -inf would make
+"""The log-gate of a reset token ([Note: packed documents]): exp of it is exactly 0 in float32 and float64 (also
+once rounded to 16 bits), so the state leaving the token is zero. Finite, since -inf would make
 the kernels' chunk-local cumulative gates produce inf - inf = nan."""
 
 
@@ -276,12 +278,10 @@ def recurrent_by_document(
 
     Without a reset in the chunk it is the one call it always was. Otherwise rows whose chunk starts a document
     read zeros instead of their initial state, and with a start inside the chunk the call runs over the padded
-    rows of :class:`PaddedRows`, ``operator``'s kernels chunking by ``schedlang.kernels.CHUNK_SIZE``; the
+    rows of :class:`PaddedRows`, aligned to the kernels' chunks (``schedlang.kernels.CHUNK_SIZE``); the
     output is read back at the chunk's tokens and the final state is each row's last piece's. Equal, values and
     gradients, to :func:`recurrent_piece_by_piece`.
     """
-    from schedlang.kernels import CHUNK_SIZE
-
     if documents is None or not documents.resets_state:
         return operator(initial_state, *per_token)
     index = padded_index(documents, CHUNK_SIZE, per_token[0].device)

@@ -21,10 +21,13 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import schedlang.kernels
 from schedlang.kernels import CHUNK_SIZE, chunk_gated_delta_rule, chunk_gla, chunk_simple_gla
 from schedlang.kernels.gdn import naive_recurrent_gated_delta_rule
 from schedlang.kernels.gla.naive import naive_recurrent_gla
 from schedlang.kernels.simple_gla.naive import naive_recurrent_simple_gla
+from schedlang.runtime import mixer_gdn, mixer_gla
+from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.packing import (
     RESET_LOG_GATE,
     ChunkDocuments,
@@ -33,6 +36,7 @@ from schedlang.runtime.packing import (
     recurrent_by_document,
     recurrent_piece_by_piece,
 )
+from schedlang.vocabulary import LayerKind
 
 ON_GPU = torch.cuda.is_available()
 HEADS, DIM = 2, 16
@@ -283,3 +287,34 @@ def test_each_reset_token_is_the_last_token_of_a_kernel_chunk(seed, length):
         assert reset_positions == [] and gate.shape[1] == length
     for _, position in reset_positions:
         assert (position + 1) % CHUNK_SIZE == 0
+
+
+@pytest.mark.parametrize("kind", ["gla", "simple_gla", "gdn"])
+def test_the_mixers_make_one_operator_call_per_chunk(kind, monkeypatch):
+    """A gla, simple_gla or gdn mixer over a chunk with document starts inside calls its operator once, with
+    the padded rows, and its output equals the piece-by-piece mixer's."""
+    layer = LayerKind(kind)
+    config = ModelConfig(vocab=32, d_model=32, layers=(layer,), heads=2, head_dim=16)
+    mixer = mixer_gdn.GatedDeltaMixer(config) if layer is LayerKind.GDN else mixer_gla.GatedLinearMixer(config, layer)
+    mixer = mixer.double()
+    mixer.reset_parameters(torch.Generator().manual_seed(0), 0.02)
+    documents = LAYOUTS["mixed"]
+    hidden = torch.randn(documents.rows, documents.end - documents.start, 32, dtype=torch.float64)
+    state = torch.randn(documents.rows, 2, 16, 16, dtype=torch.float64)
+    name = {"gla": "chunk_gla", "simple_gla": "chunk_simple_gla", "gdn": "chunk_gated_delta_rule"}[kind]
+    operator, lengths = getattr(schedlang.kernels, name), []
+
+    def counted(q, *rest, **options):
+        lengths.append(q.shape[1])
+        return operator(q, *rest, **options)
+
+    monkeypatch.setattr(schedlang.kernels, name, counted)
+    with torch.no_grad():
+        fused, fused_state = mixer(hidden, state, documents)
+    assert lengths == [PaddedRows.of(documents, CHUNK_SIZE).length]
+    module = mixer_gdn if layer is LayerKind.GDN else mixer_gla
+    monkeypatch.setattr(module, "recurrent_by_document", lambda *arguments, log_gate: recurrent_piece_by_piece(*arguments))
+    with torch.no_grad():
+        pieces, pieces_state = mixer(hidden, state, documents)
+    assert len(lengths) == 1 + sum(len(documents.pieces(row)) for row in range(documents.rows))
+    assert relative_error(fused, pieces) <= 1e-12 and relative_error(fused_state, pieces_state) <= 1e-12
