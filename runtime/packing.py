@@ -32,8 +32,8 @@ gate, simple_gla's per-head gate and gdn's S_t = exp(g_t) (I - beta_t k_t k_t^T)
 Every piece of a row but its last is followed by zero pads and one reset token such that the reset token is the
 last token of a kernel chunk (``schedlang.kernels.CHUNK_SIZE``): the next document then starts a fresh kernel
 chunk, whose chunk-local cumulative gate starts at 0. A reset in the middle of a kernel chunk would be exact
-in theory but would leave every later token of that chunk with a cumulative gate near -1e4, and the kernels'
-differences of such numbers lose about 1e-3 of relative precision. The last piece gets no reset (its final
+in theory but would leave every later token of that chunk with a cumulative gate near -1e4, where float32's
+spacing is about 1e-3, so the kernels' exp of differences of such numbers would carry relative errors near 1e-3. The last piece gets no reset (its final
 state is the row's), and shorter rows end in zero pads, which the state passes unchanged. A row whose first
 piece continues the previous chunk's document reads its row of the initial state, the others read zeros (the
 state times a 0/1 row mask, so the dropped rows get the zero gradient they truly have).

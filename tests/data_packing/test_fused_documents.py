@@ -195,15 +195,17 @@ def test_fused_equals_pieces_and_documents_alone_float64(name, layout, with_stat
     assert_same(fused, alone, 1e-10, names)
 
 
-@pytest.mark.parametrize("layout", ["mixed"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("name", sorted(RECURRENCES))
-def test_fused_equals_documents_alone_through_the_triton_kernels(name, layout):
-    """float32 Triton kernels (the interpreter on a CPU): the fused call is as close to the float64 documents
-    alone as the kernels' own tests require of one call (5e-5), and as close as the piece-by-piece calls are."""
-    recurrence, documents = RECURRENCES[name], LAYOUTS[layout]
-    device = "cuda" if ON_GPU else "cpu"
+def test_fused_equals_documents_alone_in_float32(name, backend):
+    """float32, the PyTorch kernels and the Triton ones (the interpreter on a CPU): the fused call is as close to
+    the float64 documents alone as the kernels' own tests require of one call (5e-5), and as close as the
+    piece-by-piece calls are (within twice their error, or 1e-6). A reset in the middle of a kernel chunk
+    fails the second bound (relative errors near 1e-4: [Note: packed documents])."""
+    recurrence, documents = RECURRENCES[name], LAYOUTS["mixed"]
+    device = "cuda" if ON_GPU and backend == "triton" else "cpu"
     per_token, state = make_inputs(recurrence, documents, True, torch.float32, device)
-    operator = recurrence.operator(recurrence.chunked, backend="triton")
+    operator = recurrence.operator(recurrence.chunked, backend=backend)
     fused = values_and_gradients(
         lambda s, *x: recurrent_by_document(documents, s, operator, *x, log_gate=LOG_GATE), per_token, state
     )
