@@ -33,8 +33,9 @@ Every piece of a row but its last is followed by zero pads and one reset token s
 last token of a kernel chunk (``schedlang.kernels.CHUNK_SIZE``): the next document then starts a fresh kernel
 chunk, whose chunk-local cumulative gate starts at 0. A reset in the middle of a kernel chunk would be exact
 in theory but would leave every later token of that chunk with a cumulative gate near -1e4, where float32's
-spacing is about 1e-3, so the kernels' exp of differences of such numbers would carry relative errors near 1e-3. The last piece gets no reset (its final
-state is the row's), and shorter rows end in zero pads, which the state passes unchanged. A row whose first
+spacing is about 1e-3, so the kernels' exp of differences of such numbers would carry relative errors near
+1e-3. The last piece gets no reset (its final state is the row's), and shorter rows end in zero pads, which
+the state passes unchanged. A row whose first
 piece continues the previous chunk's document reads its row of the initial state, the others read zeros (the
 state times a 0/1 row mask, so the dropped rows get the zero gradient they truly have).
 

@@ -61,7 +61,9 @@ class Recurrence:
 RECURRENCES = {
     "gla": Recurrence(chunk_gla, naive_recurrent_gla, gate_per_key=True, write_strength=False),
     "simple_gla": Recurrence(chunk_simple_gla, naive_recurrent_simple_gla, gate_per_key=False, write_strength=False),
-    "gdn": Recurrence(chunk_gated_delta_rule, naive_recurrent_gated_delta_rule, gate_per_key=False, write_strength=True),
+    "gdn": Recurrence(
+        chunk_gated_delta_rule, naive_recurrent_gated_delta_rule, gate_per_key=False, write_strength=True
+    ),
 }
 
 C = CHUNK_SIZE
@@ -115,7 +117,9 @@ def make_inputs(recurrence: Recurrence, documents: ChunkDocuments, with_state: b
         per_token.append(torch.sigmoid(draw(rows, length, HEADS)))
     state = draw(rows, HEADS, DIM, DIM) if with_state else None
     leaves = [tensor.to(device, dtype).requires_grad_(True) for tensor in per_token]
-    return leaves, None if state is None else state.to(device, torch.float32 if dtype != torch.float64 else dtype).requires_grad_(True)
+    if state is not None:
+        state = state.to(device, torch.float64 if dtype == torch.float64 else torch.float32).requires_grad_(True)
+    return leaves, state
 
 
 def documents_alone(recurrence: Recurrence, documents: ChunkDocuments, initial_state, *per_token):
@@ -231,7 +235,8 @@ def test_pads_give_no_gate_gradient_and_every_gradient_is_finite(name, backend):
     per_token, state = make_inputs(recurrence, documents, True, dtype, device)
     index = padded_index(documents, CHUNK_SIZE, torch.device(device))
     padded = [
-        index.lay_out(tensor.detach(), position == LOG_GATE).requires_grad_(True) for position, tensor in enumerate(per_token)
+        index.lay_out(tensor.detach(), position == LOG_GATE).requires_grad_(True)
+        for position, tensor in enumerate(per_token)
     ]
     operator = recurrence.operator(recurrence.chunked, backend=backend)
     gradients = values_and_gradients(operator, padded, state)[2:]
@@ -241,8 +246,8 @@ def test_pads_give_no_gate_gradient_and_every_gradient_is_finite(name, backend):
     bound = 0.0 if dtype == torch.float64 else 1e-5 * float(gate_grad.abs().max())
     rows = index.rows
     pads_before_resets = 0
-    for row, (pieces, starts, resets) in enumerate(zip(map(documents.pieces, range(documents.rows)), rows.piece_starts, rows.resets)):
-        for (first, end), padded_start, reset in zip(pieces, starts, resets):
+    for row in range(documents.rows):
+        for (first, end), padded_start, reset in zip(documents.pieces(row), rows.piece_starts[row], rows.resets[row]):
             pads = slice(padded_start + end - first, reset + 1)
             largest = float(gate_grad[row, pads].abs().max())
             assert largest <= bound, f"row {row}: gate gradient {largest:.2e} at pads {pads}"
@@ -315,7 +320,9 @@ def test_the_mixers_make_one_operator_call_per_chunk(kind, monkeypatch):
         fused, fused_state = mixer(hidden, state, documents)
     assert lengths == [PaddedRows.of(documents, CHUNK_SIZE).length]
     module = mixer_gdn if layer is LayerKind.GDN else mixer_gla
-    monkeypatch.setattr(module, "recurrent_by_document", lambda *arguments, log_gate: recurrent_piece_by_piece(*arguments))
+    monkeypatch.setattr(
+        module, "recurrent_by_document", lambda *arguments, log_gate: recurrent_piece_by_piece(*arguments)
+    )
     with torch.no_grad():
         pieces, pieces_state = mixer(hidden, state, documents)
     assert len(lengths) == 1 + sum(len(documents.pieces(row)) for row in range(documents.rows))
