@@ -39,6 +39,9 @@ from schedlang.runtime.packing import (
 from schedlang.vocabulary import LayerKind
 
 ON_GPU = torch.cuda.is_available()
+FLOAT32_TOLERANCE = {"cpu": 5e-5, "cuda": 5e-3}
+"""float32 against the float64 reference, as tests/kernels holds one call to it: the CPU's float32 products, or
+a GPU's tf32 ones."""
 HEADS, DIM = 2, 16
 LOG_GATE = 3
 
@@ -203,9 +206,9 @@ def test_fused_equals_pieces_and_documents_alone_float64(name, layout, with_stat
 @pytest.mark.parametrize("name", sorted(RECURRENCES))
 def test_fused_equals_documents_alone_in_float32(name, backend):
     """float32, the PyTorch kernels and the Triton ones (the interpreter on a CPU): the fused call is as close to
-    the float64 documents alone as the kernels' own tests require of one call (5e-5), and as close as the
-    piece-by-piece calls are (within twice their error, or 1e-6). A reset in the middle of a kernel chunk
-    fails the second bound (relative errors near 1e-4: [Note: packed documents])."""
+    the float64 documents alone as the kernels' own tests require of one call, and as close as the
+    piece-by-piece calls are (within twice their error, or 1e-6 on a CPU). On a CPU a reset in the middle of a
+    kernel chunk fails the second bound (relative errors near 1e-4: [Note: packed documents])."""
     recurrence, documents = RECURRENCES[name], LAYOUTS["mixed"]
     device = "cuda" if ON_GPU and backend == "triton" else "cpu"
     per_token, state = make_inputs(recurrence, documents, True, torch.float32, device)
@@ -216,10 +219,12 @@ def test_fused_equals_documents_alone_in_float32(name, backend):
     pieces = values_and_gradients(lambda s, *x: recurrent_piece_by_piece(documents, s, operator, *x), per_token, state)
     alone = values_and_gradients(lambda s, *x: documents_alone(recurrence, documents, s, *x), per_token, state)
     names = gradient_names(recurrence, True)
-    assert_same(fused, alone, 5e-5, names)
+    tolerance = FLOAT32_TOLERANCE[device]
+    assert_same(fused, alone, tolerance, names)
     for quantity, value, piece_value, reference in zip(names, fused, pieces, alone):
         error, piece_error = relative_error(value, reference), relative_error(piece_value, reference)
-        assert error <= max(2 * piece_error, 1e-6), f"{quantity}: fused {error:.2e}, pieces {piece_error:.2e}"
+        floor = 1e-6 if device == "cpu" else tolerance
+        assert error <= max(2 * piece_error, floor), f"{quantity}: fused {error:.2e}, pieces {piece_error:.2e}"
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -243,7 +248,7 @@ def test_pads_give_no_gate_gradient_and_every_gradient_is_finite(name, backend):
     for gradient in gradients:
         assert bool(torch.isfinite(gradient).all())
     gate_grad = gradients[LOG_GATE]
-    bound = 0.0 if dtype == torch.float64 else 1e-5 * float(gate_grad.abs().max())
+    bound = 0.0 if dtype == torch.float64 else FLOAT32_TOLERANCE[device] / 5 * float(gate_grad.abs().max())
     rows = index.rows
     pads_before_resets = 0
     for row in range(documents.rows):
