@@ -124,6 +124,7 @@ class GatedDeltaMixer(HeadMixer):
                     backend=kernel_backend(q.device),
                 ),
                 q, k, v, gate, beta,
+                log_gate=3,
             )
         else:
             mixed, final_state = self._sequence_parallel(q, k, v, gate, beta, recurrent_state)

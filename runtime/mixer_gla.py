@@ -86,6 +86,7 @@ class GatedLinearMixer(HeadMixer):
                 k,
                 v,
                 gate,
+                log_gate=3,
             )
         else:
             mixed, final_state = self._sequence_parallel(q, k, v, gate, initial_state)

@@ -7,9 +7,8 @@ document and the token after it starts the next. Packed training equals training
 * a document's tokens are the ones from its first token up to and including its ``document_end``; the
   sequence's first position starts a document (the model sees nothing before it, as without packing);
 * every recurrent layer (gla, simple_gla, gdn) reads a state that starts from zero at its document's first
-  token: the operator call is split, per batch row, at the document starts inside the chunk, each piece after
-  a start beginning from no initial state (the kernels' ``initial_state=None``, zeros), and the state crosses
-  a chunk boundary as before when no document starts there (:func:`recurrent_by_document`);
+  token, and the state crosses a chunk boundary as before when no document starts there
+  (:func:`recurrent_by_document`, below);
 * attention is block-causal: a query sees only the keys of its own document, in its chunk and in the earlier
   chunks' part of the sequence-wide buffers ([Note: documents in the K/V buffers] in
   :mod:`schedlang.runtime.kv_buffers`);
@@ -19,19 +18,49 @@ document and the token after it starts the next. Packed training equals training
   is the mean over those targets, and a document's gradient is the one it has alone.
 
 Every rank computes the same layout from the same token window (:class:`DocumentLayout`, built on the host
-from the replica's tokens once a step); a stage with no tokens of its own still reads the window. This is
-exact and simple: a recurrent layer runs one operator call per document piece of each row that holds a
-start, and attention one pair of fused calls per document piece. A fused variable-length kernel (one call
-over a flat batch of pieces) is later work. Sequence parallelism and CUDA graphs do not take packed data
-(``schedlang check`` refuses them).
+from the replica's tokens once a step); a stage with no tokens of its own still reads the window. Attention
+runs one pair of fused calls per document piece. Sequence parallelism and CUDA graphs do not take packed data
+(``schedlang check`` refuses them), nor do gdn's short convolutions (their history of the last inputs would
+cross a document start).
+
+A recurrent layer makes ONE operator call per chunk however many documents start in it
+(:func:`recurrent_by_document`): the chunk's pieces are laid out in one padded sequence per row
+(:class:`PaddedRows`) and the kernel runs unchanged over it. A zero pad (q = k = v = 0, beta = 0, log-gate 0)
+leaves the state as it is and its output is dropped; a *reset* token is a zero pad whose log-gate is
+:data:`RESET_LOG_GATE`, so the state leaving it is exp(g) S = 0 exactly (the gate underflows) for gla's per-key
+gate, simple_gla's per-head gate and gdn's S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T.
+Every piece of a row but its last is followed by zero pads and one reset token such that the reset token is the
+last token of a kernel chunk (``schedlang.kernels.CHUNK_SIZE``): the next document then starts a fresh kernel
+chunk, whose chunk-local cumulative gate starts at 0. A reset in the middle of a kernel chunk would be exact
+in theory but would leave every later token of that chunk with a cumulative gate near -1e4, where float32's
+spacing is about 1e-3, so the kernels' exp of differences of such numbers would carry relative errors near
+1e-3. The last piece gets no reset (its final state is the row's), and shorter rows end in zero pads, which
+the state passes unchanged. A row whose first
+piece continues the previous chunk's document reads its row of the initial state, the others read zeros (the
+state times a 0/1 row mask, so the dropped rows get the zero gradient they truly have).
+
+Gradients are exact too: they flow back through the two index operations, and the pads contribute nothing.
+A pad's gradient of its chunk-local cumulative gate is zero (its q and k are zero; the reset chunk's leaving
+state is multiplied by exp(cumulative gate) = 0), so the reverse cumulative sum that turns those into gate
+gradients gives each real token the gradient it has alone (``tests/data_packing/test_fused_documents.py``
+checks this, and that no gradient is nan or inf, for each operator on both backends; the reset chunks take the
+Triton GLA kernels' "steep" path, whose exponents are all <= 0, as the gdn kernels' are).
+
+The cost of the padding: each piece but a row's last costs up to ``CHUNK_SIZE`` extra tokens (its pad and reset
+token round it up to a multiple of the kernel chunk), so very short documents pay the most: a one-token document
+costs a whole kernel chunk. :func:`recurrent_piece_by_piece` is the reference the fused call is tested against: one
+call per piece, each after the row's first from no state.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from schedlang.kernels import CHUNK_SIZE
 
 IGNORED_TARGET = -100
 """The target id ``torch.nn.functional.cross_entropy`` skips (its default ``ignore_index``)."""
@@ -132,6 +161,109 @@ class DocumentLayout:
 
 
 Operator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+"""``operator(initial_state, *per_token)``: ``[B, L, ...]`` tensors of one chunk (and a state ``[B, ...]`` or
+None for zeros) in, ``(output [B, L, ...], final state [B, ...])`` out."""
+
+RESET_LOG_GATE = -1.0e4
+"""The log-gate of a reset token ([Note: packed documents]): exp of it is exactly 0 in float32 and float64 (also
+once rounded to 16 bits), so the state leaving the token is zero. Finite, since -inf would make
+the kernels' chunk-local cumulative gates produce inf - inf = nan."""
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class PaddedRows:
+    """Where a chunk's tokens sit in the fused call's padded rows ([Note: packed documents]).
+
+    ``piece_starts[row]``: the padded position of each of the row's pieces (:meth:`ChunkDocuments.pieces`), in
+    order; ``resets[row]``: the row's reset tokens, one after each piece but the last, each the last token of a
+    kernel chunk of ``chunk_size`` tokens, so the piece after it starts a kernel chunk; ``length``: the rows'
+    common padded length (the longest row's; the other rows end in zero pads). Every other padded position
+    is a zero pad.
+    """
+
+    chunk_size: int
+    length: int
+    piece_starts: tuple[tuple[int, ...], ...]
+    resets: tuple[tuple[int, ...], ...]
+
+    @staticmethod
+    def of(documents: ChunkDocuments, chunk_size: int) -> PaddedRows:
+        """The layout of ``documents``: each piece but a row's last takes the smallest multiple of
+        ``chunk_size`` tokens that holds it and its reset token, the reset token last."""
+        piece_starts, resets, lengths = [], [], []
+        for row in range(documents.rows):
+            position, starts, row_resets = 0, [], []
+            *leading, (last_first, last_end) = documents.pieces(row)
+            for first, end in leading:
+                starts.append(position)
+                position += _round_up(end - first + 1, chunk_size)
+                row_resets.append(position - 1)
+            starts.append(position)
+            lengths.append(position + last_end - last_first)
+            piece_starts.append(tuple(starts))
+            resets.append(tuple(row_resets))
+        return PaddedRows(chunk_size, max(lengths), tuple(piece_starts), tuple(resets))
+
+    def token_positions(self, documents: ChunkDocuments) -> torch.Tensor:
+        """``[rows * (end - start)]``: the flat padded position (``row * length + p``) of each token of the
+        chunk, row by row."""
+        positions = [
+            torch.arange(end - first) + (row * self.length + padded_start)
+            for row in range(documents.rows)
+            for (first, end), padded_start in zip(documents.pieces(row), self.piece_starts[row])
+        ]
+        return torch.cat(positions)
+
+    def reset_positions(self) -> torch.Tensor:
+        """The flat padded positions of the reset tokens."""
+        return torch.tensor(
+            [row * self.length + position for row, row_resets in enumerate(self.resets) for position in row_resets],
+            dtype=torch.long,
+        )
+
+
+@dataclass(frozen=True)
+class PaddedIndex:
+    """:class:`PaddedRows` on a device: what the fused call gathers by. ``tokens``: the flat padded position of
+    each token of the chunk (:meth:`PaddedRows.token_positions`); ``resets``: those of the reset tokens;
+    ``continues``: ``[rows]``, 1 where the row's first piece reads the initial state, else 0."""
+
+    rows: PaddedRows
+    tokens: torch.Tensor
+    resets: torch.Tensor
+    continues: torch.Tensor
+
+    def lay_out(self, tensor: torch.Tensor, log_gate: bool) -> torch.Tensor:
+        """``[B, L, ...]`` -> ``[B, length, ...]``: each token at its padded position, zeros elsewhere, and
+        :data:`RESET_LOG_GATE` at the reset tokens if ``tensor`` is the log-gate. Differentiable."""
+        batch = tensor.shape[0]
+        padded = tensor.new_zeros(batch * self.rows.length, *tensor.shape[2:])
+        padded = padded.index_copy(0, self.tokens, tensor.flatten(0, 1))
+        if log_gate:
+            padded = padded.index_fill(0, self.resets, RESET_LOG_GATE)
+        return padded.unflatten(0, (batch, self.rows.length))
+
+    def take_back(self, padded: torch.Tensor, length: int) -> torch.Tensor:
+        """``[B, length, ...]`` -> ``[B, L, ...]``: the chunk's tokens out of the padded rows. Differentiable."""
+        return padded.flatten(0, 1).index_select(0, self.tokens).unflatten(0, (padded.shape[0], length))
+
+
+@functools.lru_cache(maxsize=16)
+def padded_index(documents: ChunkDocuments, chunk_size: int, device: torch.device) -> PaddedIndex:
+    """The fused call's layout of ``documents`` (:meth:`PaddedRows.of`) on ``device``; built once per chunk, as
+    every recurrent layer of the chunk asks for the same one."""
+    rows = PaddedRows.of(documents, chunk_size)
+    continues = torch.tensor([float(documents.continues(row)) for row in range(documents.rows)])
+    return PaddedIndex(
+        rows,
+        rows.token_positions(documents).to(device),
+        rows.reset_positions().to(device),
+        continues.to(device),
+    )
 
 
 def recurrent_by_document(
@@ -139,9 +271,39 @@ def recurrent_by_document(
     initial_state: torch.Tensor | None,
     operator: Operator,
     *per_token: torch.Tensor,
+    log_gate: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``operator(initial_state, *per_token)`` (``[B, L, ...]`` tensors of one chunk in, ``(output [B, L, ...],
-    final state [B, ...])`` out) with the state reset at every document start of ``documents``.
+    """``operator(initial_state, *per_token)`` with the state reset at every document start of ``documents``, in
+    one operator call ([Note: packed documents]). ``per_token[log_gate]`` is the log-gate (a reset token's is
+    :data:`RESET_LOG_GATE`); every per-token tensor is zero at pads.
+
+    Without a reset in the chunk it is the one call it always was. Otherwise rows whose chunk starts a document
+    read zeros instead of their initial state, and with a start inside the chunk the call runs over the padded
+    rows of :class:`PaddedRows`, aligned to the kernels' chunks (``schedlang.kernels.CHUNK_SIZE``); the
+    output is read back at the chunk's tokens and the final state is each row's last piece's. Equal, values and
+    gradients, to :func:`recurrent_piece_by_piece`.
+    """
+    if documents is None or not documents.resets_state:
+        return operator(initial_state, *per_token)
+    index = padded_index(documents, CHUNK_SIZE, per_token[0].device)
+    state = initial_state
+    if initial_state is not None:
+        state = initial_state * index.continues.to(initial_state.dtype).view(-1, *(1,) * (initial_state.dim() - 1))
+    if not any(documents.inner_starts):
+        return operator(state, *per_token)
+    padded = (index.lay_out(tensor, position == log_gate) for position, tensor in enumerate(per_token))
+    output, final_state = operator(state, *padded)
+    return index.take_back(output, documents.end - documents.start), final_state
+
+
+def recurrent_piece_by_piece(
+    documents: ChunkDocuments | None,
+    initial_state: torch.Tensor | None,
+    operator: Operator,
+    *per_token: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference of :func:`recurrent_by_document`: ``operator(initial_state, *per_token)`` with the state
+    reset at every document start of ``documents``, one operator call per document piece of each row.
 
     Without a reset in the chunk it is the one call it always was. Otherwise each row runs piece by piece: the
     first piece from the row's initial state when its document continues from the previous chunk, every

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from schedlang.kernels.common.arguments import CHUNK_SIZE
 from schedlang.kernels.common.heads import repeat_each_head, sum_each_head_group
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, states_dtype
 from schedlang.kernels.common.triton_scan import new_output
@@ -33,7 +34,7 @@ from schedlang.kernels.gdn.triton_backward import gdn_bwd_kernel_chunk, gdn_bwd_
 from schedlang.kernels.gdn.triton_output import gdn_bwd_kernel_output_terms, gdn_fwd_kernel_output
 from schedlang.kernels.gdn.triton_wy import gdn_fwd_kernel_wy_apply, gdn_fwd_kernel_wy_solve
 
-CHUNK = 64
+CHUNK = CHUNK_SIZE
 SUB_CHUNK = 16
 """The edge of the diagonal blocks the solve inverts by forward substitution (CHUNK // SUB_CHUNK = 4 of them)."""
 

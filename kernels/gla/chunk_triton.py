@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from schedlang.kernels.common.arguments import CHUNK_SIZE
 from schedlang.kernels.common.launch_tables import register_launch_table
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, next_power_of_2, states_dtype
 from schedlang.kernels.common.triton_scan import (
@@ -44,7 +45,7 @@ from schedlang.kernels.gla.triton_steep import (
     gla_fwd_kernel_output,
 )
 
-CHUNK = 64
+CHUNK = CHUNK_SIZE
 SUB_CHUNK = 16
 SPAN_LIMIT = 60.0
 """A chunk is smooth when no key's cumulative gate spans more than this over the chunk; the factors

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from schedlang.kernels.common.arguments import CHUNK_SIZE
 from schedlang.kernels.common.launch_tables import register_launch_table
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, states_dtype
 from schedlang.kernels.common.triton_gradients import chunk_score_gradients, chunk_state_products
@@ -26,7 +27,7 @@ from schedlang.kernels.common.triton_scan import (
     triton_implementation,
 )
 
-CHUNK = 64
+CHUNK = CHUNK_SIZE
 LAUNCH = register_launch_table("simple_gla", __name__, {
     # tile edges (the largest; smaller dimensions get smaller tiles) and launch options per kernel ([Note: launch tables])
     "updates": dict(block_k=64, block_v=128, num_warps=4, num_stages=3),
