@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import gc
 import os
+import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -153,3 +155,24 @@ def longest_fitting_length(fits_at, start: int, step: int, maximum: int) -> int 
         else:
             bad = middle
     return good
+
+
+def median_ms(step, warmup: int, iterations: int, device: torch.device = torch.device("cuda")) -> float:
+    """Median milliseconds of ``step`` over ``iterations`` calls after ``warmup`` untimed ones, each call timed
+    alone: with a pair of CUDA events on a GPU, with the host clock on the CPU."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(iterations):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            began = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - began) * 1e3)
+    return statistics.median(times)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -26,27 +25,13 @@ import torch
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import median_ms  # noqa: E402
 from benchmarks.kernels import gradient_step, import_launch_tables, load_peer, make_inputs  # noqa: E402
 from schedlang.kernels.common.launch_tables import launch_overrides  # noqa: E402
 from schedlang.kernels.gdn import chunk_gated_delta_rule, naive_recurrent_gated_delta_rule  # noqa: E402
 
 CASES = {4096: True, 16384: False}
 """Sequence length -> whether the case passes an initial state and asks for the final state (the issue's two)."""
-
-
-def median_ms(step, warmup: int, iterations: int) -> float:
-    """Median over ``iterations`` calls of ``step``, each timed alone with a pair of CUDA events."""
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(iterations):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def time_case(function, inputs, with_state: bool, warmup: int, iterations: int) -> dict[str, float]:

@@ -31,7 +31,8 @@ import torch
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gdn_kernels import CASES, median_ms, time_case  # noqa: E402
+from benchmarks.common import median_ms  # noqa: E402
+from benchmarks.gdn_kernels import CASES, time_case  # noqa: E402
 from benchmarks.kernels import import_launch_tables, load_peer, make_inputs  # noqa: E402
 from schedlang.kernels.common.launch_tables import launch_overrides  # noqa: E402
 from schedlang.kernels.gdn import chunk_gated_delta_rule  # noqa: E402

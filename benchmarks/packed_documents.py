@@ -20,9 +20,7 @@ the largest relative difference (in norm) between the two calls' outputs, final 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -30,6 +28,7 @@ import torch
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import median_ms  # noqa: E402
 from benchmarks.kernels import make_inputs  # noqa: E402
 from schedlang.kernels import CHUNK_SIZE, chunk_gated_delta_rule, chunk_gla  # noqa: E402
 from schedlang.runtime.mixer_base import kernel_backend  # noqa: E402
@@ -52,26 +51,6 @@ def chunk_documents(length: int, document_length: int) -> ChunkDocuments:
     first = length + document_length // 2
     inner = tuple(range(first, 2 * length, document_length))
     return ChunkDocuments(length, 2 * length, (first - document_length,), (inner,))
-
-
-def median_ms(step, device: torch.device, warmup: int, repeats: int) -> float:
-    """Median milliseconds of ``step`` over ``repeats`` calls after ``warmup`` untimed ones (CUDA events on a GPU)."""
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            began = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - began) * 1e3)
-    return statistics.median(times)
 
 
 def forward_backward(by_pieces, operator, documents: ChunkDocuments, inputs):
@@ -121,9 +100,9 @@ def measure(name: str, length: int, document_length: int, args, device: torch.de
         "document_length": document_length,
         "pieces": sum(len(documents.pieces(row)) for row in range(documents.rows)),
         "pad_tokens": PaddedRows.of(documents, CHUNK_SIZE).length - length,
-        "pieces_ms": median_ms(pieces_step, device, args.warmup, args.repeats),
-        "fused_ms": median_ms(fused_step, device, args.warmup, args.repeats),
-        "layout_ms": median_ms(build_layout, device, args.warmup, args.repeats),
+        "pieces_ms": median_ms(pieces_step, args.warmup, args.repeats, device),
+        "fused_ms": median_ms(fused_step, args.warmup, args.repeats, device),
+        "layout_ms": median_ms(build_layout, args.warmup, args.repeats, device),
         "difference": relative_difference(fused_step(), pieces_step()),
     }
 
