@@ -28,6 +28,7 @@ from schedlang.kernels.gla.naive import naive_recurrent_gla
 from schedlang.kernels.simple_gla.naive import naive_recurrent_simple_gla
 from schedlang.runtime import mixer_gdn, mixer_gla
 from schedlang.runtime.config import ModelConfig
+from schedlang.runtime.model_options import GdnOptions, ModelOptions
 from schedlang.runtime.packing import (
     RESET_LOG_GATE,
     ChunkDocuments,
@@ -301,29 +302,34 @@ def test_each_reset_token_is_the_last_token_of_a_kernel_chunk(seed, length):
         assert (position + 1) % CHUNK_SIZE == 0
 
 
-@pytest.mark.parametrize("kind", ["gla", "simple_gla", "gdn"])
+@pytest.mark.parametrize("kind", ["gla", "simple_gla", "gdn", "gdn-grouped"])
 def test_the_mixers_make_one_operator_call_per_chunk(kind, monkeypatch):
-    """A gla, simple_gla or gdn mixer over a chunk with document starts inside calls its operator once, with
-    the padded rows, and its output equals the piece-by-piece mixer's."""
-    layer = LayerKind(kind)
-    config = ModelConfig(vocab=32, d_model=32, layers=(layer,), heads=2, head_dim=16)
+    """A gla, simple_gla or gdn mixer (also with grouped value heads, whose q and k reach the operator narrower
+    than v) over a chunk with document starts inside calls its operator once, with the padded rows, and its
+    output equals the piece-by-piece mixer's."""
+    grouped = kind == "gdn-grouped"
+    layer = LayerKind("gdn" if grouped else kind)
+    options = ModelOptions(gdn=GdnOptions(value_heads=4)) if grouped else ModelOptions()
+    config = ModelConfig(vocab=32, d_model=32, layers=(layer,), heads=2, head_dim=16, options=options)
     mixer = mixer_gdn.GatedDeltaMixer(config) if layer is LayerKind.GDN else mixer_gla.GatedLinearMixer(config, layer)
     mixer = mixer.double()
     mixer.reset_parameters(torch.Generator().manual_seed(0), 0.02)
     documents = LAYOUTS["mixed"]
     hidden = torch.randn(documents.rows, documents.end - documents.start, 32, dtype=torch.float64)
-    state = torch.randn(documents.rows, 2, 16, 16, dtype=torch.float64)
-    name = {"gla": "chunk_gla", "simple_gla": "chunk_simple_gla", "gdn": "chunk_gated_delta_rule"}[kind]
-    operator, lengths = getattr(schedlang.kernels, name), []
+    state = torch.randn(documents.rows, 4 if grouped else 2, 16, 16, dtype=torch.float64)
+    name = {"gla": "chunk_gla", "simple_gla": "chunk_simple_gla", "gdn": "chunk_gated_delta_rule"}[layer.value]
+    operator, lengths, query_heads = getattr(schedlang.kernels, name), [], set()
 
     def counted(q, *rest, **options):
         lengths.append(q.shape[1])
+        query_heads.add(q.shape[2])
         return operator(q, *rest, **options)
 
     monkeypatch.setattr(schedlang.kernels, name, counted)
     with torch.no_grad():
         fused, fused_state = mixer(hidden, state, documents)
     assert lengths == [PaddedRows.of(documents, CHUNK_SIZE).length]
+    assert query_heads == {2}  # the model's heads: grouped q and k are not repeated to the 4 value heads
     module = mixer_gdn if layer is LayerKind.GDN else mixer_gla
     monkeypatch.setattr(
         module, "recurrent_by_document", lambda *arguments, log_gate: recurrent_piece_by_piece(*arguments)
