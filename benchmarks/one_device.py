@@ -389,6 +389,8 @@ def driver(args: argparse.Namespace) -> int:
             lambda length, name=name: search_attempt(args, name, length, search_end),
             args.search_start, args.search_step, args.search_max, time.monotonic() + share,
         )
+        # each system's row as soon as it is known: a job cut short keeps what it found
+        print("\n".join(search_lines({name: results[name]})), flush=True)
     lines += ["", f"Longest sequence that trains ({args.search_warmup} warm-up steps, then the one timed)", ""]
     lines += search_lines(results)
 
