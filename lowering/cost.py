@@ -46,6 +46,7 @@ from enum import Enum
 from typing import Protocol
 
 from schedlang.lowering.program import MlpKind, ModelSpec, ScheduleProgram
+from schedlang.lowering.operator_tokens import operator_tokens
 from schedlang.lowering.parameters import mixer_linear_weights, stage_parameters
 from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.lowering.timeline import MessageKind
@@ -200,10 +201,15 @@ def layer_projection_flops_per_token(model: ModelSpec, kind: LayerKind) -> float
 def layer_mixer_flops_per_token(model: ModelSpec, kind: LayerKind, kernel_chunk: int) -> float:
     """:func:`mixer_flops_per_token` of a layer of ``kind`` in ``model``, its projections sized by
     :func:`layer_projection_flops_per_token`."""
+    return layer_projection_flops_per_token(model, kind) + layer_recurrence_flops_per_token(model, kind, kernel_chunk)
+
+
+def layer_recurrence_flops_per_token(model: ModelSpec, kind: LayerKind, kernel_chunk: int) -> float:
+    """:func:`recurrence_flops_per_token` of a layer of ``kind`` in ``model``, per token its operator runs over
+    (with packed documents, per padded token: schedlang.lowering.operator_tokens)."""
     state = model.state_geometry(kind)
     heads = state.heads if state is not None else model.heads  # a recurrent layer's are its state's
-    recurrence = recurrence_flops_per_token(kind, heads, model.head_dim, kernel_chunk)
-    return layer_projection_flops_per_token(model, kind) + recurrence
+    return recurrence_flops_per_token(kind, heads, model.head_dim, kernel_chunk)
 
 
 def attention_pair_flops(heads: int, head_dim: int) -> float:
@@ -391,11 +397,12 @@ class FlopsCostModel:
         tokens = program.sequence.chunk_length(chunk)
         prefix = program.sequence.boundaries[chunk]
         kernel_chunk = min(program.sequence.kernel_chunk, tokens)
-        mixer_per_token = mlp_per_token = head_per_token = 0.0
+        mixer_per_token = mlp_per_token = head_per_token = recurrence_per_token = 0.0
         pairs_flops = 0.0
         attention_layers = 0
         for kind, n_layers in self.stage_kinds[stage].items():
             mixer_per_token += n_layers * layer_mixer_flops_per_token(model, kind, kernel_chunk)
+            recurrence_per_token += n_layers * layer_recurrence_flops_per_token(model, kind, kernel_chunk)
             mlp_per_token += n_layers * mlp_flops_per_token(model) if model.has_mlp(kind) else 0.0
             if kind is LayerKind.ATTN:
                 attention_layers += n_layers
@@ -405,8 +412,11 @@ class FlopsCostModel:
             head_per_token = head_flops_per_token(model)
         # the chunk takes as long as its slowest sequence-parallel rank, whose attention pairs these are
         local_tokens = self.batch * tokens / self.sequence_ranks
+        # packed documents: the recurrent operators also run over their padded rows' pads and reset tokens
+        padding = self.batch * (operator_tokens(program, chunk) - tokens) / self.sequence_ranks
+        mixer_flops = local_tokens * mixer_per_token + padding * recurrence_per_token + self.batch * pairs_flops
         return ChunkForwardSeconds(
-            mixers=(local_tokens * mixer_per_token + self.batch * pairs_flops) / hardware.throughput_flops,
+            mixers=mixer_flops / hardware.throughput_flops,
             mlps=local_tokens * mlp_per_token / hardware.throughput_flops,
             rest=local_tokens * head_per_token / hardware.throughput_flops
             + self.stage_launches[stage] * hardware.kernel_gap_s,

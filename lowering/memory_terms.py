@@ -39,6 +39,10 @@ backward (its ``W`` task when the backward is split):
 * the last stage's head: the final norm, the head's input (``d e``), the log-softmax over the vocabulary in
   fp32 (``V f``) and the targets (8 bytes).
 
+With packed documents the recurrent operators run over padded rows ([Note: packed documents] in
+schedlang.runtime.packing): what the operator saves (:func:`operator_bytes_per_token`) is counted per token it runs
+over (:func:`padding_tokens` more than the chunk's), the rest of the layer per token of the chunk.
+
 Recomputation replaces what a part keeps by its input: ``mlp`` keeps ``d e`` per MLP instead of the MLP's
 tensors, ``mixer`` ``d e`` per token mixer instead of the mixer's (both through
 ``torch.utils.checkpoint``, which keeps the part's input), and ``full`` keeps only the chunk's input
@@ -52,14 +56,11 @@ from dataclasses import dataclass
 from enum import Enum
 
 from schedlang.lowering.cost import DTYPE_BYTES, compute_bytes
+from schedlang.lowering.operator_tokens import RUNTIME_KERNEL_CHUNK, operator_tokens
 from schedlang.lowering.parameters import mlp_width, stage_parameters
 from schedlang.lowering.program import MlpKind, ModelSpec, Recompute, ScheduleProgram
 from schedlang.runtime.config import AttentionGeometry
 from schedlang.vocabulary import DType, LayerKind, OptimizerKind, recompute_on
-
-RUNTIME_KERNEL_CHUNK = 64
-"""Tokens per kernel chunk of the runtime's recurrence kernels (``schedlang.kernels.common.CHUNK_SIZE``;
-the kernels tile by it whatever ``sequence.kernel_chunk`` says)."""
 
 TOKEN_ID_BYTES = 8
 """Token ids and targets are int64."""
@@ -158,13 +159,27 @@ def mixer_bytes_per_token(kind: LayerKind, sizes: Sizes, device: Device) -> floa
     if kind is LayerKind.ATTN:  # the output projection's input and q, then the log-sum-exp
         attention = sizes.attention
         return normed_input + 2 * attention.query_width * e + attention.heads * f
-    shared = normed_input + width * e
+    shared = normed_input + width * e + operator_bytes_per_token(kind, sizes, device)
     if kind is LayerKind.GLA:
-        return shared + 4 * width * e + width * f
+        return shared + width * e  # the gate logits
     if kind is LayerKind.SIMPLE_GLA:
-        return shared + 3 * width * e + heads * e + heads * f
+        return shared + heads * e
     if kind is LayerKind.GDN:
         return normed_input + gdn_bytes_per_token(sizes, device)
+    return 0.0
+
+
+def operator_bytes_per_token(kind: LayerKind, sizes: Sizes, device: Device) -> float:
+    """The part of :func:`mixer_bytes_per_token` that a recurrent layer's chunked operator saves (its q, k, v,
+    log-gate and what it keeps of its own), per token it runs over: with packed documents, per padded token
+    (:func:`schedlang.lowering.operator_tokens.operator_tokens`). 0 for other kinds."""
+    width, e, f = sizes.width, sizes.element_bytes, sizes.compute_bytes
+    if kind is LayerKind.GLA:
+        return 3 * width * e + width * f
+    if kind is LayerKind.SIMPLE_GLA:
+        return 3 * width * e + sizes.heads * f
+    if kind is LayerKind.GDN:
+        return gdn_operator_bytes_per_token(sizes, device)
     return 0.0
 
 
@@ -172,20 +187,28 @@ def gdn_bytes_per_token(sizes: Sizes, device: Device) -> float:
     """A gdn layer's saved bytes per token after its normed input ([Note: activation bytes]): ``H_v`` value
     heads of ``D`` (``W_v = H_v D``), ``H_q`` q/k heads of ``D_k`` (``W_q = H_q D_k``), which the CPU operator
     keeps repeated to ``W_k = H_v D_k`` and the Triton operator as they are."""
-    gdn, dim = sizes.gdn, sizes.head_dim
-    e, f, chunk = sizes.element_bytes, sizes.compute_bytes, RUNTIME_KERNEL_CHUNK
+    gdn, e = sizes.gdn, sizes.element_bytes
     heads, query_heads = gdn.value_heads, gdn.query_key_heads
-    value_width, query_width, key_width = heads * dim, query_heads * gdn.key_dim, heads * gdn.key_dim
+    value_width, query_width = heads * sizes.head_dim, query_heads * gdn.key_dim
     # the raw q and k, the output projection's input, the output gate, its SiLU and the output norm's result;
     # the q and k norms, the gate and write-strength inputs and the write strength
     kept = (2 * query_width + 4 * value_width) * e + (2 * query_heads + 3 * heads) * e
-    kept += heads * norm_bytes_per_row(dim, sizes, device)
+    kept += heads * norm_bytes_per_row(sizes.head_dim, sizes, device)
     if gdn.conv_taps:  # each short convolution's input (its history rows: stage_chunk_constant_bytes) and output
         kept += 2 * gdn.convolved_width * e
+    return kept + gdn_operator_bytes_per_token(sizes, device)
+
+
+def gdn_operator_bytes_per_token(sizes: Sizes, device: Device) -> float:
+    """What a gdn layer's chunked operator saves per token it runs over ([Note: activation bytes])."""
+    gdn, dim = sizes.gdn, sizes.head_dim
+    e, f, chunk = sizes.element_bytes, sizes.compute_bytes, RUNTIME_KERNEL_CHUNK
+    heads = gdn.value_heads
+    value_width, query_width, key_width = heads * dim, gdn.query_key_heads * gdn.key_dim, heads * gdn.key_dim
     if device is Device.CUDA:  # the Triton operator's autograd Function (kernels/gdn/chunk_triton.py): q, k narrow
-        return kept + (2 * query_width + value_width) * e + f * heads * (chunk + 3 + 1 / chunk)
+        return (2 * query_width + value_width) * e + f * heads * (chunk + 3 + 1 / chunk)
     chunked = 9 * key_width + 3 * value_width + 6 * chunk * heads + 5 * heads + key_width * dim / chunk + heads / chunk
-    return kept + f * chunked
+    return f * chunked
 
 
 def mlp_bytes_per_token(sizes: Sizes, device: Device) -> float:
@@ -228,6 +251,14 @@ def local_tokens(program: ScheduleProgram, chunk: int) -> float:
     return program.pipeline.microbatch_size * program.sequence.chunk_length(chunk) / program.mesh.sequence
 
 
+def padding_tokens(program: ScheduleProgram, chunk: int) -> float:
+    """Tokens a rank's recurrent operators run over for one chunk beyond its own: the packed documents' pads and
+    reset tokens, ``b (s' - s) / S`` with ``s'`` :func:`schedlang.lowering.operator_tokens.operator_tokens`
+    (0 without packed documents)."""
+    padding = operator_tokens(program, chunk) - program.sequence.chunk_length(chunk)
+    return program.pipeline.microbatch_size * padding / program.mesh.sequence
+
+
 def stage_bytes_per_token(
     program: ScheduleProgram, stage: int, recompute: Recompute, device: Device = Device.CUDA
 ) -> float:
@@ -243,6 +274,17 @@ def stage_bytes_per_token(
     if stage == program.n_stages - 1:
         total += head_bytes_per_token(sizes, device)
     return total
+
+
+def stage_operator_bytes_per_token(
+    program: ScheduleProgram, stage: int, recompute: Recompute, device: Device = Device.CUDA
+) -> float:
+    """The part of :func:`stage_bytes_per_token` that the stage's recurrent operators save, per token they run
+    over: none when ``recompute`` keeps only the token mixers' inputs (``mixer``, ``full``)."""
+    if recompute in (Recompute.FULL, Recompute.MIXER):
+        return 0.0
+    sizes = program_sizes(program)
+    return sum(operator_bytes_per_token(kind, sizes, device) for kind in stage_layer_kinds(program, stage))
 
 
 def stage_chunk_constant_bytes(program: ScheduleProgram, stage: int, recompute: Recompute, device: Device) -> float:
@@ -262,11 +304,13 @@ def stage_chunk_constant_bytes(program: ScheduleProgram, stage: int, recompute: 
 def chunk_activation_bytes(
     program: ScheduleProgram, stage: int, chunk: int, recompute: Recompute | None = None, device: Device = Device.CUDA
 ) -> float:
-    """What chunk ``chunk`` keeps on ``stage`` from its forward to its backward ([Note: activation bytes])."""
+    """What chunk ``chunk`` keeps on ``stage`` from its forward to its backward ([Note: activation bytes]), the
+    recurrent operators' part over the padded rows of packed documents (:func:`padding_tokens`)."""
     recompute = recompute_on(program.pipeline.recompute, stage) if recompute is None else recompute
     tokens = local_tokens(program, chunk)
     per_token = stage_bytes_per_token(program, stage, recompute, device)
-    return tokens * per_token + stage_chunk_constant_bytes(program, stage, recompute, device)
+    padding = padding_tokens(program, chunk) * stage_operator_bytes_per_token(program, stage, recompute, device)
+    return tokens * per_token + padding + stage_chunk_constant_bytes(program, stage, recompute, device)
 
 
 def state_bytes(program: ScheduleProgram, stage: int) -> float:
@@ -341,11 +385,21 @@ def layer_workspace_bytes_per_token(model: ModelSpec, kind: LayerKind, sizes: Si
     saved tensors) and, for a recurrent layer, the states entering each kernel chunk that its backward
     recomputes (its state matrix, ``ModelSpec.state_geometry``, over ``C`` tokens, in fp32)."""
     saved = layer_bytes_per_token(model, kind, sizes, Recompute.NONE, device)
-    recomputed_states = 0.0
-    if kind.is_recurrent:
-        matrix = model.state_geometry(kind).matrix_elements
-        recomputed_states = matrix * sizes.compute_bytes / RUNTIME_KERNEL_CHUNK
-    return saved + recomputed_states
+    return saved + recomputed_state_bytes_per_token(model, kind, sizes)
+
+
+def recomputed_state_bytes_per_token(model: ModelSpec, kind: LayerKind, sizes: Sizes) -> float:
+    """The states entering each kernel chunk that a recurrent layer's backward recomputes, per token its
+    operator runs over (0 for other kinds)."""
+    if not kind.is_recurrent:
+        return 0.0
+    return model.state_geometry(kind).matrix_elements * sizes.compute_bytes / RUNTIME_KERNEL_CHUNK
+
+
+def operator_workspace_bytes_per_token(model: ModelSpec, kind: LayerKind, sizes: Sizes, device: Device) -> float:
+    """The part of :func:`layer_workspace_bytes_per_token` per token the recurrent operator runs over: the
+    gradients of what it saved and the recomputed states."""
+    return operator_bytes_per_token(kind, sizes, device) + recomputed_state_bytes_per_token(model, kind, sizes)
 
 
 def head_workspace_bytes_per_token(sizes: Sizes) -> float:
@@ -372,15 +426,17 @@ def attention_read_bytes(program: ScheduleProgram, chunk: int, device: Device) -
 
 def transient_bytes(program: ScheduleProgram, stage: int, chunk: int, device: Device = Device.CUDA) -> float:
     """The most a single task on ``stage`` allocates beyond what outlives it, for chunk ``chunk``: the
-    largest layer's backward workspace (an attn layer's with :func:`attention_read_bytes`; or the head's),
+    largest layer's backward workspace (an attn layer's with :func:`attention_read_bytes`, a recurrent layer's
+    operator part over the padded rows of packed documents: :func:`padding_tokens`; or the head's),
     the output and input gradients of the chunk (``2 b s / S d e``), sequence-parallel messages, and what the
     backward rebuilds: under ``recompute = full`` the whole chunk's activations, under ``mlp`` or ``mixer``
     the largest such part."""
     sizes = program_sizes(program)
-    tokens = local_tokens(program, chunk)
+    tokens, padding = local_tokens(program, chunk), padding_tokens(program, chunk)
     kinds = set(stage_layer_kinds(program, stage))
     workspaces = [
         tokens * layer_workspace_bytes_per_token(program.model, kind, sizes, device)
+        + padding * operator_workspace_bytes_per_token(program.model, kind, sizes, device)
         + (attention_read_bytes(program, chunk, device) if kind is LayerKind.ATTN else 0.0)
         for kind in kinds
     ]
@@ -391,8 +447,12 @@ def transient_bytes(program: ScheduleProgram, stage: int, chunk: int, device: De
     if recompute is Recompute.FULL:
         workspace += chunk_activation_bytes(program, stage, chunk, Recompute.NONE, device)
     elif recompute in (Recompute.MLP, Recompute.MIXER):
-        rebuilt = [recomputed_part_bytes_per_token(kind, sizes, recompute, device) for kind in kinds]
-        workspace += tokens * max(rebuilt, default=0.0)
+        rebuilt = [
+            tokens * recomputed_part_bytes_per_token(kind, sizes, recompute, device)
+            + (padding * operator_bytes_per_token(kind, sizes, device) if recompute is Recompute.MIXER else 0.0)
+            for kind in kinds
+        ]
+        workspace += max(rebuilt, default=0.0)
     return workspace + sequence_parallel_bytes(program, stage, chunk)
 
 

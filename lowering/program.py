@@ -20,6 +20,10 @@ divisibility and chunk boundaries. Later passes may therefore assume:
   but not checked for completeness or legality; that is the legality pass's job,
   so it can report every violation with the span of the offending token.
 
+``document_pieces`` is the exception: a statistic of the data file, not of the text, which the front end
+leaves None and ``schedlang simulate`` fills in (schedlang.preflight.with_document_pieces) for the memory
+and cost models.
+
 Everything here is a frozen dataclass or an enum so programs hash, compare and
 print, and so passes cannot mutate what they are given.
 """
@@ -283,6 +287,18 @@ class TrainSpec:
 
 
 @dataclass(frozen=True)
+class DocumentPieces:
+    """The most document pieces a chunk of each length can hold in the schedule's packed data ([Note: packed
+    documents] in schedlang.runtime.packing): ``by_length``, ``(chunk length, pieces)`` pairs by length."""
+
+    by_length: tuple[tuple[int, int], ...]
+
+    def most(self, chunk_length: int) -> int:
+        """The most pieces of a chunk of ``chunk_length`` tokens; KeyError for a length not measured."""
+        return dict(self.by_length)[chunk_length]
+
+
+@dataclass(frozen=True)
 class ScheduleProgram:
     """A checked schedule; see [Note: program contract]."""
 
@@ -300,6 +316,9 @@ class ScheduleProgram:
     source_text: str | None = field(default=None, compare=False, hash=False, repr=False)
     """The schedule text the program was checked from, kept by the front end so that a variant can be
     checked again (``schedlang.compiler.revise``); None for a program built by hand."""
+    document_pieces: DocumentPieces | None = None
+    """The data's document pieces per chunk, by which the models size the recurrent operators' padded rows;
+    None: no padding (no packed documents, or not measured)."""
 
     @property
     def n_stages(self) -> int:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import os
 import stat
 import sysconfig
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -219,24 +220,68 @@ def _id_outside_vocabulary(config: DataConfig, vocab: int) -> str | None:
 def read_corpus(path: str | None, limit_bytes: int = DEFAULT_CORPUS_LIMIT_BYTES) -> torch.Tensor:
     """The corpus as token ids: the file at ``path`` (a regular file, else :class:`DataFileError`), or with no
     path the first ``limit_bytes`` of the default corpus."""
+    return torch.frombuffer(bytearray(corpus_bytes(path, limit_bytes)), dtype=torch.uint8).to(torch.long)
+
+
+def corpus_bytes(path: str | None, limit_bytes: int = DEFAULT_CORPUS_LIMIT_BYTES) -> bytes:
+    """The bytes :func:`read_corpus` reads."""
     if path is not None:
         problem = data_file_problem(path)
         if problem is not None:
             raise DataFileError(problem)
         try:
-            data = Path(path).read_bytes()
+            return Path(path).read_bytes()
         except OSError as error:
             raise DataFileError(f"data file {path} cannot be read: {error.strerror or error}") from None
+    pieces, total = [], 0
+    for file in default_corpus_files():
+        content = file.read_bytes()
+        pieces.append(content)
+        total += len(content)
+        if total >= limit_bytes:
+            break
+    return b"".join(pieces)[:limit_bytes]
+
+
+def most_document_pieces(config: DataConfig, chunk_lengths: Iterable[int]) -> dict[int, int] | None:
+    """For each chunk length ``L``, the most document pieces a chunk of ``L`` tokens of a training window can
+    hold ([Note: packed documents]): one plus the most ``document_end`` ids among ``L - 1`` consecutive ids
+    of the training part (a window may start anywhere in it: :meth:`TokenSource._rows`). None without packed
+    documents (synthetic data has none). ``config`` must be usable (:func:`data_problem`).
+
+    One pass over the training part in blocks of :data:`SCAN_BLOCK_TOKENS` ids, memory-mapped (bytes data
+    without a path: the default corpus, read as :func:`read_corpus` reads it).
+    """
+    if config.kind is DataKind.SYNTHETIC or config.document_end is None:
+        return None
+    config = tokens_of(config)
+    if config.kind is DataKind.BYTES and config.path is None:
+        ids = np.frombuffer(corpus_bytes(None), dtype=np.uint8)
     else:
-        pieces, total = [], 0
-        for file in default_corpus_files():
-            content = file.read_bytes()
-            pieces.append(content)
-            total += len(content)
-            if total >= limit_bytes:
-                break
-        data = b"".join(pieces)[:limit_bytes]
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.long)
+        dtype = np.dtype(np.uint8) if config.kind is DataKind.BYTES else TOKEN_NUMPY_TYPES[config.dtype]
+        ids = np.memmap(config.path, dtype=dtype, mode="r")
+    end = ids.size - validation_size(ids.size, config.validation)
+    lengths = sorted(set(chunk_lengths))
+    most = most_occurrences(ids, config.document_end, [length - 1 for length in lengths], end)
+    return {length: 1 + most[length - 1] for length in lengths}
+
+
+def most_occurrences(
+    ids, token_id: int, spans: Sequence[int], end: int, block: int = SCAN_BLOCK_TOKENS
+) -> dict[int, int]:
+    """For each span ``w``, the most times ``token_id`` occurs among ``w`` consecutive ids of ``ids[:end]`` (a
+    1-D array or memmap), read ``block`` ids (and the widest span's overlap) at a time."""
+    most = dict.fromkeys(spans, 0)
+    widest = max(spans, default=0)
+    for start in range(0, end, block):
+        positions = np.flatnonzero(np.asarray(ids[start : min(start + block + widest, end)]) == token_id)
+        firsts = positions[positions < block]  # the spans that start at an occurrence in this block
+        if not firsts.size:
+            continue
+        for span in spans:
+            counts = np.searchsorted(positions, firsts + span) - np.arange(firsts.size)
+            most[span] = max(most[span], int(counts.max()))
+    return most
 
 
 class TokenSource:

@@ -48,8 +48,10 @@ Triton GLA kernels' "steep" path, whose exponents are all <= 0, as the gdn kerne
 
 The cost of the padding: each piece but a row's last costs up to ``CHUNK_SIZE`` extra tokens (its pad and reset
 token round it up to a multiple of the kernel chunk), so very short documents pay the most: a one-token document
-costs a whole kernel chunk. :func:`recurrent_piece_by_piece` is the reference the fused call is tested against: one
-call per piece, each after the row's first from no state.
+costs a whole kernel chunk. The rule is :func:`schedlang.runtime.document_padding.padded_piece_tokens`, and
+:func:`~schedlang.runtime.document_padding.most_padded_tokens` the longest row a chunk of so many pieces can have,
+by which the memory and cost models size the operators. :func:`recurrent_piece_by_piece` is the reference the fused
+call is tested against: one call per piece, each after the row's first from no state.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from typing import Callable
 import torch
 
 from schedlang.kernels import CHUNK_SIZE
+from schedlang.runtime.document_padding import padded_piece_tokens
 
 IGNORED_TARGET = -100
 """The target id ``torch.nn.functional.cross_entropy`` skips (its default ``ignore_index``)."""
@@ -170,10 +173,6 @@ once rounded to 16 bits), so the state leaving the token is zero. Finite, since 
 the kernels' chunk-local cumulative gates produce inf - inf = nan."""
 
 
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
 @dataclass(frozen=True)
 class PaddedRows:
     """Where a chunk's tokens sit in the fused call's padded rows ([Note: packed documents]).
@@ -193,14 +192,15 @@ class PaddedRows:
     @staticmethod
     def of(documents: ChunkDocuments, chunk_size: int) -> PaddedRows:
         """The layout of ``documents``: each piece but a row's last takes the smallest multiple of
-        ``chunk_size`` tokens that holds it and its reset token, the reset token last."""
+        ``chunk_size`` tokens that holds it and its reset token, the reset token last
+        (:func:`schedlang.runtime.document_padding.padded_piece_tokens`)."""
         piece_starts, resets, lengths = [], [], []
         for row in range(documents.rows):
             position, starts, row_resets = 0, [], []
             *leading, (last_first, last_end) = documents.pieces(row)
             for first, end in leading:
                 starts.append(position)
-                position += _round_up(end - first + 1, chunk_size)
+                position += padded_piece_tokens(end - first, chunk_size)
                 row_resets.append(position - 1)
             starts.append(position)
             lengths.append(position + last_end - last_first)

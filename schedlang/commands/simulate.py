@@ -8,6 +8,12 @@ component, ``allocated`` and ``reserved`` in GiB, the chunks in flight and the t
 and, for reference, StateFlow's closed-form estimates (Eq. 13 and Eq. 15). An illegal
 schedule prints its violations, as ``schedlang check`` does, and exits 1.
 
+With packed documents (``document_end`` in ``train.data``) the data is checked as ``schedlang check`` checks it
+and the figures include the recurrent operators' padding ([Note: packed documents] in
+schedlang.runtime.packing) for the most document pieces a chunk of the data can hold
+(schedlang.preflight.with_document_pieces); the table says so, and ``--json`` gives ``document_pieces``: per
+chunk length its pieces and the operators' padded tokens per sequence (null without packing).
+
 ``--fit`` asks the memory model the longest sequence this model and mesh can train on a device of
 ``--device-memory`` and the chunk count to cut it into (:mod:`schedlang.commands.simulate_fit`).
 
@@ -43,7 +49,14 @@ from schedlang.commands.common import (
     compile_legal,
     cost_settings_from_arguments,
 )
-from schedlang.commands.simulate_fit import GIB, add_fit_arguments, check_fit_arguments, run_fit
+from schedlang.commands.simulate_fit import (
+    GIB,
+    add_fit_arguments,
+    check_fit_arguments,
+    document_pieces_rows,
+    padding_line,
+    run_fit,
+)
 from schedlang.outputs import strict_json
 
 HELP = "simulate the schedule: makespan, bubble fraction, activations and memory per stage (--fit: longest sequence)"
@@ -106,6 +119,9 @@ def simulate_program(program, args: argparse.Namespace) -> dict | None:
     from schedlang.lowering.memory import stateflow_makespan, stateflow_peak_activations
     from schedlang.lowering.timeline import Stream
 
+    from schedlang.preflight import with_document_pieces
+
+    program = with_document_pieces(program)
     cost = cost_settings_from_arguments(args)
     compilation = compile_legal(program, Pass.COST, cost)
     if compilation is None:
@@ -144,7 +160,10 @@ def simulate_program(program, args: argparse.Namespace) -> dict | None:
         ),
         "eq15_makespan_unit": stateflow_makespan(program.n_stages, program.n_microbatches, program.n_chunks),
         "memory": memory_fields(program, orders),
+        "document_pieces": document_pieces_rows(program.document_pieces),
     }
+
+
 
 
 def with_split_backward(program, args: argparse.Namespace):
@@ -240,6 +259,11 @@ def run(args: argparse.Namespace) -> int:
     program = load_program(args.file)
     if compile_legal(program, Pass.LEGALITY) is None:
         return 1
+    if program.train.data.document_end is not None:  # the padding bound reads the data
+        from schedlang.frontend import read_source
+        from schedlang.preflight import check_data_file
+
+        check_data_file(program, read_source(args.file))
     program = with_split_backward(program, args)
     if program is None:
         return 1
@@ -271,4 +295,6 @@ def run(args: argparse.Namespace) -> int:
     for stage in range(program.n_stages):
         print(f"{stage:>5}  {result['busy_time'][stage]:>12.6g}  {result['peak_activations'][stage]:>16.4g}")
     print_memory_table(result["memory"])
+    for row in result["document_pieces"] or ():
+        print(padding_line(row))
     return 0

@@ -2,7 +2,8 @@
 
 For lengths ``step, 2 step, ...`` up to ``--max-length`` and chunk counts ``1, 2, 4, ...`` up to
 ``--max-chunks`` (each chunk a whole number of ``sequence.kernel_chunk`` tokens), every candidate is the
-schedule revised by :func:`schedlang.compiler.revise` (so checked as the file would be) and compiled through
+schedule revised by :func:`schedlang.compiler.revise` (so checked as the file would be; with packed documents,
+its padding measured for its chunk lengths: schedlang.preflight.with_document_pieces) and compiled through
 the cost pass under the ``flops`` model with the hardware options given; it fits when every stage's predicted
 reserved peak (:mod:`schedlang.lowering.memory_peak`) plus :data:`OUTSIDE_THE_ALLOCATOR` is at most
 ``--device-memory``. Lengths are tried in increasing order until one has no chunk count that fits; the
@@ -141,6 +142,7 @@ class Candidate:
     makespan: float  # seconds
     tokens_per_step: int
     recompute: StageRecompute  # the schedule's pipeline.recompute in this candidate
+    document_pieces: list[dict] | None = None  # packed documents: document_pieces_rows of the candidate
 
     @property
     def tokens_per_second(self) -> float:
@@ -157,7 +159,34 @@ class Candidate:
             "makespan": self.makespan,
             "tokens_per_second": self.tokens_per_second,
             "recompute": recompute_text(self.recompute),
+            "document_pieces": self.document_pieces,
         }
+
+
+def document_pieces_rows(pieces) -> list[dict] | None:
+    """Per chunk length of ``pieces`` (a program's ``document_pieces``) its most document pieces and the
+    recurrent operators' padded tokens per sequence, which the figures include; None without packed documents."""
+    from schedlang.lowering.operator_tokens import RUNTIME_KERNEL_CHUNK
+    from schedlang.runtime.document_padding import most_padded_tokens
+
+    if pieces is None:
+        return None
+    return [
+        {
+            "chunk_length": length,
+            "pieces": count,
+            "operator_tokens": most_padded_tokens(length, count, RUNTIME_KERNEL_CHUNK),
+        }
+        for length, count in pieces.by_length
+    ]
+
+
+def padding_line(row: dict) -> str:
+    """What the printed figures assume of one row of :func:`document_pieces_rows`."""
+    return (
+        f"packed documents: up to {row['pieces']} pieces in a chunk of {row['chunk_length']} tokens; the figures "
+        f"include the recurrent operators' padding to {row['operator_tokens']} tokens per sequence"
+    )
 
 
 def chunk_counts(length: int, kernel_chunk: int, max_chunks: int) -> list[int]:
@@ -177,6 +206,7 @@ def evaluate(program, length: int, n_chunks: int, cost, recompute: StageRecomput
     from schedlang.compiler import Pass, revise
     from schedlang.diagnostics import ScheduleError
     from schedlang.lowering.memory_peak import predict_memory
+    from schedlang.preflight import with_document_pieces
 
     changes = {"sequence.length": length, "sequence.chunks": n_chunks}
     if recompute is not None:
@@ -185,6 +215,7 @@ def evaluate(program, length: int, n_chunks: int, cost, recompute: StageRecomput
         variant = revise(program, **changes)
     except ScheduleError:
         return None
+    variant = with_document_pieces(variant)  # packed documents: the padding bound of its chunk lengths
     compilation = compile_legal(variant, Pass.COST, cost)
     if compilation is None:
         return None
@@ -192,7 +223,13 @@ def evaluate(program, length: int, n_chunks: int, cost, recompute: StageRecomput
     tokens = variant.n_microbatches * variant.pipeline.microbatch_size * variant.mesh.data * length
     reserved = tuple(stage.reserved for stage in memory)
     return Candidate(
-        length, n_chunks, reserved, compilation.timeline.makespan, tokens, variant.pipeline.recompute
+        length,
+        n_chunks,
+        reserved,
+        compilation.timeline.makespan,
+        tokens,
+        variant.pipeline.recompute,
+        document_pieces_rows(variant.document_pieces),
     )
 
 
@@ -232,11 +269,22 @@ def search(program, args: argparse.Namespace, device_memory: int) -> FitResult:
     from schedlang.commands.common import cost_settings_from_arguments
     from schedlang.compiler import CostSettings
     from schedlang.lowering.cost import CostModelKind
+    from schedlang.lowering.program import PartitionKind
+    from schedlang.preflight import measure_document_pieces
 
     cost = CostSettings(CostModelKind.FLOPS, cost_settings_from_arguments(args).hardware)
     kernel_chunk = program.sequence.kernel_chunk
     proposal, tried = None, []
     length = args.step
+    if program.sequence.partition is PartitionKind.UNIFORM:  # packed documents: one pass over the data for all
+        measure_document_pieces(
+            program,
+            [
+                candidate_length // n_chunks
+                for candidate_length in range(args.step, args.max_length + 1, args.step)
+                for n_chunks in chunk_counts(candidate_length, kernel_chunk, args.max_chunks)
+            ],
+        )
 
     def candidate_of(n_chunks: int) -> Candidate | None:
         if args.fit_recompute:
@@ -338,6 +386,8 @@ def print_fit(result: FitResult, args: argparse.Namespace, device_memory: int) -
         f"(step {best.makespan:.4g} s), reserved peak {_peaks(best)} GiB per stage"
         + (f", recompute = {recompute_text(best.recompute)}" if args.fit_recompute else "")
     )
+    for row in best.document_pieces or ():
+        print(padding_line(row))
     if result.refused is None:
         print(f"(every length up to --max-length {args.max_length} fits)")
     else:
