@@ -21,8 +21,8 @@ Each chunk's attention runs in two parts, the prefix and its own square causal b
 log-sum-exp ([Note: attention in parts] in :mod:`schedlang.runtime.attention_parts`): what autograd saves
 per chunk is its queries, output and log-sum-exp, and aliases of the buffers, so the saved bytes of a
 sequence are linear in its length whatever the chunk count. Under sequence parallelism each chunk's forward
-also gathers the other ranks' slices into the buffers, and its backward reduce-scatters the chunk's region
-of the gradient buffers ([Note: sequence-parallel attention] in :mod:`schedlang.runtime.attention_parallel`).
+also gathers the other ranks' slices into the buffers (all-gather or ring), and its backward reduce-scatters
+the chunk's region of the gradient buffers (or accumulates it around the ring) ([Note: sequence-parallel attention] in :mod:`schedlang.runtime.attention_parallel`).
 
 The buffers, their gradient buffers and the sequence-parallel messages hold the ``H_kv`` key/value heads as
 the k and v projections make them (grouped-query attention): each kernel call reads its part at query-head
@@ -45,9 +45,16 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from schedlang.runtime.attention_parallel import Slices, gather_chunk, reduce_scatter_chunk_gradients
+from schedlang.runtime.attention_parallel import (
+    Slices,
+    gather_chunk,
+    reduce_scatter_chunk_gradients,
+    ring_chunk_gradients,
+    ring_gather_chunk,
+)
 from schedlang.runtime.attention_parts import AttentionPart, attend_in_parts, attention_parts_backward
 from schedlang.runtime.packing import ChunkDocuments
+from schedlang.vocabulary import AttentionExchange
 
 
 @dataclass
@@ -130,6 +137,14 @@ def _parts(
     )
 
 
+def _exchange(exchange: AttentionExchange):
+    """The (gather, gradient) pair of functions of :mod:`schedlang.runtime.attention_parallel` for ``exchange``,
+    looked up when called (a test may stand one in)."""
+    if AttentionExchange(exchange) is AttentionExchange.RING:
+        return ring_gather_chunk, ring_chunk_gradients
+    return gather_chunk, reduce_scatter_chunk_gradients
+
+
 def _document_pieces(documents: ChunkDocuments):
     """Per row and document piece: (row, the piece's first and end position, where its prefix starts)."""
     for row in range(documents.rows):
@@ -182,12 +197,19 @@ class BufferedChunkAttention(torch.autograd.Function):
 
     ``group``: the sequence-parallel group the chunk is split over (then ``chunk.position.sequence_slices``
     says how), or None. ``documents``: the chunk's packed documents ([Note: documents in the K/V buffers]), or
-    None.
+    None. ``exchange``: how the group's ranks exchange their slices ([Note: sequence-parallel attention]).
     """
 
     @staticmethod
     def forward(
-        ctx, q, k, v, chunk: AttentionChunk, group: dist.ProcessGroup | None, documents: ChunkDocuments | None = None
+        ctx,
+        q,
+        k,
+        v,
+        chunk: AttentionChunk,
+        group: dist.ProcessGroup | None,
+        documents: ChunkDocuments | None = None,
+        exchange: AttentionExchange = AttentionExchange.ALLGATHER,
     ):
         buffers, start, end = chunk.buffers(k), chunk.position.start, chunk.position.end
         slices = chunk.position.sequence_slices
@@ -199,8 +221,9 @@ class BufferedChunkAttention(torch.autograd.Function):
             raise ValueError("packed documents do not run sequence-parallel")
         buffers.keys[:, :, start:end] = k
         buffers.values[:, :, start:end] = v
+        gather, gradients = _exchange(exchange)
         if group is not None:
-            gather_chunk(buffers.keys, buffers.values, slices, group)
+            gather(buffers.keys, buffers.values, slices, group)
         keys, values = _alias(buffers.keys[:, :, :end]), _alias(buffers.values[:, :, :end])
         if documents is None:
             output, log_sum_exp = attend_in_parts(q, _parts(keys, values, start))
@@ -208,7 +231,7 @@ class BufferedChunkAttention(torch.autograd.Function):
             output, log_sum_exp = _attend_by_document(q, keys, values, documents)
         ctx.save_for_backward(q, keys, values, output, log_sum_exp)
         ctx.buffers, ctx.start, ctx.end, ctx.slices, ctx.group = buffers, start, end, slices, group
-        ctx.documents = documents
+        ctx.documents, ctx.exchange_gradients = documents, gradients
         return output
 
     @staticmethod
@@ -231,8 +254,8 @@ class BufferedChunkAttention(torch.autograd.Function):
             key_grads[:, :, start:end] += own_grads[0]
             value_grads[:, :, start:end] += own_grads[1]
         if ctx.group is not None:
-            dk, dv = reduce_scatter_chunk_gradients(key_grads, value_grads, ctx.slices, ctx.group)
+            dk, dv = ctx.exchange_gradients(key_grads, value_grads, ctx.slices, ctx.group)
         else:
             dk, dv = key_grads[:, :, start:end], value_grads[:, :, start:end]
-        ctx.buffers = ctx.documents = None
-        return dq, dk, dv, None, None, None
+        ctx.buffers = ctx.documents = ctx.exchange_gradients = None
+        return dq, dk, dv, None, None, None, None
