@@ -25,19 +25,24 @@ the query heads only inside the kernels ([Note: grouped key/value heads] in
 
 ``sequence.attention = ring`` exchanges the same slices point to point instead: ``S - 1`` steps, in each of
 which every rank sends the slice it last received (its own first) to the next rank of the group and receives
-the previous rank's, so after the last step the buffers hold exactly what the all-gather leaves. The backward
-is its adjoint: ``S - 1`` steps the other way round, each rank adding its own contribution for the slice it
-receives and passing the partial sum on, so that after the last step each rank holds its own slice's total,
-what the reduce-scatter hands it (summed in another order). In flight are one padded slice arriving and one
-leaving (``2 x 2 x B x H_kv x ceil(L / S) x D`` each way) instead of ``S``, at ``S - 1`` message latencies
-instead of the all-gather's ``ceil(log2 S)``: the ring suits large groups and long chunks, where the
-all-gather's staging would not fit, or links that serve neighbours best; the all-gather suits small groups.
+the previous rank's, so after the last step the buffers hold exactly what the all-gather leaves. While the
+first step travels a rank already attends to the keys it holds, the earlier chunks' and its own block's,
+and to the earlier ranks' slices once the ring has ended (the parts merged by log-sum-exp as ever). The
+backward is its adjoint: ``S - 1`` steps the other way round, each rank adding its own contribution for the
+slice it receives and passing the partial sum on, so that after the last step each rank holds its own
+slice's total, what the reduce-scatter hands it (summed in another order). In flight are one padded slice
+arriving and one leaving (``2 x 2 x B x H_kv x ceil(L / S) x D`` each way) instead of ``S``, at ``S - 1``
+message latencies instead of the all-gather's ``ceil(log2 S)``: the ring suits large groups and long chunks,
+where the all-gather's staging would not fit, or links that serve neighbours best; the all-gather suits
+small groups.
 
 Every rank of the group runs the same action list, so the collectives of each chunk and layer meet, and the
 ring's steps post their sends and receives as one batch in the same order on every rank.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -99,31 +104,51 @@ def reduce_scatter_chunk_gradients(
     return total[0, :, :, :length], total[1, :, :, :length]
 
 
-def _ring_step(outgoing: torch.Tensor, incoming: torch.Tensor, step: int, group: dist.ProcessGroup, forward: bool) -> None:
-    """Send ``outgoing`` to the next group rank and receive ``incoming`` from the previous one (``forward``), or
-    the other way round; returns once both are done. Both messages are posted as one batch, the send first, on
-    every rank alike, and tagged with the step so that a transport matching by tag pairs them."""
+def _post_ring_step(
+    outgoing: torch.Tensor, incoming: torch.Tensor, step: int, group: dist.ProcessGroup, forward: bool
+) -> list:
+    """Start sending ``outgoing`` to the next group rank and receiving ``incoming`` from the previous one
+    (``forward``), or the other way round; returns the works to wait on. Both messages are posted as one batch,
+    the send first, on every rank alike, and tagged with the step so that a transport matching by tag pairs
+    them."""
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     shift = 1 if forward else -1
     operations = [
         dist.P2POp(dist.isend, outgoing, group=group, group_peer=(rank + shift) % size, tag=step),
         dist.P2POp(dist.irecv, incoming, group=group, group_peer=(rank - shift) % size, tag=step),
     ]
-    for work in dist.batch_isend_irecv(operations):
+    return dist.batch_isend_irecv(operations)
+
+
+def _wait(works: list) -> None:
+    for work in works:
         work.wait()
 
 
-def ring_gather_chunk(keys: torch.Tensor, values: torch.Tensor, slices: Slices, group: dist.ProcessGroup) -> None:
-    """What :func:`gather_chunk` does, by ``S - 1`` ring steps: at step ``t`` group rank ``r`` passes slice
-    ``r - t + 1`` on to rank ``r + 1`` and receives slice ``r - t`` from rank ``r - 1`` (modulo ``S``)."""
+def ring_gather_stages(
+    keys: torch.Tensor, values: torch.Tensor, slices: Slices, group: dist.ProcessGroup
+) -> Iterator[None]:
+    """:func:`ring_gather_chunk` as a generator that pauses once, after posting the first step's messages and
+    before awaiting them: the caller works on what the buffers already hold while they travel, then runs the
+    generator to its end, which leaves the buffers complete. Every rank must run it to its end."""
     size, rank = len(slices), dist.get_rank(group)
     width = _width(slices)
     outgoing = _pack(keys, values, slices[rank], width)
     incoming = torch.empty_like(outgoing)
     for step in range(1, size):
-        _ring_step(outgoing, incoming, step, group, forward=True)
+        works = _post_ring_step(outgoing, incoming, step, group, forward=True)
+        if step == 1:
+            yield
+        _wait(works)
         _unpack_into(keys, values, incoming, slices[(rank - step) % size])
         outgoing, incoming = incoming, outgoing
+
+
+def ring_gather_chunk(keys: torch.Tensor, values: torch.Tensor, slices: Slices, group: dist.ProcessGroup) -> None:
+    """What :func:`gather_chunk` does, by ``S - 1`` ring steps: at step ``t`` group rank ``r`` passes slice
+    ``r - t + 1`` on to rank ``r + 1`` and receives slice ``r - t`` from rank ``r - 1`` (modulo ``S``)."""
+    for _ in ring_gather_stages(keys, values, slices, group):
+        pass
 
 
 def ring_chunk_gradients(
@@ -138,7 +163,7 @@ def ring_chunk_gradients(
     outgoing = _pack(key_grads, value_grads, slices[(rank + 1) % size], width)
     incoming = torch.empty_like(outgoing)
     for step in range(1, size):
-        _ring_step(outgoing, incoming, step, group, forward=False)
+        _wait(_post_ring_step(outgoing, incoming, step, group, forward=False))
         incoming += _pack(key_grads, value_grads, slices[(rank + step + 1) % size], width)
         outgoing, incoming = incoming, outgoing
     length = slices[rank][1] - slices[rank][0]

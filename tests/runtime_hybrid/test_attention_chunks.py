@@ -29,7 +29,13 @@ from schedlang.runtime.attention_parallel import (
     ring_gather_chunk,
 )
 from schedlang.runtime.attention_parts import AttentionPart, PartKernel, attend_in_parts, attention_parts_backward
-from schedlang.runtime.kv_buffers import AttentionChunk, BufferedChunkAttention, ChunkPosition, SequenceKV
+from schedlang.runtime.kv_buffers import (
+    AttentionChunk,
+    BufferedChunkAttention,
+    ChunkPosition,
+    SequenceKV,
+    _parts_during_ring,
+)
 from schedlang.vocabulary import AttentionExchange
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime_sp"))
@@ -203,3 +209,24 @@ def _exchange_worker(rank: int, world_size: int, slices: tuple[tuple[int, int], 
 )
 def test_ring_exchange_leaves_what_the_collectives_leave(slices):
     run_on_ranks(len(slices), _exchange_worker, slices, 25)
+
+
+def test_the_ring_attends_to_what_is_present_while_its_first_step_travels():
+    """The earlier chunks' keys (0 .. 4) and the rank's own block (10 .. 16) are handed to the kernels after the
+    first step is posted and before the ring is awaited; the earlier ranks' slices (4 .. 10) after it ends."""
+    events = []
+
+    def ring():
+        events.append("posted")
+        yield
+        events.append("ring ended")
+
+    keys, values, _, _ = whole_sequence(16)
+    spans = []
+    for part in _parts_during_ring(keys, values, 10, 4, ring()):
+        events.append("part")
+        width = part.keys.shape[2]
+        start = next(index for index in range(17) if torch.equal(keys[:, :, index : index + width], part.keys))
+        spans.append((start, start + width, part.causal))
+    assert events == ["posted", "part", "part", "ring ended", "part"]
+    assert spans == [(0, 4, False), (10, 16, True), (4, 10, False)]
