@@ -23,7 +23,7 @@ from schedlang.lowering import paths
 from schedlang.lowering.program import RUNTIME_NORM_EPS, ScheduleProgram
 from schedlang.runtime.model_options import ModelOptions
 from schedlang.lowering.script_text import docstring_script_name
-from schedlang.vocabulary import Action, DataKind, StageRecompute
+from schedlang.vocabulary import Action, AttentionExchange, DataKind, StageRecompute
 
 ACTIONS_PER_LINE = 8
 _SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
@@ -118,6 +118,7 @@ class TrainScriptView:
     sequence_method: str
     scan_blocks: str
     train: TrainView
+    attention_exchange: str = ""  # the exchange's value as a literal, empty for the default all-gather
     cuda_graphs: str = ""  # the mode's value as a literal, empty without graphs
     offload: bool = False
 
@@ -266,6 +267,11 @@ def build_view(
         sequence_parallel=repr(program.mesh.sequence),
         sequence_method=repr(program.sequence.parallel.value),
         scan_blocks=repr(program.sequence.scan_blocks),
+        attention_exchange=(
+            repr(program.sequence.attention.value)
+            if program.sequence.attention is not AttentionExchange.ALLGATHER
+            else ""
+        ),
         cuda_graphs=repr(program.pipeline.cuda_graphs.value) if program.pipeline.cuda_graphs else "",
         offload=program.pipeline.offload,
         train=TrainView(

@@ -50,7 +50,7 @@ from schedlang.lowering.operator_tokens import operator_tokens
 from schedlang.lowering.parameters import mixer_linear_weights, stage_parameters
 from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.lowering.timeline import MessageKind
-from schedlang.vocabulary import DType, LayerKind, Recompute, SequenceParallelMethod, recompute_on
+from schedlang.vocabulary import AttentionExchange, DType, LayerKind, Recompute, SequenceParallelMethod, recompute_on
 
 
 class CostModelKind(str, Enum):
@@ -131,7 +131,7 @@ def state_scan_seconds(
     if ranks <= 1:
         return 0.0
     if method is SequenceParallelMethod.RING:
-        return (ranks - 1) * hardware.transfer_time(state_bytes)
+        return ring_seconds(ranks, state_bytes, hardware)
     if method is SequenceParallelMethod.ALLGATHER:
         return allgather_seconds(ranks, state_bytes, hardware)
     if ranks == 2:
@@ -146,6 +146,23 @@ def allgather_seconds(ranks: int, bytes_per_rank: float, hardware: Hardware) -> 
     if ranks <= 1:
         return 0.0
     return math.ceil(math.log2(ranks)) * hardware.latency_s + (ranks - 1) * bytes_per_rank / hardware.bandwidth_bytes_per_s
+
+
+def ring_seconds(ranks: int, bytes_per_rank: float, hardware: Hardware) -> float:
+    """Alpha-beta time of ``ranks - 1`` steps of a ring, each passing ``bytes_per_rank`` to the next rank (the ring
+    state scan; the ring exchange of attention keys and values and, in the backward, of their gradients)."""
+    return (ranks - 1) * hardware.transfer_time(bytes_per_rank)
+
+
+def key_value_exchange_seconds(
+    exchange: AttentionExchange, ranks: int, bytes_per_rank: float, hardware: Hardware
+) -> float:
+    """One attention layer's exchange of a chunk's key/value slices of ``bytes_per_rank`` over ``ranks`` ranks
+    ([Note: sequence-parallel attention] in schedlang.runtime.attention_parallel): an all-gather, or a ring of
+    ``ranks - 1`` steps. Its backward moves as many bytes (reduce-scatter, or the ring the other way)."""
+    if exchange is AttentionExchange.RING:
+        return ring_seconds(ranks, bytes_per_rank, hardware)
+    return allgather_seconds(ranks, bytes_per_rank, hardware)
 
 
 def mixer_projection_flops_per_token(kind: LayerKind, d_model: int, heads: int, head_dim: int) -> float:
@@ -424,10 +441,9 @@ class FlopsCostModel:
         )
 
     def _sequence_parallel_seconds(self, stage: int, tokens: int, attention_layers: int) -> float:
-        """State exchange between the sequence-parallel ranks of one chunk, and each attention layer's all-gather
-        of the chunk's keys and values ([Note: sequence-parallel attention] in schedlang.runtime.attention_parallel;
-        its backward reduce-scatters as many bytes), as wide as the K/V buffers (``buffered_key_value_width`` of
-        ``model.attention_geometry``)."""
+        """State exchange between the sequence-parallel ranks of one chunk, and each attention layer's exchange
+        of the chunk's keys and values (:func:`key_value_exchange_seconds`), as wide as the K/V buffers
+        (``buffered_key_value_width`` of ``model.attention_geometry``)."""
         ranks = self.sequence_ranks
         if ranks == 1:
             return 0.0
@@ -441,7 +457,7 @@ class FlopsCostModel:
         )
         key_value_width = model.attention_geometry.buffered_key_value_width
         key_value_bytes = 2 * self.batch * -(-tokens // ranks) * key_value_width * self.element_bytes
-        attention = attention_layers * allgather_seconds(ranks, key_value_bytes, hardware)
+        attention = attention_layers * key_value_exchange_seconds(sequence.attention, ranks, key_value_bytes, hardware)
         return scans + attention
 
     def _scan_bytes(self, kind: LayerKind) -> float:

@@ -60,7 +60,7 @@ from schedlang.lowering.operator_tokens import RUNTIME_KERNEL_CHUNK, operator_to
 from schedlang.lowering.parameters import mlp_width, stage_parameters
 from schedlang.lowering.program import MlpKind, ModelSpec, Recompute, ScheduleProgram
 from schedlang.runtime.config import AttentionGeometry
-from schedlang.vocabulary import DType, LayerKind, OptimizerKind, recompute_on
+from schedlang.vocabulary import AttentionExchange, DType, LayerKind, OptimizerKind, recompute_on
 
 TOKEN_ID_BYTES = 8
 """Token ids and targets are int64."""
@@ -466,11 +466,22 @@ def recomputed_part_bytes_per_token(kind: LayerKind, sizes: Sizes, recompute: Re
     return 0.0
 
 
+def key_value_exchange_bytes(program: ScheduleProgram, chunk: int) -> float:
+    """One attn layer's K/V in flight while it exchanges ``chunk`` across the sequence-parallel group, as wide as
+    its K/V buffers (its key/value heads): the all-gather's whole chunk, ``2 b s_i W_kv e``; the ring's one
+    slice arriving and one leaving, ``2 x 2 b ceil(s_i / S) W_kv e`` ([Note: sequence-parallel attention] in
+    schedlang.runtime.attention_parallel)."""
+    sizes = program_sizes(program)
+    ranks, tokens = program.mesh.sequence, program.sequence.chunk_length(chunk)
+    if program.sequence.attention is AttentionExchange.RING:
+        tokens = 2 * -(-tokens // ranks)
+    return 2 * sizes.batch * tokens * sizes.attention.buffered_key_value_width * sizes.element_bytes
+
+
 def sequence_parallel_bytes(program: ScheduleProgram, stage: int, chunk: int) -> float:
     """Messages of one layer's exchange across the sequence-parallel group: a state in and a state out
     per recurrent layer (the scan runs layer by layer, so one layer's, the widest: a gdn layer's of its value
-    heads), and an attn layer's all-gathered K/V of the whole chunk, as wide as its K/V buffers (its key/value
-    heads)."""
+    heads), and an attn layer's K/V in flight (:func:`key_value_exchange_bytes`)."""
     ranks = program.mesh.sequence
     if ranks == 1:
         return 0.0
@@ -478,8 +489,5 @@ def sequence_parallel_bytes(program: ScheduleProgram, stage: int, chunk: int) ->
     sizes = program_sizes(program)
     widest = max((program.model.state_geometry(kind).matrix_elements for kind in kinds if kind.is_recurrent), default=0)
     recurrent = 2 * sizes.batch * widest * sizes.compute_bytes
-    attention = 0.0
-    if LayerKind.ATTN in kinds:
-        width = sizes.attention.buffered_key_value_width
-        attention = 2 * sizes.batch * program.sequence.chunk_length(chunk) * width * sizes.element_bytes
+    attention = key_value_exchange_bytes(program, chunk) if LayerKind.ATTN in kinds else 0.0
     return max(recurrent, attention)

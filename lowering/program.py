@@ -44,6 +44,7 @@ from schedlang.runtime.config import (
 )
 from schedlang.runtime.model_options import AttentionOptions, GdnOptions, GlaOptions, ModelOptions
 from schedlang.vocabulary import (
+    AttentionExchange,
     CudaGraphs,
     DataKind,
     DType,
@@ -163,6 +164,7 @@ class SequenceSpec:
     balance_alpha: float | None = None  # set for PartitionKind.BALANCED
     parallel: SequenceParallelMethod = SequenceParallelMethod.ALLSCAN
     scan_blocks: int = 1  # All-Scan pipeline depth (blocks of state rows)
+    attention: AttentionExchange = AttentionExchange.ALLGATHER  # attn layers' K/V exchange across the group
 
     @property
     def n_chunks(self) -> int:

@@ -36,6 +36,7 @@ caller's keys in place (the CUDA kernels' float32 copy aside).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -170,11 +171,12 @@ def _above_diagonal(scores: torch.Tensor) -> torch.Tensor:
 
 
 def attend_in_parts(
-    q: torch.Tensor, parts: tuple[AttentionPart, ...]
+    q: torch.Tensor, parts: Iterable[AttentionPart]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention of ``q`` ``[B, H, L, D]`` over the union of ``parts``: (output in q's dtype, log-sum-exp).
 
-    Parts with no keys are skipped; at least one must have some.
+    Parts with no keys are skipped; at least one must have some. The parts are taken one at a time, in order,
+    each after the previous one's kernel has run: an iterator may make a part's keys present only when asked.
     """
     scale = q.shape[-1] ** -0.5
     merged_output = merged_log_sum_exp = None

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from schedlang.runtime.model_options import AttentionOptions, ModelOptions
 from schedlang.vocabulary import (
+    AttentionExchange,
     CudaGraphs,
     DataKind,
     DType,
@@ -194,6 +195,9 @@ class PipelineConfig:
     sequence_parallel: int = 1
     sequence_method: SequenceParallelMethod = SequenceParallelMethod.ALLSCAN
     scan_blocks: int = 1
+    # how an attention layer's key/value slices cross the sequence-parallel group
+    # ([Note: sequence-parallel attention] in schedlang.runtime.attention_parallel)
+    attention_exchange: AttentionExchange = AttentionExchange.ALLGATHER
     # replay a chunk's forward/backward from per-slot graphs (schedlang.runtime.graphs), or the whole step's
     # compute from graphs captured in order into one pool (schedlang.runtime.step_graphs)
     cuda_graphs: CudaGraphs = CudaGraphs.NONE
@@ -201,6 +205,7 @@ class PipelineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sequence_method", SequenceParallelMethod(self.sequence_method))
+        object.__setattr__(self, "attention_exchange", AttentionExchange(self.attention_exchange))
         object.__setattr__(self, "recompute", stage_recompute(self.recompute))
         if isinstance(self.cuda_graphs, bool):  # scripts generated before the step mode wrote a flag
             object.__setattr__(self, "cuda_graphs", CudaGraphs.CHUNK_SLOTS if self.cuda_graphs else CudaGraphs.NONE)

@@ -21,8 +21,9 @@ Each chunk's attention runs in two parts, the prefix and its own square causal b
 log-sum-exp ([Note: attention in parts] in :mod:`schedlang.runtime.attention_parts`): what autograd saves
 per chunk is its queries, output and log-sum-exp, and aliases of the buffers, so the saved bytes of a
 sequence are linear in its length whatever the chunk count. Under sequence parallelism each chunk's forward
-also gathers the other ranks' slices into the buffers, and its backward reduce-scatters the chunk's region
-of the gradient buffers ([Note: sequence-parallel attention] in :mod:`schedlang.runtime.attention_parallel`).
+also gathers the other ranks' slices into the buffers, by an all-gather or a ring, and its backward
+reduce-scatters the chunk's region of the gradient buffers or accumulates it around the ring ([Note:
+sequence-parallel attention] in :mod:`schedlang.runtime.attention_parallel`).
 
 The buffers, their gradient buffers and the sequence-parallel messages hold the ``H_kv`` key/value heads as
 the k and v projections make them (grouped-query attention): each kernel call reads its part at query-head
@@ -40,14 +41,22 @@ value gradients into the same sequence-wide gradient buffers, only inside its do
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from schedlang.runtime.attention_parallel import Slices, gather_chunk, reduce_scatter_chunk_gradients
+from schedlang.runtime.attention_parallel import (
+    Slices,
+    gather_chunk,
+    reduce_scatter_chunk_gradients,
+    ring_chunk_gradients,
+    ring_gather_stages,
+)
 from schedlang.runtime.attention_parts import AttentionPart, attend_in_parts, attention_parts_backward
 from schedlang.runtime.packing import ChunkDocuments
+from schedlang.vocabulary import AttentionExchange
 
 
 @dataclass
@@ -130,6 +139,34 @@ def _parts(
     )
 
 
+def _parts_during_ring(
+    keys: torch.Tensor, values: torch.Tensor, start: int, chunk_start: int, ring: Iterator[None]
+) -> Iterator[AttentionPart]:
+    """The keys of :func:`_parts` in the order the ring makes them present: the earlier chunks' and this
+    rank's own block while the ring's first step travels, then, once the ring has run to its end, the earlier
+    ranks' slices of this chunk (``chunk_start .. start``)."""
+    next(ring, None)
+    yield AttentionPart(keys[:, :, :chunk_start], values[:, :, :chunk_start], causal=False)
+    yield AttentionPart(keys[:, :, start:], values[:, :, start:], causal=True)
+    for _ in ring:
+        pass
+    yield AttentionPart(keys[:, :, chunk_start:start], values[:, :, chunk_start:start], causal=False)
+
+
+def _exchanged_parts(
+    keys, values, start, buffers: LayerKV, slices, group, exchange: AttentionExchange
+) -> Iterable[AttentionPart]:
+    """The parts of :func:`_parts`, the other ranks' slices of the chunk brought into ``buffers`` over ``group``
+    (None: nothing to bring) by ``exchange`` ([Note: sequence-parallel attention]); the ring's parts come as it
+    runs (:func:`_parts_during_ring`)."""
+    if group is not None and exchange is AttentionExchange.RING:
+        ring = ring_gather_stages(buffers.keys, buffers.values, slices, group)
+        return _parts_during_ring(keys, values, start, slices[0][0], ring)
+    if group is not None:
+        gather_chunk(buffers.keys, buffers.values, slices, group)
+    return _parts(keys, values, start)
+
+
 def _document_pieces(documents: ChunkDocuments):
     """Per row and document piece: (row, the piece's first and end position, where its prefix starts)."""
     for row in range(documents.rows):
@@ -182,15 +219,22 @@ class BufferedChunkAttention(torch.autograd.Function):
 
     ``group``: the sequence-parallel group the chunk is split over (then ``chunk.position.sequence_slices``
     says how), or None. ``documents``: the chunk's packed documents ([Note: documents in the K/V buffers]), or
-    None.
+    None. ``exchange``: how the group's ranks exchange their slices ([Note: sequence-parallel attention]).
     """
 
     @staticmethod
     def forward(
-        ctx, q, k, v, chunk: AttentionChunk, group: dist.ProcessGroup | None, documents: ChunkDocuments | None = None
+        ctx,
+        q,
+        k,
+        v,
+        chunk: AttentionChunk,
+        group: dist.ProcessGroup | None,
+        documents: ChunkDocuments | None = None,
+        exchange: AttentionExchange = AttentionExchange.ALLGATHER,
     ):
         buffers, start, end = chunk.buffers(k), chunk.position.start, chunk.position.end
-        slices = chunk.position.sequence_slices
+        slices, exchange = chunk.position.sequence_slices, AttentionExchange(exchange)
         if group is not None and slices is None:
             raise ValueError("sequence-parallel attention needs the chunk's sequence_slices")
         if documents is not None and not documents.masks_keys:
@@ -199,16 +243,15 @@ class BufferedChunkAttention(torch.autograd.Function):
             raise ValueError("packed documents do not run sequence-parallel")
         buffers.keys[:, :, start:end] = k
         buffers.values[:, :, start:end] = v
-        if group is not None:
-            gather_chunk(buffers.keys, buffers.values, slices, group)
         keys, values = _alias(buffers.keys[:, :, :end]), _alias(buffers.values[:, :, :end])
         if documents is None:
-            output, log_sum_exp = attend_in_parts(q, _parts(keys, values, start))
+            parts = _exchanged_parts(keys, values, start, buffers, slices, group, exchange)
+            output, log_sum_exp = attend_in_parts(q, parts)
         else:
             output, log_sum_exp = _attend_by_document(q, keys, values, documents)
         ctx.save_for_backward(q, keys, values, output, log_sum_exp)
         ctx.buffers, ctx.start, ctx.end, ctx.slices, ctx.group = buffers, start, end, slices, group
-        ctx.documents = documents
+        ctx.documents, ctx.exchange = documents, exchange
         return output
 
     @staticmethod
@@ -231,8 +274,10 @@ class BufferedChunkAttention(torch.autograd.Function):
             key_grads[:, :, start:end] += own_grads[0]
             value_grads[:, :, start:end] += own_grads[1]
         if ctx.group is not None:
-            dk, dv = reduce_scatter_chunk_gradients(key_grads, value_grads, ctx.slices, ctx.group)
+            ring = ctx.exchange is AttentionExchange.RING
+            exchange_gradients = ring_chunk_gradients if ring else reduce_scatter_chunk_gradients
+            dk, dv = exchange_gradients(key_grads, value_grads, ctx.slices, ctx.group)
         else:
             dk, dv = key_grads[:, :, start:end], value_grads[:, :, start:end]
         ctx.buffers = ctx.documents = None
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None

@@ -11,6 +11,7 @@ from schedlang.runtime.kv_buffers import AttentionChunk, BufferedChunkAttention
 from schedlang.runtime.mixer_base import HeadMixer, SequenceParallelContext
 from schedlang.runtime.packing import ChunkDocuments, block_causal_mask
 from schedlang.runtime.rotary import rotate_queries_and_keys
+from schedlang.vocabulary import AttentionExchange
 
 
 class CausalAttentionMixer(HeadMixer):
@@ -27,7 +28,8 @@ class CausalAttentionMixer(HeadMixer):
     buffers, so chunking changes nothing in the arithmetic except its
     blocking. The prefix grows with the position in the sequence, which is why
     StateFlow balances hybrid chunks (section 3.2). With a ``sequence_context`` the chunk is split over
-    that group and its keys and values are all-gathered over it ([Note: sequence-parallel attention] in
+    that group and its keys and values are all-gathered over it or passed around it, as the context's
+    ``attention`` says ([Note: sequence-parallel attention] in
     :mod:`schedlang.runtime.attention_parallel`).
 
     ``config.options.attention`` (:class:`~schedlang.runtime.model_options.AttentionOptions`) sets the
@@ -62,7 +64,8 @@ class CausalAttentionMixer(HeadMixer):
             q, k = rotate_queries_and_keys(q, k, self.rope_theta, 0 if chunk is None else chunk.position.start)
         # [B, H, L, D]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        group = None if self.sequence_context is None else self.sequence_context.group
+        context = self.sequence_context
+        group, exchange = (None, AttentionExchange.ALLGATHER) if context is None else (context.group, context.attention)
         if chunk is None:
             if group is not None:
                 raise ValueError("sequence-parallel attention runs chunk by chunk: pass the chunk's position")
@@ -70,5 +73,5 @@ class CausalAttentionMixer(HeadMixer):
             k, v = read_heads(k, self.heads), read_heads(v, self.heads)
             mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         else:
-            mixed = BufferedChunkAttention.apply(q, k, v, chunk, group, documents)
+            mixed = BufferedChunkAttention.apply(q, k, v, chunk, group, documents, exchange)
         return self.o_proj(mixed.transpose(1, 2).reshape(batch, length, -1)), None

@@ -21,17 +21,20 @@ from torch import nn
 from schedlang.kernels.common.heads import repeat_each_head
 from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.linear import Linear
+from schedlang.vocabulary import AttentionExchange
 
 INIT_STD = 0.02
 
 
 @dataclass(frozen=True)
 class SequenceParallelContext:
-    """Where a mixing layer's tokens are split: the sequence-parallel group and its scan method."""
+    """Where a mixing layer's tokens are split: the sequence-parallel group, its scan method (recurrent layers)
+    and its key/value exchange (attention layers)."""
 
     group: dist.ProcessGroup
     method: str
     scan_blocks: int
+    attention: AttentionExchange = AttentionExchange.ALLGATHER
 
 
 def _init_normal(parameter: nn.Parameter, std: float, generator: torch.Generator) -> None:

@@ -115,7 +115,9 @@ class Trainer:
             device=mesh.device,
             dtype=torch.float32 if keeps_master_weights else self.dtype,
             sequence_context=(
-                SequenceParallelContext(mesh.sequence_group, pipeline.sequence_method, pipeline.scan_blocks)
+                SequenceParallelContext(
+                    mesh.sequence_group, pipeline.sequence_method, pipeline.scan_blocks, pipeline.attention_exchange
+                )
                 if pipeline.sequence_parallel > 1
                 else None
             ),

@@ -5,7 +5,8 @@ so the front end (``schedlang``), the lowering (``schedlang.lowering``), the run
 (``schedlang.runtime``) and the kernels may all import it:
 
 * :mod:`~schedlang.vocabulary.kinds`: the enums a schedule chooses among (layer kinds, optimizers, data
-  sources, sequence-parallel methods, recompute modes, dtypes, CUDA-graph modes, learning-rate schedules);
+  sources, sequence-parallel methods and attention exchanges, recompute modes, dtypes, CUDA-graph modes,
+  learning-rate schedules);
 * :mod:`~schedlang.vocabulary.source`: :class:`Span` and the one renderer of ``file:line:col: error:``
   messages with a caret;
 * :mod:`~schedlang.vocabulary.actions`: the per-rank action IR placement emits and the executor runs;
@@ -23,6 +24,7 @@ from schedlang.vocabulary.capabilities import (
     require_supported,
 )
 from schedlang.vocabulary.kinds import (
+    AttentionExchange,
     CudaGraphs,
     DataKind,
     DType,
@@ -41,6 +43,7 @@ from schedlang.vocabulary.kinds import (
 from schedlang.vocabulary.source import Severity, Span, caret_line, format_error, render_message
 
 __all__ = [
+    "AttentionExchange",
     "CAPABILITIES",
     "Action",
     "ActionKind",

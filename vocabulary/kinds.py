@@ -74,6 +74,14 @@ class SequenceParallelMethod(str, Enum):
     ALLGATHER = "allgather"  # LASP-2: all-gather of local states, prefix combined locally
 
 
+class AttentionExchange(str, Enum):
+    """How the ranks of the sequence-parallel group exchange an attention layer's key/value slices of a chunk
+    (``sequence.attention``; [Note: sequence-parallel attention] in ``schedlang.runtime.attention_parallel``)."""
+
+    ALLGATHER = "allgather"  # LASP-2H: one all-gather of every rank's slice, the gradients reduce-scattered
+    RING = "ring"  # slices passed rank to rank around the group, the gradients accumulated around it back
+
+
 class Recompute(str, Enum):
     """Which parts of a chunk's forward its backward recomputes instead of keeping their activations.
 

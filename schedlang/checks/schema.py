@@ -30,7 +30,7 @@ from schedlang.lowering.program import (
     TrainSpec,
 )
 from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, AttentionOptions, DeltaGates, OutputGate
-from schedlang.vocabulary import CudaGraphs, DType
+from schedlang.vocabulary import AttentionExchange, CudaGraphs, DType
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -144,6 +144,7 @@ SCHEMA: tuple[Key, ...] = (
     Key("sequence", "partition", sequence.read_partition, _PARTITION_OF_CHUNKS, "partition = balanced(alpha = 1)"),
     Key("sequence", "kernel_chunk", sequence.read_kernel_chunk, SequenceSpec, "kernel_chunk = 64"),
     Key("sequence", "parallel", sequence.read_parallel, _SCAN_DEFAULT, "parallel = allscan(blocks = 2)"),
+    Key("sequence", "attention", Choice(AttentionExchange, "attention exchange"), SequenceSpec, "attention = ring"),
     Key("pipeline", "microbatches", Integer(1, pipeline.MAX_MICROBATCHES), REQUIRED, "microbatches = 4"),
     Key("pipeline", "order", Choice(OrderKind, "pipeline order"), PipelineSpec, "order = 1f1b", in_block_example=True),
     Key("pipeline", "microbatch_size", Integer(1, 1 << 20), PipelineSpec, "microbatch_size = 2"),

@@ -112,7 +112,7 @@ def read_chunks(checker: Checker, value: ast.Value, path: str) -> int | tuple[in
 
 def build_sequence(checker: Checker) -> SequenceSpec | None:
     """The spec, from the keys and what the rules derived (partition, boundaries)."""
-    if not checker.valid("sequence.length", "sequence.kernel_chunk", "sequence.parallel"):
+    if not checker.valid("sequence.length", "sequence.kernel_chunk", "sequence.parallel", "sequence.attention"):
         return None
     partition = checker.derived.get("sequence.partition")
     boundaries = checker.derived.get("sequence.boundaries")
@@ -127,4 +127,5 @@ def build_sequence(checker: Checker) -> SequenceSpec | None:
         balance_alpha=partition[1],
         parallel=method,
         scan_blocks=scan_blocks,
+        attention=checker.get("sequence.attention"),
     )

@@ -1,6 +1,6 @@
 """Softmax attention under sequence parallelism in the cost model and the balanced cut: a chunk costs what its
 slowest rank (the last, whose queries see every earlier rank's keys) costs, plus each attention layer's K/V
-all-gather; StateFlow's balanced cut equalises that cost."""
+exchange (all-gather or ring); StateFlow's balanced cut equalises that cost."""
 
 from __future__ import annotations
 
@@ -15,19 +15,20 @@ from schedlang.lowering.cost import (
     last_rank_square_share,
     state_scan_seconds,
 )
+from schedlang.lowering.memory_terms import key_value_exchange_bytes, sequence_parallel_bytes
 from schedlang.lowering.partition import balanced_boundaries
-from schedlang.vocabulary import SequenceParallelMethod
+from schedlang.vocabulary import AttentionExchange, SequenceParallelMethod
 
 HYBRID = """schedule hybrid_sequence_parallel
 model {{ vocab = 256  d_model = 256  heads = 4  head_dim = 64  layers = [gla, attn] * 2  mlp = swiglu(ratio = 2) }}
 mesh {{ pipeline = 1  sequence = {sequence} }}
-sequence {{ length = 65536  chunks = 4  kernel_chunk = 64  partition = {partition}  parallel = allgather }}
+sequence {{ length = 65536  chunks = 4  kernel_chunk = 64  partition = {partition}  parallel = allgather  attention = {attention} }}
 pipeline {{ microbatches = 1 }}
 """
 
 
-def program_of(sequence: int, partition: str):
-    text = HYBRID.format(sequence=sequence, partition=partition)
+def program_of(sequence: int, partition: str, attention: str = "allgather"):
+    text = HYBRID.format(sequence=sequence, partition=partition, attention=attention)
     return compile_schedule(ScheduleText(text, "hybrid.sched"), through=Pass.LEGALITY).program
 
 
@@ -62,6 +63,30 @@ def test_the_kv_all_gather_is_in_the_sequence_parallel_time():
     expected = 2 * state_scan_seconds(SequenceParallelMethod.ALLGATHER, 2, 1, state_bytes, hardware)
     expected += 2 * allgather_seconds(2, key_value_bytes, hardware)
     assert model._sequence_parallel_seconds(0, tokens, attention_layers=2) == pytest.approx(expected)
+
+
+def test_the_ring_pays_a_latency_per_step_and_holds_two_slices_in_flight():
+    """On 4 ranks the ring's 3 steps cost one latency more than the all-gather's ceil(log2 4) = 2 per attention
+    layer (the bandwidth terms are equal), and it holds 2 of the chunk's 4 slices in flight instead of all 4."""
+    ranks, hardware = 4, Hardware()
+    programs = {exchange: program_of(ranks, "uniform", exchange.value) for exchange in AttentionExchange}
+    for exchange, program in programs.items():
+        assert program.sequence.attention is exchange
+    tokens = programs[AttentionExchange.RING].sequence.chunk_length(0)
+    seconds = {
+        exchange: FlopsCostModel(program, hardware)._sequence_parallel_seconds(0, tokens, attention_layers=2)
+        for exchange, program in programs.items()
+    }
+    difference = seconds[AttentionExchange.RING] - seconds[AttentionExchange.ALLGATHER]
+    assert difference == pytest.approx(2 * hardware.latency_s)
+    whole_chunk = 2 * programs[AttentionExchange.RING].pipeline.microbatch_size * tokens * 4 * 64 * 4  # K and V, fp32
+    assert key_value_exchange_bytes(programs[AttentionExchange.ALLGATHER], 0) == whole_chunk
+    assert key_value_exchange_bytes(programs[AttentionExchange.RING], 0) == whole_chunk / 2
+    assert sequence_parallel_bytes(programs[AttentionExchange.RING], 0, 0) == whole_chunk / 2
+    two_ranks = {exchange: program_of(2, "uniform", exchange.value) for exchange in AttentionExchange}
+    assert key_value_exchange_bytes(two_ranks[AttentionExchange.RING], 0) == key_value_exchange_bytes(
+        two_ranks[AttentionExchange.ALLGATHER], 0
+    )
 
 
 def test_balanced_cut_equalises_the_slowest_ranks_cost():

@@ -265,10 +265,10 @@ def test_mixer_recompute_rewrites_the_kv_buffers_with_their_values(one_rank_grou
     rewrites = []
     original = BufferedChunkAttention.forward
 
-    def recording_forward(ctx, q, k, v, chunk, group, documents=None):
+    def recording_forward(ctx, q, k, v, chunk, *group_documents_exchange):
         position = chunk.position
         rewrites.append((position.microbatch, chunk.layer, position.start, k.detach().clone(), v.detach().clone()))
-        return original(ctx, q, k, v, chunk, group, documents)
+        return original(ctx, q, k, v, chunk, *group_documents_exchange)
 
     monkeypatch.setattr(BufferedChunkAttention, "forward", staticmethod(recording_forward))
     for action in backwards:

@@ -29,6 +29,7 @@ class Mesh:
     kernel_chunk: int = 16  # each rank's slice of a chunk holds whole kernel chunks
     stages: str = ""  # the layer split, where 16 layers do not divide evenly
     recompute: bool = False  # pipeline.recompute = full: B reruns F, its K/V gather included
+    attention: str = "allgather"  # the attention layers' K/V exchange across the sequence group
 
     @property
     def ranks(self) -> int:
@@ -36,7 +37,8 @@ class Mesh:
 
     @property
     def name(self) -> str:
-        return f"p{self.pipeline}_s{self.sequence}_d{self.data}{'_recompute' if self.recompute else ''}"
+        ring = "_ring_attention" if self.attention == "ring" else ""
+        return f"p{self.pipeline}_s{self.sequence}_d{self.data}{ring}{'_recompute' if self.recompute else ''}"
 
 
 MESHES = (
@@ -50,6 +52,9 @@ MESHES = (
     Mesh(data=3),
     Mesh(data=4, microbatches=3),
     Mesh(pipeline=2, sequence=2, parallel="allgather", microbatches=2, recompute=True),
+    Mesh(sequence=2, parallel="allgather", attention="ring"),
+    Mesh(sequence=3, parallel="ring", attention="ring"),
+    Mesh(pipeline=2, sequence=2, parallel="allgather", microbatches=2, recompute=True, attention="ring"),
 )
 REFERENCE = Mesh(microbatches=1)
 
@@ -66,7 +71,7 @@ model {{
   {f"stages = {mesh.stages}" if mesh.stages else ""}
 }}
 mesh {{ pipeline = {mesh.pipeline}  sequence = {mesh.sequence}  data = {mesh.data} }}
-sequence {{ length = {SEQUENCE_LENGTH}  chunks = {chunks}  kernel_chunk = {mesh.kernel_chunk}  parallel = {mesh.parallel} }}
+sequence {{ length = {SEQUENCE_LENGTH}  chunks = {chunks}  kernel_chunk = {mesh.kernel_chunk}  parallel = {mesh.parallel}  attention = {mesh.attention} }}
 pipeline {{ microbatches = {mesh.microbatches}  microbatch_size = {microbatch_size}  order = 1f1b  recompute = {"full" if mesh.recompute else "none"} }}
 train {{ steps = {STEPS}  seed = 3  optimizer = adamw(lr = 1e-2)  data = synthetic(seed = 4) }}
 """

@@ -8,7 +8,8 @@ across a sequence-parallel group.
   ``saved_tensors_hooks``: an alias of a buffer is not a copy) do not grow with the chunk count and grow
   linearly with the sequence: no chunk saves its prefix, nor a (queries x keys) mask or matrix.
 * [Note: sequence-parallel attention]: chunks split over 2 and 3 gloo ranks, uneven slices, give every rank's
-  outputs and q/k/v gradients of the single-device attention.
+  outputs and q/k/v gradients of the single-device attention, with the slices all-gathered or passed around a
+  ring; the ring leaves the buffers and gradient slices the all-gather and the reduce-scatter leave.
 """
 
 from __future__ import annotations
@@ -21,8 +22,21 @@ import torch
 import torch.nn.functional as F
 
 from schedlang.runtime import attention_parts
+from schedlang.runtime.attention_parallel import (
+    gather_chunk,
+    reduce_scatter_chunk_gradients,
+    ring_chunk_gradients,
+    ring_gather_chunk,
+)
 from schedlang.runtime.attention_parts import AttentionPart, PartKernel, attend_in_parts, attention_parts_backward
-from schedlang.runtime.kv_buffers import AttentionChunk, BufferedChunkAttention, ChunkPosition, SequenceKV
+from schedlang.runtime.kv_buffers import (
+    AttentionChunk,
+    BufferedChunkAttention,
+    ChunkPosition,
+    SequenceKV,
+    _parts_during_ring,
+)
+from schedlang.vocabulary import AttentionExchange
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime_sp"))
 
@@ -119,7 +133,9 @@ def test_saved_bytes_do_not_grow_with_the_chunk_count_and_are_linear_in_the_sequ
     assert double <= 2.1 * sixteen, (sixteen, double)  # the (queries x keys) mask made this 3x
 
 
-def _sequence_parallel_worker(rank: int, world_size: int, chunk_bounds: tuple[int, ...]) -> None:
+def _sequence_parallel_worker(
+    rank: int, world_size: int, chunk_bounds: tuple[int, ...], exchange: AttentionExchange
+) -> None:
     import torch.distributed as dist
 
     length = chunk_bounds[-1]
@@ -135,7 +151,7 @@ def _sequence_parallel_worker(rank: int, world_size: int, chunk_bounds: tuple[in
         start, end = slices[rank]
         chunk = AttentionChunk(ChunkPosition(kv, 0, start, end, slices), layer=0)
         mine = [leaf[:, :, start:end] for leaf in leaves]
-        outputs.append(((start, end), BufferedChunkAttention.apply(*mine, chunk, group)))
+        outputs.append(((start, end), BufferedChunkAttention.apply(*mine, chunk, group, None, exchange)))
     for (start, end), output in reversed(outputs):  # B(a, i + 1) before B(a, i), as Eq. 8 orders them
         torch.testing.assert_close(output, reference[:, :, start:end].detach(), rtol=1e-12, atol=1e-12)
         output.backward(output_grad[:, :, start:end])
@@ -147,6 +163,70 @@ def _sequence_parallel_worker(rank: int, world_size: int, chunk_bounds: tuple[in
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("exchange", list(AttentionExchange))
 @pytest.mark.parametrize("world_size, chunk_bounds", [(2, (0, 13, 40, 41 + 20)), (3, (0, 30, 47))])
-def test_sequence_parallel_attention_equals_one_device(world_size, chunk_bounds):
-    run_on_ranks(world_size, _sequence_parallel_worker, chunk_bounds)
+def test_sequence_parallel_attention_equals_one_device(world_size, chunk_bounds, exchange):
+    run_on_ranks(world_size, _sequence_parallel_worker, chunk_bounds, exchange)
+
+
+def _rank_tensors(seed: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(BATCH, HEADS, length, DIM, dtype=torch.float64, generator=generator) for _ in range(2))
+
+
+def _exchange_worker(rank: int, world_size: int, slices: tuple[tuple[int, int], ...], length: int) -> None:
+    import torch.distributed as dist
+
+    group = dist.group.WORLD
+    whole_keys, whole_values = _rank_tensors(0, length)
+    start, end = slices[rank]
+    gathered = {}
+    for name, gather in (("allgather", gather_chunk), ("ring", ring_gather_chunk)):
+        # NaN where this rank holds nothing: a position the exchange does not write shows
+        keys, values = torch.full_like(whole_keys, float("nan")), torch.full_like(whole_values, float("nan"))
+        keys[:, :, start:end], values[:, :, start:end] = whole_keys[:, :, start:end], whole_values[:, :, start:end]
+        gather(keys, values, slices, group)
+        gathered[name] = keys, values
+    region = slice(slices[0][0], slices[-1][1])
+    for keys, values in gathered.values():
+        torch.testing.assert_close(keys[:, :, region], whole_keys[:, :, region], rtol=0, atol=0)
+        torch.testing.assert_close(values[:, :, region], whole_values[:, :, region], rtol=0, atol=0)
+    for ring, allgather in zip(gathered["ring"], gathered["allgather"]):
+        torch.testing.assert_close(ring, allgather, rtol=0, atol=0, equal_nan=True)
+
+    # each rank's gradient buffers from a seed of its own; the reference sums every rank's in one process
+    key_grads, value_grads = _rank_tensors(100 + rank, length)
+    every_rank = [_rank_tensors(100 + other, length) for other in range(world_size)]
+    expected = [sum(tensors[index] for tensors in every_rank)[:, :, start:end] for index in range(2)]
+    for reduce in (reduce_scatter_chunk_gradients, ring_chunk_gradients):
+        for ours, theirs in zip(reduce(key_grads.clone(), value_grads.clone(), slices, group), expected):
+            torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "slices", [((3, 10), (10, 14)), ((5, 9), (9, 20), (20, 22))], ids=["S2-unequal", "S3-unequal"]
+)
+def test_ring_exchange_leaves_what_the_collectives_leave(slices):
+    run_on_ranks(len(slices), _exchange_worker, slices, 25)
+
+
+def test_the_ring_attends_to_what_is_present_while_its_first_step_travels():
+    """The earlier chunks' keys (0 .. 4) and the rank's own block (10 .. 16) are handed to the kernels after the
+    first step is posted and before the ring is awaited; the earlier ranks' slices (4 .. 10) after it ends."""
+    events = []
+
+    def ring():
+        events.append("posted")
+        yield
+        events.append("ring ended")
+
+    keys, values, _, _ = whole_sequence(16)
+    spans = []
+    for part in _parts_during_ring(keys, values, 10, 4, ring()):
+        events.append("part")
+        width = part.keys.shape[2]
+        start = next(index for index in range(17) if torch.equal(keys[:, :, index : index + width], part.keys))
+        spans.append((start, start + width, part.causal))
+    assert events == ["posted", "part", "part", "ring ended", "part"]
+    assert spans == [(0, 4, False), (10, 16, True), (4, 10, False)]

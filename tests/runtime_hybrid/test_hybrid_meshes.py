@@ -1,10 +1,10 @@
 """Acceptance (issue 19, attention): hybrids train on every mesh of 2-4 CPU ranks exactly as in one process.
 
 [gla, gla, gla, attn] * 4 and [gdn, gdn, gdn, attn] * 4 on pipeline 2/3/4, sequence 2/3/4 (the recurrent
-layers' scan by all-gather, ring and All-Scan; the attention layers' keys and values all-gathered, [Note:
-sequence-parallel attention]), data 2/3/4 and pipeline 2 x sequence 2 (with full recomputation, so each
-backward gathers again): the loss of every step and every parameter gradient after the first step agree
-with the one-process run within 1e-5 relative (float32). Each world size is one job running all of its
+layers' scan by all-gather, ring and All-Scan; the attention layers' keys and values all-gathered or, on
+sequence 2/3 and pipeline 2 x sequence 2, passed around a ring, [Note: sequence-parallel attention]), data
+2/3/4 and pipeline 2 x sequence 2 (with full recomputation, so each backward gathers again): the loss of
+every step and every parameter gradient after the first step agree with the one-process run within 1e-5 relative (float32). Each world size is one job running all of its
 schedules. The gdn cases under sequence parallelism are skipped while the runtime's capabilities list
 refuses them, and run once it does not. The negative control runs the sequence-parallel schedule with the
 gather taken out and must disagree.
