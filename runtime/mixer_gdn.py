@@ -17,7 +17,6 @@ from schedlang.runtime.mixer_base import (
     SequenceParallelContext,
     _init_normal,
     kernel_backend,
-    repeat_each_head,
 )
 from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, DeltaGates
 from schedlang.runtime.packing import ChunkDocuments, recurrent_by_document
@@ -49,7 +48,7 @@ class GatedDeltaMixer(HeadMixer):
     ``i_hv // (HV // H)``, so each q/k head serves a block of consecutive value heads, einops'
     ``h d -> (h g) d`` ([Note: grouped head order] in schedlang.kernels.common.heads). The chunked operator
     takes q and k that narrow (its Triton path keeps them so for the backward and repeats them only while it
-    runs); sequence parallelism repeats them before its scan. The state store and the state have ``value_heads``
+    runs), under sequence parallelism too. The state store and the state have ``value_heads``
     heads throughout.
     """
 
@@ -171,7 +170,6 @@ class GatedDeltaMixer(HeadMixer):
         from schedlang.runtime.sequence_parallel import sequence_parallel_gated_delta_rule
 
         context = self.sequence_context
-        q, k = repeat_each_head(q, self.heads), repeat_each_head(k, self.heads)
         return sequence_parallel_gated_delta_rule(
             q, k, v, gate, beta, group=context.group, method=context.method, scan_blocks=context.scan_blocks,
             initial_state=initial_state, output_final_state=True, scale=self.head_k_dim**-0.5,

@@ -407,7 +407,8 @@ def sequence_parallel_gated_delta_rule(
     contract for ``initial_state`` and ``final_state`` is the module docstring's.
 
     Args:
-        q, k: ``[B, T_p, H, K]`` (k L2-normalised per head); v: ``[B, T_p, H, V]``.
+        q, k: ``[B, T_p, H_q, K]`` (k L2-normalised per head), ``H_q`` dividing ``H`` (grouped value heads,
+            kept that narrow into the operator); v: ``[B, T_p, H, V]``.
         g: ``[B, T_p, H]`` log forget gate (``<= 0``); beta: ``[B, T_p, H]`` write strength.
         group: the sequence-parallel process group (None: the default group).
         method: :class:`SequenceParallelMethod` (the vocabulary's enum) or its string value.
@@ -425,7 +426,7 @@ def sequence_parallel_gated_delta_rule(
     method = SequenceParallelMethod(method)
     if q.shape[1] == 0:
         raise ValueError("every rank of the sequence-parallel group needs at least one token")
-    check_recurrence_arguments(q, k, v, g, initial_state, gate_per_key=False)
+    check_recurrence_arguments(q, k, v, g, initial_state, gate_per_key=False, grouped_queries=True)
     _check_scan_blocks(method, scan_blocks, v.shape[-1], "value head dim", "columns")
     if scale is None:
         scale = q.shape[-1] ** -0.5

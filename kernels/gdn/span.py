@@ -60,12 +60,13 @@ def gated_delta_span(
 ) -> GatedDeltaSpan:
     """The span's affine map ([Note: gdn span map]) from one call of :func:`chunk_gated_delta_rule`.
 
-    Args as that function's (q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; g, beta: ``[B, T, H]``). The call
+    Args as that function's (q, k: ``[B, T, H_q, K]``, ``H_q`` dividing ``H``; v: ``[B, T, H, V]``; g, beta:
+    ``[B, T, H]``); the terms have v's ``H`` heads. The call
     computes in the state dtype whatever the inputs' dtype, so the terms carry no 16-bit rounding; every
     term is differentiable in q, k, v, g and beta.
     """
-    batch, length, heads, key_dim = q.shape
-    value_dim = v.shape[-1]
+    batch, length, _, key_dim = q.shape
+    heads, value_dim = v.shape[2], v.shape[3]
     state_dtype = compute_dtype_for(q.dtype)
     identity = torch.eye(key_dim, dtype=state_dtype, device=q.device).expand(batch, heads, key_dim, key_dim)
     entering = torch.cat([identity.new_zeros(batch, heads, key_dim, value_dim), identity], dim=-1)

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from schedlang.compiler import Pass, ScheduleText, compile_schedule as compile_program
+from schedlang.kernels.common.heads import repeat_each_head
 from schedlang.kernels.gdn import chunk_gated_delta_rule, naive_recurrent_gated_delta_rule
 from schedlang.lowering.cost import FlopsCostModel, Hardware, state_scan_seconds
 from schedlang.runtime.scan_common import DiagonalDecay, MatrixTransition
@@ -223,13 +224,15 @@ class OperatorCase:
     via_kernel: bool = False  # reference: single-device chunk_gated_delta_rule instead of the recurrence
     seed: int = 0
     backend: str = "torch"  # "triton": the state pass a GPU runs, in Triton's interpreter here
+    heads: int = HEADS  # v's heads
+    query_heads: int = HEADS  # fewer than heads: grouped value heads, q and k passed that narrow
 
     @property
     def name(self) -> str:
         return (
             f"gdn-{self.method.value}-blocks{self.scan_blocks}-init{int(self.with_initial_state)}"
             f"-final{int(self.output_final_state)}-T{self.total_length}-{str(self.dtype).removeprefix('torch.')}"
-            f"-{'kernel' if self.via_kernel else 'naive'}-{self.backend}"
+            f"-{'kernel' if self.via_kernel else 'naive'}-{self.backend}-qk{self.query_heads}of{self.heads}"
         )
 
 
@@ -245,6 +248,14 @@ def _operator_cases() -> list[OperatorCase]:
         seed += 1
     cases.append(OperatorCase(SequenceParallelMethod.ALLSCAN, 4, total_length=150, key_dim=16, value_dim=16,
                               dtype=torch.float32, via_kernel=True, seed=seed, backend="triton"))
+    # grouped value heads: 2 q/k heads under 4 value heads (1 under 2 in the first), against the reference on
+    # explicitly repeated q and k
+    cases.append(OperatorCase(SequenceParallelMethod.ALLSCAN, 2, seed=seed + 1, query_heads=1))
+    cases.append(OperatorCase(SequenceParallelMethod.RING, total_length=301, dtype=torch.float32, via_kernel=True,
+                              seed=seed + 2, heads=4, query_heads=2))
+    cases.append(OperatorCase(SequenceParallelMethod.ALLGATHER, total_length=150, key_dim=16, value_dim=16,
+                              dtype=torch.float32, via_kernel=True, seed=seed + 3, backend="triton", heads=4,
+                              query_heads=2))
     return cases
 
 
@@ -260,17 +271,17 @@ def _operator_inputs(case: OperatorCase, size: int) -> dict:
     strength = torch.cat([torch.full((n,), strength_per_rank[rank % 4], dtype=torch.float64)
                           for rank, n in enumerate(lengths)]).view(1, length, 1)
     inputs = {
-        "q": randn(BATCH, length, HEADS, key_dim),
-        "k": F.normalize(randn(BATCH, length, HEADS, key_dim), dim=-1),
-        "v": randn(BATCH, length, HEADS, value_dim),
-        "g": F.logsigmoid(randn(BATCH, length, HEADS) + 2.0) * strength,
-        "beta": torch.sigmoid(randn(BATCH, length, HEADS)),
-        "initial_state": randn(BATCH, HEADS, key_dim, value_dim) if case.with_initial_state else None,
+        "q": randn(BATCH, length, case.query_heads, key_dim),
+        "k": F.normalize(randn(BATCH, length, case.query_heads, key_dim), dim=-1),
+        "v": randn(BATCH, length, case.heads, value_dim),
+        "g": F.logsigmoid(randn(BATCH, length, case.heads) + 2.0) * strength,
+        "beta": torch.sigmoid(randn(BATCH, length, case.heads)),
+        "initial_state": randn(BATCH, case.heads, key_dim, value_dim) if case.with_initial_state else None,
     }
     inputs = {name: None if tensor is None else tensor.to(case.dtype) for name, tensor in inputs.items()}
     inputs["lengths"] = lengths
-    inputs["output_weight"] = randn(BATCH, length, HEADS, value_dim).to(case.dtype)
-    inputs["final_weights"] = [randn(BATCH, HEADS, key_dim, value_dim).to(case.dtype) for _ in range(size)]
+    inputs["output_weight"] = randn(BATCH, length, case.heads, value_dim).to(case.dtype)
+    inputs["final_weights"] = [randn(BATCH, case.heads, key_dim, value_dim).to(case.dtype) for _ in range(size)]
     return inputs
 
 
@@ -279,7 +290,9 @@ NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 
 def _operator_reference(case: OperatorCase, inputs: dict) -> dict:
     leaves = {name: _leaf(inputs[name]) for name in NAMES}
-    arguments = [leaves[name] for name in ("q", "k", "v", "g", "beta")]
+    # grouped value heads: the reference reads q and k repeated explicitly; autograd sums their gradients back
+    arguments = [repeat_each_head(leaves["q"], case.heads), repeat_each_head(leaves["k"], case.heads)]
+    arguments += [leaves[name] for name in ("v", "g", "beta")]
     scale = case.key_dim**-0.5
     if case.via_kernel:
         o, final_state = chunk_gated_delta_rule(
