@@ -1,14 +1,16 @@
 """``schedlang simulate FILE --fit``: the longest sequence that fits the device, its chunk count and tokens/s.
 
-For lengths ``step, 2 step, ...`` up to ``--max-length`` and chunk counts ``1, 2, 4, ...`` up to
+For lengths that are multiples of ``step`` up to ``--max-length`` and chunk counts ``1, 2, 4, ...`` up to
 ``--max-chunks`` (each chunk a whole number of ``sequence.kernel_chunk`` tokens), every candidate is the
 schedule revised by :func:`schedlang.compiler.revise` (so checked as the file would be; with packed documents,
 its padding measured for its chunk lengths: schedlang.preflight.with_document_pieces) and compiled through
 the cost pass under the ``flops`` model with the hardware options given; it fits when every stage's predicted
 reserved peak (:mod:`schedlang.lowering.memory_peak`) plus :data:`OUTSIDE_THE_ALLOCATOR` is at most
-``--device-memory``. Lengths are tried in increasing order until one has no chunk count that fits; the
-proposal is the previous length with its fastest fitting chunk count (predicted tokens per second: the
-step's tokens over the simulated makespan). Everything else of the schedule (model, mesh, microbatches,
+``--device-memory``. A length fits when one of its chunk counts does; the predicted peak grows with the length
+at each chunk count, so the search asks at ``step``, ``2 step``, ``4 step``, ... until a length does not fit
+(or ``--max-length`` does), then bisects in steps of ``--step``: about ``2 log2(max_length / step)`` lengths
+rather than every one. The proposal is the longest length found whose next step does not fit, with its fastest
+fitting chunk count (predicted tokens per second: the step's tokens over the simulated makespan). Everything else of the schedule (model, mesh, microbatches,
 order, recompute, and ``--split-backward`` when given) stays as written.
 
 With ``--fit-recompute`` the search also chooses ``pipeline.recompute``, stage by stage: each candidate is
@@ -50,8 +52,8 @@ does not see it: the CUDA context with its kernel images (cuBLAS, Triton's compi
 communicator buffers. An assumed allowance, like [Note: reserved memory] in schedlang.lowering.memory_peak."""
 
 DEFAULT_STEP = 16384
-DEFAULT_MAX_LENGTH = 1048576
-DEFAULT_MAX_CHUNKS = 64
+DEFAULT_MAX_LENGTH = 16777216
+DEFAULT_MAX_CHUNKS = 256
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -265,7 +267,8 @@ class FitResult:
 
 
 def search(program, args: argparse.Namespace, device_memory: int) -> FitResult:
-    """Lengths in increasing order until one has no fitting chunk count; see the module docstring."""
+    """The longest multiple of ``--step`` up to ``--max-length`` that fits, found by doubling and then bisection
+    (see the module docstring)."""
     from schedlang.commands.common import cost_settings_from_arguments
     from schedlang.compiler import CostSettings
     from schedlang.lowering.cost import CostModelKind
@@ -274,37 +277,68 @@ def search(program, args: argparse.Namespace, device_memory: int) -> FitResult:
 
     cost = CostSettings(CostModelKind.FLOPS, cost_settings_from_arguments(args).hardware)
     kernel_chunk = program.sequence.kernel_chunk
-    proposal, tried = None, []
-    length = args.step
+    step, most_steps = args.step, args.max_length // args.step
     if program.sequence.partition is PartitionKind.UNIFORM:  # packed documents: one pass over the data for all
-        measure_document_pieces(
+        measure_document_pieces(  # the chunk lengths of every length the bisection may visit
             program,
             [
-                candidate_length // n_chunks
-                for candidate_length in range(args.step, args.max_length + 1, args.step)
-                for n_chunks in chunk_counts(candidate_length, kernel_chunk, args.max_chunks)
+                steps * step // n_chunks
+                for steps in range(1, most_steps + 1)
+                for n_chunks in chunk_counts(steps * step, kernel_chunk, args.max_chunks)
             ],
         )
+    tried: dict[int, list[Candidate]] = {}
 
-    def candidate_of(n_chunks: int) -> Candidate | None:
-        if args.fit_recompute:
-            return evaluate_choosing_recompute(program, length, n_chunks, cost, device_memory)
-        return evaluate(program, length, n_chunks, cost)
+    def candidates_at(steps: int) -> list[Candidate]:
+        if steps not in tried:
+            length = steps * step
+            evaluated = (
+                evaluate_choosing_recompute(program, length, n_chunks, cost, device_memory) if args.fit_recompute
+                else evaluate(program, length, n_chunks, cost)
+                for n_chunks in chunk_counts(length, kernel_chunk, args.max_chunks)
+            )
+            tried[steps] = [candidate for candidate in evaluated if candidate is not None]
+        return tried[steps]
 
-    while length <= args.max_length:
-        candidates = [
-            candidate
-            for n_chunks in chunk_counts(length, kernel_chunk, args.max_chunks)
-            if (candidate := candidate_of(n_chunks)) is not None
-        ]
-        tried.extend(candidates)
-        fitting = [candidate for candidate in candidates if candidate.fits(device_memory)]
-        if not fitting:
-            refused = min(candidates, key=lambda candidate: max(candidate.reserved), default=None)
-            return FitResult(proposal, refused, tuple(tried))
+    def fits_at(steps: int) -> bool:
+        return any(candidate.fits(device_memory) for candidate in candidates_at(steps))
+
+    fitting_steps, refused_steps = longest_true(fits_at, most_steps)
+    proposal = None
+    if fitting_steps:
+        fitting = [candidate for candidate in candidates_at(fitting_steps) if candidate.fits(device_memory)]
         proposal = max(fitting, key=lambda candidate: candidate.tokens_per_second)
-        length += args.step
-    return FitResult(proposal, None, tuple(tried))
+    refused = None
+    if refused_steps is not None:
+        refused = min(candidates_at(refused_steps), key=lambda candidate: max(candidate.reserved), default=None)
+    in_order = tuple(candidate for steps in sorted(tried) for candidate in tried[steps])
+    return FitResult(proposal, refused, in_order)
+
+
+def longest_true(holds, most: int) -> tuple[int, int | None]:
+    """``(n, n + 1)`` with ``holds(n)`` true and ``holds(n + 1)`` false for ``1 <= n < most``, found by asking
+    ``holds`` at 1, 2, 4, ... and then bisecting (``O(log most)`` questions); ``(0, 1)`` when ``holds(1)`` is
+    false, ``(most, None)`` when ``holds(most)`` is true. Where ``holds`` is monotone (true up to some ``n``, then
+    false) that is the ``n``; otherwise some boundary between a true and a false answer."""
+    if most < 1:
+        return 0, None
+    low, high = 0, None  # holds(low) is true (or low == 0); holds(high) is false
+    probe = 1
+    while high is None:
+        if holds(probe):
+            low = probe
+            if probe == most:
+                return most, None
+            probe = min(2 * probe, most)
+        else:
+            high = probe
+    while high - low > 1:
+        middle = (low + high) // 2
+        if holds(middle):
+            low = middle
+        else:
+            high = middle
+    return low, high
 
 
 def refuse_explicit_partition(program) -> str | None:

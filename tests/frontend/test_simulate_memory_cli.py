@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schedlang.cli import main
 from schedlang.commands import simulate
 from schedlang.commands.simulate_fit import (
+    DEFAULT_MAX_CHUNKS,
     GIB,
     OUTSIDE_THE_ALLOCATOR,
     SizeError,
     chunk_counts,
     evaluate,
+    longest_true,
     parse_size,
 )
 from schedlang.compiler import CostSettings
@@ -108,12 +113,12 @@ def test_fit_proposes_a_length_that_fits_where_the_next_step_does_not(capsys):
     chosen = evaluate(program, proposal["length"], proposal["n_chunks"], cost)
     assert fits(chosen, device_memory)
     assert chosen.tokens_per_second == pytest.approx(proposal["tokens_per_second"])
-    counts = chunk_counts(proposal["length"], 64, 64)
+    counts = chunk_counts(proposal["length"], 64, DEFAULT_MAX_CHUNKS)
     same_length = [evaluate(program, proposal["length"], count, cost) for count in counts]
     assert max(c.tokens_per_second for c in same_length if fits(c, device_memory)) == pytest.approx(
         proposal["tokens_per_second"]
     )
-    longer = [evaluate(program, refused["length"], count, cost) for count in chunk_counts(refused["length"], 64, 64)]
+    longer = [evaluate(program, refused["length"], count, cost) for count in chunk_counts(refused["length"], 64, DEFAULT_MAX_CHUNKS)]
     assert longer and not any(fits(candidate, device_memory) for candidate in longer)
 
 
@@ -183,3 +188,36 @@ def test_fit_recompute_chooses_each_stages_mode_and_fits_at_least_as_long(capsys
 def test_fit_recompute_needs_fit(capsys):
     with pytest.raises(SystemExit, match="--fit-recompute chooses recompute modes for --fit"):
         main(["simulate", STATEFLOW, "--fit-recompute"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(most=st.integers(min_value=1, max_value=5000), data=st.data())
+def test_longest_true_finds_the_boundary_of_a_monotone_predicate_in_logarithmic_questions(most, data):
+    threshold = data.draw(st.integers(min_value=0, max_value=most), label="threshold")
+    asked = []
+
+    def holds(n):
+        assert 1 <= n <= most, f"asked about {n} outside 1..{most}"
+        asked.append(n)
+        return n <= threshold
+
+    found = longest_true(holds, most)
+    assert found == ((most, None) if threshold == most else (threshold, threshold + 1))
+    assert len(asked) <= 2 * math.ceil(math.log2(most + 1)) + 1
+
+
+def test_fit_asks_about_few_lengths_and_matches_a_scan_of_every_length(capsys):
+    """The bisection's proposal is the length a scan of every step finds, having compiled far fewer lengths."""
+    options = ["--device-memory", "2GiB", "--step", "2048", "--max-length", "65536", "--max-chunks", "4"]
+    result = fit(options, capsys)
+    lengths_tried = {row["length"] for row in result["tried"]}
+    program = load_program(STATEFLOW)
+    cost = CostSettings(CostModelKind.FLOPS)
+    scanned = None
+    for length in range(2048, 65536 + 1, 2048):
+        if not any(fits(candidate, 2 * GIB) for count in chunk_counts(length, 64, 4)
+                   if (candidate := evaluate(program, length, count, cost)) is not None):
+            break
+        scanned = length
+    assert result["fits"]["length"] == scanned
+    assert len(lengths_tried) <= 2 * math.ceil(math.log2(32 + 1)) + 1 < 32
