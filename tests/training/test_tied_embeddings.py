@@ -2,8 +2,9 @@
 schedlang.runtime.model), on CPU gloo ranks.
 
 A tied model on pipeline 2, pipeline 3 and pipeline 2 x data 2 (with a gradient clip, so the norm must count
-the tied weight once) trains like one process with the same chunks and microbatches within 1e-5: every
-step's loss, the first step's gradients and the final parameters; the first and last stage's copies of the
+the tied weight once) trains like one process with the same chunks and microbatches: every step's loss and
+the first step's gradients within 1e-5, the final parameters within AdamW's amplification of the summation
+order (FINAL_TOLERANCE); the first and last stage's copies of the
 embedding are bit-identical after every run, bf16 master weights included. A run killed after a checkpoint
 resumes exactly; the checkpoint holds the weight once, and ``export-model`` writes fla's tied config, whose
 weights load into a last stage of another pipeline. The memory model counts the last stage's copy.
@@ -28,6 +29,13 @@ BF16_TOLERANCE = 5e-3
 """In bf16 one stage adds the embedding's and the head's gradient of each chunk in one bf16 ``.grad`` before
 the fp32 master gradient; a pipeline adds each to its own fp32 master gradient and sums them in fp32 after the
 step, so the roundings differ (the fp32 cases are the exactness check)."""
+FINAL_TOLERANCE = 5e-4
+"""For the fp32 parameters after the last step. The pipeline sums the tied embedding's gradient in another
+order than one process (each stage's chunks, then the two copies, against one ``.grad`` taking the lookup's and
+the head's share chunk by chunk), so the first update differs in the last bits; AdamW then amplifies that in the
+elements whose momentum nearly cancels: measured 1.7e-5 (no clip) and 7.8e-5 (clip 0.05) for p3 after 3 steps,
+with every loss within 1e-7 and the first step's gradients equal. Counting the tied weight twice in the clip norm
+gives 2.1e-2 there (and a loss off by 6e-5 at step 3, which TOLERANCE catches too)."""
 STEPS = 3
 TIED = "embedding.weight"
 
@@ -100,7 +108,7 @@ def test_a_tied_pipeline_trains_like_one_process(tied_runs, name):
     final, expected = merged(results, "updated"), merged(reference, "updated")
     assert sorted(final) == sorted(expected) and "lm_head.weight" not in final
     for key in expected:
-        assert relative_error(final[key], expected[key]) <= tolerance, key
+        assert relative_error(final[key], expected[key]) <= max(tolerance, FINAL_TOLERANCE), key
 
 
 @pytest.mark.slow
