@@ -87,6 +87,8 @@ def test_without_the_kv_gather_sequence_parallel_attention_is_wrong(matrix, tmp_
     assert job.return_codes == [0] * mesh.ranks, job.errors
     reference_losses, reference_gradients = matrix["reference_gla"]
     loss, gradients = job.losses(0)[0], job.gradients(0)
-    assert not math.isfinite(loss) or abs(loss - reference_losses[0]) > TOLERANCE * abs(reference_losses[0])
+    # at initialisation attention moves the loss little, so the first loss may stay within TOLERANCE;
+    # the gradients may not
+    assert math.isfinite(loss)
     worst = max(relative_error(gradients[key], reference_gradients[key]) for key in reference_gradients)
-    assert not math.isfinite(worst) or worst > 1000 * TOLERANCE, worst
+    assert worst > 1000 * TOLERANCE, worst
