@@ -109,15 +109,27 @@ def base_program(schedule: BenchmarkSchedule):
     return revise(program, **changes) if changes else program
 
 
-def system_program(schedule: BenchmarkSchedule, name: str, length: int, microbatches: int, dtype: str):
-    """The checked program of system ``name`` (a peer: the file's own keys) at ``length`` tokens per sequence,
-    ``microbatches`` and ``train.dtype = dtype`` (bf16 on a GPU, fp32 on the CPU); ``ScheduleError`` for a
-    revision the checker refuses."""
+@lru_cache(maxsize=None)
+def variant_program(schedule: BenchmarkSchedule, name: str):
+    """The checked program of system ``name``: the base program revised on the keys the name changes (a peer:
+    the base program); ``ScheduleError`` for a revision the checker refuses."""
     from schedlang.compiler import revise
 
-    return revise(
-        base_program(schedule), length=length, microbatches=microbatches, dtype=dtype, **system_changes(name)
-    )
+    changes = system_changes(name)
+    return revise(base_program(schedule), **changes) if changes else base_program(schedule)
+
+
+def system_program(
+    schedule: BenchmarkSchedule, name: str, length: int | None = None, microbatches: int | None = None,
+    dtype: str | None = None,
+):
+    """:func:`variant_program` at ``length`` tokens per sequence, ``microbatches`` and ``train.dtype = dtype``
+    (bf16 on a GPU, fp32 on the CPU), each left as the file has it when None."""
+    from schedlang.compiler import revise
+
+    written = {"length": length, "microbatches": microbatches, "dtype": dtype}
+    changes = {key: value for key, value in written.items() if value is not None}
+    return revise(variant_program(schedule, name), **changes) if changes else variant_program(schedule, name)
 
 
 @dataclass(frozen=True)
