@@ -11,8 +11,9 @@ no sequence-parallel run on two GPUs exists yet).
 
     python3 benchmarks/predictions.py [--measured-tokens-per-second 135263]
 
-Each row is compiled through ``schedlang.compiler`` (the checker refuses what the runtime cannot run) and
-simulated with ``schedlang.lowering.simulate``; tokens/s is the step's tokens over the simulated makespan.
+Each row is the schedule file benchmarks/schedules/gla_1b_split_mlp_pp2.sched revised on the row's keys
+(``schedlang.compiler.revise``: the checker refuses what the runtime cannot run) and simulated with
+``schedlang.lowering.simulate``; tokens/s is the step's tokens over the simulated makespan.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from schedlang.compiler import Pass, ScheduleText, compile_schedule  # noqa: E402
+from benchmarks.pipeline_schedule import SCHEDULES_DIRECTORY  # noqa: E402
+from schedlang.compiler import revise  # noqa: E402
+from schedlang.frontend import load_program  # noqa: E402
 from schedlang.lowering.cost import FlopsCostModel, Hardware  # noqa: E402
 from schedlang.lowering.simulate import simulate  # noqa: E402
 
@@ -33,14 +36,7 @@ MEASURED_PEER_TOKENS_PER_SECOND = 135_263.0
 """Schedule1F1B on 2 H200s, mean of the four graph-only jobs of docs/benchmarks.md's "cuBLAS without a
 workspace" section (134,001-135,913 tokens/s)."""
 
-SCHEDULE = """schedule prediction
-model {{ vocab = 32000  d_model = 2048  layers = [gla, mlp] * 16  heads = 16  head_dim = 128
-  mlp = swiglu(ratio = 2.6666666666666665)  {stages} }}
-mesh {{ pipeline = {pipeline}  sequence = {sequence} }}
-sequence {{ length = {length}  chunks = {chunks}  parallel = {parallel} }}
-pipeline {{ microbatches = {microbatches}  order = 1f1b }}
-train {{ dtype = bf16 }}
-"""
+PREDICTION_SCHEDULE = SCHEDULES_DIRECTORY / "gla_1b_split_mlp_pp2.sched"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,21 +48,25 @@ class Run:
     microbatches: int = 4
     length: int = 32768
     parallel: str = "allscan"
-    stages: str = ""
+    stages: str | None = None  # model.stages as written; None: the language's even split
 
-    def text(self) -> str:
-        return SCHEDULE.format(**dataclasses.asdict(self))
+    def program(self):
+        """The checked program of the run: the file revised on the run's keys."""
+        changes = {key: value for key, value in dataclasses.asdict(self).items() if key != "name"}
+        changes["mesh.sequence"] = changes.pop("sequence")
+        if changes["stages"] is None:
+            del changes["stages"]
+        return revise(load_program(PREDICTION_SCHEDULE), **changes)
 
 
 def predicted_step_seconds(run: Run, hardware: Hardware) -> tuple[float, float]:
     """(makespan in seconds, bubble fraction) of ``run`` under the FLOPS model."""
-    program = compile_schedule(ScheduleText(run.text(), f"<{run.name}>"), through=Pass.CHECK).program
+    program = run.program()
     timeline = simulate(program, cost_model=FlopsCostModel(program, hardware))
     return timeline.makespan, timeline.bubble_fraction
 
 
-PEER = Run("PP2 Schedule1F1B (fit)", 2, stages="stages = [[" + ", ".join(map(str, range(17))) + "], ["
-           + ", ".join(map(str, range(17, 32))) + "]]")
+PEER = Run("PP2 Schedule1F1B (fit)", 2, stages=f"[{list(range(17))}, {list(range(17, 32))}]")
 
 
 def fitted_hardware(measured_tokens_per_second: float) -> Hardware:
