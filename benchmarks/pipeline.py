@@ -16,7 +16,7 @@ Issue 18's acceptance job (2 GPUs; ``torch+ckpt`` is Schedule1F1B with torch's a
     python benchmarks/pipeline.py --out results/ --systems schedlang:chunks=8/cuda_graphs=step \
         schedlang:chunks=16/recompute=mlp schedlang:chunks=16/recompute=full torch torch+ckpt \
         --search-systems torch torch+ckpt schedlang:chunks=16/recompute=full \
-        schedlang:chunks=32/recompute=full/offload=true
+        schedlang:chunks=32/recompute=mixer/offload=true
 
 Each system is the schedule file ``--schedule`` (benchmarks/schedules/gla_1b_pp2.sched) revised on named keys
 (benchmarks/pipeline_schedule.py: ``schedlang:chunks=16/recompute=full`` is the file with ``chunks = 16`` and

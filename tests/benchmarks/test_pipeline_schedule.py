@@ -162,3 +162,23 @@ def test_predicted_reserved_peaks_follow_the_recompute_mode():
 def test_the_one_device_file_is_the_pipeline_model_on_one_stage():
     one, two = load_program(ONE_DEVICE_SCHEDULE), load_program(PIPELINE_SCHEDULE)
     assert one.model == two.model and one.n_stages == 1 and one.n_microbatches == 1
+
+
+@pytest.mark.parametrize(
+    "row_file, schedule, name, length",
+    [
+        ("gla_1b_one_device_8m.sched", BenchmarkSchedule(ONE_DEVICE_SCHEDULE), "schedlang:chunks=128/recompute=full",
+         8388608),
+        ("gla_1b_pp2_deferred_weights.sched",
+         BenchmarkSchedule(PIPELINE_SCHEDULE, split_mlp=True, first_stage_layers=17),
+         "schedlang:chunks=2/cuda_graphs=true/extra_warmup=1/split_backward=true/forward_before_weight=true"
+         "/extra_deferred_weights=2", None),
+    ],
+)
+def test_a_checked_in_row_file_is_the_benchmarks_system(row_file, schedule, name, length):
+    """docs/benchmarks.md re-runs a row with ``schedlang run`` on its file: the file trains what the benchmark's
+    system trained."""
+    row = load_program(PIPELINE_SCHEDULE.parent / row_file)
+    system = system_program(schedule, name, length)
+    for part in ("model", "mesh", "sequence", "pipeline", "train", "stage_layers"):
+        assert getattr(row, part) == getattr(system, part), part
