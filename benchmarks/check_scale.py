@@ -18,7 +18,8 @@ alone:
   show the scaling.
 
 Usage: ``python benchmarks/check_scale.py [--torch-limit SECONDS]``. Prints a
-table; results are recorded in docs/benchmarks.md.
+table; results are recorded in docs/benchmarks.md, "Legality check at 64 stages x 64 microbatches x 32
+chunks".
 """
 
 from __future__ import annotations

@@ -271,7 +271,8 @@ def summary_lines(header: str, systems: list[str], records: list[dict], graph_sy
 
     "NCCL kernels" is the time NCCL kernels were resident on the GPU in the profiled step: a send or receive
     posted long before its peer's keeps one there, and the compute kernels beside it run slower
-    (docs/benchmarks.md, the chunk-count sweep). ``graph_systems`` names the systems that replay CUDA graphs.
+    (docs/benchmarks.md, "Measurements behind the pipeline orders", [Note: forward before weight gradients]).
+    ``graph_systems`` names the systems that replay CUDA graphs.
     """
     lines = [
         header,

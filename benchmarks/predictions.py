@@ -2,8 +2,9 @@
 
 One parameter is fitted, once, from a two-GPU measurement: the FLOPS model's device throughput
 (``Hardware.throughput_flops``) is scaled until the simulated step of torch's peer in the PP2 job of
-docs/benchmarks.md (the 1B-class GLA model, ``[gla, mlp] * 16`` split 17 / 15, 4 microbatches of 32K tokens,
-one chunk per microbatch: Schedule1F1B's order) takes as long as it measured. Every other row is then a
+docs/benchmarks.md, "Predictions for the 4- and 8-GPU runs" (the 1B-class GLA model, ``[gla, mlp] * 16`` split
+17 / 15, 4 microbatches of 32K tokens, one chunk per microbatch: Schedule1F1B's order) takes as long as it
+measured. Every other row is then a
 prediction of the same model with that throughput: pipeline-only meshes (PP4, PP8) with one chunk (torch's
 Schedule1F1B) and with StateFlow chunks, and pipeline x sequence meshes, whose scans add the alpha-beta times
 of ``lowering/cost.py``'s ``state_scan_seconds`` with the link parameters of ``Hardware`` (assumed, not fitted:
@@ -33,8 +34,8 @@ from schedlang.lowering.cost import FlopsCostModel, Hardware  # noqa: E402
 from schedlang.lowering.simulate import simulate  # noqa: E402
 
 MEASURED_PEER_TOKENS_PER_SECOND = 135_263.0
-"""Schedule1F1B on 2 H200s, mean of the four graph-only jobs of docs/benchmarks.md's "cuBLAS without a
-workspace" section (134,001-135,913 tokens/s)."""
+"""Schedule1F1B on 2 H200s, mean of four graph-only jobs (134,001-135,913 tokens/s): docs/benchmarks.md,
+"Predictions for the 4- and 8-GPU runs"."""
 
 PREDICTION_SCHEDULE = SCHEDULES_DIRECTORY / "gla_1b_split_mlp_pp2.sched"
 
