@@ -31,6 +31,8 @@ PIPELINE_SCHEDULE = SCHEDULES_DIRECTORY / "gla_1b_pp2.sched"
 """The 1B GLA model on two pipeline stages: every PP2 row of docs/benchmarks.md."""
 ONE_DEVICE_SCHEDULE = SCHEDULES_DIRECTORY / "gla_1b_one_device.sched"
 """The same model whole on one device: benchmarks/one_device.py."""
+SCALE_SCHEDULE = SCHEDULES_DIRECTORY / "gla_tiny_64_stages.sched"
+"""The front end's and the legality check's scale benchmarks at their largest size."""
 
 SCHEDLANG_SYSTEM = "schedlang"
 """The name of the schedule file as it is; ``schedlang:<key>=<value>/...`` names a revision of it."""
@@ -130,6 +132,23 @@ def system_program(
     written = {"length": length, "microbatches": microbatches, "dtype": dtype}
     changes = {key: value for key, value in written.items() if value is not None}
     return revise(variant_program(schedule, name), **changes) if changes else variant_program(schedule, name)
+
+
+def scale_text(n_stages: int, n_microbatches: int, n_chunks: int, stage_orders: list[str] | None = None) -> str:
+    """The scale benchmarks' schedule at ``n_stages`` x ``n_microbatches`` x ``n_chunks``: the file revised on its
+    sizes (one layer per stage, 64 tokens per chunk). With ``stage_orders`` (each stage's tasks, as written after
+    ``stage r:``), the same with every task written out in place of ``order = 1f1b``: task lines are no key, so
+    they are written into the revised text."""
+    from schedlang.compiler import Pass, compile_schedule, revise
+
+    program = revise(
+        compile_schedule(SCALE_SCHEDULE, through=Pass.CHECK).program, layers=f"[gla] * {n_stages}",
+        pipeline=n_stages, microbatches=n_microbatches, chunks=n_chunks, length=64 * n_chunks,
+    )
+    if stage_orders is None:
+        return program.source_text
+    lines = "".join(f"\n  stage {stage}: {order}" for stage, order in enumerate(stage_orders))
+    return program.source_text.replace("order        = 1f1b", "order        = explicit" + lines, 1)
 
 
 @dataclass(frozen=True)
