@@ -1,6 +1,7 @@
 """docs/benchmarks.md cannot drift from the code: every command it gives names schedule files that exist and that
 ``schedlang check`` accepts, every benchmark system it names is a revision the checker accepts, every claim
-(a section with a table) has a command, and every log section it cites exists in docs/log.md.
+(a section with a table) has a command, and every log section it cites exists in docs/log.md. The other pages'
+benchmark commands (``python3 benchmarks/...``) are held to the same checks.
 
 A command is a line of an indented code block, or an inline code span of three words or more, that starts with
 ``schedlang`` or ``python3 benchmarks/``.
@@ -51,6 +52,13 @@ def sections_of(text: str) -> dict[str, str]:
 
 REFERENCE_TEXT = REFERENCE.read_text(encoding="utf-8")
 COMMANDS = commands_of(REFERENCE_TEXT)
+OTHER_DOCS = [path for path in sorted((ROOT / "docs").glob("*.md")) if path not in (REFERENCE, LOG)]
+BENCHMARK_COMMANDS_ELSEWHERE = [  # the other pages' benchmark commands, held to the same checks
+    command
+    for path in [*OTHER_DOCS, ROOT / "README.md"]
+    for command in commands_of(path.read_text(encoding="utf-8"))
+    if command.startswith("python3 benchmarks/")
+]
 
 
 def test_the_parser_finds_code_lines_and_spans_only():
@@ -59,11 +67,11 @@ def test_the_parser_finds_code_lines_and_spans_only():
 
 
 def test_the_reference_gives_commands_and_schedule_files():
-    assert len(COMMANDS) >= 10
+    assert len(COMMANDS) >= 10 and BENCHMARK_COMMANDS_ELSEWHERE
     assert sum(".sched" in command for command in COMMANDS) >= 3
 
 
-@pytest.mark.parametrize("command", sorted(set(COMMANDS)))
+@pytest.mark.parametrize("command", sorted(set(COMMANDS + BENCHMARK_COMMANDS_ELSEWHERE)))
 def test_each_command_names_schedules_the_checker_accepts(command, capsys):
     words = shlex.split(command)
     schedules = [word for word in words if word.endswith(".sched")]
