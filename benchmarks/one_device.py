@@ -80,6 +80,7 @@ from benchmarks.pipeline_schedule import (  # noqa: E402
     base_program,
     is_schedlang_system,
     predicted_reserved_bytes,
+    system_file_name,
     system_program,
     variant_program,
 )
@@ -278,7 +279,7 @@ def search_attempt(args, name: str, length: int, search_end: float) -> Attempt:
 
 def system_file(args, name: str) -> Path:
     """Where the driver writes system ``name``'s schedule under ``--out``."""
-    return Path(args.out) / ("".join(c if c.isalnum() or c in "=+.," else "-" for c in name) + ".sched")
+    return Path(args.out) / system_file_name(name)
 
 
 def fit_prediction_command(args, name: str, device_memory: int) -> list[str]:

@@ -74,6 +74,7 @@ from benchmarks.pipeline_schedule import (  # noqa: E402
     RuntimeConfigs,
     predicted_reserved_bytes,
     system_configs,
+    system_file_name,
     system_program,
     variant_program,
 )
@@ -209,7 +210,8 @@ def measure(
         "peak_minus_model_state_bytes": peak_memory(device) - system.model_state_bytes() if device.type == "cuda" else 0,
         "setup_seconds": started - started_build,
     }
-    trace = Path(trace_dir) / f"trace-{file_name(name)}-stage{mesh.stage}.json" if trace_dir else None
+    trace_name = f"trace-{system_file_name(name).removesuffix('.sched')}-stage{mesh.stage}.json"
+    trace = Path(trace_dir) / trace_name if trace_dir else None
     record["kernel_seconds"], record["communication_kernel_seconds"], record["kernels"] = kernel_seconds_of_step(
         system.step, device, trace
     )
@@ -342,7 +344,7 @@ def driver(args: argparse.Namespace) -> int:
         for name in dict.fromkeys(systems + list(args.search_systems))
     }
     for name, program in programs.items():
-        (out / f"{file_name(name)}.sched").write_text(program.source_text, encoding="utf-8")
+        (out / system_file_name(name)).write_text(program.source_text, encoding="utf-8")
     predicted = {name: predicted_reserved_bytes(programs[name]) for name in systems if name not in TORCH_SYSTEMS}
     graph_systems = {name for name in systems if name not in TORCH_SYSTEMS and programs[name].pipeline.cuda_graphs}
     split = programs[systems[0]].stage_layers
@@ -395,12 +397,6 @@ def driver(args: argparse.Namespace) -> int:
 def benchmark_schedule(args: argparse.Namespace) -> BenchmarkSchedule:
     """The schedule the options ask for: --schedule, --tiny, --split-mlp, --first-stage-layers."""
     return BenchmarkSchedule(Path(args.schedule), args.tiny, args.split_mlp, args.first_stage_layers)
-
-
-def file_name(system: str) -> str:
-    """A system's name as a file name: ``schedlang:chunks=16/recompute=full`` becomes
-    ``schedlang-chunks=16-recompute=full``."""
-    return "".join(character if character.isalnum() or character in "=+.," else "-" for character in system)
 
 
 def main() -> int:

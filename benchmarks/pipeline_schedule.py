@@ -71,6 +71,12 @@ def is_schedlang_system(name: str) -> bool:
     return name == SCHEDLANG_SYSTEM or name.startswith(SCHEDLANG_SYSTEM + ":")
 
 
+def system_file_name(name: str) -> str:
+    """The file a benchmark writes system ``name``'s schedule to: ``schedlang:chunks=16/recompute=full`` is
+    ``schedlang-chunks=16-recompute=full.sched``."""
+    return "".join(c if c.isalnum() or c in "=+.,_" else "-" for c in name) + ".sched"
+
+
 def system_changes(name: str) -> dict[str, str]:
     """The schedule keys a system name changes, as written: ``schedlang:chunks=16/recompute=full`` ->
     ``{"chunks": "16", "recompute": "full"}``; none for ``schedlang`` and for the peers, which run the file's

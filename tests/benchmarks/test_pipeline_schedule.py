@@ -12,6 +12,7 @@ from benchmarks.pipeline_schedule import (
     script_configs,
     system_changes,
     system_configs,
+    system_file_name,
     system_program,
 )
 from schedlang.compiler import compile_schedule
@@ -36,6 +37,12 @@ def test_system_names_are_keys_and_values():
     for malformed in ("8g", "schedlang:8", "schedlang:chunks", "schedlang:chunks=", "schedlang:=4", "schedlang:"):
         with pytest.raises(ValueError):
             system_changes(malformed)
+
+
+def test_a_system_is_written_to_a_file_named_after_it():
+    assert system_file_name("schedlang:chunks=16/recompute=[full, mlp]") == "schedlang-chunks=16-recompute=-full,-mlp-.sched"
+    assert system_file_name("schedlang:split_backward=true") == "schedlang-split_backward=true.sched"
+    assert system_file_name("torch+ckpt") == "torch+ckpt.sched"
 
 
 def test_a_key_the_language_lacks_is_refused_by_revise():
