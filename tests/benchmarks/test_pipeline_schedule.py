@@ -40,7 +40,8 @@ def test_system_names_are_keys_and_values():
 
 
 def test_a_system_is_written_to_a_file_named_after_it():
-    assert system_file_name("schedlang:chunks=16/recompute=[full, mlp]") == "schedlang-chunks=16-recompute=-full,-mlp-.sched"
+    written = system_file_name("schedlang:chunks=16/recompute=[full, mlp]")
+    assert written == "schedlang-chunks=16-recompute=-full,-mlp-.sched"
     assert system_file_name("schedlang:split_backward=true") == "schedlang-split_backward=true.sched"
     assert system_file_name("torch+ckpt") == "torch+ckpt.sched"
 
