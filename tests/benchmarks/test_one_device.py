@@ -67,6 +67,22 @@ def test_fla_gets_the_widths_of_the_same_model():
     assert keys["attn"] is None and keys["attn_mode"] == "chunk" and not keys["use_cache"]
 
 
+def test_the_fla_peer_of_a_model_fla_builds_is_its_fla_config():
+    """fla_peer_config extends fla_config: on a model fla's GLA builds exactly it changes nothing but the cache."""
+    from dataclasses import replace
+
+    from schedlang.runtime.hf_format import FLA_GATE_LOW_RANK_DIM, fla_config
+    from schedlang.runtime.model_options import GlaOptions, ModelOptions, OutputGate
+
+    model = configs_of(FLA_SYSTEM, one_device_schedule(tiny=True), 256, "fp32").model
+    faithful = replace(model, options=ModelOptions(gla=GlaOptions(gate_rank=FLA_GATE_LOW_RANK_DIM,
+                                                                  output_gate=OutputGate.SWISH)))
+    assert fla_peer_config(faithful) == {**fla_config(faithful), "use_cache": False}
+    assert fla_peer_config(model) == {**fla_config(faithful), "use_output_gate": False, "use_cache": False}
+    with pytest.raises(ValueError, match="every layer must be gla or attn"):
+        fla_peer_config(replace(model, layers=("simple_gla",) * 4))
+
+
 def attempt(length, outcome, tokens_per_second=1000.0):
     record = {"tokens_per_second": tokens_per_second, "step_seconds": length / tokens_per_second,
               "peak_bytes": 2**30, "peak_reserved_bytes": 2 * 2**30} if outcome is Outcome.MEASURED else None
