@@ -16,7 +16,8 @@ The edges are also available arithmetically (:func:`task_predecessors`,
 :func:`task_successors`) so that passes that must scale to hundreds of
 thousands of tasks (the legality check, the simulator) never build the
 NetworkX graph, which is meant for export and inspection at smaller scales
-(its cost at the largest checked size is in docs/benchmarks.md).
+(its cost at the largest checked size is in docs/benchmarks.md, "Legality check at 64 stages x 64
+microbatches x 32 chunks").
 """
 
 from __future__ import annotations

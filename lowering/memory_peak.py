@@ -63,8 +63,8 @@ for large ones) and keeps freed blocks for reuse; a block freed among live ones 
 request that fits it, so when chunk activations of several sizes alternate (a backward's gradients are
 allocated while the saved tensors of other chunks are still live) the reserved peak runs above the allocated
 one. The factor is the middle of the reserved/allocated ratios measured on one stage
-(``benchmarks/memory_model.py``; docs/benchmarks.md, "Memory model"); it is the one number to change when
-other measurements disagree."""
+(``benchmarks/memory_model.py``; docs/benchmarks.md, "Memory model against measured peaks"); it is the one
+number to change when other measurements disagree."""
 
 OFFLOAD_RESIDENT_CHUNKS = 2
 """With ``pipeline.offload``, the chunks whose saved activations are on the device at once: the one whose

@@ -270,6 +270,27 @@ def fla_config(model: ModelConfig, torch_dtype: torch.dtype = torch.float32) -> 
     }
 
 
+def fla_peer_config(model: ModelConfig, torch_dtype: torch.dtype = torch.float32) -> dict[str, object]:
+    """The ``GLAConfig`` keys of the fla GLA nearest to ``model``, a GLA model that fla may not build exactly,
+    for a speed peer (benchmarks/one_device.py's ``fla``): :func:`fla_config` of ``model`` with the GLA
+    options fla's config cannot express set to fla's, and ``use_output_gate`` as ``model`` has it.
+
+    Equal: hidden size, layers, heads, query/key and value widths, SwiGLU width, vocabulary, tied or untied
+    embeddings, RMSNorm epsilon, no short convolution, the output gate (none or swish). Different where
+    ``model`` differs from fla's GLA layer: the forget gate is fla's low-rank projection
+    (:data:`FLA_GATE_LOW_RANK_DIM`) whatever ``model.options.gla.gate_rank`` is; the mixer's output passes
+    fla's per-head RMSNorm, which schedlang's GLA without an output gate does not have; the loss is fla's
+    fused cross entropy. ``ValueError`` as :func:`fla_config` for what fla cannot approach at all (layers
+    other than ``gla`` and ``attn``, no MLP).
+    """
+    gla = model.options.gla
+    nearest = dataclasses.replace(
+        gla, gate_rank=FLA_GATE_LOW_RANK_DIM, gate_logit_normalizer=GATE_LOGIT_NORMALIZER, output_gate=OutputGate.SWISH
+    )
+    config = fla_config(dataclasses.replace(model, options=dataclasses.replace(model.options, gla=nearest)), torch_dtype)
+    return {**config, "use_output_gate": gla.output_gate is OutputGate.SWISH, "use_cache": False}
+
+
 _LAYER = r"layers\.(\d+)\."
 
 
