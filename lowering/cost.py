@@ -43,7 +43,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from schedlang.lowering.program import MlpKind, ModelSpec, ScheduleProgram
 from schedlang.lowering.operator_tokens import operator_tokens
@@ -52,10 +52,14 @@ from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.lowering.timeline import MessageKind
 from schedlang.vocabulary import AttentionExchange, DType, LayerKind, Recompute, SequenceParallelMethod, recompute_on
 
+if TYPE_CHECKING:
+    from schedlang.lowering.hardware_profile import HardwareProfile
+
 
 class CostModelKind(str, Enum):
     UNIT = "unit"
     FLOPS = "flops"
+    PROFILE = "profile"  # a hardware profile's measured curves: schedlang.lowering.profile_cost
 
 
 BACKWARD_TO_FORWARD = 2
@@ -502,8 +506,19 @@ class FlopsCostModel:
 def make_cost_model(
     kind: CostModelKind,
     program: ScheduleProgram,
-    hardware: Hardware = Hardware(),
+    hardware: Hardware | HardwareProfile = Hardware(),
 ) -> CostModel:
+    """The cost model ``kind`` names. A :class:`~schedlang.lowering.hardware_profile.HardwareProfile` as
+    ``hardware`` gives the profile model (:mod:`schedlang.lowering.profile_cost`) for ``PROFILE`` and ``FLOPS``
+    alike; ``PROFILE`` without one is an error, and ``UNIT`` ignores the hardware."""
+    from schedlang.lowering.hardware_profile import HardwareProfile
+
+    if kind is not CostModelKind.UNIT and isinstance(hardware, HardwareProfile):
+        from schedlang.lowering.profile_cost import ProfileCostModel
+
+        return ProfileCostModel(program, hardware)
+    if kind is CostModelKind.PROFILE:
+        raise ValueError("the profile cost model needs a hardware profile (schedlang.lowering.hardware_profile)")
     if kind is CostModelKind.UNIT:
         return UnitCostModel(
             tuple(program.sequence.chunk_length(chunk) for chunk in range(program.n_chunks)),
