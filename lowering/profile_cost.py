@@ -177,7 +177,7 @@ class ProfileCostModel:
 
     def _missing_parts(self) -> list[ProfiledPart]:
         needed = {part for stage in range(self.program.n_stages) for part, _ in self._stage_parts(stage)}
-        return sorted(part for part in needed if not self.profile.measurements(part))
+        return [part for part in ProfiledPart if part in needed and not self.profile.measurements(part)]
 
     def part_seconds(self, part: ProfiledPart, tokens: float, prefix: float) -> tuple[float, float, float]:
         """(forward, backward, weight) seconds of one block of ``part`` over ``tokens`` rows after ``prefix``

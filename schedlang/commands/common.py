@@ -21,14 +21,18 @@ def print_legality_report(program, report) -> None:
 
 def compile_legal(program, through, cost=None):
     """The rest of :func:`~schedlang.compiler.compile_schedule` for a checked program, up to ``through``,
-    or None after printing why the schedule is illegal."""
+    or None after printing why the schedule is illegal (or why the hardware profile cannot cost it)."""
     from schedlang.compiler import compile_schedule
     from schedlang.lowering.legality import IllegalScheduleError
+    from schedlang.lowering.profile_cost import MissingMeasurementError
 
     try:
         return compile_schedule(program, through=through, cost=cost)
     except IllegalScheduleError as error:
         print_legality_report(program, error.report)
+        return None
+    except MissingMeasurementError as error:
+        print(f"schedlang: error: {program.source_file}: {error}", file=sys.stderr)
         return None
 
 
