@@ -14,6 +14,7 @@ The records here hold what was measured; how a task's time is read from them is
 from __future__ import annotations
 
 import bisect
+import json
 import re
 import tomllib
 from dataclasses import dataclass
@@ -401,3 +402,58 @@ def resolve_hardware(name_or_path: str) -> HardwareProfile:
             None, None, "measure one with `schedlang profile FILE --device cuda -o PROFILE.toml`",
         )
     return load_hardware_profile(name_or_path)
+
+
+def format_number(value: float) -> str:
+    return repr(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:.6e}"
+
+
+def format_list(values) -> str:
+    return "[" + ", ".join(format_number(value) for value in values) + "]"
+
+
+def format_hardware_profile(profile: HardwareProfile, header: str = "") -> str:
+    """``profile`` as the TOML text :func:`parse_hardware_profile` reads back to an equal profile; ``header`` is
+    written first as comment lines (where a profile says how it was made)."""
+    lines = [f"# {line}".rstrip() for line in header.splitlines()]
+    lines += [f"format = {FORMAT_VERSION}", "", "[device]"]
+    lines += [
+        f"name = {json.dumps(profile.name)}",
+        f"model = {json.dumps(profile.device)}",
+        f'origin = "{profile.origin.value}"',
+        f"note = {json.dumps(profile.note)}",
+        f'dtype = "{profile.dtype}"',
+        f"memory_bandwidth = {format_number(profile.memory_bandwidth_bytes_per_s)}",
+        "",
+        "[overhead]",
+        f"eager_layer_seconds = {format_number(profile.overhead.eager_layer_seconds)}",
+        f"graph_layer_seconds = {format_number(profile.overhead.graph_layer_seconds)}",
+        f"task_seconds = {format_number(profile.overhead.task_seconds)}",
+        "",
+        "[offload]",
+        f"bandwidth = {format_number(profile.offload.bandwidth_bytes_per_s)}",
+        "",
+        "[topology]",
+        f"gpus_per_node = {profile.topology.gpus_per_node}",
+        f"nodes = {profile.topology.nodes}",
+    ]
+    for link_class in LinkClass:
+        link = profile.links[link_class]
+        lines += [
+            "",
+            f"[links.{link_class.value}]",
+            f"latency = {format_number(link.latency_s)}",
+            f"bandwidth = {format_number(link.bandwidth_bytes_per_s)}",
+        ]
+    for layer in profile.layers:
+        lines += ["", "[[layer]]", f'kind = "{layer.part.value}"', f"d_model = {layer.d_model}"]
+        for key in ("heads", "head_dim", "hidden", "vocab", "prefix"):
+            if getattr(layer, key):
+                lines.append(f"{key} = {getattr(layer, key)}")
+        lines += [
+            f"tokens = {format_list(layer.forward.tokens)}",
+            f"forward = {format_list(layer.forward.seconds)}",
+            f"backward = {format_list(layer.backward.seconds)}",
+            f"weight = {format_list(layer.weight.seconds)}",
+        ]
+    return "\n".join(lines) + "\n"

@@ -120,7 +120,7 @@ def test_curve_interpolates_between_lengths_and_scales_beyond_them():
 
 
 def test_shipped_profiles_load_and_h200_names_the_placeholder():
-    assert {"h200-benchmarks", "zeco-h100", "stateflow-h100"} <= set(shipped_profiles())
+    assert {"h200-benchmarks", "zeco-h100", "stateflow-a100", "zeco-h100-operator"} <= set(shipped_profiles())
     for name in shipped_profiles():
         assert resolve_hardware(name).name == name
     h200 = resolve_hardware("h200")
