@@ -385,14 +385,15 @@ def shipped_profiles() -> dict[str, Path]:
 
 
 SHIPPED_ALIASES = {"h200": "h200-benchmarks"}
-"""``--hardware h200`` names the H200 profile in the package: built from docs/benchmarks.md's figures until a
-``schedlang profile`` run on the H200 replaces it (its header says which)."""
+"""``--hardware h200`` names the H200 profile in the package: a measured ``profiles/h200.toml`` once a
+``schedlang profile`` run on the H200 has written one, until then the placeholder built from
+docs/benchmarks.md's figures (its header says so)."""
 
 
 def resolve_hardware(name_or_path: str) -> HardwareProfile:
     """A shipped profile by name (``h200``, ``zeco-h100``, ...) or a profile file by path."""
     shipped = shipped_profiles()
-    name = SHIPPED_ALIASES.get(name_or_path, name_or_path)
+    name = name_or_path if name_or_path in shipped else SHIPPED_ALIASES.get(name_or_path, name_or_path)
     if name in shipped and not Path(name_or_path).exists():
         return load_hardware_profile(shipped[name])
     if not Path(name_or_path).exists():
