@@ -152,7 +152,7 @@ def profile_record(name: str, device: str, note: str, links, topology: Topology,
 
 def simulate_seconds(text: str, profile: HardwareProfile) -> float:
     """The makespan ``simulate --hardware`` prints for schedule ``text``."""
-    compilation = compile_schedule(ScheduleText(text, "<paper>"), Pass.COST, CostSettings(CostModelKind.PROFILE, profile))
+    compilation = compile_schedule(ScheduleText(text, "<paper>"), Pass.COST, CostSettings(CostModelKind.FLOPS, profile))
     return compilation.timeline.makespan
 
 

@@ -58,8 +58,7 @@ if TYPE_CHECKING:
 
 class CostModelKind(str, Enum):
     UNIT = "unit"
-    FLOPS = "flops"
-    PROFILE = "profile"  # a hardware profile's measured curves: schedlang.lowering.profile_cost
+    FLOPS = "flops"  # with a HardwareProfile as the hardware: the profile model (schedlang.lowering.profile_cost)
 
 
 BACKWARD_TO_FORWARD = 2
@@ -508,17 +507,16 @@ def make_cost_model(
     program: ScheduleProgram,
     hardware: Hardware | HardwareProfile = Hardware(),
 ) -> CostModel:
-    """The cost model ``kind`` names. A :class:`~schedlang.lowering.hardware_profile.HardwareProfile` as
-    ``hardware`` gives the profile model (:mod:`schedlang.lowering.profile_cost`) for ``PROFILE`` and ``FLOPS``
-    alike; ``PROFILE`` without one is an error, and ``UNIT`` ignores the hardware."""
+    """The cost model ``kind`` names. ``FLOPS`` with a
+    :class:`~schedlang.lowering.hardware_profile.HardwareProfile` as ``hardware`` is the profile model
+    (:mod:`schedlang.lowering.profile_cost`): measured curves in place of FLOPs over one throughput. ``UNIT``
+    ignores the hardware."""
     from schedlang.lowering.hardware_profile import HardwareProfile
 
-    if kind is not CostModelKind.UNIT and isinstance(hardware, HardwareProfile):
+    if kind is CostModelKind.FLOPS and isinstance(hardware, HardwareProfile):
         from schedlang.lowering.profile_cost import ProfileCostModel
 
         return ProfileCostModel(program, hardware)
-    if kind is CostModelKind.PROFILE:
-        raise ValueError("the profile cost model needs a hardware profile (schedlang.lowering.hardware_profile)")
     if kind is CostModelKind.UNIT:
         return UnitCostModel(
             tuple(program.sequence.chunk_length(chunk) for chunk in range(program.n_chunks)),

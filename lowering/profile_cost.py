@@ -1,6 +1,7 @@
 """The profile cost model: task times from a hardware profile's measured curves, messages by link class.
 
-Contract. :class:`ProfileCostModel` answers :class:`schedlang.lowering.cost.CostModel` in seconds for a checked
+Contract. :class:`ProfileCostModel` (what ``make_cost_model(CostModelKind.FLOPS, program, profile)`` returns for a
+hardware profile) answers :class:`schedlang.lowering.cost.CostModel` in seconds for a checked
 program and a :class:`~schedlang.lowering.hardware_profile.HardwareProfile` (formulas in docs/cost-model.md,
 "The profile model"):
 

@@ -70,7 +70,7 @@ class CostSettings:
     """The cost model the cost pass simulates under."""
 
     kind: CostModelKind = CostModelKind.UNIT
-    hardware: Hardware | HardwareProfile = Hardware()  # a profile gives the profile model (lowering/profile_cost.py)
+    hardware: Hardware | HardwareProfile = Hardware()  # with FLOPS, a profile gives the profile model (profile_cost.py)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ def add_hardware_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hardware", metavar="PATH|NAME", default=None,
         help="hardware profile: a file written by `schedlang profile`, or a shipped one (h200, zeco-h100, "
-        "stateflow-h100); implies --cost-model profile (docs/cost-model.md, 'Hardware profiles')",
+        "stateflow-a100): the profile cost model, its measured curves and links (docs/cost-model.md, 'profile')",
     )
 
 
@@ -70,11 +70,11 @@ def add_cost_model_arguments(parser: argparse.ArgumentParser) -> None:
     """``--cost-model``, ``--hardware`` and the flops model's hardware options."""
     parser.add_argument(
         "--cost-model",
-        choices=("unit", "flops", "profile"),
+        choices=("unit", "flops"),
         default=None,
-        help="unit (the default without --hardware): forward of s tokens costs s/T, backward 2s/T, free messages; "
-        "flops: layer FLOPs over device throughput plus alpha-beta messages; profile (the default with "
-        "--hardware): the hardware profile's measured curves and links (docs/cost-model.md)",
+        help="unit (the default): forward of s tokens costs s/T, backward 2s/T, free messages; "
+        "flops: layer FLOPs over device throughput plus alpha-beta messages (docs/cost-model.md); "
+        "--hardware instead gives the profile model",
     )
     add_hardware_argument(parser)
     parser.add_argument("--throughput", type=float, default=400e12, help="flops model: device FLOP/s")
@@ -95,12 +95,10 @@ def check_hardware_arguments(args: argparse.Namespace, command: str) -> None:
     """Refuse non-positive throughput/bandwidth and negative latency before any work is done; read
     ``--hardware`` and refuse a ``--cost-model`` that contradicts it."""
     profile = load_hardware_option(args, command)
-    if profile is not None and args.cost_model in ("unit", "flops"):
+    if profile is not None and args.cost_model is not None:
         raise SystemExit(
             f"schedlang {command}: error: --hardware gives the profile cost model; drop --cost-model {args.cost_model}"
         )
-    if profile is None and args.cost_model == "profile":
-        raise SystemExit(f"schedlang {command}: error: --cost-model profile needs --hardware PATH|NAME")
     for name in ("throughput", "bandwidth", "memory_bandwidth"):
         if not getattr(args, name) > 0:
             flag = name.replace("_", "-")
@@ -119,7 +117,7 @@ def cost_settings_from_arguments(args: argparse.Namespace):
 
     profile = load_hardware_option(args, "simulate")
     if profile is not None:
-        return CostSettings(CostModelKind.PROFILE, profile)
+        return CostSettings(CostModelKind.FLOPS, profile)  # a profile as the hardware: the profile model
     hardware = Hardware(args.throughput, args.latency, args.bandwidth, args.memory_bandwidth, args.kernel_gap)
     return CostSettings(CostModelKind(args.cost_model or "unit"), hardware)
 

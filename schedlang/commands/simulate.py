@@ -126,16 +126,19 @@ def simulate_program(program, args: argparse.Namespace) -> dict | None:
     compilation = compile_legal(program, Pass.COST, cost)
     if compilation is None:
         return None
+    from schedlang.lowering.hardware_profile import HardwareProfile
+
     kind, orders, timeline = cost.kind, compilation.orders, compilation.timeline
+    profile = cost.hardware if isinstance(cost.hardware, HardwareProfile) else None
     busy = [0.0] * program.n_stages
     for interval in timeline.tasks:
         if interval.stream is Stream.COMPUTE:
             busy[interval.task.stage] += interval.duration
     return {
         "file": str(args.file),
-        "cost_model": kind.value,
+        "cost_model": "profile" if profile is not None else kind.value,
         "time_unit": "full-sequence forward" if kind is CostModelKind.UNIT else "second",
-        "hardware": cost.hardware.describe() if kind is CostModelKind.PROFILE else None,
+        "hardware": profile.describe() if profile is not None else None,
         "order": program.pipeline.order.value,
         "extra_warmup": program.pipeline.extra_warmup,
         "split_backward": program.pipeline.split_backward,

@@ -250,12 +250,11 @@ def test_stage_messages_across_nodes_use_the_inter_node_link():
 def test_make_cost_model_takes_a_profile_and_keeps_its_old_signature():
     profile = parse_hardware_profile(profile_text())
     program = program_of()
-    assert isinstance(make_cost_model(CostModelKind.PROFILE, program, profile), ProfileCostModel)
+    assert isinstance(make_cost_model(CostModelKind.FLOPS, program, profile), ProfileCostModel)
     assert isinstance(make_cost_model(CostModelKind.FLOPS, program, hardware=profile), ProfileCostModel)
     assert not isinstance(make_cost_model(CostModelKind.FLOPS, program), ProfileCostModel)
-    with pytest.raises(ValueError, match="needs a hardware profile"):
-        make_cost_model(CostModelKind.PROFILE, program)
-    timeline = compile_schedule(program, Pass.COST, CostSettings(CostModelKind.PROFILE, profile)).timeline
+    assert not isinstance(make_cost_model(CostModelKind.UNIT, program, profile), ProfileCostModel)
+    timeline = compile_schedule(program, Pass.COST, CostSettings(CostModelKind.FLOPS, profile)).timeline
     assert timeline.makespan > 0
 
 
@@ -322,7 +321,14 @@ def test_simulate_refuses_a_malformed_profile_without_a_traceback(tmp_path, caps
 def test_simulate_refuses_a_cost_model_that_contradicts_hardware(tmp_path):
     schedule = tmp_path / "small.sched"
     schedule.write_text(SCHEDULE.format(length=256, mesh="", sequence="", pipeline=""))
-    with pytest.raises(SystemExit, match="drop --cost-model flops"):
-        run_simulate([str(schedule), "--hardware", "h200", "--cost-model", "flops"])
-    with pytest.raises(SystemExit, match="--cost-model profile needs --hardware"):
-        run_simulate([str(schedule), "--cost-model", "profile"])
+    for cost_model in ("unit", "flops"):
+        with pytest.raises(SystemExit, match=f"drop --cost-model {cost_model}"):
+            run_simulate([str(schedule), "--hardware", "h200", "--cost-model", cost_model])
+
+
+def test_simulate_names_the_parts_a_profile_lacks(capsys):
+    hybrid = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "gdn_hybrid.sched")
+    assert run_simulate([hybrid, "--hardware", "h200"]) == 1
+    error = capsys.readouterr().err
+    assert "hardware profile h200-benchmarks has no measurement of gdn, attn" in error
+    assert "Traceback" not in error

@@ -39,7 +39,7 @@ MEASURED = {  # system of benchmarks/pipeline.py -> (chunks, pipeline keys, toke
 
 def predicted_tokens_per_second(chunks: int, pipeline: str) -> float:
     text = SCHEDULE.format(stages=STAGES, chunks=chunks, pipeline=pipeline)
-    cost = CostSettings(CostModelKind.PROFILE, resolve_hardware("h200"))
+    cost = CostSettings(CostModelKind.FLOPS, resolve_hardware("h200"))
     timeline = compile_schedule(ScheduleText(text, "<pp2>"), Pass.COST, cost).timeline
     return TOKENS_PER_STEP / timeline.makespan
 
