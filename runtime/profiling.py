@@ -4,9 +4,10 @@ Contract. :func:`measure_part` builds one part of a model exactly as a generated
 (:func:`schedlang.runtime.model.build_stage_model`: a token mixer alone, an MLP alone, the embedding, or the
 final norm with the LM head and the loss) and times, for one sequence of ``tokens`` rows (after ``prefix`` keys
 for an attention layer), its forward, its backward without weight gradients (parameters frozen) and its whole
-backward, whose difference is the weight gradients' time (``W``). Times are medians of wall-clock runs between
-device synchronisations after one warm-up run; the forward's host time (the time to return, without waiting
-for the device) is kept for the eager launch overhead. :func:`measure_memory_bandwidth`,
+backward, whose difference is the weight gradients' time (``W``), after one warm-up run: on CUDA the kernels'
+summed durations (:func:`kernel_seconds`: device time without launch gaps or host time), on the CPU the median
+wall time. The forward's host time (the time to return, without waiting for the device) is kept for the eager
+launch overhead. :func:`measure_memory_bandwidth`,
 :func:`measure_offload_bandwidth` and :func:`measure_links` measure the rest; ``measure_links`` starts one
 process per device and times ``torch.distributed`` point-to-point, all-gather and reduce-scatter at two sizes,
 fitting latency and bandwidth to them.
@@ -51,6 +52,24 @@ class PartTiming:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def kernel_seconds(function: Callable[[], None], device: torch.device, repeats: int) -> float:
+    """Device time of ``function``: on CUDA the sum of its kernels' durations (torch.profiler, as
+    benchmarks/common.py reads a step), per run, so an eager run's launch gaps and host time stay out (the
+    profile's overhead figures carry them); on the CPU the median wall time."""
+    if device.type != "cuda":
+        return median_seconds(function, device, repeats)
+    function()  # warm-up: compiles kernels, allocates
+    synchronize(device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        for _ in range(repeats):
+            function()
+        synchronize(device)
+    total = sum(
+        event.device_time_total for event in profiler.events() if event.device_type == torch.autograd.DeviceType.CUDA
+    )
+    return total / 1e6 / repeats
 
 
 def median_seconds(function: Callable[[], None], device: torch.device, repeats: int) -> float:
@@ -118,12 +137,12 @@ def measure_part(
         for parameter in model.parameters():
             parameter.grad = None
 
-    forward_s = median_seconds(run_forward, device, repeats)
-    whole_s = median_seconds(run_forward_backward, device, repeats) - forward_s
+    forward_s = kernel_seconds(run_forward, device, repeats)
+    whole_s = kernel_seconds(run_forward_backward, device, repeats) - forward_s
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     # the embedding's input is token ids: its whole backward is its weight gradient
-    input_only_s = 0.0 if is_first else median_seconds(run_forward_backward, device, repeats) - forward_s
+    input_only_s = 0.0 if is_first else kernel_seconds(run_forward_backward, device, repeats) - forward_s
     host = []
     for _ in range(repeats):
         start = time.perf_counter()
