@@ -87,3 +87,21 @@ def test_links_are_measured_between_two_processes():
     assert set(links) == {link_class.value for link_class in LinkClass if link_class is not LinkClass.INTER_NODE}
     for fit in links.values():
         assert fit.latency_s >= 0 and fit.bandwidth_bytes_per_s > 0
+
+
+@pytest.mark.gpu
+def test_profile_on_the_gpu_writes_kernel_times(tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    schedule = tmp_path / "tiny.sched"
+    schedule.write_text(SCHEDULE.replace("pipeline = 1 }", "pipeline = 1 }\ntrain { dtype = bf16 }"))
+    output = tmp_path / "gpu.toml"
+    assert main(["profile", str(schedule), "--device", "cuda", "-o", str(output), "--lengths", "64", "256"]) == 0
+    profile = load_hardware_profile(output)
+    assert "NVIDIA" in profile.device or "GPU" in profile.device
+    for layer in profile.layers:
+        assert all(seconds > 0 for seconds in layer.forward.seconds), layer.part
+    assert profile.overhead.eager_layer_seconds > 0
+    assert profile.memory_bandwidth_bytes_per_s > 1e11
