@@ -454,7 +454,7 @@ class FlopsCostModel:
         sequence = self.program.sequence
         scans = sum(
             n_layers
-            * state_scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self._scan_bytes(kind), hardware)
+            * state_scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self.scan_bytes(kind), hardware)
             for kind, n_layers in self.stage_kinds[stage].items()
             if kind.is_recurrent
         )
@@ -463,7 +463,7 @@ class FlopsCostModel:
         attention = attention_layers * key_value_exchange_seconds(sequence.attention, ranks, key_value_bytes, hardware)
         return scans + attention
 
-    def _scan_bytes(self, kind: LayerKind) -> float:
+    def scan_bytes(self, kind: LayerKind) -> float:
         """What one layer's cross-rank scan moves per rank: the state matrix; the all-gather also gathers each
         rank's transition (a decay, or for gdn a ``[K, K]`` matrix per head: [Note: transitions] in
         schedlang.runtime.scan_common). The point-to-point methods pass carries only."""

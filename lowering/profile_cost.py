@@ -24,6 +24,7 @@ program and a :class:`~schedlang.lowering.hardware_profile.HardwareProfile` (for
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 
@@ -191,21 +192,36 @@ class ProfileCostModel:
             measured = measurements[0]
             scale = target / measured_flops_per_token(measured, kernel_chunk)
             return tuple(scale * curve.at(tokens) for curve in (measured.forward, measured.backward, measured.weight))
+        return self._attention_seconds(measurements, target, tokens, prefix, kernel_chunk)
+
+    def _attention_seconds(
+        self, measurements: Sequence[LayerMeasurement], target: float, tokens: float, prefix: float, kernel_chunk: int
+    ) -> tuple[float, float, float]:
+        """Attention at ``prefix``: each measurement scaled to the model's heads by FLOPs at its own prefix, then
+        linear in the prefix through the two measured prefixes around it (or the nearest two, beyond them: the
+        pairs are linear in the prefix). One measured prefix: scaled by FLOPs to ``prefix`` as well."""
+        model = self.program.model
+
+        def flops(per_token: float, pair_flops: float, at_prefix: float) -> float:
+            return per_token + pair_flops * (at_prefix + tokens / 2)
+
+        def scaled(measured: LayerMeasurement, at_prefix: float) -> tuple[float, ...]:
+            measured_flops = flops(
+                measured_flops_per_token(measured, kernel_chunk),
+                attention_pair_flops(measured.heads, measured.head_dim),
+                measured.prefix,
+            )
+            scale = flops(target, model_attention_pair_flops(model), at_prefix) / measured_flops
+            return tuple(scale * curve.at(tokens) for curve in (measured.forward, measured.backward, measured.weight))
+
         by_prefix = sorted(measurements, key=lambda measurement: measurement.prefix)
-        lower = max((m for m in by_prefix if m.prefix <= prefix), key=lambda m: m.prefix, default=by_prefix[0])
-        upper = min((m for m in by_prefix if m.prefix > prefix), key=lambda m: m.prefix, default=None)
-        if upper is None and len(by_prefix) > 1 and lower is by_prefix[-1]:
-            lower, upper = by_prefix[-2], by_prefix[-1]  # extrapolate along the last two prefixes: pairs are linear
-        pair_target = model_attention_pair_flops(model) * (prefix + tokens / 2)
-        values = []
-        for measured in (lower,) if upper is None else (lower, upper):
-            pairs = attention_pair_flops(measured.heads, measured.head_dim) * (measured.prefix + tokens / 2)
-            scale = (target + pair_target) / (measured_flops_per_token(measured, kernel_chunk) + pairs)
-            values.append(tuple(scale * curve.at(tokens) for curve in (measured.forward, measured.backward, measured.weight)))
-        if upper is None:
-            return values[0]
+        if len(by_prefix) == 1:
+            return scaled(by_prefix[0], prefix)
+        index = max(0, min(bisect.bisect_right([m.prefix for m in by_prefix], prefix) - 1, len(by_prefix) - 2))
+        lower, upper = by_prefix[index], by_prefix[index + 1]
+        low, high = scaled(lower, lower.prefix), scaled(upper, upper.prefix)
         weight = (prefix - lower.prefix) / (upper.prefix - lower.prefix)
-        return tuple(low + weight * (high - low) for low, high in zip(*values))
+        return tuple(max(a + weight * (b - a), 0.0) for a, b in zip(low, high))
 
     def _sequence_ranks(self, stage: int) -> list[int]:
         mesh = self.program.mesh
@@ -220,7 +236,7 @@ class ProfileCostModel:
         sequence = program.sequence
         ranks = self._sequence_ranks(stage)
         scans = sum(
-            n_layers * scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self.sizes._scan_bytes(kind), profile)
+            n_layers * scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self.sizes.scan_bytes(kind), profile)
             for kind, n_layers in self.stage_kinds[stage].items()
             if kind.is_recurrent
         )

@@ -332,3 +332,61 @@ def test_simulate_names_the_parts_a_profile_lacks(capsys):
     error = capsys.readouterr().err
     assert "hardware profile h200-benchmarks has no measurement of gdn, attn" in error
     assert "Traceback" not in error
+
+
+def attention_layers(prefixes_and_forward) -> str:
+    common = "\n".join(
+        f"""
+[[layer]]
+kind = "{kind}"
+d_model = 128
+{extra}
+tokens = [128]
+forward = [1e-3]
+backward = [1e-3]
+"""
+        for kind, extra in [("mlp", "hidden = 512"), ("embedding", "vocab = 256"), ("head", "vocab = 256")]
+    )
+    return common + "".join(
+        f"""
+[[layer]]
+kind = "attn"
+d_model = 128
+heads = 2
+head_dim = 64
+prefix = {prefix}
+tokens = [128]
+forward = [{forward}]
+backward = [{2 * forward}]
+"""
+        for prefix, forward in prefixes_and_forward
+    )
+
+
+def attention_model(layers: str) -> ProfileCostModel:
+    text = SCHEDULE.format(length=256, mesh="", sequence="", pipeline="").replace("[gla] * 4", "[attn] * 4")
+    program = compile_schedule(ScheduleText(text), through=Pass.CHECK).program
+    return ProfileCostModel(program, parse_hardware_profile(profile_text(layers=layers)))
+
+
+def test_attention_is_linear_in_the_prefix_between_and_beyond_measured_prefixes():
+    model = attention_model(attention_layers([(0, 1e-3), (1000, 3e-3)]))
+    assert model.part_seconds(ProfiledPart.ATTN, 128, 500)[0] == pytest.approx(2e-3)
+    assert model.part_seconds(ProfiledPart.ATTN, 128, 2000)[0] == pytest.approx(5e-3)  # beyond: the same line
+    assert model.part_seconds(ProfiledPart.ATTN, 128, 0)[1] == pytest.approx(2e-3)
+    # the second chunk of 128 tokens starts after 128 keys
+    forward = model.task_duration(TaskId(TaskKind.FORWARD, 1, 0, 1))
+    expected_attention = 2 * (1e-3 + 2e-3 * 128 / 1000)  # two attn layers on stage 1
+    assert forward == pytest.approx(expected_attention + 2 * 1e-3 + 1e-3)  # their MLPs and the head
+
+
+def test_one_measured_prefix_scales_by_the_pair_flops():
+    model = attention_model(attention_layers([(0, 1e-3)]))
+    from schedlang.lowering.cost import attention_pair_flops
+    from schedlang.lowering.profile_cost import measured_flops_per_token
+
+    measured = model.profile.measurements(ProfiledPart.ATTN)[0]
+    per_token = measured_flops_per_token(measured, 64)
+    pairs = attention_pair_flops(2, 64)
+    expected = 1e-3 * (per_token + pairs * (256 + 64)) / (per_token + pairs * 64)
+    assert model.part_seconds(ProfiledPart.ATTN, 128, 256)[0] == pytest.approx(expected)
