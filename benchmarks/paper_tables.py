@@ -278,6 +278,26 @@ def zeco_throughput_rows(profile: HardwareProfile | None = None) -> list[tuple[s
     return rows
 
 
+ZECO_TABLE2 = {  # (collective, GPUs) -> ms for one H=32, d_k=d_v=128 state per rank; 8 GPUs fix the links
+    ("allscan", 8): 0.226, ("allscan", 64): 0.739, ("allscan", 256): 2.165,
+    ("allgather", 8): 0.375, ("allgather", 64): 2.543, ("allgather", 256): 8.514,
+}
+
+
+def zeco_communication_rows(profile: HardwareProfile | None = None) -> list[tuple[str, int, float, float]]:
+    """(collective, GPUs, paper ms, predicted ms) of Table 2: the profile model's scans over ranks 0..P-1."""
+    from schedlang.lowering.profile_cost import scan_seconds
+    from schedlang.vocabulary import SequenceParallelMethod
+
+    profile = profile or zeco_model_profile()
+    blocks = ZECO_TABLE2_STATE_BYTES // 4 // ZECO_BLOCK_ELEMENTS
+    return [
+        (method, ranks, paper,
+         1e3 * scan_seconds(SequenceParallelMethod(method), list(range(ranks)), blocks, ZECO_TABLE2_STATE_BYTES, profile))
+        for (method, ranks), paper in ZECO_TABLE2.items()
+    ]
+
+
 STATEFLOW_SCHEDULE = """schedule stateflow_3b
 model {{ vocab = 50304  d_model = 2560  layers = [gdn] * 32  heads = 20  head_dim = 128  mlp = swiglu(ratio = 2.6875) }}
 mesh {{ pipeline = 8 }}
@@ -366,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
             (PROFILES_DIRECTORY / f"{name}.toml").write_text(shipped_text(name), encoding="utf-8")
     print("| table | method | per-GPU tokens | GPUs | paper | predicted | predicted / paper |")
     print("|---|---|---|---|---|---|---|")
+    for method, ranks, paper, predicted in zeco_communication_rows():
+        print(f"| ZeCO 2 (ms) | {'All-Scan' if method == 'allscan' else 'All-Gather'} | 8K | {ranks} | {paper:.3f} | "
+              f"{predicted:.3f} | {predicted / paper:.2f} |")
     for method, length, ranks, paper, predicted in zeco_operator_rows():
         table = "3" if length == 16384 else "4"
         print(f"| ZeCO {table} (ms) | {PAPER_NAMES[method]} | {length // 1024}K | {ranks} | {paper:.2f} | "
