@@ -33,7 +33,6 @@ from schedlang.lowering.cost import (
     ChunkForwardSeconds,
     FlopsCostModel,
     attention_pair_flops,
-    attention_pairs,
     head_flops_per_token,
     layer_kind_counts,
     layer_mixer_flops_per_token,
@@ -236,7 +235,8 @@ class ProfileCostModel:
         sequence = program.sequence
         ranks = self._sequence_ranks(stage)
         scans = sum(
-            n_layers * scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self.sizes.scan_bytes(kind), profile)
+            n_layers
+            * scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self.sizes.scan_bytes(kind), profile)
             for kind, n_layers in self.stage_kinds[stage].items()
             if kind.is_recurrent
         )
@@ -253,7 +253,8 @@ class ProfileCostModel:
         return scans + attention_layers * gather, scans + attention_layers * scatter
 
     def _accumulation(self, parameters: int) -> float:
-        return GRADIENT_ACCUMULATION_PASSES * parameters * self.sizes.element_bytes / self.profile.memory_bandwidth_bytes_per_s
+        passes = GRADIENT_ACCUMULATION_PASSES * parameters * self.sizes.element_bytes
+        return passes / self.profile.memory_bandwidth_bytes_per_s
 
     def _stage_chunk(self, stage: int, chunk: int) -> dict[TaskKind, float]:
         program, profile = self.program, self.profile

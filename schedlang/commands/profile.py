@@ -172,7 +172,8 @@ def build_profile(args, program, device, timings, memory_bandwidth, offload_band
                       key=lambda timing: timing.tokens)
         tokens = tuple(timing.tokens for timing in rows)
         kind = ProfiledPart(part)
-        heads, head_dim = (attention.heads, attention.head_dim) if kind is ProfiledPart.ATTN else (model.heads, model.head_dim)
+        is_attention = kind is ProfiledPart.ATTN
+        heads, head_dim = (attention.heads, attention.head_dim) if is_attention else (model.heads, model.head_dim)
         mixer = kind not in (ProfiledPart.MLP, ProfiledPart.EMBEDDING, ProfiledPart.HEAD)
         from schedlang.runtime.model import swiglu_width
 

@@ -181,10 +181,8 @@ def test_offload_shows_only_a_copy_longer_than_its_task():
 def test_width_scales_by_flops_from_the_nearest_measurement():
     profile = parse_hardware_profile(profile_text())
     narrow = ProfileCostModel(program_of(), profile)
-    wide_program = compile_schedule(
-        ScheduleText(SCHEDULE.format(length=256, mesh="", sequence="", pipeline="").replace("d_model = 128", "d_model = 256")),
-        through=Pass.CHECK,
-    ).program
+    wide_text = SCHEDULE.format(length=256, mesh="", sequence="", pipeline="").replace("d_model = 128", "d_model = 256")
+    wide_program = compile_schedule(ScheduleText(wide_text), through=Pass.CHECK).program
     wide = ProfileCostModel(wide_program, profile)
     mlp_narrow = narrow.part_seconds(ProfiledPart.MLP, 128, 0)[0]
     # the MLP's FLOPs grow with d_model x hidden, and hidden = 4 d_model: four times the measured 128 x 512
