@@ -69,8 +69,15 @@ def attention_prefixes(program) -> list[int]:
 
 
 class ProgressBar:
-    def __init__(self, total: int, stream=sys.stderr, width: int = 30) -> None:
-        self.total, self.done, self.stream, self.width = total, 0, stream, width
+    """Measurements done out of ``total``, redrawn in place on standard error (looked up when drawn, so a
+    replaced ``sys.stderr`` is the one written to)."""
+
+    def __init__(self, total: int, width: int = 30) -> None:
+        self.total, self.done, self.width = total, 0, width
+
+    @property
+    def stream(self):
+        return sys.stderr
 
     def step(self, label: str) -> None:
         self.done += 1
