@@ -147,7 +147,8 @@ def profile_record(name: str, device: str, note: str, links, topology: Topology,
     return HardwareProfile(
         name=name, device=device, origin=Origin.DERIVED, note=note, dtype="bf16",
         memory_bandwidth_bytes_per_s=memory_bandwidth,
-        overhead=Overhead(eager_layer_seconds, 0.0, 0.0), offload=Offload(25e9), links=links, topology=topology,
+        overhead=Overhead(eager_layer_seconds, 0.0, 0.0, 3 * eager_layer_seconds), offload=Offload(25e9),
+        links=links, topology=topology,
         layers=tuple(layers),
     )
 

@@ -102,13 +102,15 @@ class LayerMeasurement:
 @dataclass(frozen=True)
 class Overhead:
     """Per-task costs outside the kernels: ``eager_layer_seconds`` is host time to launch one layer's forward
-    eagerly (a backward launches twice as much; a task takes the longer of its host and device time);
+    eagerly and ``eager_backward_layer_seconds`` its whole backward, weight gradients included (a profile
+    without it reads three times the forward's); an eager task takes the longer of its host and device time;
     ``graph_layer_seconds`` is the launch gaps of one layer's forward replayed from a CUDA graph (added);
     ``task_seconds`` is fixed per task (the executor's bookkeeping)."""
 
     eager_layer_seconds: float
     graph_layer_seconds: float
     task_seconds: float
+    eager_backward_layer_seconds: float
 
 
 @dataclass(frozen=True)
@@ -352,6 +354,7 @@ def parse_hardware_profile(text: str, path: str = "<memory>") -> HardwareProfile
     nodes = reader.integer(topology, "nodes", "topology")
     if gpus_per_node < 1 or nodes < 1:
         reader.fail("'topology.gpus_per_node' and 'topology.nodes' must be at least 1", "topology", None)
+    forward_host = reader.number(overhead, "eager_layer_seconds", "overhead", positive=False)
     return HardwareProfile(
         name=reader.string(device, "name", "device"),
         device=reader.string(device, "model", "device"),
@@ -360,9 +363,11 @@ def parse_hardware_profile(text: str, path: str = "<memory>") -> HardwareProfile
         dtype=reader.string(device, "dtype", "device", ("fp32", "bf16", "fp16", "fp64")),
         memory_bandwidth_bytes_per_s=reader.number(device, "memory_bandwidth", "device"),
         overhead=Overhead(
-            reader.number(overhead, "eager_layer_seconds", "overhead", positive=False),
+            forward_host,
             reader.number(overhead, "graph_layer_seconds", "overhead", positive=False),
             reader.number(overhead, "task_seconds", "overhead", positive=False),
+            reader.number(overhead, "eager_backward_layer_seconds", "overhead", positive=False)
+            if "eager_backward_layer_seconds" in overhead else 3 * forward_host,
         ),
         offload=Offload(reader.number(offload, "bandwidth", "offload")),
         links=link_records,
@@ -429,6 +434,7 @@ def format_hardware_profile(profile: HardwareProfile, header: str = "") -> str:
         "",
         "[overhead]",
         f"eager_layer_seconds = {format_number(profile.overhead.eager_layer_seconds)}",
+        f"eager_backward_layer_seconds = {format_number(profile.overhead.eager_backward_layer_seconds)}",
         f"graph_layer_seconds = {format_number(profile.overhead.graph_layer_seconds)}",
         f"task_seconds = {format_number(profile.overhead.task_seconds)}",
         "",

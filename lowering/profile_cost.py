@@ -312,9 +312,19 @@ class ProfileCostModel:
             copy = chunk_activation_bytes(program, stage, chunk) / profile.offload.bandwidth_bytes_per_s
             device_forward += max(0.0, copy - device_forward)
             device_backward += max(0.0, copy - device_backward)
+        # graph replay: launch gaps per layer launched (a forward 1x, a backward 2x, W 1x, as the graphs replay)
         launches = {TaskKind.FORWARD: blocks, TaskKind.BACKWARD: 2 * blocks, TaskKind.WEIGHT: blocks}
+        # eager: the measured host time of a layer's forward and of its whole backward, which W takes a third of
+        # when the backward is split (its share of the launches)
+        host_backward = blocks * overhead.eager_backward_layer_seconds
+        host = {
+            TaskKind.FORWARD: blocks * overhead.eager_layer_seconds,
+            TaskKind.BACKWARD: host_backward * (2 / 3 if self.split_backward else 1.0),
+            TaskKind.WEIGHT: host_backward / 3,
+        }
         if recompute_on(program.pipeline.recompute, stage) is Recompute.FULL:
             launches[TaskKind.BACKWARD] += blocks
+            host[TaskKind.BACKWARD] += blocks * overhead.eager_layer_seconds
         if not self.split_backward:
             launches[TaskKind.BACKWARD] += launches[TaskKind.WEIGHT]
         device = {TaskKind.FORWARD: device_forward, TaskKind.BACKWARD: device_backward, TaskKind.WEIGHT: device_weight}
@@ -323,7 +333,7 @@ class ProfileCostModel:
             if self.graphs:
                 total = device_seconds + launches[kind] * overhead.graph_layer_seconds
             else:
-                total = max(device_seconds, launches[kind] * overhead.eager_layer_seconds)
+                total = max(device_seconds, host[kind])
             seconds[kind] = total + overhead.task_seconds
         return seconds
 

@@ -6,8 +6,8 @@ final norm with the LM head and the loss) and times, for one sequence of ``token
 for an attention layer), its forward, its backward without weight gradients (parameters frozen) and its whole
 backward, whose difference is the weight gradients' time (``W``), after one warm-up run: on CUDA the kernels'
 summed durations (:func:`kernel_seconds`: device time without launch gaps or host time), on the CPU the median
-wall time. The forward's host time (the time to return, without waiting for the device) is kept for the eager
-launch overhead. :func:`measure_memory_bandwidth`,
+wall time. The host time of the forward and of the whole backward (the time to return, without waiting for the
+device) is kept for the eager launch overhead. :func:`measure_memory_bandwidth`,
 :func:`measure_offload_bandwidth` and :func:`measure_links` measure the rest; ``measure_links`` starts one
 process per device and times ``torch.distributed`` point-to-point, all-gather and reduce-scatter at two sizes,
 fitting latency and bandwidth to them.
@@ -47,6 +47,7 @@ class PartTiming:
     backward_s: float  # without the weight gradients
     weight_s: float
     host_forward_s: float
+    host_backward_s: float  # the whole backward's, weight gradients included
 
 
 def synchronize(device: torch.device) -> None:
@@ -139,6 +140,16 @@ def measure_part(
 
     forward_s = kernel_seconds(run_forward, device, repeats)
     whole_s = kernel_seconds(run_forward_backward, device, repeats) - forward_s
+    host_backward = []
+    for _ in range(repeats):
+        output = forward(make_inputs())
+        synchronize(device)
+        start = time.perf_counter()
+        output.backward(torch.ones_like(output) if output.dim() else None)
+        host_backward.append(time.perf_counter() - start)
+        synchronize(device)
+        for parameter in model.parameters():
+            parameter.grad = None
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     # the embedding's input is token ids: its whole backward is its weight gradient
@@ -150,7 +161,10 @@ def measure_part(
         host.append(time.perf_counter() - start)
         synchronize(device)
     weight_s = max(whole_s - input_only_s, 0.0)
-    return PartTiming(part, tokens, prefix, forward_s, max(whole_s - weight_s, 0.0), weight_s, statistics.median(host))
+    return PartTiming(
+        part, tokens, prefix, forward_s, max(whole_s - weight_s, 0.0), weight_s, statistics.median(host),
+        statistics.median(host_backward),
+    )
 
 
 def measure_memory_bandwidth(device: torch.device, n_bytes: int) -> float:

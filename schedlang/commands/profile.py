@@ -197,7 +197,9 @@ def build_profile(args, program, device, timings, memory_bandwidth, offload_band
             weight=Curve(tokens, tuple(timing.weight_s for timing in rows)),
         ))
     shortest = min(timing.tokens for timing in timings)
-    host = [timing.host_forward_s for timing in timings if timing.tokens == shortest and timing.part != "embedding"]
+    hosted = [timing for timing in timings if timing.tokens == shortest and timing.part != "embedding"]
+    host = [timing.host_forward_s for timing in hosted]
+    host_backward = [timing.host_backward_s for timing in hosted]
     device_name = torch_device_name(device)
     link_records = dict(defaults.links)
     if links is not None:
@@ -210,9 +212,8 @@ def build_profile(args, program, device, timings, memory_bandwidth, offload_band
     profile = HardwareProfile(
         name=name, device=device_name, origin=Origin.MEASURED, note=note, dtype=program.train.dtype.value,
         memory_bandwidth_bytes_per_s=memory_bandwidth,
-        # on the CPU the host runs the kernels itself: no launch time of its own to add
-        overhead=Overhead(sorted(host)[len(host) // 2] if host and device.type == "cuda" else 0.0,
-                          defaults.overhead.graph_layer_seconds, 0.0),
+        overhead=Overhead(median_or_zero(host, device), defaults.overhead.graph_layer_seconds, 0.0,
+                          median_or_zero(host_backward, device)),
         offload=Offload(offload_bandwidth or defaults.offload.bandwidth_bytes_per_s),
         links=link_records,
         topology=Topology(max(gpus, 1) if links else defaults.topology.gpus_per_node, 1),
@@ -231,6 +232,13 @@ def build_profile(args, program, device, timings, memory_bandwidth, offload_band
         f"from the {defaults.name} profile's defaults, not measured: {'; '.join(default_figures)}",
     ])
     return profile, header
+
+
+def median_or_zero(seconds: list[float], device) -> float:
+    """The median host time; 0 on the CPU, whose host runs the kernels itself (no launch time of its own)."""
+    if not seconds or device.type != "cuda":
+        return 0.0
+    return sorted(seconds)[len(seconds) // 2]
 
 
 def torch_device_name(device) -> str:

@@ -119,12 +119,13 @@ def test_curve_interpolates_between_lengths_and_scales_beyond_them():
     assert curve.at(400) == pytest.approx(6.0)  # proportional from the last
 
 
-def test_shipped_profiles_load_and_h200_names_the_placeholder():
-    assert {"h200-benchmarks", "zeco-h100", "stateflow-a100", "zeco-h100-operator"} <= set(shipped_profiles())
+def test_shipped_profiles_load_and_h200_names_the_measured_profile():
+    assert {"h200", "h200-benchmarks", "zeco-h100", "stateflow-a100", "zeco-h100-operator"} <= set(shipped_profiles())
     for name in shipped_profiles():
         assert resolve_hardware(name).name == name
     h200 = resolve_hardware("h200")
-    assert h200.origin is Origin.DERIVED and "not a schedlang profile run" in h200.note
+    assert h200.origin is Origin.MEASURED and h200.device == "NVIDIA H200"
+    assert resolve_hardware("h200-benchmarks").origin is Origin.DERIVED
 
 
 def test_forward_is_the_sum_of_the_parts_at_the_chunk_tokens():
@@ -326,7 +327,7 @@ def test_simulate_refuses_a_cost_model_that_contradicts_hardware(tmp_path):
 
 def test_simulate_names_the_parts_a_profile_lacks(capsys):
     hybrid = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "gdn_hybrid.sched")
-    assert run_simulate([hybrid, "--hardware", "h200"]) == 1
+    assert run_simulate([hybrid, "--hardware", "h200-benchmarks"]) == 1
     error = capsys.readouterr().err
     assert "hardware profile h200-benchmarks has no measurement of gdn, attn" in error
     assert "Traceback" not in error

@@ -1,9 +1,9 @@
 """Our own 2-GPU run predicted with the H200 profile: the PP2 job of docs/benchmarks.md's "Where the W tasks go"
 (2 H200s, the split-MLP 1B GLA, 4 microbatches of 32K, bf16; torch's Schedule1F1B in the same job).
 
-The H200 profile shipped today is the placeholder derived from docs/benchmarks.md (its header says so); its
-compute curves come from the kernel-time figures of these same PP2 jobs, so what these tests hold is the
-schedule's part of the model (fill, drain, chunk lengths, W placement, graph gaps), not the compute level.
+The H200 profile is measured by `schedlang profile` on one H200 (lowering/profiles/h200.toml): its compute
+curves time each part alone, not these PP2 jobs, so these tests hold the compute level and the schedule's part of
+the model (fill, drain, chunk lengths, W placement, graph gaps) together.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def test_pp2_ratio_over_schedule1f1b(predictions):
     assert predicted > 1.1
 
 
-def test_the_h200_profile_in_use_is_the_named_placeholder():
+def test_the_h200_profile_in_use_is_the_measured_one():
     profile = resolve_hardware("h200")
-    assert profile.name == "h200-benchmarks"
+    assert profile.name == "h200"
     with open(profile.source_file, encoding="utf-8") as handle:
-        assert handle.readline().startswith("# PLACEHOLDER H200 profile, NOT measured by `schedlang profile`")
+        assert handle.readline().startswith("# Measured by `schedlang profile")
