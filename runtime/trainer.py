@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from schedlang.runtime.config import ModelConfig, PipelineConfig, TrainConfig, run_request
+from schedlang.runtime.config import PipelineConfig
 from schedlang.runtime.cublas import use_workspace_free_gemms
 from schedlang.runtime.data import TokenSource
 from schedlang.runtime.executor import StageExecutor, StepShape
@@ -44,10 +44,13 @@ from schedlang.vocabulary import (
     Action,
     CudaGraphs,
     DType,
+    ModelConfig,
     OptimizerKind,
+    TrainConfig,
     deferred_weight_units,
     recompute_on,
     require_supported,
+    run_request,
 )
 
 DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16, DType.FP64: torch.float64}

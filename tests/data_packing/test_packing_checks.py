@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from schedlang.runtime.config import DataConfig
 from schedlang.runtime.data import TokenSource
 from schedlang.runtime.packing import loss_token_count
-from schedlang.vocabulary import DataKind
+from schedlang.vocabulary import DataConfig, DataKind
 
 SCHEDULE = """schedule packed
 model {{ vocab = {vocab}  d_model = 32  layers = [{layers}]  heads = 2  head_dim = 16 }}

@@ -17,7 +17,7 @@ from runtime_harness import compile_schedule, relative_error, run_job
 from schedlang.diagnostics import ScheduleError
 from schedlang.frontend import load_program_text
 from schedlang.lowering.memory_terms import StaticPart, static_bytes
-from schedlang.runtime.config import ModelConfig, TrainConfig
+from schedlang.vocabulary import ModelConfig, TrainConfig
 from schedlang.runtime.master_weights import MasterWeights
 from schedlang.runtime.model import build_stage_model
 from schedlang.runtime.trainer import build_optimizer
