@@ -78,6 +78,7 @@ class TrainConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     grad_clip: float | None = None
+    decay_norms_and_biases: bool = True  # false: the optimizer's weight decay skips parameters of < 2 dimensions
     checkpoint_directory: str | None = None
     checkpoint_every: int = 0
     log_every: int = 1
@@ -194,6 +195,15 @@ TRAIN_KEYS: tuple[Key, ...] = (
         "train", "grad_clip", Number(0.0, above=True), TrainConfig, "grad_clip = 1.0",
         doc="> 0 (global gradient-norm clip)",
         accepts_none=True,
+    ),
+    Key(
+        "train", "decay_norms_and_biases", Boolean(), TrainConfig, "decay_norms_and_biases = false",
+        doc=(
+            "`false`: the optimizer's `weight_decay` applies only to parameters of two or more dimensions (the "
+            "linear layers' weights, the embedding, the convolutions), not to norm weights, biases or Mamba "
+            "gates' `A_log` and `dt_bias` (nanoGPT's and Megatron-LM's grouping); `true` decays every parameter. "
+            "No effect with `weight_decay = 0`"
+        ),
     ),
     Key(
         "train", "log_every", Integer(1, 1 << 40), TrainConfig, "log_every = 5",
