@@ -31,6 +31,7 @@ from schedlang.checks.schema import BLOCK_KEYS
 from schedlang.checks.sequence import build_sequence
 from schedlang.diagnostics import ScheduleError
 from schedlang.lowering.program import ScheduleProgram
+from schedlang.vocabulary import TrainConfig
 
 __all__ = ["BLOCK_KEYS", "lower_to_program"]
 
@@ -48,16 +49,18 @@ def lower_to_program(schedule_file: ast.ScheduleFile, source_text: str) -> Sched
     train = build_train(checker)
     stage_layers = checker.derived["model.stages"]
     program = None
-    if None not in (model, mesh, stage_layers, sequence, pipeline, train):
-        # the capabilities read the program; one without a header (reported) is only checked, never returned
+    if None not in (model, mesh, sequence, pipeline):
+        # The capabilities read the model, mesh, sequence and pipeline of the program; they are checked as soon
+        # as those read cleanly, beside the problems of the other keys. A program with a refused train block,
+        # stage list or header (each reported) is only checked, never returned.
         program = ScheduleProgram(
             name=schedule_file.header.name if schedule_file.header is not None else "",
             model=model,
             mesh=mesh,
             sequence=sequence,
             pipeline=pipeline,
-            train=train,
-            stage_layers=stage_layers,
+            train=train or TrainConfig(),
+            stage_layers=stage_layers or (),
             source_file=checker.filename,
             spans=dict(checker.spans),
         )
@@ -65,6 +68,6 @@ def lower_to_program(schedule_file: ast.ScheduleFile, source_text: str) -> Sched
     if checker.diagnostics:
         ordered = sorted(checker.diagnostics, key=lambda diagnostic: (diagnostic.span.line, diagnostic.span.column))
         raise ScheduleError(ordered, {checker.filename: source_text})
-    if program is None:
+    if program is None or None in (train, stage_layers):
         raise RuntimeError("semantic pass left a value unset without reporting why")
     return program
