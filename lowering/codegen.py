@@ -5,8 +5,8 @@ cannot run (the capabilities list, ``schedlang.vocabulary.capabilities``), and t
 the placement pass made from its legal orders (``schedlang.compiler.compile_schedule`` runs the passes
 before this one). This pass builds a view model in which every value from the schedule file is already
 a Python literal (``repr``), and renders ``templates/train.py.jinja``. The model and train settings are
-the vocabulary's records, written generically as constructors of the fields that differ from their
-defaults (``lowering.literals``). The template only arranges those literals; user text never becomes code.
+the vocabulary's records and the pipeline the runtime's ``PipelineConfig`` (:func:`pipeline_record`), each
+written generically as a constructor of the fields that differ from their defaults (``lowering.literals``). The template only arranges those literals; user text never becomes code.
 """
 
 from __future__ import annotations
@@ -22,17 +22,11 @@ from schedlang.lowering import paths
 from schedlang.lowering.literals import LINE_WIDTH, record_literal
 from schedlang.lowering.program import ScheduleProgram
 from schedlang.lowering.script_text import docstring_script_name
-from schedlang.vocabulary import Action, AttentionExchange, StageRecompute
+from schedlang.runtime.config import PipelineConfig
+from schedlang.vocabulary import Action
 
 ACTIONS_PER_LINE = 8
 _SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
-
-
-def _recompute_literal(recompute: StageRecompute) -> str:
-    """``'full'``, or ``('full', 'none')`` with a mode per stage."""
-    if isinstance(recompute, tuple):
-        return repr(tuple(mode.value for mode in recompute))
-    return repr(recompute.value)
 
 
 def make_environment() -> jinja2.Environment:
@@ -72,16 +66,7 @@ class TrainScriptView:
     train_literal: str  # TRAIN's record, likewise
     settings_import: str  # the import of the vocabulary's record classes those literals name
     stages: tuple[StageView, ...]
-    stage_actions_literal: str
-    stage_layers_literal: str
-    chunk_boundaries_literal: str
-    recompute: str
-    sequence_parallel: str
-    sequence_method: str
-    scan_blocks: str
-    attention_exchange: str = ""  # the exchange's value as a literal, empty for the default all-gather
-    cuda_graphs: str = ""  # the mode's value as a literal, empty without graphs
-    offload: bool = False
+    pipeline_literal: str  # PIPELINE's record, its stage actions named by the STAGE_<r>_ACTIONS above it
 
 
 def _action_lines(actions) -> tuple[str, ...]:
@@ -104,6 +89,26 @@ def _order_name(pipeline) -> str:
     if pipeline.split_backward:
         more += (" and" if more else " with") + " split backwards (weight gradients as W tasks)"
     return f"{pipeline.order.value} order{more}"
+
+
+def pipeline_record(program: ScheduleProgram, stage_actions: Sequence[Sequence[Action]]) -> PipelineConfig:
+    """The runtime's record of how a step runs: the program's stages, chunks, microbatches and parallelism,
+    and each stage's placed action list in text form."""
+    return PipelineConfig(
+        stage_layers=tuple(tuple(layers) for layers in program.stage_layers),
+        chunk_boundaries=tuple(program.sequence.boundaries),
+        microbatches=program.n_microbatches,
+        microbatch_size=program.pipeline.microbatch_size,
+        stage_actions=tuple(tuple(str(action) for action in actions) for actions in stage_actions),
+        data_parallel=program.mesh.data,
+        recompute=program.pipeline.recompute,
+        sequence_parallel=program.mesh.sequence,
+        sequence_method=program.sequence.parallel,
+        scan_blocks=program.sequence.scan_blocks,
+        attention_exchange=program.sequence.attention,
+        cuda_graphs=program.pipeline.cuda_graphs,
+        offload=program.pipeline.offload,
+    )
 
 
 def _import_line(module: str, names: list[str]) -> str:
@@ -143,6 +148,11 @@ def build_view(
     model_literal = record_literal(program.model, names, start=len("MODEL = "), one_per_line=True)
     train = paths.with_resolved_inputs(program).train
     train_literal = record_literal(train, names, start=len("TRAIN = "), one_per_line=True)
+    pipeline = pipeline_record(program, stage_actions)
+    stage_action_names = _tuple_of_names([f"STAGE_{index}_ACTIONS" for index in range(n_stages)])
+    pipeline_literal = record_literal(
+        pipeline, set(), start=len("PIPELINE = "), one_per_line=True, written={"stage_actions": stage_action_names}
+    )
     return TrainScriptView(
         title=f"schedule {program.name}" if _SAFE_NAME.match(program.name) else "a schedule",
         source_literal=repr(Path(program.source_file).name),
@@ -159,20 +169,7 @@ def build_view(
         train_literal=train_literal,
         settings_import=_import_line("schedlang.vocabulary", sorted(names)),
         stages=tuple(stages),
-        stage_actions_literal=_tuple_of_names([f"STAGE_{index}_ACTIONS" for index in range(n_stages)]),
-        stage_layers_literal=repr(tuple(tuple(layers) for layers in program.stage_layers)),
-        chunk_boundaries_literal=repr(tuple(program.sequence.boundaries)),
-        recompute=_recompute_literal(program.pipeline.recompute),
-        sequence_parallel=repr(program.mesh.sequence),
-        sequence_method=repr(program.sequence.parallel.value),
-        scan_blocks=repr(program.sequence.scan_blocks),
-        attention_exchange=(
-            repr(program.sequence.attention.value)
-            if program.sequence.attention is not AttentionExchange.ALLGATHER
-            else ""
-        ),
-        cuda_graphs=repr(program.pipeline.cuda_graphs.value) if program.pipeline.cuda_graphs else "",
-        offload=program.pipeline.offload,
+        pipeline_literal=pipeline_literal,
     )
 
 

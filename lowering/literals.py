@@ -45,17 +45,26 @@ def changed_fields(record) -> list[tuple[str, object]]:
     return changed
 
 
-def record_literal(record, names: set[str], indent: int = 0, start: int = 0, one_per_line: bool = False) -> str:
+def record_literal(
+    record,
+    names: set[str],
+    indent: int = 0,
+    start: int = 0,
+    one_per_line: bool = False,
+    written: dict[str, str] | None = None,
+) -> str:
     """``Name(field=literal, ...)`` for ``record``, written from column ``start`` of a line indented by
     ``indent``; see the module docstring. ``one_per_line`` forces an argument per line (the script's
-    top-level records read as a list of settings)."""
+    top-level records read as a list of settings); ``written`` gives the source of fields the script states
+    elsewhere (a name it defines), written whatever their value."""
     name = type(record).__name__
     names.add(name)
     inner = " " * (indent + 4)
-    arguments = [
-        f"{field}={_value_literal(value, indent + 4, indent + 4 + len(field) + 1, names)}"
-        for field, value in changed_fields(record)
-    ]
+    written = written or {}
+    arguments = []
+    for field, value in changed_fields(record):
+        source = written.get(field) or _value_literal(value, indent + 4, indent + 4 + len(field) + 1, names)
+        arguments.append(f"{field}={source}")
     one_line = f"{name}({', '.join(arguments)})"
     if not arguments or (not one_per_line and "\n" not in one_line and start + len(one_line) + 1 <= LINE_WIDTH):
         return one_line

@@ -59,11 +59,6 @@ PIPELINE = PipelineConfig(
     microbatches=2,
     microbatch_size=1,
     stage_actions=(STAGE_0_ACTIONS, STAGE_1_ACTIONS),
-    data_parallel=1,
-    recompute='none',
-    sequence_parallel=1,
-    sequence_method='allscan',
-    scan_blocks=1,
 )
 
 TRAIN = TrainConfig(
