@@ -140,8 +140,9 @@ def revise(program: ScheduleProgram, **changes) -> ScheduleProgram:
     """``program`` with schedule keys set to new values, checked again from the text up.
 
     Each change is named by its key (``extra_warmup=2``, ``chunks=8``) or, where a key belongs to two
-    blocks, by ``block.key`` (``**{"mesh.data": 2}``). A value is a bool, number, enum, or a list of those,
-    or a str of schedule text written as is (``parallel="ring"``). The changed keys replace the written
+    blocks, by ``block.key`` (``**{"mesh.data": 2}``). A value is what the key's schema row reads (a bool,
+    number, enum, list, or a record such as ``OptimizerConfig(lr=0.01)``), written back as text by the row
+    (``Key.text``), or a str of schedule text written as is (``parallel="ring"``). The changed keys replace the written
     values in the schedule's text (or are added on the line of their block's closing brace, so that no
     line moves), and the whole text is checked again, so an illegal variant raises ``ScheduleError``
     pointing into the revised line. Raises ``ValueError`` for

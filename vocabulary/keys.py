@@ -127,7 +127,7 @@ def schedule_text(value: object) -> str:
             current = getattr(value, field.name)
             if field.name == "kind" or current == record_default(type(value), field.name):
                 continue
-            written = json.dumps(current) if isinstance(current, str) else schedule_text(current)
+            written = json.dumps(current, ensure_ascii=False) if isinstance(current, str) else schedule_text(current)
             arguments.append(f"{field.name} = {written}")
         return f"{value.kind.value}({', '.join(arguments)})" if arguments else str(value.kind.value)
     return str(value)

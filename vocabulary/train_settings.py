@@ -105,7 +105,7 @@ LOSS_SCALE_DEFAULT = Derived("dynamic with dtype = fp16, else none")
 
 def _checkpoint_text(value: tuple[str, int]) -> str:
     directory, every = value
-    return f"{json.dumps(directory)} every {every}"
+    return f"{json.dumps(directory, ensure_ascii=False)} every {every}"
 
 
 def _loss_scale_text(value: LossScaleConfig) -> str:
