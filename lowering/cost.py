@@ -45,12 +45,21 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
-from schedlang.lowering.program import MlpKind, ModelSpec, ScheduleProgram
+from schedlang.lowering.program import ScheduleProgram
 from schedlang.lowering.operator_tokens import operator_tokens
 from schedlang.lowering.parameters import mixer_linear_weights, stage_parameters
 from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.lowering.timeline import MessageKind
-from schedlang.vocabulary import AttentionExchange, DType, LayerKind, Recompute, SequenceParallelMethod, recompute_on
+from schedlang.vocabulary import (
+    AttentionExchange,
+    DType,
+    LayerKind,
+    MlpKind,
+    ModelConfig,
+    Recompute,
+    SequenceParallelMethod,
+    recompute_on,
+)
 
 if TYPE_CHECKING:
     from schedlang.lowering.hardware_profile import HardwareProfile
@@ -210,7 +219,7 @@ def mixer_flops_per_token(kind: LayerKind, d_model: int, heads: int, head_dim: i
     return projections + recurrence_flops_per_token(kind, heads, head_dim, kernel_chunk)
 
 
-def layer_projection_flops_per_token(model: ModelSpec, kind: LayerKind) -> float:
+def layer_projection_flops_per_token(model: ModelConfig, kind: LayerKind) -> float:
     """Forward FLOPs per token of the linear layers of a ``kind`` layer's token mixer in ``model``: 2 per weight
     of the mixer the runtime builds (:func:`schedlang.lowering.parameters.mixer_linear_weights`), so every
     option counts (narrow keys, grouped heads, low-rank gates, output gates, an attn layer's own heads). For
@@ -218,13 +227,13 @@ def layer_projection_flops_per_token(model: ModelSpec, kind: LayerKind) -> float
     return 2.0 * mixer_linear_weights(model, kind)
 
 
-def layer_mixer_flops_per_token(model: ModelSpec, kind: LayerKind, kernel_chunk: int) -> float:
+def layer_mixer_flops_per_token(model: ModelConfig, kind: LayerKind, kernel_chunk: int) -> float:
     """:func:`mixer_flops_per_token` of a layer of ``kind`` in ``model``, its projections sized by
     :func:`layer_projection_flops_per_token`."""
     return layer_projection_flops_per_token(model, kind) + layer_recurrence_flops_per_token(model, kind, kernel_chunk)
 
 
-def layer_recurrence_flops_per_token(model: ModelSpec, kind: LayerKind, kernel_chunk: int) -> float:
+def layer_recurrence_flops_per_token(model: ModelConfig, kind: LayerKind, kernel_chunk: int) -> float:
     """:func:`recurrence_flops_per_token` of a layer of ``kind`` in ``model``, per token its operator runs over
     (with packed documents, per padded token: schedlang.lowering.operator_tokens)."""
     state = model.state_geometry(kind)
@@ -238,7 +247,7 @@ def attention_pair_flops(heads: int, head_dim: int) -> float:
     return 4 * heads * head_dim
 
 
-def model_attention_pair_flops(model: ModelSpec) -> float:
+def model_attention_pair_flops(model: ModelConfig) -> float:
     """:func:`attention_pair_flops` of the ``attn`` layers of ``model``, by their own query heads."""
     attention = model.attention_geometry
     return attention_pair_flops(attention.heads, attention.head_dim)
@@ -259,11 +268,11 @@ def last_rank_square_share(ranks: int) -> float:
     return (2 * ranks - 1) / (2 * ranks)
 
 
-def mlp_flops_per_token(model: ModelSpec) -> float:
-    mlp = model.mlp
-    if mlp.kind is MlpKind.NONE:
+def mlp_flops_per_token(model: ModelConfig) -> float:
+    if model.mlp_kind is MlpKind.NONE:
         return 0.0
-    hidden = mlp.ratio * model.d_model if mlp.width is None else mlp.width
+    width = model.options.mlp_width
+    hidden = model.mlp_ratio * model.d_model if width is None else width
     return 3 * 2 * model.d_model * hidden  # SwiGLU: gate, up and down projections
 
 
@@ -276,13 +285,13 @@ gate activation, recurrence kernels and residual add; an MLP's norm, two GEMMs, 
 embedding, or the final norm, head and loss."""
 
 
-def layer_kind_counts(model: ModelSpec, layers: tuple[int, ...]) -> Counter:
+def layer_kind_counts(model: ModelConfig, layers: tuple[int, ...]) -> Counter:
     """How many of ``layers`` are of each kind: per-layer sums go over kinds, since ``model.has_mlp`` reads the
     whole model and calling it once per layer made the cost model quadratic in the layer count."""
     return Counter(model.layers[layer] for layer in layers)
 
 
-def kernel_launches(model: ModelSpec, layers: tuple[int, ...], is_first: bool, is_last: bool) -> int:
+def kernel_launches(model: ModelConfig, layers: tuple[int, ...], is_first: bool, is_last: bool) -> int:
     """Kernels one chunk's forward launches on a stage holding ``layers``."""
     count = sum(
         n_layers
@@ -295,12 +304,12 @@ def kernel_launches(model: ModelSpec, layers: tuple[int, ...], is_first: bool, i
     return count + KERNELS_PER_STAGE_END_FORWARD * (is_first + is_last)
 
 
-def head_flops_per_token(model: ModelSpec) -> float:
+def head_flops_per_token(model: ModelConfig) -> float:
     """The language-model head's projection to the vocabulary."""
     return 2 * model.d_model * model.vocab
 
 
-def linear_layers(model: ModelSpec, layers: tuple[int, ...], is_last: bool) -> int:
+def linear_layers(model: ModelConfig, layers: tuple[int, ...], is_last: bool) -> int:
     """Linear layers on a stage holding ``layers``: one weight-gradient GEMM each, what a ``W`` task launches."""
     count = sum(
         n_layers * (LINEAR_LAYERS_PER_MIXER.get(kind, 0) + (LINEAR_LAYERS_PER_MLP if model.has_mlp(kind) else 0))
@@ -351,7 +360,7 @@ class FlopsCostModel:
         self.element_bytes = DTYPE_BYTES[program.train.dtype]
         self.batch = program.pipeline.microbatch_size
         self.sequence_ranks = program.mesh.sequence
-        # every recurrent kind's state by the runtime's rule (ModelSpec.state_geometry), float32 elements
+        # every recurrent kind's state by the runtime's rule (ModelConfig.state_geometry), float32 elements
         self.state_geometries = {kind: model.state_geometry(kind) for kind in set(model.layers) if kind.is_recurrent}
         self.state_element_bytes = compute_bytes(program.train.dtype)
         self.stage_kinds = [layer_kind_counts(model, layers) for layers in program.stage_layers]

@@ -53,9 +53,9 @@ from enum import Enum
 from schedlang.lowering.dependencies import EDGE_RULES, Dependency, EdgeRule, EdgeRules
 from schedlang.lowering.graph import task_kinds
 from schedlang.lowering.orders import stage_orders
-from schedlang.lowering.program import OrderKind, ScheduleProgram
+from schedlang.lowering.program import ScheduleProgram
 from schedlang.lowering.tasks import TaskId, TaskKind
-from schedlang.vocabulary import Span, format_error
+from schedlang.vocabulary import OrderKind, Span, format_error
 
 
 class ViolationKind(str, Enum):

@@ -74,7 +74,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Union
 
-from schedlang.lowering.program import OrderKind, ScheduleProgram
+from schedlang.lowering.program import ScheduleProgram
+from schedlang.vocabulary import OrderKind
 from schedlang.lowering.tasks import TaskId
 
 StageOrders = tuple[tuple[TaskId, ...], ...]

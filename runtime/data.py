@@ -48,9 +48,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from schedlang.runtime.config import DataConfig
 from schedlang.runtime.packing import loss_token_count
-from schedlang.vocabulary import DataKind, TokenFileDType
+from schedlang.vocabulary import DataConfig, DataKind, TokenFileDType
 
 RECALL_PERIOD = 24
 SYNTHETIC_ALPHABET = 32

@@ -3,7 +3,7 @@
 A Hugging Face directory written by ``GLAForCausalLM.save_pretrained`` or
 ``GatedDeltaNetForCausalLM.save_pretrained`` (fla 0.6.0) holds a ``config.json`` of ``model_type``
 ``"gla"`` or ``"gated_deltanet"`` and ``*.safetensors`` weights. :func:`read_fla_config` turns the config
-into the sizes and :class:`~schedlang.runtime.model_options.ModelOptions` of the same network in schedlang
+into the sizes and :class:`~schedlang.vocabulary.model_options.ModelOptions` of the same network in schedlang
 (refusing, field by field, what schedlang does not build); :func:`fla_config` is the inverse;
 :func:`fla_sources` names the fla tensors each schedlang parameter is made of. This module holds GLA and
 what both share; :mod:`schedlang.runtime.hf_gated_deltanet` the Gated DeltaNet half. The math behind the
@@ -20,7 +20,6 @@ from typing import Mapping
 
 import torch
 
-from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.hf_attention import (
     ATTENTION_RENAMES,
     fla_attention_config,
@@ -34,8 +33,7 @@ from schedlang.runtime.hf_gated_deltanet import (
     gdn_config_problems,
     read_gdn_config,
 )
-from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, GlaOptions, ModelOptions, OutputGate
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import GATE_LOGIT_NORMALIZER, GlaOptions, LayerKind, ModelConfig, ModelOptions, OutputGate
 
 FLA_MODEL_TYPE = "gla"
 FLA_ARCHITECTURE = "GLAForCausalLM"

@@ -18,9 +18,8 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from schedlang.runtime.config import ModelConfig
+from schedlang.vocabulary import ModelConfig, ModelOptions
 from schedlang.runtime.hf_format import FLA_UNFUSED_NAMES, fla_config, fla_sources, to_fla_tensors
-from schedlang.runtime.model_options import ModelOptions
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

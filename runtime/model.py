@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.embedding import TokenEmbedding
 from schedlang.runtime.kv_buffers import AttentionChunk, ChunkPosition
 from schedlang.runtime.linear import Linear, active_weight_gradient_recorder, recording_weight_gradients
@@ -30,7 +29,7 @@ from schedlang.runtime.mixer_base import INIT_STD, RMSNorm, SequenceParallelCont
 from schedlang.runtime.mixer_gdn import GatedDeltaMixer
 from schedlang.runtime.mixer_gla import GatedLinearMixer
 from schedlang.runtime.packing import ChunkDocuments
-from schedlang.vocabulary import LayerKind, Recompute
+from schedlang.vocabulary import LayerKind, ModelConfig, Recompute
 
 
 def piece_generator(seed: int, piece_index: int) -> torch.Generator:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from schedlang.runtime.config import ModelConfig, PipelineConfig, TrainConfig, run_request
+from schedlang.runtime.config import PipelineConfig
 from schedlang.runtime.cublas import use_workspace_free_gemms
 from schedlang.runtime.data import TokenSource
 from schedlang.runtime.executor import StageExecutor, StepShape
@@ -44,10 +44,13 @@ from schedlang.vocabulary import (
     Action,
     CudaGraphs,
     DType,
+    ModelConfig,
     OptimizerKind,
+    TrainConfig,
     deferred_weight_units,
     recompute_on,
     require_supported,
+    run_request,
 )
 
 DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16, DType.FP64: torch.float64}
@@ -65,14 +68,26 @@ def build_optimizer(parameters, config: TrainConfig) -> torch.optim.Optimizer:
     """
     parameters = list(parameters)
     optimizer = config.optimizer
+    groups = parameter_groups(parameters, config)
     if optimizer.kind is OptimizerKind.SGD:
         return torch.optim.SGD(
-            parameters, lr=optimizer.lr, momentum=optimizer.momentum, weight_decay=optimizer.weight_decay
+            groups, lr=optimizer.lr, momentum=optimizer.momentum, weight_decay=optimizer.weight_decay
         )
     on_cuda = bool(parameters) and all(parameter.is_cuda for parameter in parameters)
     return torch.optim.AdamW(
-        parameters, lr=optimizer.lr, betas=optimizer.betas, weight_decay=optimizer.weight_decay, fused=on_cuda or None
+        groups, lr=optimizer.lr, betas=optimizer.betas, weight_decay=optimizer.weight_decay, fused=on_cuda or None
     )
+
+
+def parameter_groups(parameters: list[torch.nn.Parameter], config: TrainConfig) -> list[dict]:
+    """The optimizer's parameter groups: one, decayed by the optimizer's ``weight_decay``, unless
+    ``train.decay_norms_and_biases = false``: then the parameters of fewer than two dimensions (norm weights,
+    biases, Mamba gates' ``A_log`` and ``dt_bias``) form a second group without weight decay."""
+    if config.decay_norms_and_biases or not config.optimizer.weight_decay:
+        return [{"params": parameters}]
+    decayed = [parameter for parameter in parameters if parameter.dim() >= 2]
+    undecayed = [parameter for parameter in parameters if parameter.dim() < 2]
+    return [group for group in ({"params": decayed}, {"params": undecayed, "weight_decay": 0.0}) if group["params"]]
 
 
 def zero_gradients(optimizer: torch.optim.Optimizer) -> None:

@@ -41,6 +41,7 @@ from schedlang.lowering.program import ScheduleProgram
 from schedlang.lowering.simulate import simulate
 from schedlang.lowering.timeline import Timeline
 from schedlang.parser import parse_text
+from schedlang.checks.schema import KEYS
 from schedlang.semantics import BLOCK_KEYS, lower_to_program
 from schedlang.vocabulary import Action
 
@@ -140,8 +141,9 @@ def revise(program: ScheduleProgram, **changes) -> ScheduleProgram:
     """``program`` with schedule keys set to new values, checked again from the text up.
 
     Each change is named by its key (``extra_warmup=2``, ``chunks=8``) or, where a key belongs to two
-    blocks, by ``block.key`` (``**{"mesh.data": 2}``). A value is a bool, number, enum, or a list of those,
-    or a str of schedule text written as is (``parallel="ring"``). The changed keys replace the written
+    blocks, by ``block.key`` (``**{"mesh.data": 2}``). A value is what the key's schema row reads (a bool,
+    number, enum, list, or a record such as ``OptimizerConfig(lr=0.01)``), written back as text by the row
+    (``Key.text``), or a str of schedule text written as is (``parallel="ring"``). The changed keys replace the written
     values in the schedule's text (or are added on the line of their block's closing brace, so that no
     line moves), and the whole text is checked again, so an illegal variant raises ``ScheduleError``
     pointing into the revised line. Raises ``ValueError`` for
@@ -151,7 +153,10 @@ def revise(program: ScheduleProgram, **changes) -> ScheduleProgram:
         raise ValueError("revise needs a program checked from schedule text; this one was built by hand")
     text = program.source_text
     syntax = parse_text(text, program.source_file)
-    edits = [_edit(text, syntax, *_block_and_key(name), _schedule_literal(value)) for name, value in changes.items()]
+    edits = []
+    for name, value in changes.items():
+        block, key = _block_and_key(name)
+        edits.append(_edit(text, syntax, block, key, KEYS[f"{block}.{key}"].text(value)))
     for start, end, replacement in sorted(edits, key=lambda edit: edit[0], reverse=True):
         text = text[:start] + replacement + text[end:]
     return compile_schedule(ScheduleText(text, program.source_file), through=Pass.CHECK).program
@@ -169,18 +174,6 @@ def _block_and_key(name: str) -> tuple[str, str]:
     if blocks:
         raise ValueError(f"revise: '{name}' is a key of {' and '.join(blocks)}; name it as block.key")
     raise ValueError(f"revise: the schedule language has no key '{name}'")
-
-
-def _schedule_literal(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, Enum):
-        return str(value.value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_schedule_literal(item) for item in value) + "]"
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
 
 
 def _edit(text: str, syntax: ast.ScheduleFile, block_name: str, key: str, literal: str) -> tuple[int, int, str]:

@@ -90,10 +90,10 @@ def check_program_limits(program, text: str) -> None:
             "see docs/reliability.md for the limits on a schedule's size",
             text,
         )
-    mlp = program.model.mlp
-    if mlp.kind.value == "swiglu" and mlp.ratio > MAX_MLP_RATIO:
+    ratio = program.model.mlp_ratio
+    if ratio > MAX_MLP_RATIO:
         _refuse(
-            f"'model.mlp.ratio' = {mlp.ratio:g} is above the limit of {MAX_MLP_RATIO:g}",
+            f"'model.mlp.ratio' = {ratio:g} is above the limit of {MAX_MLP_RATIO:g}",
             program.spans.get("model.mlp.ratio") or _largest_key_span(program, ()),
             "the SwiGLU width is ratio x d_model; see docs/reliability.md for the limits on a schedule's size",
             text,

@@ -26,7 +26,7 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 def data_config(program):
     """The runtime's ``DataConfig`` of the schedule's data, its paths resolved."""
-    from schedlang.runtime.config import DataConfig
+    from schedlang.vocabulary import DataConfig
 
     data = program.train.data
     return DataConfig(
@@ -61,7 +61,7 @@ def check_tensorboard(program, text: str) -> None:
     """Raise ``ScheduleError`` at ``train.log`` when it asks for TensorBoard and the package is missing."""
     import importlib.util
 
-    if program.train.log is None or importlib.util.find_spec("tensorboard") is not None:
+    if program.train.tensorboard_directory is None or importlib.util.find_spec("tensorboard") is not None:
         return
     span = program.spans.get("train.log") or Span(program.source_file, 1, 1, 1, 2)
     message = "train.log = tensorboard(...) writes through the tensorboard package, which is not installed"

@@ -11,7 +11,7 @@ written (``"pipeline.order"``, ``"train.optimizer.lr"``, ``"pipeline.stage.1"``)
 
 The checks live in ``schedlang.checks``: the keys are sorted against the key
 schema, each key is read through its schema row when first needed, the
-cross-key rules run in their listed order, and each block's spec is built from
+cross-key rules run in their listed order, and each block's record is built from
 what was read. Explicit orders are only checked token by token here (form
 ``F<mb>.<chunk>``, microbatch and chunk in range, one line per stage); whether
 they are complete and legal is the legality pass's question.
@@ -24,14 +24,14 @@ from schedlang.capabilities import capability_diagnostics
 from schedlang.checks.collect import collect_keys
 from schedlang.checks.context import Checker
 from schedlang.checks.mesh import build_mesh
-from schedlang.checks.model import build_model
 from schedlang.checks.pipeline import build_pipeline
+from schedlang.checks.records import build_model, build_train
 from schedlang.checks.rules import RULES
 from schedlang.checks.schema import BLOCK_KEYS
 from schedlang.checks.sequence import build_sequence
-from schedlang.checks.train import build_train
 from schedlang.diagnostics import ScheduleError
 from schedlang.lowering.program import ScheduleProgram
+from schedlang.vocabulary import TrainConfig
 
 __all__ = ["BLOCK_KEYS", "lower_to_program"]
 
@@ -48,22 +48,26 @@ def lower_to_program(schedule_file: ast.ScheduleFile, source_text: str) -> Sched
     pipeline = build_pipeline(checker)
     train = build_train(checker)
     stage_layers = checker.derived["model.stages"]
-    checker.diagnostics.extend(
-        capability_diagnostics(model, mesh, sequence, pipeline, checker.spans, checker.file_start())
-    )
+    program = None
+    if None not in (model, mesh, sequence, pipeline):
+        # The capabilities read the model, mesh, sequence and pipeline of the program; they are checked as soon
+        # as those read cleanly, beside the problems of the other keys. A program with a refused train block,
+        # stage list or header (each reported) is only checked, never returned.
+        program = ScheduleProgram(
+            name=schedule_file.header.name if schedule_file.header is not None else "",
+            model=model,
+            mesh=mesh,
+            sequence=sequence,
+            pipeline=pipeline,
+            train=train or TrainConfig(),
+            stage_layers=stage_layers or (),
+            source_file=checker.filename,
+            spans=dict(checker.spans),
+        )
+        checker.diagnostics.extend(capability_diagnostics(program, checker.file_start()))
     if checker.diagnostics:
         ordered = sorted(checker.diagnostics, key=lambda diagnostic: (diagnostic.span.line, diagnostic.span.column))
         raise ScheduleError(ordered, {checker.filename: source_text})
-    if None in (model, mesh, stage_layers, sequence, pipeline, train):
+    if program is None or None in (train, stage_layers):
         raise RuntimeError("semantic pass left a value unset without reporting why")
-    return ScheduleProgram(
-        name=schedule_file.header.name,
-        model=model,
-        mesh=mesh,
-        sequence=sequence,
-        pipeline=pipeline,
-        train=train,
-        stage_layers=stage_layers,
-        source_file=checker.filename,
-        spans=dict(checker.spans),
-    )
+    return program

@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING
 
 from schedlang import ast
 from schedlang.checks.readers import read_call
-from schedlang.lowering.program import MlpKind, MlpSpec
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import LayerKind, ModelConfig
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -53,7 +52,7 @@ def _model_values(model) -> dict[str, object]:
         "layers": model.layers,
         "heads": model.heads,
         "head_dim": model.head_dim,
-        "mlp": MlpSpec(MlpKind.SWIGLU, width=model.options.mlp_width),
+        "mlp": (ModelConfig.mlp_ratio, model.options.mlp_width),
         "norm_eps": model.norm_eps,
         "expand_v": model.head_dim * model.heads / model.d_model,
         "tie_embeddings": model.options.tie_embeddings,

@@ -173,7 +173,7 @@ def simulate_program(program, args: argparse.Namespace) -> dict | None:
 def with_split_backward(program, args: argparse.Namespace):
     """The program as ``--split-backward`` asks (unchanged without it), or None after printing why it cannot."""
     from schedlang.compiler import revise
-    from schedlang.lowering.program import OrderKind
+    from schedlang.vocabulary import OrderKind
 
     if not args.split_backward or program.pipeline.split_backward:
         return program
@@ -194,7 +194,7 @@ def sweep(program, args: argparse.Namespace) -> list[dict] | None:
     from schedlang.compiler import revise
     from schedlang.diagnostics import ScheduleError
     from schedlang.lowering.partition import recut
-    from schedlang.lowering.program import OrderKind
+    from schedlang.vocabulary import OrderKind
 
     extras = args.extra_warmup or [program.pipeline.extra_warmup]
     if args.extra_warmup and program.pipeline.order is not OrderKind.ONE_F_ONE_B:

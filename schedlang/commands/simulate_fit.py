@@ -272,7 +272,7 @@ def search(program, args: argparse.Namespace, device_memory: int) -> FitResult:
     from schedlang.commands.common import cost_settings_from_arguments
     from schedlang.compiler import CostSettings
     from schedlang.lowering.cost import CostModelKind
-    from schedlang.lowering.program import PartitionKind
+    from schedlang.vocabulary import PartitionKind
     from schedlang.preflight import measure_document_pieces
 
     cost = CostSettings(CostModelKind.FLOPS, cost_settings_from_arguments(args).hardware)
@@ -343,7 +343,7 @@ def longest_true(holds, most: int) -> tuple[int, int | None]:
 
 def refuse_explicit_partition(program) -> str | None:
     """Why the sequence cannot be re-cut, rendered at the key, or None."""
-    from schedlang.lowering.program import PartitionKind
+    from schedlang.vocabulary import PartitionKind
     from schedlang.vocabulary import render_message
 
     if program.sequence.partition is not PartitionKind.EXPLICIT:

@@ -21,7 +21,7 @@ from schedlang.lowering.orders import (
     one_f_one_b_warmup,
     stage_orders,
 )
-from schedlang.lowering.program import OrderKind
+from schedlang.vocabulary import OrderKind
 from schedlang.lowering.tasks import TaskId, TaskKind
 
 F, B = TaskKind.FORWARD, TaskKind.BACKWARD

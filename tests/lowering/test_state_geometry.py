@@ -11,11 +11,9 @@ from schedlang.lowering.cost import FlopsCostModel, Hardware
 from schedlang.lowering.memory_terms import state_bytes
 from schedlang.lowering.timeline import MessageKind
 from schedlang.lowering.tasks import TaskId
-from schedlang.runtime.config import ModelConfig, recurrent_state_geometry
 from schedlang.runtime.mixer_gdn import GatedDeltaMixer
 from schedlang.runtime.mixer_gla import GatedLinearMixer
-from schedlang.runtime.model_options import GdnOptions, GlaOptions, ModelOptions
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import GdnOptions, GlaOptions, LayerKind, ModelConfig, ModelOptions, recurrent_state_geometry
 
 HEADS, HEAD_DIM, D_MODEL = 2, 8, 16
 

@@ -12,7 +12,7 @@ import pytest
 from schedlang.cli import main
 from schedlang.diagnostics import ScheduleError
 from schedlang.frontend import load_program
-from schedlang.runtime.model_options import GdnOptions
+from schedlang.vocabulary import GdnOptions
 
 SCHEDULE = """schedule value_heads
 model {{
@@ -37,12 +37,12 @@ def _errors(path) -> list[tuple[int, int, str]]:
 
 
 def test_the_key_builds_the_gdn_options(tmp_path):
-    assert load_program(_path(tmp_path, "value_heads = 4")).model.gdn == GdnOptions(value_heads=4)
-    assert load_program(_path(tmp_path, "value_heads = 6")).model.gdn.value_heads_of(2) == 6
-    assert load_program(_path(tmp_path, "")).model.gdn == GdnOptions()
-    assert load_program(_path(tmp_path, "value_heads = 2")).model.gdn == GdnOptions()  # = heads: no grouping
+    assert load_program(_path(tmp_path, "value_heads = 4")).model.options.gdn == GdnOptions(value_heads=4)
+    assert load_program(_path(tmp_path, "value_heads = 6")).model.options.gdn.value_heads_of(2) == 6
+    assert load_program(_path(tmp_path, "")).model.options.gdn == GdnOptions()
+    assert load_program(_path(tmp_path, "value_heads = 2")).model.options.gdn == GdnOptions()  # = heads: no grouping
     # a model without gdn layers records none
-    assert load_program(_path(tmp_path, "value_heads = 4", layers="[gla] * 2")).model.gdn == GdnOptions()
+    assert load_program(_path(tmp_path, "value_heads = 4", layers="[gla] * 2")).model.options.gdn == GdnOptions()
 
 
 @pytest.mark.parametrize("value_heads", [3, 1, 5])

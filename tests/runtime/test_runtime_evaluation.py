@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from schedlang.runtime.config import DataConfig
 from schedlang.runtime.data import TokenSource
-from schedlang.vocabulary import DataKind
+from schedlang.vocabulary import DataConfig, DataKind
 
 SCHEDULE = """schedule evaluation
 model {{ vocab = 64  d_model = 32  layers = [gla, attn, gla, simple_gla]  heads = 2  head_dim = 16 }}
