@@ -49,10 +49,17 @@ from schedlang.lowering.hardware_profile import (
     ProfiledPart,
 )
 from schedlang.lowering.parameters import stage_parameters
-from schedlang.lowering.program import ModelSpec, ScheduleProgram
+from schedlang.lowering.program import ScheduleProgram
 from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.lowering.timeline import MessageKind
-from schedlang.vocabulary import AttentionExchange, LayerKind, Recompute, SequenceParallelMethod, recompute_on
+from schedlang.vocabulary import (
+    AttentionExchange,
+    LayerKind,
+    ModelConfig,
+    Recompute,
+    SequenceParallelMethod,
+    recompute_on,
+)
 
 
 class MissingMeasurementError(ValueError):
@@ -73,7 +80,7 @@ def measured_flops_per_token(measurement: LayerMeasurement, kernel_chunk: int) -
     )
 
 
-def model_flops_per_token(model: ModelSpec, part: ProfiledPart, kernel_chunk: int) -> float:
+def model_flops_per_token(model: ModelConfig, part: ProfiledPart, kernel_chunk: int) -> float:
     """The same for the program's model."""
     if part is ProfiledPart.MLP:
         return mlp_flops_per_token(model)

@@ -30,10 +30,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as multiprocessing
 
-from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.kv_buffers import AttentionChunk, ChunkPosition, LayerKV, SequenceKV
 from schedlang.runtime.model import build_stage_model
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import LayerKind, ModelConfig
 
 PART_NAMES = ("gla", "simple_gla", "gdn", "attn", "mlp", "embedding", "head")
 

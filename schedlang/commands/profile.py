@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     dtype = DTYPES[program.train.dtype]
-    config = program.model.runtime_config()
+    config = program.model
     parts = needed_parts(program)
     lengths = chunk_lengths(program, args.device, args.lengths)
     plan = [
@@ -184,7 +184,7 @@ def build_profile(args, program, device, timings, memory_bandwidth, offload_band
         mixer = kind not in (ProfiledPart.MLP, ProfiledPart.EMBEDDING, ProfiledPart.HEAD)
         from schedlang.runtime.model import swiglu_width
 
-        config = model.runtime_config()
+        config = model
         hidden = 0
         if kind is ProfiledPart.MLP:
             hidden = config.options.mlp_width or swiglu_width(model.d_model, config.mlp_ratio or 4.0)

@@ -48,7 +48,7 @@ def test_profile_measures_every_part_the_model_has(profiled, capsys):
     assert prefixes == [0, 64]  # no prefix, and the last chunk's
     defaults = resolve_hardware("h200")
     assert profile.links == defaults.links  # one device: every link from the defaults
-    assert "links: defaults of the h200-benchmarks profile" in profile.note
+    assert "links: defaults of the h200 profile" in profile.note
     header = output.read_text().splitlines()[2]
     assert header.startswith("# from the h200-benchmarks profile's defaults, not measured: every link")
     # and simulate reads it
