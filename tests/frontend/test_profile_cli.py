@@ -50,7 +50,7 @@ def test_profile_measures_every_part_the_model_has(profiled, capsys):
     assert profile.links == defaults.links  # one device: every link from the defaults
     assert "links: defaults of the h200 profile" in profile.note
     header = output.read_text().splitlines()[2]
-    assert header.startswith("# from the h200-benchmarks profile's defaults, not measured: every link")
+    assert header.startswith("# from the h200 profile's defaults, not measured: every link")
     # and simulate reads it
     assert main(["simulate", str(schedule), "--hardware", str(output)]) == 0
     assert f"hardware profile tiny ({output}; measured:" in capsys.readouterr().out
