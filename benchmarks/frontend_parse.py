@@ -16,7 +16,7 @@ import platform
 import time
 
 from schedlang.frontend import load_program_text
-from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary.actions import TaskId
 
 SIZES = [(2, 4, 2), (8, 16, 8), (32, 32, 16), (64, 64, 32)]
 

@@ -75,7 +75,7 @@ from collections.abc import Sequence
 from typing import Union
 
 from schedlang.lowering.program import OrderKind, ScheduleProgram
-from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary.actions import TaskId
 
 StageOrders = tuple[tuple[TaskId, ...], ...]
 """One tuple of tasks per stage, indexed by stage."""

@@ -34,7 +34,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 
-from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary.actions import TaskId
 from schedlang.runtime.config import (
     AttentionGeometry,
     ModelConfig,

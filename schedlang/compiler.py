@@ -125,7 +125,7 @@ def compile_schedule(
     result = replace(result, legality=legality)
     if through is Pass.LEGALITY:
         return result
-    result = replace(result, stage_actions=place_stage_actions(result.orders))
+    result = replace(result, stage_actions=place_stage_actions(result.orders, program.n_chunks))
     if through is Pass.PLACEMENT:
         return result
     result = replace(result, memory=predict_memory(program, result.orders))

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 
 from schedlang import ast
 from schedlang.lowering.program import StageOrder, TaskToken
-from schedlang.lowering.tasks import TaskId, TaskKind
+from schedlang.vocabulary.actions import ActionKind, TaskId
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
 
 _TASK_TOKEN = re.compile(r"^([FBW])([0-9]+)\.([0-9]+)$")
-# A dict lookup, not TaskKind(letter): explicit orders can hold 10^5 tasks.
-_TASK_KINDS = {kind.value: kind for kind in TaskKind}
+# A dict lookup, not ActionKind(letter): explicit orders can hold 10^5 tasks.
+_TASK_KINDS = {kind.value: kind for kind in ActionKind}
 
 
 def read_explicit_orders(
@@ -96,7 +96,7 @@ def _task_token(
         return None
     kind, microbatch, chunk = match.group(1), int(match.group(2)), int(match.group(3))
     ok = True
-    if kind == TaskKind.WEIGHT.value and split_backward is False:
+    if kind == ActionKind.WEIGHT.value and split_backward is False:
         checker.error(
             f"task {word.text} is a weight-gradient task, but the backward is not split",
             word.span,

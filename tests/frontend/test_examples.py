@@ -9,7 +9,7 @@ import pytest
 
 from schedlang.frontend import load_program, load_program_text
 from schedlang.lowering.program import OrderKind, PartitionKind
-from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary.actions import TaskId
 from schedlang.vocabulary import DataKind, LayerKind, OptimizerKind, SequenceParallelMethod
 
 from .helpers import EXAMPLES

@@ -14,7 +14,7 @@ from schedlang.lowering.partition import (
     uniform_boundaries,
 )
 from schedlang.lowering.program import MlpKind, MlpSpec, ModelSpec
-from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary.actions import TaskId
 from schedlang.vocabulary import LayerKind
 
 

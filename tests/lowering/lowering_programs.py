@@ -13,7 +13,7 @@ from schedlang.lowering.program import (
     TaskToken,
     TrainSpec,
 )
-from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary.actions import TaskId
 from schedlang.vocabulary import LayerKind, Span
 
 

@@ -15,14 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedlang.lowering.dependencies import EDGE_RULES, Applies, Dependency, EdgeRule, EdgeRules
+from schedlang.vocabulary.edges import EDGE_RULES, Applies, Dependency, EdgeRule, EdgeRules
 from schedlang.lowering.export.dot import classify_edge, task_graph_to_dot
 from schedlang.lowering.graph import all_tasks, build_task_graph, task_predecessors, task_successors
 from schedlang.lowering.legality import ViolationKind, _Dimensions, _TaskNumbering, check_orders, execution_order
 from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders
-from schedlang.lowering.tasks import TaskId, TaskKind
+from schedlang.vocabulary.actions import ActionKind, TaskId
 
-F, B, W = TaskKind.FORWARD, TaskKind.BACKWARD, TaskKind.WEIGHT
+F, B, W = ActionKind.FORWARD, ActionKind.BACKWARD, ActionKind.WEIGHT
 
 dimensions = st.tuples(
     st.integers(1, 4),  # stages
