@@ -48,9 +48,9 @@ from typing import Protocol
 from schedlang.lowering.program import MlpKind, ModelSpec, ScheduleProgram
 from schedlang.lowering.operator_tokens import operator_tokens
 from schedlang.lowering.parameters import mixer_linear_weights, stage_parameters
+from schedlang.vocabulary import AttentionExchange, DType, LayerKind, Recompute, SequenceParallelMethod, recompute_on
 from schedlang.vocabulary.actions import ActionKind, TaskId
 from schedlang.vocabulary.edges import Payload
-from schedlang.vocabulary import AttentionExchange, DType, LayerKind, Recompute, SequenceParallelMethod, recompute_on
 
 
 class CostModelKind(str, Enum):

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from schedlang.vocabulary.edges import EDGE_RULES, Dependency, EdgeRules
 from schedlang.lowering.program import ScheduleProgram
 from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.edges import EDGE_RULES, Dependency, EdgeRules
 
 
 @dataclass(frozen=True)

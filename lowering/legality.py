@@ -50,12 +50,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from schedlang.vocabulary.edges import EDGE_RULES, Dependency, EdgeRule, EdgeRules
 from schedlang.lowering.graph import task_kinds
 from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.program import OrderKind, ScheduleProgram
-from schedlang.vocabulary.actions import ActionKind, TaskId
 from schedlang.vocabulary import Span, format_error
+from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.edges import EDGE_RULES, Dependency, EdgeRule, EdgeRules
 
 
 class ViolationKind(str, Enum):

@@ -59,8 +59,8 @@ from schedlang.lowering.memory_terms import (
 )
 from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.program import ScheduleProgram
-from schedlang.vocabulary.actions import ActionKind, TaskId
 from schedlang.vocabulary import CudaGraphs
+from schedlang.vocabulary.actions import ActionKind, TaskId
 from schedlang.vocabulary.edges import EDGE_RULES, EdgeRules
 
 RESERVED_PER_ALLOCATED = 1.05

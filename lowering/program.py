@@ -34,7 +34,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 
-from schedlang.vocabulary.actions import TaskId
 from schedlang.runtime.config import (
     AttentionGeometry,
     ModelConfig,
@@ -58,6 +57,7 @@ from schedlang.vocabulary import (
     StageRecompute,
     TokenFileDType,
 )
+from schedlang.vocabulary.actions import TaskId
 
 
 class MlpKind(str, Enum):

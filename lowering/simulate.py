@@ -36,8 +36,8 @@ from schedlang.lowering.graph import task_predecessors
 from schedlang.lowering.legality import execution_order
 from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.program import ScheduleProgram
-from schedlang.vocabulary.actions import ActionKind, TaskId
 from schedlang.lowering.timeline import MessageInterval, Stream, TaskInterval, Timeline
+from schedlang.vocabulary.actions import ActionKind, TaskId
 from schedlang.vocabulary.edges import EDGE_RULES
 
 def simulate(

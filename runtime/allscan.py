@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from schedlang.runtime.scan_common import ScanPosition, ScanResult, Transition, combine, split_state
+from schedlang.runtime.scan_common import ScanPosition, ScanResult, Transition, combine, entering_carry, split_state
 
 
 def _blocks_on_hop_into(receiver_is_last: bool, n_blocks: int) -> int:
@@ -63,7 +63,7 @@ def allscan_scan(
     axis = transition.block_axis
     outgoing_blocks = 0 if position.is_last else _blocks_on_hop_into(position.next_rank == position.last_rank, n_blocks)
     if position.is_first:
-        carry_in = boundary if boundary is not None else torch.zeros_like(local)
+        carry_in = entering_carry(boundary, local)
         carry_out = combine(transition, boundary, local)
         sends = _send_blocks(split_state(carry_out, outgoing_blocks, axis), position) if outgoing_blocks else []
     else:

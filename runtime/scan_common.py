@@ -192,6 +192,11 @@ class MatrixTransition:
         return carry_out_grad @ carry_in.transpose(-1, -2)
 
 
+def entering_carry(boundary: torch.Tensor | None, local: torch.Tensor) -> torch.Tensor:
+    """The carry entering the first rank of a scan: the boundary, or zeros shaped like ``local`` without one."""
+    return boundary if boundary is not None else torch.zeros_like(local)
+
+
 def combine(transition: Transition, carry: torch.Tensor | None, local: torch.Tensor) -> torch.Tensor:
     """One scan step: ``T(carry) + local``; a missing carry is zero."""
     if carry is None:

@@ -35,8 +35,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from schedlang.vocabulary.actions import ActionKind, TaskId
 from schedlang.lowering.timeline import MessageInterval, Stream, TaskInterval, Timeline
+from schedlang.vocabulary.actions import ActionKind, TaskId
 
 _COMPUTE_THREAD_ID = 1
 # Lane k of the send stream is thread 2 + 2k and of the recv stream 3 + 2k, so any number of lanes fits.

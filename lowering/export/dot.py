@@ -28,8 +28,8 @@ from enum import Enum
 
 import networkx as nx
 
-from schedlang.vocabulary.edges import EDGE_RULES, Dependency, EdgeRules
 from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.edges import EDGE_RULES, Dependency, EdgeRules
 
 
 class ProgramOrderEdges(str, Enum):

@@ -22,8 +22,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from schedlang.vocabulary.actions import ActionKind
 from schedlang.lowering.timeline import Stream, Timeline
+from schedlang.vocabulary.actions import ActionKind
 
 _SHADES: dict[ActionKind, tuple[str, str]] = {
     ActionKind.FORWARD: ("#6fa8dc", "#3d85c6"),

@@ -19,8 +19,8 @@ from schedlang.lowering.export.chrome import (
 )
 from schedlang.lowering.graph import chunk_tokens
 from schedlang.lowering.simulate import simulate
-from schedlang.vocabulary.actions import TaskId
 from schedlang.lowering.timeline import MessageInterval, Stream, TaskInterval, Timeline
+from schedlang.vocabulary.actions import TaskId
 from schedlang.vocabulary.edges import Payload
 
 

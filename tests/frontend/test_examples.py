@@ -9,8 +9,8 @@ import pytest
 
 from schedlang.frontend import load_program, load_program_text
 from schedlang.lowering.program import OrderKind, PartitionKind
-from schedlang.vocabulary.actions import TaskId
 from schedlang.vocabulary import DataKind, LayerKind, OptimizerKind, SequenceParallelMethod
+from schedlang.vocabulary.actions import TaskId
 
 from .helpers import EXAMPLES
 

@@ -14,8 +14,8 @@ from schedlang.lowering.partition import (
     uniform_boundaries,
 )
 from schedlang.lowering.program import MlpKind, MlpSpec, ModelSpec
-from schedlang.vocabulary.actions import TaskId
 from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary.actions import TaskId
 
 
 def chunk_costs(boundaries, n_linear, n_softmax, linear_cost, dense_cost, softmax_cost):

@@ -13,8 +13,8 @@ from schedlang.lowering.program import (
     TaskToken,
     TrainSpec,
 )
-from schedlang.vocabulary.actions import TaskId
 from schedlang.vocabulary import LayerKind, Span
+from schedlang.vocabulary.actions import TaskId
 
 
 def make_program(

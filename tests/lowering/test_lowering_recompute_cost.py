@@ -10,8 +10,8 @@ from lowering_programs import make_program
 from schedlang.lowering.cost import FlopsCostModel, Hardware
 from schedlang.lowering.program import MeshSpec
 from schedlang.lowering.simulate import simulate
-from schedlang.vocabulary.actions import ActionKind, TaskId
 from schedlang.vocabulary import LayerKind, Recompute
+from schedlang.vocabulary.actions import ActionKind, TaskId
 
 HYBRID = (LayerKind.GLA, LayerKind.ATTN, LayerKind.GDN, LayerKind.GLA)
 HARDWARE = Hardware(kernel_gap_s=2e-6)

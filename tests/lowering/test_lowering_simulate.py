@@ -19,10 +19,10 @@ from schedlang.lowering.legality import IllegalScheduleError
 from schedlang.lowering.parameters import stage_parameters
 from schedlang.lowering.program import MeshSpec
 from schedlang.lowering.simulate import simulate
-from schedlang.vocabulary.actions import TaskId
 from schedlang.lowering.timeline import Stream
-from schedlang.vocabulary.edges import Payload
 from schedlang.vocabulary import CudaGraphs, LayerKind, SequenceParallelMethod
+from schedlang.vocabulary.actions import TaskId
+from schedlang.vocabulary.edges import Payload
 
 
 def compute_intervals(timeline):

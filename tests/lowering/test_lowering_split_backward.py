@@ -31,9 +31,9 @@ from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders, one_f_on
 from schedlang.lowering.parameters import stage_parameters
 from schedlang.lowering.program import MeshSpec, OrderKind
 from schedlang.lowering.simulate import simulate
-from schedlang.vocabulary.actions import ActionKind, TaskId
 from schedlang.lowering.timeline import Stream
 from schedlang.vocabulary import LayerKind, SequenceParallelMethod
+from schedlang.vocabulary.actions import ActionKind, TaskId
 
 F, B, W = ActionKind.FORWARD, ActionKind.BACKWARD, ActionKind.WEIGHT
 

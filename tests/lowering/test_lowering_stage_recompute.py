@@ -11,8 +11,8 @@ from lowering_programs import make_program
 from schedlang.frontend import load_program_text
 from schedlang.lowering.cost import FlopsCostModel
 from schedlang.lowering.memory_peak import predict_memory
-from schedlang.vocabulary.actions import ActionKind, TaskId
 from schedlang.vocabulary import LayerKind, Recompute
+from schedlang.vocabulary.actions import ActionKind, TaskId
 
 MODES = (Recompute.FULL, Recompute.NONE, Recompute.MLP)
 

@@ -9,13 +9,13 @@ import torch
 from schedlang.frontend import load_program_text
 from schedlang.lowering.cost import FlopsCostModel, Hardware
 from schedlang.lowering.memory_terms import state_bytes
-from schedlang.vocabulary.edges import Payload
-from schedlang.vocabulary.actions import TaskId
 from schedlang.runtime.config import ModelConfig, recurrent_state_geometry
 from schedlang.runtime.mixer_gdn import GatedDeltaMixer
 from schedlang.runtime.mixer_gla import GatedLinearMixer
 from schedlang.runtime.model_options import GdnOptions, GlaOptions, ModelOptions
 from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary.actions import TaskId
+from schedlang.vocabulary.edges import Payload
 
 HEADS, HEAD_DIM, D_MODEL = 2, 8, 16
 

@@ -9,12 +9,12 @@ import torch
 
 from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders
 from schedlang.lowering.placement import place_stage_actions
-from schedlang.vocabulary.actions import TaskId
 from schedlang.runtime.config import DataConfig, ModelConfig
 from schedlang.runtime.data import RECALL_PERIOD, TokenSource, default_corpus_files
 from schedlang.runtime.model import build_stage_model
 from schedlang.runtime.state_store import StateStore
 from schedlang.vocabulary import Action, ActionKind, DataKind, LayerKind
+from schedlang.vocabulary.actions import TaskId
 
 MODEL = ModelConfig(
     vocab=64, d_model=32, layers=(LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GLA), heads=2, head_dim=16, mlp_ratio=2.0
