@@ -26,14 +26,8 @@ def allgather_scan(
     boundary: torch.Tensor | None,
     position: ScanPosition,
 ) -> ScanResult:
-    """Run the state scan of ``schedlang.runtime.scan_common`` from one all-gather.
-
-    Args:
-        local: ``[B, H, K, V]`` this rank's local term ``x(p)``.
-        transition: this rank's transition ``T(p)``.
-        boundary: ``[B, H, K, V]`` carry entering the first rank; read only there.
-        position: this rank's place in the scan.
-    """
+    """Run the state scan of ``schedlang.runtime.scan_common`` from one all-gather (its arguments:
+    :class:`~schedlang.runtime.scan_common.StateScan`)."""
     contributed = combine(transition, boundary, local) if position.is_first else local
     payload = torch.cat([contributed.reshape(-1), transition.payload()])
     gathered = [torch.empty_like(payload) for _ in range(position.size)]

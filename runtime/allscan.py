@@ -51,15 +51,9 @@ def allscan_scan(
     position: ScanPosition,
     n_blocks: int,
 ) -> ScanResult:
-    """Run the state scan of ``schedlang.runtime.scan_common`` with pipelined blocks.
-
-    Args:
-        local: ``[B, H, K, V]`` this rank's local term ``x(p)``.
-        transition: this rank's transition ``T(p)``.
-        boundary: ``[B, H, K, V]`` carry entering the first rank; read only there.
-        position: this rank's place in the scan.
-        n_blocks: number of blocks, at least 1 and at most the state's extent along ``transition.block_axis``.
-    """
+    """Run the state scan of ``schedlang.runtime.scan_common`` with pipelined blocks: the arguments of a
+    :class:`~schedlang.runtime.scan_common.StateScan`, and ``n_blocks``, at least 1 and at most the state's
+    extent along ``transition.block_axis``."""
     axis = transition.block_axis
     outgoing_blocks = 0 if position.is_last else _blocks_on_hop_into(position.next_rank == position.last_rank, n_blocks)
     if position.is_first:

@@ -386,21 +386,26 @@ class StageExecutor:
         if message.sends:
             self.step_graphs.sent[action] = self.outbox.pop(message.task)
         else:
-            buffer = self.messenger.pool.get(self.activation_shape(action.chunk), self.activation_dtype, self.model_device)
+            shape = self.activation_shape(action.chunk)
+            buffer = self.messenger.pool.get(shape, self.activation_dtype, self.model_device)
             self.step_graphs.received[action] = self.inbox[message.task] = buffer
 
     def _take_input(self, microbatch: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.model.is_first:
             inputs, _ = self.chunk_tokens(microbatch, chunk)
             return inputs, None
+        buffer = self._received(ActionKind.FORWARD, microbatch, chunk, Payload.ACTIVATION)
+        return buffer, buffer
+
+    def _received(self, kind: ActionKind, microbatch: int, chunk: int, payload: Payload) -> torch.Tensor:
+        """The ``payload`` this stage's task received from another stage; an error naming the missing receive."""
         try:
-            buffer = self.inbox.pop((ActionKind.FORWARD, microbatch, chunk))
+            return self.inbox.pop((kind, microbatch, chunk))
         except KeyError:
             raise RuntimeError(
-                f"task {self.task_name(ActionKind.FORWARD, microbatch, chunk)} runs before its activation "
-                "was received (no RECV_F precedes it in the action list)"
+                f"task {self.task_name(kind, microbatch, chunk)} runs before its {_MESSAGE_NAMES[payload][0]} "
+                f"was received (no {payload.receive_action.value} precedes it in the action list)"
             ) from None
-        return buffer, buffer
 
     def _initial_states(self, microbatch: int, chunk: int) -> list[torch.Tensor | None]:
         source = self.source(ActionKind.FORWARD, microbatch, chunk, Payload.STATE)
@@ -533,13 +538,7 @@ class StageExecutor:
         tensors, gradients = [outputs], [None if self.loss_gradient is None else self.loss_gradient.to(outputs.dtype)]
         output_gradient = None
         if self.source(ActionKind.BACKWARD, microbatch, chunk, Payload.ACTIVATION_GRADIENT) is not None:
-            try:
-                output_gradient = self.inbox.pop((ActionKind.BACKWARD, microbatch, chunk))
-            except KeyError:
-                raise RuntimeError(
-                    f"task {self.task_name(ActionKind.BACKWARD, microbatch, chunk)} runs before its output "
-                    "gradient was received (no RECV_B precedes it in the action list)"
-                ) from None
+            output_gradient = self._received(ActionKind.BACKWARD, microbatch, chunk, Payload.ACTIVATION_GRADIENT)
             gradients = [output_gradient]
         if self.source(ActionKind.BACKWARD, microbatch, chunk, Payload.STATE_GRADIENT) is not None:
             for final_state, state_gradient in zip(final_states, self.store.take_state_gradients(microbatch, chunk)):

@@ -23,12 +23,6 @@ def ring_scan(
     boundary: torch.Tensor | None,
     position: ScanPosition,
 ) -> ScanResult:
-    """Run the state scan of ``schedlang.runtime.scan_common`` one whole state at a time.
-
-    Args:
-        local: ``[B, H, K, V]`` this rank's local term ``x(p)``.
-        transition: this rank's transition ``T(p)``.
-        boundary: ``[B, H, K, V]`` carry entering the first rank; read only there.
-        position: this rank's place in the scan.
-    """
+    """Run the state scan of ``schedlang.runtime.scan_common`` one whole state at a time (its arguments:
+    :class:`~schedlang.runtime.scan_common.StateScan`)."""
     return allscan_scan(local, transition, boundary, position, n_blocks=1)

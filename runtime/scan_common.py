@@ -112,6 +112,21 @@ class ScanResult:
     last_carry_out: torch.Tensor | None = None
 
 
+class StateScan(Protocol):
+    """One method of the state scan (All-Scan, ring, all-gather): what every rank of the group passes it.
+
+    Args:
+        local: ``[B, H, K, V]`` this rank's local term ``x(p)``.
+        transition: this rank's transition ``T(p)``.
+        boundary: ``[B, H, K, V]`` carry entering the first rank; read only there.
+        position: this rank's place in the scan.
+    """
+
+    def __call__(
+        self, local: torch.Tensor, transition: "Transition", boundary: torch.Tensor | None, position: ScanPosition
+    ) -> ScanResult: ...
+
+
 class Transition(Protocol):
     """The linear part of one rank's affine state map ([Note: transitions])."""
 
