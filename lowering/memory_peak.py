@@ -160,7 +160,7 @@ def _stage_memory(
     slots = pipeline.cuda_graphs is CudaGraphs.CHUNK_SLOTS
     pools = 0.0
     if slots:
-        pools = graph_slots(program, order) * (max(chunk_bytes) + max(chunk_transient))
+        pools = graph_slots(program, order, rules) * (max(chunk_bytes) + max(chunk_transient))
 
     in_flight: dict[tuple[int, int], float] = {}  # chunk -> its activation bytes
     states = 0.0
@@ -193,9 +193,12 @@ def _stage_memory(
         if best is None or candidate.allocated > best.allocated:
             best = candidate
 
+    edges_by_kind_and_chunk: dict[tuple[ActionKind, int], _TaskEdges] = {}  # the rules' shifts keep the microbatch
     for task in order:
         unit = (task.microbatch, task.chunk)
-        edges = _TaskEdges.of(program, task, rules)
+        if (task.kind, task.chunk) not in edges_by_kind_and_chunk:
+            edges_by_kind_and_chunk[task.kind, task.chunk] = _TaskEdges.of(program, task, rules)
+        edges = edges_by_kind_and_chunk[task.kind, task.chunk]
         if task.kind is ActionKind.FORWARD:
             if task.chunk == 0:
                 key_value += key_values
@@ -254,7 +257,11 @@ def _is_gradient_hand_off(rule) -> bool:
 def _sent_bytes(program: ScheduleProgram, order: tuple[TaskId, ...], rules: EdgeRules) -> float:
     """Every message the stage sends in a step (every activation but the last stage's, every input gradient but
     the first stage's)."""
-    return sum(_TaskEdges.of(program, task, rules).sent for task in order)
+    sent: dict[tuple[ActionKind, int], float] = {}  # the rules' shifts keep the microbatch
+    for task in order:
+        if (task.kind, task.chunk) not in sent:
+            sent[task.kind, task.chunk] = _TaskEdges.of(program, task, rules).sent
+    return sum(sent[task.kind, task.chunk] for task in order)
 
 
 def _gradient_reduction_bytes(program: ScheduleProgram, stage: int) -> float:

@@ -50,17 +50,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from schedlang.vocabulary.actions import Action, ActionKind, TaskId
-from schedlang.vocabulary.edges import EDGE_RULES, EdgeRule, EdgeRules
+from schedlang.vocabulary.edges import EDGE_RULES, Dependency, EdgeRule, EdgeRules
 
-_Message = tuple[EdgeRule, int, int]
-"""One message between two stages: the rule whose payload it carries, and the sender's microbatch and chunk."""
+_Message = tuple[Dependency, int, int]
+"""One message between two stages: the dependency whose rule carries it, and the sender's microbatch and chunk."""
 
 
 class _Inbox:
     """What one neighbour sends this stage, in the neighbour's send order, and how much of it is received."""
 
-    def __init__(self, sends: list[_Message]) -> None:
+    def __init__(self, sends: list[_Message], rules: EdgeRules) -> None:
         self.sends = sends
+        self.rules = rules
         self.received = 0
         self.positions: dict[_Message, int] = {}
         """Where each message first stands in ``sends`` (what ``sends.index`` finds, without the scan)."""
@@ -75,8 +76,8 @@ class _Inbox:
             )
         needed = self.positions[message] + 1
         while self.received < needed:
-            rule, microbatch, chunk = self.sends[self.received]
-            actions.append(Action(rule.payload.receive_action, microbatch, chunk))
+            dependency, microbatch, chunk = self.sends[self.received]
+            actions.append(Action(self.rules.rule(dependency).payload.receive_action, microbatch, chunk))
             self.received += 1
 
 
@@ -93,32 +94,47 @@ def place_stage_actions(
         n_chunks = 1 + max((task.chunk for order in orders for task in order), default=0)
     split_backward = any(task.kind not in rules.task_kinds(False) for order in orders for task in order)
     messages = rules.messages(split_backward)
+    # the rules' shifts keep the microbatch, so what a task sends and receives is asked once per kind, stage and
+    # chunk (as the legality check numbers its neighbours)
+    sent_by: dict[tuple[ActionKind, int, int], tuple[EdgeRule, ...]] = {}
+    received_by: dict[tuple[ActionKind, int, int], tuple[tuple[Dependency, int, int], ...]] = {}
 
     def sends(task: TaskId, stage_offset: int | None = None) -> list[_Message]:
         """What ``task`` sends, in table order (only to the stage ``stage_offset`` below it, when given)."""
+        position = (task.kind, task.stage, task.chunk)
+        if position not in sent_by:
+            sent_by[position] = tuple(rule for rule in messages if rule.successor(task, n_stages, n_chunks) is not None)
         return [
-            (rule, task.microbatch, task.chunk)
-            for rule in messages
-            if stage_offset in (None, rule.stage_offset) and rule.successor(task, n_stages, n_chunks) is not None
+            (rule.dependency, task.microbatch, task.chunk)
+            for rule in sent_by[position]
+            if stage_offset in (None, rule.stage_offset)
         ]
+
+    def receives(task: TaskId) -> list[tuple[int, _Message]]:
+        """What ``task`` receives, in table order, each with the stage offset of its sender."""
+        position = (task.kind, task.stage, task.chunk)
+        if position not in received_by:
+            received_by[position] = tuple(
+                (rule.stage_offset, rule.dependency, predecessor.chunk)
+                for predecessor, rule in rules.predecessors(task, n_stages, n_chunks, split_backward)
+                if rule.is_message
+            )
+        return [(offset, (dependency, task.microbatch, chunk)) for offset, dependency, chunk in received_by[position]]
 
     placed = []
     for stage, order in enumerate(orders):
         # one inbox per neighbour: messages in one direction are matched first in, first out ([Note: deadlock freedom])
         inboxes = {
-            offset: _Inbox([message for task in orders[stage + offset] for message in sends(task, offset)])
+            offset: _Inbox([message for task in orders[stage + offset] for message in sends(task, offset)], rules)
             for offset in {rule.stage_offset for rule in messages}
             if 0 <= stage + offset < n_stages
         }
         actions: list[Action] = []
         for task in order:
-            for predecessor, rule in rules.predecessors(task, n_stages, n_chunks, split_backward):
-                if rule.is_message:
-                    inboxes[rule.stage_offset].receive_through(
-                        (rule, predecessor.microbatch, predecessor.chunk), actions
-                    )
+            for offset, message in receives(task):
+                inboxes[offset].receive_through(message, actions)
             actions.append(task.action)
-            for rule, microbatch, chunk in sends(task):
-                actions.append(Action(rule.payload.send_action, microbatch, chunk))
+            for dependency, microbatch, chunk in sends(task):
+                actions.append(Action(rules.rule(dependency).payload.send_action, microbatch, chunk))
         placed.append(tuple(actions))
     return tuple(placed)

@@ -181,6 +181,8 @@ class StageExecutor:
         self.split_backward = any(action.kind is ActionKind.WEIGHT for action in actions)
         # the stages the rule table's shifts may reach from here: those up to the next one, if there is one
         self.visible_stages = stage + (2 if next_stage_rank is not None else 1)
+        # what each send and receive of the list moves, read from the rule table once
+        self.messages = {action: self.message(action) for action in actions if action.kind in _COMMUNICATION}
         self.offload = ActivationOffload(self.model_device, self._stays_resident) if shape.offload else None
         self.parameter_storages = frozenset(storage_key(parameter) for parameter in model.parameters())
         backwards = [(action.microbatch, action.chunk) for action in actions if action.kind is ActionKind.BACKWARD]
@@ -230,7 +232,8 @@ class StageExecutor:
         """What a send or receive action moves, to or from which rank, for which task's key."""
         kind, microbatch, chunk = action
         payload = MESSAGE_PAYLOADS[kind]
-        (rule,) = EDGE_RULES.carrying(payload, self.split_backward)  # one rule per payload that crosses stages
+        # the one rule that carries the payload across stages
+        (rule,) = (rule for rule in EDGE_RULES.messages(self.split_backward) if rule.payload is payload)
         sends = kind is payload.send_action
         # a receive comes from the stage the rule shifts to, a send goes the opposite way
         towards = -rule.stage_offset if sends else rule.stage_offset
@@ -315,7 +318,7 @@ class StageExecutor:
                 if action in graphs.losses:
                     self.loss_sum += graphs.losses[action].double()
             else:
-                message = self.message(action)
+                message = self.messages[action]
                 is_gradient = message.payload.is_gradient
                 if action in graphs.received:
                     buffer = graphs.received[action]
@@ -366,7 +369,7 @@ class StageExecutor:
         elif self.step_graphs is not None and self.step_graphs.capturing and kind in _COMMUNICATION:
             self._walk_communication(action)
         else:
-            message = self.message(action)
+            message = self.messages[action]
             if message.sends:
                 self.messenger.send(
                     self.outbox.pop(message.task), message.peer, message.payload.is_gradient, message.description
@@ -382,7 +385,7 @@ class StageExecutor:
 
     def _walk_communication(self, action: Action) -> None:
         """The capture walk's receive takes its buffer and its send keeps its tensor, communicating nothing."""
-        message = self.message(action)
+        message = self.messages[action]
         if message.sends:
             self.step_graphs.sent[action] = self.outbox.pop(message.task)
         else:

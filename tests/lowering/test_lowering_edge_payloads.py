@@ -55,7 +55,8 @@ WITH_ACTIVATION_AGAIN = EDGE_RULES + (ACTIVATION_AGAIN,)
 
 def with_payload(dependency: Dependency, payload: Payload) -> EdgeRules:
     """The real table with one row carrying something else."""
-    return EdgeRules(*(replace(rule, payload=payload) if rule.dependency is dependency else rule for rule in EDGE_RULES))
+    rows = (replace(rule, payload=payload) if rule.dependency is dependency else rule for rule in EDGE_RULES)
+    return EdgeRules(*rows)
 
 
 def test_each_row_carries_one_payload_and_the_messages_are_the_rows_that_cross_stages():
