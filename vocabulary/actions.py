@@ -43,7 +43,9 @@ class ActionKind(str, Enum):
         return self.value
 
 
-_ACTION_PATTERN = re.compile(r"^(\d*)(RECV_F|SEND_F|RECV_B|SEND_B|F|B|W)(\d+)\.(\d+)$")
+_ACTION_PATTERN = re.compile(r"^([0-9]*)(RECV_F|SEND_F|RECV_B|SEND_B|F|B|W)([0-9]+)\.([0-9]+)$")
+# a dict lookup, not ActionKind(text): a schedule's explicit orders can hold 10^5 tasks
+_KINDS = {kind.value: kind for kind in ActionKind}
 
 
 def _parse(text: str, staged: bool) -> tuple[int | None, ActionKind, int, int] | None:
@@ -54,7 +56,7 @@ def _parse(text: str, staged: bool) -> tuple[int | None, ActionKind, int, int] |
     if match is None or bool(match.group(1)) != staged:
         return None
     stage, kind, microbatch, chunk = match.groups()
-    kind = ActionKind(kind)
+    kind = _KINDS[kind]
     if staged and not kind.is_compute:
         return None
     return (int(stage) if staged else None), kind, int(microbatch), int(chunk)
@@ -67,6 +69,12 @@ class Action(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.kind.value}{self.microbatch}.{self.chunk}"
+
+    @classmethod
+    def read(cls, text: str) -> "Action | None":
+        """The action ``text`` writes, or None if it writes none (:meth:`parse` says why)."""
+        parsed = _parse(text, staged=False)
+        return None if parsed is None else cls(*parsed[1:])
 
     @classmethod
     def parse(cls, text: str) -> "Action":
