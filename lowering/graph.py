@@ -1,6 +1,6 @@
 """The task graph: StateFlow's partial order (Eq. 8) over forward and backward chunk tasks.
 
-Nodes are :class:`~schedlang.lowering.tasks.TaskId`; every node carries an
+Nodes are :class:`~schedlang.vocabulary.actions.TaskId`; every node carries an
 ``"info"`` attribute (:class:`TaskInfo`) and every edge a ``"dependency"``
 attribute (:class:`Dependency`). Nodes and edges come from the table of edge
 rules in schedlang.vocabulary.edges ([Note: edge rules]): the five

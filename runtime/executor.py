@@ -18,6 +18,11 @@ the gradients of the chunk's final states left by ``B(a, i + 1)``, run one
 gradients of the chunk's initial-state leaves into the store for
 ``B(a, i - 1)``, queue the input gradient for ``SEND_B`` and drop the chunk's
 graph. See [Note: state passing] in :mod:`schedlang.runtime.state_store`.
+Which task a state, state gradient or message comes from and goes to, and
+which rank a send or receive action talks to, is read from the table of edge
+rules ([Note: edge rules] in :mod:`schedlang.vocabulary.edges`): a task takes
+a payload where a rule carrying it gives the task a predecessor, and hands it
+on where one gives it a successor.
 
 [Note: sequence-parallel chunks]
 With a sequence-parallel group of ``S`` ranks, every rank of a stage runs the
