@@ -105,14 +105,14 @@ def child_torch(n_stages: int, n_microbatches: int, n_chunks: int) -> dict:
     )
 
     from schedlang.lowering.orders import one_f_one_b_orders
-    from schedlang.lowering.tasks import TaskKind
+    from schedlang.vocabulary.actions import ActionKind
 
     # one torch microbatch per (microbatch, chunk) unit; torch cannot express the chunk-to-chunk state edges
     compute = {
         stage: [
             _Action(
                 stage,
-                _ComputationType.FORWARD if task.kind is TaskKind.FORWARD else _ComputationType.FULL_BACKWARD,
+                _ComputationType.FORWARD if task.kind is ActionKind.FORWARD else _ComputationType.FULL_BACKWARD,
                 task.microbatch * n_chunks + task.chunk,
             )
             for task in order

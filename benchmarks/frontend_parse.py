@@ -22,7 +22,7 @@ if __package__ in (None, ""):  # run as a file: the benchmarks package lives in 
 
 from benchmarks.pipeline_schedule import scale_text  # noqa: E402
 from schedlang.frontend import load_program_text  # noqa: E402
-from schedlang.lowering.tasks import TaskId  # noqa: E402
+from schedlang.vocabulary.actions import TaskId  # noqa: E402
 
 SIZES = [(2, 4, 2), (8, 16, 8), (32, 32, 16), (64, 64, 32)]
 

@@ -48,8 +48,6 @@ from typing import TYPE_CHECKING, Protocol
 from schedlang.lowering.program import ScheduleProgram
 from schedlang.lowering.operator_tokens import operator_tokens
 from schedlang.lowering.parameters import mixer_linear_weights, stage_parameters
-from schedlang.lowering.tasks import TaskId, TaskKind
-from schedlang.lowering.timeline import MessageKind
 from schedlang.vocabulary import (
     AttentionExchange,
     DType,
@@ -60,6 +58,8 @@ from schedlang.vocabulary import (
     SequenceParallelMethod,
     recompute_on,
 )
+from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.edges import Payload
 
 if TYPE_CHECKING:
     from schedlang.lowering.hardware_profile import HardwareProfile
@@ -89,9 +89,9 @@ class CostModel(Protocol):
 
     def task_duration(self, task: TaskId) -> float: ...
 
-    def message_duration(self, kind: MessageKind, source: TaskId, destination: TaskId) -> float: ...
+    def message_duration(self, kind: Payload, source: TaskId, destination: TaskId) -> float: ...
 
-    def message_bytes(self, kind: MessageKind, source: TaskId, destination: TaskId) -> int: ...
+    def message_bytes(self, kind: Payload, source: TaskId, destination: TaskId) -> int: ...
 
 
 class UnitCostModel:
@@ -107,14 +107,14 @@ class UnitCostModel:
 
     def task_duration(self, task: TaskId) -> int:
         tokens = self.chunk_tokens[task.chunk]
-        if task.kind is TaskKind.BACKWARD:
+        if task.kind is ActionKind.BACKWARD:
             return (BACKWARD_TO_FORWARD - 1) * tokens if self.split_backward else BACKWARD_TO_FORWARD * tokens
         return tokens  # a forward, or the weight gradients: one GEMM per forward GEMM
 
-    def message_duration(self, kind: MessageKind, source: TaskId, destination: TaskId) -> int:
+    def message_duration(self, kind: Payload, source: TaskId, destination: TaskId) -> int:
         return 0
 
-    def message_bytes(self, kind: MessageKind, source: TaskId, destination: TaskId) -> int:
+    def message_bytes(self, kind: Payload, source: TaskId, destination: TaskId) -> int:
         return 0
 
 
@@ -485,9 +485,9 @@ class FlopsCostModel:
     def task_duration(self, task: TaskId) -> float:
         stage, chunk = task.stage, task.chunk
         seconds = self.forward_seconds[stage][chunk]
-        if task.kind is TaskKind.FORWARD:
+        if task.kind is ActionKind.FORWARD:
             return seconds
-        if task.kind is TaskKind.WEIGHT:
+        if task.kind is ActionKind.WEIGHT:
             return self.weight_seconds[stage][chunk] + self.weight_accumulation_seconds[stage]
         backward = BACKWARD_TO_FORWARD * seconds + self.accumulation_seconds[stage]
         backward += self.forward_parts[stage][chunk].recomputed(recompute_on(self.program.pipeline.recompute, stage))
@@ -495,8 +495,8 @@ class FlopsCostModel:
             backward -= self.weight_seconds[stage][chunk] + self.weight_accumulation_seconds[stage]
         return backward
 
-    def message_bytes(self, kind: MessageKind, source: TaskId, destination: TaskId) -> int:
-        if kind in (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRADIENT):
+    def message_bytes(self, kind: Payload, source: TaskId, destination: TaskId) -> int:
+        if kind in (Payload.ACTIVATION, Payload.ACTIVATION_GRADIENT):
             tokens = self.program.sequence.chunk_length(source.chunk)
             return self.batch * tokens // self.sequence_ranks * self.program.model.d_model * self.element_bytes
         return sum(
@@ -505,7 +505,7 @@ class FlopsCostModel:
             if kind.is_recurrent
         )
 
-    def message_duration(self, kind: MessageKind, source: TaskId, destination: TaskId) -> float:
+    def message_duration(self, kind: Payload, source: TaskId, destination: TaskId) -> float:
         if source.stage == destination.stage:
             return 0.0  # the state stays on the device
         return self.hardware.transfer_time(self.message_bytes(kind, source, destination))

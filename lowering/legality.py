@@ -37,7 +37,7 @@ tasks, the order violations, and at most one deadlock.
   on no stage.
 
 The constraints are the table of edge rules ([Note: edge rules] in
-schedlang.lowering.dependencies), :data:`EDGE_RULES` unless the caller passes
+schedlang.vocabulary.edges), :data:`EDGE_RULES` unless the caller passes
 another. Tasks are numbered arithmetically (``kind, stage, microbatch, chunk``
 in mixed radix, the kinds F, B and, split, W) and each number's predecessors
 and successors translated from the table once per kind, stage and chunk, so
@@ -50,12 +50,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from schedlang.lowering.dependencies import EDGE_RULES, Dependency, EdgeRule, EdgeRules
 from schedlang.lowering.graph import task_kinds
 from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.program import ScheduleProgram
-from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.vocabulary import OrderKind, Span, format_error
+from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.edges import EDGE_RULES, Dependency, EdgeRule, EdgeRules
 
 
 class ViolationKind(str, Enum):
@@ -160,7 +160,7 @@ class _TaskNumbering:
     order of the rule table's ``task_kinds`` (F = 0, B = 1, and with a split backward W = 2).
 
     Each number's predecessors and successors are the rule table's ([Note: edge rules] in
-    schedlang.lowering.dependencies), kept as differences of numbers (with the rule, for predecessors,
+    schedlang.vocabulary.edges), kept as differences of numbers (with the rule, for predecessors,
     whose messages name it). A rule shifts the stage and the chunk and never the microbatch, so whether a
     neighbour lies inside the graph depends only on a task's kind, stage and chunk: the table is asked once
     per such class, about its microbatch-0 task, and the M tasks of the class share the answer. That keeps
@@ -217,7 +217,7 @@ class _TaskNumbering:
         return [(number + difference, rule) for difference, rule in self.predecessor_steps[number]]
 
 
-_KIND_WORDS = {TaskKind.FORWARD: "forward", TaskKind.BACKWARD: "backward", TaskKind.WEIGHT: "weight gradients"}
+_KIND_WORDS = {ActionKind.FORWARD: "forward", ActionKind.BACKWARD: "backward", ActionKind.WEIGHT: "weight gradients"}
 
 
 def _describe(task: TaskId) -> str:
@@ -385,9 +385,9 @@ def _keep_known_unique(
 
 
 def _unknown_reason(
-    task: TaskId, stage: int, n_microbatches: int, n_chunks: int, kinds: tuple[TaskKind, ...]
+    task: TaskId, stage: int, n_microbatches: int, n_chunks: int, kinds: tuple[ActionKind, ...]
 ) -> str | None:
-    if not isinstance(task, TaskId) or not isinstance(task.kind, TaskKind):
+    if not isinstance(task, TaskId) or not isinstance(task.kind, ActionKind):
         raise TypeError(f"orders must hold TaskId values, got {task!r}")
     if task.kind not in kinds:  # the only kind a graph of the rule table can lack is the split backward's W
         return (

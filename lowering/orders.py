@@ -76,7 +76,7 @@ from typing import Union
 
 from schedlang.lowering.program import ScheduleProgram
 from schedlang.vocabulary import OrderKind
-from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary.actions import TaskId
 
 StageOrders = tuple[tuple[TaskId, ...], ...]
 """One tuple of tasks per stage, indexed by stage."""

@@ -50,8 +50,8 @@ from schedlang.lowering.hardware_profile import (
 )
 from schedlang.lowering.parameters import stage_parameters
 from schedlang.lowering.program import ScheduleProgram
-from schedlang.lowering.tasks import TaskId, TaskKind
-from schedlang.lowering.timeline import MessageKind
+from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.edges import Payload
 from schedlang.vocabulary import (
     AttentionExchange,
     LayerKind,
@@ -272,7 +272,7 @@ class ProfileCostModel:
         passes = GRADIENT_ACCUMULATION_PASSES * parameters * self.sizes.element_bytes
         return passes / self.profile.memory_bandwidth_bytes_per_s
 
-    def _stage_chunk(self, stage: int, chunk: int) -> dict[TaskKind, float]:
+    def _stage_chunk(self, stage: int, chunk: int) -> dict[ActionKind, float]:
         program, profile = self.program, self.profile
         tokens = program.sequence.chunk_length(chunk)
         prefix = program.sequence.boundaries[chunk]
@@ -320,21 +320,21 @@ class ProfileCostModel:
             device_forward += max(0.0, copy - device_forward)
             device_backward += max(0.0, copy - device_backward)
         # graph replay: launch gaps per layer launched (a forward 1x, a backward 2x, W 1x, as the graphs replay)
-        launches = {TaskKind.FORWARD: blocks, TaskKind.BACKWARD: 2 * blocks, TaskKind.WEIGHT: blocks}
+        launches = {ActionKind.FORWARD: blocks, ActionKind.BACKWARD: 2 * blocks, ActionKind.WEIGHT: blocks}
         # eager: the measured host time of a layer's forward and of its whole backward, which W takes a third of
         # when the backward is split (its share of the launches)
         host_backward = blocks * overhead.eager_backward_layer_seconds
         host = {
-            TaskKind.FORWARD: blocks * overhead.eager_layer_seconds,
-            TaskKind.BACKWARD: host_backward * (2 / 3 if self.split_backward else 1.0),
-            TaskKind.WEIGHT: host_backward / 3,
+            ActionKind.FORWARD: blocks * overhead.eager_layer_seconds,
+            ActionKind.BACKWARD: host_backward * (2 / 3 if self.split_backward else 1.0),
+            ActionKind.WEIGHT: host_backward / 3,
         }
         if recompute_on(program.pipeline.recompute, stage) is Recompute.FULL:
-            launches[TaskKind.BACKWARD] += blocks
-            host[TaskKind.BACKWARD] += blocks * overhead.eager_layer_seconds
+            launches[ActionKind.BACKWARD] += blocks
+            host[ActionKind.BACKWARD] += blocks * overhead.eager_layer_seconds
         if not self.split_backward:
-            launches[TaskKind.BACKWARD] += launches[TaskKind.WEIGHT]
-        device = {TaskKind.FORWARD: device_forward, TaskKind.BACKWARD: device_backward, TaskKind.WEIGHT: device_weight}
+            launches[ActionKind.BACKWARD] += launches[ActionKind.WEIGHT]
+        device = {ActionKind.FORWARD: device_forward, ActionKind.BACKWARD: device_backward, ActionKind.WEIGHT: device_weight}
         seconds = {}
         for kind, device_seconds in device.items():
             if self.graphs:
@@ -347,10 +347,10 @@ class ProfileCostModel:
     def task_duration(self, task: TaskId) -> float:
         return self.tasks[task.stage, task.chunk][task.kind]
 
-    def message_bytes(self, kind: MessageKind, source: TaskId, destination: TaskId) -> int:
+    def message_bytes(self, kind: Payload, source: TaskId, destination: TaskId) -> int:
         return self.sizes.message_bytes(kind, source, destination)
 
-    def message_duration(self, kind: MessageKind, source: TaskId, destination: TaskId) -> float:
+    def message_duration(self, kind: Payload, source: TaskId, destination: TaskId) -> float:
         if source.stage == destination.stage:
             return 0.0
         mesh = self.program.mesh

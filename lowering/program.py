@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary.actions import TaskId
 from schedlang.vocabulary import (
     AttentionExchange,
     CudaGraphs,
@@ -48,6 +48,7 @@ from schedlang.vocabulary import (
     StageRecompute,
     TrainConfig,
 )
+from schedlang.vocabulary.actions import TaskId
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,13 @@
     order      program -> per-stage task orders             lowering.orders
     legality   program -> LegalityReport (Eq. 8, deadlock)  lowering.legality
     placement  orders -> per-rank action lists              lowering.placement
+    memory     program + orders -> per-stage memory peaks   lowering.memory_peak
     cost       program + orders -> Timeline                 lowering.simulate (only when a cost model is asked for)
     codegen    program + actions -> training script         lowering.codegen
 
 Every command of the CLI runs this function, or its prefix (``through=Pass.LEGALITY``), so they all
-accept and refuse the same schedules. A user error surfaces as
+accept and refuse the same schedules, and reads what it needs from the :class:`Compilation`
+(``simulate`` its ``timeline`` and ``memory``). A user error surfaces as
 :class:`~schedlang.diagnostics.ScheduleError` (parse, check) or
 :class:`~schedlang.lowering.legality.IllegalScheduleError` carrying the legality report.
 
@@ -35,6 +37,7 @@ from schedlang.lowering.codegen import render_train_script
 from schedlang.lowering.cost import CostModelKind, Hardware, make_cost_model
 from schedlang.lowering.hardware_profile import HardwareProfile
 from schedlang.lowering.legality import IllegalScheduleError, LegalityReport, check_orders
+from schedlang.lowering.memory_peak import StageMemory, predict_memory
 from schedlang.lowering.orders import StageOrders, stage_orders
 from schedlang.lowering.placement import place_stage_actions
 from schedlang.lowering.program import ScheduleProgram
@@ -54,8 +57,9 @@ class Pass(int, Enum):
     ORDER = 3
     LEGALITY = 4
     PLACEMENT = 5
-    COST = 6
-    CODEGEN = 7
+    MEMORY = 6
+    COST = 7
+    CODEGEN = 8
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ class Compilation:
     orders: StageOrders | None = None
     legality: LegalityReport | None = None
     stage_actions: tuple[tuple[Action, ...], ...] | None = None
+    memory: tuple[StageMemory, ...] | None = None
     timeline: Timeline | None = None
     script: str | None = None
 
@@ -122,7 +127,10 @@ def compile_schedule(
     result = replace(result, legality=legality)
     if through is Pass.LEGALITY:
         return result
-    result = replace(result, stage_actions=place_stage_actions(result.orders))
+    result = replace(result, stage_actions=place_stage_actions(result.orders, program.n_chunks))
+    if through is Pass.PLACEMENT:
+        return result
+    result = replace(result, memory=predict_memory(program, result.orders))
     if cost is not None and through >= Pass.COST:
         cost_model = make_cost_model(cost.kind, program, cost.hardware)
         result = replace(result, timeline=simulate(program, result.orders, cost_model))

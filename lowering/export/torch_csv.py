@@ -36,12 +36,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from schedlang.lowering.graph import task_predecessors
-from schedlang.lowering.tasks import TaskId, TaskKind
+from schedlang.vocabulary.actions import ActionKind, TaskId
 
 StepGrid = tuple[tuple[TaskId | None, ...], ...]
 
 _TORCH_COMPUTE_ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
-_TORCH_KIND = {"F": TaskKind.FORWARD, "B": TaskKind.BACKWARD, "I": TaskKind.BACKWARD, "W": TaskKind.WEIGHT}
+_TORCH_KIND = {"F": ActionKind.FORWARD, "B": ActionKind.BACKWARD, "I": ActionKind.BACKWARD, "W": ActionKind.WEIGHT}
 _SPLIT_BACKWARD_INPUT = "I"
 """torch's ``BACKWARD_INPUT``: what a split program's ``B`` task is called in the CSV."""
 _TORCH_ANY_ACTION = re.compile(r"^(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$")
@@ -67,13 +67,13 @@ class ChunkedScheduleError(TorchCsvError):
 
 def splits_backward(orders: Sequence[Sequence[TaskId]]) -> bool:
     """Whether the orders are a split backward's: they hold ``W`` tasks."""
-    return any(task.kind is TaskKind.WEIGHT for order in orders for task in order)
+    return any(task.kind is ActionKind.WEIGHT for order in orders for task in order)
 
 
 def torch_action_text(task: TaskId, split_backward: bool = False) -> str:
     """The torch action for a one-chunk task: ``1F0.0`` -> ``1F0``; with ``split_backward``, ``1B0.0`` ->
     ``1I0`` (torch's ``BACKWARD_INPUT``) and ``1W0.0`` -> ``1W0``."""
-    letter = _SPLIT_BACKWARD_INPUT if split_backward and task.kind is TaskKind.BACKWARD else task.kind.value
+    letter = _SPLIT_BACKWARD_INPUT if split_backward and task.kind is ActionKind.BACKWARD else task.kind.value
     return f"{task.stage}{letter}{task.microbatch}"
 
 

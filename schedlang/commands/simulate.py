@@ -82,10 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_fit_arguments(parser)
 
 
-def memory_fields(program, orders) -> list[dict]:
-    """The ``memory`` field: one object per stage, bytes in GiB."""
-    from schedlang.lowering.memory_peak import predict_memory
-
+def memory_fields(memory) -> list[dict]:
+    """The ``memory`` field: one object per stage of the memory pass's product, bytes in GiB."""
     return [
         {
             **{component.value: value / GIB for component, value in stage.components.items()},
@@ -94,7 +92,7 @@ def memory_fields(program, orders) -> list[dict]:
             "chunks_in_flight": stage.chunks_in_flight,
             "peak_task": None if stage.peak_task is None else str(stage.peak_task),
         }
-        for stage in predict_memory(program, orders)
+        for stage in memory
     ]
 
 
@@ -163,7 +161,7 @@ def simulate_program(program, args: argparse.Namespace) -> dict | None:
             )
         ),
         "eq15_makespan_unit": stateflow_makespan(program.n_stages, program.n_microbatches, program.n_chunks),
-        "memory": memory_fields(program, orders),
+        "memory": memory_fields(compilation.memory),
         "document_pieces": document_pieces_rows(program.document_pieces),
     }
 

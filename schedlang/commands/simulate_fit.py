@@ -207,7 +207,6 @@ def evaluate(program, length: int, n_chunks: int, cost, recompute: StageRecomput
     from schedlang.commands.common import compile_legal
     from schedlang.compiler import Pass, revise
     from schedlang.diagnostics import ScheduleError
-    from schedlang.lowering.memory_peak import predict_memory
     from schedlang.preflight import with_document_pieces
 
     changes = {"sequence.length": length, "sequence.chunks": n_chunks}
@@ -221,7 +220,7 @@ def evaluate(program, length: int, n_chunks: int, cost, recompute: StageRecomput
     compilation = compile_legal(variant, Pass.COST, cost)
     if compilation is None:
         return None
-    memory = predict_memory(variant, compilation.orders)
+    memory = compilation.memory
     tokens = variant.n_microbatches * variant.pipeline.microbatch_size * variant.mesh.data * length
     reserved = tuple(stage.reserved for stage in memory)
     return Candidate(

@@ -26,7 +26,7 @@ from schedlang.lowering.export.torch_csv import (
 )
 from schedlang.lowering.graph import task_predecessors
 from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders
-from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary.actions import TaskId
 
 _SHAPES = [(1, 1), (1, 4), (2, 1), (2, 2), (3, 5), (4, 4), (4, 8), (5, 3)]
 _GENERATORS = {"gpipe": gpipe_orders, "1f1b": one_f_one_b_orders}

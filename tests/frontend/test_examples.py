@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from schedlang.frontend import load_program, load_program_text
-from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary.actions import TaskId
 from schedlang.vocabulary import DataKind, LayerKind, OptimizerKind, OrderKind, PartitionKind, SequenceParallelMethod
 
 from .helpers import EXAMPLES

@@ -13,7 +13,7 @@ from schedlang.lowering.partition import (
     layer_flop_coefficients,
     uniform_boundaries,
 )
-from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary.actions import TaskId
 from schedlang.vocabulary import LayerKind, ModelConfig
 
 

@@ -10,7 +10,7 @@ from schedlang.lowering.program import (
     StageOrder,
     TaskToken,
 )
-from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary.actions import TaskId
 from schedlang.vocabulary import LayerKind, ModelConfig, OrderKind, Span, TrainConfig
 
 

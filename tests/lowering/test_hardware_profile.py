@@ -20,8 +20,8 @@ from schedlang.lowering.hardware_profile import (
     shipped_profiles,
 )
 from schedlang.lowering.profile_cost import MissingMeasurementError, ProfileCostModel, scan_seconds
-from schedlang.lowering.tasks import TaskId, TaskKind
-from schedlang.lowering.timeline import MessageKind
+from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.edges import Payload
 from schedlang.vocabulary import SequenceParallelMethod
 
 
@@ -133,17 +133,17 @@ def test_forward_is_the_sum_of_the_parts_at_the_chunk_tokens():
     program = program_of()  # 2 stages of 2 gla layers with their MLPs, chunks of 128 tokens
     model = ProfileCostModel(program, profile)
     # stage 0: embedding + 2 x (gla + mlp) = 5 parts of 128 us each
-    assert model.task_duration(TaskId(TaskKind.FORWARD, 0, 0, 0)) == pytest.approx(5 * 128e-6)
+    assert model.task_duration(TaskId(ActionKind.FORWARD, 0, 0, 0)) == pytest.approx(5 * 128e-6)
     # a whole backward: backward and weight curves (no split), no gradient addition at 1e30 B/s
-    assert model.task_duration(TaskId(TaskKind.BACKWARD, 1, 0, 1)) == pytest.approx(5 * (256e-6 + 64e-6))
+    assert model.task_duration(TaskId(ActionKind.BACKWARD, 1, 0, 1)) == pytest.approx(5 * (256e-6 + 64e-6))
 
 
 def test_split_backward_moves_the_weight_curve_into_w():
     profile = parse_hardware_profile(profile_text())
     whole = ProfileCostModel(program_of(), profile)
     split = ProfileCostModel(program_of(pipeline="split_backward = true"), profile)
-    backward = TaskId(TaskKind.BACKWARD, 0, 0, 0)
-    weight = TaskId(TaskKind.WEIGHT, 0, 0, 0)
+    backward = TaskId(ActionKind.BACKWARD, 0, 0, 0)
+    weight = TaskId(ActionKind.WEIGHT, 0, 0, 0)
     assert split.task_duration(weight) == pytest.approx(5 * 64e-6)
     assert split.task_duration(backward) + split.task_duration(weight) == pytest.approx(whole.task_duration(backward))
 
@@ -152,8 +152,8 @@ def test_recompute_full_adds_the_forward_to_the_backward():
     profile = parse_hardware_profile(profile_text())
     plain = ProfileCostModel(program_of(), profile)
     recomputed = ProfileCostModel(program_of(pipeline="recompute = full"), profile)
-    backward = TaskId(TaskKind.BACKWARD, 0, 0, 0)
-    forward = TaskId(TaskKind.FORWARD, 0, 0, 0)
+    backward = TaskId(ActionKind.BACKWARD, 0, 0, 0)
+    forward = TaskId(ActionKind.FORWARD, 0, 0, 0)
     assert recomputed.task_duration(backward) - plain.task_duration(backward) == pytest.approx(
         plain.task_duration(forward)
     )
@@ -162,9 +162,9 @@ def test_recompute_full_adds_the_forward_to_the_backward():
 def test_eager_tasks_take_their_host_time_and_graph_tasks_add_their_gaps():
     host = parse_hardware_profile(profile_text(eager_layer_seconds=1e-3, graph_layer_seconds=1e-6))
     eager = ProfileCostModel(program_of(), host)
-    assert eager.task_duration(TaskId(TaskKind.FORWARD, 0, 0, 0)) == pytest.approx(5 * 1e-3)  # host-bound
+    assert eager.task_duration(TaskId(ActionKind.FORWARD, 0, 0, 0)) == pytest.approx(5 * 1e-3)  # host-bound
     graphs = ProfileCostModel(program_of(pipeline="cuda_graphs = true"), host)
-    assert graphs.task_duration(TaskId(TaskKind.FORWARD, 0, 0, 0)) == pytest.approx(5 * 128e-6 + 5 * 1e-6)
+    assert graphs.task_duration(TaskId(ActionKind.FORWARD, 0, 0, 0)) == pytest.approx(5 * 128e-6 + 5 * 1e-6)
 
 
 def test_offload_shows_only_a_copy_longer_than_its_task():
@@ -172,7 +172,7 @@ def test_offload_shows_only_a_copy_longer_than_its_task():
     profile = parse_hardware_profile(slow_host)
     plain = ProfileCostModel(program_of(), profile)
     offloaded = ProfileCostModel(program_of(pipeline="offload = true"), profile)
-    forward = TaskId(TaskKind.FORWARD, 0, 0, 0)
+    forward = TaskId(ActionKind.FORWARD, 0, 0, 0)
     assert offloaded.task_duration(forward) > 100 * plain.task_duration(forward)
     fast_host = profile_text().replace("bandwidth = 1e9\n\n[topology]", "bandwidth = 1e15\n\n[topology]")
     fast = ProfileCostModel(program_of(pipeline="offload = true"), parse_hardware_profile(fast_host))
@@ -236,12 +236,12 @@ def test_stage_messages_across_nodes_use_the_inter_node_link():
     program = program_of(length=512, mesh="sequence = 4", sequence="kernel_chunk = 64")
     same_node = ProfileCostModel(program, parse_hardware_profile(profile_text(gpus_per_node=8)))
     split_nodes = ProfileCostModel(program, parse_hardware_profile(profile_text(gpus_per_node=4, nodes=2)))
-    source, destination = TaskId(TaskKind.FORWARD, 0, 0, 0), TaskId(TaskKind.FORWARD, 1, 0, 0)
-    n_bytes = same_node.message_bytes(MessageKind.ACTIVATION, source, destination)
-    assert same_node.message_duration(MessageKind.ACTIVATION, source, destination) == pytest.approx(
+    source, destination = TaskId(ActionKind.FORWARD, 0, 0, 0), TaskId(ActionKind.FORWARD, 1, 0, 0)
+    n_bytes = same_node.message_bytes(Payload.ACTIVATION, source, destination)
+    assert same_node.message_duration(Payload.ACTIVATION, source, destination) == pytest.approx(
         1e-6 + n_bytes / 1e11
     )
-    assert split_nodes.message_duration(MessageKind.ACTIVATION, source, destination) == pytest.approx(
+    assert split_nodes.message_duration(Payload.ACTIVATION, source, destination) == pytest.approx(
         1e-5 + n_bytes / 1e9
     )
 
@@ -374,7 +374,7 @@ def test_attention_is_linear_in_the_prefix_between_and_beyond_measured_prefixes(
     assert model.part_seconds(ProfiledPart.ATTN, 128, 2000)[0] == pytest.approx(5e-3)  # beyond: the same line
     assert model.part_seconds(ProfiledPart.ATTN, 128, 0)[1] == pytest.approx(2e-3)
     # the second chunk of 128 tokens starts after 128 keys
-    forward = model.task_duration(TaskId(TaskKind.FORWARD, 1, 0, 1))
+    forward = model.task_duration(TaskId(ActionKind.FORWARD, 1, 0, 1))
     expected_attention = 2 * (1e-3 + 2e-3 * 128 / 1000)  # two attn layers on stage 1
     assert forward == pytest.approx(expected_attention + 2 * 1e-3 + 1e-3)  # their MLPs and the head
 
@@ -395,12 +395,12 @@ def test_a_microbatch_of_sequences_reads_its_rows_and_attention_per_sequence():
     profile = parse_hardware_profile(profile_text())
     one = ProfileCostModel(program_of(), profile)
     two = ProfileCostModel(program_of(pipeline="microbatch_size = 2"), profile)
-    forward = TaskId(TaskKind.FORWARD, 0, 0, 0)
+    forward = TaskId(ActionKind.FORWARD, 0, 0, 0)
     # 5 linear curves: at 256 rows, proportional beyond the last measured length (128)
     assert two.task_duration(forward) == pytest.approx(2 * one.task_duration(forward))
     # attention: two sequences of 128 tokens after 128 keys each, not one of 256 rows after 128 keys
     layers = attention_layers([(0, 1e-3), (1000, 3e-3)])
-    second_chunk = TaskId(TaskKind.FORWARD, 1, 0, 1)
+    second_chunk = TaskId(ActionKind.FORWARD, 1, 0, 1)
     single = attention_model(layers).task_duration(second_chunk)
     double = attention_model(layers, "microbatch_size = 2").task_duration(second_chunk)
     per_sequence_attention = 2 * (1e-3 + 2e-3 * 128 / 1000)  # two attn layers, read at 128 tokens

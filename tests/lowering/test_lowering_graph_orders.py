@@ -22,9 +22,9 @@ from schedlang.lowering.orders import (
     stage_orders,
 )
 from schedlang.vocabulary import OrderKind
-from schedlang.lowering.tasks import TaskId, TaskKind
+from schedlang.vocabulary.actions import ActionKind, TaskId
 
-F, B = TaskKind.FORWARD, TaskKind.BACKWARD
+F, B = ActionKind.FORWARD, ActionKind.BACKWARD
 
 
 def edges_of(graph, dependency):

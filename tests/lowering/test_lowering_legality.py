@@ -17,7 +17,7 @@ from schedlang.lowering.legality import (
     render_report,
 )
 from schedlang.lowering.orders import one_f_one_b_orders
-from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary.actions import TaskId
 
 
 def orders_from_text(*lines: str) -> tuple[tuple[TaskId, ...], ...]:

@@ -43,7 +43,7 @@ def test_separate_mlp_layers_hold_the_same_parameters_and_flops():
     from dataclasses import replace
 
     from schedlang.lowering.cost import FlopsCostModel
-    from schedlang.lowering.tasks import TaskId
+    from schedlang.vocabulary.actions import TaskId
 
     blocks = make_program(2, 2, 2, layers=(LayerKind.GLA, LayerKind.SIMPLE_GLA) * 2)
     split = make_program(2, 2, 2, layers=(LayerKind.GLA, LayerKind.MLP, LayerKind.SIMPLE_GLA, LayerKind.MLP) * 2)

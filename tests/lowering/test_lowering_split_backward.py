@@ -31,11 +31,11 @@ from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders, one_f_on
 from schedlang.lowering.parameters import stage_parameters
 from schedlang.lowering.program import MeshSpec
 from schedlang.lowering.simulate import simulate
-from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.lowering.timeline import Stream
 from schedlang.vocabulary import LayerKind, OrderKind, SequenceParallelMethod
+from schedlang.vocabulary.actions import ActionKind, TaskId
 
-F, B, W = TaskKind.FORWARD, TaskKind.BACKWARD, TaskKind.WEIGHT
+F, B, W = ActionKind.FORWARD, ActionKind.BACKWARD, ActionKind.WEIGHT
 
 STAGES = range(1, 6)
 MICROBATCHES = range(1, 6)

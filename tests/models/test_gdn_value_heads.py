@@ -86,8 +86,8 @@ def test_the_memory_and_cost_models_size_the_state_by_the_value_heads(tmp_path):
     q/k heads stay 2)."""
     from schedlang.lowering.cost import FlopsCostModel, layer_mixer_flops_per_token, layer_projection_flops_per_token
     from schedlang.lowering.memory_terms import sequence_parallel_bytes, state_bytes
-    from schedlang.lowering.tasks import TaskId
-    from schedlang.lowering.timeline import MessageKind
+    from schedlang.vocabulary.actions import TaskId
+    from schedlang.vocabulary.edges import Payload
     from schedlang.vocabulary import LayerKind
 
     plain = load_program(_path(tmp_path, "expand_k = 1"))
@@ -98,7 +98,7 @@ def test_the_memory_and_cost_models_size_the_state_by_the_value_heads(tmp_path):
     sequenced = [replace(program, mesh=replace(program.mesh, sequence=2)) for program in (plain, grouped)]
     assert sequence_parallel_bytes(sequenced[1], 0, 0) == 3 * sequence_parallel_bytes(sequenced[0], 0, 0)
     messages = [
-        FlopsCostModel(program).message_bytes(MessageKind.STATE, TaskId.forward(0, 0, 0), TaskId.forward(0, 0, 1))
+        FlopsCostModel(program).message_bytes(Payload.STATE, TaskId.forward(0, 0, 0), TaskId.forward(0, 0, 1))
         for program in (plain, grouped)
     ]
     assert messages[1] == 3 * messages[0] > 0

@@ -9,7 +9,7 @@ import torch
 
 from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders
 from schedlang.lowering.placement import place_stage_actions
-from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary.actions import TaskId
 from schedlang.runtime.data import RECALL_PERIOD, TokenSource, default_corpus_files
 from schedlang.runtime.model import build_stage_model
 from schedlang.runtime.state_store import StateStore
