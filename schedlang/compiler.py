@@ -146,14 +146,22 @@ def revise(program: ScheduleProgram, **changes) -> ScheduleProgram:
     pointing into the revised line. Raises ``ValueError`` for
     a key the language does not have, or a program built without schedule text.
     """
+    text = revised_text(program, changes)
+    return compile_schedule(ScheduleText(text, program.source_file), through=Pass.CHECK).program
+
+
+def revised_text(program: ScheduleProgram, changes: dict, syntax: ast.ScheduleFile | None = None) -> str:
+    """The schedule text :func:`revise` checks: ``program``'s text with the ``changes`` written in. ``syntax``
+    is that text parsed, when the caller holds it (``schedlang tune`` revises one file thousands of times)."""
     if program.source_text is None:
         raise ValueError("revise needs a program checked from schedule text; this one was built by hand")
     text = program.source_text
-    syntax = parse_text(text, program.source_file)
+    if syntax is None:
+        syntax = parse_text(text, program.source_file)
     edits = [_edit(text, syntax, *_block_and_key(name), _schedule_literal(value)) for name, value in changes.items()]
     for start, end, replacement in sorted(edits, key=lambda edit: edit[0], reverse=True):
         text = text[:start] + replacement + text[end:]
-    return compile_schedule(ScheduleText(text, program.source_file), through=Pass.CHECK).program
+    return text
 
 
 def _block_and_key(name: str) -> tuple[str, str]:
@@ -201,4 +209,4 @@ def _offset(text: str, line: int, column: int) -> int:
     return sum(len(earlier) + 1 for earlier in lines[: line - 1]) + column - 1
 
 
-__all__ = ["Compilation", "CostSettings", "Pass", "ScheduleText", "compile_schedule", "revise"]
+__all__ = ["Compilation", "CostSettings", "Pass", "ScheduleText", "compile_schedule", "revise", "revised_text"]
