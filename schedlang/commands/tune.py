@@ -125,9 +125,9 @@ def cost_settings(args: argparse.Namespace):
 class Progress:
     """One line on standard error, rewritten in place on a terminal; elsewhere one line per phase."""
 
-    def __init__(self, stream=sys.stderr) -> None:
-        self.stream = stream
-        self.terminal = stream.isatty()
+    def __init__(self, stream=None) -> None:
+        self.stream = sys.stderr if stream is None else stream
+        self.terminal = self.stream.isatty()
         self.last_phase, self.last_time = None, 0.0
 
     def __call__(self, phase: str, done: int, total: int, simulated: int, best: float | None) -> None:
@@ -249,10 +249,10 @@ def print_table(args, result, device_memory: int, seconds: float, written) -> No
     print(
         f"{args.file}: {result.length} tokens per sequence, {device_memory / GIB:.1f} GiB per device; "
         f"{stats.layouts} layouts ({stats.refused} refused by the checker, {stats.explored} explored, "
-        f"{stats.bounded_out} bounded out), {stats.simulated} schedules simulated in {seconds:.1f} s"
+        f"{stats.bounded_out} bounded out), {stats.simulated} simulated, {stats.compiled} compiled in {seconds:.1f} s; "
+        f"each stage's reserved peak fits with {OUTSIDE_THE_ALLOCATOR / GIB:g} GiB outside the allocator"
     )
     print(f"{'rank':>4}  {'step s':>10}  {'tokens/s':>12}  {'reserved GiB per stage':>24}  changes from the file")
-    # the reserved peaks are simulate's; each must fit the device less what lies outside the allocator
     for rank, candidate in enumerate(result.candidates, start=1):
         peaks = " / ".join(f"{value / GIB:.2f}" for value in candidate.reserved)
         print(f"{rank:>4}  {candidate.makespan:>10.4g}  {candidate.tokens_per_second:>12,.0f}  {peaks:>24}  "

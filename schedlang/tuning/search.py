@@ -116,6 +116,7 @@ class SearchStats:
     memory_probes: int = 0
     simulated: int = 0  # probes simulated to see whether they could enter the top
     compiled: int = 0  # candidates revised and compiled as check compiles them
+    not_fitting: int = 0  # of those, the ones some stage of which does not fit
     candidate_bound_skips: int = 0
 
 
@@ -390,6 +391,7 @@ class _Search:
         self.stats.compiled += 1
         memory = predict_memory(program, compilation.orders)
         if not all(self.fits(stage.reserved) for stage in memory):
+            self.stats.not_fitting += 1
             self.note_miss(memory, layout, knobs)
             return
         tokens = layout.microbatches * layout.microbatch_size * layout.data * layout.length
