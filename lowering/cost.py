@@ -43,7 +43,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from schedlang.lowering.program import MlpKind, ModelSpec, ScheduleProgram
 from schedlang.lowering.operator_tokens import operator_tokens
@@ -52,10 +52,13 @@ from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.lowering.timeline import MessageKind
 from schedlang.vocabulary import AttentionExchange, DType, LayerKind, Recompute, SequenceParallelMethod, recompute_on
 
+if TYPE_CHECKING:
+    from schedlang.lowering.hardware_profile import HardwareProfile
+
 
 class CostModelKind(str, Enum):
     UNIT = "unit"
-    FLOPS = "flops"
+    FLOPS = "flops"  # with a HardwareProfile as the hardware: the profile model (schedlang.lowering.profile_cost)
 
 
 BACKWARD_TO_FORWARD = 2
@@ -451,7 +454,7 @@ class FlopsCostModel:
         sequence = self.program.sequence
         scans = sum(
             n_layers
-            * state_scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self._scan_bytes(kind), hardware)
+            * state_scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self.scan_bytes(kind), hardware)
             for kind, n_layers in self.stage_kinds[stage].items()
             if kind.is_recurrent
         )
@@ -460,7 +463,7 @@ class FlopsCostModel:
         attention = attention_layers * key_value_exchange_seconds(sequence.attention, ranks, key_value_bytes, hardware)
         return scans + attention
 
-    def _scan_bytes(self, kind: LayerKind) -> float:
+    def scan_bytes(self, kind: LayerKind) -> float:
         """What one layer's cross-rank scan moves per rank: the state matrix; the all-gather also gathers each
         rank's transition (a decay, or for gdn a ``[K, K]`` matrix per head: [Note: transitions] in
         schedlang.runtime.scan_common). The point-to-point methods pass carries only."""
@@ -502,8 +505,18 @@ class FlopsCostModel:
 def make_cost_model(
     kind: CostModelKind,
     program: ScheduleProgram,
-    hardware: Hardware = Hardware(),
+    hardware: Hardware | HardwareProfile = Hardware(),
 ) -> CostModel:
+    """The cost model ``kind`` names. ``FLOPS`` with a
+    :class:`~schedlang.lowering.hardware_profile.HardwareProfile` as ``hardware`` is the profile model
+    (:mod:`schedlang.lowering.profile_cost`): measured curves in place of FLOPs over one throughput. ``UNIT``
+    ignores the hardware."""
+    from schedlang.lowering.hardware_profile import HardwareProfile
+
+    if kind is CostModelKind.FLOPS and isinstance(hardware, HardwareProfile):
+        from schedlang.lowering.profile_cost import ProfileCostModel
+
+        return ProfileCostModel(program, hardware)
     if kind is CostModelKind.UNIT:
         return UnitCostModel(
             tuple(program.sequence.chunk_length(chunk) for chunk in range(program.n_chunks)),

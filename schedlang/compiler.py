@@ -33,6 +33,7 @@ from schedlang.frontend import read_source
 from schedlang.limits import check_program_limits, check_syntax_limits
 from schedlang.lowering.codegen import render_train_script
 from schedlang.lowering.cost import CostModelKind, Hardware, make_cost_model
+from schedlang.lowering.hardware_profile import HardwareProfile
 from schedlang.lowering.legality import IllegalScheduleError, LegalityReport, check_orders
 from schedlang.lowering.orders import StageOrders, stage_orders
 from schedlang.lowering.placement import place_stage_actions
@@ -69,7 +70,7 @@ class CostSettings:
     """The cost model the cost pass simulates under."""
 
     kind: CostModelKind = CostModelKind.UNIT
-    hardware: Hardware = Hardware()
+    hardware: Hardware | HardwareProfile = Hardware()  # with FLOPS, a profile gives the profile model (profile_cost.py)
 
 
 @dataclass(frozen=True)

@@ -126,15 +126,19 @@ def simulate_program(program, args: argparse.Namespace) -> dict | None:
     compilation = compile_legal(program, Pass.COST, cost)
     if compilation is None:
         return None
+    from schedlang.lowering.hardware_profile import HardwareProfile
+
     kind, orders, timeline = cost.kind, compilation.orders, compilation.timeline
+    profile = cost.hardware if isinstance(cost.hardware, HardwareProfile) else None
     busy = [0.0] * program.n_stages
     for interval in timeline.tasks:
         if interval.stream is Stream.COMPUTE:
             busy[interval.task.stage] += interval.duration
     return {
         "file": str(args.file),
-        "cost_model": kind.value,
+        "cost_model": "profile" if profile is not None else kind.value,
         "time_unit": "full-sequence forward" if kind is CostModelKind.UNIT else "second",
+        "hardware": profile.describe() if profile is not None else None,
         "order": program.pipeline.order.value,
         "extra_warmup": program.pipeline.extra_warmup,
         "split_backward": program.pipeline.split_backward,
@@ -232,6 +236,8 @@ def print_sweep(results: list[dict], args: argparse.Namespace) -> None:
         f"{args.file}: {first['n_stages']} stages x {first['n_microbatches']} microbatches, order {first['order']}, "
         f"cost model {first['cost_model']} (time in {first['time_unit']}s), swept"
     )
+    if first["hardware"]:
+        print(first["hardware"])
     print(
         f"{'chunks':>6}  {'extra warm-up':>13}  {'split backward':>14}  {'makespan':>12}  {'vs first':>8}  "
         f"{'bubble':>7}  {'peak activations (stage 0)':>26}"
@@ -290,6 +296,8 @@ def run(args: argparse.Namespace) -> int:
         + (", split backward" if program.pipeline.split_backward else "")
         + f", cost model {result['cost_model']} (time in {result['time_unit']}s)"
     )
+    if result["hardware"]:
+        print(result["hardware"])
     print(f"makespan {result['makespan']:.6g}   bubble fraction {result['bubble_fraction']:.4f}")
     print(f"{'stage':>5}  {'busy':>12}  {'peak activations':>16}")
     for stage in range(program.n_stages):

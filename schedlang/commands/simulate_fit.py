@@ -399,6 +399,9 @@ def _peaks(candidate: Candidate) -> str:
 def print_fit(result: FitResult, args: argparse.Namespace, device_memory: int) -> None:
     budget = f"{device_memory / GIB:.1f} GiB ({OUTSIDE_THE_ALLOCATOR / GIB:g} GiB of it outside PyTorch's allocator)"
     print(f"{args.file}: fitting one device of {budget}, lengths in steps of {args.step} tokens")
+    profile = getattr(args, "hardware_profile", None)
+    if profile is not None:  # tokens/s come from its curves (schedlang.commands.common.load_hardware_option)
+        print(profile.describe())
     recompute_column = f"  {'recompute':>16}" if args.fit_recompute else ""
     print(f"{'length':>9}  {'chunks':>6}  {'reserved GiB per stage':>24}  {'tokens/s':>12}{recompute_column}  fits")
     shown = {candidate.length for candidate in (result.proposal, result.refused) if candidate is not None}

@@ -14,8 +14,8 @@ OUT is replaced only with ``--force``, and never the input.
 ``--length L`` tunes for sequences of L tokens; ``--fit`` for the longest multiple of ``--step`` up to
 ``--max-length`` at which anything of the space fits (memory only, as ``simulate --fit`` searches lengths),
 then tunes there. ``--device cpu`` leaves out CUDA graphs, so the pick trains on the CPU. Time comes from the
-``flops`` cost model and its hardware options (docs/cost-model.md); ``--hardware PROFILE`` names a measured
-profile where this build has them. Exits 1 when nothing fits, naming the stage and the memory term that bind.
+``flops`` cost model and its hardware options, or with ``--hardware PROFILE`` from a hardware profile's measured
+curves and links (docs/cost-model.md). Exits 1 when nothing fits, naming the stage and the memory term that bind.
 """
 
 from __future__ import annotations
@@ -69,12 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"most chunks tried, powers of two (default {DEFAULT_MAX_CHUNKS})")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="what the schedule will run on: cpu leaves out CUDA graphs (default cuda)")
-    parser.add_argument("--hardware", default=None, metavar="PROFILE",
-                        help="time tasks from a measured hardware profile (a .toml file, or h200)")
     parser.add_argument("--exhaustive", action="store_true",
                         help="simulate every candidate of the space, without pruning (slow; to check the pruning)")
-    add_cost_model_arguments(parser)
-    parser.set_defaults(cost_model="flops")
+    add_cost_model_arguments(parser)  # --cost-model (tune's default: flops), --hardware and the flops options
 
 
 def _fail(message: str) -> SystemExit:
@@ -85,8 +82,8 @@ def check_arguments(args: argparse.Namespace) -> int:
     """The device memory in bytes; refuses bad flags before any work (a bad size at its column)."""
     from schedlang.vocabulary import Span, render_message
 
-    check_hardware_arguments(args, "tune")
-    if args.cost_model != "flops":
+    check_hardware_arguments(args, "tune")  # reads --hardware, refuses it beside --cost-model
+    if args.cost_model not in (None, "flops"):
         raise _fail(f"--cost-model {args.cost_model} has no seconds to rank by; tune times with the flops model "
                     "(or --hardware PROFILE)")
     for flag, value in (("--top", args.top), ("--max-chunks", args.max_chunks), ("--step", args.step),
@@ -108,18 +105,15 @@ def check_arguments(args: argparse.Namespace) -> int:
 
 
 def cost_settings(args: argparse.Namespace):
-    """The cost model tune times with: a hardware profile (``--hardware``) where this build reads them, else the
-    flops model with the hardware options. The one place a profile plugs in."""
+    """The cost model tune times with: the profile model of ``--hardware``, else the flops model with the
+    hardware options (tune's default, where simulate's is unit)."""
+    from schedlang.compiler import CostSettings
+    from schedlang.lowering.cost import CostModelKind
+
+    settings = cost_settings_from_arguments(args)
     if args.hardware is None:
-        return cost_settings_from_arguments(args)
-    try:
-        from schedlang.commands.common import hardware_cost_settings
-    except ImportError:
-        raise _fail(
-            f"--hardware {args.hardware}: this build has no hardware profiles yet; time with the flops model's "
-            "options (--throughput, --kernel-gap, ...)"
-        ) from None
-    return hardware_cost_settings(args)
+        return CostSettings(CostModelKind.FLOPS, settings.hardware)
+    return settings
 
 
 class Progress:
@@ -156,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from schedlang.frontend import load_program
+    from schedlang.lowering.profile_cost import MissingMeasurementError
     from schedlang.tuning.search import TuneSettings, search
 
     device_memory = check_arguments(args)
@@ -174,7 +169,10 @@ def run(args: argparse.Namespace) -> int:
                   f"{device_memory / GIB:.1f} GiB", file=sys.stderr)
             return 1
         settings = replace(settings, length=length)
-    result = search(program, settings, Progress())
+    try:
+        result = search(program, settings, Progress())
+    except MissingMeasurementError as error:
+        raise _fail(f"{args.file}: {error}") from None
     seconds = time.monotonic() - started
     if not result.candidates:
         print(nothing_fits(args, result, device_memory), file=sys.stderr)
@@ -218,10 +216,22 @@ def _changes_text(candidate) -> str:
     return ", ".join(f"{name} = {value}" for name, value in candidate.changes) or "(the file as written)"
 
 
+def hardware_line(settings) -> str:
+    """Which cost model timed the candidates: the profile's own description, or the flops model's figures."""
+    from schedlang.lowering.hardware_profile import HardwareProfile
+
+    hardware = settings.cost.hardware
+    if isinstance(hardware, HardwareProfile):
+        return hardware.describe()
+    return (f"cost model flops: {hardware.throughput_flops:.3g} FLOP/s, links {hardware.latency_s:.3g} s + bytes / "
+            f"{hardware.bandwidth_bytes_per_s:.3g} B/s, kernel gap {hardware.kernel_gap_s:.3g} s")
+
+
 def as_json(args, result, device_memory: int, seconds: float, written) -> dict:
     stats = result.stats
     return {
         "file": str(args.file),
+        "cost_model": hardware_line(result.settings),
         "length": result.length,
         "device_memory_gib": device_memory / GIB,
         "seconds": seconds,
@@ -252,6 +262,7 @@ def print_table(args, result, device_memory: int, seconds: float, written) -> No
         f"{stats.bounded_out} bounded out), {stats.simulated} simulated, {stats.compiled} compiled in {seconds:.1f} s; "
         f"each stage's reserved peak fits with {OUTSIDE_THE_ALLOCATOR / GIB:g} GiB outside the allocator"
     )
+    print(hardware_line(result.settings))
     print(f"{'rank':>4}  {'step s':>10}  {'tokens/s':>12}  {'reserved GiB per stage':>24}  changes from the file")
     for rank, candidate in enumerate(result.candidates, start=1):
         peaks = " / ".join(f"{value / GIB:.2f}" for value in candidate.reserved)

@@ -126,6 +126,7 @@ class TuneResult:
     stats: SearchStats
     nearest_miss: NearestMiss | None
     length: int
+    settings: TuneSettings
 
 
 def describe(changes: dict) -> tuple[tuple[str, str], ...]:
@@ -274,7 +275,7 @@ class _Search:
             self.explore(layout, base)
         self.report("done", len(bounded), len(bounded))
         ranked = tuple(sorted(self.found, key=lambda candidate: candidate.rank_key)[: self.settings.top])
-        return TuneResult(ranked, self.stats, self.nearest if not ranked else None, length)
+        return TuneResult(ranked, self.stats, self.nearest if not ranked else None, length, self.settings)
 
     def report(self, phase: str, done: int, total: int) -> None:
         if self.progress is not None:

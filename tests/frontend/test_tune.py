@@ -187,12 +187,22 @@ def test_nothing_fits_names_the_binding_stage_and_term(capsys):
         (["--max-chunks", "0"], "--max-chunks must be positive, got 0"),
         (["--cost-model", "unit"], "--cost-model unit has no seconds to rank by"),
         (["--throughput", "0"], "--throughput must be positive"),
-        (["--hardware", "h200"], "--hardware h200: this build has no hardware profiles yet"),
+        (["--hardware", "h200", "--cost-model", "flops"], "--hardware gives the profile cost model"),
     ],
 )
 def test_bad_flags_are_refused_before_any_work(arguments, message):
     with pytest.raises(SystemExit, match=message.replace("(", r"\(")):
         run_tune(str(EXAMPLES / "gla_stateflow.sched"), *arguments)
+
+
+def test_hardware_profile_times_the_candidates(capsys):
+    assert run_tune(str(EXAMPLES / "gla_stateflow.sched"), "--hardware", "h200", "--max-chunks", "2", "--top", "1") == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[1].startswith("hardware profile h200")
+    with pytest.raises(SystemExit) as refused:
+        run_tune(str(EXAMPLES / "gla_stateflow.sched"), "--hardware", "missing.toml")
+    assert refused.value.code == 2
+    assert "no hardware profile 'missing.toml'" in capsys.readouterr().err
 
 
 def test_a_bad_device_memory_is_shown_at_its_column():
