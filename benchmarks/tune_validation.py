@@ -53,7 +53,7 @@ def schedlang_command() -> list[str]:
 
 def run_tune(schedule: Path, args: argparse.Namespace, tune_flags: list[str]) -> dict:
     command = [
-        *schedlang_command(), "tune", str(schedule), "--json", "--top", str(args.candidates),
+        *schedlang_command(), "tune", str(schedule), "--json", "--top", str(args.candidates), "--dominated",
         "--device", args.device, *(["--length", str(args.length)] if args.schedule else []), *tune_flags,
     ]
     print("$ " + " ".join(command), file=sys.stderr, flush=True)

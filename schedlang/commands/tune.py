@@ -69,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"most chunks tried, powers of two (default {DEFAULT_MAX_CHUNKS})")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="what the schedule will run on: cpu leaves out CUDA graphs (default cuda)")
+    parser.add_argument("--dominated", action="store_true",
+                        help="also list candidates slower than a listed one and no smaller on any stage")
     parser.add_argument("--exhaustive", action="store_true",
                         help="simulate every candidate of the space, without pruning (slow; to check the pruning)")
     add_cost_model_arguments(parser)  # --cost-model (tune's default: flops), --hardware and the flops options
@@ -158,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     settings = TuneSettings(
         cost=cost_settings(args), device_memory=device_memory, world=args.world, length=args.length,
         max_chunks=args.max_chunks, device=args.device, top=args.top, prune=not args.exhaustive,
+        dominated=args.dominated,
     )
     if args.world is not None and program.pipeline.order.value == "explicit":
         raise _fail(f"{args.file}: --world chooses the mesh, but an explicit order is written for its own mesh")

@@ -71,6 +71,7 @@ class TuneSettings:
     device: str = "cuda"  # what the candidates run on: "cpu" leaves CUDA graphs out
     top: int = 5
     prune: bool = True  # False: evaluate every candidate of the space (the reference the tests compare with)
+    dominated: bool = False  # also list candidates as slow as a listed one and no smaller on any stage
 
 
 @dataclass(frozen=True)
@@ -400,6 +401,9 @@ class _Search:
 
     def keep(self, candidate: Candidate) -> None:
         """Add ``candidate`` unless one found is as fast and no larger on every stage; drop those it beats so."""
+        if self.settings.dominated:
+            self.found.append(candidate)
+            return
         if any(_outranks(other, candidate) for other in self.found):
             return
         self.found = [other for other in self.found if not _outranks(candidate, other)]

@@ -40,7 +40,7 @@ mesh { pipeline = 2 }
 
 sequence {
   length       = 2048
-  chunks       = 2      # cut in two
+  chunks       = {chunks}      # cut in pieces
   kernel_chunk = 64
 }
 
@@ -51,8 +51,8 @@ pipeline {
 """
 
 
-def small_program(order: str = "gpipe"):
-    return load_program_text(SMALL.replace("{order}", order), "small.sched")
+def small_program(order: str = "gpipe", chunks: int = 2):
+    return load_program_text(SMALL.replace("{order}", order).replace("{chunks}", str(chunks)), "small.sched")
 
 
 def memory_between_modes(program) -> int:
@@ -91,8 +91,8 @@ def test_pruned_search_finds_the_fastest_of_an_exhaustive_search_when_memory_bin
 
 @pytest.mark.slow
 def test_pruned_search_finds_the_fastest_of_an_exhaustive_search_over_1f1b_placements():
-    program = small_program("1f1b")
-    settings = TuneSettings(FLOPS, memory_between_modes(program), max_chunks=2, device="cuda", top=2)
+    program = small_program("1f1b", chunks=1)
+    settings = TuneSettings(FLOPS, memory_between_modes(program), max_chunks=1, device="cpu", top=2)
     compare_with_exhaustive(program, settings)
 
 
