@@ -192,7 +192,8 @@ def nothing_fits(args, result, device_memory: int) -> str:
     miss = result.nearest_miss
     budget = f"{device_memory / GIB:.1f} GiB"
     if miss is None:
-        return f"schedlang tune: error: {args.file}: the checker refuses every candidate of the space"
+        first = "" if result.first_refusal is None else "; the first:\n" + result.first_refusal.render()
+        return f"schedlang tune: error: {args.file}: the checker refuses every candidate of the space{first}"
     components = miss.stage.components
     term = max(components, key=components.get)
     return (

@@ -128,6 +128,7 @@ class TuneResult:
     nearest_miss: NearestMiss | None
     length: int
     settings: TuneSettings
+    first_refusal: ScheduleError | None = None  # the first candidate the checker refused, for when all were
 
 
 def describe(changes: dict) -> tuple[tuple[str, str], ...]:
@@ -145,6 +146,7 @@ class _Search:
         self.cost_models: dict = {}
         self.durations: dict = {}
         self.syntax = parse_text(program.source_text, program.source_file)
+        self.first_refusal: ScheduleError | None = None
 
     def threshold(self) -> float:
         """The top-th best makespan found (infinite until ``top`` candidates fit)."""
@@ -235,7 +237,8 @@ class _Search:
         text = revised_text(self.program, schedule_changes(self.program, layout, knobs), self.syntax)
         try:
             return compile_schedule(ScheduleText(text, self.program.source_file), through=Pass.CHECK).program
-        except ScheduleError:
+        except ScheduleError as error:
+            self.first_refusal = self.first_refusal or error
             return None
 
     def layout_bound(self, layout: Layout) -> tuple[float, ScheduleProgram] | None:
@@ -276,7 +279,9 @@ class _Search:
             self.explore(layout, base)
         self.report("done", len(bounded), len(bounded))
         ranked = tuple(sorted(self.found, key=lambda candidate: candidate.rank_key)[: self.settings.top])
-        return TuneResult(ranked, self.stats, self.nearest if not ranked else None, length, self.settings)
+        return TuneResult(
+            ranked, self.stats, self.nearest if not ranked else None, length, self.settings, self.first_refusal
+        )
 
     def report(self, phase: str, done: int, total: int) -> None:
         if self.progress is not None:

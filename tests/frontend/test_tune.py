@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -205,6 +206,19 @@ def test_hardware_profile_times_the_candidates(capsys):
     assert "no hardware profile 'missing.toml'" in capsys.readouterr().err
 
 
+def test_a_space_the_checker_refuses_whole_shows_the_first_refusal(capsys):
+    assert run_tune(str(EXAMPLES / "simple_gla_gpipe.sched"), "--length", "8192") == 1
+    error = capsys.readouterr().err.splitlines()
+    assert error[-4].endswith("the checker refuses every candidate of the space; the first:")
+    assert error[-3].endswith(":20:34: error: the last chunk boundary must be the sequence length 8192, found 4096")
+    assert error[-1] == " " * 33 + "^~~~"
+
+
+def test_world_is_refused_for_an_explicit_order():
+    with pytest.raises(SystemExit, match="an explicit order is written for its own mesh"):
+        run_tune(str(EXAMPLES / "explicit_order.sched"), "--world", "4")
+
+
 def test_a_bad_device_memory_is_shown_at_its_column():
     with pytest.raises(SystemExit) as refused:
         run_tune("f.sched", "--device-memory", "12XB")
@@ -265,7 +279,9 @@ def train_one_step(schedule: Path) -> None:
 
 def tune_and_train(example: Path, tmp_path: Path) -> None:
     output = tmp_path / f"tuned_{example.name}"
+    started = time.process_time()
     assert run_tune(str(example), "--device", "cpu", "-o", str(output)) == 0
+    assert time.process_time() - started < 60  # seconds of CPU: the bound for every example
     assert main(["check", str(output)]) == 0
     train_one_step(output)
 
