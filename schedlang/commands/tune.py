@@ -95,6 +95,8 @@ def check_arguments(args: argparse.Namespace) -> int:
     for flag, value in (("--world", args.world), ("--length", args.length)):
         if value is not None and value < 1:
             raise _fail(f"{flag} must be positive, got {value}")
+    if args.output == "-" and args.json:
+        raise _fail("-o - prints the schedule on standard output, where --json prints its object; choose one")
     if args.output not in (None, "-") and Path(args.output).exists() and not args.force:
         raise _fail(f"{args.output} already exists; give --force to replace it, or another -o")
     try:
@@ -206,13 +208,19 @@ def nothing_fits(args, result, device_memory: int) -> str:
 
 
 def write_best(args, program, best) -> str:
+    """Write the pick to ``-o`` (:mod:`schedlang.tuning.writing`; ``-`` prints it); the text is checked again and
+    must give the pick's program, else the revised text is written as is. Returns where it went."""
+    from schedlang.compiler import Pass, ScheduleText, compile_schedule
     from schedlang.outputs import STANDARD_OUTPUT
-    from schedlang.tuning.writing import relocated_text
+    from schedlang.tuning.writing import relocated_text, tuned_text
 
-    text = best.program.source_text
+    text = tuned_text(program.source_text, program.source_file, dict(best.change_values))
+    if compile_schedule(ScheduleText(text, program.source_file), through=Pass.CHECK).program != best.program:
+        text = best.program.source_text
     if args.output == STANDARD_OUTPUT:
-        return STANDARD_OUTPUT
-    Path(args.output).write_text(relocated_text(text, program.source_file, args.output), encoding="utf-8")
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(relocated_text(text, program.source_file, args.output), encoding="utf-8")
     return args.output
 
 
@@ -258,8 +266,7 @@ def as_json(args, result, device_memory: int, seconds: float, written) -> dict:
 def print_table(args, result, device_memory: int, seconds: float, written) -> None:
     stats = result.stats
     if written == "-":
-        sys.stdout.write(result.candidates[0].program.source_text)
-        return
+        return  # the schedule went to standard output
     print(
         f"{args.file}: {result.length} tokens per sequence, {device_memory / GIB:.1f} GiB per device; "
         f"{stats.layouts} layouts ({stats.refused} refused by the checker, {stats.explored} explored, "

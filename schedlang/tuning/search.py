@@ -83,6 +83,7 @@ class Candidate:
     tokens_per_step: int
     memory: tuple[StageMemory, ...] = field(compare=False)
     program: ScheduleProgram = field(compare=False, repr=False)
+    change_values: tuple[tuple[str, object], ...] = field(default=(), compare=False, repr=False)  # as revise takes
 
     @property
     def tokens_per_second(self) -> float:
@@ -402,7 +403,10 @@ class _Search:
             self.note_miss(memory, layout, knobs)
             return
         tokens = layout.microbatches * layout.microbatch_size * layout.data * layout.length
-        self.keep(Candidate(layout, knobs, describe(changes), compilation.timeline.makespan, tokens, memory, program))
+        self.keep(Candidate(
+            layout, knobs, describe(changes), compilation.timeline.makespan, tokens, memory, program,
+            tuple(changes.items()),
+        ))
 
     def keep(self, candidate: Candidate) -> None:
         """Add ``candidate`` unless one found is as fast and no larger on every stage; drop those it beats so."""

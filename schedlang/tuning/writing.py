@@ -1,7 +1,12 @@
-"""The schedule file ``schedlang tune -o OUT`` writes: the chosen candidate's text as
-:func:`schedlang.compiler.revise` edited it (every unchanged key, comment and line kept as the user wrote
-them), with the relative paths it names moved so that they still name the same files from OUT's directory
-(schedlang.lowering.paths: a relative path is relative to the schedule file).
+"""The schedule file ``schedlang tune -o OUT`` writes: the file's own text with the chosen candidate's changes
+(every unchanged key, comment and line kept as the user wrote them), with the relative paths it names moved so
+that they still name the same files from OUT's directory (schedlang.lowering.paths: a relative path is relative to
+the schedule file).
+
+A changed key is rewritten in place, as :func:`schedlang.compiler.revise` writes it; a key the file leaves out is
+added on a line of its own before its block's closing brace, indented and aligned like the block's other keys
+(``revise`` puts it on the brace's line so that no line moves, which suits diagnostics, not a file to keep); a
+block the file leaves out is added at the end.
 """
 
 from __future__ import annotations
@@ -10,13 +15,56 @@ import os
 from pathlib import Path
 
 from schedlang import ast
-from schedlang.compiler import _offset
+from schedlang.compiler import _offset, _schedule_literal
 from schedlang.parser import parse_text
 
 PATH_KEYS = {("model", "from"), ("train", "data"), ("train", "checkpoint"), ("train", "log")}
 """Keys whose string values are paths, relative to the schedule file."""
 NOT_PATHS = {"document_end"}
 """String arguments of those keys that are not paths (a tokenizer's name of a token)."""
+
+
+def tuned_text(text: str, filename: str, changes: dict) -> str:
+    """``text`` with ``changes`` (``block.key``: value, as :func:`schedlang.compiler.revise` takes them) written in:
+    see the module docstring."""
+    syntax = parse_text(text, filename)
+    edits, new_blocks = [], {}
+    for name, value in changes.items():
+        block_name, key = name.split(".", 1)
+        literal = _schedule_literal(value)
+        block = next((block for block in syntax.blocks if block.name == block_name), None)
+        if block is None:
+            new_blocks.setdefault(block_name, []).append(f"  {key} = {literal}\n")
+            continue
+        assignments = [item for item in block.items if isinstance(item, ast.Assignment)]
+        written = next((item for item in assignments if item.key == key), None)
+        if written is not None:
+            span = written.value.span
+            edits.append((_offset(text, span.line, span.column), _offset(text, span.end_line, span.end_column), literal))
+            continue
+        edits.append(_added_line(text, block, assignments, key, literal))
+    for start, end, replacement in sorted(edits, key=lambda edit: edit[0], reverse=True):
+        text = text[:start] + replacement + text[end:]
+    for block_name, lines in new_blocks.items():
+        text = text.rstrip("\n") + f"\n\n{block_name} {{\n" + "".join(lines) + "}\n"
+    return text
+
+
+def _added_line(text: str, block: ast.Block, assignments, key: str, literal: str) -> tuple[int, int, str]:
+    """The edit that adds ``key = literal`` to ``block``: a line of its own before the closing brace when the brace
+    starts its line, else before the brace on its line."""
+    closing = text.rfind("}", 0, _offset(text, block.span.end_line, block.span.end_column))
+    line_start = text.rfind("\n", 0, closing) + 1
+    if text[line_start:closing].strip():
+        return closing, closing, f" {key} = {literal} "
+    indent, key_width = "  ", len(key)
+    if assignments:
+        first = assignments[0].key_span
+        indent = " " * (first.column - 1)
+        line = text.split("\n")[first.line - 1]
+        equals = line.find("=", first.column - 1 + len(assignments[0].key))
+        key_width = max(key_width, equals - (first.column - 1) - 1)
+    return line_start, line_start, f"{indent}{key.ljust(key_width)} = {literal}\n"
 
 
 def relocated_text(text: str, source_file: str, output: str) -> str:

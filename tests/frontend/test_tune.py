@@ -143,6 +143,7 @@ def test_output_keeps_comments_and_unchanged_keys_and_checks(tmp_path, capsys):
         if line.lstrip().startswith("#"):
             assert line in written  # comments kept
     assert "vocab    = 256        # bytes" in written
+    assert not any("=" in line and line.rstrip().endswith("}") for line in written.splitlines())  # added: own lines
     assert main(["check", str(output)]) == 0
     program = load_program(output)
     assert program.train.data.path is None and program.model.vocab == 256
@@ -159,6 +160,13 @@ def test_output_is_never_written_over_without_force_nor_over_the_input(tmp_path)
         run_tune(source, "-o", source, "--force")
     assert run_tune(source, "--device", "cpu", "--max-chunks", "2", "-o", str(output), "--force") == 0
     assert output.read_text().startswith("# The default example")
+
+
+def test_dash_prints_the_schedule_alone(capsys):
+    assert run_tune(str(EXAMPLES / "gla_stateflow.sched"), "-o", "-", "--max-chunks", "2", "--device", "cpu") == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("# The default example") and "rank" not in printed
+    assert load_program_text(printed, "printed.sched").n_stages == 2
 
 
 def test_relative_paths_are_moved_to_the_output_directory(tmp_path):
@@ -188,6 +196,7 @@ def test_nothing_fits_names_the_binding_stage_and_term(capsys):
         (["--max-chunks", "0"], "--max-chunks must be positive, got 0"),
         (["--cost-model", "unit"], "--cost-model unit has no seconds to rank by"),
         (["--throughput", "0"], "--throughput must be positive"),
+        (["-o", "-", "--json"], "where --json prints its object; choose one"),
         (["--hardware", "h200", "--cost-model", "flops"], "--hardware gives the profile cost model"),
     ],
 )
