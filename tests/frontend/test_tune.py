@@ -18,7 +18,7 @@ from schedlang.lowering.cost import CostModelKind, Hardware
 from schedlang.lowering.memory_peak import Component, predict_memory
 from schedlang.tuning.search import TuneSettings, fits_at, search
 from schedlang.tuning.space import Knobs, layouts, schedule_changes
-from schedlang.tuning.writing import relocated_text
+from schedlang.tuning.writing import relocated_text, tuned_text
 from schedlang.vocabulary import Recompute
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -160,6 +160,19 @@ def test_output_is_never_written_over_without_force_nor_over_the_input(tmp_path)
         run_tune(source, "-o", source, "--force")
     assert run_tune(source, "--device", "cpu", "--max-chunks", "2", "-o", str(output), "--force") == 0
     assert output.read_text().startswith("# The default example")
+
+
+def test_tuned_text_rewrites_in_place_adds_lines_and_blocks():
+    text = SMALL.replace("{order}", "1f1b").replace("{chunks}", "2")
+    tuned = tuned_text(text, "small.sched", {
+        "sequence.chunks": 8, "pipeline.split_backward": True, "mesh.data": 2, "train.steps": 3,
+    })
+    assert "  chunks       = 8      # cut in pieces" in tuned.splitlines()
+    assert "  order        = 1f1b\n  split_backward = true\n}" in tuned
+    assert "mesh { pipeline = 2  data = 2 }" in tuned  # a one-line block keeps its line
+    assert tuned.endswith("}\n\ntrain {\n  steps = 3\n}\n")
+    program = load_program_text(tuned, "small.sched")
+    assert (program.n_chunks, program.pipeline.split_backward, program.mesh.data, program.train.steps) == (8, True, 2, 3)
 
 
 def test_dash_prints_the_schedule_alone(capsys):
