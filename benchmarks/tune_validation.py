@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         })
     (out / "results.json").write_text(json.dumps({"length": tuned["length"], "rows": rows}, indent=2) + "\n")
     print(f"schedlang tune {schedule} at {tuned['length']} tokens, {args.device}, commit "
-          f"{os.environ.get('GIT_COMMIT', '(set GIT_COMMIT)')}")
+          f"{os.environ.get('GIT_COMMIT', '(set GIT_COMMIT)')}; {tuned['cost_model']}")
     print(table(rows))
     print(summary(rows))
     return 0
