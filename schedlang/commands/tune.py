@@ -155,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
 
     from schedlang.frontend import load_program
     from schedlang.lowering.profile_cost import MissingMeasurementError
+    from schedlang.preflight import check_data_file
     from schedlang.tuning.search import TuneSettings, search
 
     device_memory = check_arguments(args)
@@ -182,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
     if not result.candidates:
         print(nothing_fits(args, result, device_memory), file=sys.stderr)
         return 1
+    check_data_file(result.candidates[0].program, result.candidates[0].program.source_text)  # as check does
     written = write_best(args, program, result.candidates[0]) if args.output else None
     if args.json:
         print(strict_json(as_json(args, result, device_memory, seconds, written)))
@@ -210,12 +212,15 @@ def nothing_fits(args, result, device_memory: int) -> str:
 def write_best(args, program, best) -> str:
     """Write the pick to ``-o`` (:mod:`schedlang.tuning.writing`; ``-`` prints it); the text is checked again and
     must give the pick's program, else the revised text is written as is. Returns where it went."""
+    from dataclasses import replace
+
     from schedlang.compiler import Pass, ScheduleText, compile_schedule
     from schedlang.outputs import STANDARD_OUTPUT
     from schedlang.tuning.writing import relocated_text, tuned_text
 
     text = tuned_text(program.source_text, program.source_file, dict(best.change_values))
-    if compile_schedule(ScheduleText(text, program.source_file), through=Pass.CHECK).program != best.program:
+    written = compile_schedule(ScheduleText(text, program.source_file), through=Pass.CHECK).program
+    if written != replace(best.program, document_pieces=None):
         text = best.program.source_text
     if args.output == STANDARD_OUTPUT:
         sys.stdout.write(text)

@@ -49,6 +49,7 @@ from schedlang.lowering.simulate import simulate
 from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.lowering.timeline import MessageKind
 from schedlang.parser import parse_text
+from schedlang.preflight import with_document_pieces
 from schedlang.tuning.space import (
     RECOMPUTE_MODES,
     Knobs,
@@ -237,7 +238,8 @@ class _Search:
         """The candidate as :func:`schedlang.compiler.revise` checks it, or None where the checker refuses."""
         text = revised_text(self.program, schedule_changes(self.program, layout, knobs), self.syntax)
         try:
-            return compile_schedule(ScheduleText(text, self.program.source_file), through=Pass.CHECK).program
+            checked = compile_schedule(ScheduleText(text, self.program.source_file), through=Pass.CHECK).program
+            return with_document_pieces(checked)  # packed documents: the padding of its chunk lengths, as simulate
         except ScheduleError as error:
             self.first_refusal = self.first_refusal or error
             return None
