@@ -2,34 +2,40 @@
 the device, found by branch and bound.
 
 Contract. Input: a checked program (gpipe, 1f1b or explicit order) and :class:`TuneSettings`. Output: a
-:class:`TuneResult` with the ``top`` fastest fitting candidates, fastest first, each revised from the file by
-:func:`schedlang.compiler.revise` and compiled through the cost pass (so ``check`` accepts every one), its step
-time the simulated makespan under the settings' cost model, and every stage's predicted reserved peak
-(:mod:`schedlang.lowering.memory_peak`) plus :data:`OUTSIDE_THE_ALLOCATOR` at most the device memory; or
-none, with the probe that came nearest to fitting (its binding stage and largest memory term). Deterministic:
-layouts and knobs are visited in a fixed order and ties broken by the fewest changed keys, then by their text.
+:class:`TuneResult` with the ``top`` fastest fitting candidates, fastest first, each revised from the file as
+:func:`schedlang.compiler.revise` revises and compiled through the cost pass (so ``check`` accepts every one), its
+step time the simulated makespan under the settings' cost model, and every stage's predicted reserved peak
+(:mod:`schedlang.lowering.memory_peak`) plus :data:`OUTSIDE_THE_ALLOCATOR` at most the device memory; a candidate
+as fast as a listed one and no smaller on any stage is left out unless ``dominated``. Or none, with the probe that
+came nearest to fitting (its binding stage and largest memory term) or the checker's first refusal. Deterministic:
+layouts and knobs are visited in a fixed order; ties go to the smaller largest stage, the fewer changed keys,
+then their text.
 
 [Note: tune pruning]
-What the search skips, and why it cannot be better than what it keeps (docs/pipeline-tuning.md, "tune"):
+What the search skips, and why nothing it skips is faster than its pick (docs/pipeline-tuning.md, "tune"):
 
-1. Layout bound. A stage runs its tasks one at a time, and its first task waits for a forward through every
-   earlier stage, so a layout's makespan is at least ``max_r (head_r + busy_r)``: ``busy_r`` the sum of stage
-   ``r``'s task durations, ``head_r`` the shortest chunk forward of each earlier stage. Taken with recompute
-   ``none`` and no offload (they never shorten a task) and the least over CUDA-graph modes and split backward,
-   it bounds every candidate of the layout. Layouts are visited by increasing bound, and the search stops at
-   the first whose bound exceeds the ``top``-th best makespan found.
-2. Candidate bound. The same bound with the candidate's own task durations, before it is simulated.
+1. Layout bound. A stage runs its tasks one at a time; its first task waits for a chunk's forward and its message
+   through every earlier stage, and after its last backward the gradient still goes back through every earlier
+   stage. So a layout's makespan is at least the largest over stages ``r`` of ``head_r + busy_r`` and ``head_r +
+   F_r + B_r + tail_r`` (``busy_r`` all of the stage's task time, ``F_r + B_r`` its forwards and backwards,
+   ``head_r`` / ``tail_r`` the shortest chunk forward / backward plus its message on each earlier stage). Taken
+   with recompute ``none`` and no offload (they never shorten a task) and the least over CUDA-graph modes and
+   split backward, it bounds every candidate of the layout. Layouts are visited by increasing bound, and the
+   search stops at the first whose bound exceeds the ``top``-th best makespan found.
+2. Candidate bound, then probe. The same bound with a candidate's own durations, then its simulated timeline
+   (of the program with the knobs set, before the revised text is checked), must not exceed the ``top``-th best.
 3. Same orders. Two task placements that give every stage the same order give the same timeline and memory.
-4. Recompute per stage. A stage's peak depends only on its own mode, and so do its tasks' durations; the
-   simulator starts each task as soon as its stage and inputs are ready, so no task ends later when another
-   gets shorter. A mode whose tasks on a stage are nowhere shorter than those of another mode that also fits
-   that stage is never needed there.
-5. Offload. It saves memory and never shortens a task, so it is tried only where some stage cannot keep
-   every activation without it.
+4. Fastest first. The simulator starts each task as soon as its stage and inputs are ready, so no task ends later
+   when another gets shorter. No recompute and no offload make every task as short as it can be: where that fits,
+   nothing slower of the placement is tried, and where its timeline already exceeds the ``top``-th best, nothing
+   slower of it can enter.
+5. Recompute per stage. A stage's peak depends only on its own mode, and so do its tasks' durations: a fitting
+   mode whose tasks on a stage are nowhere shorter than those of another fitting mode is never needed there.
+   Offload saves memory and never shortens a task: it is tried only where some stage cannot fit without it.
 
 The durations come from the cost model itself (``task_duration`` of microbatch 0, times the microbatches), so
-these hold for any model whose durations do not depend on the microbatch and grow with recomputation and
-offload; tests/frontend/test_tune.py holds the pruned search to an exhaustive one.
+these hold for any model whose durations do not depend on the microbatch and do not shrink with recomputation
+or offload; tests/frontend/test_tune.py holds the pruned search's pick to an exhaustive search's.
 """
 
 from __future__ import annotations
