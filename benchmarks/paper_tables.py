@@ -128,7 +128,9 @@ def zeco_links() -> dict[LinkClass, Link]:
     }
 
 
-def measurement(part: ProfiledPart, tokens: tuple[int, ...], seconds: tuple[float, ...], **geometry) -> LayerMeasurement:
+def measurement(
+    part: ProfiledPart, tokens: tuple[int, ...], seconds: tuple[float, ...], **geometry
+) -> LayerMeasurement:
     """A part whose whole forward+backward per token is ``seconds``: 1/3 forward, 1/3 backward, 1/3 weight
     gradients when it has weights, else 1/3 forward and 2/3 backward."""
     has_weights = part is not ProfiledPart.EMBEDDING and not geometry.pop("operator_only", False)
@@ -291,11 +293,12 @@ def zeco_communication_rows(profile: HardwareProfile | None = None) -> list[tupl
 
     profile = profile or zeco_model_profile()
     blocks = ZECO_TABLE2_STATE_BYTES // 4 // ZECO_BLOCK_ELEMENTS
-    return [
-        (method, ranks, paper,
-         1e3 * scan_seconds(SequenceParallelMethod(method), list(range(ranks)), blocks, ZECO_TABLE2_STATE_BYTES, profile))
-        for (method, ranks), paper in ZECO_TABLE2.items()
-    ]
+    rows = []
+    for (method, ranks), paper in ZECO_TABLE2.items():
+        method_kind = SequenceParallelMethod(method)
+        seconds = scan_seconds(method_kind, list(range(ranks)), blocks, ZECO_TABLE2_STATE_BYTES, profile)
+        rows.append((method, ranks, paper, 1e3 * seconds))
+    return rows
 
 
 STATEFLOW_SCHEDULE = """schedule stateflow_3b
@@ -327,7 +330,8 @@ def stateflow_profile() -> HardwareProfile:
             from schedlang.lowering.cost import recurrence_flops_per_token
             from schedlang.vocabulary import LayerKind
 
-            recurrence_share = recurrence_flops_per_token(LayerKind.GDN, 20, 128, 64) / measured_flops_per_token(probe, 64)
+            recurrence = recurrence_flops_per_token(LayerKind.GDN, 20, 128, 64)
+            recurrence_share = recurrence / measured_flops_per_token(probe, 64)
         seconds = tuple(
             per_token * length * (recurrence_share * RECURRENCE_EFFICIENCY[min(max(length, 2048), 65536)]
                                   + (1 - recurrence_share) * GEMM_EFFICIENCY[min(max(length, 2048), 65536)])
@@ -360,17 +364,21 @@ def stateflow_profile() -> HardwareProfile:
 def stateflow_rows(profile: HardwareProfile | None = None) -> list[tuple[int, int, float]]:
     """(GBS, N, predicted tokens/s) for Fig. 3's sweep."""
     profile = profile or stateflow_profile()
-    return [
-        (gbs, chunks, gbs * 65536 / simulate_seconds(STATEFLOW_SCHEDULE.format(chunks=chunks, microbatches=gbs), profile))
-        for gbs in (4, 8, 16)
-        for chunks in STATEFLOW_CHUNKS
-    ]
+    rows = []
+    for gbs in (4, 8, 16):
+        for chunks in STATEFLOW_CHUNKS:
+            schedule = STATEFLOW_SCHEDULE.format(chunks=chunks, microbatches=gbs)
+            rows.append((gbs, chunks, gbs * 65536 / simulate_seconds(schedule, profile)))
+    return rows
 
 
 SHIPPED = {"zeco-h100-operator": zeco_operator_profile, "zeco-h100": zeco_model_profile,
            "stateflow-a100": stateflow_profile}
-HEADER = "Built by benchmarks/paper_tables.py from figures the paper states (docs/cost-model.md, 'Against the papers').\n" \
-         "Not a measurement of any device by schedlang: regenerate with\n  python3 benchmarks/paper_tables.py --write-profiles"
+HEADER = (
+    "Built by benchmarks/paper_tables.py from figures the paper states (docs/cost-model.md, 'Against the papers').\n"
+    "Not a measurement of any device by schedlang: regenerate with\n"
+    "  python3 benchmarks/paper_tables.py --write-profiles"
+)
 
 
 def shipped_text(name: str) -> str:
@@ -403,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = stateflow_rows()
     for gbs in (4, 8, 16):
         values = [f"{tokens / 1e3:.1f}K" for g, _, tokens in rows if g == gbs]
-        print(f"| {gbs} | " + " | ".join(values) + f" | {STATEFLOW_NATIVE[gbs] / 1e3:.1f}K | {STATEFLOW_BEST[gbs] / 1e3:.1f}K |")
+        paper = f" | {STATEFLOW_NATIVE[gbs] / 1e3:.1f}K | {STATEFLOW_BEST[gbs] / 1e3:.1f}K |"
+        print(f"| {gbs} | " + " | ".join(values) + paper)
     return 0
 
 

@@ -262,7 +262,8 @@ class ProfileReader:
         values = data.get(key)
         path = f"{table}[{index}].{key}"
         if not isinstance(values, list) or len(values) != len(tokens):
-            self.fail(f"'{path}' must be a list of {len(tokens)} numbers (one per entry of 'tokens')", table, key, index)
+            message = f"'{path}' must be a list of {len(tokens)} numbers (one per entry of 'tokens')"
+            self.fail(message, table, key, index)
         for value in values:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 self.fail(f"'{path}' must hold non-negative seconds, got {value!r}", table, key, index)

@@ -6,8 +6,9 @@ program and a :class:`~schedlang.lowering.hardware_profile.HardwareProfile` (for
 "The profile model"):
 
 * A chunk's ``F`` on a stage is the sum over its layers (and the embedding on the first stage, the head and loss
-  on the last) of each part's forward curve at the rank's tokens (``microbatch_size x chunk / S``; attention also
-  at the chunk's prefix), each scaled by FLOPs from the nearest measured width; plus the sequence-parallel
+  on the last) of each part's forward curve at the rank's rows (``microbatch_size x chunk / S``; attention per
+  sequence, at the chunk's prefix, times ``microbatch_size``), each scaled by FLOPs from the nearest measured
+  width; plus the sequence-parallel
   exchange of its layers; plus the launch overhead: eager, the task takes the longer of its device time and its
   host time; replayed from CUDA graphs, it adds the graph's launch gaps. Every task adds ``task_seconds``.
 * ``B`` is the backward curves (plus the weight curves when the backward is not split), the reverse exchange,
@@ -33,7 +34,6 @@ from schedlang.lowering.cost import (
     ChunkForwardSeconds,
     FlopsCostModel,
     attention_pair_flops,
-    attention_pairs,
     head_flops_per_token,
     layer_kind_counts,
     layer_mixer_flops_per_token,
@@ -151,6 +151,7 @@ class ProfileCostModel:
         # message and state sizes are the flops model's (the same bytes cross any link)
         self.sizes = FlopsCostModel(program)
         self.stage_kinds = [layer_kind_counts(program.model, layers) for layers in program.stage_layers]
+        self._part_cache: dict[tuple[ProfiledPart, float, float], tuple[float, float, float]] = {}
         self.missing = self._missing_parts()
         if self.missing:
             names = ", ".join(part.value for part in self.missing)
@@ -183,7 +184,14 @@ class ProfileCostModel:
 
     def part_seconds(self, part: ProfiledPart, tokens: float, prefix: float) -> tuple[float, float, float]:
         """(forward, backward, weight) seconds of one block of ``part`` over ``tokens`` rows after ``prefix``
-        keys (attention), read from the nearest measured width and scaled by FLOPs."""
+        keys (attention), read from the nearest measured width and scaled by FLOPs; remembered, since uniform
+        chunks ask the same question on every stage."""
+        key = (part, tokens, prefix if part is ProfiledPart.ATTN else 0)
+        if key not in self._part_cache:
+            self._part_cache[key] = self._part_seconds(part, tokens, prefix)
+        return self._part_cache[key]
+
+    def _part_seconds(self, part: ProfiledPart, tokens: float, prefix: float) -> tuple[float, float, float]:
         model = self.program.model
         kernel_chunk = min(self.program.sequence.kernel_chunk, max(int(tokens), 1))
         measurements = nearest_width(self.profile.measurements(part), model.d_model)
@@ -236,7 +244,8 @@ class ProfileCostModel:
         sequence = program.sequence
         ranks = self._sequence_ranks(stage)
         scans = sum(
-            n_layers * scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self.sizes.scan_bytes(kind), profile)
+            n_layers
+            * scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self.sizes.scan_bytes(kind), profile)
             for kind, n_layers in self.stage_kinds[stage].items()
             if kind.is_recurrent
         )
@@ -253,7 +262,8 @@ class ProfileCostModel:
         return scans + attention_layers * gather, scans + attention_layers * scatter
 
     def _accumulation(self, parameters: int) -> float:
-        return GRADIENT_ACCUMULATION_PASSES * parameters * self.sizes.element_bytes / self.profile.memory_bandwidth_bytes_per_s
+        passes = GRADIENT_ACCUMULATION_PASSES * parameters * self.sizes.element_bytes
+        return passes / self.profile.memory_bandwidth_bytes_per_s
 
     def _stage_chunk(self, stage: int, chunk: int) -> dict[TaskKind, float]:
         program, profile = self.program, self.profile
@@ -267,7 +277,12 @@ class ProfileCostModel:
         backward = weight = 0.0
         blocks = 0
         for part, count in self._stage_parts(stage):
-            forward_s, backward_s, weight_s = self.part_seconds(part, rows, attention_prefix)
+            if part is ProfiledPart.ATTN:  # each sequence of the microbatch meets its own prefix
+                forward_s, backward_s, weight_s = (
+                    self.batch * value for value in self.part_seconds(part, tokens / ranks, attention_prefix)
+                )
+            else:  # the microbatch's sequences are rows of the same GEMMs
+                forward_s, backward_s, weight_s = self.part_seconds(part, rows, attention_prefix)
             if part is ProfiledPart.MLP:
                 mlps += count * forward_s
             elif part in (ProfiledPart.EMBEDDING, ProfiledPart.HEAD):

@@ -69,8 +69,15 @@ def attention_prefixes(program) -> list[int]:
 
 
 class ProgressBar:
-    def __init__(self, total: int, stream=sys.stderr, width: int = 30) -> None:
-        self.total, self.done, self.stream, self.width = total, 0, stream, width
+    """Measurements done out of ``total``, redrawn in place on standard error (looked up when drawn, so a
+    replaced ``sys.stderr`` is the one written to)."""
+
+    def __init__(self, total: int, width: int = 30) -> None:
+        self.total, self.done, self.width = total, 0, width
+
+    @property
+    def stream(self):
+        return sys.stderr
 
     def step(self, label: str) -> None:
         self.done += 1
@@ -172,7 +179,8 @@ def build_profile(args, program, device, timings, memory_bandwidth, offload_band
                       key=lambda timing: timing.tokens)
         tokens = tuple(timing.tokens for timing in rows)
         kind = ProfiledPart(part)
-        heads, head_dim = (attention.heads, attention.head_dim) if kind is ProfiledPart.ATTN else (model.heads, model.head_dim)
+        is_attention = kind is ProfiledPart.ATTN
+        heads, head_dim = (attention.heads, attention.head_dim) if is_attention else (model.heads, model.head_dim)
         mixer = kind not in (ProfiledPart.MLP, ProfiledPart.EMBEDDING, ProfiledPart.HEAD)
         from schedlang.runtime.model import swiglu_width
 

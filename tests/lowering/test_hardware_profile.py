@@ -181,10 +181,8 @@ def test_offload_shows_only_a_copy_longer_than_its_task():
 def test_width_scales_by_flops_from_the_nearest_measurement():
     profile = parse_hardware_profile(profile_text())
     narrow = ProfileCostModel(program_of(), profile)
-    wide_program = compile_schedule(
-        ScheduleText(SCHEDULE.format(length=256, mesh="", sequence="", pipeline="").replace("d_model = 128", "d_model = 256")),
-        through=Pass.CHECK,
-    ).program
+    wide_text = SCHEDULE.format(length=256, mesh="", sequence="", pipeline="").replace("d_model = 128", "d_model = 256")
+    wide_program = compile_schedule(ScheduleText(wide_text), through=Pass.CHECK).program
     wide = ProfileCostModel(wide_program, profile)
     mlp_narrow = narrow.part_seconds(ProfiledPart.MLP, 128, 0)[0]
     # the MLP's FLOPs grow with d_model x hidden, and hidden = 4 d_model: four times the measured 128 x 512
@@ -363,8 +361,8 @@ backward = [{2 * forward}]
     )
 
 
-def attention_model(layers: str) -> ProfileCostModel:
-    text = SCHEDULE.format(length=256, mesh="", sequence="", pipeline="").replace("[gla] * 4", "[attn] * 4")
+def attention_model(layers: str, pipeline: str = "") -> ProfileCostModel:
+    text = SCHEDULE.format(length=256, mesh="", sequence="", pipeline=pipeline).replace("[gla] * 4", "[attn] * 4")
     program = compile_schedule(ScheduleText(text), through=Pass.CHECK).program
     return ProfileCostModel(program, parse_hardware_profile(profile_text(layers=layers)))
 
@@ -390,3 +388,21 @@ def test_one_measured_prefix_scales_by_the_pair_flops():
     pairs = attention_pair_flops(2, 64)
     expected = 1e-3 * (per_token + pairs * (256 + 64)) / (per_token + pairs * 64)
     assert model.part_seconds(ProfiledPart.ATTN, 128, 256)[0] == pytest.approx(expected)
+
+
+def test_a_microbatch_of_sequences_reads_its_rows_and_attention_per_sequence():
+    profile = parse_hardware_profile(profile_text())
+    one = ProfileCostModel(program_of(), profile)
+    two = ProfileCostModel(program_of(pipeline="microbatch_size = 2"), profile)
+    forward = TaskId(TaskKind.FORWARD, 0, 0, 0)
+    # 5 linear curves: at 256 rows, proportional beyond the last measured length (128)
+    assert two.task_duration(forward) == pytest.approx(2 * one.task_duration(forward))
+    # attention: two sequences of 128 tokens after 128 keys each, not one of 256 rows after 128 keys
+    layers = attention_layers([(0, 1e-3), (1000, 3e-3)])
+    second_chunk = TaskId(TaskKind.FORWARD, 1, 0, 1)
+    single = attention_model(layers).task_duration(second_chunk)
+    double = attention_model(layers, "microbatch_size = 2").task_duration(second_chunk)
+    per_sequence_attention = 2 * (1e-3 + 2e-3 * 128 / 1000)  # two attn layers, read at 128 tokens
+    rest = 2 * 1e-3 + 1e-3  # two MLPs and the head, linear in rows
+    assert single == pytest.approx(per_sequence_attention + rest)
+    assert double == pytest.approx(2 * per_sequence_attention + 2 * rest)
