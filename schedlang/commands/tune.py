@@ -38,7 +38,7 @@ from schedlang.commands.simulate_fit import (
 )
 from schedlang.outputs import strict_json
 
-HELP = "search chunks, recompute, warm-up, split backward, stages, microbatches and mesh: the fastest schedules that fit"
+HELP = "search chunks, recompute, warm-up, split backward, stages, microbatches and mesh for the fastest that fit"
 
 DEFAULT_TOP = 5
 DEFAULT_MAX_CHUNKS = 64
