@@ -13,7 +13,7 @@ import argparse
 import importlib
 import sys
 
-COMMAND_NAMES = ("check", "simulate", "viz", "export", "compile", "run", "export-model", "profile")
+COMMAND_NAMES = ("check", "simulate", "tune", "viz", "export", "compile", "run", "export-model", "profile")
 
 
 def _version() -> str:

@@ -157,17 +157,30 @@ def revise(program: ScheduleProgram, **changes) -> ScheduleProgram:
     pointing into the revised line. Raises ``ValueError`` for
     a key the language does not have, or a program built without schedule text.
     """
+    text = revised_text(program, changes)
+    return compile_schedule(ScheduleText(text, program.source_file), through=Pass.CHECK).program
+
+
+def revised_text(program: ScheduleProgram, changes: dict, syntax: ast.ScheduleFile | None = None) -> str:
+    """The schedule text :func:`revise` checks: ``program``'s text with the ``changes`` written in. ``syntax``
+    is that text parsed, when the caller holds it (``schedlang tune`` revises one file thousands of times)."""
     if program.source_text is None:
         raise ValueError("revise needs a program checked from schedule text; this one was built by hand")
     text = program.source_text
-    syntax = parse_text(text, program.source_file)
+    if syntax is None:
+        syntax = parse_text(text, program.source_file)
     edits = []
     for name, value in changes.items():
-        block, key = _block_and_key(name)
-        edits.append(_edit(text, syntax, block, key, KEYS[f"{block}.{key}"].text(value)))
+        edits.append(_edit(text, syntax, *_block_and_key(name), key_literal(name, value)))
     for start, end, replacement in sorted(edits, key=lambda edit: edit[0], reverse=True):
         text = text[:start] + replacement + text[end:]
-    return compile_schedule(ScheduleText(text, program.source_file), through=Pass.CHECK).program
+    return text
+
+
+def key_literal(name: str, value) -> str:
+    """``value`` of key ``name`` (``key`` or ``block.key``) as schedule text, written by the key's schema row."""
+    block, key = _block_and_key(name)
+    return KEYS[f"{block}.{key}"].text(value)
 
 
 def _block_and_key(name: str) -> tuple[str, str]:
@@ -203,4 +216,6 @@ def _offset(text: str, line: int, column: int) -> int:
     return sum(len(earlier) + 1 for earlier in lines[: line - 1]) + column - 1
 
 
-__all__ = ["Compilation", "CostSettings", "Pass", "ScheduleText", "compile_schedule", "revise"]
+__all__ = [
+    "Compilation", "CostSettings", "Pass", "ScheduleText", "compile_schedule", "key_literal", "revise", "revised_text",
+]
