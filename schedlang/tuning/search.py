@@ -52,8 +52,8 @@ from schedlang.lowering.memory_peak import StageMemory, predict_memory
 from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.program import ScheduleProgram
 from schedlang.lowering.simulate import simulate
-from schedlang.lowering.tasks import TaskId, TaskKind
-from schedlang.lowering.timeline import MessageKind
+from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.edges import Payload
 from schedlang.parser import parse_text
 from schedlang.preflight import with_document_pieces
 from schedlang.tuning.space import (
@@ -189,9 +189,9 @@ class _Search:
         each chunk's forward and backward send to the next and the previous stage."""
         model = self.cost_model(probe)
         if id(model) not in self.durations:
-            kinds = (TaskKind.FORWARD, TaskKind.BACKWARD)
+            kinds = (ActionKind.FORWARD, ActionKind.BACKWARD)
             if probe.pipeline.split_backward:
-                kinds += (TaskKind.WEIGHT,)
+                kinds += (ActionKind.WEIGHT,)
             divisor = model.time_divisor
             per_stage = []
             for stage in range(probe.n_stages):
@@ -204,11 +204,11 @@ class _Search:
             self.durations[id(model)] = per_stage
         return self.durations[id(model)]
 
-    def message_seconds(self, probe: ScheduleProgram, kind: MessageKind, stage: int, chunk: int) -> float:
+    def message_seconds(self, probe: ScheduleProgram, kind: Payload, stage: int, chunk: int) -> float:
         """An activation (or its gradient) of ``chunk`` from ``stage`` to the next (the previous) stage."""
         model = self.cost_model(probe)
-        task = TaskKind.FORWARD if kind is MessageKind.ACTIVATION else TaskKind.BACKWARD
-        target = stage + 1 if kind is MessageKind.ACTIVATION else stage - 1
+        task = ActionKind.FORWARD if kind is Payload.ACTIVATION else ActionKind.BACKWARD
+        target = stage + 1 if kind is Payload.ACTIVATION else stage - 1
         return model.message_duration(kind, TaskId(task, stage, 0, chunk), TaskId(task, target, 0, chunk)) / (
             model.time_divisor
         )
@@ -227,11 +227,11 @@ class _Search:
             best = max(best, head + busy, head + microbatches * (sum(forwards) + sum(backwards)) + tail)
             if stage + 1 < len(per_stage):
                 head += min(
-                    forwards[chunk] + self.message_seconds(probe, MessageKind.ACTIVATION, stage, chunk)
+                    forwards[chunk] + self.message_seconds(probe, Payload.ACTIVATION, stage, chunk)
                     for chunk in range(n_chunks)
                 )
                 tail += min(
-                    backwards[chunk] + self.message_seconds(probe, MessageKind.ACTIVATION_GRADIENT, stage + 1, chunk)
+                    backwards[chunk] + self.message_seconds(probe, Payload.ACTIVATION_GRADIENT, stage + 1, chunk)
                     for chunk in range(n_chunks)
                 )
         return best

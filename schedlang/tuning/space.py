@@ -38,11 +38,13 @@ from schedlang.lowering.cost import (
     mlp_flops_per_token,
     model_attention_pair_flops,
 )
-from schedlang.lowering.program import OrderKind, PartitionKind, ScheduleProgram
+from schedlang.lowering.program import ScheduleProgram
 from schedlang.vocabulary import (
     AttentionExchange,
     CudaGraphs,
     LayerKind,
+    OrderKind,
+    PartitionKind,
     Recompute,
     SequenceParallelMethod,
     recompute_on,
