@@ -1,7 +1,7 @@
 """``schedlang tune`` against the device: its pick and the candidates it ranked lower, each trained for a few steps.
 
-For one schedule (by default the one-GPU benchmark's 1B GLA model, benchmarks/pipeline_schedule.py's
-``FULL_MODEL`` on ``mesh { pipeline = 1 }``, bf16, one sequence per step, at ``--length`` tokens), runs
+For one schedule (by default the one-GPU benchmark's 1B GLA model, benchmarks/schedules/gla_1b_one_device.sched,
+bf16, one sequence per step, at ``--length`` tokens), runs
 ``schedlang tune FILE --json --top K`` (its flags after ``--`` go to tune as they are: ``--hardware``,
 ``--throughput``, ``--kernel-gap``, ...), writes each of the K candidates as ``rank_<k>.sched`` in ``--out``,
 trains each with ``schedlang run rank_<k>.sched --device D --steps W+S --metrics rank_<k>.jsonl`` in a process
@@ -26,25 +26,26 @@ import os
 import statistics
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.pipeline_schedule import FULL_MODEL, TINY_MODEL, ScheduleKeys, schedule_text  # noqa: E402
+from benchmarks.pipeline_schedule import ONE_DEVICE_SCHEDULE, BenchmarkSchedule, system_program  # noqa: E402
 
 PICK_TOLERANCE = 0.05
 """Issue 34's acceptance: the pick's measured tokens/s within 5% of the best measured."""
 
 
 def base_schedule(args: argparse.Namespace) -> str:
-    """The text tune starts from: ``--schedule``, or the one-device benchmark model at ``--length``."""
+    """The text tune starts from: ``--schedule``, or the one-device benchmark's schedule (``--tiny``: its tiny
+    model) revised to ``--length`` tokens, in bf16 (fp32 on the CPU)."""
     if args.schedule:
         return Path(args.schedule).read_text(encoding="utf-8")
-    model = replace(TINY_MODEL if args.tiny else FULL_MODEL, pipeline_stages=1)
     dtype = "fp32" if args.device == "cpu" else "bf16"
-    return schedule_text(model, ScheduleKeys(chunks=1), args.length, 1, dtype)
+    program = system_program(BenchmarkSchedule(ONE_DEVICE_SCHEDULE, tiny=args.tiny), "schedlang", args.length,
+                             dtype=dtype)
+    return program.source_text
 
 
 def schedlang_command() -> list[str]:
