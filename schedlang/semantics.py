@@ -5,7 +5,7 @@ the parser produced. It checks every block, key and value (names, types,
 ranges, divisibility, chunk boundaries, the stage-to-layer assignment, the
 shape of explicit ``stage r:`` lines), collects every problem, and either
 raises one :class:`~schedlang.diagnostics.ScheduleError` listing them all in
-file order or returns a :class:`~schedlang.lowering.program.ScheduleProgram`
+file order (with what the errors leave checkable: schedlang.checks.partial) or returns a :class:`~schedlang.lowering.program.ScheduleProgram`
 satisfying [Note: program contract], with ``spans`` holding where each key was
 written (``"pipeline.order"``, ``"train.optimizer.lr"``, ``"pipeline.stage.1"``).
 
@@ -25,6 +25,7 @@ from schedlang.checks.collect import collect_keys
 from schedlang.checks.context import Checker
 from schedlang.checks.mesh import build_mesh
 from schedlang.checks.model import build_model
+from schedlang.checks.partial import partial_program
 from schedlang.checks.pipeline import build_pipeline
 from schedlang.checks.rules import RULES
 from schedlang.checks.schema import BLOCK_KEYS
@@ -52,8 +53,11 @@ def lower_to_program(schedule_file: ast.ScheduleFile, source_text: str) -> Sched
         capability_diagnostics(model, mesh, sequence, pipeline, checker.spans, checker.file_start())
     )
     if checker.diagnostics:
+        # before sorting: a key read first by partial_program reports its problems too
+        name = schedule_file.header.name if schedule_file.header is not None else "schedule"
+        partial = partial_program(checker, name, model, mesh, sequence, pipeline, train)
         ordered = sorted(checker.diagnostics, key=lambda diagnostic: (diagnostic.span.line, diagnostic.span.column))
-        raise ScheduleError(ordered, {checker.filename: source_text})
+        raise ScheduleError(ordered, {checker.filename: source_text}, partial)
     if None in (model, mesh, stage_layers, sequence, pipeline, train):
         raise RuntimeError("semantic pass left a value unset without reporting why")
     return ScheduleProgram(
