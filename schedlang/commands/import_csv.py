@@ -114,6 +114,13 @@ def schedule_like(like_path: str, orders, n_chunks: int) -> str:
     return text[:start] + block.rstrip("\n") + text[end:]
 
 
+def schedule_name(text: str) -> str:
+    """``text`` as a schedule name: other characters than letters, digits and ``_`` become ``_``, and a name
+    that would start with a digit gets ``schedule_`` before it (``1F1B`` -> ``schedule_1F1B``)."""
+    name = "".join(character if character.isalnum() or character == "_" else "_" for character in text)
+    return f"schedule_{name}" if not name or name[0].isdigit() else name
+
+
 def run(args: argparse.Namespace) -> int:
     from schedlang.frontend import load_program
     from schedlang.lowering.export.torch_csv import TorchCsvError, load_torch_csv
@@ -137,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    name = args.name or "".join(c if c.isalnum() else "_" for c in Path(args.file).stem) or "imported"
+    name = schedule_name(args.name or Path(args.file).stem)
     comment = (
         f"# Imported by `schedlang import` from {Path(args.file).name}: torch microbatch m is chunk m % {n_chunks} "
         f"of microbatch m // {n_chunks}.\n"

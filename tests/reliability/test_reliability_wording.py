@@ -64,3 +64,15 @@ def test_the_length_hint_offers_the_nearest_aligned_length(tmp_path, capsys, len
     assert main(["check", str(schedule)]) == 1
     err = capsys.readouterr().err
     assert f"try {offered}\n" in err
+
+
+def test_a_long_message_is_cut_after_a_whole_sentence():
+    from schedlang.vocabulary.source_lines import MAX_SHOWN_MESSAGE, clip_text
+
+    sentences = "; ".join(f"clause {index} says something whole" for index in range(100))
+    clipped = clip_text(sentences)
+    assert len(clipped) <= MAX_SHOWN_MESSAGE
+    assert clipped.endswith("something whole; ...")
+    assert clip_text("short; message") == "short; message"
+    huge_name = "x" * 5000
+    assert len(clip_text(f"unknown key '{huge_name}'")) <= MAX_SHOWN_MESSAGE
