@@ -9,9 +9,14 @@ machine would run 256 threads (the likely reason GPU-machine runs of tests/kerne
 tests). Each worker gets its share of the cores instead.
 """
 
+import fnmatch
 import os
+from pathlib import Path
 
+import pytest
 import torch
+
+from tiers import FULL_TIER_DIRECTORIES, FULL_TIER_TESTS
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -19,3 +24,51 @@ if not torch.cuda.is_available():
 if os.environ.get("PYTEST_XDIST_WORKER"):
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, workers)))
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption(
+        "--full", action="store_true", default=False,
+        help="also run the full tier (slow multi-process runs, large sizes); with -m full, only it "
+        "([Note: test tiers] in tests/conftest.py)",
+    )
+
+
+def in_full_tier(item) -> bool:
+    """Whether ``item`` belongs to the full tier by the rules of tests/tiers.py."""
+    if item.get_closest_marker("default_tier") is not None:
+        return False
+    if item.get_closest_marker("full") is not None or item.get_closest_marker("slow") is not None:
+        return True
+    path = Path(item.nodeid.split("::", 1)[0]).as_posix()
+    if any(path.startswith(directory.rstrip("/") + "/") for directory in FULL_TIER_DIRECTORIES):
+        return True
+    return any(fnmatch.fnmatchcase(item.nodeid, pattern) for pattern in FULL_TIER_TESTS)
+
+
+def _stale_patterns(items) -> list[str]:
+    """Patterns of FULL_TIER_TESTS whose file was collected but which match none of its tests."""
+    collected_files = {item.nodeid.split("::", 1)[0] for item in items}
+    return [
+        pattern
+        for pattern in FULL_TIER_TESTS
+        if pattern.split("::", 1)[0] in collected_files
+        and not any(fnmatch.fnmatchcase(item.nodeid, pattern) for item in items)
+    ]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark the full tier ``full`` (before ``-m`` selects), then, without ``--full``, deselect it."""
+    stale = _stale_patterns(items)
+    if stale:
+        raise pytest.UsageError(f"tests/tiers.py names tests that do not exist (renamed?): {', '.join(stale)}")
+    for item in items:
+        if in_full_tier(item):
+            item.add_marker(pytest.mark.full)
+    if config.getoption("--full"):
+        return
+    kept = [item for item in items if item.get_closest_marker("full") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("full") is not None])
+        items[:] = kept
