@@ -7,6 +7,12 @@ for code that picks the PyTorch path explicitly (backend="torch").
 Under pytest-xdist every worker would otherwise start one PyTorch thread per core: 16 workers on a 16-core
 machine would run 256 threads (the likely reason GPU-machine runs of tests/kernels stalled on their CPU-heavy
 tests). Each worker gets its share of the cores instead.
+
+[Note: test tiers] The default tier is what ``python -m pytest tests`` runs: every module, in a few minutes
+on two cores. The full tier holds the rest (long multi-process runs, large sizes, extra parametrisations);
+tests/tiers.py says which tests are in it and why, and the hook below marks them ``full``. ``--full`` runs
+both tiers; ``--full -m full`` the full tier alone, which is what .ci/run runs after the default tier, so
+that CI runs every test exactly once.
 """
 
 import fnmatch

@@ -14,7 +14,7 @@ without ``W``, is refused: schedlang splits every backward or none. Columns are 
 rank ``r`` leaves a cell empty while the task it runs next is still waiting
 for its inputs, so reading a column shows what every rank does at that step.
 
-[Note: chunks as torch microbatches] torch's actions have no field for a sequence chunk, so a schedule of
+[Note: chunks as torch microbatches] The actions of torch have no field for a sequence chunk, so a schedule of
 ``N`` chunks per microbatch is written with each (microbatch ``a``, chunk ``i``) pair as torch microbatch
 ``a * N + i`` (:func:`torch_microbatch`); ``N = 1`` is the plain mapping. The recurrent-state order between
 a microbatch's chunks (Eq. 8's state edges) is kept by the order of the actions in each row, which the
