@@ -5,7 +5,8 @@ the parser produced. It checks every block, key and value (names, types,
 ranges, divisibility, chunk boundaries, the stage-to-layer assignment, the
 shape of explicit ``stage r:`` lines), collects every problem, and either
 raises one :class:`~schedlang.diagnostics.ScheduleError` listing them all in
-file order (with what the errors leave checkable: schedlang.checks.partial) or returns a :class:`~schedlang.lowering.program.ScheduleProgram`
+file order (with what the errors leave checkable: schedlang.checks.partial)
+or returns a :class:`~schedlang.lowering.program.ScheduleProgram`
 satisfying [Note: program contract], with ``spans`` holding where each key was
 written (``"pipeline.order"``, ``"train.optimizer.lr"``, ``"pipeline.stage.1"``).
 

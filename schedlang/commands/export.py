@@ -18,7 +18,7 @@ from enum import Enum
 
 from schedlang.commands.common import compile_legal, write_output
 
-HELP = "export the pipeline order as the CSV torch.distributed.pipelining loads (each microbatch chunk a torch microbatch)"
+HELP = "export the pipeline order as torch.distributed.pipelining's CSV (each microbatch chunk a torch microbatch)"
 
 
 class ExportFormat(str, Enum):

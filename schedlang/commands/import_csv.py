@@ -156,5 +156,6 @@ def run(args: argparse.Namespace) -> int:
         text = f"{comment}schedule {name}\n\n{blocks}\n{pipeline_block(orders, n_chunks)}"
     write_output(args.output, text)
     if args.output != "-":
-        print(f"wrote {args.output} ({len(orders)} stages, order = explicit); `schedlang check {args.output}` checks it")
+        stages = len(orders)
+        print(f"wrote {args.output} ({stages} stages, order = explicit); `schedlang check {args.output}` checks it")
     return 0

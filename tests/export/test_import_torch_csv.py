@@ -119,7 +119,9 @@ def test_torch_schedules_import_as_legal_explicit_orders(tmp_path, name, n_stage
     compute = {torch_schedules.FORWARD, torch_schedules.FULL_BACKWARD, torch_schedules.BACKWARD_INPUT,
                torch_schedules.BACKWARD_WEIGHT}
     for rank, order in enumerate(stage_orders(program)):
-        torch_actions = [str(action) for action in pipeline_order[rank] if action and action.computation_type in compute]
+        torch_actions = [
+            str(action) for action in pipeline_order[rank] if action and action.computation_type in compute
+        ]
         split = program.pipeline.split_backward
         assert [f"{task.stage}{'I' if split and task.kind.value == 'B' else task.kind.value}{task.microbatch}"
                 for task in order] == torch_actions

@@ -233,5 +233,6 @@ def test_the_weights_file_gets_the_same_permissions_as_config_json(tmp_path):
         write(tmp_path / "out", model_config, dict(model.named_parameters()))
     finally:
         os.umask(previous)
-    modes = {name: stat.S_IMODE((tmp_path / "out" / name).stat().st_mode) for name in ("config.json", "model.safetensors")}
+    names = ("config.json", "model.safetensors")
+    modes = {name: stat.S_IMODE((tmp_path / "out" / name).stat().st_mode) for name in names}
     assert modes == {"config.json": 0o644, "model.safetensors": 0o644}

@@ -69,7 +69,8 @@ def test_fresh_starts_over_beside_the_checkpoint_and_says_where(finished, tmp_pa
     completed = run_cli("run", copy / "job.sched", "--device", "cpu", "--fresh", "--steps", "1")
     assert completed.returncode == 0, completed.stderr
     assert (
-        f"schedlang: --fresh: starting at step 0; checkpoints go to {copy / 'ckpt'}-2 ({copy / 'ckpt'} is kept as it is)"
+        f"schedlang: --fresh: starting at step 0; checkpoints go to {copy / 'ckpt'}-2 "
+        f"({copy / 'ckpt'} is kept as it is)"
         in completed.stdout
     )
     assert "resuming" not in completed.stdout
