@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiers import FULL_TIER_DIRECTORIES, FULL_TIER_TESTS
+from tiers import FIRST_PARAMETRISATION_ONLY, FULL_TIER_DIRECTORIES, FULL_TIER_TESTS
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -52,10 +52,29 @@ def in_full_tier(item) -> bool:
     return any(fnmatch.fnmatchcase(item.nodeid, pattern) for pattern in FULL_TIER_TESTS)
 
 
+def later_parametrisations(items) -> set[str]:
+    """Node ids of FIRST_PARAMETRISATION_ONLY's files that are not the first collected case of their function."""
+    seen: set[tuple[str, str]] = set()
+    later = set()
+    for item in items:
+        path, _, rest = item.nodeid.partition("::")
+        if path not in FIRST_PARAMETRISATION_ONLY or "[" not in rest:
+            continue
+        function = (path, rest.split("[", 1)[0])
+        if function in seen:
+            later.add(item.nodeid)
+        seen.add(function)
+    return later
+
+
 def _stale_patterns(items) -> list[str]:
-    """Patterns of FULL_TIER_TESTS whose file was collected but which match none of its tests."""
+    """Patterns of FULL_TIER_TESTS whose file was collected but which match none of its tests, and files or
+    directories of tests/tiers.py that do not exist."""
     collected_files = {item.nodeid.split("::", 1)[0] for item in items}
-    return [
+    root = Path(__file__).resolve().parent.parent
+    named = [*FIRST_PARAMETRISATION_ONLY, *FULL_TIER_DIRECTORIES]
+    missing_files = [path for path in named if not (root / path).exists()]
+    return missing_files + [
         pattern
         for pattern in FULL_TIER_TESTS
         if pattern.split("::", 1)[0] in collected_files
@@ -69,8 +88,9 @@ def pytest_collection_modifyitems(config, items) -> None:
     stale = _stale_patterns(items)
     if stale:
         raise pytest.UsageError(f"tests/tiers.py names tests that do not exist (renamed?): {', '.join(stale)}")
+    later = later_parametrisations(items)
     for item in items:
-        if in_full_tier(item):
+        if in_full_tier(item) or (item.nodeid in later and item.get_closest_marker("default_tier") is None):
             item.add_marker(pytest.mark.full)
     if config.getoption("--full"):
         return

@@ -53,3 +53,14 @@ def test_this_session_selected_the_tier_it_was_asked_for(request):
         assert not any(marks)
     elif request.config.getoption("-m") == "full":
         assert all(marks)
+
+
+def test_a_trimmed_file_keeps_the_first_case_of_each_function_in_the_default_tier(monkeypatch):
+    import conftest
+
+    monkeypatch.setattr(conftest, "FIRST_PARAMETRISATION_ONLY", {"tests/k.py": "interpreter time"})
+    items = [_item(nodeid) for nodeid in (
+        "tests/k.py::test_a[small]", "tests/k.py::test_a[large]", "tests/k.py::test_b", "tests/k.py::test_c[x]",
+        "tests/other.py::test_a[small]", "tests/other.py::test_a[large]",
+    )]
+    assert conftest.later_parametrisations(items) == {"tests/k.py::test_a[large]"}

@@ -6,8 +6,10 @@ A test is in the full tier when any of these holds, unless it is marked ``defaul
 * it is marked ``full``;
 * it is marked ``slow`` (a multi-process run: torchrun or several gloo ranks);
 * its file lies under one of ``FULL_TIER_DIRECTORIES``;
-* its node id matches a pattern of ``FULL_TIER_TESTS`` (``fnmatch``: ``*`` and ``[`` work as in shells, so a
-  pattern can name one parametrisation, ``test_x[B2-T63*``, and keep the others in the default tier).
+* its node id matches a pattern of ``FULL_TIER_TESTS`` (``fnmatch``: ``*`` and ``?`` work as in shells, so a
+  pattern can name one parametrisation, ``test_x[B2-T4096*``, and keep the others in the default tier);
+* its file is one of ``FIRST_PARAMETRISATION_ONLY`` and it is not the first collected parametrisation of its
+  test function (the default tier keeps one case of each test there, the full tier the others).
 
 Everything else is in the default tier, so a new test lands there unless it is slow or marked. The
 default tier must still touch every module: the front end, every pass, codegen of every example, one CPU
@@ -24,3 +26,6 @@ FULL_TIER_DIRECTORIES: tuple[str, ...] = ()
 FULL_TIER_TESTS: dict[str, str] = {}
 """Node-id pattern -> why the tests it matches are in the full tier (their time, and what the default tier
 keeps instead)."""
+
+FIRST_PARAMETRISATION_ONLY: dict[str, str] = {}
+"""Test file -> why the default tier keeps only the first parametrisation of each of its test functions."""
