@@ -20,12 +20,20 @@ at collection, so the table cannot go stale silently.
 
 from __future__ import annotations
 
-FULL_TIER_DIRECTORIES: tuple[str, ...] = ()
+FULL_TIER_DIRECTORIES: tuple[str, ...] = ("tests/benchmarks",)
 """Directories (relative to the repository root) whose tests are all in the full tier."""
 
 FULL_TIER_TESTS: dict[str, str] = {}
 """Node-id pattern -> why the tests it matches are in the full tier (their time, and what the default tier
 keeps instead)."""
 
-FIRST_PARAMETRISATION_ONLY: dict[str, str] = {}
+_INTERPRETED = "Triton's interpreter runs every kernel case for seconds on a CPU; one case per test checks each kernel"
+
+FIRST_PARAMETRISATION_ONLY: dict[str, str] = {
+    "tests/kernels/test_kernels_gdn.py": _INTERPRETED,
+    "tests/kernels/test_kernels_pointwise.py": _INTERPRETED,
+    "tests/kernels/test_kernels_span_phases.py": _INTERPRETED,
+    "tests/kernels/test_kernels_torch_path.py": _INTERPRETED,
+    "tests/kernels/test_kernels_triton_path.py": _INTERPRETED,
+}
 """Test file -> why the default tier keeps only the first parametrisation of each of its test functions."""
