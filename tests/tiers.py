@@ -8,8 +8,9 @@ A test is in the full tier when any of these holds, unless it is marked ``defaul
 * its file lies under one of ``FULL_TIER_DIRECTORIES``;
 * its node id matches a pattern of ``FULL_TIER_TESTS`` (``fnmatch``: ``*`` and ``?`` work as in shells, so a
   pattern can name one parametrisation, ``test_x[B2-T4096*``, and keep the others in the default tier);
-* its file is one of ``FIRST_PARAMETRISATION_ONLY`` and it is not the first collected parametrisation of its
-  test function (the default tier keeps one case of each test there, the full tier the others).
+* without a GPU, its file is one of ``FIRST_PARAMETRISATION_ONLY`` and it is not the first collected
+  parametrisation of its test function (the default tier keeps one case of each test there, the full tier
+  the others; on a GPU the kernels run compiled, and every case stays in the default tier).
 
 Everything else is in the default tier, so a new test lands there unless it is slow or marked. The
 default tier must still touch every module: the front end, every pass, codegen of every example, one CPU
