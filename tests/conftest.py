@@ -15,14 +15,12 @@ both tiers; ``--full -m full`` the full tier alone, which is what .ci/run runs a
 that CI runs every test exactly once.
 """
 
-import fnmatch
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
-from tiers import FIRST_PARAMETRISATION_ONLY, FULL_TIER_DIRECTORIES, FULL_TIER_TESTS
+from tiers import in_full_tier, later_parametrisations, stale_patterns
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -40,55 +38,10 @@ def pytest_addoption(parser) -> None:
     )
 
 
-def in_full_tier(item) -> bool:
-    """Whether ``item`` belongs to the full tier by the rules of tests/tiers.py."""
-    if item.get_closest_marker("default_tier") is not None:
-        return False
-    if item.get_closest_marker("full") is not None or item.get_closest_marker("slow") is not None:
-        return True
-    path = Path(item.nodeid.split("::", 1)[0]).as_posix()
-    if any(path.startswith(directory.rstrip("/") + "/") for directory in FULL_TIER_DIRECTORIES):
-        return True
-    return any(fnmatch.fnmatchcase(item.nodeid, pattern) for pattern in FULL_TIER_TESTS)
-
-
-def later_parametrisations(items) -> set[str]:
-    """Node ids of FIRST_PARAMETRISATION_ONLY's files that are not the first collected case of their function
-    (none on a GPU)."""
-    seen: set[tuple[str, str]] = set()
-    later: set[str] = set()
-    if torch.cuda.is_available():  # the files' cases are slow only in Triton's interpreter (tests/tiers.py)
-        return later
-    for item in items:
-        path, _, rest = item.nodeid.partition("::")
-        if path not in FIRST_PARAMETRISATION_ONLY or "[" not in rest:
-            continue
-        function = (path, rest.split("[", 1)[0])
-        if function in seen:
-            later.add(item.nodeid)
-        seen.add(function)
-    return later
-
-
-def _stale_patterns(items) -> list[str]:
-    """Patterns of FULL_TIER_TESTS whose file was collected but which match none of its tests, and files or
-    directories of tests/tiers.py that do not exist."""
-    collected_files = {item.nodeid.split("::", 1)[0] for item in items}
-    root = Path(__file__).resolve().parent.parent
-    named = [*FIRST_PARAMETRISATION_ONLY, *FULL_TIER_DIRECTORIES]
-    missing_files = [path for path in named if not (root / path).exists()]
-    return missing_files + [
-        pattern
-        for pattern in FULL_TIER_TESTS
-        if pattern.split("::", 1)[0] in collected_files
-        and not any(fnmatch.fnmatchcase(item.nodeid, pattern) for item in items)
-    ]
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
     """Mark the full tier ``full`` (before ``-m`` selects), then, without ``--full``, deselect it."""
-    stale = _stale_patterns(items)
+    stale = stale_patterns(items)
     if stale:
         raise pytest.UsageError(f"tests/tiers.py names tests that do not exist (renamed?): {', '.join(stale)}")
     later = later_parametrisations(items)

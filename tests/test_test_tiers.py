@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import _stale_patterns, in_full_tier
 import tiers
+from tiers import in_full_tier, stale_patterns
 
 
 def _item(nodeid: str, *markers: str):
@@ -23,10 +23,8 @@ def test_slow_and_full_marks_go_to_the_full_tier_unless_marked_default_tier():
 
 
 def test_listed_patterns_and_directories_go_to_the_full_tier(monkeypatch):
-    import conftest
-
-    monkeypatch.setattr(conftest, "FULL_TIER_TESTS", {"tests/kernels/test_k.py::test_big[*T4096*": "large"})
-    monkeypatch.setattr(conftest, "FULL_TIER_DIRECTORIES", ("tests/benchmarks",))
+    monkeypatch.setattr(tiers, "FULL_TIER_TESTS", {"tests/kernels/test_k.py::test_big[*T4096*": "large"})
+    monkeypatch.setattr(tiers, "FULL_TIER_DIRECTORIES", ("tests/benchmarks",))
     assert in_full_tier(_item("tests/kernels/test_k.py::test_big[B2-T4096-H4]"))
     assert not in_full_tier(_item("tests/kernels/test_k.py::test_big[B2-T63-H4]"))
     assert in_full_tier(_item("tests/benchmarks/test_b.py::test_a"))
@@ -34,11 +32,9 @@ def test_listed_patterns_and_directories_go_to_the_full_tier(monkeypatch):
 
 
 def test_a_pattern_that_matches_no_test_of_a_collected_file_is_reported(monkeypatch):
-    import conftest
-
-    monkeypatch.setattr(conftest, "FULL_TIER_TESTS", {"tests/a.py::test_renamed": "", "tests/b.py::test_b": ""})
+    monkeypatch.setattr(tiers, "FULL_TIER_TESTS", {"tests/a.py::test_renamed": "", "tests/b.py::test_b": ""})
     items = [_item("tests/a.py::test_new"), _item("tests/c.py::test_c")]
-    assert _stale_patterns(items) == ["tests/a.py::test_renamed"]
+    assert stale_patterns(items) == ["tests/a.py::test_renamed"]
 
 
 def test_every_listed_pattern_says_why():
@@ -56,11 +52,9 @@ def test_this_session_selected_the_tier_it_was_asked_for(request):
 
 
 def test_a_trimmed_file_keeps_the_first_case_of_each_function_in_the_default_tier(monkeypatch):
-    import conftest
-
-    monkeypatch.setattr(conftest, "FIRST_PARAMETRISATION_ONLY", {"tests/k.py": "interpreter time"})
+    monkeypatch.setattr(tiers, "FIRST_PARAMETRISATION_ONLY", {"tests/k.py": "interpreter time"})
     items = [_item(nodeid) for nodeid in (
         "tests/k.py::test_a[small]", "tests/k.py::test_a[large]", "tests/k.py::test_b", "tests/k.py::test_c[x]",
         "tests/other.py::test_a[small]", "tests/other.py::test_a[large]",
     )]
-    assert conftest.later_parametrisations(items) == {"tests/k.py::test_a[large]"}
+    assert tiers.later_parametrisations(items) == {"tests/k.py::test_a[large]"}
