@@ -62,6 +62,8 @@ FIRST_PARAMETRISATION_ONLY: dict[str, str] = {
     "tests/runtime_hybrid/test_rotary_attention.py": "each case runs chunked attention against the whole (4-7 CPU s)",
     "tests/data_packing/test_fused_documents.py": "float64 references of every operator, one to four documents",
     "tests/reliability/test_reliability_data.py": "each case starts `schedlang check` as a process (3.4 CPU s)",
+    "tests/reliability/test_reliability_security.py": "each case starts `schedlang compile` as a process (3.5 CPU s)",
+    "tests/models/test_fla_gdn_math.py": "each case runs fla's Gated DeltaNet math chunked and whole (5-13 CPU s)",
 }
 """Test file -> why the default tier keeps only the first parametrisation of each of its test functions."""
 
