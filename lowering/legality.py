@@ -591,6 +591,7 @@ def _deadlock(
     lines.append("")
     grid = format_step_grid([[numbering.task(number) for number in order] for order in kept_orders], stuck)
     lines.extend(grid.splitlines())
+    lines.append(_deadlock_hint(cycle))
     start = cycle[0]
     spans = kept_spans[start.stage]
     stages_text = ", ".join(str(link.stage) for link in cycle)
@@ -602,6 +603,17 @@ def _deadlock(
         None,
         cycle,
         tuple(lines),
+    )
+
+
+def _deadlock_hint(cycle: tuple[DeadlockWait, ...]) -> str:
+    """How to break the cycle at its first link: the stage that runs the awaited task late runs it earlier."""
+    link = cycle[0]
+    blocked = next(other for other in cycle if other.stage == link.next_stage)
+    return (
+        f"hint: stage {link.next_stage} must run {link.next_task} (step {link.next_step}) before its stuck "
+        f"{blocked.stuck_task} (step {blocked.step}): move it earlier with the tasks it needs, or order stage "
+        f"{link.stage} so that {link.stuck_task} comes after what stage {link.next_stage} can run first"
     )
 
 

@@ -298,3 +298,9 @@ def resume_or_exit(
             else 1
         )
     return step
+
+
+def read_run_record(step_directory: Path, keys) -> dict[str, str]:
+    """The run record ``step_directory`` holds for those of ``keys`` it has, read without any tensor: what
+    ``schedlang run`` compares before it starts the ranks (schedlang.resume_preflight)."""
+    return _read_record(Path(step_directory), keys)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import stat
 import warnings
 from pathlib import Path
 from typing import Mapping
@@ -176,3 +178,5 @@ def write_hf_directory(directory: Path, model: ModelConfig, tensors: Mapping[str
         to_fla_tensors(tensors, model.layers), str(directory / WEIGHTS_FILE), metadata={"format": "pt"}
     )
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    # safetensors creates its file private (0600) whatever the umask; give it config.json's mode, which honours it.
+    os.chmod(directory / WEIGHTS_FILE, stat.S_IMODE((directory / CONFIG_FILE).stat().st_mode))

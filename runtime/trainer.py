@@ -31,7 +31,7 @@ from schedlang.runtime.data import TokenSource
 from schedlang.runtime.executor import StageExecutor, StepShape
 from schedlang.runtime.graphs import GraphedChunks, GraphMaker, slots_needed
 from schedlang.runtime.loss_scale import LossScaler
-from schedlang.runtime.lr_schedule import build_scheduler
+from schedlang.runtime.lr_schedule import build_scheduler, learning_rate_factor
 from schedlang.runtime.master_weights import MasterWeights
 from schedlang.runtime.step_graphs import StepGraphs
 from schedlang.runtime.mesh import RuntimeMesh, init_mesh, tied_embedding_group
@@ -344,8 +344,11 @@ class Trainer:
                 peak = peak_memory_bytes(self.mesh.device)
                 validation = validation_losses.get(done)
                 scale, skipped = (None, None) if scaling is None else scaling
+                rate = config.optimizer.lr * learning_rate_factor(
+                    config.lr_schedule, done - 1, config.steps, config.optimizer.lr
+                )
                 metrics = StepMetrics(
-                    done, losses[-1], tokens_per_step / elapsed, elapsed, peak, validation, scale, skipped
+                    done, losses[-1], tokens_per_step / elapsed, elapsed, peak, validation, scale, skipped, rate
                 )
                 show = done % config.log_every == 0 or done == steps or validation is not None
                 reporter.report(metrics, show=show)

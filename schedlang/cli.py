@@ -13,7 +13,9 @@ import argparse
 import importlib
 import sys
 
-COMMAND_NAMES = ("check", "simulate", "tune", "viz", "export", "compile", "run", "export-model", "profile")
+COMMAND_NAMES = ("check", "simulate", "tune", "viz", "export", "import", "compile", "run", "export-model", "profile")
+COMMAND_MODULES = {"import": "import_csv"}
+"""Commands whose module is not named after them (``import`` is a Python keyword)."""
 
 
 def _version() -> str:
@@ -33,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"schedlang {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_NAMES:
-        module = importlib.import_module(f"schedlang.commands.{name.replace('-', '_')}")
+        module = importlib.import_module(f"schedlang.commands.{COMMAND_MODULES.get(name, name.replace('-', '_'))}")
         sub = subparsers.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(sub)
         sub.set_defaults(handler=module.run)

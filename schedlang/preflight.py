@@ -54,7 +54,21 @@ def check_data_file(program, text: str) -> None:
     if problem is not None:
         span = program.spans.get("train.data.path") or program.spans.get("train.data")
         span = span or Span(program.source_file, 1, 1, 1, 2)
-        raise ScheduleError([Diagnostic.error(problem, span)], {span.file: text})
+        hint = missing_file_hint(program, problem)
+        raise ScheduleError([Diagnostic.error(problem, span, hint)], {span.file: text})
+
+
+def missing_file_hint(program, problem: str) -> str | None:
+    """For a data or tokenizer file that does not exist: where relative paths are read from, and the data
+    that needs no file; None for other problems."""
+    if not problem.endswith("does not exist"):
+        return None
+    source = program.source_file
+    where = "the current directory" if source.startswith("<") else Path(source).resolve().parent
+    return (
+        f"a relative path is read from the schedule file's directory ({where}); "
+        "`data = synthetic(seed = 1)` trains on generated tokens without a file"
+    )
 
 
 def check_tensorboard(program, text: str) -> None:

@@ -5,7 +5,8 @@ the parser produced. It checks every block, key and value (names, types,
 ranges, divisibility, chunk boundaries, the stage-to-layer assignment, the
 shape of explicit ``stage r:`` lines), collects every problem, and either
 raises one :class:`~schedlang.diagnostics.ScheduleError` listing them all in
-file order or returns a :class:`~schedlang.lowering.program.ScheduleProgram`
+file order (with what the errors leave checkable: schedlang.checks.partial)
+or returns a :class:`~schedlang.lowering.program.ScheduleProgram`
 satisfying [Note: program contract], with ``spans`` holding where each key was
 written (``"pipeline.order"``, ``"train.optimizer.lr"``, ``"pipeline.stage.1"``).
 
@@ -24,6 +25,7 @@ from schedlang.capabilities import capability_diagnostics
 from schedlang.checks.collect import collect_keys
 from schedlang.checks.context import Checker
 from schedlang.checks.mesh import build_mesh
+from schedlang.checks.partial import partial_program
 from schedlang.checks.pipeline import build_pipeline
 from schedlang.checks.records import build_model, build_train
 from schedlang.checks.rules import RULES
@@ -66,8 +68,11 @@ def lower_to_program(schedule_file: ast.ScheduleFile, source_text: str) -> Sched
         )
         checker.diagnostics.extend(capability_diagnostics(program, checker.file_start()))
     if checker.diagnostics:
+        # before sorting: a key read first by partial_program reports its problems too
+        name = schedule_file.header.name if schedule_file.header is not None else "schedule"
+        partial = partial_program(checker, name, model, mesh, sequence, pipeline, train)
         ordered = sorted(checker.diagnostics, key=lambda diagnostic: (diagnostic.span.line, diagnostic.span.column))
-        raise ScheduleError(ordered, {checker.filename: source_text})
+        raise ScheduleError(ordered, {checker.filename: source_text}, partial)
     if program is None or None in (train, stage_layers):
         raise RuntimeError("semantic pass left a value unset without reporting why")
     return program

@@ -35,7 +35,7 @@ _LEGEND_LABELS: dict[ActionKind, str] = {
     ActionKind.BACKWARD: "backward",
     ActionKind.WEIGHT: "weight gradients",
 }
-_DOTS_PER_INCH = 100
+GANTT_DOTS_PER_INCH = 100
 _ROW_HEIGHT_INCHES = 0.55
 _FONT_SIZE = 7
 # Helvetica/DejaVu digits are about 0.6 em wide; enough to decide whether a label fits.
@@ -63,7 +63,7 @@ def render_gantt(
     """Draw the chart on a new figure (see the module docstring)."""
     n_stages = max(timeline.n_stages, 1)
     height_inches = 1.0 + _ROW_HEIGHT_INCHES * n_stages
-    figure = Figure(figsize=(width_inches, height_inches), dpi=_DOTS_PER_INCH)
+    figure = Figure(figsize=(width_inches, height_inches), dpi=GANTT_DOTS_PER_INCH)
     FigureCanvasAgg(figure)
     axes = figure.add_axes((0.08, 0.55 / height_inches, 0.9, 1 - 0.9 / height_inches))
     makespan = timeline.makespan if timeline.makespan > 0 else 1.0

@@ -188,6 +188,13 @@ def partition_matches_chunks(checker: Checker) -> None:
         checker.derived["sequence.partition"] = partition
 
 
+def nearest_positive_multiple(value: int, unit: int) -> int:
+    """The positive multiple of ``unit`` nearest ``value`` (the larger one on a tie): 1024 for 1000 in units of 128."""
+    lower = value // unit * unit
+    upper = lower + unit
+    return upper if lower < unit or value - lower >= upper - value else lower
+
+
 def length_fits_sequence_ranks(checker: Checker) -> None:
     """[Note: sequence-parallel alignment]: the alignment unit, and the length a multiple of it."""
     length = checker.get("sequence.length")
@@ -201,7 +208,8 @@ def length_fits_sequence_ranks(checker: Checker) -> None:
             f"with mesh.sequence = {sequence_ranks} the length must be a multiple of"
             f" {sequence_ranks} * kernel_chunk = {unit}, found {length}",
             checker.node("sequence.length").span,
-            hint=f"each chunk is split over {sequence_ranks} ranks in whole kernel chunks; try {max(unit, length // unit * unit)}",
+            hint=f"each chunk is split over {sequence_ranks} ranks in whole kernel chunks; "
+            f"try {nearest_positive_multiple(length, unit)}",
         )
         checker.reject("sequence.length")
         # No boundary can be placed on a length the ranks cannot share.

@@ -58,6 +58,7 @@ from schedlang.commands.simulate_fit import (
     run_fit,
 )
 from schedlang.outputs import strict_json
+from schedlang.vocabulary.wording import counted
 
 HELP = "simulate the schedule: makespan, bubble fraction, activations and memory per stage (--fit: longest sequence)"
 
@@ -168,6 +169,31 @@ def simulate_program(program, args: argparse.Namespace) -> dict | None:
 
 
 
+PEAK_ACTIVATIONS_UNIT = "peak activations: in microbatch sequences (1 = one microbatch's activations, whole length)"
+
+FIXED_COST_TASKS_PER_LATENCY = 10
+"""The flops model is called too coarse when its mean compute task lasts less than this many per-message
+latencies: the bubble is then made by the fixed per-message cost, not by the order."""
+
+
+def fixed_cost_note(result: dict, hardware) -> str | None:
+    """A note when the flops model's tasks are so short that its fixed per-message latency makes the bubble
+    (tiny models: microsecond tasks beside a 10 us latency); None for the unit model or long enough tasks."""
+    from schedlang.lowering.cost import CostModelKind
+
+    if result["cost_model"] != CostModelKind.FLOPS.value or result["n_tasks"] == 0:
+        return None
+    mean_task = sum(result["busy_time"]) / result["n_tasks"]
+    if mean_task >= FIXED_COST_TASKS_PER_LATENCY * hardware.latency_s:
+        return None
+    return (
+        f"note: a task lasts {mean_task * 1e6:.3g} us on average, under {FIXED_COST_TASKS_PER_LATENCY} times the "
+        f"{hardware.latency_s * 1e6:.3g} us per message (--latency):\n"
+        "  the model is too small for the flops model: fixed message costs, not the order, make most of the bubble;\n"
+        "  --cost-model unit shows the order's own bubble"
+    )
+
+
 def with_split_backward(program, args: argparse.Namespace):
     """The program as ``--split-backward`` asks (unchanged without it), or None after printing why it cannot."""
     from schedlang.compiler import revise
@@ -231,11 +257,15 @@ def sweep(program, args: argparse.Namespace) -> list[dict] | None:
 def print_sweep(results: list[dict], args: argparse.Namespace) -> None:
     first = results[0]
     print(
-        f"{args.file}: {first['n_stages']} stages x {first['n_microbatches']} microbatches, order {first['order']}, "
+        f"{args.file}: {counted(first['n_stages'], 'stage')} x "
+        f"{counted(first['n_microbatches'], 'microbatch', 'microbatches')}, order {first['order']}, "
         f"cost model {first['cost_model']} (time in {first['time_unit']}s), swept"
     )
     if first["hardware"]:
         print(first["hardware"])
+    note = fixed_cost_note(first, cost_settings_from_arguments(args).hardware)
+    if note:
+        print(note)
     print(
         f"{'chunks':>6}  {'extra warm-up':>13}  {'split backward':>14}  {'makespan':>12}  {'vs first':>8}  "
         f"{'bubble':>7}  {'peak activations (stage 0)':>26}"
@@ -248,6 +278,7 @@ def print_sweep(results: list[dict], args: argparse.Namespace) -> None:
             f"{result['makespan'] / first['makespan']:>8.3f}  {result['bubble_fraction']:>7.4f}  "
             f"{result['peak_activations'][0]:>26.4g}" + ("  <- shortest" if index == best and len(results) > 1 else "")
         )
+    print(PEAK_ACTIVATIONS_UNIT)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -289,17 +320,22 @@ def run(args: argparse.Namespace) -> int:
         print(strict_json(result))
         return 0
     print(
-        f"{args.file}: {program.n_stages} stages x {program.n_microbatches} microbatches x "
-        f"{program.n_chunks} chunks, order {result['order']}"
+        f"{args.file}: {counted(program.n_stages, 'stage')} x "
+        f"{counted(program.n_microbatches, 'microbatch', 'microbatches')} x {counted(program.n_chunks, 'chunk')}, "
+        f"order {result['order']}"
         + (", split backward" if program.pipeline.split_backward else "")
         + f", cost model {result['cost_model']} (time in {result['time_unit']}s)"
     )
     if result["hardware"]:
         print(result["hardware"])
     print(f"makespan {result['makespan']:.6g}   bubble fraction {result['bubble_fraction']:.4f}")
+    note = fixed_cost_note(result, cost_settings_from_arguments(args).hardware)
+    if note:
+        print(note)
     print(f"{'stage':>5}  {'busy':>12}  {'peak activations':>16}")
     for stage in range(program.n_stages):
         print(f"{stage:>5}  {result['busy_time'][stage]:>12.6g}  {result['peak_activations'][stage]:>16.4g}")
+    print(PEAK_ACTIVATIONS_UNIT)
     print_memory_table(result["memory"])
     for row in result["document_pieces"] or ():
         print(padding_line(row))

@@ -219,3 +219,22 @@ def test_a_gdn_model_fla_cannot_load_is_refused_with_the_reason(tmp_path):
         write(tmp_path / "out", ModelConfig(vocab=8, d_model=4, layers=("gdn",), heads=1, head_dim=4), {})
     with pytest.raises(ValueError, match="rotary position embeddings"):
         write(tmp_path / "out", ModelConfig(vocab=8, d_model=4, layers=("gdn", "attn"), heads=1, head_dim=4), {})
+
+
+def test_the_weights_file_gets_the_same_permissions_as_config_json(tmp_path):
+    """safetensors creates its file 0600 whatever the umask; the export gives it config.json's mode."""
+    import os
+    import stat
+
+    from schedlang.runtime.hf_weights import write_hf_directory as write
+
+    model_config = read_fla_config(CONFIG).model_config()
+    model = build_stage_model(model_config, (0, 1), True, True, 0, torch.device("cpu"), torch.float32)
+    previous = os.umask(0o022)
+    try:
+        write(tmp_path / "out", model_config, dict(model.named_parameters()))
+    finally:
+        os.umask(previous)
+    names = ("config.json", "model.safetensors")
+    modes = {name: stat.S_IMODE((tmp_path / "out" / name).stat().st_mode) for name in names}
+    assert modes == {"config.json": 0o644, "model.safetensors": 0o644}
