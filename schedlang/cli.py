@@ -26,6 +26,8 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from schedlang.outputs import add_force_argument
+
     parser = argparse.ArgumentParser(
         prog="schedlang",
         description="Compile, check, simulate and visualize pipeline schedules for linear-recurrence models.",
@@ -36,17 +38,19 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(f"schedlang.commands.{name.replace('-', '_')}")
         sub = subparsers.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(sub)
+        add_force_argument(sub, name)
         sub.set_defaults(handler=module.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     from schedlang.diagnostics import ScheduleError
-    from schedlang.outputs import end_quietly_on_broken_pipe, refuse_outputs_over_inputs
+    from schedlang.outputs import end_quietly_on_broken_pipe, refuse_outputs_over_inputs, refuse_unsafe_outputs
 
     args = build_parser().parse_args(argv)
     try:
         refuse_outputs_over_inputs(args)
+        refuse_unsafe_outputs(args)
         return args.handler(args)
     except ScheduleError as error:
         print(error.render(), file=sys.stderr)

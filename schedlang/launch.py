@@ -151,8 +151,3 @@ def launch(request: LaunchRequest) -> int:
     print(f"schedlang: stopped by {name}; torchrun and its ranks were ended", file=sys.stderr, flush=True)
     raise LaunchInterrupted(128 + received[0])
 
-
-def read_metrics(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

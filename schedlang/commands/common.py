@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 
 def print_legality_report(program, report) -> None:
@@ -82,7 +81,6 @@ def write_output(output: str, content: str | bytes) -> None:
             raise SystemExit("schedlang: error: a PNG cannot be written to standard output; give -o FILE.png")
         sys.stdout.write(content)
         return
-    if isinstance(content, bytes):
-        Path(output).write_bytes(content)
-    else:
-        Path(output).write_text(content, encoding="utf-8")
+    from schedlang.outputs import write_output_file
+
+    write_output_file(output, content)

@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from schedlang.runtime.hf_weights import HfWeightsError, read_checkpoint_model, write_hf_directory
 
     checkpoint, output = Path(args.checkpoint), Path(args.output)
+    if args.output == "-":
+        return _fail("export-model writes a directory (config.json and model.safetensors); -o - cannot hold one")
     if not checkpoint.is_dir():
         return _fail(f"{checkpoint} is not a directory")
     if output.exists() and not output.is_dir():

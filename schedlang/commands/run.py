@@ -47,13 +47,30 @@ def _refuse_graphs_on_cpu(path: str, program) -> None:
     raise ScheduleError([Diagnostic.error(message, span, hint)], {span.file: read_source(path)})
 
 
+def _start_metrics(requested: str | None, resumes: bool, directory: Path) -> Path:
+    """The metrics file the ranks append to: ``--metrics`` (kept when the run resumes, else replaced by an empty
+    file, never truncated through a link: schedlang.outputs has refused foreign files), or one in ``directory``."""
+    from schedlang.outputs import write_output_file
+
+    if not requested:
+        path = directory / "metrics.jsonl"
+        write_output_file(path, "")
+        return path
+    path = Path(requested)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not (resumes and path.is_file()):  # a resumed run appends to its metrics
+        write_output_file(path, "")
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
     from schedlang.commands.common import write_output
     from schedlang.commands.compile import IllegalScheduleReport, generate_script
     from schedlang.frontend import load_program, read_source
     from schedlang.limits import check_machine_fits
     from schedlang.preflight import check_data_file, check_tensorboard, timeout_problem, will_resume
-    from schedlang.launch import LaunchRequest, Nodes, launch, nodes_problem, read_metrics
+    from schedlang.launch import LaunchRequest, Nodes, launch, nodes_problem
+    from schedlang.outputs import first_and_last_metrics
 
     program = load_program(args.file)
     world_size = program.mesh.world_size
@@ -96,22 +113,20 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="schedlang-run-") as directory:
         script_path = Path(directory) / "train.py"
         script_path.write_text(script, encoding="utf-8")
-        metrics = Path(args.metrics) if args.metrics else Path(directory) / "metrics.jsonl"
-        metrics.parent.mkdir(parents=True, exist_ok=True)
-        if not (args.metrics and will_resume(program)):  # a resumed run appends to its metrics
-            metrics.write_text("", encoding="utf-8")
+        metrics = _start_metrics(args.metrics, will_resume(program), Path(directory))
         steps = args.steps or program.train.steps
         here = nproc // args.nnodes
         where = f" (node {args.node_rank} of {args.nnodes}: {here} of them here)" if nodes else ""
         print(f"schedlang: training {program.name} for {steps} steps on {nproc} {device} process(es){where}", flush=True)
         status = launch(LaunchRequest(script_path, here, device, args.steps, metrics, args.timeout, nodes))
-        records = read_metrics(metrics)
+        records = first_and_last_metrics(metrics)
     if status != 0:
         print(f"schedlang: error: training failed (torchrun exit status {status}); see the rank error above", file=sys.stderr)
         return status
     if nodes and not records:
         print(f"schedlang: done on node {args.node_rank} of {args.nnodes} (node 0 prints the losses)")
     if records:
-        print(f"schedlang: done: loss {records[0]['loss']:.4f} at step {records[0]['step']} -> "
-              f"{records[-1]['loss']:.4f} at step {records[-1]['step']}")
+        first, last = records
+        print(f"schedlang: done: loss {first['loss']:.4f} at step {first['step']} -> "
+              f"{last['loss']:.4f} at step {last['step']}")
     return 0
