@@ -56,6 +56,9 @@ from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.program import OrderKind, ScheduleProgram
 from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.vocabulary import Span, format_error
+from schedlang.vocabulary.source_lines import MAX_SHOWN_DIAGNOSTICS, clip_text, more_diagnostics_line
+
+MAX_SHOWN_DETAIL_LINES = 60  # a deadlock's cycle and step grid, per violation
 
 
 class ViolationKind(str, Enum):
@@ -667,7 +670,9 @@ def render_report(
     sources: Mapping[str, str] | None = None,
     format_diagnostic=None,
 ) -> str:
-    """Every violation as ``file:line:col: error: ...`` with source line and caret, then details.
+    """Violations as ``file:line:col: error: ...`` with source line and caret, then details: the first
+    ``MAX_SHOWN_DIAGNOSTICS`` of them, each with at most ``MAX_SHOWN_DETAIL_LINES`` detail lines, then how many
+    were left out (bounded as the front end's diagnostics are), then the summary with the total count.
 
     ``sources`` maps file names to their text. ``format_diagnostic(span,
     message, sources)`` replaces :func:`schedlang.lowering.report.format_error`
@@ -675,10 +680,15 @@ def render_report(
     """
     formatter = format_diagnostic or format_error
     blocks = []
-    for violation in report.violations:
+    for violation in report.violations[:MAX_SHOWN_DIAGNOSTICS]:
         text = formatter(violation.span, violation.message, sources)
-        if violation.details:
-            text += "\n" + "\n".join(f"  {line}" if line else "" for line in violation.details)
+        details = list(violation.details[:MAX_SHOWN_DETAIL_LINES])
+        if len(violation.details) > MAX_SHOWN_DETAIL_LINES:
+            details.append(f"... and {len(violation.details) - MAX_SHOWN_DETAIL_LINES} more lines not shown")
+        if details:
+            text += "\n" + "\n".join(f"  {clip_text(line)}" if line else "" for line in details)
         blocks.append(text)
+    if len(report.violations) > MAX_SHOWN_DIAGNOSTICS:
+        blocks.append(more_diagnostics_line(len(report.violations) - MAX_SHOWN_DIAGNOSTICS))
     blocks.append(report.summary())
     return "\n".join(blocks)

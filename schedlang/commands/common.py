@@ -55,7 +55,14 @@ def add_cost_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_hardware_arguments(args: argparse.Namespace, command: str) -> None:
-    """Refuse non-positive throughput/bandwidth and negative latency before any work is done."""
+    """Refuse non-finite hardware numbers, non-positive throughput/bandwidth and negative latency or kernel gap
+    before any work is done."""
+    import math
+
+    for name in ("throughput", "latency", "bandwidth", "memory_bandwidth", "kernel_gap"):
+        if not math.isfinite(getattr(args, name)):
+            flag = name.replace("_", "-")
+            raise SystemExit(f"schedlang {command}: error: --{flag} must be a finite number, got {getattr(args, name)}")
     for name in ("throughput", "bandwidth", "memory_bandwidth"):
         if not getattr(args, name) > 0:
             flag = name.replace("_", "-")

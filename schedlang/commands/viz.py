@@ -50,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from schedlang.compiler import Pass
     from schedlang.frontend import load_program
+    from schedlang.limits import check_drawable
     from schedlang.lowering.cost import CostModelKind
     from schedlang.lowering.export.chrome import (
         MICROSECONDS_PER_SECOND,
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     output_format = VizFormat(args.format)
     check_hardware_arguments(args, "viz")
     program = load_program(args.file)
+    check_drawable(program, output_format.value)
 
     if output_format is VizFormat.DOT:
         compilation = compile_legal(program, Pass.LEGALITY)
