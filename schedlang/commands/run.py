@@ -47,6 +47,26 @@ def _refuse_graphs_on_cpu(path: str, program) -> None:
     raise ScheduleError([Diagnostic.error(message, span, hint)], {span.file: read_source(path)})
 
 
+def _say_what_was_saved(program) -> None:
+    """After a signal stopped the run: one line naming the newest checkpoint, or saying there is none."""
+    from schedlang.lowering import paths
+    from schedlang.runtime.checkpoint import CheckpointError, checkpoint_path, latest_step
+
+    directory = paths.checkpoint_directory(program)
+    if directory is None:
+        print("schedlang: nothing was saved (the schedule has no train.checkpoint)", file=sys.stderr, flush=True)
+        return
+    try:
+        step = latest_step(directory)
+    except CheckpointError:
+        step = None
+    if step is None:
+        print(f"schedlang: no checkpoint was saved in {directory}", file=sys.stderr, flush=True)
+    else:
+        print(f"schedlang: the newest checkpoint is {checkpoint_path(directory, step)}; `schedlang run` again "
+              "resumes from it", file=sys.stderr, flush=True)
+
+
 def _start_metrics(requested: str | None, resumes: bool, directory: Path) -> Path:
     """The metrics file the ranks append to: ``--metrics`` (kept when the run resumes, else replaced by an empty
     file, never truncated through a link: schedlang.outputs has refused foreign files), or one in ``directory``."""
@@ -69,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from schedlang.frontend import load_program, read_source
     from schedlang.limits import check_machine_fits
     from schedlang.preflight import check_data_file, check_tensorboard, timeout_problem, will_resume
-    from schedlang.launch import LaunchRequest, Nodes, launch, nodes_problem
+    from schedlang.launch import LaunchInterrupted, LaunchRequest, Nodes, launch, nodes_problem
     from schedlang.outputs import first_and_last_metrics
 
     program = load_program(args.file)
@@ -118,7 +138,11 @@ def run(args: argparse.Namespace) -> int:
         here = nproc // args.nnodes
         where = f" (node {args.node_rank} of {args.nnodes}: {here} of them here)" if nodes else ""
         print(f"schedlang: training {program.name} for {steps} steps on {nproc} {device} process(es){where}", flush=True)
-        status = launch(LaunchRequest(script_path, here, device, args.steps, metrics, args.timeout, nodes))
+        try:
+            status = launch(LaunchRequest(script_path, here, device, args.steps, metrics, args.timeout, nodes))
+        except LaunchInterrupted:
+            _say_what_was_saved(program)
+            raise
         records = first_and_last_metrics(metrics)
     if status != 0:
         print(f"schedlang: error: training failed (torchrun exit status {status}); see the rank error above", file=sys.stderr)
