@@ -27,7 +27,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from schedlang.runtime.config import ModelConfig, PipelineConfig, TrainConfig, run_request
 from schedlang.runtime.cublas import use_workspace_free_gemms
-from schedlang.runtime.data import TokenSource
+from schedlang.runtime.data import DataFileError, TokenSource
 from schedlang.runtime.executor import StageExecutor, StepShape
 from schedlang.runtime.finite_guard import stop_unless_finite, stop_unless_finite_weights
 from schedlang.runtime.graphs import GraphedChunks, GraphMaker, slots_needed
@@ -377,6 +377,8 @@ class Trainer:
                     break
             if pending is not None:
                 report(*pending)
+        except DataFileError as error:  # a data file that changed under the run ([Note: truncated tokens])
+            raise SystemExit(f"schedlang: error: {error}") from None
         finally:
             if reporter is not None:
                 reporter.close()
