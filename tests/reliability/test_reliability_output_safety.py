@@ -130,3 +130,37 @@ def test_bounded_reads_refuse_devices_fifos_and_long_files(tmp_path):
     with pytest.raises(UnsafeFileError, match="larger than 1,024 bytes"):
         read_bounded(long, 1024)
     assert read_bounded(long, 1025) == b"x" * 1025
+
+
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero"])
+def test_a_schedule_that_is_a_special_file_is_refused_without_reading(tmp_path, special):
+    schedule = tmp_path / "s.sched"
+    if special == "fifo":
+        os.mkfifo(schedule)
+    else:
+        schedule.symlink_to(special)
+    completed = run_cli("check", schedule, timeout=30)
+    assert completed.returncode == 1
+    assert f"schedule file {schedule} is a" in completed.stderr and "not a regular file" in completed.stderr
+
+
+@pytest.mark.slow
+def test_export_model_replaces_a_link_in_the_output_directory_never_its_target(tmp_path):
+    pytest.importorskip("safetensors")
+    schedule = tmp_path / "one.sched"
+    fla_model = "heads = 1  head_dim = 16  gate_low_rank_dim = 16  output_gate = swish"  # fla's GLA, exportable
+    text = one_rank_schedule(1, 'checkpoint = "ckpt" every 1').replace("heads = 1  head_dim = 16", fla_model)
+    schedule.write_text(text, encoding="utf-8")
+    trained = run_cli("run", schedule, "--device", "cpu", "--steps", "1", timeout=240)
+    assert trained.returncode == 0, trained.stderr
+    outside = tmp_path / "precious.json"
+    outside.write_text("keep me\n", encoding="utf-8")
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "config.json").symlink_to(outside)
+    (output / "model.safetensors").symlink_to(outside)
+    completed = run_cli("export-model", tmp_path / "ckpt", "-o", output, "--force", timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert outside.read_text(encoding="utf-8") == "keep me\n"
+    assert not (output / "config.json").is_symlink() and '"model_type"' in (output / "config.json").read_text()
+    assert not (output / "model.safetensors").is_symlink()
