@@ -173,7 +173,8 @@ def checksum_problem(step_directory: Path) -> str | None:
         try:
             size = path.stat().st_size
             if size != expected.get("bytes"):
-                return f"{path} does not match its checksum ({size} bytes, {expected.get('bytes')} recorded: truncated?)"
+                recorded = expected.get("bytes")
+                return f"{path} does not match its checksum ({size} bytes, {recorded} recorded: truncated?)"
             if _file_digest(path) != expected.get("sha256"):
                 return f"{path} does not match its checksum (its content changed: corrupt)"
         except OSError as error:

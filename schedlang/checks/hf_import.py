@@ -141,8 +141,9 @@ def value_bounds_problem(values: dict[str, object]) -> str | None:
         if isinstance(reader, Integer) and _outside(given, reader.minimum, reader.maximum):
             return f"it gives model.{name} = {given!r}, outside {reader.minimum} .. {reader.maximum}"
         if isinstance(reader, Number) and isinstance(given, float):
-            too_low = reader.minimum is not None and (given <= reader.minimum if reader.above else given < reader.minimum)
-            too_high = reader.below is not None and given >= reader.below
+            minimum, below = reader.minimum, reader.below
+            too_low = minimum is not None and (given <= minimum if reader.above else given < minimum)
+            too_high = below is not None and given >= below
             if too_low or too_high or given != given:
                 return f"it gives model.{name} = {given!r}, outside what the key accepts"
     return None

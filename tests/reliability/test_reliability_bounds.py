@@ -49,7 +49,8 @@ def test_a_timeout_too_short_to_rendezvous_is_refused(schedule):
 def test_viz_refuses_to_draw_above_its_documented_size(tmp_path, output_format, most):
     schedule = tmp_path / "wide.sched"
     schedule.write_text(
-        TWO_RANK_SCHEDULE.replace("microbatches = 2", "microbatches = 8192").replace("chunks = 2  kernel_chunk = 16", "chunks = 4  kernel_chunk = 8"),
+        TWO_RANK_SCHEDULE.replace("microbatches = 2", "microbatches = 8192")
+        .replace("chunks = 2  kernel_chunk = 16", "chunks = 4  kernel_chunk = 8"),
         encoding="utf-8",
     )
     output = tmp_path / f"out.{output_format}"
