@@ -151,6 +151,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"schedlang: done on node {args.node_rank} of {args.nnodes} (node 0 prints the losses)")
     if records:
         first, last = records
-        print(f"schedlang: done: loss {first['loss']:.4f} at step {first['step']} -> "
-              f"{last['loss']:.4f} at step {last['step']}")
+
+        def loss(record) -> str:  # null: a step fp16's loss scaling skipped had no finite loss
+            value = record.get("loss")
+            return "null" if value is None else f"{value:.4f}"
+
+        print(f"schedlang: done: loss {loss(first)} at step {first.get('step')} -> "
+              f"{loss(last)} at step {last.get('step')}")
     return 0
