@@ -71,6 +71,7 @@ CHECKSUM_FILE = "checksums.json"
 MAX_LATEST_BYTES = 256
 MAX_CHECKSUM_FILE_BYTES = 1 << 20
 METADATA_FILE = ".metadata"
+TRUSTED_FILE_MODE = 0o644  # what rank 0 writes itself: no write permission for group and others
 STEP_DIRECTORY = re.compile(r"step-(\d{8,})")
 FOREIGN_WRITE_BITS = stat.S_IWGRP | stat.S_IWOTH
 
@@ -151,7 +152,8 @@ def write_checksums(step_directory: Path) -> None:
         for entry in sorted(step_directory.iterdir())
         if entry.name != CHECKSUM_FILE and entry.is_file() and not entry.is_symlink()
     }
-    write_replacing(step_directory / CHECKSUM_FILE, json.dumps(entries, indent=1, sort_keys=True) + "\n")
+    text = json.dumps(entries, indent=1, sort_keys=True) + "\n"
+    write_replacing(step_directory / CHECKSUM_FILE, text, mode=TRUSTED_FILE_MODE)
 
 
 def checksum_problem(step_directory: Path) -> str | None:
@@ -208,12 +210,8 @@ def save_checkpoint(
         for path in (Path(directory), target, *target.iterdir()):
             _remove_foreign_write(path)
         write_checksums(target)
-        _remove_foreign_write(target / CHECKSUM_FILE)
-        latest = Path(directory) / LATEST_FILE
-        temporary = latest.with_suffix(".tmp")
-        temporary.write_text(target.name + "\n", encoding="utf-8")
-        _remove_foreign_write(temporary)
-        temporary.replace(latest)
+        # renamed into place, never written through a link; group and others never get write permission
+        write_replacing(Path(directory) / LATEST_FILE, target.name + "\n", mode=TRUSTED_FILE_MODE)
     _barrier()
 
 

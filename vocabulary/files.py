@@ -89,11 +89,11 @@ def read_bounded_text(path: str | os.PathLike, limit: int, what: str = "file") -
     return read_bounded(path, limit, what).decode("utf-8")
 
 
-def write_replacing(path: str | os.PathLike, content: bytes | str) -> None:
+def write_replacing(path: str | os.PathLike, content: bytes | str, mode: int | None = None) -> None:
     """Write ``content`` to a temporary file in ``path``'s directory and rename it over ``path``.
 
-    A symbolic link at ``path`` is replaced by the new file, its target left untouched. The new file gets the
-    mode a plain ``open`` would give it (0666 less the umask).
+    A symbolic link at ``path`` is replaced by the new file, its target left untouched. The new file gets
+    ``mode`` less the umask; by default the mode a plain ``open`` would give it (0666 less the umask).
     """
     target = Path(path)
     data = content.encode("utf-8") if isinstance(content, str) else content
@@ -103,7 +103,7 @@ def write_replacing(path: str | os.PathLike, content: bytes | str) -> None:
             handle.write(data)
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)
+        os.chmod(temporary, (0o666 if mode is None else mode) & ~umask)
         os.replace(temporary, target)
     except BaseException:
         try:
