@@ -12,14 +12,12 @@ import torch
 
 from reliability_helpers import one_rank_schedule, run_cli, run_script
 from schedlang.runtime.checkpoint import (
-    CHECKSUM_FILE,
     CheckpointError,
     UntrustedCheckpointError,
     checkpoint_path,
     load_checkpoint,
     save_checkpoint,
 )
-from schedlang.runtime.finite_guard import NonFiniteLossError, stop_unless_finite, stop_unless_finite_weights
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -51,6 +49,8 @@ def _shard(directory, step):
 
 
 def test_every_shard_has_a_checksum_in_the_manifest(tmp_path):
+    from schedlang.runtime.checkpoint import CHECKSUM_FILE
+
     _two_checkpoints(tmp_path)
     step_directory = checkpoint_path(str(tmp_path), 2)
     recorded = json.loads((step_directory / CHECKSUM_FILE).read_text())
@@ -124,6 +124,8 @@ def test_latest_that_is_not_a_regular_file_is_refused_without_reading(tmp_path, 
 
 
 def test_non_finite_losses_and_weights_stop_with_one_line():
+    from schedlang.runtime.finite_guard import NonFiniteLossError, stop_unless_finite, stop_unless_finite_weights
+
     stop_unless_finite(3, 1.5, skipped=False, rank_zero=True, last_saved=2)
     stop_unless_finite(3, float("inf"), skipped=True, rank_zero=True, last_saved=2)  # loss scaling skipped it
     with pytest.raises(NonFiniteLossError) as raised:

@@ -8,7 +8,6 @@ import os
 import pytest
 
 from reliability_helpers import TWO_RANK_SCHEDULE, one_rank_schedule, run_cli
-from schedlang.vocabulary.files import UnsafeFileError, open_for_append, read_bounded, write_replacing
 
 
 @pytest.fixture
@@ -104,6 +103,8 @@ def test_export_model_to_standard_output_is_refused(tmp_path):
 
 
 def test_writing_replaces_a_link_and_appending_refuses_one(tmp_path):
+    from schedlang.vocabulary.files import UnsafeFileError, open_for_append, write_replacing
+
     outside = tmp_path / "outside"
     outside.write_text("keep\n", encoding="utf-8")
     link = tmp_path / "config.json"
@@ -119,6 +120,8 @@ def test_writing_replaces_a_link_and_appending_refuses_one(tmp_path):
 
 
 def test_bounded_reads_refuse_devices_fifos_and_long_files(tmp_path):
+    from schedlang.vocabulary.files import UnsafeFileError, read_bounded
+
     with pytest.raises(UnsafeFileError, match="character device"):
         read_bounded("/dev/zero", 1024)
     fifo = tmp_path / "fifo"
