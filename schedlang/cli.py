@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except BrokenPipeError:
         return end_quietly_on_broken_pipe()
+    except KeyboardInterrupt:  # Ctrl-C before a run's job starts (then schedlang.launch handles it): no traceback
+        print("schedlang: interrupted", file=sys.stderr)
+        return 130
     except OSError as error:
         print(f"schedlang: error: {error}", file=sys.stderr)
         return 1

@@ -92,3 +92,17 @@ def test_sigkill_of_the_whole_process_group_leaves_nothing_running(tmp_path):
     os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=30)
     _nothing_left(temporary)
+
+
+def test_ctrl_c_before_the_job_starts_is_one_line_without_a_traceback(tmp_path, monkeypatch, capsys):
+    import schedlang.commands.check
+    from schedlang.cli import main
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(schedlang.commands.check, "run", interrupted)
+    schedule = tmp_path / "one.sched"
+    schedule.write_text(one_rank_schedule(1), encoding="utf-8")
+    assert main(["check", str(schedule)]) == 130
+    assert capsys.readouterr().err == "schedlang: interrupted\n"
