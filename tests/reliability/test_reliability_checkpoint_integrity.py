@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import warnings
 
 import pytest
@@ -40,6 +41,25 @@ def _load(directory, model, optimizer):
         warnings.simplefilter("ignore")
         step = load_checkpoint(str(directory), model, optimizer, say=said.append)
     return step, said
+
+
+def _load_or_raise_within(directory, model, optimizer, seconds: float = 60):
+    """``_load`` in a thread: what it returns or raises, or a failure when it blocks (opening a FIFO would)."""
+    outcome = {}
+
+    def load():
+        try:
+            outcome["value"] = _load(directory, model, optimizer)
+        except BaseException as error:  # handed to the test's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"loading {directory} blocked for {seconds} s"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _shard(directory, step):
@@ -107,7 +127,7 @@ def test_latest_is_not_opened_in_a_directory_the_trust_check_refuses(tmp_path):
     directory.chmod(0o777)
     model, optimizer = _two_checkpoints(tmp_path / "other")
     with pytest.raises(UntrustedCheckpointError, match="it is writable by group and others"):
-        _load(directory, model, optimizer)
+        _load_or_raise_within(directory, model, optimizer)
 
 
 @pytest.mark.parametrize("kind", ["fifo", "device"])
@@ -120,7 +140,7 @@ def test_latest_that_is_not_a_regular_file_is_refused_without_reading(tmp_path, 
     else:
         latest.symlink_to("/dev/zero")
     with pytest.raises(CheckpointError, match="not a regular file|owned by user id|writable by"):
-        _load(tmp_path, model, optimizer)
+        _load_or_raise_within(tmp_path, model, optimizer)
 
 
 def test_non_finite_losses_and_weights_stop_with_one_line():
