@@ -22,7 +22,7 @@ from torch import nn
 from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.hf_format import FLA_UNFUSED_NAMES, fla_config, fla_sources, to_fla_tensors
 from schedlang.runtime.model_options import ModelOptions
-from schedlang.vocabulary.files import write_replacing
+from schedlang.vocabulary.files import replacing, write_replacing
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -219,6 +219,6 @@ def write_hf_directory(directory: Path, model: ModelConfig, tensors: Mapping[str
     directory.mkdir(parents=True, exist_ok=True)
     # each file is written whole and renamed into place, so a link at its name is replaced, not followed
     # ([Note: file safety] in schedlang.vocabulary.files)
-    weights = safetensors.torch.save(to_fla_tensors(tensors, model.layers), metadata={"format": "pt"})
-    write_replacing(directory / WEIGHTS_FILE, weights)
+    with replacing(directory / WEIGHTS_FILE) as temporary:
+        safetensors.torch.save_file(to_fla_tensors(tensors, model.layers), str(temporary), metadata={"format": "pt"})
     write_replacing(directory / CONFIG_FILE, json.dumps(config, indent=2) + "\n")

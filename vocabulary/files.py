@@ -17,6 +17,7 @@ docs/reliability.md lists what each command refuses.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import stat
@@ -87,6 +88,27 @@ def read_bounded(path: str | os.PathLike, limit: int, what: str = "file") -> byt
 def read_bounded_text(path: str | os.PathLike, limit: int, what: str = "file") -> str:
     """:func:`read_bounded` decoded as UTF-8 (``UnicodeDecodeError`` for other bytes)."""
     return read_bounded(path, limit, what).decode("utf-8")
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike, mode: int | None = None):
+    """A temporary path in ``path``'s directory for a writer that needs a file name; renamed over ``path`` when
+    the block ends without an exception, removed otherwise (as :func:`write_replacing`)."""
+    target = Path(path)
+    descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(descriptor)
+    try:
+        yield Path(temporary)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, (0o666 if mode is None else mode) & ~umask)
+        os.replace(temporary, target)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
 
 
 def write_replacing(path: str | os.PathLike, content: bytes | str, mode: int | None = None) -> None:
