@@ -56,6 +56,9 @@ from schedlang.lowering.program import ScheduleProgram
 from schedlang.vocabulary import OrderKind, Span, format_error
 from schedlang.vocabulary.actions import ActionKind, TaskId
 from schedlang.vocabulary.edges import EDGE_RULES, Dependency, EdgeRule, EdgeRules
+from schedlang.vocabulary.source_lines import MAX_SHOWN_DIAGNOSTICS, clip_text, more_diagnostics_line
+
+MAX_SHOWN_DETAIL_LINES = 60  # a deadlock's cycle and step grid, per violation
 
 
 class ViolationKind(str, Enum):
@@ -679,7 +682,9 @@ def render_report(
     sources: Mapping[str, str] | None = None,
     format_diagnostic=None,
 ) -> str:
-    """Every violation as ``file:line:col: error: ...`` with source line and caret, then details.
+    """Violations as ``file:line:col: error: ...`` with source line and caret, then details: the first
+    ``MAX_SHOWN_DIAGNOSTICS`` of them, each with at most ``MAX_SHOWN_DETAIL_LINES`` detail lines, then how many
+    were left out (bounded as the front end's diagnostics are), then the summary with the total count.
 
     ``sources`` maps file names to their text. ``format_diagnostic(span,
     message, sources)`` replaces :func:`schedlang.lowering.report.format_error`
@@ -687,10 +692,15 @@ def render_report(
     """
     formatter = format_diagnostic or format_error
     blocks = []
-    for violation in report.violations:
+    for violation in report.violations[:MAX_SHOWN_DIAGNOSTICS]:
         text = formatter(violation.span, violation.message, sources)
-        if violation.details:
-            text += "\n" + "\n".join(f"  {line}" if line else "" for line in violation.details)
+        details = list(violation.details[:MAX_SHOWN_DETAIL_LINES])
+        if len(violation.details) > MAX_SHOWN_DETAIL_LINES:
+            details.append(f"... and {len(violation.details) - MAX_SHOWN_DETAIL_LINES} more lines not shown")
+        if details:
+            text += "\n" + "\n".join(f"  {clip_text(line)}" if line else "" for line in details)
         blocks.append(text)
+    if len(report.violations) > MAX_SHOWN_DIAGNOSTICS:
+        blocks.append(more_diagnostics_line(len(report.violations) - MAX_SHOWN_DIAGNOSTICS))
     blocks.append(report.summary())
     return "\n".join(blocks)

@@ -6,6 +6,10 @@ written as scalars ``train/loss``, ``train/tokens_per_second``, ``train/step_sec
 step number, through
 torch's ``SummaryWriter``, which needs the ``tensorboard`` package (the ``tensorboard`` extra); ``check`` and
 ``run`` say so before launch.
+
+The metrics file is strict JSON lines: a value that is not finite (a loss of ``nan``) is written as ``null``.
+It is appended to only when it is a regular file, never through a symbolic link ([Note: file safety] in
+schedlang.vocabulary.files).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 from typing import TextIO
+
+from schedlang.vocabulary.files import finite_or_none, open_for_append
 
 BAR_WIDTH = 24
 
@@ -67,7 +73,7 @@ class StepReporter:
     ) -> None:
         self.total_steps = total_steps
         self.stream = stream
-        self.metrics_file = open(metrics_path, "a", encoding="utf-8") if metrics_path else None
+        self.metrics_file = open_for_append(metrics_path) if metrics_path else None
         self.tensorboard = None
         if tensorboard_directory is not None:
             from torch.utils.tensorboard import SummaryWriter
@@ -80,7 +86,7 @@ class StepReporter:
             print(progress_line(metrics, self.total_steps), file=self.stream, flush=True)
         if self.metrics_file is not None:
             record = {key: value for key, value in asdict(metrics).items() if value is not None}
-            self.metrics_file.write(json.dumps(record) + "\n")
+            self.metrics_file.write(json.dumps(finite_or_none(record), allow_nan=False) + "\n")
             self.metrics_file.flush()
         if self.tensorboard is not None:
             self.tensorboard.add_scalar("train/loss", metrics.loss, metrics.step)

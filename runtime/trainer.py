@@ -27,8 +27,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from schedlang.runtime.config import PipelineConfig
 from schedlang.runtime.cublas import use_workspace_free_gemms
-from schedlang.runtime.data import TokenSource
+from schedlang.runtime.data import DataFileError, TokenSource
 from schedlang.runtime.executor import StageExecutor, StepShape
+from schedlang.runtime.finite_guard import stop_unless_finite, stop_unless_finite_weights
 from schedlang.runtime.graphs import GraphedChunks, GraphMaker, slots_needed
 from schedlang.runtime.loss_scale import LossScaler
 from schedlang.runtime.lr_schedule import build_scheduler, learning_rate_factor
@@ -337,6 +338,8 @@ class Trainer:
         # next step is queued
         pending = None
 
+        last_saved = None  # the step of this run's newest checkpoint ([Note: non-finite loss])
+
         def report(done: int, loss: PendingLoss, clock_token, scaling: tuple[float, bool] | None) -> None:
             losses.append(loss.value())  # returns once that step has finished on every rank
             elapsed = clock.seconds(clock_token)
@@ -352,9 +355,12 @@ class Trainer:
                 )
                 show = done % config.log_every == 0 or done == steps or validation is not None
                 reporter.report(metrics, show=show)
+            skipped = scaling is not None and bool(scaling[1])
+            stop_unless_finite(done, losses[-1], skipped, self.mesh.rank == 0, last_saved)
 
         try:
             first = self.resume(steps)
+            last_saved = first or None
             clock = StepClock(self.mesh.device)
             for step in range(first, steps):
                 loss = self.queue_step(step)
@@ -364,6 +370,11 @@ class Trainer:
                 if config.checkpoint_directory and config.checkpoint_every and done % config.checkpoint_every == 0:
                     from schedlang.runtime.checkpoint import save_checkpoint
 
+                    skipped = self.loss_scaler is not None and self.loss_scaler.skipped
+                    stop_unless_finite(done, loss.value(), skipped, self.mesh.rank == 0, last_saved)
+                    stop_unless_finite_weights(
+                        done, self.updated_module.parameters(), self.mesh.device, self.mesh.rank == 0, last_saved
+                    )
                     save_checkpoint(
                         config.checkpoint_directory,
                         done,
@@ -372,6 +383,7 @@ class Trainer:
                         self.run_record(),
                         loss_scale=None if self.loss_scaler is None else self.loss_scaler.state_dict(),
                     )
+                    last_saved = done
                 if config.eval_every and done % config.eval_every == 0:
                     validation_losses[done] = self.evaluate()
                     clock.step_ended()  # the next step's time starts after the evaluation
@@ -383,6 +395,8 @@ class Trainer:
                     break
             if pending is not None:
                 report(*pending)
+        except DataFileError as error:  # a data file that changed under the run ([Note: truncated tokens])
+            raise SystemExit(f"schedlang: error: {error}") from None
         finally:
             if reporter is not None:
                 reporter.close()

@@ -135,3 +135,22 @@ def check_machine_fits(program, device: str, text: str, nodes: int = 1) -> None:
             "run it on a machine with more devices, or shrink the mesh",
             text,
         )
+
+
+MAX_DRAWN_TASKS = {"dot": 1 << 16, "chrome": 1 << 16, "png": 1 << 13}
+"""Tasks ``viz`` draws per format: a drawing of more is megabytes no viewer opens (DOT and Chrome traces grow
+about 250 and 600 bytes a task) or, for the PNG, minutes of matplotlib; ``simulate`` and ``check`` still take the
+schedule."""
+
+
+def check_drawable(program, output_format: str) -> None:
+    """Refuse to draw a program of more than ``MAX_DRAWN_TASKS[output_format]`` tasks, at the largest factor's key."""
+    tasks, most = task_count(program), MAX_DRAWN_TASKS[output_format]
+    if tasks > most:
+        _refuse(
+            f"viz --format {output_format} draws at most {most} tasks, and this schedule has {tasks}",
+            _largest_key_span(program, ("pipeline.microbatches", "sequence.chunks", "mesh.pipeline")),
+            "draw a smaller variant (fewer microbatches or chunks), or use `schedlang simulate` for the numbers; "
+            "see docs/reliability.md",
+            program.source_text,
+        )

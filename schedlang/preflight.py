@@ -22,6 +22,7 @@ from schedlang.lowering import paths
 from schedlang.vocabulary import Span
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
+MIN_TIMEOUT_S = 10.0  # the ranks' rendezvous and first collectives must fit in it, on a loaded machine too
 
 
 def data_config(program):
@@ -89,9 +90,15 @@ def will_resume(program) -> bool:
 
 
 def timeout_problem(timeout_s: float) -> str | None:
-    """Why ``--timeout`` is unusable: not a positive, finite number of seconds up to a week."""
+    """Why ``--timeout`` is unusable: not a positive, finite number of seconds up to a week, or too short for the
+    ranks to meet (:data:`MIN_TIMEOUT_S`)."""
     if not math.isfinite(timeout_s) or timeout_s <= 0 or timeout_s > MAX_TIMEOUT_S:
         return f"--timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:.0f}, got {timeout_s}"
+    if timeout_s < MIN_TIMEOUT_S:
+        return (
+            f"--timeout {timeout_s:g} is too short for the ranks to meet (their rendezvous alone can take "
+            f"seconds); give at least {MIN_TIMEOUT_S:g}"
+        )
     return None
 
 

@@ -124,7 +124,8 @@ def render_gantt(
 def gantt_png(timeline: Timeline, **options) -> bytes:
     """The chart as PNG bytes; ``options`` are those of :func:`render_gantt`."""
     buffer = io.BytesIO()
-    render_gantt(timeline, **options).savefig(buffer, format="png")
+    # the Software tag is how schedlang.outputs recognises a chart it may replace
+    render_gantt(timeline, **options).savefig(buffer, format="png", metadata={"Software": "schedlang"})
     return buffer.getvalue()
 
 

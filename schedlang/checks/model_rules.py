@@ -150,9 +150,12 @@ def weights_fit_the_model(checker: Checker) -> None:
     model = build_model(checker)
     if model is None:
         return
-    from schedlang.runtime.hf_weights import weights_problem
+    from schedlang.runtime.hf_weights import HfWeightsError, weights_problem
 
-    problem = weights_problem(model, imported.directory)
+    try:
+        problem = weights_problem(model, imported.directory)
+    except HfWeightsError as error:
+        problem = str(error)
     if problem is not None:
         checker.error(
             f"the model of '{FROM_KEY}' does not fit its weights: {problem}",

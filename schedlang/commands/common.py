@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 
 def print_legality_report(program, report) -> None:
@@ -92,8 +91,14 @@ def add_cost_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_hardware_arguments(args: argparse.Namespace, command: str) -> None:
-    """Refuse non-positive throughput/bandwidth and negative latency before any work is done; read
-    ``--hardware`` and refuse a ``--cost-model`` that contradicts it."""
+    """Refuse non-finite hardware numbers, non-positive throughput/bandwidth and negative latency or kernel gap
+    before any work is done; read ``--hardware`` and refuse a ``--cost-model`` that contradicts it."""
+    import math
+
+    for name in ("throughput", "latency", "bandwidth", "memory_bandwidth", "kernel_gap"):
+        if not math.isfinite(getattr(args, name)):
+            flag = name.replace("_", "-")
+            raise SystemExit(f"schedlang {command}: error: --{flag} must be a finite number, got {getattr(args, name)}")
     profile = load_hardware_option(args, command)
     if profile is not None and args.cost_model is not None:
         raise SystemExit(
@@ -128,7 +133,6 @@ def write_output(output: str, content: str | bytes) -> None:
             raise SystemExit("schedlang: error: a PNG cannot be written to standard output; give -o FILE.png")
         sys.stdout.write(content)
         return
-    if isinstance(content, bytes):
-        Path(output).write_bytes(content)
-    else:
-        Path(output).write_text(content, encoding="utf-8")
+    from schedlang.outputs import write_output_file
+
+    write_output_file(output, content)

@@ -49,7 +49,7 @@ class IllegalScheduleReport(Exception):
 
 
 def run(args: argparse.Namespace) -> int:
-    from schedlang.outputs import DEFAULT_SCRIPT, STANDARD_OUTPUT, compile_output, launch_hint
+    from schedlang.outputs import DEFAULT_SCRIPT, STANDARD_OUTPUT, compile_output, launch_hint, write_output_file
 
     output = Path(compile_output(args))
     # A script printed to standard output is saved under a name the user picks; its docstring names the default.
@@ -63,6 +63,6 @@ def run(args: argparse.Namespace) -> int:
     if str(output) == STANDARD_OUTPUT:
         sys.stdout.write(script)
         return 0
-    output.write_text(script, encoding="utf-8")
+    write_output_file(output, script)
     print(f"wrote {output} (run it with: {launch_hint(args.file, str(output))})")
     return 0

@@ -54,6 +54,7 @@ communicator buffers. An assumed allowance, like [Note: reserved memory] in sche
 DEFAULT_STEP = 16384
 DEFAULT_MAX_LENGTH = 16777216
 DEFAULT_MAX_CHUNKS = 256
+MAX_FIT_LENGTHS = 1 << 16  # lengths --max-length / --step names; packed documents measure each one's chunks
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,6 +114,8 @@ def parse_size(text: str) -> int:
 
 def check_fit_arguments(args: argparse.Namespace) -> int:
     """The device memory in bytes; refuses bad ``--fit`` options before any work, a bad size at its column."""
+    from schedlang.checks.sequence import MAX_LENGTH
+    from schedlang.limits import MAX_CHUNKS
     from schedlang.vocabulary import Span, render_message
 
     try:
@@ -123,9 +126,17 @@ def check_fit_arguments(args: argparse.Namespace) -> int:
         start, end = len(prefix) + error.start + 1, len(prefix) + max(error.end, error.start + 1) + 1
         span = Span("<command line>", 1, start, 1, end)
         raise SystemExit(render_message(span, f"--device-memory: {error}", line)) from None
-    for flag, value in (("--step", args.step), ("--max-length", args.max_length), ("--max-chunks", args.max_chunks)):
-        if value < 1:
-            raise SystemExit(f"schedlang simulate: error: {flag} must be positive, got {value}")
+    for flag, value, most in (
+        ("--step", args.step, MAX_LENGTH),
+        ("--max-length", args.max_length, MAX_LENGTH),
+        ("--max-chunks", args.max_chunks, MAX_CHUNKS),
+    ):
+        if not 1 <= value <= most:
+            raise SystemExit(f"schedlang simulate: error: {flag} must be in 1 .. {most} (sequence.length's and "
+                             f"sequence.chunks' own bounds), got {value}")
+    if args.max_length // args.step > MAX_FIT_LENGTHS:
+        raise SystemExit(f"schedlang simulate: error: --max-length {args.max_length} in steps of {args.step} gives "
+                         f"{args.max_length // args.step} lengths, more than {MAX_FIT_LENGTHS}: give a larger --step")
     if args.fit_recompute and not args.fit:
         raise SystemExit("schedlang simulate: error: --fit-recompute chooses recompute modes for --fit; add --fit")
     if args.fit and (args.chunks or args.extra_warmup):

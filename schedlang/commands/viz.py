@@ -101,6 +101,7 @@ def png_width(args: argparse.Namespace, output_format: VizFormat) -> int:
 def run(args: argparse.Namespace) -> int:
     from schedlang.compiler import Pass
     from schedlang.frontend import load_program
+    from schedlang.limits import check_drawable
     from schedlang.lowering.cost import CostModelKind
     from schedlang.lowering.export.chrome import (
         MICROSECONDS_PER_SECOND,
@@ -116,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     width = png_width(args, output_format)
     check_hardware_arguments(args, "viz")
     program = load_program(args.file)
+    check_drawable(program, output_format.value)
 
     if output_format is VizFormat.DOT:
         compilation = compile_legal(program, Pass.LEGALITY)

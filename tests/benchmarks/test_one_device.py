@@ -72,7 +72,7 @@ def test_the_fla_peer_of_a_model_fla_builds_is_its_fla_config():
     from dataclasses import replace
 
     from schedlang.runtime.hf_format import FLA_GATE_LOW_RANK_DIM, fla_config
-    from schedlang.runtime.model_options import GlaOptions, ModelOptions, OutputGate
+    from schedlang.vocabulary import GlaOptions, ModelOptions, OutputGate
 
     model = configs_of(FLA_SYSTEM, one_device_schedule(tiny=True), 256, "fp32").model
     faithful = replace(model, options=ModelOptions(gla=GlaOptions(gate_rank=FLA_GATE_LOW_RANK_DIM,
