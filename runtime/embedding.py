@@ -5,10 +5,12 @@ PyTorch's CUDA embedding backward sorts the token ids and reads the number of di
 before it launches its last kernels: one device-to-host copy, so one full drain of the GPU's queue, in every
 chunk's backward on the first stage. Under a chunked schedule the host then has to queue the next chunk's whole
 backward while the GPU idles. :class:`TokenEmbedding` keeps ``nn.Embedding``'s parameter, name and forward, and
-forms the weight gradient with ``index_add_`` instead, which runs on the device only. The sum is accumulated in
-float32 for half-precision weights (as PyTorch's kernel accumulates in its accumulate type) and in the weight's
-own dtype otherwise, then cast to the weight's dtype; the order of the additions is the GPU's, so the gradient is
-equal to PyTorch's within float32 rounding, not bit for bit. ``benchmarks/profile_stage.py --sync-debug`` shows
+forms the weight gradient with ``index_put_(accumulate=True)`` instead, which on CUDA sorts the ids and sums each
+id's rows on the device only, in a fixed order (deterministic: atomics, as ``index_add_`` uses, would let AdamW's
+first steps amplify the order's rounding into different trajectories, and CUDA-graph replay could no longer be
+compared with an eager run). The sum is accumulated in float32 for half-precision weights (as PyTorch's kernel
+accumulates in its accumulate type) and in the weight's own dtype otherwise, then cast to the weight's dtype: equal
+to PyTorch's within float32 rounding, not bit for bit. ``benchmarks/profile_stage.py --sync-debug`` shows
 the drain (docs/benchmarks.md, "Where the step's time goes").
 """
 
@@ -24,7 +26,7 @@ def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class _TokenLookup(torch.autograd.Function):
-    """``weight[token_ids]`` forward; the weight gradient by ``index_add_`` (no host sync)."""
+    """``weight[token_ids]`` forward; the weight gradient by ``index_put_(accumulate=True)`` (no host sync)."""
 
     @staticmethod
     def forward(ctx, token_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -39,7 +41,7 @@ class _TokenLookup(torch.autograd.Function):
         accumulate = _accumulation_dtype(ctx.weight_dtype)
         grad_weight = torch.zeros(ctx.weight_shape, dtype=accumulate, device=grad_output.device)
         rows = grad_output.reshape(-1, ctx.weight_shape[1]).to(accumulate)
-        grad_weight.index_add_(0, token_ids.reshape(-1), rows)
+        grad_weight.index_put_((token_ids.reshape(-1),), rows, accumulate=True)
         return None, grad_weight.to(ctx.weight_dtype)
 
 
