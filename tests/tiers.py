@@ -64,6 +64,7 @@ FIRST_PARAMETRISATION_ONLY: dict[str, str] = {
     "tests/reliability/test_reliability_data.py": "each case starts `schedlang check` as a process (3.4 CPU s)",
     "tests/reliability/test_reliability_security.py": "each case starts `schedlang compile` as a process (3.5 CPU s)",
     "tests/models/test_fla_gdn_math.py": "each case runs fla's Gated DeltaNet math chunked and whole (5-13 CPU s)",
+    "tests/lowering/test_memory_calibration.py": "each case measures a model's saved bytes on the CPU (4-8 CPU s)",
 }
 """Test file -> why the default tier keeps only the first parametrisation of each of its test functions."""
 
