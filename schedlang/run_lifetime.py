@@ -1,6 +1,7 @@
 """Nothing of a ``schedlang run`` outlives it: torchrun, its ranks and the temporary directory.
 
-[Note: run lifetime] ``schedlang run`` starts torchrun in a session of its own, and torchrun starts each rank
+[Note: run lifetime]
+``schedlang run`` starts torchrun in a session of its own, and torchrun starts each rank
 in another, so no signal sent to the terminal's process group reaches them. Three things tie them to the run:
 
 - torchrun is started with a parent-death signal (``PR_SET_PDEATHSIG`` = SIGKILL, Linux), so it dies with
