@@ -186,12 +186,16 @@ def _options_literal(options: ModelOptions) -> str:
     gla = _changed_fields(options.gla)
     gdn = _changed_fields(options.gdn)
     attention = _changed_fields(options.attention)
+    mamba2 = _changed_fields(options.mamba2)
     defaults = ModelOptions()
     others = _changed_field_list(
-        dataclasses.replace(options, gla=defaults.gla, gdn=defaults.gdn, attention=defaults.attention)
+        dataclasses.replace(
+            options, gla=defaults.gla, gdn=defaults.gdn, attention=defaults.attention, mamba2=defaults.mamba2
+        )
     )
     parts = ([f"gla=GlaOptions({gla})"] if gla else []) + ([f"gdn=GdnOptions({gdn})"] if gdn else [])
     parts += [f"attention=AttentionOptions({attention})"] if attention else []
+    parts += [f"mamba2=Mamba2Options({mamba2})"] if mamba2 else []
     parts += others
     if not parts:
         return ""
@@ -205,7 +209,8 @@ def _options_imports(options: ModelOptions) -> str:
     """The names :func:`_options_literal` needs from ``schedlang.runtime.model_options``."""
     attention = ("AttentionOptions",) if options.attention != ModelOptions().attention else ()
     gdn = ("GdnOptions",) if options.gdn != ModelOptions().gdn else ()
-    return ", ".join(attention + gdn + ("GlaOptions", "ModelOptions"))
+    mamba2 = ("Mamba2Options",) if options.mamba2 != ModelOptions().mamba2 else ()
+    return ", ".join(attention + gdn + ("GlaOptions",) + mamba2 + ("ModelOptions",))
 
 
 def _layers_text(layers: tuple[int, ...]) -> str:

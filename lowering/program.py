@@ -42,7 +42,7 @@ from schedlang.runtime.config import (
     attention_geometry,
     recurrent_state_geometry,
 )
-from schedlang.runtime.model_options import AttentionOptions, GdnOptions, GlaOptions, ModelOptions
+from schedlang.runtime.model_options import AttentionOptions, GdnOptions, GlaOptions, Mamba2Options, ModelOptions
 from schedlang.vocabulary import (
     AttentionExchange,
     CudaGraphs,
@@ -89,6 +89,7 @@ class ModelSpec:
     gla: GlaOptions = GlaOptions()
     gdn: GdnOptions = GdnOptions()
     attention: AttentionOptions = AttentionOptions()
+    mamba2: Mamba2Options = Mamba2Options()
     tie_embeddings: bool = False
     initial_weights: str | None = None  # a Hugging Face directory with safetensors weights (model.from)
 
@@ -120,6 +121,7 @@ class ModelSpec:
             gla=self.gla,
             gdn=self.gdn,
             attention=self.attention,
+            mamba2=self.mamba2,
             mlp_width=self.mlp.width if swiglu else None,
             tie_embeddings=self.tie_embeddings,
             initial_weights=self.initial_weights,

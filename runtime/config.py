@@ -110,7 +110,9 @@ def recurrent_state_geometry(
     one). GLA: ``heads`` heads of ``gla.head_k_dim`` keys, a decay per key row; simple GLA: ``head_dim`` keys,
     a decay per head; Gated DeltaNet: ``gdn.value_heads_of(heads)`` heads of ``gdn.head_k_dim`` keys, a
     ``[key_dim, key_dim]`` transition per head, and with short convolutions ``short_conv_size - 1`` history
-    rows of its q, k and v inputs (``2 heads key_dim + value_heads head_dim`` features)."""
+    rows of its q, k and v inputs (``2 heads key_dim + value_heads head_dim`` features); Mamba-2: ``heads``
+    heads of ``mamba2.state_size`` keys and ``head_dim`` values (simple GLA's state), a decay per head, and
+    ``conv_kernel - 1`` history rows of its x, B and C inputs (``mamba2.convolved_width`` features)."""
     if kind is LayerKind.GLA:
         key_dim = options.gla.head_k_dim or head_dim
         return RecurrentStateGeometry(heads, key_dim, head_dim, transition_elements=heads * key_dim)
@@ -127,6 +129,16 @@ def recurrent_state_geometry(
             transition_elements=value_heads * key_dim * key_dim,
             history_rows=taps - 1 if taps else 0,
             history_channels=2 * heads * key_dim + value_heads * head_dim if taps else 0,
+        )
+    if kind is LayerKind.MAMBA2:
+        mamba2 = options.mamba2
+        return RecurrentStateGeometry(
+            heads,
+            mamba2.state_size,
+            head_dim,
+            transition_elements=heads,
+            history_rows=mamba2.conv_kernel - 1,
+            history_channels=mamba2.convolved_width(heads, head_dim),
         )
     return None
 
