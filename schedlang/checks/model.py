@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from schedlang import ast
 from schedlang.checks.readers import choice_hint, read_call, read_integer, read_number
 from schedlang.lowering.program import MlpKind, MlpSpec, ModelSpec
-from schedlang.runtime.model_options import AttentionOptions, GdnOptions, GlaOptions
+from schedlang.runtime.model_options import AttentionOptions, GdnOptions, GlaOptions, Mamba2Options
 from schedlang.vocabulary import LayerKind
 
 if TYPE_CHECKING:
@@ -131,6 +131,25 @@ def read_stage_assignment(checker: Checker, value: ast.Value, path: str) -> Stag
     return tuple(stages), [item.span for item in value.items]
 
 
+def read_dt_limit(checker: Checker, value: ast.Value, path: str) -> tuple[float, float] | None:
+    """``[low, high]``: two numbers, ``0 <= low < high`` (fla's ``dt_limit``)."""
+    if not isinstance(value, ast.ListLiteral) or len(value.items) != 2:
+        checker.error(
+            f"'{path}' must be a list of two numbers [low, high], found '{checker.text_of(value.span)}'",
+            value.span,
+            hint="e.g. `dt_limit = [0.001, 0.1]`, or `none` for no clamp",
+        )
+        return None
+    low = read_number(checker, value.items[0], f"{path}'s low end", 0.0)
+    high = read_number(checker, value.items[1], f"{path}'s high end", 0.0, above=True)
+    if low is None or high is None:
+        return None
+    if low >= high:
+        checker.error(f"'{path}' must have low < high, found {low:g} >= {high:g}", value.span)
+        return None
+    return (low, high)
+
+
 GLA_OPTION_PATHS = (
     "model.expand_k",
     "model.expand_v",
@@ -141,6 +160,17 @@ GLA_OPTION_PATHS = (
     "model.output_gate",
 )
 GDN_OPTION_PATHS = ("model.delta_gates", "model.short_conv_size", "model.value_heads")
+MAMBA2_OPTION_PATHS = (
+    "model.state_size",
+    "model.n_groups",
+    "model.conv_kernel",
+    "model.use_conv_bias",
+    "model.use_bias",
+    "model.dt_min",
+    "model.dt_max",
+    "model.dt_init_floor",
+    "model.dt_limit",
+)
 ATTENTION_OPTION_PATHS = (
     "model.attn_heads",
     "model.attn_head_dim",
@@ -175,6 +205,7 @@ def build_model(checker: Checker) -> ModelSpec | None:
         "model.from",
         *GLA_OPTION_PATHS,
         *GDN_OPTION_PATHS,
+        *MAMBA2_OPTION_PATHS,
         *ATTENTION_OPTION_PATHS,
     )
     if not checker.valid(*paths, *others):
@@ -204,6 +235,9 @@ def build_model(checker: Checker) -> ModelSpec | None:
     attention = AttentionOptions(
         heads=heads, head_dim=head_dim, kv_heads=kv_heads, qkv_bias=bool(qkv_bias), rope_theta=rope_theta
     )
+    mamba2 = Mamba2Options()
+    if LayerKind.MAMBA2 in base.layers:  # a model without mamba2 layers records none
+        mamba2 = Mamba2Options(**{path.removeprefix("model."): checker.get(path) for path in MAMBA2_OPTION_PATHS})
     imported = checker.get("model.from")
     return dataclasses.replace(
         base,
@@ -211,6 +245,7 @@ def build_model(checker: Checker) -> ModelSpec | None:
         gla=gla,
         gdn=gdn,
         attention=attention,
+        mamba2=mamba2,
         tie_embeddings=checker.get("model.tie_embeddings"),
         initial_weights=imported.directory if imported is not None and imported.has_weights else None,
     )

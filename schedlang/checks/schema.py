@@ -29,7 +29,13 @@ from schedlang.lowering.program import (
     SequenceSpec,
     TrainSpec,
 )
-from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, AttentionOptions, DeltaGates, OutputGate
+from schedlang.runtime.model_options import (
+    GATE_LOGIT_NORMALIZER,
+    AttentionOptions,
+    DeltaGates,
+    Mamba2Options,
+    OutputGate,
+)
 from schedlang.vocabulary import AttentionExchange, CudaGraphs, DType
 
 if TYPE_CHECKING:
@@ -130,6 +136,15 @@ SCHEMA: tuple[Key, ...] = (
         accepts_none=True,
     ),
     Key("model", "value_heads", Integer(1, 4096), Derived("heads"), "value_heads = 4"),
+    Key("model", "state_size", Integer(1, model.MAX_HEAD_DIM), Mamba2Options, "state_size = 64"),
+    Key("model", "n_groups", Integer(1, 4096), Mamba2Options, "n_groups = 2"),
+    Key("model", "conv_kernel", Integer(1, model.MAX_SHORT_CONV_SIZE), Mamba2Options, "conv_kernel = 4"),
+    Key("model", "use_conv_bias", Boolean(), Mamba2Options, "use_conv_bias = false"),
+    Key("model", "use_bias", Boolean(), Mamba2Options, "use_bias = true"),
+    Key("model", "dt_min", Number(0.0, above=True), Mamba2Options, "dt_min = 0.001"),
+    Key("model", "dt_max", Number(0.0, above=True), Mamba2Options, "dt_max = 0.1"),
+    Key("model", "dt_init_floor", Number(0.0, above=True), Mamba2Options, "dt_init_floor = 1e-4"),
+    Key("model", "dt_limit", model.read_dt_limit, Mamba2Options, "dt_limit = [0.0, 100.0]", accepts_none=True),
     Key("model", "attn_heads", Integer(1, 4096), Derived("heads"), "attn_heads = 4"),
     Key("model", "attn_head_dim", Integer(1, model.MAX_HEAD_DIM), Derived("head_dim"), "attn_head_dim = 64"),
     Key("model", "attn_kv_heads", Integer(1, 4096), Derived("attn_heads"), "attn_kv_heads = 1"),

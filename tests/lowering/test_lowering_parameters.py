@@ -77,7 +77,9 @@ def test_stage_counts_follow_the_layer_options_the_runtime_honours():
     from dataclasses import replace
 
     from schedlang.lowering.parameters import mlp_width
-    from schedlang.runtime.model_options import AttentionOptions, DeltaGates, GdnOptions, GlaOptions, OutputGate
+    from schedlang.runtime.model_options import (
+        AttentionOptions, DeltaGates, GdnOptions, GlaOptions, Mamba2Options, OutputGate,
+    )
 
     layers = (LayerKind.GLA, LayerKind.GDN, LayerKind.ATTN, LayerKind.GLA)
     program = make_program(2, 1, 1, layers=layers)
@@ -111,7 +113,9 @@ def test_projection_flops_are_twice_the_mixers_linear_weights(kind):
 
     from schedlang.lowering.cost import layer_projection_flops_per_token, mixer_projection_flops_per_token
     from schedlang.runtime.model import Block
-    from schedlang.runtime.model_options import AttentionOptions, DeltaGates, GdnOptions, GlaOptions, OutputGate
+    from schedlang.runtime.model_options import (
+        AttentionOptions, DeltaGates, GdnOptions, GlaOptions, Mamba2Options, OutputGate,
+    )
 
     plain = ModelSpec(vocab=300, d_model=96, layers=(kind,), heads=4, head_dim=32, mlp=MlpSpec(MlpKind.SWIGLU, 2.0))
     shaped = replace(
@@ -119,6 +123,7 @@ def test_projection_flops_are_twice_the_mixers_linear_weights(kind):
         gla=GlaOptions(head_k_dim=16, kv_heads=2, gate_rank=8, output_gate=OutputGate.SWISH),
         gdn=GdnOptions(head_k_dim=16, gates=DeltaGates.MAMBA, short_conv_size=4, value_heads=8),
         attention=AttentionOptions(heads=6, head_dim=16, kv_heads=2, qkv_bias=True),
+        mamba2=Mamba2Options(state_size=16, n_groups=2, use_bias=True),
     )
     assert layer_projection_flops_per_token(plain, kind) == mixer_projection_flops_per_token(kind, 96, 4, 32)
     with torch.device("meta"):
