@@ -53,7 +53,10 @@ def document_taps(documents: ChunkDocuments, size: int, device: torch.device) ->
     documents])."""
     length = documents.end - documents.start
     positions = documents.start + torch.arange(length)[:, None] + torch.arange(size)[None, :] - (size - 1)
-    return (positions[None] >= documents.segment_ids()[:, :, None]).to(device)
+    starts = documents.segment_ids()  # a row's first piece reads as starting at the chunk's start
+    first_starts = torch.tensor(documents.first_starts)[:, None]
+    starts = torch.where(starts == documents.start, torch.minimum(starts, first_starts), starts)
+    return (positions[None] >= starts[:, :, None]).to(device)
 
 
 class ShortConvolution(nn.Module):

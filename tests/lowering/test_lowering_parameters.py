@@ -103,7 +103,9 @@ def test_stage_counts_follow_the_layer_options_the_runtime_honours():
     assert all(totals["plain", stage] != totals["shaped", stage] for stage in range(2))
 
 
-@pytest.mark.parametrize("kind", [LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GDN, LayerKind.ATTN])
+@pytest.mark.parametrize(
+    "kind", [LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GDN, LayerKind.MAMBA2, LayerKind.ATTN]
+)
 def test_projection_flops_are_twice_the_mixers_linear_weights(kind):
     """The cost model's projection FLOPs count the mixer the runtime builds: with the default options they are
     the closed form of docs/cost-model.md; with fla-shaped options (narrow keys, grouped heads, low-rank and
