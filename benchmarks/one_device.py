@@ -12,7 +12,9 @@ The model is the pipeline benchmark's 1B-class GLA model (benchmarks/pipeline_sc
   (:func:`fla_config_keys` says what differs), ``fuse_cross_entropy`` on, its default kernels; only where
   ``import fla`` works and on a GPU, otherwise reported as skipped;
 - ``schedlang:N[/recompute][/offload]``: schedlang's Trainer on a one-device mesh, N chunks per sequence, the
-  name read by ``benchmarks.pipeline_schedule.variant_keys`` (``schedlang:16/full``, ``schedlang:16/mlp/offload``).
+  name read by ``benchmarks.pipeline_schedule.variant_keys`` (``schedlang:16/full``, ``schedlang:16/mlp/offload``);
+- ``mamba2:N[/recompute][/offload]``: the same Trainer on the same model with ``mamba2`` mixing layers (its heads
+  and head width, state size 128), for the longest mamba2 sequence beside GLA's (``--search-systems mamba2:16/full``).
 
 Three phases. Throughput: each of ``--systems`` at ``--length`` in its own process, ``--warmup`` steps then
 the median of ``--steps`` timed steps, and the job's peak allocated and reserved memory (the whole job: build,
@@ -69,9 +71,11 @@ from benchmarks.common import (  # noqa: E402
 )
 from benchmarks.one_device_systems import (  # noqa: E402
     FLA_SYSTEM,
+    MAMBA2_PREFIX,
     build_system,
     configs_of,
     one_device_model,
+    system_and_model,
 )
 from benchmarks.pipeline_schedule import (  # noqa: E402
     BenchmarkModel,
@@ -127,7 +131,8 @@ def measure(name: str, model: BenchmarkModel, length: int, warmup: int, steps: i
     reset_peak(device)
     started = time.perf_counter()
     system = build_system(name, model, length, device)
-    if name.startswith("schedlang:") and variant_keys(name).cuda_graphs is CudaGraphs.STEP:
+    variant = system_and_model(name, model)[0]
+    if variant.startswith("schedlang:") and variant_keys(variant).cuda_graphs is CudaGraphs.STEP:
         warmup = max(warmup, 2)  # [Note: step graphs]: the first step runs eagerly, the second captures
     for _ in range(warmup):
         system.step()
@@ -270,7 +275,8 @@ def search_attempt(args, name: str, length: int, search_end: float) -> Attempt:
 
 def fit_prediction_command(args, name: str, model: BenchmarkModel, device_memory: int) -> list[str]:
     """``schedlang simulate --fit --json`` on the system's schedule (written under ``--out``)."""
-    text = schedule_text(model, variant_keys(name), args.search_start, 1, train_dtype(args.device))
+    variant, model = system_and_model(name, model)
+    text = schedule_text(model, variant_keys(variant), args.search_start, 1, train_dtype(args.device))
     path = Path(args.out) / (name.replace(":", "-").replace("/", "-") + ".sched")
     path.write_text(text, encoding="utf-8")
     return [
@@ -371,7 +377,8 @@ def driver(args: argparse.Namespace) -> int:
 
     measured_memory = [a.record["device_memory_bytes"] for a in throughput if a.record and a.record["device_memory_bytes"]]
     device_memory = args.device_memory or (measured_memory[0] if measured_memory else DEFAULT_DEVICE_MEMORY_BYTES)
-    schedlang_systems = [name for name in dict.fromkeys(args.systems + args.search_systems) if name.startswith("schedlang:")]
+    requested = dict.fromkeys(args.systems + args.search_systems)
+    schedlang_systems = [name for name in requested if name.startswith(("schedlang:", MAMBA2_PREFIX))]
     fits = {  # CPU-only work, run beside the search
         name: subprocess.Popen(fit_prediction_command(args, name, model, device_memory), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)

@@ -28,6 +28,17 @@ from benchmarks.training_systems import (
 
 FLA_SYSTEM = "fla"
 """flash-linear-attention's GLAForCausalLM."""
+MAMBA2_PREFIX = "mamba2:"
+"""``mamba2:<variant>``: schedlang's ``schedlang:<variant>`` on the same model with mamba2 mixing layers."""
+
+
+def system_and_model(name: str, model: BenchmarkModel) -> tuple[str, BenchmarkModel]:
+    """The schedlang or peer system a name runs and the model it runs on: ``mamba2:16/full`` is ``schedlang:16/full``
+    on ``model`` with every mixing layer ``mamba2`` (the model's heads and head width, Mamba2Options' defaults:
+    state size 128, one group, 4 taps); any other name runs ``model`` as it is."""
+    if name.startswith(MAMBA2_PREFIX):
+        return "schedlang:" + name.removeprefix(MAMBA2_PREFIX), replace(model, mixer="mamba2")
+    return name, model
 
 
 def one_device_model(tiny: bool) -> BenchmarkModel:
@@ -37,6 +48,7 @@ def one_device_model(tiny: bool) -> BenchmarkModel:
 
 def configs_of(name: str, model: BenchmarkModel, length: int, dtype: str) -> RuntimeConfigs:
     """The compiled configs of a system; ``fla`` and the torch peers take the model from the one-chunk schedule."""
+    name, model = system_and_model(name, model)
     return system_configs(TORCH_SYSTEMS[0] if name == FLA_SYSTEM else name, model, length, 1, dtype)
 
 

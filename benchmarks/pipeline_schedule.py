@@ -39,6 +39,7 @@ class BenchmarkModel:
     network, with stage boundaries possible between a mixer and its MLP. ``first_stage_layers`` counts the
     entries of the layer list on stage 0 (None: half); stage 1 also holds the LM head and the loss.
     ``pipeline_stages`` is ``mesh.pipeline``: 2, or 1 for the whole model on one device (benchmarks/one_device.py).
+    ``mixer``: the layer kind of every mixing layer (``gla``; ``mamba2`` for one_device.py's mamba2 systems).
     """
 
     vocab: int
@@ -50,10 +51,11 @@ class BenchmarkModel:
     split_mlp: bool = False
     first_stage_layers: int | None = None
     pipeline_stages: int = 2
+    mixer: str = "gla"
 
     @property
     def layer_list_text(self) -> str:
-        return "[gla, mlp] * " + str(self.layers) if self.split_mlp else "[gla] * " + str(self.layers)
+        return f"[{self.mixer}, mlp] * {self.layers}" if self.split_mlp else f"[{self.mixer}] * {self.layers}"
 
     @property
     def n_layer_entries(self) -> int:

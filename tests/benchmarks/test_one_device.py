@@ -42,11 +42,20 @@ def test_job_outcome(code, output, outcome):
     assert job_outcome(code, output) is outcome
 
 
-@pytest.mark.parametrize("name", ["torch", "torch+ckpt", FLA_SYSTEM, "schedlang:16/full", "schedlang:8/mlp/offload"])
+@pytest.mark.parametrize(
+    "name", ["torch", "torch+ckpt", FLA_SYSTEM, "schedlang:16/full", "schedlang:8/mlp/offload", "mamba2:16/full"]
+)
 def test_every_system_holds_the_whole_model_on_one_stage(name):
     configs = configs_of(name, one_device_model(tiny=False), 65536, "bf16")
     assert configs.pipeline.stage_layers == (tuple(range(16)),)
     assert len(configs.pipeline.chunk_boundaries) - 1 == (int(name.split(":")[1].split("/")[0]) if ":" in name else 1)
+
+
+def test_a_mamba2_system_is_schedlangs_on_the_model_with_mamba2_layers():
+    configs = configs_of("mamba2:16/full", one_device_model(tiny=False), 65536, "bf16")
+    assert configs.model.layers == ("mamba2",) * 16 and (configs.model.heads, configs.model.head_dim) == (16, 128)
+    assert configs.pipeline.recompute == "full"
+    assert configs_of("schedlang:16/full", one_device_model(tiny=False), 65536, "bf16").model.layers == ("gla",) * 16
 
 
 def test_fla_gets_the_widths_of_the_same_model():
@@ -113,7 +122,7 @@ def test_the_whole_path_runs_on_the_cpu_with_the_tiny_model(tmp_path):
     out = tmp_path / "out"
     completed = subprocess.run(
         [sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--out", str(out), "--length", "128",
-         "--warmup", "1", "--steps", "2", "--systems", "torch", FLA_SYSTEM, "schedlang:2/full",
+         "--warmup", "1", "--steps", "2", "--systems", "torch", FLA_SYSTEM, "schedlang:2/full", "mamba2:2",
          "--search-systems", "schedlang:2/full", FLA_SYSTEM, "--search-start", "128", "--search-step", "128",
          "--search-max", "256"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
@@ -121,13 +130,16 @@ def test_the_whole_path_runs_on_the_cpu_with_the_tiny_model(tmp_path):
     assert completed.returncode == 0, completed.stderr[-3000:]
     records = json.loads((out / "records.json").read_text())
     outcomes = {entry["system"]: entry["outcome"] for entry in records["throughput"]}
-    assert outcomes == {"torch": "measured", FLA_SYSTEM: "skipped", "schedlang:2/full": "measured"}
+    assert outcomes == {
+        "torch": "measured", FLA_SYSTEM: "skipped", "schedlang:2/full": "measured", "mamba2:2": "measured"
+    }
     measured = [entry["record"] for entry in records["throughput"] if entry["record"]]
     assert all(record["tokens_per_second"] > 0 and len(record["each_step_seconds"]) == 2 for record in measured)
     assert records["search"]["schedlang:2/full"]["longest"] == 256
     assert records["search"][FLA_SYSTEM] == {"longest": None, "ending": "skipped: fla's kernels need a GPU",
                                              "attempts": []}
-    (prediction,) = records["predictions"]
+    prediction, mamba2_prediction = records["predictions"]
     assert prediction["system"] == "schedlang:2/full" and prediction["fit"]["length"] == 256
+    assert mamba2_prediction["system"] == "mamba2:2" and mamba2_prediction["fit"]["length"] > 0
     summary = (out / "summary.md").read_text()
     assert "| schedlang:2/full | 256 |" in summary and "skipped: fla's kernels need a GPU" in summary
