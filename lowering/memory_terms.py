@@ -33,7 +33,8 @@ backward (its ``W`` task when the backward is split):
   value-wide the calibration separates by varying ``D_k``) plus a ``C x C`` boolean mask per layer and chunk;
   on CUDA (the Triton operator, chunk states not kept) ``(2 W_k + W_v) e`` (its q, k, v) ``+ f H_v (C + 3 + 1
   / C)`` (the ``C x C`` inverse per kernel chunk, the gate cumsum, the gate, the write strength and the chunk
-  decay);
+  decay); mamba2 (``G`` groups of ``N``, ``C_w = W + 2 G N``) :func:`mamba2_bytes_per_token`'s terms, measured
+  on the CPU in fp32 and bf16, grouped and not;
 * an MLP (SwiGLU): its norm, the normed input (``d e``), the fused gate-and-up output (``2 h e``) and the
   activation's output (``h e``);
 * the last stage's head: the final norm, the head's input (``d e``), the log-softmax over the vocabulary in
