@@ -82,7 +82,9 @@ def test_chunks_in_float64_match_the_restatement_with_every_gradient(options):
     parameters = list(mixer.parameters())
     our_grads = torch.autograd.grad(loss, [hidden, *parameters])
 
-    reference_tensors = {name: tensor.detach().clone().requires_grad_(True) for name, tensor in tensors_of(mixer).items()}
+    reference_tensors = {
+        name: tensor.detach().clone().requires_grad_(True) for name, tensor in tensors_of(mixer).items()
+    }
     reference_hidden = hidden.detach().clone().requires_grad_(True)
     expected, expected_conv, expected_ssm = mamba2_layer(
         reference_tensors, "", reference_hidden, fla_shaped_config(options)
