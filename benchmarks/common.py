@@ -61,17 +61,6 @@ def single_rank_environment(port: int) -> None:
         os.environ.setdefault(name, value)
 
 
-def add_stage_model_arguments(parser, layers_help: str = "blocks on the stage") -> None:
-    """The model options of the one-stage benchmarks: --layers, --d-model, --heads, --head-dim, --vocab, --dtype
-    (defaults: half of the 1B-class model of the pipeline benchmark, bf16)."""
-    parser.add_argument("--layers", type=int, default=8, help=layers_help)
-    parser.add_argument("--d-model", type=int, default=2048)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--dtype", default="bf16")
-
-
 def launch_single_stage(configs):
     """A Trainer of ``configs`` (a compiled schedule's MODEL, PIPELINE, TRAIN) on one CUDA rank, the allocator
     released and its peaks reset first, so that the peaks read afterwards are this trainer's."""

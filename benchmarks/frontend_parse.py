@@ -13,25 +13,26 @@ from __future__ import annotations
 
 import argparse
 import platform
+import sys
 import time
+from pathlib import Path
 
-from schedlang.frontend import load_program_text
-from schedlang.lowering.tasks import TaskId
+if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.pipeline_schedule import scale_text  # noqa: E402
+from schedlang.frontend import load_program_text  # noqa: E402
+from schedlang.vocabulary.actions import TaskId  # noqa: E402
 
 SIZES = [(2, 4, 2), (8, 16, 8), (32, 32, 16), (64, 64, 32)]
 
 
 def schedule_text(n_stages: int, n_microbatches: int, n_chunks: int) -> str:
+    """benchmarks/schedules/gla_tiny_64_stages.sched at this size, every stage running all forwards, then all
+    backwards, written out task by task."""
     order = [f"F{m}.{c}" for m in range(n_microbatches) for c in range(n_chunks)]
     order += [f"B{m}.{c}" for m in range(n_microbatches) for c in reversed(range(n_chunks))]
-    stage_lines = "\n".join(f"  stage {stage}: " + " ".join(order) for stage in range(n_stages))
-    return (
-        "schedule bench\n"
-        f"model {{ vocab = 256 d_model = 128 layers = [gla] * {n_stages} heads = 2 head_dim = 64 }}\n"
-        f"mesh {{ pipeline = {n_stages} }}\n"
-        f"sequence {{ length = {n_chunks * 64} chunks = {n_chunks} }}\n"
-        f"pipeline {{ microbatches = {n_microbatches} order = explicit\n{stage_lines}\n}}\n"
-    )
+    return scale_text(n_stages, n_microbatches, n_chunks, [" ".join(order)] * n_stages)
 
 
 def peer(text: str) -> int:

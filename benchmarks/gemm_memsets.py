@@ -2,8 +2,8 @@
 
 With a cuBLAS workspace nearly every GEMM kernel of a replayed chunk graph comes after a small memset, a graph
 node of its own with a longer launch gap ahead of the next kernel ([Note: GEMMs without a workspace in CUDA
-graphs]; the measurements are in docs/benchmarks.md). This script replays the linear layers of one chunk of a
-GLA block with its SwiGLU MLP (forward GEMMs, input-gradient GEMMs, and weight gradients added into ``.grad``
+graphs]; the measurements are in docs/benchmarks.md, "Measurements behind the runtime"). This script replays
+the linear layers of one chunk of a GLA block with its SwiGLU MLP (forward GEMMs, input-gradient GEMMs, and weight gradients added into ``.grad``
 with ``addmm_``, as the runtime's CUDA-graph stages do), at the benchmark model's sizes, once per setting, each
 in a fresh process because cuBLAS reads its environment once:
 

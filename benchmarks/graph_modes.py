@@ -1,8 +1,9 @@
 """One pipeline stage on one GPU: eager chunks vs per-chunk graph slots vs step graphs (issue 18).
 
-Each system is the same schedule with a different ``pipeline.cuda_graphs`` (``false``, ``true``, ``step``),
-compiled as ``schedlang compile`` compiles it, on ``mesh { pipeline = 1 }``: the stage is first and last, so
-no point-to-point messages, only its chunks' graphs and memory. Per system, in one process and one after the
+Each system is the schedule file ``--schedule`` (benchmarks/schedules/gla_8_blocks_one_stage.sched, on
+``mesh { pipeline = 1 }``: the stage is first and last, so no point-to-point messages, only its chunks' graphs
+and memory) revised to ``--length``, ``--microbatches``, ``--steps``, the chunk count and its
+``pipeline.cuda_graphs`` (``false``, ``true``, ``step``), compiled as ``schedlang compile`` compiles it. Per system, in one process and one after the
 other: the median step time over the last ``--timed`` of ``--steps`` steps (optimizer step included), the
 reserved and allocated peaks (``torch.cuda.max_memory_reserved`` sees graph pools whole), and each step's
 loss, which must agree across systems (same seed, same data).
@@ -26,27 +27,26 @@ import torch
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import add_stage_model_arguments, launch_single_stage, release, single_rank_environment  # noqa: E402
-from benchmarks.pipeline_schedule import compile_schedule_text  # noqa: E402
+from benchmarks.common import launch_single_stage, release, single_rank_environment  # noqa: E402
+from benchmarks.pipeline_schedule import SCHEDULES_DIRECTORY, runtime_configs  # noqa: E402
 
-SCHEDULE = """schedule graph_modes
-model {{ vocab = {vocab}  d_model = {d_model}  layers = [gla] * {layers}  heads = {heads}  head_dim = {head_dim}
-  mlp = swiglu(ratio = 2.6666666666666665) }}
-mesh {{ pipeline = 1 }}
-sequence {{ length = {length}  chunks = {chunks} }}
-pipeline {{ microbatches = {microbatches}  order = 1f1b  cuda_graphs = {graphs} }}
-train {{ steps = {steps}  dtype = {dtype}  optimizer = adamw(lr = 1e-4)  data = synthetic(seed = 1) }}
-"""
+STAGE_SCHEDULE = SCHEDULES_DIRECTORY / "gla_8_blocks_one_stage.sched"
+
+
+def system_program(args: argparse.Namespace, chunks: int, graphs: str):
+    """The checked program of one system: the file revised on its keys."""
+    from schedlang.compiler import revise
+    from schedlang.frontend import load_program
+
+    return revise(
+        load_program(args.schedule), length=args.length, chunks=chunks, microbatches=args.microbatches,
+        cuda_graphs=graphs, steps=args.steps,
+    )
 
 
 def measure(args: argparse.Namespace, chunks: int, graphs: str) -> dict:
-    text = SCHEDULE.format(
-        vocab=args.vocab, d_model=args.d_model, layers=args.layers, heads=args.heads, head_dim=args.head_dim,
-        length=args.length, chunks=chunks, microbatches=args.microbatches, graphs=graphs, steps=args.steps,
-        dtype=args.dtype,
-    )
     device = torch.device("cuda")
-    trainer = launch_single_stage(compile_schedule_text(text))
+    trainer = launch_single_stage(runtime_configs(system_program(args, chunks, graphs)))
     losses, seconds = [], []
     for step in range(args.steps):
         torch.cuda.synchronize(device)
@@ -77,15 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", type=int, nargs="+", default=[8, 16])
     parser.add_argument("--systems", nargs="+", default=["false", "true", "step"], choices=["false", "true", "step"])
     parser.add_argument("--microbatches", type=int, default=4)
-    add_stage_model_arguments(parser, "GLA blocks on the stage (half the 1B model)")
+    parser.add_argument("--schedule", default=str(STAGE_SCHEDULE), help="the schedule file every system revises")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--timed", type=int, default=3, help="the last steps whose median is reported")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("this benchmark measures CUDA graphs: it needs a GPU")
     single_rank_environment(29533)
-    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}, {args.layers} GLA blocks d={args.d_model}, "
-          f"{args.microbatches} x {args.length} tokens, {args.dtype}")
+    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}, {args.schedule}, "
+          f"{args.microbatches} x {args.length} tokens")
     for chunks in args.chunks:
         records = [measure(args, chunks, graphs) for graphs in args.systems]
         eager = next((record for record in records if record["cuda_graphs"] == "false"), records[0])

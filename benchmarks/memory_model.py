@@ -1,6 +1,8 @@
 """The memory model's predicted peaks against the measured ones, one pipeline stage on one GPU (issue 18).
 
-Each case is a schedule on ``mesh { pipeline = 1 }`` (the stage is first and last): the model's prediction
+Each case is the schedule file ``--schedule`` (benchmarks/schedules/gla_8_blocks_one_stage.sched, on
+``mesh { pipeline = 1 }``: the stage is first and last) revised on the case's keys (:data:`CASES`) and to
+``--length``, ``--microbatches`` and ``--steps``: the model's prediction
 (:func:`schedlang.lowering.memory_peak.predict_memory`, what ``schedlang simulate`` prints) is set beside the
 measured ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` over ``--steps`` training steps
 (optimizer steps included, so Adam's state is live), the run compiled exactly as ``schedlang compile``
@@ -24,59 +26,48 @@ import torch
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import add_stage_model_arguments, launch_single_stage, release, single_rank_environment  # noqa: E402
-from benchmarks.pipeline_schedule import compile_schedule_text  # noqa: E402
-from schedlang.compiler import Pass, ScheduleText, compile_schedule  # noqa: E402
+from benchmarks.common import launch_single_stage, release, single_rank_environment  # noqa: E402
+from benchmarks.pipeline_schedule import SCHEDULES_DIRECTORY, runtime_configs  # noqa: E402
+from schedlang.compiler import revise  # noqa: E402
+from schedlang.frontend import load_program  # noqa: E402
 from schedlang.lowering.memory_peak import predict_memory  # noqa: E402
 
 GIB = 2**30
-
-SCHEDULE = """schedule memory_model
-model {{ vocab = {vocab}  d_model = {d_model}  layers = {layers}  heads = {heads}  head_dim = {head_dim}
-  mlp = swiglu(ratio = 2.6666666666666665) {extra_keys} }}
-mesh {{ pipeline = 1 }}
-sequence {{ length = {length}  chunks = {chunks} }}
-pipeline {{ microbatches = {microbatches}  order = 1f1b  cuda_graphs = {graphs}  recompute = {recompute} }}
-train {{ steps = {steps}  dtype = {dtype}  optimizer = adamw(lr = 1e-4)  data = synthetic(seed = 1) }}
-"""
+STAGE_SCHEDULE = SCHEDULES_DIRECTORY / "gla_8_blocks_one_stage.sched"
 
 CASES = {
-    # name: (layer list, chunks, recompute, cuda_graphs)
-    "gla-c4": ("[gla] * {n}", 4, "none", "false"),
-    "gla-c8": ("[gla] * {n}", 8, "none", "false"),
-    "gla-c16": ("[gla] * {n}", 16, "none", "false"),
-    "gla-c8-mlp": ("[gla] * {n}", 8, "mlp", "false"),
-    "gla-c8-full": ("[gla] * {n}", 8, "full", "false"),
-    "gla-c8-step": ("[gla] * {n}", 8, "none", "step"),
-    "gdn-c8": ("[gdn] * {n}", 8, "none", "false"),
-    "hybrid-c8": ("[gla, gla, gla, attn] * {q}", 8, "none", "false"),
-    "hybrid-c8-gqa": ("[gla, gla, gla, attn] * {q}", 8, "none", "false"),
-    "gdn-c8-fla": ("[gdn] * {n}", 8, "none", "false"),
-}
-MODEL_KEYS = {
-    # name: the attn layers' own heads (twice the model's query heads, each key/value head shared by two)
-    "hybrid-c8-gqa": "attn_heads = {wide}  attn_kv_heads = {heads}  qkv_bias = true",
-    # flash-linear-attention's Gated DeltaNet: grouped value heads (two per q/k head), short convolutions, Mamba-2 gates
-    "gdn-c8-fla": "value_heads = {wide}  short_conv_size = 4  delta_gates = mamba",
+    # name: the keys the case changes; {n} is the file's layer count, {q} a quarter of it, {heads} its heads
+    "gla-c4": {"chunks": "4"},
+    "gla-c8": {},
+    "gla-c16": {"chunks": "16"},
+    "gla-c8-mlp": {"recompute": "mlp"},
+    "gla-c8-full": {"recompute": "full"},
+    "gla-c8-step": {"cuda_graphs": "step"},
+    "gdn-c8": {"layers": "[gdn] * {n}"},
+    "hybrid-c8": {"layers": "[gla, gla, gla, attn] * {q}"},
+    # the attn layers' own heads: twice the model's query heads, each key/value head shared by two
+    "hybrid-c8-gqa": {"layers": "[gla, gla, gla, attn] * {q}", "attn_heads": "{wide}", "attn_kv_heads": "{heads}",
+                      "qkv_bias": "true"},
+    # flash-linear-attention's Gated DeltaNet: grouped value heads (two per q/k head), short convolutions, Mamba-2
+    # gates
+    "gdn-c8-fla": {"layers": "[gdn] * {n}", "value_heads": "{wide}", "short_conv_size": "4", "delta_gates": "mamba"},
 }
 
 
-def schedule_text(args: argparse.Namespace, case: str) -> str:
-    layers, chunks, recompute, graphs = CASES[case]
-    return SCHEDULE.format(
-        vocab=args.vocab, d_model=args.d_model, layers=layers.format(n=args.layers, q=max(1, args.layers // 4)),
-        heads=args.heads, head_dim=args.head_dim, length=args.length, chunks=chunks,
-        microbatches=args.microbatches, graphs=graphs, recompute=recompute, steps=args.steps, dtype=args.dtype,
-        extra_keys=MODEL_KEYS.get(case, "").format(wide=2 * args.heads, heads=args.heads),
-    )
+def case_program(args: argparse.Namespace, case: str):
+    """The checked program of ``case``: the file revised on the case's keys and the command line's."""
+    base = load_program(args.schedule)
+    n, heads = len(base.model.layers), base.model.heads
+    sizes = {"n": n, "q": max(1, n // 4), "heads": heads, "wide": 2 * heads}
+    changes = {key: value.format(**sizes) for key, value in CASES[case].items()}
+    return revise(base, length=args.length, microbatches=args.microbatches, steps=args.steps, **changes)
 
 
 def measure(args: argparse.Namespace, case: str) -> dict:
-    text = schedule_text(args, case)
-    program = compile_schedule(ScheduleText(text), through=Pass.CHECK).program
+    program = case_program(args, case)
     (predicted,) = predict_memory(program)
     device = torch.device("cuda")
-    trainer = launch_single_stage(compile_schedule_text(text))
+    trainer = launch_single_stage(runtime_configs(program))
     losses = []
     for step in range(args.steps):
         losses.append(float(trainer.forward_backward(step)))
@@ -102,15 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--length", type=int, default=16384)
     parser.add_argument("--microbatches", type=int, default=4)
-    add_stage_model_arguments(parser)
+    parser.add_argument("--schedule", default=str(STAGE_SCHEDULE), help="the schedule file every case revises")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the records to this file")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("this benchmark measures CUDA memory: it needs a GPU")
     single_rank_environment(29534)
-    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}, {args.layers} blocks d={args.d_model}, "
-          f"{args.microbatches} x {args.length} tokens, {args.dtype}")
+    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}, {args.schedule}, "
+          f"{args.microbatches} x {args.length} tokens")
     records = []
     for case in args.cases:
         record = measure(args, case)

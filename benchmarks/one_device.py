@@ -1,7 +1,8 @@
 """The longest sequence ONE GPU trains: schedlang's Trainer against torch and flash-linear-attention.
 
-The model is the pipeline benchmark's 1B-class GLA model (benchmarks/pipeline_schedule.py, ``FULL_MODEL``) on
-``mesh { pipeline = 1 }``, one sequence per step, bf16 (fp32 on the CPU). The systems:
+The model is the pipeline benchmark's 1B-class GLA model on ``mesh { pipeline = 1 }``, one sequence per step,
+bf16 (fp32 on the CPU): the schedule file ``--schedule`` (benchmarks/schedules/gla_1b_one_device.sched), whose
+``model`` every system trains. The systems:
 
 - ``torch``: the runtime's own modules (``build_stage_model`` for the whole stack), the full sequence in one
   forward, backward and AdamW step, the loss in float32 over the whole sequence's logits (the pipeline
@@ -9,12 +10,15 @@ The model is the pipeline benchmark's 1B-class GLA model (benchmarks/pipeline_sc
 - ``torch+ckpt``: the same with torch's activation checkpointing on every block (non-reentrant
   ``checkpoint_wrapper``, as the pipeline benchmark's peer applies it);
 - ``fla``: flash-linear-attention's ``GLAForCausalLM`` with the widths of the same model
-  (:func:`fla_config_keys` says what differs), ``fuse_cross_entropy`` on, its default kernels; only where
-  ``import fla`` works and on a GPU, otherwise reported as skipped;
-- ``schedlang:N[/recompute][/offload]``: schedlang's Trainer on a one-device mesh, N chunks per sequence, the
-  name read by ``benchmarks.pipeline_schedule.variant_keys`` (``schedlang:16/full``, ``schedlang:16/mlp/offload``);
-- ``mamba2:N[/recompute][/offload]``: the same Trainer on the same model with ``mamba2`` mixing layers (its heads
-  and head width, state size 128), for the longest mamba2 sequence beside GLA's (``--search-systems mamba2:16/full``).
+  (``schedlang.runtime.hf_format.fla_peer_config`` says what differs), ``fuse_cross_entropy`` on, its default
+  kernels; only where ``import fla`` works and on a GPU, otherwise reported as skipped;
+- ``schedlang:<key>=<value>/...``: schedlang's Trainer on a one-device mesh, the file revised on those keys
+  (benchmarks/pipeline_schedule.py: ``schedlang:chunks=16/recompute=full``,
+  ``schedlang:chunks=16/recompute=mlp/offload=true``); each system's schedule is written under ``--out``.
+
+``--schedule benchmarks/schedules/mamba2_1b_one_device.sched`` runs the same systems on the same model with
+``mamba2`` mixing layers (state size 128), for the longest mamba2 sequence beside GLA's (``fla`` is GLA's peer
+and so left out there).
 
 Three phases. Throughput: each of ``--systems`` at ``--length`` in its own process, ``--warmup`` steps then
 the median of ``--steps`` timed steps, and the job's peak allocated and reserved memory (the whole job: build,
@@ -35,8 +39,11 @@ One H200 (about 8 minutes, the defaults):
     python benchmarks/one_device.py --out results/one-device
 A tiny CPU run of the whole path:
     python benchmarks/one_device.py --device cpu --tiny --out /tmp/one-device --length 256 \\
-        --systems torch schedlang:2/full --search-systems schedlang:2/full --search-start 128 --search-step 128 \\
-        --search-max 512
+        --systems torch schedlang:chunks=2/recompute=full --search-systems schedlang:chunks=2/recompute=full \\
+        --search-start 128 --search-step 128 --search-max 512
+The mamba2 model:
+    python benchmarks/one_device.py --schedule benchmarks/schedules/mamba2_1b_one_device.sched \\
+        --systems torch schedlang:chunks=16 --search-systems schedlang:chunks=16/recompute=full --out results/mamba2
 """
 
 from __future__ import annotations
@@ -71,17 +78,18 @@ from benchmarks.common import (  # noqa: E402
 )
 from benchmarks.one_device_systems import (  # noqa: E402
     FLA_SYSTEM,
-    MAMBA2_PREFIX,
     build_system,
     configs_of,
-    one_device_model,
-    system_and_model,
 )
 from benchmarks.pipeline_schedule import (  # noqa: E402
-    BenchmarkModel,
+    ONE_DEVICE_SCHEDULE,
+    BenchmarkSchedule,
+    base_program,
+    is_schedlang_system,
     predicted_reserved_bytes,
-    schedule_text,
-    variant_keys,
+    system_file_name,
+    system_program,
+    variant_program,
 )
 from benchmarks.training_systems import (  # noqa: E402
     error_lines,
@@ -91,8 +99,8 @@ from benchmarks.training_systems import (  # noqa: E402
     train_dtype,
 )
 
-DEFAULT_SYSTEMS = ["torch", "torch+ckpt", "schedlang:16", "schedlang:16/full", FLA_SYSTEM]
-DEFAULT_SEARCH_SYSTEMS = ["schedlang:16/full", "torch+ckpt", FLA_SYSTEM]
+DEFAULT_SYSTEMS = ["torch", "torch+ckpt", "schedlang:chunks=16", "schedlang:chunks=16/recompute=full", FLA_SYSTEM]
+DEFAULT_SEARCH_SYSTEMS = ["schedlang:chunks=16/recompute=full", "torch+ckpt", FLA_SYSTEM]
 """fla last in both phases: its first call autotunes its kernels (minutes on a fresh machine), so a system
 after it would get less of the time; in the search it inherits what the others left of ``--budget``."""
 
@@ -125,14 +133,16 @@ def job_outcome(code: int, output: str) -> Outcome:
     return Outcome.FAILED
 
 
-def measure(name: str, model: BenchmarkModel, length: int, warmup: int, steps: int, device: torch.device) -> dict:
+def measure(
+    name: str, schedule: BenchmarkSchedule, length: int, warmup: int, steps: int, device: torch.device
+) -> dict:
     """One system's record: the median of ``steps`` timed steps after ``warmup``, the job's peaks."""
     release(device)
     reset_peak(device)
     started = time.perf_counter()
-    system = build_system(name, model, length, device)
-    variant = system_and_model(name, model)[0]
-    if variant.startswith("schedlang:") and variant_keys(variant).cuda_graphs is CudaGraphs.STEP:
+    system = build_system(name, schedule, length, device)
+    graphs = variant_program(schedule, name).pipeline.cuda_graphs if is_schedlang_system(name) else None
+    if graphs is CudaGraphs.STEP:
         warmup = max(warmup, 2)  # [Note: step graphs]: the first step runs eagerly, the second captures
     for _ in range(warmup):
         system.step()
@@ -166,7 +176,7 @@ def worker(args: argparse.Namespace) -> int:
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    record = measure(args.system, one_device_model(args.tiny), args.length, args.warmup, args.steps, device)
+    record = measure(args.system, benchmark_schedule(args), args.length, args.warmup, args.steps, device)
     print(json.dumps([record]), flush=True)
     if args.result:
         Path(args.result).write_text(json.dumps([record], indent=1), encoding="utf-8")
@@ -198,6 +208,7 @@ def run_attempt(args, name: str, length: int, warmup: int, steps: int, timeout: 
     command = [
         sys.executable, str(Path(__file__).resolve()), "--worker", "--system", name, "--device", args.device,
         "--length", str(length), "--warmup", str(warmup), "--steps", str(steps), "--result", str(result),
+        "--schedule", str(args.schedule),
     ] + (["--tiny"] if args.tiny else [])
     # Triton's autotuning results on disk: fla's kernels tune at their first call (minutes), and every length
     # of the search is a fresh process that would tune them again; schedlang's kernels do not autotune
@@ -273,12 +284,17 @@ def search_attempt(args, name: str, length: int, search_end: float) -> Attempt:
     return attempt
 
 
-def fit_prediction_command(args, name: str, model: BenchmarkModel, device_memory: int) -> list[str]:
-    """``schedlang simulate --fit --json`` on the system's schedule (written under ``--out``)."""
-    variant, model = system_and_model(name, model)
-    text = schedule_text(model, variant_keys(variant), args.search_start, 1, train_dtype(args.device))
-    path = Path(args.out) / (name.replace(":", "-").replace("/", "-") + ".sched")
-    path.write_text(text, encoding="utf-8")
+def system_file(args, name: str) -> Path:
+    """Where the driver writes system ``name``'s schedule under ``--out``."""
+    return Path(args.out) / system_file_name(name)
+
+
+def fit_prediction_command(args, name: str, device_memory: int) -> list[str]:
+    """``schedlang simulate --fit --json`` on the system's schedule (written under ``--out``) at
+    ``--search-start``."""
+    program = system_program(benchmark_schedule(args), name, args.search_start, 1, train_dtype(args.device))
+    path = system_file(args, name).with_suffix(".fit.sched")
+    path.write_text(program.source_text, encoding="utf-8")
     return [
         sys.executable, "-m", "schedlang", "simulate", str(path), "--fit", "--json",
         "--device-memory", f"{device_memory}B", "--step", str(args.search_step), "--max-length", str(args.search_max),
@@ -356,11 +372,12 @@ def prediction_lines(rows: list[dict]) -> list[str]:
 def driver(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model, dtype = one_device_model(args.tiny), train_dtype(args.device)
+    schedule, dtype = benchmark_schedule(args), train_dtype(args.device)
     for name in args.systems:  # the checker refuses a bad system (chunks that do not cut a length) first
-        configs_of(name, model, args.length, dtype)
+        configs_of(name, schedule, args.length, dtype)
+        system_file(args, name).write_text(system_program(schedule, name, args.length, 1, dtype).source_text)
     for name in args.search_systems:
-        configs_of(name, model, args.search_start, dtype)
+        configs_of(name, schedule, args.search_start, dtype)
     backend = kernel_preflight(args.device, Path(__file__).resolve())
     os.environ["SCHEDLANG_KERNEL_BACKEND"] = backend
     fla_skip = fla_skip_reason(args.device) if FLA_SYSTEM in args.systems + args.search_systems else None
@@ -371,16 +388,18 @@ def driver(args: argparse.Namespace) -> int:
         attempt = run_attempt(args, name, args.length, args.warmup, args.steps, args.throughput_timeout, skips.get(name))
         throughput.append(attempt)
         print(f"  {name} at {args.length}: {attempt.outcome.value} {attempt.detail[-300:]}", flush=True)
-    lines = [f"one device ({args.device}), kernel backend {backend}, {model.layers} GLA blocks d={model.d_model}, "
-             f"one sequence per step, {dtype}", "", "Throughput at --length", ""] + throughput_lines(throughput)
+    model = base_program(schedule).model
+    lines = [f"one device ({args.device}), kernel backend {backend}, {len(model.layers)} GLA blocks "
+             f"d={model.d_model}, one sequence per step, {dtype}", "", "Throughput at --length", ""]
+    lines += throughput_lines(throughput)
     print("\n".join(lines), flush=True)
 
     measured_memory = [a.record["device_memory_bytes"] for a in throughput if a.record and a.record["device_memory_bytes"]]
     device_memory = args.device_memory or (measured_memory[0] if measured_memory else DEFAULT_DEVICE_MEMORY_BYTES)
-    requested = dict.fromkeys(args.systems + args.search_systems)
-    schedlang_systems = [name for name in requested if name.startswith(("schedlang:", MAMBA2_PREFIX))]
+    every_system = dict.fromkeys(args.systems + args.search_systems)
+    schedlang_systems = [name for name in every_system if is_schedlang_system(name)]
     fits = {  # CPU-only work, run beside the search
-        name: subprocess.Popen(fit_prediction_command(args, name, model, device_memory), stdout=subprocess.PIPE,
+        name: subprocess.Popen(fit_prediction_command(args, name, device_memory), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
         for name in schedlang_systems
     }
@@ -411,7 +430,9 @@ def driver(args: argparse.Namespace) -> int:
             "fit_error": "" if stdout.strip() else stderr.strip()[-600:],
             "measured_length": best.length if best else None,
             "measured_reserved_bytes": best.record["peak_reserved_bytes"] if best else 0,
-            "predicted_reserved_bytes": max(predicted_reserved_bytes(name, model, best.length, 1, dtype)) if best else 0,
+            "predicted_reserved_bytes": (
+                max(predicted_reserved_bytes(system_program(schedule, name, best.length, 1, dtype))) if best else 0
+            ),
         })
     lines += ["", f"schedlang simulate --fit on {gib(device_memory)} GiB against the search", ""]
     lines += prediction_lines(rows)
@@ -431,6 +452,11 @@ def driver(args: argparse.Namespace) -> int:
     return 0
 
 
+def benchmark_schedule(args: argparse.Namespace) -> BenchmarkSchedule:
+    """The schedule the options ask for: --schedule, --tiny."""
+    return BenchmarkSchedule(Path(args.schedule), tiny=args.tiny)
+
+
 DEFAULT_DEVICE_MEMORY_BYTES = 140 * 2**30
 """The device memory ``simulate --fit`` is given when no job reported one (a CPU run) and none was asked for:
 an H200's, as ``schedlang simulate`` assumes."""
@@ -447,8 +473,9 @@ def main() -> int:
     parser.add_argument("--length", type=int, default=65536, help="the throughput phase's sequence length")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3, help="timed steps of the throughput phase (median)")
+    parser.add_argument("--schedule", default=str(ONE_DEVICE_SCHEDULE), help="the schedule file every system revises")
     parser.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS,
-                        help="torch, torch+ckpt, fla, schedlang:N[g|s][/recompute][/offload] (as pipeline.py)")
+                        help="torch, torch+ckpt, fla, schedlang or schedlang:<key>=<value>/... (as pipeline.py)")
     parser.add_argument("--search-systems", nargs="*", default=DEFAULT_SEARCH_SYSTEMS)
     parser.add_argument("--search-start", type=int, default=65536, help="the length search's first length")
     parser.add_argument("--search-step", type=int, default=65536, help="the length search's granularity")

@@ -13,26 +13,27 @@ attempt. Each schedlang system's measured reserved peak is printed beside the me
 (``schedlang simulate``), in the throughput job and at each length of the search.
 
 Issue 18's acceptance job (2 GPUs; ``torch+ckpt`` is Schedule1F1B with torch's activation checkpointing):
-    python benchmarks/pipeline.py --out results/ --chunks 8s 16/mlp 16/full --peers torch torch+ckpt \
-        --search-systems torch torch+ckpt schedlang:16/full schedlang:32/full/offload
+    python benchmarks/pipeline.py --out results/ --systems schedlang:chunks=8/cuda_graphs=step \
+        schedlang:chunks=16/recompute=mlp schedlang:chunks=16/recompute=full torch torch+ckpt \
+        --search-systems torch torch+ckpt schedlang:chunks=16/recompute=full \
+        schedlang:chunks=32/recompute=mixer/offload=true
 
-Each schedlang system is a schedule file (benchmarks/pipeline_schedule.py fills one template with the model and
-the system's keys) compiled as ``schedlang compile`` compiles it; the benchmark runs the generated script's
-configs under its own timing loop. The torch peer takes its model and stage split from the same text.
+Each system is the schedule file ``--schedule`` (benchmarks/schedules/gla_1b_pp2.sched) revised on named keys
+(benchmarks/pipeline_schedule.py: ``schedlang:chunks=16/recompute=full`` is the file with ``chunks = 16`` and
+``recompute = full``; ``schedlang`` the file as it is), compiled as ``schedlang compile`` compiles it; the
+benchmark runs the generated script's configs under its own timing loop, and writes each system's schedule
+under ``--out`` (``schedlang run`` re-runs it). The torch peers take their model and stage split from the same
+file. --first-stage-layers writes model { stages = ... }, --split-mlp model { layers = [gla, mlp] * 16 },
+--length and --microbatches their keys; --cublas-workspace auto, the default, gives a job whose schedlang
+systems all replay graphs, torch's too, no cuBLAS workspace, as schedlang's runtime gives its graph stages:
+see job_environment.
 
 Driver (plain python, launches torchrun jobs):
-    python benchmarks/pipeline.py --out results/ [--device cuda] [--length 32768] [--chunks 1 4 8 16 8g]
-        [--first-stage-layers 9] [--split-mlp]
-    (a system name gives the schedule's keys, benchmarks.pipeline_schedule.variant_keys: a chunk count N is
-    sequence { chunks = N }; a g after it, pipeline { cuda_graphs = true }, an s, cuda_graphs = step; +E, as in 8g+2, extra_warmup = E;
-    a final w, as in 8g+2w, split_backward = true, then f for forward_before_weight = true and dD for
-    extra_deferred_weights = D, as in 2g+1wfd2; /mlp, /mixer or /full after it, recompute (one mode per stage:
-    /full,none), and /offload, offload = true, as in 16/full or 32/mixer/offload; --first-stage-layers is model { stages = ... }, --split-mlp
-    writes model { layers = [gla, mlp] * 16 }; --cublas-workspace auto, the default, gives a job whose
-    schedlang systems all replay graphs, torch's too, no cuBLAS workspace, as schedlang's runtime gives its
-    graph stages: see job_environment)
+    python benchmarks/pipeline.py --out results/ [--device cuda] [--length 32768]
+        [--systems schedlang:chunks=8 schedlang:chunks=8/cuda_graphs=true torch] [--first-stage-layers 9]
+        [--split-mlp]
 Worker (what the driver launches):
-    torchrun --nproc-per-node 2 benchmarks/pipeline.py --worker --systems torch schedlang:16 --length 32768
+    torchrun --nproc-per-node 2 benchmarks/pipeline.py --worker --systems torch schedlang:chunks=16 --length 32768
 A tiny CPU run of the whole path: python benchmarks/pipeline.py --device cpu --tiny --out /tmp/bench
 """
 
@@ -43,7 +44,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -66,16 +66,17 @@ from benchmarks.common import (  # noqa: E402
     synchronize,
 )
 from benchmarks.pipeline_schedule import (  # noqa: E402
-    FULL_MODEL,
-    TINY_MODEL,
+    PIPELINE_SCHEDULE,
     TORCH_CHECKPOINTED_SYSTEM,
     TORCH_SYSTEM,
     TORCH_SYSTEMS,
-    BenchmarkModel,
+    BenchmarkSchedule,
     RuntimeConfigs,
     predicted_reserved_bytes,
     system_configs,
-    variant_keys,
+    system_file_name,
+    system_program,
+    variant_program,
 )
 from benchmarks.training_systems import (  # noqa: E402
     FullSequenceStage,
@@ -138,8 +139,8 @@ class TorchSystem:
         self.schedule = None
 
 
-def build_system(name: str, mesh, model: BenchmarkModel, length: int, microbatches: int):
-    configs = system_configs(name, model, length, microbatches, train_dtype(mesh.device.type))
+def build_system(name: str, mesh, schedule: BenchmarkSchedule, length: int, microbatches: int):
+    configs = system_configs(schedule, name, length, microbatches, train_dtype(mesh.device.type))
     if name in TORCH_SYSTEMS:
         return TorchSystem(mesh, configs, microbatches, checkpointed=name == TORCH_CHECKPOINTED_SYSTEM)
     from schedlang.runtime.trainer import Trainer
@@ -147,7 +148,9 @@ def build_system(name: str, mesh, model: BenchmarkModel, length: int, microbatch
     return SchedlangSystem(Trainer(configs.model, configs.pipeline, configs.train, mesh, timeout_s=600.0))
 
 
-def job_environment(systems: list[str], device: str, cublas_workspace: str) -> tuple[dict[str, str], str]:
+def job_environment(
+    systems: list[str], device: str, cublas_workspace: str, schedule: BenchmarkSchedule
+) -> tuple[dict[str, str], str]:
     """The environment of a torchrun job over ``systems``, and its cuBLAS workspace setting in words.
 
     [Note: GEMMs without a workspace in CUDA graphs] (schedlang.runtime.cublas): replayed graphs gain from no
@@ -160,22 +163,24 @@ def job_environment(systems: list[str], device: str, cublas_workspace: str) -> t
         return environment, "(CPU)"
     from schedlang.runtime.cublas import WORKSPACE_FREE_SETTINGS, use_workspace_free_gemms
 
-    graphs_only = all(variant_keys(name).cuda_graphs for name in systems if name not in TORCH_SYSTEMS)
+    graphs_only = all(
+        variant_program(schedule, name).pipeline.cuda_graphs for name in systems if name not in TORCH_SYSTEMS
+    )
     if cublas_workspace == "none" or (cublas_workspace == "auto" and graphs_only):
         use_workspace_free_gemms(environment)
     return environment, ", ".join(f"{name}={environment.get(name, '(unset)')}" for name in WORKSPACE_FREE_SETTINGS)
 
 
 def measure(
-    name: str, mesh, model: BenchmarkModel, length: int, microbatches: int, warmup: int, steps: int,
+    name: str, mesh, schedule: BenchmarkSchedule, length: int, microbatches: int, warmup: int, steps: int,
     trace_dir: str | None = None,
 ) -> dict:
     device = mesh.device
     release(device)
     reset_peak(device)
     started_build = time.perf_counter()
-    system = build_system(name, mesh, model, length, microbatches)
-    if name not in TORCH_SYSTEMS and variant_keys(name).cuda_graphs is CudaGraphs.STEP:
+    system = build_system(name, mesh, schedule, length, microbatches)
+    if name not in TORCH_SYSTEMS and variant_program(schedule, name).pipeline.cuda_graphs is CudaGraphs.STEP:
         warmup = max(warmup, 2)  # [Note: step graphs]: the first step runs eagerly, the second captures
     for _ in range(warmup):
         system.step()
@@ -205,7 +210,8 @@ def measure(
         "peak_minus_model_state_bytes": peak_memory(device) - system.model_state_bytes() if device.type == "cuda" else 0,
         "setup_seconds": started - started_build,
     }
-    trace = Path(trace_dir) / f"trace-{name.replace(':', '-')}-stage{mesh.stage}.json" if trace_dir else None
+    trace_name = f"trace-{system_file_name(name).removesuffix('.sched')}-stage{mesh.stage}.json"
+    trace = Path(trace_dir) / trace_name if trace_dir else None
     record["kernel_seconds"], record["communication_kernel_seconds"], record["kernels"] = kernel_seconds_of_step(
         system.step, device, trace
     )
@@ -223,11 +229,11 @@ def worker(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     mesh = init_mesh(2, 1, 1, args.device, timeout_s=600.0)
-    model = benchmark_model(args)
+    schedule = benchmark_schedule(args)
     records = []
     for name in args.systems:
         record = measure(
-            name, mesh, model, args.length, args.microbatches, args.warmup, args.steps, args.trace_dir
+            name, mesh, schedule, args.length, args.microbatches, args.warmup, args.steps, args.trace_dir
         )
         gathered = [None, None]
         dist.all_gather_object(gathered, record)
@@ -245,11 +251,12 @@ def launch_worker(args, systems, length, warmup, steps, result: Path, timeout: f
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
         str(Path(__file__).resolve()), "--worker", "--device", args.device, "--length", str(length),
         "--microbatches", str(args.microbatches), "--warmup", str(warmup), "--steps", str(steps),
-        "--result", str(result), "--systems", *systems,
+        "--result", str(result), "--schedule", str(args.schedule), "--systems", *systems,
     ] + (["--tiny"] if args.tiny else []) + (
         ["--first-stage-layers", str(args.first_stage_layers)] if args.first_stage_layers is not None else []
     ) + (["--trace-dir", args.trace_dir] if args.trace_dir else []) + (["--split-mlp"] if args.split_mlp else [])
-    environment, _ = job_environment(systems, args.device, args.cublas_workspace)
+    schedule = benchmark_schedule(args)
+    environment, _ = job_environment(systems, args.device, args.cublas_workspace, schedule)
     code, records, output = run_job(command, environment, timeout, result)
     if code != 0:
         print(f"  [{' '.join(systems)} at {length}: exit {code}] {error_lines(output)}", flush=True)
@@ -261,12 +268,13 @@ def activation_ratio(mine: list[dict], peer: list[dict], key: str) -> float:
     return max(record[key] for record in mine) / max(max(record[key] for record in peer), 1)
 
 
-def summary_lines(header: str, systems: list[str], records: list[dict]) -> list[str]:
+def summary_lines(header: str, systems: list[str], records: list[dict], graph_systems: set[str]) -> list[str]:
     """The throughput job's table (one row per system and stage) and each schedlang system's ratios to torch.
 
     "NCCL kernels" is the time NCCL kernels were resident on the GPU in the profiled step: a send or receive
     posted long before its peer's keeps one there, and the compute kernels beside it run slower
-    (docs/benchmarks.md, the chunk-count sweep).
+    (docs/benchmarks.md, "Measurements behind the pipeline orders", [Note: forward before weight gradients]).
+    ``graph_systems`` names the systems that replay CUDA graphs.
     """
     lines = [
         header,
@@ -298,7 +306,7 @@ def summary_lines(header: str, systems: list[str], records: list[dict]) -> list[
             f"activation peak x{activation_ratio(mine, torch_records, 'activation_peak_bytes'):.2f}, "
             f"peak - model state x{activation_ratio(mine, torch_records, 'peak_minus_model_state_bytes'):.2f}, "
             f"reserved peak x{activation_ratio(mine, torch_records, 'peak_reserved_bytes'):.2f}"
-            + (" (graph pools: only the reserved peak sees them whole)" if variant_keys(name).cuda_graphs else "")
+            + (" (graph pools: only the reserved peak sees them whole)" if name in graph_systems else "")
         )
     return lines
 
@@ -329,15 +337,18 @@ def driver(args: argparse.Namespace) -> int:
     started = time.monotonic()
     backend = kernel_preflight(args.device, Path(__file__).resolve())
     os.environ["SCHEDLANG_KERNEL_BACKEND"] = backend
-    systems = [f"schedlang:{n}" for n in args.chunks] + list(args.peers)
-    model, dtype = benchmark_model(args), train_dtype(args.device)
-    predicted = {
-        name: predicted_reserved_bytes(name, model, args.length, args.microbatches, dtype)
-        for name in systems if name not in TORCH_SYSTEMS
+    systems = list(args.systems)
+    schedule, dtype = benchmark_schedule(args), train_dtype(args.device)
+    programs = {  # the checker refuses a bad system here, before any job starts
+        name: system_program(schedule, name, args.length, args.microbatches, dtype)
+        for name in dict.fromkeys(systems + list(args.search_systems))
     }
-    for name in systems:  # the checker refuses a bad system here, before any job starts
-        split = system_configs(name, model, args.length, args.microbatches, dtype).pipeline.stage_layers
-    _, workspace = job_environment(systems, args.device, args.cublas_workspace)
+    for name, program in programs.items():
+        (out / system_file_name(name)).write_text(program.source_text, encoding="utf-8")
+    predicted = {name: predicted_reserved_bytes(programs[name]) for name in systems if name not in TORCH_SYSTEMS}
+    graph_systems = {name for name in systems if name not in TORCH_SYSTEMS and programs[name].pipeline.cuda_graphs}
+    split = programs[systems[0]].stage_layers
+    _, workspace = job_environment(systems, args.device, args.cublas_workspace, schedule)
     code, records = launch_worker(
         args, systems, args.length, args.warmup, args.steps, out / "throughput.json", args.throughput_timeout
     )
@@ -346,7 +357,7 @@ def driver(args: argparse.Namespace) -> int:
         f"{'layer-list entries ([gla, mlp] * L)' if args.split_mlp else 'layers'} per stage "
         f"{len(split[0])} + {len(split[1])} (+ head and loss); cuBLAS, both systems: {workspace}"
     )
-    lines = summary_lines(header, systems, records) + prediction_lines(systems, records, predicted)
+    lines = summary_lines(header, systems, records, graph_systems) + prediction_lines(systems, records, predicted)
     print("\n".join(lines), flush=True)
     fits = {}
     for name in args.search_systems:
@@ -360,9 +371,10 @@ def driver(args: argparse.Namespace) -> int:
                 return False
             peak = max(record["peak_bytes"] for record in found)
             reserved = max(record.get("peak_reserved_bytes", 0) for record in found)
-            forecast = "" if name in TORCH_SYSTEMS else (
-                f", predicted {gib(max(predicted_reserved_bytes(name, model, length, args.microbatches, dtype)))} GiB"
-            )
+            forecast = ""
+            if name not in TORCH_SYSTEMS:
+                program = system_program(schedule, name, length, args.microbatches, dtype)
+                forecast = f", predicted {gib(max(predicted_reserved_bytes(program)))} GiB"
             print(f"  {name} fits {length} tokens (peak {gib(peak)} GiB, reserved {gib(reserved)} GiB{forecast})",
                   flush=True)
             fits[name] = (length, peak)
@@ -382,10 +394,9 @@ def driver(args: argparse.Namespace) -> int:
     return 0
 
 
-def benchmark_model(args: argparse.Namespace) -> BenchmarkModel:
-    """The model the options ask for: --tiny, --split-mlp, --first-stage-layers."""
-    base = TINY_MODEL if args.tiny else FULL_MODEL
-    return replace(base, split_mlp=args.split_mlp, first_stage_layers=args.first_stage_layers)
+def benchmark_schedule(args: argparse.Namespace) -> BenchmarkSchedule:
+    """The schedule the options ask for: --schedule, --tiny, --split-mlp, --first-stage-layers."""
+    return BenchmarkSchedule(Path(args.schedule), args.tiny, args.split_mlp, args.first_stage_layers)
 
 
 def main() -> int:
@@ -400,22 +411,18 @@ def main() -> int:
     parser.add_argument(
         "--split-mlp", action="store_true", help="layers [gla, mlp] * L: stages may end between a mixer and its MLP"
     )
+    parser.add_argument("--schedule", default=str(PIPELINE_SCHEDULE), help="the schedule file every system revises")
     parser.add_argument(
-        "--chunks", nargs="*", default=["1", "4", "8", "16"],
-        help="chunk counts; 8g = 8 chunks replayed from CUDA graphs, 8g+2 = that with 2 extra warm-up forwards, "
-        "8g+2w = that with split backwards (W tasks)"
+        "--systems", nargs="+", default=[*(f"schedlang:chunks={n}" for n in (1, 4, 8, 16)), TORCH_SYSTEM],
+        help="the throughput job's systems: torch, torch+ckpt, schedlang (the file as it is) or "
+        "schedlang:<key>=<value>/... (the file with those keys changed: schedlang:chunks=8/cuda_graphs=true)",
     )
-    parser.add_argument("--systems", nargs="+", default=["torch"])
     parser.add_argument("--trace-dir", help="write each system's profiled step per stage as a Chrome trace here")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--result", default=None)
     parser.add_argument("--out", default="benchmark-results")
-    parser.add_argument(
-        "--peers", nargs="+", default=[TORCH_SYSTEM], choices=list(TORCH_SYSTEMS),
-        help="the peers of the throughput job: torch (Schedule1F1B), torch+ckpt (with activation checkpointing)",
-    )
-    parser.add_argument("--search-systems", nargs="+", default=["torch", "schedlang:16"])
+    parser.add_argument("--search-systems", nargs="*", default=[TORCH_SYSTEM, "schedlang:chunks=16"])
     parser.add_argument("--search-start", type=int, default=65536, help="the length search's first length")
     parser.add_argument("--search-step", type=int, default=16384, help="the length search's granularity")
     parser.add_argument("--search-max", type=int, default=1048576, help="the longest length the search tries")

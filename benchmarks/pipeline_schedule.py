@@ -1,25 +1,43 @@
-"""The pipeline benchmark's systems as schedule text, compiled by schedlang's own front end and code generator.
+"""The benchmarks' systems as schedule files, compiled by schedlang's own front end and code generator.
 
-Every schedlang system that benchmarks/pipeline.py measures is a ``.sched`` file: :func:`schedule_text` fills
-one template with the model (:class:`BenchmarkModel`) and the ``sequence`` / ``pipeline`` keys of the system
-(:class:`ScheduleKeys`, named as docs/language.md names them), and :func:`compile_schedule_text` runs it
-through the passes ``schedlang compile`` runs, so a system the checker refuses is not measured and a measured
-system is exactly what a user's schedule with those keys trains. The torch peer takes its model and stage
-split from the same text.
+Every benchmarked system is a ``.sched`` file that ``schedlang run`` and ``schedlang simulate`` accept: a
+benchmark starts from a checked-in file of ``benchmarks/schedules/`` (:class:`BenchmarkSchedule`) and makes
+each variant with the compiler's :func:`~schedlang.compiler.revise` on named keys, so a system the checker
+refuses is not measured and a measured system is exactly what a user's schedule with those keys trains.
+The peers (``torch``, ``torch+ckpt``, ``fla``) take their model and stage split from the same file.
 
-The command line keeps its short system names (``schedlang:8g+2wfd2``); :func:`variant_keys` is the one place
-that maps such a name to schedule keys.
+A schedlang system is named ``schedlang``, the file as it is, or ``schedlang:`` then the changed keys as
+``key=value`` separated by ``/``, each value written as in a schedule (``schedlang:chunks=16/recompute=full``,
+``schedlang:chunks=2/cuda_graphs=true/split_backward=true/forward_before_weight=true``); a key of two blocks is
+named ``block.key``. :func:`system_changes` splits a name into those keys and nothing else: what a key
+accepts is the checker's to say, at the revised line.
+
+The runtime configs a benchmark trains are the generated script's own MODEL, PIPELINE and TRAIN
+(:func:`script_configs`), read from the script's text as literals, without running it.
 """
 
 from __future__ import annotations
 
-import re
+import ast
+import dataclasses
+import importlib
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
-from schedlang.vocabulary import CudaGraphs, Recompute, StageRecompute, recompute_text, stage_recompute
+SCHEDULES_DIRECTORY = Path(__file__).resolve().parent / "schedules"
+"""The checked-in schedule files every benchmark starts from."""
+PIPELINE_SCHEDULE = SCHEDULES_DIRECTORY / "gla_1b_pp2.sched"
+"""The 1B GLA model on two pipeline stages: every PP2 row of docs/benchmarks.md."""
+ONE_DEVICE_SCHEDULE = SCHEDULES_DIRECTORY / "gla_1b_one_device.sched"
+"""The same model whole on one device: benchmarks/one_device.py."""
+MAMBA2_ONE_DEVICE_SCHEDULE = SCHEDULES_DIRECTORY / "mamba2_1b_one_device.sched"
+"""That model with every mixing layer ``mamba2``: benchmarks/one_device.py's mamba2 systems."""
+SCALE_SCHEDULE = SCHEDULES_DIRECTORY / "gla_tiny_64_stages.sched"
+"""The front end's and the legality check's scale benchmarks at their largest size."""
 
-SCHEDULE_FILENAME = "<pipeline benchmark>"
-"""The file name diagnostics give for the generated schedule text."""
+SCHEDLANG_SYSTEM = "schedlang"
+"""The name of the schedule file as it is; ``schedlang:<key>=<value>/...`` names a revision of it."""
 
 TORCH_SYSTEM = "torch"
 """The peer system's name: torch.distributed.pipelining's Schedule1F1B over full-sequence microbatches."""
@@ -30,186 +48,115 @@ TORCH_CHECKPOINTED_SYSTEM = "torch+ckpt"
 
 TORCH_SYSTEMS = (TORCH_SYSTEM, TORCH_CHECKPOINTED_SYSTEM)
 
+TINY_MODEL_KEYS = {"vocab": 256, "d_model": 64, "layers": "[gla] * 4", "heads": 2, "head_dim": 32,
+                   "mlp": "swiglu(ratio = 2.0)"}
+"""``--tiny``: the ``model`` keys of a model small enough to run a benchmark's whole path on the CPU."""
+
 
 @dataclass(frozen=True)
-class BenchmarkModel:
-    """The benchmark's model as ``model`` block values: ``layers`` blocks of GLA and a SwiGLU MLP.
+class BenchmarkSchedule:
+    """A benchmark's base schedule: a checked-in file, and the command-line options that revise its model.
 
-    ``split_mlp`` writes the layer list as ``[gla, mlp] * layers`` ([Note: separate MLP layers]): the same
-    network, with stage boundaries possible between a mixer and its MLP. ``first_stage_layers`` counts the
-    entries of the layer list on stage 0 (None: half); stage 1 also holds the LM head and the loss.
-    ``pipeline_stages`` is ``mesh.pipeline``: 2, or 1 for the whole model on one device (benchmarks/one_device.py).
-    ``mixer``: the layer kind of every mixing layer (``gla``; ``mamba2`` for one_device.py's mamba2 systems).
+    ``tiny`` writes :data:`TINY_MODEL_KEYS`; ``split_mlp`` writes the layer list as ``[gla, mlp] * L`` ([Note:
+    separate MLP layers]): the same network, with stage boundaries possible between a mixer and its MLP;
+    ``first_stage_layers`` writes ``stages`` with that many entries of the layer list on stage 0 and the
+    rest on stage 1 (None: the language's even split).
     """
 
-    vocab: int
-    d_model: int
-    layers: int
-    heads: int
-    head_dim: int
-    mlp_ratio: float
+    path: Path
+    tiny: bool = False
     split_mlp: bool = False
     first_stage_layers: int | None = None
-    pipeline_stages: int = 2
-    mixer: str = "gla"
-
-    @property
-    def layer_list_text(self) -> str:
-        return f"[{self.mixer}, mlp] * {self.layers}" if self.split_mlp else f"[{self.mixer}] * {self.layers}"
-
-    @property
-    def n_layer_entries(self) -> int:
-        return self.layers * (2 if self.split_mlp else 1)
-
-    @property
-    def stages_text(self) -> str:
-        entries = self.n_layer_entries
-        if self.pipeline_stages == 1:
-            return "[[" + ", ".join(str(layer) for layer in range(entries)) + "]]"
-        first = entries // 2 if self.first_stage_layers is None else self.first_stage_layers
-        stages = (range(max(first, 0)), range(max(first, 0), entries))
-        return "[" + ", ".join("[" + ", ".join(str(layer) for layer in stage) + "]" for stage in stages) + "]"
 
 
-FULL_MODEL = BenchmarkModel(vocab=32000, d_model=2048, layers=16, heads=16, head_dim=128, mlp_ratio=8 / 3)
-"""About 1B parameters: the model of every PP2 row in docs/benchmarks.md."""
-TINY_MODEL = BenchmarkModel(vocab=256, d_model=64, layers=4, heads=2, head_dim=32, mlp_ratio=2.0)
-"""A model small enough to run the whole benchmark path on the CPU."""
+def is_schedlang_system(name: str) -> bool:
+    return name == SCHEDLANG_SYSTEM or name.startswith(SCHEDLANG_SYSTEM + ":")
 
 
-@dataclass(frozen=True)
-class ScheduleKeys:
-    """The keys of ``sequence`` and ``pipeline`` that tell one schedlang system from another."""
-
-    chunks: int
-    cuda_graphs: CudaGraphs = CudaGraphs.NONE
-    extra_warmup: int = 0
-    split_backward: bool = False
-    forward_before_weight: bool = False
-    extra_deferred_weights: int = 0
-    recompute: StageRecompute = Recompute.NONE
-    offload: bool = False
+def system_file_name(name: str) -> str:
+    """The file a benchmark writes system ``name``'s schedule to: ``schedlang:chunks=16/recompute=full`` is
+    ``schedlang-chunks=16-recompute=full.sched``."""
+    return "".join(c if c.isalnum() or c in "=+.,_" else "-" for c in name) + ".sched"
 
 
-GRAPH_LETTERS = {"": CudaGraphs.NONE, "g": CudaGraphs.CHUNK_SLOTS, "s": CudaGraphs.STEP}
-"""The letter after a system's chunk count: no graphs, per-chunk graph slots, or step graphs."""
+def system_changes(name: str) -> dict[str, str]:
+    """The schedule keys a system name changes, as written: ``schedlang:chunks=16/recompute=full`` ->
+    ``{"chunks": "16", "recompute": "full"}``; none for ``schedlang`` and for the peers, which run the file's
+    model as it is. Raises ValueError for a name of neither form; an unknown key or a bad value is refused
+    later, by :func:`~schedlang.compiler.revise` and the checker."""
+    if name in TORCH_SYSTEMS or name == "fla" or name == SCHEDLANG_SYSTEM:
+        return {}
+    if not is_schedlang_system(name):
+        raise ValueError(f"{name!r}: a system is torch, torch+ckpt, fla, schedlang or schedlang:<key>=<value>/...")
+    changes = {}
+    for assignment in name.removeprefix(SCHEDLANG_SYSTEM + ":").split("/"):
+        key, equals, value = assignment.partition("=")
+        if not equals or not key.strip() or not value.strip():
+            raise ValueError(f"{name!r}: {assignment!r} is not <key>=<value>")
+        changes[key.strip()] = value.strip()
+    return changes
 
-VARIANT_PATTERN = re.compile(
-    r"schedlang:(?P<chunks>\d+)(?P<graphs>[gs]?)(?:\+(?P<extra>\d+))?"
-    r"(?:(?P<split>w)(?P<forward_first>f?)(?:d(?P<deferred>\d+))?)?"
-    r"(?:/(?P<recompute>(?:none|mlp|mixer|full)(?:,(?:none|mlp|mixer|full))*))?(?P<offload>/offload)?"
-)
+
+@lru_cache(maxsize=None)
+def base_program(schedule: BenchmarkSchedule):
+    """The checked program of ``schedule``'s file with its model options written in (see the class)."""
+    from schedlang.compiler import Pass, compile_schedule, revise
+
+    program = compile_schedule(schedule.path, through=Pass.CHECK).program
+    if schedule.tiny:
+        program = revise(program, **TINY_MODEL_KEYS)
+    changes = {}
+    if schedule.split_mlp:
+        kinds = sorted({kind.value for kind in program.model.layers})
+        if len(kinds) != 1:
+            raise ValueError(f"{schedule.path}: --split-mlp needs a layer list of one kind, got {kinds}")
+        changes["layers"] = f"[{kinds[0]}, mlp] * {len(program.model.layers)}"
+    entries = len(program.model.layers) * (2 if schedule.split_mlp else 1)
+    if schedule.first_stage_layers is not None:
+        first = max(schedule.first_stage_layers, 0)
+        stages = (range(first), range(first, entries))
+        changes["stages"] = "[" + ", ".join(f"[{', '.join(map(str, stage))}]" for stage in stages) + "]"
+    return revise(program, **changes) if changes else program
 
 
-def _recompute_of(written: str | None) -> StageRecompute:
-    """``mlp`` (every stage), ``full,none`` (one mode per stage) or nothing (``none``)."""
-    if written is None:
-        return Recompute.NONE
-    modes = written.split(",")
-    return stage_recompute(modes if len(modes) > 1 else modes[0])
+@lru_cache(maxsize=None)
+def variant_program(schedule: BenchmarkSchedule, name: str):
+    """The checked program of system ``name``: the base program revised on the keys the name changes (a peer:
+    the base program); ``ScheduleError`` for a revision the checker refuses."""
+    from schedlang.compiler import revise
+
+    changes = system_changes(name)
+    return revise(base_program(schedule), **changes) if changes else base_program(schedule)
 
 
-def variant_keys(name: str) -> ScheduleKeys:
-    """The schedule keys of a system name:
-    ``schedlang:<chunks>[g|s][+<extra>][w[f][d<deferred>]][/<recompute>][/offload]``.
+def system_program(
+    schedule: BenchmarkSchedule, name: str, length: int | None = None, microbatches: int | None = None,
+    dtype: str | None = None,
+):
+    """:func:`variant_program` at ``length`` tokens per sequence, ``microbatches`` and ``train.dtype = dtype``
+    (bf16 on a GPU, fp32 on the CPU), each left as the file has it when None."""
+    from schedlang.compiler import revise
 
-    ``g``: ``cuda_graphs = true`` (per-chunk slots); ``s``: ``cuda_graphs = step``; ``+E``: ``extra_warmup = E``; ``w``: ``split_backward = true``, then ``f``:
-    ``forward_before_weight = true`` and ``dD``: ``extra_deferred_weights = D``; ``/mlp``, ``/mixer``, ``/full``:
-    ``recompute``, or one mode per stage separated by commas (``/full,none``); ``/offload``: ``offload = true``. The peers (``torch``, ``torch+ckpt``) get the keys of one
-    chunk, which fix their model and stage split. Raises ValueError for any other name.
-    """
-    if name in TORCH_SYSTEMS:
-        return ScheduleKeys(chunks=1)
-    match = VARIANT_PATTERN.fullmatch(name)
-    if match is None:
-        raise ValueError(
-            f"{name!r}: a schedlang system is schedlang:<chunks>[g|s][+<extra>][w[f][d<deferred>]][/<recompute>][/offload]"
-        )
-    return ScheduleKeys(
-        chunks=int(match["chunks"]),
-        cuda_graphs=GRAPH_LETTERS[match["graphs"]],
-        extra_warmup=int(match["extra"] or 0),
-        split_backward=bool(match["split"]),
-        forward_before_weight=bool(match["forward_first"]),
-        extra_deferred_weights=int(match["deferred"] or 0),
-        recompute=_recompute_of(match["recompute"]),
-        offload=bool(match["offload"]),
+    written = {"length": length, "microbatches": microbatches, "dtype": dtype}
+    changes = {key: value for key, value in written.items() if value is not None}
+    return revise(variant_program(schedule, name), **changes) if changes else variant_program(schedule, name)
+
+
+def scale_text(n_stages: int, n_microbatches: int, n_chunks: int, stage_orders: list[str] | None = None) -> str:
+    """The scale benchmarks' schedule at ``n_stages`` x ``n_microbatches`` x ``n_chunks``: the file revised on its
+    sizes (one layer per stage, 64 tokens per chunk). With ``stage_orders`` (each stage's tasks, as written after
+    ``stage r:``), the same with every task written out in place of ``order = 1f1b``: task lines are no key, so
+    they are written into the revised text."""
+    from schedlang.compiler import Pass, compile_schedule, revise
+
+    program = revise(
+        compile_schedule(SCALE_SCHEDULE, through=Pass.CHECK).program, layers=f"[gla] * {n_stages}",
+        pipeline=n_stages, microbatches=n_microbatches, chunks=n_chunks, length=64 * n_chunks,
     )
-
-
-SCHEDULE_TEMPLATE = """\
-schedule pipeline_benchmark
-
-model {{
-  vocab    = {model.vocab}
-  d_model  = {model.d_model}
-  layers   = {model.layer_list_text}
-  heads    = {model.heads}
-  head_dim = {model.head_dim}
-  mlp      = swiglu(ratio = {model.mlp_ratio!r})
-  stages   = {model.stages_text}
-}}
-
-mesh {{
-  pipeline = {model.pipeline_stages}
-}}
-
-sequence {{
-  length = {length}
-  chunks = {keys.chunks}
-}}
-
-pipeline {{
-  microbatches           = {microbatches}
-  order                  = 1f1b
-  cuda_graphs            = {cuda_graphs}
-  extra_warmup           = {keys.extra_warmup}
-  split_backward         = {split_backward}
-  recompute              = {recompute}
-  offload                = {offload}
-{weight_placement}}}
-
-train {{
-  steps     = 1
-  seed      = 0
-  optimizer = adamw(lr = 1e-4)
-  dtype     = {dtype}
-{master_weights}  data      = synthetic(seed = 0)
-}}
-"""
-
-
-def _flag(value: bool) -> str:
-    return "true" if value else "false"
-
-
-def schedule_text(model: BenchmarkModel, keys: ScheduleKeys, length: int, microbatches: int, dtype: str) -> str:
-    """The ``.sched`` text of one system: ``model`` on two pipeline stages, 1F1B over ``keys.chunks`` chunks.
-
-    ``dtype`` is a ``train.dtype`` name (bf16 on a GPU, fp32 on the CPU); a 16-bit dtype is written with
-    ``master_weights = false``, so that schedlang keeps what the torch peer keeps (16-bit parameters,
-    gradients and AdamW state) and only the schedules differ. ``forward_before_weight`` and
-    ``extra_deferred_weights`` are written only with ``split_backward``, the only place the language takes them.
-    """
-    weight_placement = ""
-    if keys.split_backward:
-        weight_placement = (
-            f"  forward_before_weight  = {_flag(keys.forward_before_weight)}\n"
-            f"  extra_deferred_weights = {keys.extra_deferred_weights}\n"
-        )
-    return SCHEDULE_TEMPLATE.format(
-        model=model,
-        keys=keys,
-        length=length,
-        microbatches=microbatches,
-        cuda_graphs=keys.cuda_graphs.value,
-        split_backward=_flag(keys.split_backward),
-        recompute=recompute_text(keys.recompute),
-        offload=_flag(keys.offload),
-        weight_placement=weight_placement,
-        dtype=dtype,
-        master_weights="" if dtype in ("fp32", "fp64") else "  master_weights = false\n",
-    )
+    if stage_orders is None:
+        return program.source_text
+    lines = "".join(f"\n  stage {stage}: {order}" for stage, order in enumerate(stage_orders))
+    return program.source_text.replace("order        = 1f1b", "order        = explicit" + lines, 1)
 
 
 @dataclass(frozen=True)
@@ -221,33 +168,79 @@ class RuntimeConfigs:
     train: object
 
 
-def compile_schedule_text(text: str) -> RuntimeConfigs:
-    """Compile schedule text as ``schedlang compile`` does and return the runtime configs of its script.
+def runtime_configs(program) -> RuntimeConfigs:
+    """Compile ``program`` as ``schedlang compile`` does and return the runtime configs of its script.
 
-    ``schedlang.compiler.compile_schedule`` runs every pass (parse, check, order, legality, placement, codegen);
-    the module-level MODEL, PIPELINE and TRAIN of the training script it renders are the configs returned: the
-    benchmark runs the generated script's own values. Raises ``ScheduleError`` (parse, check: including what the
-    runtime cannot run) or ``IllegalScheduleError``.
+    ``schedlang.compiler.compile_schedule`` runs every pass (order, legality, placement, codegen); the
+    module-level MODEL, PIPELINE and TRAIN of the training script it renders are the configs returned
+    (:func:`script_configs`): the benchmark runs the generated script's own values. Raises
+    ``IllegalScheduleError`` for orders that break Eq. 8 or deadlock.
     """
-    from schedlang.compiler import ScheduleText, compile_schedule
+    from schedlang.compiler import compile_schedule
 
-    script = compile_schedule(ScheduleText(text, SCHEDULE_FILENAME), script_name="pipeline_benchmark_train.py").script
-    namespace = {"__name__": "pipeline_benchmark_train"}
-    exec(compile(script, "<pipeline_benchmark_train.py>", "exec"), namespace)
-    return RuntimeConfigs(namespace["MODEL"], namespace["PIPELINE"], namespace["TRAIN"])
+    return script_configs(compile_schedule(program, script_name="benchmark_train.py").script)
 
 
-def system_configs(name: str, model: BenchmarkModel, length: int, microbatches: int, dtype: str) -> RuntimeConfigs:
-    """The runtime configs of the system ``name`` (``torch`` or a schedlang variant) on ``model``."""
-    return compile_schedule_text(schedule_text(model, variant_keys(name), length, microbatches, dtype))
+def system_configs(
+    schedule: BenchmarkSchedule, name: str, length: int, microbatches: int, dtype: str
+) -> RuntimeConfigs:
+    """The runtime configs of system ``name`` (a peer, or a schedlang system) on ``schedule``."""
+    return runtime_configs(system_program(schedule, name, length, microbatches, dtype))
 
 
-def predicted_reserved_bytes(name: str, model: BenchmarkModel, length: int, microbatches: int, dtype: str) -> tuple[float, ...]:
-    """The memory model's reserved peak of each stage of schedlang system ``name`` (what ``schedlang simulate``
-    prints), in bytes."""
-    from schedlang.compiler import Pass, ScheduleText, compile_schedule
+def predicted_reserved_bytes(program) -> tuple[float, ...]:
+    """The memory model's reserved peak of each stage of ``program`` (what ``schedlang simulate`` prints), in
+    bytes."""
     from schedlang.lowering.memory_peak import predict_memory
 
-    text = schedule_text(model, variant_keys(name), length, microbatches, dtype)
-    program = compile_schedule(ScheduleText(text, SCHEDULE_FILENAME), through=Pass.CHECK).program
     return tuple(stage.reserved for stage in predict_memory(program))
+
+
+def script_configs(script: str) -> RuntimeConfigs:
+    """MODEL, PIPELINE and TRAIN of a generated training script, read without running it.
+
+    The script's module-level assignments are evaluated as literals: constants, tuples, lists, dicts, names
+    assigned earlier in the script (``STAGE_0_ACTIONS``), and calls, with keyword or positional literals, of
+    the dataclasses the script imports from ``schedlang.runtime`` and ``schedlang.vocabulary``. Anything else
+    raises ValueError naming its line: a generated script holds nothing else at module level
+    (lowering/codegen.py: user values appear only as literals).
+    """
+    records: dict[str, type] = {}
+    values: dict[str, object] = {}
+    for node in ast.parse(script).body:
+        module_name = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
+        if module_name.startswith(("schedlang.runtime.", "schedlang.vocabulary")):
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                imported = getattr(module, alias.name)
+                if isinstance(imported, type) and dataclasses.is_dataclass(imported):
+                    records[alias.asname or alias.name] = imported
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            values[node.targets[0].id] = _literal(node.value, records, values)
+    missing = [name for name in ("MODEL", "PIPELINE", "TRAIN") if name not in values]
+    if missing:
+        raise ValueError(f"the training script assigns no {', '.join(missing)}")
+    return RuntimeConfigs(values["MODEL"], values["PIPELINE"], values["TRAIN"])
+
+
+def _literal(node: ast.expr, records: dict[str, type], values: dict[str, object]):
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.Tuple, ast.List)):
+        items = [_literal(item, records, values) for item in node.elts]
+        return tuple(items) if isinstance(node, ast.Tuple) else items
+    if isinstance(node, ast.Dict) and None not in node.keys:
+        pairs = zip(node.keys, node.values)
+        return {_literal(key, records, values): _literal(value, records, values) for key, value in pairs}
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+        return -node.operand.value
+    if isinstance(node, ast.Name) and node.id in values:
+        return values[node.id]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in records:
+        unpacked = any(keyword.arg is None for keyword in node.keywords)
+        if unpacked or any(isinstance(argument, ast.Starred) for argument in node.args):
+            raise ValueError(f"line {node.lineno}: unpacked arguments in {node.func.id}(...)")
+        arguments = [_literal(argument, records, values) for argument in node.args]
+        keywords = {keyword.arg: _literal(keyword.value, records, values) for keyword in node.keywords}
+        return records[node.func.id](*arguments, **keywords)
+    raise ValueError(f"line {node.lineno}: {ast.unparse(node)!r} is not a literal of the training script")

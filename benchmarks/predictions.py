@@ -2,8 +2,9 @@
 
 One parameter is fitted, once, from a two-GPU measurement: the FLOPS model's device throughput
 (``Hardware.throughput_flops``) is scaled until the simulated step of torch's peer in the PP2 job of
-docs/benchmarks.md (the 1B-class GLA model, ``[gla, mlp] * 16`` split 17 / 15, 4 microbatches of 32K tokens,
-one chunk per microbatch: Schedule1F1B's order) takes as long as it measured. Every other row is then a
+docs/benchmarks.md, "Predictions for the 4- and 8-GPU runs" (the 1B-class GLA model, ``[gla, mlp] * 16`` split
+17 / 15, 4 microbatches of 32K tokens, one chunk per microbatch: Schedule1F1B's order) takes as long as it
+measured. Every other row is then a
 prediction of the same model with that throughput: pipeline-only meshes (PP4, PP8) with one chunk (torch's
 Schedule1F1B) and with StateFlow chunks, and pipeline x sequence meshes, whose scans add the alpha-beta times
 of ``lowering/cost.py``'s ``state_scan_seconds`` with the link parameters of ``Hardware`` (assumed, not fitted:
@@ -11,8 +12,9 @@ no sequence-parallel run on two GPUs exists yet).
 
     python3 benchmarks/predictions.py [--measured-tokens-per-second 135263]
 
-Each row is compiled through ``schedlang.compiler`` (the checker refuses what the runtime cannot run) and
-simulated with ``schedlang.lowering.simulate``; tokens/s is the step's tokens over the simulated makespan.
+Each row is the schedule file benchmarks/schedules/gla_1b_split_mlp_pp2.sched revised on the row's keys
+(``schedlang.compiler.revise``: the checker refuses what the runtime cannot run) and simulated with
+``schedlang.lowering.simulate``; tokens/s is the step's tokens over the simulated makespan.
 """
 
 from __future__ import annotations
@@ -25,22 +27,17 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from schedlang.compiler import Pass, ScheduleText, compile_schedule  # noqa: E402
+from benchmarks.pipeline_schedule import SCHEDULES_DIRECTORY  # noqa: E402
+from schedlang.compiler import revise  # noqa: E402
+from schedlang.frontend import load_program  # noqa: E402
 from schedlang.lowering.cost import FlopsCostModel, Hardware  # noqa: E402
 from schedlang.lowering.simulate import simulate  # noqa: E402
 
 MEASURED_PEER_TOKENS_PER_SECOND = 135_263.0
-"""Schedule1F1B on 2 H200s, mean of the four graph-only jobs of docs/benchmarks.md's "cuBLAS without a
-workspace" section (134,001-135,913 tokens/s)."""
+"""Schedule1F1B on 2 H200s, mean of four graph-only jobs (134,001-135,913 tokens/s): docs/benchmarks.md,
+"Predictions for the 4- and 8-GPU runs"."""
 
-SCHEDULE = """schedule prediction
-model {{ vocab = 32000  d_model = 2048  layers = [gla, mlp] * 16  heads = 16  head_dim = 128
-  mlp = swiglu(ratio = 2.6666666666666665)  {stages} }}
-mesh {{ pipeline = {pipeline}  sequence = {sequence} }}
-sequence {{ length = {length}  chunks = {chunks}  parallel = {parallel} }}
-pipeline {{ microbatches = {microbatches}  order = 1f1b }}
-train {{ dtype = bf16 }}
-"""
+PREDICTION_SCHEDULE = SCHEDULES_DIRECTORY / "gla_1b_split_mlp_pp2.sched"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,21 +49,25 @@ class Run:
     microbatches: int = 4
     length: int = 32768
     parallel: str = "allscan"
-    stages: str = ""
+    stages: str | None = None  # model.stages as written; None: the language's even split
 
-    def text(self) -> str:
-        return SCHEDULE.format(**dataclasses.asdict(self))
+    def program(self):
+        """The checked program of the run: the file revised on the run's keys."""
+        changes = {key: value for key, value in dataclasses.asdict(self).items() if key != "name"}
+        changes["mesh.sequence"] = changes.pop("sequence")
+        if changes["stages"] is None:
+            del changes["stages"]
+        return revise(load_program(PREDICTION_SCHEDULE), **changes)
 
 
 def predicted_step_seconds(run: Run, hardware: Hardware) -> tuple[float, float]:
     """(makespan in seconds, bubble fraction) of ``run`` under the FLOPS model."""
-    program = compile_schedule(ScheduleText(run.text(), f"<{run.name}>"), through=Pass.CHECK).program
+    program = run.program()
     timeline = simulate(program, cost_model=FlopsCostModel(program, hardware))
     return timeline.makespan, timeline.bubble_fraction
 
 
-PEER = Run("PP2 Schedule1F1B (fit)", 2, stages="stages = [[" + ", ".join(map(str, range(17))) + "], ["
-           + ", ".join(map(str, range(17, 32))) + "]]")
+PEER = Run("PP2 Schedule1F1B (fit)", 2, stages=f"[{list(range(17))}, {list(range(17, 32))}]")
 
 
 def fitted_hardware(measured_tokens_per_second: float) -> Hardware:

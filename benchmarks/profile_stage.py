@@ -24,7 +24,6 @@ import io
 import pstats
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -32,7 +31,12 @@ import torch
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.pipeline_schedule import FULL_MODEL, TORCH_SYSTEM, system_configs  # noqa: E402
+from benchmarks.pipeline_schedule import (  # noqa: E402
+    PIPELINE_SCHEDULE,
+    TORCH_SYSTEM,
+    BenchmarkSchedule,
+    system_configs,
+)
 
 
 def run_once(model, inputs, targets, n_chunks: int, upstream) -> None:
@@ -88,8 +92,8 @@ def main() -> int:
         "--in-place-weight-gradients", action="store_true", help="linear layers add weight gradients into .grad"
     )
     args = parser.parse_args()
-    model_options = replace(FULL_MODEL, split_mlp=args.split_mlp, first_stage_layers=args.first_stage_layers)
-    configs = system_configs(TORCH_SYSTEM, model_options, args.length, 1, "bf16")
+    schedule = BenchmarkSchedule(PIPELINE_SCHEDULE, split_mlp=args.split_mlp, first_stage_layers=args.first_stage_layers)
+    configs = system_configs(schedule, TORCH_SYSTEM, args.length, 1, "bf16")
     config = configs.model
     device = torch.device("cuda")
     first, last = args.stage == 0, args.stage == 1

@@ -43,20 +43,32 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from schedlang.lowering.program import MlpKind, ModelSpec, ScheduleProgram
+from schedlang.lowering.program import ScheduleProgram
 from schedlang.lowering.operator_tokens import operator_tokens
 from schedlang.lowering.parameters import mixer_linear_weights, stage_parameters
-from schedlang.lowering.tasks import TaskId, TaskKind
-from schedlang.lowering.timeline import MessageKind
-from schedlang.runtime.model_options import Mamba2Options
-from schedlang.vocabulary import AttentionExchange, DType, LayerKind, Recompute, SequenceParallelMethod, recompute_on
+from schedlang.vocabulary import (
+    AttentionExchange,
+    DType,
+    LayerKind,
+    Mamba2Options,
+    MlpKind,
+    ModelConfig,
+    Recompute,
+    SequenceParallelMethod,
+    recompute_on,
+)
+from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.edges import Payload
+
+if TYPE_CHECKING:
+    from schedlang.lowering.hardware_profile import HardwareProfile
 
 
 class CostModelKind(str, Enum):
     UNIT = "unit"
-    FLOPS = "flops"
+    FLOPS = "flops"  # with a HardwareProfile as the hardware: the profile model (schedlang.lowering.profile_cost)
 
 
 BACKWARD_TO_FORWARD = 2
@@ -78,9 +90,9 @@ class CostModel(Protocol):
 
     def task_duration(self, task: TaskId) -> float: ...
 
-    def message_duration(self, kind: MessageKind, source: TaskId, destination: TaskId) -> float: ...
+    def message_duration(self, kind: Payload, source: TaskId, destination: TaskId) -> float: ...
 
-    def message_bytes(self, kind: MessageKind, source: TaskId, destination: TaskId) -> int: ...
+    def message_bytes(self, kind: Payload, source: TaskId, destination: TaskId) -> int: ...
 
 
 class UnitCostModel:
@@ -96,14 +108,14 @@ class UnitCostModel:
 
     def task_duration(self, task: TaskId) -> int:
         tokens = self.chunk_tokens[task.chunk]
-        if task.kind is TaskKind.BACKWARD:
+        if task.kind is ActionKind.BACKWARD:
             return (BACKWARD_TO_FORWARD - 1) * tokens if self.split_backward else BACKWARD_TO_FORWARD * tokens
         return tokens  # a forward, or the weight gradients: one GEMM per forward GEMM
 
-    def message_duration(self, kind: MessageKind, source: TaskId, destination: TaskId) -> int:
+    def message_duration(self, kind: Payload, source: TaskId, destination: TaskId) -> int:
         return 0
 
-    def message_bytes(self, kind: MessageKind, source: TaskId, destination: TaskId) -> int:
+    def message_bytes(self, kind: Payload, source: TaskId, destination: TaskId) -> int:
         return 0
 
 
@@ -218,7 +230,7 @@ def mixer_flops_per_token(kind: LayerKind, d_model: int, heads: int, head_dim: i
     return projections + recurrence_flops_per_token(kind, heads, head_dim, kernel_chunk)
 
 
-def layer_projection_flops_per_token(model: ModelSpec, kind: LayerKind) -> float:
+def layer_projection_flops_per_token(model: ModelConfig, kind: LayerKind) -> float:
     """Forward FLOPs per token of the linear layers of a ``kind`` layer's token mixer in ``model``: 2 per weight
     of the mixer the runtime builds (:func:`schedlang.lowering.parameters.mixer_linear_weights`), so every
     option counts (narrow keys, grouped heads, low-rank gates, output gates, an attn layer's own heads). For
@@ -226,13 +238,13 @@ def layer_projection_flops_per_token(model: ModelSpec, kind: LayerKind) -> float
     return 2.0 * mixer_linear_weights(model, kind)
 
 
-def layer_mixer_flops_per_token(model: ModelSpec, kind: LayerKind, kernel_chunk: int) -> float:
+def layer_mixer_flops_per_token(model: ModelConfig, kind: LayerKind, kernel_chunk: int) -> float:
     """:func:`mixer_flops_per_token` of a layer of ``kind`` in ``model``, its projections sized by
     :func:`layer_projection_flops_per_token`."""
     return layer_projection_flops_per_token(model, kind) + layer_recurrence_flops_per_token(model, kind, kernel_chunk)
 
 
-def layer_recurrence_flops_per_token(model: ModelSpec, kind: LayerKind, kernel_chunk: int) -> float:
+def layer_recurrence_flops_per_token(model: ModelConfig, kind: LayerKind, kernel_chunk: int) -> float:
     """:func:`recurrence_flops_per_token` of a layer of ``kind`` in ``model``, per token its operator runs over
     (with packed documents, per padded token: schedlang.lowering.operator_tokens)."""
     state = model.state_geometry(kind)
@@ -247,7 +259,7 @@ def attention_pair_flops(heads: int, head_dim: int) -> float:
     return 4 * heads * head_dim
 
 
-def model_attention_pair_flops(model: ModelSpec) -> float:
+def model_attention_pair_flops(model: ModelConfig) -> float:
     """:func:`attention_pair_flops` of the ``attn`` layers of ``model``, by their own query heads."""
     attention = model.attention_geometry
     return attention_pair_flops(attention.heads, attention.head_dim)
@@ -268,11 +280,11 @@ def last_rank_square_share(ranks: int) -> float:
     return (2 * ranks - 1) / (2 * ranks)
 
 
-def mlp_flops_per_token(model: ModelSpec) -> float:
-    mlp = model.mlp
-    if mlp.kind is MlpKind.NONE:
+def mlp_flops_per_token(model: ModelConfig) -> float:
+    if model.mlp_kind is MlpKind.NONE:
         return 0.0
-    hidden = mlp.ratio * model.d_model if mlp.width is None else mlp.width
+    width = model.options.mlp_width
+    hidden = model.mlp_ratio * model.d_model if width is None else width
     return 3 * 2 * model.d_model * hidden  # SwiGLU: gate, up and down projections
 
 
@@ -285,13 +297,13 @@ gate activation, recurrence kernels and residual add; an MLP's norm, two GEMMs, 
 embedding, or the final norm, head and loss."""
 
 
-def layer_kind_counts(model: ModelSpec, layers: tuple[int, ...]) -> Counter:
+def layer_kind_counts(model: ModelConfig, layers: tuple[int, ...]) -> Counter:
     """How many of ``layers`` are of each kind: per-layer sums go over kinds, since ``model.has_mlp`` reads the
     whole model and calling it once per layer made the cost model quadratic in the layer count."""
     return Counter(model.layers[layer] for layer in layers)
 
 
-def kernel_launches(model: ModelSpec, layers: tuple[int, ...], is_first: bool, is_last: bool) -> int:
+def kernel_launches(model: ModelConfig, layers: tuple[int, ...], is_first: bool, is_last: bool) -> int:
     """Kernels one chunk's forward launches on a stage holding ``layers``."""
     count = sum(
         n_layers
@@ -304,12 +316,12 @@ def kernel_launches(model: ModelSpec, layers: tuple[int, ...], is_first: bool, i
     return count + KERNELS_PER_STAGE_END_FORWARD * (is_first + is_last)
 
 
-def head_flops_per_token(model: ModelSpec) -> float:
+def head_flops_per_token(model: ModelConfig) -> float:
     """The language-model head's projection to the vocabulary."""
     return 2 * model.d_model * model.vocab
 
 
-def linear_layers(model: ModelSpec, layers: tuple[int, ...], is_last: bool) -> int:
+def linear_layers(model: ModelConfig, layers: tuple[int, ...], is_last: bool) -> int:
     """Linear layers on a stage holding ``layers``: one weight-gradient GEMM each, what a ``W`` task launches."""
     count = sum(
         n_layers * (LINEAR_LAYERS_PER_MIXER.get(kind, 0) + (LINEAR_LAYERS_PER_MLP if model.has_mlp(kind) else 0))
@@ -360,7 +372,7 @@ class FlopsCostModel:
         self.element_bytes = DTYPE_BYTES[program.train.dtype]
         self.batch = program.pipeline.microbatch_size
         self.sequence_ranks = program.mesh.sequence
-        # every recurrent kind's state by the runtime's rule (ModelSpec.state_geometry), float32 elements
+        # every recurrent kind's state by the runtime's rule (ModelConfig.state_geometry), float32 elements
         self.state_geometries = {kind: model.state_geometry(kind) for kind in set(model.layers) if kind.is_recurrent}
         self.state_element_bytes = compute_bytes(program.train.dtype)
         self.stage_kinds = [layer_kind_counts(model, layers) for layers in program.stage_layers]
@@ -463,7 +475,7 @@ class FlopsCostModel:
         sequence = self.program.sequence
         scans = sum(
             n_layers
-            * state_scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self._scan_bytes(kind), hardware)
+            * state_scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self.scan_bytes(kind), hardware)
             for kind, n_layers in self.stage_kinds[stage].items()
             if kind.is_recurrent
         )
@@ -472,7 +484,7 @@ class FlopsCostModel:
         attention = attention_layers * key_value_exchange_seconds(sequence.attention, ranks, key_value_bytes, hardware)
         return scans + attention
 
-    def _scan_bytes(self, kind: LayerKind) -> float:
+    def scan_bytes(self, kind: LayerKind) -> float:
         """What one layer's cross-rank scan moves per rank: the state matrix; the all-gather also gathers each
         rank's transition (a decay, or for gdn a ``[K, K]`` matrix per head: [Note: transitions] in
         schedlang.runtime.scan_common). The point-to-point methods pass carries only."""
@@ -485,9 +497,9 @@ class FlopsCostModel:
     def task_duration(self, task: TaskId) -> float:
         stage, chunk = task.stage, task.chunk
         seconds = self.forward_seconds[stage][chunk]
-        if task.kind is TaskKind.FORWARD:
+        if task.kind is ActionKind.FORWARD:
             return seconds
-        if task.kind is TaskKind.WEIGHT:
+        if task.kind is ActionKind.WEIGHT:
             return self.weight_seconds[stage][chunk] + self.weight_accumulation_seconds[stage]
         backward = BACKWARD_TO_FORWARD * seconds + self.accumulation_seconds[stage]
         backward += self.forward_parts[stage][chunk].recomputed(recompute_on(self.program.pipeline.recompute, stage))
@@ -495,8 +507,8 @@ class FlopsCostModel:
             backward -= self.weight_seconds[stage][chunk] + self.weight_accumulation_seconds[stage]
         return backward
 
-    def message_bytes(self, kind: MessageKind, source: TaskId, destination: TaskId) -> int:
-        if kind in (MessageKind.ACTIVATION, MessageKind.ACTIVATION_GRADIENT):
+    def message_bytes(self, kind: Payload, source: TaskId, destination: TaskId) -> int:
+        if kind in (Payload.ACTIVATION, Payload.ACTIVATION_GRADIENT):
             tokens = self.program.sequence.chunk_length(source.chunk)
             return self.batch * tokens // self.sequence_ranks * self.program.model.d_model * self.element_bytes
         return sum(
@@ -505,7 +517,7 @@ class FlopsCostModel:
             if kind.is_recurrent
         )
 
-    def message_duration(self, kind: MessageKind, source: TaskId, destination: TaskId) -> float:
+    def message_duration(self, kind: Payload, source: TaskId, destination: TaskId) -> float:
         if source.stage == destination.stage:
             return 0.0  # the state stays on the device
         return self.hardware.transfer_time(self.message_bytes(kind, source, destination))
@@ -514,8 +526,18 @@ class FlopsCostModel:
 def make_cost_model(
     kind: CostModelKind,
     program: ScheduleProgram,
-    hardware: Hardware = Hardware(),
+    hardware: Hardware | HardwareProfile = Hardware(),
 ) -> CostModel:
+    """The cost model ``kind`` names. ``FLOPS`` with a
+    :class:`~schedlang.lowering.hardware_profile.HardwareProfile` as ``hardware`` is the profile model
+    (:mod:`schedlang.lowering.profile_cost`): measured curves in place of FLOPs over one throughput. ``UNIT``
+    ignores the hardware."""
+    from schedlang.lowering.hardware_profile import HardwareProfile
+
+    if kind is CostModelKind.FLOPS and isinstance(hardware, HardwareProfile):
+        from schedlang.lowering.profile_cost import ProfileCostModel
+
+        return ProfileCostModel(program, hardware)
     if kind is CostModelKind.UNIT:
         return UnitCostModel(
             tuple(program.sequence.chunk_length(chunk) for chunk in range(program.n_chunks)),

@@ -37,7 +37,7 @@ tasks, the order violations, and at most one deadlock.
   on no stage.
 
 The constraints are the table of edge rules ([Note: edge rules] in
-schedlang.lowering.dependencies), :data:`EDGE_RULES` unless the caller passes
+schedlang.vocabulary.edges), :data:`EDGE_RULES` unless the caller passes
 another. Tasks are numbered arithmetically (``kind, stage, microbatch, chunk``
 in mixed radix, the kinds F, B and, split, W) and each number's predecessors
 and successors translated from the table once per kind, stage and chunk, so
@@ -50,12 +50,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from schedlang.lowering.dependencies import EDGE_RULES, Dependency, EdgeRule, EdgeRules
 from schedlang.lowering.graph import task_kinds
 from schedlang.lowering.orders import stage_orders
-from schedlang.lowering.program import OrderKind, ScheduleProgram
-from schedlang.lowering.tasks import TaskId, TaskKind
-from schedlang.vocabulary import Span, format_error
+from schedlang.lowering.program import ScheduleProgram
+from schedlang.vocabulary import OrderKind, Span, format_error
+from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.edges import EDGE_RULES, Dependency, EdgeRule, EdgeRules
+from schedlang.vocabulary.source_lines import MAX_SHOWN_DIAGNOSTICS, clip_text, more_diagnostics_line
+
+MAX_SHOWN_DETAIL_LINES = 60  # a deadlock's cycle and step grid, per violation
 
 
 class ViolationKind(str, Enum):
@@ -160,7 +163,7 @@ class _TaskNumbering:
     order of the rule table's ``task_kinds`` (F = 0, B = 1, and with a split backward W = 2).
 
     Each number's predecessors and successors are the rule table's ([Note: edge rules] in
-    schedlang.lowering.dependencies), kept as differences of numbers (with the rule, for predecessors,
+    schedlang.vocabulary.edges), kept as differences of numbers (with the rule, for predecessors,
     whose messages name it). A rule shifts the stage and the chunk and never the microbatch, so whether a
     neighbour lies inside the graph depends only on a task's kind, stage and chunk: the table is asked once
     per such class, about its microbatch-0 task, and the M tasks of the class share the answer. That keeps
@@ -217,7 +220,7 @@ class _TaskNumbering:
         return [(number + difference, rule) for difference, rule in self.predecessor_steps[number]]
 
 
-_KIND_WORDS = {TaskKind.FORWARD: "forward", TaskKind.BACKWARD: "backward", TaskKind.WEIGHT: "weight gradients"}
+_KIND_WORDS = {ActionKind.FORWARD: "forward", ActionKind.BACKWARD: "backward", ActionKind.WEIGHT: "weight gradients"}
 
 
 def _describe(task: TaskId) -> str:
@@ -385,9 +388,9 @@ def _keep_known_unique(
 
 
 def _unknown_reason(
-    task: TaskId, stage: int, n_microbatches: int, n_chunks: int, kinds: tuple[TaskKind, ...]
+    task: TaskId, stage: int, n_microbatches: int, n_chunks: int, kinds: tuple[ActionKind, ...]
 ) -> str | None:
-    if not isinstance(task, TaskId) or not isinstance(task.kind, TaskKind):
+    if not isinstance(task, TaskId) or not isinstance(task.kind, ActionKind):
         raise TypeError(f"orders must hold TaskId values, got {task!r}")
     if task.kind not in kinds:  # the only kind a graph of the rule table can lack is the split backward's W
         return (
@@ -591,6 +594,7 @@ def _deadlock(
     lines.append("")
     grid = format_step_grid([[numbering.task(number) for number in order] for order in kept_orders], stuck)
     lines.extend(grid.splitlines())
+    lines.append(_deadlock_hint(cycle))
     start = cycle[0]
     spans = kept_spans[start.stage]
     stages_text = ", ".join(str(link.stage) for link in cycle)
@@ -602,6 +606,17 @@ def _deadlock(
         None,
         cycle,
         tuple(lines),
+    )
+
+
+def _deadlock_hint(cycle: tuple[DeadlockWait, ...]) -> str:
+    """How to break the cycle at its first link: the stage that runs the awaited task late runs it earlier."""
+    link = cycle[0]
+    blocked = next(other for other in cycle if other.stage == link.next_stage)
+    return (
+        f"hint: stage {link.next_stage} must run {link.next_task} (step {link.next_step}) before its stuck "
+        f"{blocked.stuck_task} (step {blocked.step}): move it earlier with the tasks it needs, or order stage "
+        f"{link.stage} so that {link.stuck_task} comes after what stage {link.next_stage} can run first"
     )
 
 
@@ -667,7 +682,9 @@ def render_report(
     sources: Mapping[str, str] | None = None,
     format_diagnostic=None,
 ) -> str:
-    """Every violation as ``file:line:col: error: ...`` with source line and caret, then details.
+    """Violations as ``file:line:col: error: ...`` with source line and caret, then details: the first
+    ``MAX_SHOWN_DIAGNOSTICS`` of them, each with at most ``MAX_SHOWN_DETAIL_LINES`` detail lines, then how many
+    were left out (bounded as the front end's diagnostics are), then the summary with the total count.
 
     ``sources`` maps file names to their text. ``format_diagnostic(span,
     message, sources)`` replaces :func:`schedlang.lowering.report.format_error`
@@ -675,10 +692,15 @@ def render_report(
     """
     formatter = format_diagnostic or format_error
     blocks = []
-    for violation in report.violations:
+    for violation in report.violations[:MAX_SHOWN_DIAGNOSTICS]:
         text = formatter(violation.span, violation.message, sources)
-        if violation.details:
-            text += "\n" + "\n".join(f"  {line}" if line else "" for line in violation.details)
+        details = list(violation.details[:MAX_SHOWN_DETAIL_LINES])
+        if len(violation.details) > MAX_SHOWN_DETAIL_LINES:
+            details.append(f"... and {len(violation.details) - MAX_SHOWN_DETAIL_LINES} more lines not shown")
+        if details:
+            text += "\n" + "\n".join(f"  {clip_text(line)}" if line else "" for line in details)
         blocks.append(text)
+    if len(report.violations) > MAX_SHOWN_DIAGNOSTICS:
+        blocks.append(more_diagnostics_line(len(report.violations) - MAX_SHOWN_DIAGNOSTICS))
     blocks.append(report.summary())
     return "\n".join(blocks)

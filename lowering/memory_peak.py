@@ -14,13 +14,16 @@ that order alone (times do not matter). Walking it, each task's moment holds:
   the end of ``B(a, i)`` (of ``W(a, i)`` with a split backward), [Note: activation bytes]; with
   ``pipeline.offload`` the device holds at most :data:`OFFLOAD_RESIDENT_CHUNKS` of them (the chunk being
   computed and one on the copy stream), the rest waiting in pinned host memory;
-* the recurrent states: a chunk's final states from the end of its forward to the end of its backward, and
-  the state gradients ``B(a, i)`` hands to ``B(a, i - 1)``;
+* the recurrent states: a chunk's final states from the end of its forward to the end of its backward (the
+  states a forward hands to the next chunk's are those tensors, so that hand-off adds nothing), and each
+  gradient a task hands to another of its stage (the state gradients ``B(a, i)`` hands to ``B(a, i - 1)``)
+  from the end of the task that hands it on to the end of the task that takes it;
 * the K/V buffers of attn layers, opened by a microbatch's first forward and, with their gradient buffers,
   its last backward, closed after ``B(a, 0)``;
-* communication: the runtime keeps every sent activation (every stage but the last) and every sent input
-  gradient (every stage but the first) until the step's sends are finished at its end, and the output
-  gradient a backward received until that backward (its ``W``, split) ends;
+* communication: the runtime keeps every message a task sends (every sent activation: every stage but the
+  last; every sent input gradient: every stage but the first) until the step's sends are finished at its
+  end, and a gradient a task received (the output gradient of a backward) while that task runs; a received
+  activation is the chunk's input, counted with its activations;
 * the transient of the running backward (``transient_bytes``: its largest layer's workspace);
 * with ``cuda_graphs = true``, instead of the activations and transients: one private pool per graph slot,
   allocated at capture and held for the run, each as large as a chunk's activations and transient
@@ -32,6 +35,9 @@ that order alone (times do not matter). Walking it, each task's moment holds:
 and after the last task, with gradients reduced across sequence-parallel ranks or data replicas, the
 flattened copy of the stage's gradients. The allocated peak is the largest of those moments;
 :data:`RESERVED_PER_ALLOCATED` turns it into the reserved peak.
+
+Which task sends, receives, hands on or takes what, and which task's end frees a chunk's activations, is read
+from the table of edge rules ([Note: edge rules] in schedlang.vocabulary.edges), passed as ``rules``.
 """
 
 from __future__ import annotations
@@ -53,8 +59,9 @@ from schedlang.lowering.memory_terms import (
 )
 from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.program import ScheduleProgram
-from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.vocabulary import CudaGraphs
+from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.edges import EDGE_RULES, EdgeRules
 
 RESERVED_PER_ALLOCATED = 1.05
 """[Note: reserved memory] The predicted reserved peak is the allocated peak times this factor. PyTorch's
@@ -63,8 +70,8 @@ for large ones) and keeps freed blocks for reuse; a block freed among live ones 
 request that fits it, so when chunk activations of several sizes alternate (a backward's gradients are
 allocated while the saved tensors of other chunks are still live) the reserved peak runs above the allocated
 one. The factor is the middle of the reserved/allocated ratios measured on one stage
-(``benchmarks/memory_model.py``; docs/benchmarks.md, "Memory model"); it is the one number to change when
-other measurements disagree."""
+(``benchmarks/memory_model.py``; docs/benchmarks.md, "Memory model against measured peaks"); it is the one
+number to change when other measurements disagree."""
 
 OFFLOAD_RESIDENT_CHUNKS = 2
 """With ``pipeline.offload``, the chunks whose saved activations are on the device at once: the one whose
@@ -116,20 +123,21 @@ def predict_memory(
     program: ScheduleProgram,
     orders: Sequence[Sequence[TaskId]] | None = None,
     device: Device = Device.CUDA,
+    rules: EdgeRules = EDGE_RULES,
 ) -> tuple[StageMemory, ...]:
     """Each stage's memory at its peak; see the module docstring."""
     if orders is None:
         orders = stage_orders(program)
-    return tuple(_stage_memory(program, stage, tuple(order), device) for stage, order in enumerate(orders))
+    return tuple(_stage_memory(program, stage, tuple(order), device, rules) for stage, order in enumerate(orders))
 
 
-def graph_slots(program: ScheduleProgram, order: Sequence[TaskId]) -> int:
+def graph_slots(program: ScheduleProgram, order: Sequence[TaskId], rules: EdgeRules = EDGE_RULES) -> int:
     """The most chunks in flight in a stage's order: the runtime captures one graph slot per chunk in flight
     (``schedlang.runtime.graphs.slots_needed``)."""
-    releasing = TaskKind.WEIGHT if program.pipeline.split_backward else TaskKind.BACKWARD
+    releasing = rules.releasing_kind(program.pipeline.split_backward)
     in_flight = most = 0
     for task in order:
-        if task.kind is TaskKind.FORWARD:
+        if task.kind is ActionKind.FORWARD:
             in_flight += 1
             most = max(most, in_flight)
         elif task.kind is releasing:
@@ -137,10 +145,11 @@ def graph_slots(program: ScheduleProgram, order: Sequence[TaskId]) -> int:
     return most
 
 
-def _stage_memory(program: ScheduleProgram, stage: int, order: tuple[TaskId, ...], device: Device) -> StageMemory:
+def _stage_memory(
+    program: ScheduleProgram, stage: int, order: tuple[TaskId, ...], device: Device, rules: EdgeRules
+) -> StageMemory:
     pipeline = program.pipeline
-    is_first, is_last = stage == 0, stage == program.n_stages - 1
-    releasing = TaskKind.WEIGHT if pipeline.split_backward else TaskKind.BACKWARD
+    releasing = rules.releasing_kind(pipeline.split_backward)
     n_chunks = program.n_chunks
     chunk_bytes = [chunk_activation_bytes(program, stage, chunk, device=device) for chunk in range(n_chunks)]
     chunk_transient = [transient_bytes(program, stage, chunk, device) for chunk in range(n_chunks)]
@@ -151,12 +160,12 @@ def _stage_memory(program: ScheduleProgram, stage: int, order: tuple[TaskId, ...
     slots = pipeline.cuda_graphs is CudaGraphs.CHUNK_SLOTS
     pools = 0.0
     if slots:
-        pools = graph_slots(program, order) * (max(chunk_bytes) + max(chunk_transient))
+        pools = graph_slots(program, order, rules) * (max(chunk_bytes) + max(chunk_transient))
 
     in_flight: dict[tuple[int, int], float] = {}  # chunk -> its activation bytes
     states = 0.0
     key_value = 0.0
-    sent = _sent_bytes(program, stage, order) if pipeline.cuda_graphs is CudaGraphs.STEP else 0.0
+    sent = _sent_bytes(program, order, rules) if pipeline.cuda_graphs is CudaGraphs.STEP else 0.0
     kept_sent = sent  # step graphs keep every sent tensor; otherwise the step's end frees them
     best: StageMemory | None = None
 
@@ -184,32 +193,28 @@ def _stage_memory(program: ScheduleProgram, stage: int, order: tuple[TaskId, ...
         if best is None or candidate.allocated > best.allocated:
             best = candidate
 
+    edges_by_kind_and_chunk: dict[tuple[ActionKind, int], _TaskEdges] = {}  # the rules' shifts keep the microbatch
     for task in order:
         unit = (task.microbatch, task.chunk)
-        message = activation_message_bytes(program, task.chunk)
-        if task.kind is TaskKind.FORWARD:
+        if (task.kind, task.chunk) not in edges_by_kind_and_chunk:
+            edges_by_kind_and_chunk[task.kind, task.chunk] = _TaskEdges.of(program, task, rules)
+        edges = edges_by_kind_and_chunk[task.kind, task.chunk]
+        if task.kind is ActionKind.FORWARD:
             if task.chunk == 0:
                 key_value += key_values
             in_flight[unit] = chunk_bytes[task.chunk]
-            moment(task, 0.0, 0.0)
+            moment(task, edges.received_gradients, 0.0)
             states += one_state
-            if not is_last and not kept_sent:
-                sent += message
-            continue
-        if task.kind is TaskKind.BACKWARD:
+        if task.kind is ActionKind.BACKWARD:
             if task.chunk == n_chunks - 1:
                 key_value += key_values  # the gradient buffers
-            received = 0.0 if is_last else message
-            moment(task, received, chunk_transient[task.chunk])
+            moment(task, edges.received_gradients, chunk_transient[task.chunk])
             states -= one_state
-            if task.chunk > 0:
-                states += one_state  # the state gradients for B(a, i - 1)
-            if task.chunk < n_chunks - 1:
-                states -= one_state  # the state gradients B(a, i + 1) left, now taken
             if task.chunk == 0:
                 key_value -= 2 * key_values
-            if not is_first and not kept_sent:
-                sent += message
+        states += one_state * (edges.gradients_handed_on - edges.gradients_taken)
+        if not kept_sent:
+            sent += edges.sent
         if task.kind is releasing:
             in_flight.pop(unit, None)
     sent = kept_sent  # the step's sends are finished before its gradients are reduced
@@ -217,17 +222,46 @@ def _stage_memory(program: ScheduleProgram, stage: int, order: tuple[TaskId, ...
     return best
 
 
-def _sent_bytes(program: ScheduleProgram, stage: int, order: tuple[TaskId, ...]) -> float:
-    """Every activation (every stage but the last) and input gradient (every stage but the first) the stage
-    sends in a step."""
-    total = 0.0
-    for task in order:
-        sends = (task.kind is TaskKind.FORWARD and stage < program.n_stages - 1) or (
-            task.kind is TaskKind.BACKWARD and stage > 0
+@dataclass(frozen=True)
+class _TaskEdges:
+    """What one task's edges move, by the rule table: the bytes it sends to other stages and the gradient bytes it
+    received from them, and how many same-stage gradient hand-offs (state gradients) it gives and takes."""
+
+    sent: float
+    received_gradients: float
+    gradients_handed_on: int
+    gradients_taken: int
+
+    @classmethod
+    def of(cls, program: ScheduleProgram, task: TaskId, rules: EdgeRules) -> _TaskEdges:
+        split = program.pipeline.split_backward
+        n_stages, n_chunks = program.n_stages, program.n_chunks
+        predecessors = rules.predecessors(task, n_stages, n_chunks, split)
+        successors = rules.successors(task, n_stages, n_chunks, split)
+        return cls(
+            sent=sum(activation_message_bytes(program, task.chunk) for _, rule in successors if rule.is_message),
+            received_gradients=sum(
+                activation_message_bytes(program, source.chunk)
+                for source, rule in predecessors
+                if rule.is_message and rule.payload.is_gradient
+            ),
+            gradients_handed_on=sum(1 for _, rule in successors if _is_gradient_hand_off(rule)),
+            gradients_taken=sum(1 for _, rule in predecessors if _is_gradient_hand_off(rule)),
         )
-        if sends:
-            total += activation_message_bytes(program, task.chunk)
-    return total
+
+
+def _is_gradient_hand_off(rule) -> bool:
+    return rule.same_stage and rule.payload.is_gradient
+
+
+def _sent_bytes(program: ScheduleProgram, order: tuple[TaskId, ...], rules: EdgeRules) -> float:
+    """Every message the stage sends in a step (every activation but the last stage's, every input gradient but
+    the first stage's)."""
+    sent: dict[tuple[ActionKind, int], float] = {}  # the rules' shifts keep the microbatch
+    for task in order:
+        if (task.kind, task.chunk) not in sent:
+            sent[task.kind, task.chunk] = _TaskEdges.of(program, task, rules).sent
+    return sum(sent[task.kind, task.chunk] for task in order)
 
 
 def _gradient_reduction_bytes(program: ScheduleProgram, stage: int) -> float:

@@ -2,7 +2,7 @@
 
 Every function here is a closed form in the program's sizes (``d`` = ``d_model``, ``H`` heads, ``D`` head
 dimension, ``W = H D``, an ``attn`` layer's own ``H_a`` query heads of ``D_a`` and ``W_a = H_a D_a``, its
-``H_kv`` key/value heads and ``W_kv = H_kv D_a`` (``ModelSpec.attention_geometry``), ``h`` the SwiGLU width,
+``H_kv`` key/value heads and ``W_kv = H_kv D_a`` (``ModelConfig.attention_geometry``), ``h`` the SwiGLU width,
 ``V`` the vocabulary, ``e`` bytes per element of ``train.dtype``, ``f`` bytes of the kernels' compute dtype: 4,
 or 8 for fp64) and is what :mod:`schedlang.lowering.memory_peak` adds up along a stage's order.
 docs/cost-model.md ("Memory") states every formula and what it assumes; the per-token activation terms are the
@@ -59,9 +59,17 @@ from enum import Enum
 from schedlang.lowering.cost import DTYPE_BYTES, compute_bytes
 from schedlang.lowering.operator_tokens import RUNTIME_KERNEL_CHUNK, operator_tokens
 from schedlang.lowering.parameters import mlp_width, stage_parameters
-from schedlang.lowering.program import MlpKind, ModelSpec, Recompute, ScheduleProgram
-from schedlang.runtime.config import AttentionGeometry
-from schedlang.vocabulary import AttentionExchange, DType, LayerKind, OptimizerKind, recompute_on
+from schedlang.lowering.program import Recompute, ScheduleProgram
+from schedlang.vocabulary import (
+    AttentionExchange,
+    AttentionGeometry,
+    DType,
+    LayerKind,
+    MlpKind,
+    ModelConfig,
+    OptimizerKind,
+    recompute_on,
+)
 
 TOKEN_ID_BYTES = 8
 """Token ids and targets are int64."""
@@ -155,9 +163,9 @@ def program_sizes(program: ScheduleProgram) -> Sizes:
             value_heads=gdn_state.heads,
             key_dim=gdn_state.key_dim,
             value_dim=gdn_state.value_dim,
-            conv_taps=model.gdn.short_conv_size or 0,
+            conv_taps=model.options.gdn.short_conv_size or 0,
         ),
-        mamba2=Mamba2Geometry(model.mamba2.state_size, model.mamba2.n_groups, model.mamba2.conv_kernel),
+        mamba2=Mamba2Geometry(model.options.mamba2.state_size, model.options.mamba2.n_groups, model.options.mamba2.conv_kernel),
     )
 
 
@@ -275,7 +283,7 @@ def head_bytes_per_token(sizes: Sizes, device: Device) -> float:
 
 
 def layer_bytes_per_token(
-    model: ModelSpec, kind: LayerKind, sizes: Sizes, recompute: Recompute, device: Device
+    model: ModelConfig, kind: LayerKind, sizes: Sizes, recompute: Recompute, device: Device
 ) -> float:
     """One layer's saved bytes per token under ``recompute`` (``full`` is the stage's business: 0 here)."""
     if recompute is Recompute.FULL:
@@ -284,7 +292,7 @@ def layer_bytes_per_token(
     total = 0.0
     if kind.is_mixer:
         total += input_bytes if recompute is Recompute.MIXER else mixer_bytes_per_token(kind, sizes, device)
-    if model.has_mlp(kind) and model.mlp.kind is not MlpKind.NONE:
+    if model.has_mlp(kind) and model.mlp_kind is not MlpKind.NONE:
         total += input_bytes if recompute is Recompute.MLP else mlp_bytes_per_token(sizes, device)
     return total
 
@@ -368,7 +376,7 @@ def chunk_activation_bytes(
 
 def state_bytes(program: ScheduleProgram, stage: int) -> float:
     """One chunk boundary's recurrent states on ``stage``: every recurrent layer's whole state
-    (``ModelSpec.state_geometry``: its matrix, and a gdn layer's short-convolution history), float32."""
+    (``ModelConfig.state_geometry``: its matrix, and a gdn layer's short-convolution history), float32."""
     sizes = program_sizes(program)
     elements = sum(
         program.model.state_geometry(kind).elements for kind in stage_layer_kinds(program, stage) if kind.is_recurrent
@@ -433,15 +441,15 @@ def static_bytes(program: ScheduleProgram, stage: int) -> dict[StaticPart, float
     }
 
 
-def layer_workspace_bytes_per_token(model: ModelSpec, kind: LayerKind, sizes: Sizes, device: Device) -> float:
+def layer_workspace_bytes_per_token(model: ModelConfig, kind: LayerKind, sizes: Sizes, device: Device) -> float:
     """The temporaries of one layer's backward, per token: the gradients of what it saved (as large as the
     saved tensors) and, for a recurrent layer, the states entering each kernel chunk that its backward
-    recomputes (its state matrix, ``ModelSpec.state_geometry``, over ``C`` tokens, in fp32)."""
+    recomputes (its state matrix, ``ModelConfig.state_geometry``, over ``C`` tokens, in fp32)."""
     saved = layer_bytes_per_token(model, kind, sizes, Recompute.NONE, device)
     return saved + recomputed_state_bytes_per_token(model, kind, sizes)
 
 
-def recomputed_state_bytes_per_token(model: ModelSpec, kind: LayerKind, sizes: Sizes) -> float:
+def recomputed_state_bytes_per_token(model: ModelConfig, kind: LayerKind, sizes: Sizes) -> float:
     """The states entering each kernel chunk that a recurrent layer's backward recomputes, per token its
     operator runs over (0 for other kinds)."""
     if not kind.is_recurrent:
@@ -449,7 +457,7 @@ def recomputed_state_bytes_per_token(model: ModelSpec, kind: LayerKind, sizes: S
     return model.state_geometry(kind).matrix_elements * sizes.compute_bytes / RUNTIME_KERNEL_CHUNK
 
 
-def operator_workspace_bytes_per_token(model: ModelSpec, kind: LayerKind, sizes: Sizes, device: Device) -> float:
+def operator_workspace_bytes_per_token(model: ModelConfig, kind: LayerKind, sizes: Sizes, device: Device) -> float:
     """The part of :func:`layer_workspace_bytes_per_token` per token the recurrent operator runs over: the
     gradients of what it saved and the recomputed states."""
     return operator_bytes_per_token(kind, sizes, device) + recomputed_state_bytes_per_token(model, kind, sizes)

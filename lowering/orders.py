@@ -74,8 +74,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Union
 
-from schedlang.lowering.program import OrderKind, ScheduleProgram
-from schedlang.lowering.tasks import TaskId
+from schedlang.lowering.program import ScheduleProgram
+from schedlang.vocabulary import OrderKind
+from schedlang.vocabulary.actions import TaskId
 
 StageOrders = tuple[tuple[TaskId, ...], ...]
 """One tuple of tasks per stage, indexed by stage."""

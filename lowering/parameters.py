@@ -13,8 +13,8 @@ import functools
 from collections import Counter
 from dataclasses import dataclass
 
-from schedlang.lowering.program import MlpKind, ModelSpec, ScheduleProgram
-from schedlang.vocabulary import LayerKind
+from schedlang.lowering.program import ScheduleProgram
+from schedlang.vocabulary import LayerKind, MlpKind, ModelConfig
 
 MLP_WIDTH_MULTIPLE = 8
 """The runtime rounds SwiGLU widths up to a multiple of 8 (``schedlang.runtime.model.swiglu_width``)."""
@@ -33,26 +33,27 @@ class ParameterCount:
         return ParameterCount(self.linear_weights + other.linear_weights, self.other + other.other)
 
 
-def mlp_width(model: ModelSpec) -> int:
-    """The SwiGLU hidden width the runtime builds (0 without an MLP): ``mlp.width`` as is, else from the ratio."""
-    if model.mlp.kind is MlpKind.NONE:
+def mlp_width(model: ModelConfig) -> int:
+    """The SwiGLU hidden width the runtime builds (0 without an MLP): ``options.mlp_width`` as is, else from
+    ``mlp_ratio``."""
+    if model.mlp_kind is MlpKind.NONE:
         return 0
-    if model.mlp.width is not None:
-        return model.mlp.width
-    width = max(1, int(round(model.d_model * model.mlp.ratio)))
+    if model.options.mlp_width is not None:
+        return model.options.mlp_width
+    width = max(1, int(round(model.d_model * model.mlp_ratio)))
     return -(-width // MLP_WIDTH_MULTIPLE) * MLP_WIDTH_MULTIPLE
 
 
 @functools.lru_cache(maxsize=64)
-def _meta_block(model: ModelSpec, kind: LayerKind):
-    """The runtime's own ``Block`` of ``kind`` for ``model.runtime_config()``, built on torch's meta device
+def _meta_block(model: ModelConfig, kind: LayerKind):
+    """The runtime's own ``Block`` of ``kind`` for ``model``, built on torch's meta device
     (shapes, no memory, no values)."""
     import torch
 
     from schedlang.runtime.model import Block
 
     with torch.device("meta"):
-        return Block(model.runtime_config(), kind)
+        return Block(model, kind)
 
 
 def _linear_weights(module) -> int:
@@ -62,7 +63,7 @@ def _linear_weights(module) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def layer_parameters(model: ModelSpec, kind: LayerKind) -> ParameterCount:
+def layer_parameters(model: ModelConfig, kind: LayerKind) -> ParameterCount:
     """One block (its norms, token mixer and MLP; [Note: separate MLP layers]: an ``mlp`` layer is only the MLP)
     counted on the runtime's own ``Block`` (:func:`_meta_block`): every option the runtime honours (narrow keys,
     grouped heads, low-rank gates, output gates, short convolutions, attention heads, MLP widths) counts as the
@@ -72,7 +73,7 @@ def layer_parameters(model: ModelSpec, kind: LayerKind) -> ParameterCount:
     return ParameterCount(weights, sum(parameter.numel() for parameter in block.parameters()) - weights)
 
 
-def mixer_linear_weights(model: ModelSpec, kind: LayerKind) -> int:
+def mixer_linear_weights(model: ModelConfig, kind: LayerKind) -> int:
     """The weights of the linear layers of a ``kind`` layer's token mixer as the runtime builds it (its q, k, v
     and output projections and its gates; 0 for ``mlp``): each costs 2 FLOPs per token forward."""
     mixer = _meta_block(model, kind).mixer
@@ -94,7 +95,7 @@ def stage_parameters(program: ScheduleProgram, stage: int) -> ParameterCount:
     if stage == 0:
         count = count + ParameterCount(0, model.vocab * model.d_model)
     if stage == program.n_stages - 1:
-        if not model.tie_embeddings:
+        if not model.options.tie_embeddings:
             count = count + ParameterCount(model.d_model * model.vocab, model.d_model)
         elif stage > 0:
             count = count + ParameterCount(0, model.vocab * model.d_model + model.d_model)

@@ -45,8 +45,8 @@ from schedlang.lowering.cost import (
     mlp_flops_per_token,
     model_attention_pair_flops,
 )
-from schedlang.lowering.program import ModelSpec, OrderKind, PartitionKind, ScheduleProgram
-from schedlang.vocabulary import LayerKind
+from schedlang.lowering.program import ScheduleProgram
+from schedlang.vocabulary import LayerKind, ModelConfig, OrderKind, PartitionKind
 
 
 def _kernel_blocks(length: int, kernel_chunk: int) -> int:
@@ -210,7 +210,7 @@ class LayerFlopCoefficients:
     softmax_cost_per_pair: float  # C_soft: one attention layer, per query-key pair
 
 
-def layer_flop_coefficients(model: ModelSpec, kernel_chunk: int) -> LayerFlopCoefficients:
+def layer_flop_coefficients(model: ModelConfig, kernel_chunk: int) -> LayerFlopCoefficients:
     """Forward FLOP coefficients of ``model`` for Eq. 9, from the simulator's own per-layer counts.
 
     The ``flops`` cost model (:mod:`schedlang.lowering.cost`, formulas in
@@ -242,7 +242,7 @@ def layer_flop_coefficients(model: ModelSpec, kernel_chunk: int) -> LayerFlopCoe
 
 
 def model_balanced_boundaries(
-    model: ModelSpec, length: int, n_chunks: int, alpha: float, unit: int, sequence_ranks: int = 1
+    model: ModelConfig, length: int, n_chunks: int, alpha: float, unit: int, sequence_ranks: int = 1
 ) -> tuple[int, ...]:
     """:func:`balanced_boundaries` with the coefficients of ``model``, boundaries on multiples of ``unit``
     (the kernel chunk times ``sequence_ranks``, [Note: sequence-parallel alignment])."""

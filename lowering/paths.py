@@ -24,8 +24,7 @@ def resolve_schedule_path(program: ScheduleProgram, path: str | None) -> str | N
 
 
 def checkpoint_directory(program: ScheduleProgram) -> str | None:
-    checkpoint = program.train.checkpoint
-    return None if checkpoint is None else resolve_schedule_path(program, checkpoint.directory)
+    return resolve_schedule_path(program, program.train.checkpoint_directory)
 
 
 def data_path(program: ScheduleProgram) -> str | None:
@@ -37,17 +36,20 @@ def tokenizer_path(program: ScheduleProgram) -> str | None:
 
 
 def tensorboard_directory(program: ScheduleProgram) -> str | None:
-    return resolve_schedule_path(program, program.train.log)
+    return resolve_schedule_path(program, program.train.tensorboard_directory)
+
+
+def with_resolved_inputs(program: ScheduleProgram) -> ScheduleProgram:
+    """``program`` with the paths its run reads or logs to resolved (data, tokenizer, TensorBoard directory),
+    the checkpoint directory left as written: what codegen renders for any program."""
+    train = program.train
+    data = dataclasses.replace(train.data, path=data_path(program), tokenizer=tokenizer_path(program))
+    train = dataclasses.replace(train, data=data, tensorboard_directory=tensorboard_directory(program))
+    return dataclasses.replace(program, train=train)
 
 
 def with_resolved_paths(program: ScheduleProgram) -> ScheduleProgram:
-    """``program`` with its data path and checkpoint directory resolved by :func:`resolve_schedule_path`."""
-    train = program.train
-    checkpoint = train.checkpoint
-    if checkpoint is not None:
-        checkpoint = dataclasses.replace(checkpoint, directory=checkpoint_directory(program))
-    data = dataclasses.replace(train.data, path=data_path(program), tokenizer=tokenizer_path(program))
-    return dataclasses.replace(
-        program,
-        train=dataclasses.replace(train, data=data, checkpoint=checkpoint, log=tensorboard_directory(program)),
-    )
+    """``program`` with every path of its train record resolved by :func:`resolve_schedule_path`."""
+    resolved = with_resolved_inputs(program)
+    train = dataclasses.replace(resolved.train, checkpoint_directory=checkpoint_directory(program))
+    return dataclasses.replace(resolved, train=train)

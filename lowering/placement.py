@@ -13,6 +13,12 @@ the same action list. So the only placed messages are activations
 ``B(r + 1, a, i) -> B(r, a, i)``, between ranks of equal sequence and data
 coordinates.
 
+The messages are read from the table of edge rules ([Note: edge rules] in
+schedlang.vocabulary.edges): every rule that crosses stages carries a payload
+that its ``before`` task sends (the payload's send action right after that
+task) and its ``after`` task receives (the payload's receive action before it),
+wherever the rule joins two tasks inside the graph.
+
 Output: for each stage, a tuple of runtime :class:`Action` s: every task, each
 ``F`` followed by ``SEND_F`` (unless last stage), each ``B`` followed by
 ``SEND_B`` (unless first stage), each ``W`` as it is (it sends and receives
@@ -43,61 +49,92 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from schedlang.lowering.tasks import TaskId, TaskKind
-from schedlang.vocabulary import Action, ActionKind
+from schedlang.vocabulary.actions import Action, ActionKind, TaskId
+from schedlang.vocabulary.edges import EDGE_RULES, Dependency, EdgeRule, EdgeRules
 
-
-def _send_order(order: Sequence[TaskId], kind: TaskKind) -> list[tuple[int, int]]:
-    return [(task.microbatch, task.chunk) for task in order if task.kind is kind]
+_Message = tuple[Dependency, int, int]
+"""One message between two stages: the dependency whose rule carries it, and the sender's microbatch and chunk."""
 
 
 class _Inbox:
     """What one neighbour sends this stage, in the neighbour's send order, and how much of it is received."""
 
-    def __init__(self, sends: list[tuple[int, int]], receive: ActionKind) -> None:
+    def __init__(self, sends: list[_Message], rules: EdgeRules) -> None:
         self.sends = sends
-        self.receive = receive
+        self.rules = rules
         self.received = 0
-        self.positions: dict[tuple[int, int], int] = {}
+        self.positions: dict[_Message, int] = {}
         """Where each message first stands in ``sends`` (what ``sends.index`` finds, without the scan)."""
-        for position, key in enumerate(sends):
-            self.positions.setdefault(key, position)
+        for position, message in enumerate(sends):
+            self.positions.setdefault(message, position)
 
-    def receive_through(self, key: tuple[int, int], actions: list[Action]) -> None:
-        """Receive every message not received yet, up to and including ``key``, in the sender's order."""
-        if key not in self.positions:
-            raise ValueError(f"{key} is not in list: the neighbouring stage never sends it (orders must be checked)")
-        needed = self.positions[key] + 1
+    def receive_through(self, message: _Message, actions: list[Action]) -> None:
+        """Receive every message not received yet, up to and including ``message``, in the sender's order."""
+        if message not in self.positions:
+            raise ValueError(
+                f"{message[1:]} is not in list: the neighbouring stage never sends it (orders must be checked)"
+            )
+        needed = self.positions[message] + 1
         while self.received < needed:
-            actions.append(Action(self.receive, *self.sends[self.received]))
+            dependency, microbatch, chunk = self.sends[self.received]
+            actions.append(Action(self.rules.rule(dependency).payload.receive_action, microbatch, chunk))
             self.received += 1
 
 
-def place_stage_actions(orders: Sequence[Sequence[TaskId]]) -> tuple[tuple[Action, ...], ...]:
-    """Expand checked per-stage task orders into per-stage action lists; see the module docstring."""
+def place_stage_actions(
+    orders: Sequence[Sequence[TaskId]], n_chunks: int | None = None, rules: EdgeRules = EDGE_RULES
+) -> tuple[tuple[Action, ...], ...]:
+    """Expand checked per-stage task orders into per-stage action lists; see the module docstring.
+
+    ``n_chunks`` (default: one more than the largest chunk the orders name) bounds the rules' shifts;
+    ``rules`` is the table whose message rules are placed.
+    """
     n_stages = len(orders)
+    if n_chunks is None:
+        n_chunks = 1 + max((task.chunk for order in orders for task in order), default=0)
+    split_backward = any(task.kind not in rules.task_kinds(False) for order in orders for task in order)
+    messages = rules.messages(split_backward)
+    # the rules' shifts keep the microbatch, so what a task sends and receives is asked once per kind, stage and
+    # chunk (as the legality check numbers its neighbours)
+    sent_by: dict[tuple[ActionKind, int, int], tuple[EdgeRule, ...]] = {}
+    received_by: dict[tuple[ActionKind, int, int], tuple[tuple[Dependency, int, int], ...]] = {}
+
+    def sends(task: TaskId, stage_offset: int | None = None) -> list[_Message]:
+        """What ``task`` sends, in table order (only to the stage ``stage_offset`` below it, when given)."""
+        position = (task.kind, task.stage, task.chunk)
+        if position not in sent_by:
+            sent_by[position] = tuple(rule for rule in messages if rule.successor(task, n_stages, n_chunks) is not None)
+        return [
+            (rule.dependency, task.microbatch, task.chunk)
+            for rule in sent_by[position]
+            if stage_offset in (None, rule.stage_offset)
+        ]
+
+    def receives(task: TaskId) -> list[tuple[int, _Message]]:
+        """What ``task`` receives, in table order, each with the stage offset of its sender."""
+        position = (task.kind, task.stage, task.chunk)
+        if position not in received_by:
+            received_by[position] = tuple(
+                (rule.stage_offset, rule.dependency, predecessor.chunk)
+                for predecessor, rule in rules.predecessors(task, n_stages, n_chunks, split_backward)
+                if rule.is_message
+            )
+        return [(offset, (dependency, task.microbatch, chunk)) for offset, dependency, chunk in received_by[position]]
+
     placed = []
     for stage, order in enumerate(orders):
-        activations_from_previous = _send_order(orders[stage - 1], TaskKind.FORWARD) if stage > 0 else []
-        gradients_from_next = _send_order(orders[stage + 1], TaskKind.BACKWARD) if stage + 1 < n_stages else []
-        activations = _Inbox(activations_from_previous, ActionKind.RECV_ACTIVATION)
-        gradients = _Inbox(gradients_from_next, ActionKind.RECV_GRADIENT)
+        # one inbox per neighbour: messages in one direction are matched first in, first out ([Note: deadlock freedom])
+        inboxes = {
+            offset: _Inbox([message for task in orders[stage + offset] for message in sends(task, offset)], rules)
+            for offset in {rule.stage_offset for rule in messages}
+            if 0 <= stage + offset < n_stages
+        }
         actions: list[Action] = []
         for task in order:
-            key = (task.microbatch, task.chunk)
-            if task.kind is TaskKind.FORWARD:
-                if stage > 0:
-                    activations.receive_through(key, actions)
-                actions.append(Action(ActionKind.FORWARD, *key))
-                if stage + 1 < n_stages:
-                    actions.append(Action(ActionKind.SEND_ACTIVATION, *key))
-            elif task.kind is TaskKind.WEIGHT:
-                actions.append(Action(ActionKind.WEIGHT, *key))
-            else:
-                if stage + 1 < n_stages:
-                    gradients.receive_through(key, actions)
-                actions.append(Action(ActionKind.BACKWARD, *key))
-                if stage > 0:
-                    actions.append(Action(ActionKind.SEND_GRADIENT, *key))
+            for offset, message in receives(task):
+                inboxes[offset].receive_through(message, actions)
+            actions.append(task.action)
+            for dependency, microbatch, chunk in sends(task):
+                actions.append(Action(rules.rule(dependency).payload.send_action, microbatch, chunk))
         placed.append(tuple(actions))
     return tuple(placed)

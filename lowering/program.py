@@ -5,10 +5,13 @@ A :class:`ScheduleProgram` is built only by the front end's semantic pass
 (``schedlang.semantics``), after every value has been checked: types, ranges,
 divisibility and chunk boundaries. Later passes may therefore assume:
 
+* ``model`` and ``train`` are the vocabulary's records (``ModelConfig``, ``TrainConfig``), the same ones
+  the runtime reads; their paths are as written (relative to the schedule file until
+  ``lowering.paths.with_resolved_paths``);
 * ``model.layers`` is non-empty; ``model.heads * model.head_dim`` is the width
-  of every recurrent layer's values (and of its queries and keys unless ``model.gla``
+  of every recurrent layer's values (and of its queries and keys unless ``model.options.gla``
   narrows those of ``gla`` layers), but ``gdn`` layers have
-  ``model.gdn.value_heads_of(model.heads)`` value heads, a multiple of ``model.heads``;
+  ``model.options.gdn.value_heads_of(model.heads)`` value heads, a multiple of ``model.heads``;
   ``attn`` layers have the heads of ``model.attention_geometry``;
 * ``stage_layers`` partitions ``range(len(model.layers))`` into
   ``mesh.pipeline`` contiguous, non-empty, increasing runs;
@@ -30,112 +33,22 @@ print, and so passes cannot mutate what they are given.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from enum import Enum
 
-from schedlang.lowering.tasks import TaskId
-from schedlang.runtime.config import (
-    AttentionGeometry,
-    ModelConfig,
-    RecurrentStateGeometry,
-    attention_geometry,
-    recurrent_state_geometry,
-)
-from schedlang.runtime.model_options import AttentionOptions, GdnOptions, GlaOptions, Mamba2Options, ModelOptions
+from schedlang.vocabulary.actions import TaskId
 from schedlang.vocabulary import (
     AttentionExchange,
     CudaGraphs,
-    DataKind,
-    DType,
-    LayerKind,
-    LearningRateScheduleKind,
-    OptimizerKind,
+    ModelConfig,
+    OrderKind,
+    PartitionKind,
     Recompute,
-    RunRequest,
     SequenceParallelMethod,
     Span,
     StageRecompute,
-    TokenFileDType,
+    TrainConfig,
 )
-
-
-class MlpKind(str, Enum):
-    SWIGLU = "swiglu"
-    NONE = "none"
-
-
-@dataclass(frozen=True)
-class MlpSpec:
-    """``width`` (``swiglu(intermediate_size = n)``) is the hidden width as is; None: from ``ratio``."""
-
-    kind: MlpKind = MlpKind.SWIGLU
-    ratio: float = 4.0
-    width: int | None = None
-
-
-RUNTIME_NORM_EPS = next(field.default for field in dataclasses.fields(ModelConfig) if field.name == "norm_eps")
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    vocab: int
-    d_model: int
-    layers: tuple[LayerKind, ...]
-    heads: int
-    head_dim: int
-    mlp: MlpSpec = MlpSpec()
-    norm_eps: float = RUNTIME_NORM_EPS
-    gla: GlaOptions = GlaOptions()
-    gdn: GdnOptions = GdnOptions()
-    attention: AttentionOptions = AttentionOptions()
-    mamba2: Mamba2Options = Mamba2Options()
-    tie_embeddings: bool = False
-    initial_weights: str | None = None  # a Hugging Face directory with safetensors weights (model.from)
-
-    @property
-    def separate_mlp(self) -> bool:
-        """Whether the MLPs are layers of their own ([Note: separate MLP layers])."""
-        return LayerKind.MLP in self.layers
-
-    def has_mlp(self, kind: LayerKind) -> bool:
-        """Whether a layer of ``kind`` holds an MLP."""
-        if kind is LayerKind.MLP:
-            return True
-        return self.mlp.kind is not MlpKind.NONE and not self.separate_mlp
-
-    @property
-    def attention_geometry(self) -> AttentionGeometry:
-        """The heads of the ``attn`` layers, by the runtime's rule (``schedlang.runtime.config.attention_geometry``)."""
-        return attention_geometry(self.heads, self.head_dim, self.attention)
-
-    def state_geometry(self, kind: LayerKind) -> RecurrentStateGeometry | None:
-        """The state a ``kind`` layer carries, by the runtime's rule (``schedlang.runtime.config.
-        recurrent_state_geometry``); None for a layer without one."""
-        return recurrent_state_geometry(kind, self.heads, self.head_dim, self.runtime_config().options)
-
-    def runtime_config(self) -> ModelConfig:
-        """The runtime's record of this model, which a generated script writes out (``mlp_ratio`` 0: no MLP)."""
-        swiglu = self.mlp.kind is MlpKind.SWIGLU
-        options = ModelOptions(
-            gla=self.gla,
-            gdn=self.gdn,
-            attention=self.attention,
-            mamba2=self.mamba2,
-            mlp_width=self.mlp.width if swiglu else None,
-            tie_embeddings=self.tie_embeddings,
-            initial_weights=self.initial_weights,
-        )
-        return ModelConfig(
-            vocab=self.vocab,
-            d_model=self.d_model,
-            layers=self.layers,
-            heads=self.heads,
-            head_dim=self.head_dim,
-            mlp_ratio=float(self.mlp.ratio) if swiglu else 0.0,
-            norm_eps=self.norm_eps,
-            options=options,
-        )
+from schedlang.vocabulary.actions import TaskId
 
 
 @dataclass(frozen=True)
@@ -149,12 +62,6 @@ class MeshSpec:
     @property
     def world_size(self) -> int:
         return self.pipeline * self.sequence * self.data
-
-
-class PartitionKind(str, Enum):
-    UNIFORM = "uniform"
-    BALANCED = "balanced"  # StateFlow Eq. 9-11
-    EXPLICIT = "explicit"
 
 
 @dataclass(frozen=True)
@@ -174,12 +81,6 @@ class SequenceSpec:
 
     def chunk_length(self, chunk: int) -> int:
         return self.boundaries[chunk + 1] - self.boundaries[chunk]
-
-
-class OrderKind(str, Enum):
-    GPIPE = "gpipe"
-    ONE_F_ONE_B = "1f1b"
-    EXPLICIT = "explicit"
 
 
 @dataclass(frozen=True)
@@ -223,74 +124,6 @@ class PipelineSpec:
 
 
 @dataclass(frozen=True)
-class OptimizerSpec:
-    kind: OptimizerKind = OptimizerKind.ADAMW
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    momentum: float = 0.0  # SGD only
-
-
-@dataclass(frozen=True)
-class LearningRateScheduleSpec:
-    """``train.lr_schedule``: ``warmup`` steps rising linearly to the optimizer's lr, then ``kind`` down to
-    ``min_lr`` at the last of ``train.steps``."""
-
-    kind: LearningRateScheduleKind = LearningRateScheduleKind.CONSTANT
-    warmup: int = 0
-    min_lr: float = 0.0
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    kind: DataKind = DataKind.SYNTHETIC
-    seed: int = 0
-    path: str | None = None  # for DataKind.BYTES (None: the default corpus) and DataKind.TOKENS (required)
-    dtype: TokenFileDType = TokenFileDType.UINT16  # DataKind.TOKENS only
-    tokenizer: str | None = None  # DataKind.TEXT only: a Hugging Face tokenizer.json
-    validation: float = 0.0  # file data: the last fraction of its tokens, held out for validation
-    document_end: int | str | None = None  # file data: the token id ending each packed document (text: or its name)
-
-
-@dataclass(frozen=True)
-class CheckpointSpec:
-    directory: str
-    every: int
-
-
-@dataclass(frozen=True)
-class LossScaleSpec:
-    """``train.loss_scale``: ``dynamic`` (from 2**16, by torch.amp.GradScaler's rules) or a fixed ``scale``."""
-
-    dynamic: bool = True
-    scale: float = 65536.0
-
-
-@dataclass(frozen=True)
-class TrainSpec:
-    steps: int = 10
-    optimizer: OptimizerSpec = OptimizerSpec()
-    dtype: DType = DType.FP32
-    data: DataSpec = DataSpec()
-    seed: int = 0  # parameter initialisation seed
-    grad_clip: float | None = None
-    checkpoint: CheckpointSpec | None = None
-    log_every: int = 1
-    lr_schedule: LearningRateScheduleSpec = LearningRateScheduleSpec()
-    log: str | None = None  # a TensorBoard directory: train.log = tensorboard(directory = "...")
-    eval_every: int = 0  # a validation loss after every this many steps; 0: none
-    eval_batches: int = 1  # validation batches per evaluation
-    master_weights: bool = True  # fp32 master weights for a 16-bit dtype: see keeps_master_weights
-    loss_scale: LossScaleSpec | None = None  # None: no loss scaling; the checker makes fp16's dynamic
-
-    @property
-    def keeps_master_weights(self) -> bool:
-        """Whether the optimizer updates fp32 master weights of a 16-bit model ([Note: master weights] in
-        schedlang.runtime.master_weights): ``master_weights`` and a 16-bit ``dtype``."""
-        return self.master_weights and self.dtype.is_16_bit
-
-
-@dataclass(frozen=True)
 class DocumentPieces:
     """The most document pieces a chunk of each length can hold in the schedule's packed data ([Note: packed
     documents] in schedlang.runtime.packing): ``by_length``, ``(chunk length, pieces)`` pairs by length."""
@@ -307,11 +140,11 @@ class ScheduleProgram:
     """A checked schedule; see [Note: program contract]."""
 
     name: str
-    model: ModelSpec
+    model: ModelConfig
     mesh: MeshSpec
     sequence: SequenceSpec
     pipeline: PipelineSpec
-    train: TrainSpec
+    train: TrainConfig
     stage_layers: tuple[tuple[int, ...], ...]  # layer indices owned by each stage
     source_file: str = "<memory>"
     spans: dict[str, Span] = field(default_factory=dict, compare=False, hash=False)
@@ -336,14 +169,23 @@ class ScheduleProgram:
     def n_chunks(self) -> int:
         return self.sequence.n_chunks
 
+    @property
+    def sequence_parallel(self) -> int:
+        """Ranks sharing each chunk (``mesh.sequence``), as the runtime's pipeline record names them."""
+        return self.mesh.sequence
 
-def run_request(model: ModelSpec, mesh: MeshSpec, sequence: SequenceSpec, pipeline: PipelineSpec) -> RunRequest:
-    """What a schedule asks the runtime to run, for the capabilities list (schedlang.vocabulary.capabilities)."""
-    return RunRequest(
-        layers=model.layers,
-        sequence_parallel=mesh.sequence,
-        chunk_lengths=tuple(sequence.chunk_length(chunk) for chunk in range(sequence.n_chunks)),
-        recompute=pipeline.recompute,
-        offload=pipeline.offload,
-        cuda_graphs=pipeline.cuda_graphs,
-    )
+    @property
+    def chunk_lengths(self) -> tuple[int, ...]:
+        return tuple(self.sequence.chunk_length(chunk) for chunk in range(self.sequence.n_chunks))
+
+    @property
+    def recompute(self) -> StageRecompute:
+        return self.pipeline.recompute
+
+    @property
+    def offload(self) -> bool:
+        return self.pipeline.offload
+
+    @property
+    def cuda_graphs(self) -> CudaGraphs:
+        return self.pipeline.cuda_graphs

@@ -32,22 +32,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from schedlang.lowering.cost import CostModel, CostModelKind, make_cost_model
-from schedlang.lowering.graph import Dependency, task_predecessors
+from schedlang.lowering.graph import task_predecessors
 from schedlang.lowering.legality import execution_order
 from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.program import ScheduleProgram
-from schedlang.lowering.tasks import TaskId, TaskKind
-from schedlang.lowering.timeline import MessageInterval, MessageKind, Stream, TaskInterval, Timeline
-
-MESSAGE_OF_DEPENDENCY = {
-    Dependency.STAGE_FORWARD: MessageKind.ACTIVATION,
-    Dependency.STATE_FORWARD: MessageKind.STATE,
-    Dependency.STAGE_BACKWARD: MessageKind.ACTIVATION_GRADIENT,
-    Dependency.STATE_BACKWARD: MessageKind.STATE_GRADIENT,
-}
-"""Dependencies that carry data to another task; FORWARD_BACKWARD and BACKWARD_WEIGHT reuse saved tensors in
-place."""
-
+from schedlang.lowering.timeline import MessageInterval, Stream, TaskInterval, Timeline
+from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.edges import EDGE_RULES
 
 def simulate(
     program: ScheduleProgram,
@@ -71,9 +62,9 @@ def simulate(
     for task in sequence:
         ready = stage_free[task.stage]
         for predecessor, dependency in task_predecessors(task, n_stages, n_chunks):
-            message_kind = MESSAGE_OF_DEPENDENCY.get(dependency)
+            message_kind = dependency.payload  # the rule table's: [Note: edge rules]
             sent = end[predecessor]
-            if message_kind is None:
+            if not message_kind.moves:
                 ready = max(ready, sent)
                 continue
             arrived = sent + cost_model.message_duration(message_kind, predecessor, task)
@@ -113,10 +104,10 @@ def peak_activations(
 ) -> tuple[float, ...]:
     """Per stage, the most activation live at once, one whole microbatch = 1.0."""
     length = program.sequence.length
-    releasing = TaskKind.WEIGHT if program.pipeline.split_backward else TaskKind.BACKWARD
+    releasing = EDGE_RULES.releasing_kind(program.pipeline.split_backward)
     events: list[list[tuple[float, int, int]]] = [[] for _ in range(program.n_stages)]
     for task, task_start in start.items():
-        if task.kind is TaskKind.FORWARD:
+        if task.kind is ActionKind.FORWARD:
             tokens = program.sequence.chunk_length(task.chunk)
             release = TaskId(releasing, task.stage, task.microbatch, task.chunk)
             # at equal times the release (flag 0) sorts before the allocation (flag 1): intervals are half-open

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary.actions import TaskId
+from schedlang.vocabulary.edges import Payload
 
 
 class Stream(str, Enum):
@@ -19,13 +20,6 @@ class Stream(str, Enum):
     COMPUTE = "compute"
     SEND = "send"
     RECV = "recv"
-
-
-class MessageKind(str, Enum):
-    ACTIVATION = "activation"  # F(r, a, i) -> F(r+1, a, i)
-    ACTIVATION_GRADIENT = "activation_gradient"  # B(r+1, a, i) -> B(r, a, i)
-    STATE = "state"  # F(r, a, i) -> F(r, a, i+1), same stage (or across sequence ranks)
-    STATE_GRADIENT = "state_gradient"  # B(r, a, i+1) -> B(r, a, i)
 
 
 @dataclass(frozen=True)
@@ -44,7 +38,7 @@ class TaskInterval:
 class MessageInterval:
     """A message between two tasks; same-stage state hand-offs have zero duration."""
 
-    kind: MessageKind
+    kind: Payload  # what the edge carries, one that moves (the rule table says which edges do)
     source: TaskId
     destination: TaskId
     start: float

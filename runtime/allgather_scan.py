@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from schedlang.runtime.scan_common import ScanPosition, ScanResult, Transition, combine
+from schedlang.runtime.scan_common import ScanPosition, ScanResult, Transition, combine, entering_carry
 
 
 def allgather_scan(
@@ -26,14 +26,8 @@ def allgather_scan(
     boundary: torch.Tensor | None,
     position: ScanPosition,
 ) -> ScanResult:
-    """Run the state scan of ``schedlang.runtime.scan_common`` from one all-gather.
-
-    Args:
-        local: ``[B, H, K, V]`` this rank's local term ``x(p)``.
-        transition: this rank's transition ``T(p)``.
-        boundary: ``[B, H, K, V]`` carry entering the first rank; read only there.
-        position: this rank's place in the scan.
-    """
+    """Run the state scan of ``schedlang.runtime.scan_common`` from one all-gather (its arguments:
+    :class:`~schedlang.runtime.scan_common.StateScan`)."""
     contributed = combine(transition, boundary, local) if position.is_first else local
     payload = torch.cat([contributed.reshape(-1), transition.payload()])
     gathered = [torch.empty_like(payload) for _ in range(position.size)]
@@ -44,7 +38,7 @@ def allgather_scan(
     carry_in = carry_out = None
     for group_rank in position.order:
         if group_rank == position.rank:
-            carry_in = boundary if position.is_first else carry
+            carry_in = entering_carry(boundary, local) if position.is_first else carry
         if group_rank == position.first_rank:
             carry = gathered[group_rank][:n_state].view_as(local)
         else:
@@ -53,6 +47,4 @@ def allgather_scan(
             carry = combine(rank_transition, carry, rank_local)
         if group_rank == position.rank:
             carry_out = carry
-    if carry_in is None:
-        carry_in = torch.zeros_like(local)
     return ScanResult(carry_in=carry_in, carry_out=carry_out, last_carry_out=carry)

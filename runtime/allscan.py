@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from schedlang.runtime.scan_common import ScanPosition, ScanResult, Transition, combine, split_state
+from schedlang.runtime.scan_common import ScanPosition, ScanResult, Transition, combine, entering_carry, split_state
 
 
 def _blocks_on_hop_into(receiver_is_last: bool, n_blocks: int) -> int:
@@ -51,19 +51,13 @@ def allscan_scan(
     position: ScanPosition,
     n_blocks: int,
 ) -> ScanResult:
-    """Run the state scan of ``schedlang.runtime.scan_common`` with pipelined blocks.
-
-    Args:
-        local: ``[B, H, K, V]`` this rank's local term ``x(p)``.
-        transition: this rank's transition ``T(p)``.
-        boundary: ``[B, H, K, V]`` carry entering the first rank; read only there.
-        position: this rank's place in the scan.
-        n_blocks: number of blocks, at least 1 and at most the state's extent along ``transition.block_axis``.
-    """
+    """Run the state scan of ``schedlang.runtime.scan_common`` with pipelined blocks: the arguments of a
+    :class:`~schedlang.runtime.scan_common.StateScan`, and ``n_blocks``, at least 1 and at most the state's
+    extent along ``transition.block_axis``."""
     axis = transition.block_axis
     outgoing_blocks = 0 if position.is_last else _blocks_on_hop_into(position.next_rank == position.last_rank, n_blocks)
     if position.is_first:
-        carry_in = boundary if boundary is not None else torch.zeros_like(local)
+        carry_in = entering_carry(boundary, local)
         carry_out = combine(transition, boundary, local)
         sends = _send_blocks(split_state(carry_out, outgoing_blocks, axis), position) if outgoing_blocks else []
     else:

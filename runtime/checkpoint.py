@@ -22,15 +22,33 @@ current user and writable by nobody else, or the resume is refused
 permission off what they create. The directories above the checkpoint
 directory are not checked. docs/reliability.md states the rule for users.
 
+The checkpoint directory and ``latest`` are checked before ``latest`` is read, and ``latest`` is read
+as a regular file of at most :data:`MAX_LATEST_BYTES` (a FIFO or a link to a device is refused, never
+read).
+
+[Note: shard checksums] After every rank has saved, rank 0 writes ``checksums.json`` into the step
+directory (the SHA-256 and size of every file torch wrote) before ``latest`` names the step. A resume
+verifies them before torch opens any of the files, so a shard that was truncated or overwritten is named
+(``step-N/__0_0.distcp does not match its checksum``) and the previous checkpoint is tried. A step directory
+without ``checksums.json`` (written before checksums were recorded) is loaded unverified.
+
 Faults: a ``latest`` that names a checkpoint that cannot be read (truncated,
 corrupt, missing) is reported in one line and the newest earlier complete
 checkpoint is loaded instead; when none loads, the resume fails
 (:class:`CheckpointError`) rather than train from half-loaded weights.
+
+[Note: no overwriting another run's checkpoints] A run starts from the seed only in a checkpoint directory
+that holds no complete step directory (one with torch's ``.metadata``): with ``latest`` removed, a directory of
+checkpoints is refused rather than silently overwritten step by step by a fresh run. A resumed run may write
+over step directories newer than the one it resumed from, which are interrupted saves or ones it reported as
+unreadable.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import os
 import re
 import stat
@@ -45,9 +63,15 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from schedlang.runtime.checkpoint_manifest import RUN_RECORD_KEY, first_mismatch
+from schedlang.vocabulary.files import UnsafeFileError, read_bounded, read_bounded_text, write_replacing
 
 LOSS_SCALE_KEY = "loss_scale"
 LATEST_FILE = "latest"
+CHECKSUM_FILE = "checksums.json"
+MAX_LATEST_BYTES = 256
+MAX_CHECKSUM_FILE_BYTES = 1 << 20
+METADATA_FILE = ".metadata"
+TRUSTED_FILE_MODE = 0o644  # what rank 0 writes itself: no write permission for group and others
 STEP_DIRECTORY = re.compile(r"step-(\d{8,})")
 FOREIGN_WRITE_BITS = stat.S_IWGRP | stat.S_IWOTH
 
@@ -115,6 +139,51 @@ def _remove_foreign_write(path: Path) -> None:
         pass  # not ours to change: the resume's trust check will name it
 
 
+def _file_digest(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def write_checksums(step_directory: Path) -> None:
+    """``checksums.json``: ``{file name: {"sha256": ..., "bytes": ...}}`` of every file of ``step_directory``
+    ([Note: shard checksums])."""
+    entries = {
+        entry.name: {"sha256": _file_digest(entry), "bytes": entry.stat().st_size}
+        for entry in sorted(step_directory.iterdir())
+        if entry.name != CHECKSUM_FILE and entry.is_file() and not entry.is_symlink()
+    }
+    text = json.dumps(entries, indent=1, sort_keys=True) + "\n"
+    write_replacing(step_directory / CHECKSUM_FILE, text, mode=TRUSTED_FILE_MODE)
+
+
+def checksum_problem(step_directory: Path) -> str | None:
+    """``<file> does not match its checksum ...`` for the first file of ``step_directory`` that differs from
+    ``checksums.json``, or is missing; None when all match or there is no ``checksums.json``."""
+    manifest = step_directory / CHECKSUM_FILE
+    if not os.path.lexists(manifest):
+        return None
+    try:
+        entries = json.loads(read_bounded(manifest, MAX_CHECKSUM_FILE_BYTES, "checkpoint checksums"))
+    except (OSError, ValueError, RecursionError) as error:
+        return f"{manifest} cannot be read ({str(error)[:200]})"
+    if not isinstance(entries, dict):
+        return f"{manifest} is not a JSON object"
+    for name, expected in sorted(entries.items()):
+        path = step_directory / name
+        if not isinstance(expected, dict) or Path(name).name != name:
+            return f"{manifest} has an entry {name[:100]!r} that names no file of the directory"
+        try:
+            size = path.stat().st_size
+            if size != expected.get("bytes"):
+                recorded = expected.get("bytes")
+                return f"{path} does not match its checksum ({size} bytes, {recorded} recorded: truncated?)"
+            if _file_digest(path) != expected.get("sha256"):
+                return f"{path} does not match its checksum (its content changed: corrupt)"
+        except OSError as error:
+            return f"{path} cannot be read ({error.strerror or error})"
+    return None
+
+
 def save_checkpoint(
     directory: str,
     step: int,
@@ -140,19 +209,22 @@ def save_checkpoint(
     if _is_rank_zero():
         for path in (Path(directory), target, *target.iterdir()):
             _remove_foreign_write(path)
-        latest = Path(directory) / LATEST_FILE
-        temporary = latest.with_suffix(".tmp")
-        temporary.write_text(target.name + "\n", encoding="utf-8")
-        _remove_foreign_write(temporary)
-        temporary.replace(latest)
+        write_checksums(target)
+        # renamed into place, never written through a link; group and others never get write permission
+        write_replacing(Path(directory) / LATEST_FILE, target.name + "\n", mode=TRUSTED_FILE_MODE)
     _barrier()
 
 
 def latest_step(directory: str) -> int | None:
-    """The step ``latest`` names; None when there is no ``latest``, or it does not name a step directory."""
+    """The step ``latest`` names; None when there is no ``latest``, or it does not name a step directory.
+
+    ``latest`` is read bounded, as a regular file only (:class:`CheckpointError` for a FIFO or a device).
+    """
     latest = Path(directory) / LATEST_FILE
     try:
-        name = latest.read_text(encoding="utf-8").strip()
+        name = read_bounded_text(latest, MAX_LATEST_BYTES, "checkpoint file").strip()
+    except UnsafeFileError as error:
+        raise CheckpointError(str(error)) from None
     except (OSError, UnicodeDecodeError):
         return None
     match = STEP_DIRECTORY.fullmatch(name)
@@ -167,8 +239,12 @@ def candidate_steps(directory: str) -> list[int]:
     """
     root = Path(directory)
     latest = root / LATEST_FILE
-    if not latest.exists():
+    if not os.path.lexists(root):
         return []
+    check_trusted(root)  # [Note: checkpoint trust boundary]: before anything in it is opened
+    if not os.path.lexists(latest):
+        return []
+    check_trusted(latest)
     newest = latest_step(directory)
     steps = sorted(
         (int(match.group(1)) for entry in root.iterdir() if (match := STEP_DIRECTORY.fullmatch(entry.name))),
@@ -216,6 +292,30 @@ def _unreadable_file(step_directory: Path) -> Path:
     return metadata if metadata.exists() else step_directory
 
 
+def complete_steps(directory: str) -> list[int]:
+    """Steps of ``directory`` whose save finished (torch wrote ``.metadata``), newest first; looks at names only."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    found = (STEP_DIRECTORY.fullmatch(entry.name) for entry in root.iterdir())
+    steps = [int(match.group(1)) for match in found if match]
+    return sorted((step for step in steps if os.path.lexists(checkpoint_path(directory, step) / METADATA_FILE)),
+                  reverse=True)
+
+
+def refuse_overwriting(directory: str) -> None:
+    """:class:`CheckpointError` when a run that resumes nothing would write over ``directory``'s complete
+    checkpoints ([Note: no overwriting another run's checkpoints])."""
+    steps = complete_steps(directory)
+    if steps:
+        name = checkpoint_path(directory, steps[0]).name
+        raise CheckpointError(
+            f"{directory} holds checkpoints ({name}, {len(steps)} in all) but no '{LATEST_FILE}' names one, so this "
+            f"run would start from the seed and write over them; to start fresh, give train.checkpoint another "
+            f"directory (or move {directory} away); to resume, write {name} into {Path(directory) / LATEST_FILE}"
+        )
+
+
 def load_checkpoint(
     directory: str,
     model: torch.nn.Module,
@@ -233,6 +333,7 @@ def load_checkpoint(
     """
     candidates = candidate_steps(directory)
     if not candidates:
+        refuse_overwriting(directory)
         return 0
     for step in candidates:
         step_directory = checkpoint_path(directory, step)
@@ -241,6 +342,11 @@ def load_checkpoint(
                 say(f"schedlang: checkpoint {step_directory} is missing; trying an earlier one")
             continue
         check_trusted_checkpoint(step_directory)
+        problem = checksum_problem(step_directory)
+        if problem is not None:
+            if say is not None:
+                say(f"schedlang: checkpoint {problem}; trying an earlier one")
+            continue
         try:
             if record is not None:
                 recorded = _read_record(step_directory, record)
@@ -298,3 +404,9 @@ def resume_or_exit(
             else 1
         )
     return step
+
+
+def read_run_record(step_directory: Path, keys) -> dict[str, str]:
+    """The run record ``step_directory`` holds for those of ``keys`` it has, read without any tensor: what
+    ``schedlang run`` compares before it starts the ranks (schedlang.resume_preflight)."""
+    return _read_record(Path(step_directory), keys)

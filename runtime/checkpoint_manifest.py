@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from schedlang.runtime.config import ModelConfig, PipelineConfig, TrainConfig
-from schedlang.runtime.model_options import ModelOptions
+from schedlang.runtime.config import PipelineConfig
+from schedlang.vocabulary import ModelConfig, ModelOptions, TrainConfig
 
 RUN_RECORD_KEY = "run"
 

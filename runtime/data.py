@@ -48,14 +48,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from schedlang.runtime.config import DataConfig
 from schedlang.runtime.packing import loss_token_count
-from schedlang.vocabulary import DataKind, TokenFileDType
+from schedlang.vocabulary import DataConfig, DataKind, TokenFileDType
+from schedlang.vocabulary.files import read_bounded
 
 RECALL_PERIOD = 24
 SYNTHETIC_ALPHABET = 32
 BYTE_VOCAB = 256
 DEFAULT_CORPUS_LIMIT_BYTES = 16 * 1024 * 1024
+MAX_BYTES_CORPUS = 1 << 32  # a bytes(path) corpus is held in memory; larger data belongs in a tokens file
 TOKEN_NUMPY_TYPES = {TokenFileDType.UINT16: np.dtype("<u2"), TokenFileDType.UINT32: np.dtype("<u4")}
 VALIDATION_STREAM = 0x9E3779B9  # validation seeds start this far past step 0's (torch seeds its CPU generator
 # from the low 32 bits, so the offset must show there); no run trains 2.6e9 steps
@@ -230,7 +231,7 @@ def corpus_bytes(path: str | None, limit_bytes: int = DEFAULT_CORPUS_LIMIT_BYTES
         if problem is not None:
             raise DataFileError(problem)
         try:
-            return Path(path).read_bytes()
+            return read_bounded(path, MAX_BYTES_CORPUS, "data file")
         except OSError as error:
             raise DataFileError(f"data file {path} cannot be read: {error.strerror or error}") from None
     pieces, total = [], 0
@@ -308,7 +309,22 @@ class TokenSource:
                     f"the corpus has {self.corpus.numel()} bytes, fewer than one sequence of {length + 1}"
                 )
         elif config.kind is DataKind.TOKENS:
-            self.token_ids = np.memmap(config.path, dtype=TOKEN_NUMPY_TYPES[config.dtype], mode="r")
+            # the handle stays open: each batch checks the mapped file's size first ([Note: truncated tokens])
+            self._token_file = open(config.path, "rb")
+            self._mapped_bytes = os.fstat(self._token_file.fileno()).st_size
+            self.token_ids = np.memmap(self._token_file, dtype=TOKEN_NUMPY_TYPES[config.dtype], mode="r")
+
+    def _check_not_truncated(self) -> None:
+        """[Note: truncated tokens] Reading a page of a memory-mapped file past its end kills the process with
+        SIGBUS, which no handler turns into a message. So before each batch is read, the mapped file (the
+        inode, through the handle kept open) must still be as long as when it was mapped, else
+        :class:`DataFileError` names it."""
+        size = os.fstat(self._token_file.fileno()).st_size
+        if size < self._mapped_bytes:
+            raise DataFileError(
+                f"data file {self.config.path} was truncated while training ({size} bytes, {self._mapped_bytes} "
+                "when the run started); restore it, or write new data under another name"
+            )
 
     def _corpus_size(self) -> int:
         return self.token_ids.size if self.token_ids is not None else self.corpus.numel()
@@ -359,6 +375,7 @@ class TokenSource:
         """``global_batch`` sequences of ``length + 1`` tokens starting in ``[low, high - length - 1)``."""
         starts = torch.randint(low, high - self.length - 1, (self.global_batch,), generator=generator)
         if self.token_ids is not None:
+            self._check_not_truncated()
             rows = np.stack([np.asarray(self.token_ids[start : start + self.length + 1]) for start in starts.tolist()])
             if rows.max() >= self.vocab:
                 problem = _id_outside_vocabulary(self.config, self.vocab)

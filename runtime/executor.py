@@ -18,6 +18,11 @@ the gradients of the chunk's final states left by ``B(a, i + 1)``, run one
 gradients of the chunk's initial-state leaves into the store for
 ``B(a, i - 1)``, queue the input gradient for ``SEND_B`` and drop the chunk's
 graph. See [Note: state passing] in :mod:`schedlang.runtime.state_store`.
+Which task a state, state gradient or message comes from and goes to, and
+which rank a send or receive action talks to, is read from the table of edge
+rules ([Note: edge rules] in :mod:`schedlang.vocabulary.edges`): a task takes
+a payload where a rule carrying it gives the task a predecessor, and hands it
+on where one gives it a successor.
 
 [Note: sequence-parallel chunks]
 With a sequence-parallel group of ``S`` ranks, every rank of a stage runs the
@@ -96,14 +101,31 @@ from schedlang.runtime.packing import ChunkDocuments, DocumentLayout, loss_targe
 from schedlang.runtime.state_store import ChunkRecord, StateStore
 from schedlang.runtime.step_graphs import StepGraphs
 from schedlang.vocabulary import Action, ActionKind, Recompute, deferred_weight_units
+from schedlang.vocabulary.actions import TaskId
+from schedlang.vocabulary.edges import EDGE_RULES, MESSAGE_PAYLOADS, Payload
 
 
 _FORWARD_ONLY = frozenset((ActionKind.FORWARD, ActionKind.RECV_ACTIVATION, ActionKind.SEND_ACTIVATION))
 """The actions an evaluation step keeps: [Note: forward-only evaluation]."""
 
-_COMMUNICATION = frozenset(
-    (ActionKind.RECV_ACTIVATION, ActionKind.RECV_GRADIENT, ActionKind.SEND_ACTIVATION, ActionKind.SEND_GRADIENT)
-)
+_COMMUNICATION = frozenset(MESSAGE_PAYLOADS)
+
+_MESSAGE_NAMES = {
+    Payload.ACTIVATION: ("activation", "activation"),
+    Payload.ACTIVATION_GRADIENT: ("output gradient", "input gradient"),
+}
+"""What a message of each payload is called by the task that receives it and by the task that sends it."""
+
+
+@dataclass(frozen=True)
+class _Message:
+    """One send or receive action as the rule table reads it: [Note: edge rules] in schedlang.vocabulary.edges."""
+
+    payload: Payload
+    sends: bool
+    task: tuple[ActionKind, int, int]  # the outbox key of the task that sent it, or the inbox key of its receiver
+    peer: int | None  # the rank it goes to or comes from
+    description: str
 
 
 @dataclass(frozen=True)
@@ -161,6 +183,11 @@ class StageExecutor:
         # [Note: sequence-wide K/V] in schedlang.runtime.kv_buffers
         self.kv = SequenceKV(shape.chunk_boundaries[-1]) if model.has_attention else None
         self.store = StateStore()
+        self.split_backward = any(action.kind is ActionKind.WEIGHT for action in actions)
+        # the stages the rule table's shifts may reach from here: those up to the next one, if there is one
+        self.visible_stages = stage + (2 if next_stage_rank is not None else 1)
+        # what each send and receive of the list moves, read from the rule table once
+        self.messages = {action: self.message(action) for action in actions if action.kind in _COMMUNICATION}
         self.offload = ActivationOffload(self.model_device, self._stays_resident) if shape.offload else None
         self.parameter_storages = frozenset(storage_key(parameter) for parameter in model.parameters())
         backwards = [(action.microbatch, action.chunk) for action in actions if action.kind is ActionKind.BACKWARD]
@@ -184,7 +211,46 @@ class StageExecutor:
         self.evaluating = False  # inside run_evaluation_step: [Note: forward-only evaluation]
 
     def task_name(self, kind: ActionKind, microbatch: int, chunk: int) -> str:
-        return f"{self.stage}{kind.value}{microbatch}.{chunk}"
+        return str(TaskId(kind, self.stage, microbatch, chunk))
+
+    def source(self, kind: ActionKind, microbatch: int, chunk: int, payload: Payload) -> TaskId | None:
+        """The task this stage's task takes ``payload`` from by the rule table, or None where it takes none
+        (``F(a, 0)`` takes no state; a last stage's ``B`` receives no output gradient)."""
+        return self._neighbour(kind, microbatch, chunk, payload, to_source=True)
+
+    def destination(self, kind: ActionKind, microbatch: int, chunk: int, payload: Payload) -> TaskId | None:
+        """The task this stage's task hands ``payload`` to by the rule table, or None where it hands none on."""
+        return self._neighbour(kind, microbatch, chunk, payload, to_source=False)
+
+    def _neighbour(
+        self, kind: ActionKind, microbatch: int, chunk: int, payload: Payload, to_source: bool
+    ) -> TaskId | None:
+        task = TaskId(kind, self.stage, microbatch, chunk)
+        for rule in EDGE_RULES.carrying(payload, self.split_backward):
+            shift = rule.predecessor if to_source else rule.successor
+            neighbour = shift(task, self.visible_stages, self.shape.n_chunks)
+            if neighbour is not None:
+                return neighbour
+        return None
+
+    def message(self, action: Action) -> _Message:
+        """What a send or receive action moves, to or from which rank, for which task's key."""
+        kind, microbatch, chunk = action
+        payload = MESSAGE_PAYLOADS[kind]
+        # the one rule that carries the payload across stages
+        (rule,) = (rule for rule in EDGE_RULES.messages(self.split_backward) if rule.payload is payload)
+        sends = kind is payload.send_action
+        # a receive comes from the stage the rule shifts to, a send goes the opposite way
+        towards = -rule.stage_offset if sends else rule.stage_offset
+        peer = self.previous_stage_rank if towards < 0 else self.next_stage_rank
+        received_name, sent_name = _MESSAGE_NAMES[payload]
+        if sends:
+            task = (rule.before, microbatch, chunk)
+            description = f"the {sent_name} of task {self.task_name(*task)}"
+        else:
+            task = (rule.after, microbatch, chunk - rule.chunk_offset)
+            description = f"the {received_name} that task {self.task_name(*task)} needs"
+        return _Message(payload, sends, task, peer, description)
 
     def chunk_tokens(self, microbatch: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = slice(microbatch * self.shape.microbatch_size, (microbatch + 1) * self.shape.microbatch_size)
@@ -257,14 +323,13 @@ class StageExecutor:
                 if action in graphs.losses:
                     self.loss_sum += graphs.losses[action].double()
             else:
-                is_gradient = kind in (ActionKind.RECV_GRADIENT, ActionKind.SEND_GRADIENT)
-                upstream = (kind is ActionKind.RECV_ACTIVATION) or (kind is ActionKind.SEND_GRADIENT)
-                peer = self.previous_stage_rank if upstream else self.next_stage_rank
-                description = f"the {'gradient' if is_gradient else 'activation'} of {action}"
+                message = self.messages[action]
+                is_gradient = message.payload.is_gradient
                 if action in graphs.received:
-                    self.messenger.receive_into(graphs.received[action], peer, is_gradient, description)
+                    buffer = graphs.received[action]
+                    self.messenger.receive_into(buffer, message.peer, is_gradient, message.description)
                 else:
-                    self.messenger.send(graphs.sent[action], peer, is_gradient, description)
+                    self.messenger.send(graphs.sent[action], message.peer, is_gradient, message.description)
         self.messenger.finish_sends()
         return self.loss_sum
 
@@ -308,65 +373,53 @@ class StageExecutor:
             self.weight(microbatch, chunk)
         elif self.step_graphs is not None and self.step_graphs.capturing and kind in _COMMUNICATION:
             self._walk_communication(action)
-        elif kind is ActionKind.RECV_ACTIVATION:
-            self.inbox[(ActionKind.FORWARD, microbatch, chunk)] = self.messenger.receive(
-                self.activation_shape(chunk),
-                self.activation_dtype,
-                self.previous_stage_rank,
-                is_gradient=False,
-                description=f"the activation that task {self.task_name(ActionKind.FORWARD, microbatch, chunk)} needs",
-            )
-        elif kind is ActionKind.RECV_GRADIENT:
-            self.inbox[(ActionKind.BACKWARD, microbatch, chunk)] = self.messenger.receive(
-                self.activation_shape(chunk),
-                self.activation_dtype,
-                self.next_stage_rank,
-                is_gradient=True,
-                description=f"the output gradient that task {self.task_name(ActionKind.BACKWARD, microbatch, chunk)} needs",
-            )
-        elif kind is ActionKind.SEND_ACTIVATION:
-            self.messenger.send(
-                self.outbox.pop((ActionKind.FORWARD, microbatch, chunk)),
-                self.next_stage_rank,
-                is_gradient=False,
-                description=f"the activation of task {self.task_name(ActionKind.FORWARD, microbatch, chunk)}",
-            )
-        elif kind is ActionKind.SEND_GRADIENT:
-            self.messenger.send(
-                self.outbox.pop((ActionKind.BACKWARD, microbatch, chunk)),
-                self.previous_stage_rank,
-                is_gradient=True,
-                description=f"the input gradient of task {self.task_name(ActionKind.BACKWARD, microbatch, chunk)}",
-            )
+        else:
+            message = self.messages[action]
+            if message.sends:
+                self.messenger.send(
+                    self.outbox.pop(message.task), message.peer, message.payload.is_gradient, message.description
+                )
+            else:
+                self.inbox[message.task] = self.messenger.receive(
+                    self.activation_shape(chunk),
+                    self.activation_dtype,
+                    message.peer,
+                    is_gradient=message.payload.is_gradient,
+                    description=message.description,
+                )
 
     def _walk_communication(self, action: Action) -> None:
         """The capture walk's receive takes its buffer and its send keeps its tensor, communicating nothing."""
-        kind, microbatch, chunk = action
-        if kind in (ActionKind.RECV_ACTIVATION, ActionKind.RECV_GRADIENT):
-            computing = ActionKind.FORWARD if kind is ActionKind.RECV_ACTIVATION else ActionKind.BACKWARD
-            buffer = self.messenger.pool.get(self.activation_shape(chunk), self.activation_dtype, self.model_device)
-            self.step_graphs.received[action] = self.inbox[(computing, microbatch, chunk)] = buffer
+        message = self.messages[action]
+        if message.sends:
+            self.step_graphs.sent[action] = self.outbox.pop(message.task)
         else:
-            computed = ActionKind.FORWARD if kind is ActionKind.SEND_ACTIVATION else ActionKind.BACKWARD
-            self.step_graphs.sent[action] = self.outbox.pop((computed, microbatch, chunk))
+            shape = self.activation_shape(action.chunk)
+            buffer = self.messenger.pool.get(shape, self.activation_dtype, self.model_device)
+            self.step_graphs.received[action] = self.inbox[message.task] = buffer
 
     def _take_input(self, microbatch: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.model.is_first:
             inputs, _ = self.chunk_tokens(microbatch, chunk)
             return inputs, None
-        try:
-            buffer = self.inbox.pop((ActionKind.FORWARD, microbatch, chunk))
-        except KeyError:
-            raise RuntimeError(
-                f"task {self.task_name(ActionKind.FORWARD, microbatch, chunk)} runs before its activation "
-                "was received (no RECV_F precedes it in the action list)"
-            ) from None
+        buffer = self._received(ActionKind.FORWARD, microbatch, chunk, Payload.ACTIVATION)
         return buffer, buffer
 
+    def _received(self, kind: ActionKind, microbatch: int, chunk: int, payload: Payload) -> torch.Tensor:
+        """The ``payload`` this stage's task received from another stage; an error naming the missing receive."""
+        try:
+            return self.inbox.pop((kind, microbatch, chunk))
+        except KeyError:
+            raise RuntimeError(
+                f"task {self.task_name(kind, microbatch, chunk)} runs before its {_MESSAGE_NAMES[payload][0]} "
+                f"was received (no {payload.receive_action.value} precedes it in the action list)"
+            ) from None
+
     def _initial_states(self, microbatch: int, chunk: int) -> list[torch.Tensor | None]:
-        if chunk == 0:
+        source = self.source(ActionKind.FORWARD, microbatch, chunk, Payload.STATE)
+        if source is None:
             return [None] * self.model.n_states
-        return self.store.take_forward_states(microbatch, chunk - 1)
+        return self.store.take_forward_states(source.microbatch, source.chunk)
 
     def _run_model(
         self, inputs: torch.Tensor, initial_states: list[torch.Tensor | None], microbatch: int, chunk: int
@@ -419,7 +472,7 @@ class StageExecutor:
                     inputs, initial_states, microbatch, chunk
                 )
             record = ChunkRecord(inputs, input_leaf, state_leaves, outputs, final_states, input_buffer, slot)
-        if chunk + 1 < self.shape.n_chunks:
+        if self.destination(ActionKind.FORWARD, microbatch, chunk, Payload.STATE) is not None:
             self.store.put_forward_states(
                 microbatch, chunk, [None if state is None else state.detach() for state in final_states]
             )
@@ -428,7 +481,7 @@ class StageExecutor:
             self.loss_sum += outputs.detach().double()
             if self.step_graphs is not None and self.step_graphs.capturing:
                 self.step_graphs.losses[Action(ActionKind.FORWARD, microbatch, chunk)] = outputs.detach()
-        else:
+        elif self.destination(ActionKind.FORWARD, microbatch, chunk, Payload.ACTIVATION) is not None:
             self.outbox[(ActionKind.FORWARD, microbatch, chunk)] = outputs.detach()
 
     def run_evaluation_step(self, tokens: torch.Tensor, loss_tokens: int | None = None) -> torch.Tensor:
@@ -461,7 +514,7 @@ class StageExecutor:
             outputs, _, _, final_states, _ = self._run_model(inputs, initial_states, microbatch, chunk)
         finally:
             self.graphs = graphs
-        if chunk + 1 < self.shape.n_chunks:
+        if self.destination(ActionKind.FORWARD, microbatch, chunk, Payload.STATE) is not None:
             self.store.put_forward_states(microbatch, chunk, final_states)
         elif self.kv is not None:
             self.kv.close(microbatch)
@@ -469,7 +522,7 @@ class StageExecutor:
             self.messenger.pool.give_back(input_buffer)
         if self.model.is_last:
             self.loss_sum += outputs.double()
-        else:
+        elif self.destination(ActionKind.FORWARD, microbatch, chunk, Payload.ACTIVATION) is not None:
             self.outbox[(ActionKind.FORWARD, microbatch, chunk)] = outputs
 
     def backward(self, microbatch: int, chunk: int) -> None:
@@ -492,16 +545,10 @@ class StageExecutor:
             )
         tensors, gradients = [outputs], [None if self.loss_gradient is None else self.loss_gradient.to(outputs.dtype)]
         output_gradient = None
-        if not self.model.is_last:
-            try:
-                output_gradient = self.inbox.pop((ActionKind.BACKWARD, microbatch, chunk))
-            except KeyError:
-                raise RuntimeError(
-                    f"task {self.task_name(ActionKind.BACKWARD, microbatch, chunk)} runs before its output "
-                    "gradient was received (no RECV_B precedes it in the action list)"
-                ) from None
+        if self.source(ActionKind.BACKWARD, microbatch, chunk, Payload.ACTIVATION_GRADIENT) is not None:
+            output_gradient = self._received(ActionKind.BACKWARD, microbatch, chunk, Payload.ACTIVATION_GRADIENT)
             gradients = [output_gradient]
-        if chunk + 1 < self.shape.n_chunks:
+        if self.source(ActionKind.BACKWARD, microbatch, chunk, Payload.STATE_GRADIENT) is not None:
             for final_state, state_gradient in zip(final_states, self.store.take_state_gradients(microbatch, chunk)):
                 if final_state is not None:  # attention layers keep no state
                     tensors.append(final_state)
@@ -513,16 +560,17 @@ class StageExecutor:
                 self.offload.release((microbatch, chunk))
             # a graph slot's gradients live in its static buffers, which its next forward overwrites
             handed_out = (lambda grad: grad.clone()) if record.graph_slot is not None else (lambda grad: grad)
-            if chunk > 0:
+            state_gradient_to = self.destination(ActionKind.BACKWARD, microbatch, chunk, Payload.STATE_GRADIENT)
+            if state_gradient_to is not None:
                 self.store.put_state_gradients(
-                    microbatch,
-                    chunk - 1,
+                    state_gradient_to.microbatch,
+                    state_gradient_to.chunk,
                     [
                         None if leaf is None else handed_out(leaf.grad) if leaf.grad is not None else torch.zeros_like(leaf)
                         for leaf in state_leaves
                     ],
                 )
-            if not self.model.is_first:
+            if self.destination(ActionKind.BACKWARD, microbatch, chunk, Payload.ACTIVATION_GRADIENT) is not None:
                 self.outbox[(ActionKind.BACKWARD, microbatch, chunk)] = handed_out(input_leaf.grad)
             self.gradients_formed()
         if record.graph_slot is not None:

@@ -4,7 +4,7 @@ fla 0.6.0's ``GLAConfig`` and ``GatedDeltaNetConfig`` have an ``attn`` field: No
 specs) ``{layers, num_heads, num_kv_heads, qkv_bias, window_size, rope_theta}`` that puts fla's
 ``Attention`` layer at the listed layer indices in place of the model's own mixer, in the same block (the
 same ``attn_norm``, ``mlp_norm`` and MLP). That layer is schedlang's ``attn`` layer with
-:class:`~schedlang.runtime.model_options.AttentionOptions` ``heads = num_heads``,
+:class:`~schedlang.vocabulary.model_options.AttentionOptions` ``heads = num_heads``,
 ``head_dim = hidden_size // num_heads``, ``kv_heads = num_kv_heads``, ``qkv_bias`` and ``rope_theta`` (fla
 always applies rotary position embeddings, base 10000 by default). :func:`read_fla_attention` reads the field
 (refusing what schedlang does not build: sliding windows, query/key norms, specs that differ between
@@ -16,9 +16,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from schedlang.runtime.config import ModelConfig
-from schedlang.runtime.model_options import AttentionOptions
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import AttentionOptions, LayerKind, ModelConfig
 
 ATTENTION_FIELD = "attn"
 FLA_ROPE_THETA = 10000.0

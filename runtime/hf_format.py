@@ -5,7 +5,7 @@ A Hugging Face directory written by ``GLAForCausalLM.save_pretrained``,
 ``GatedDeltaNetForCausalLM.save_pretrained`` or ``Mamba2ForCausalLM.save_pretrained`` (fla 0.6.0) holds a
 ``config.json`` of ``model_type`` ``"gla"``, ``"gated_deltanet"`` or ``"mamba2"`` and ``*.safetensors``
 weights. :func:`read_fla_config` turns the config into the sizes and
-:class:`~schedlang.runtime.model_options.ModelOptions` of the same network in schedlang (refusing, field by
+:class:`~schedlang.vocabulary.model_options.ModelOptions` of the same network in schedlang (refusing, field by
 field, what schedlang does not build); :func:`fla_config` is the inverse; :func:`fla_sources` names the fla
 tensors each schedlang parameter is made of. This module holds GLA and what they share;
 :mod:`schedlang.runtime.hf_gated_deltanet` the Gated DeltaNet part and :mod:`schedlang.runtime.hf_mamba2` the
@@ -22,7 +22,6 @@ from typing import Mapping
 
 import torch
 
-from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.hf_attention import (
     ATTENTION_RENAMES,
     fla_attention_config,
@@ -43,8 +42,7 @@ from schedlang.runtime.hf_mamba2 import (
     mamba2_sources,
     read_mamba2_config,
 )
-from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, GlaOptions, ModelOptions, OutputGate
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import GATE_LOGIT_NORMALIZER, GlaOptions, LayerKind, ModelConfig, ModelOptions, OutputGate
 
 FLA_MODEL_TYPE = "gla"
 FLA_ARCHITECTURE = "GLAForCausalLM"
@@ -290,6 +288,27 @@ def fla_config(model: ModelConfig, torch_dtype: torch.dtype = torch.float32) -> 
         "elementwise_affine": True,
         **shared,
     }
+
+
+def fla_peer_config(model: ModelConfig, torch_dtype: torch.dtype = torch.float32) -> dict[str, object]:
+    """The ``GLAConfig`` keys of the fla GLA nearest to ``model``, a GLA model that fla may not build exactly,
+    for a speed peer (benchmarks/one_device.py's ``fla``): :func:`fla_config` of ``model`` with the GLA
+    options fla's config cannot express set to fla's, and ``use_output_gate`` as ``model`` has it.
+
+    Equal: hidden size, layers, heads, query/key and value widths, SwiGLU width, vocabulary, tied or untied
+    embeddings, RMSNorm epsilon, no short convolution, the output gate (none or swish). Different where
+    ``model`` differs from fla's GLA layer: the forget gate is fla's low-rank projection
+    (:data:`FLA_GATE_LOW_RANK_DIM`) whatever ``model.options.gla.gate_rank`` is; the mixer's output passes
+    fla's per-head RMSNorm, which schedlang's GLA without an output gate does not have; the loss is fla's
+    fused cross entropy. ``ValueError`` as :func:`fla_config` for what fla cannot approach at all (layers
+    other than ``gla`` and ``attn``, no MLP).
+    """
+    gla = model.options.gla
+    nearest = dataclasses.replace(
+        gla, gate_rank=FLA_GATE_LOW_RANK_DIM, gate_logit_normalizer=GATE_LOGIT_NORMALIZER, output_gate=OutputGate.SWISH
+    )
+    config = fla_config(dataclasses.replace(model, options=dataclasses.replace(model.options, gla=nearest)), torch_dtype)
+    return {**config, "use_output_gate": gla.output_gate is OutputGate.SWISH, "use_cache": False}
 
 
 _LAYER = r"layers\.(\d+)\."

@@ -17,10 +17,8 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.hf_attention import read_fla_attention
-from schedlang.runtime.model_options import DeltaGates, GdnOptions, ModelOptions
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import DeltaGates, GdnOptions, LayerKind, ModelConfig, ModelOptions
 
 GDN_MODEL_TYPE = "gated_deltanet"
 GDN_ARCHITECTURE = "GatedDeltaNetForCausalLM"

@@ -5,7 +5,7 @@ The ``model_type`` ``"mamba2"`` part of :mod:`schedlang.runtime.hf_format` (whic
 refusing field by field what schedlang does not build; :func:`mamba2_config` is the inverse;
 :func:`mamba2_sources` maps parameter names. fla's ``Mamba2ForCausalLM`` is ``layers = [mamba2] * L`` with
 ``mlp = none`` (each block is a pre-norm residual around the mixer alone), ``heads = expand * hidden_size /
-head_dim`` heads of ``head_dim``, and :class:`~schedlang.runtime.model_options.Mamba2Options` from the config's
+head_dim`` heads of ``head_dim``, and :class:`~schedlang.vocabulary.model_options.Mamba2Options` from the config's
 fields of the same names. Its tensors live under ``backbone.`` (``embeddings``, ``layers.i.norm``,
 ``layers.i.mixer.*`` with the mixer's names unchanged, ``norm_f``) and ``lm_head`` (``docs/models.md``).
 """
@@ -16,9 +16,9 @@ import math
 import re
 from typing import Mapping
 
-from schedlang.runtime.config import ModelConfig
+from schedlang.vocabulary import ModelConfig
 from schedlang.runtime.mixer_mamba2 import A_INIT_RANGE
-from schedlang.runtime.model_options import Mamba2Options, ModelOptions
+from schedlang.vocabulary import Mamba2Options, ModelOptions
 from schedlang.vocabulary import LayerKind
 
 MAMBA2_MODEL_TYPE = "mamba2"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import warnings
 from pathlib import Path
 from typing import Mapping
@@ -18,9 +19,9 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from schedlang.runtime.config import ModelConfig
+from schedlang.vocabulary import ModelConfig, ModelOptions
 from schedlang.runtime.hf_format import FLA_UNFUSED_NAMES, fla_config, fla_sources, to_fla_tensors
-from schedlang.runtime.model_options import ModelOptions
+from schedlang.vocabulary.files import replacing, write_replacing
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -45,13 +46,55 @@ def _safetensors():
     return safetensors
 
 
+PICKLE_WEIGHT_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
+SAFETENSORS_HEADER_LIMIT = 100 << 20  # the safetensors format's own limit on a header
+
+
+def pickle_weight_files(directory: str | Path) -> list[Path]:
+    """The directory's weight files in torch's pickle format, which schedlang never loads (unpickling can run
+    code its writer chose)."""
+    return sorted({path for pattern in PICKLE_WEIGHT_PATTERNS for path in Path(directory).glob(pattern)})
+
+
+def safetensors_header_problem(path: Path) -> str | None:
+    """Why ``path`` is not a safetensors file (followed through links: not a regular file, shorter than its
+    header says, a header that is not a JSON object), reading at most the header; None when it is one."""
+    from schedlang.vocabulary.files import special_file_problem
+
+    problem = special_file_problem(path)
+    if problem:
+        return problem
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            prefix = handle.read(8)
+            length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+            if length < 2 or length > SAFETENSORS_HEADER_LIMIT or 8 + length > size:
+                return f"{path} is not a safetensors file (its first 8 bytes do not give a header it holds)"
+            header = json.loads(handle.read(length))
+    except OSError as error:
+        return f"{path} cannot be read: {error.strerror or error}"
+    except (ValueError, RecursionError):
+        return f"{path} is not a safetensors file (its header is not JSON)"
+    if not isinstance(header, dict):
+        return f"{path} is not a safetensors file (its header is not a JSON object)"
+    return None
+
+
 def _tensor_files(safetensors, directory: str | Path) -> dict[str, Path]:
-    """Each tensor name of the directory's safetensors files, with the file that holds it."""
+    """Each tensor name of the directory's safetensors files, with the file that holds it; :class:`HfWeightsError`
+    for a file that is not one."""
     where: dict[str, Path] = {}
     for path in safetensors_files(directory):
-        with safetensors.safe_open(str(path), framework="pt") as handle:
-            for key in handle.keys():
-                where.setdefault(key, path)
+        problem = safetensors_header_problem(path)
+        if problem:
+            raise HfWeightsError(problem)
+        try:
+            with safetensors.safe_open(str(path), framework="pt") as handle:
+                for key in handle.keys():
+                    where.setdefault(key, path)
+        except Exception as error:  # safetensors' own SafetensorError has no importable base in every version
+            raise HfWeightsError(f"{path} cannot be read as safetensors: {str(error)[:200]}") from None
     return where
 
 
@@ -173,7 +216,8 @@ def write_hf_directory(directory: Path, model: ModelConfig, tensors: Mapping[str
     config = fla_config(model, torch_dtype=dtypes.pop() if len(dtypes) == 1 else torch.float32)
     safetensors = _safetensors()
     directory.mkdir(parents=True, exist_ok=True)
-    safetensors.torch.save_file(
-        to_fla_tensors(tensors, model.layers), str(directory / WEIGHTS_FILE), metadata={"format": "pt"}
-    )
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    # each file is written whole and renamed into place, so a link at its name is replaced, not followed
+    # ([Note: file safety] in schedlang.vocabulary.files)
+    with replacing(directory / WEIGHTS_FILE) as temporary:
+        safetensors.torch.save_file(to_fla_tensors(tensors, model.layers), str(temporary), metadata={"format": "pt"})
+    write_replacing(directory / CONFIG_FILE, json.dumps(config, indent=2) + "\n")

@@ -34,7 +34,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from schedlang.runtime.config import LossScaleConfig
+from schedlang.vocabulary import LossScaleConfig
 
 
 class LossScaler:

@@ -13,8 +13,7 @@ import math
 
 import torch
 
-from schedlang.runtime.config import LearningRateScheduleConfig
-from schedlang.vocabulary import LearningRateScheduleKind
+from schedlang.vocabulary import LearningRateScheduleConfig, LearningRateScheduleKind
 
 
 def learning_rate_factor(

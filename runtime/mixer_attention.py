@@ -6,12 +6,11 @@ import torch
 import torch.nn.functional as F
 
 from schedlang.runtime.attention_parts import read_heads
-from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.kv_buffers import AttentionChunk, BufferedChunkAttention
 from schedlang.runtime.mixer_base import HeadMixer, SequenceParallelContext
 from schedlang.runtime.packing import ChunkDocuments, block_causal_mask
 from schedlang.runtime.rotary import rotate_queries_and_keys
-from schedlang.vocabulary import AttentionExchange
+from schedlang.vocabulary import AttentionExchange, ModelConfig
 
 
 class CausalAttentionMixer(HeadMixer):
@@ -32,7 +31,7 @@ class CausalAttentionMixer(HeadMixer):
     ``attention`` says ([Note: sequence-parallel attention] in
     :mod:`schedlang.runtime.attention_parallel`).
 
-    ``config.options.attention`` (:class:`~schedlang.runtime.model_options.AttentionOptions`) sets the
+    ``config.options.attention`` (:class:`~schedlang.vocabulary.model_options.AttentionOptions`) sets the
     heads, grouped key/value heads, q/k/v biases and rotary position embeddings; the rotation turns
     queries and keys at their absolute positions before the keys reach the buffers ([Note: rotary
     positions] in :mod:`schedlang.runtime.rotary`). With flash-linear-attention's head layout and a

@@ -19,9 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from schedlang.kernels.common.heads import repeat_each_head
-from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.linear import Linear
-from schedlang.vocabulary import AttentionExchange
+from schedlang.vocabulary import AttentionExchange, ModelConfig
 
 INIT_STD = 0.02
 

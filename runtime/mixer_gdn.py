@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from schedlang.runtime.config import ModelConfig, recurrent_state_geometry
 from schedlang.runtime.linear import Linear
 from schedlang.runtime.mixer_base import (
     INIT_STD,
@@ -18,10 +17,9 @@ from schedlang.runtime.mixer_base import (
     _init_normal,
     kernel_backend,
 )
-from schedlang.runtime.model_options import GATE_LOGIT_NORMALIZER, DeltaGates
 from schedlang.runtime.packing import ChunkDocuments, recurrent_by_document
 from schedlang.runtime.short_convolution import PackedDeltaState, ShortConvolution, sequence_parallel_histories
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import GATE_LOGIT_NORMALIZER, DeltaGates, LayerKind, ModelConfig, recurrent_state_geometry
 
 
 def _at_least_float32(tensor: torch.Tensor) -> torch.Tensor:

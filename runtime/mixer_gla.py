@@ -6,12 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.linear import Linear
 from schedlang.runtime.mixer_base import HeadMixer, RMSNorm, SequenceParallelContext, kernel_backend
-from schedlang.runtime.model_options import GlaOptions, OutputGate
 from schedlang.runtime.packing import ChunkDocuments, recurrent_by_document
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import GlaOptions, LayerKind, ModelConfig, OutputGate
 
 
 class GatedLinearMixer(HeadMixer):

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from schedlang.runtime.config import ModelConfig, recurrent_state_geometry
+from schedlang.vocabulary import ModelConfig, recurrent_state_geometry
 from schedlang.runtime.linear import Linear
 from schedlang.runtime.mixer_base import INIT_STD, SequenceParallelContext, _init_normal, kernel_backend
 from schedlang.runtime.packing import ChunkDocuments, recurrent_by_document
@@ -42,7 +42,7 @@ class GatedGroupRMSNorm(nn.Module):
 
 
 class Mamba2Mixer(nn.Module):
-    """Mamba-2 (``config.options.mamba2``, :class:`~schedlang.runtime.model_options.Mamba2Options`) with the
+    """Mamba-2 (``config.options.mamba2``, :class:`~schedlang.vocabulary.model_options.Mamba2Options`) with the
     model's ``heads`` heads of ``head_dim``.
 
     ``in_proj`` gives, per token, the gate ``z`` (``heads * head_dim``), then ``x``, ``B`` and ``C``

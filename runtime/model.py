@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from schedlang.runtime.config import ModelConfig
+from schedlang.runtime.embedding import TokenEmbedding
 from schedlang.runtime.kv_buffers import AttentionChunk, ChunkPosition
 from schedlang.runtime.linear import Linear, active_weight_gradient_recorder, recording_weight_gradients
 from schedlang.runtime.mixer_attention import CausalAttentionMixer
@@ -31,7 +31,7 @@ from schedlang.runtime.mixer_gdn import GatedDeltaMixer
 from schedlang.runtime.mixer_mamba2 import Mamba2Mixer
 from schedlang.runtime.mixer_gla import GatedLinearMixer
 from schedlang.runtime.packing import ChunkDocuments
-from schedlang.vocabulary import LayerKind, Recompute
+from schedlang.vocabulary import LayerKind, ModelConfig, Recompute
 
 
 def piece_generator(seed: int, piece_index: int) -> torch.Generator:
@@ -153,7 +153,7 @@ class StageModel(nn.Module):
 
     [Note: tied embeddings across stages]
     As Megatron-LM does, the first stage owns the embedding and a last stage that is not also the first holds
-    a copy of the same weight for its head. The copy is an ``nn.Embedding`` under the same name,
+    a copy of the same weight for its head. The copy is a ``TokenEmbedding`` under the same name,
     ``embedding.weight``, drawn from the same seed piece (or loaded from the same tensor), so the two start
     equal; the trainer sums the two gradients over the pair of ranks after the backward
     (``Trainer.reduce_gradients``, the group of :func:`schedlang.runtime.mesh.tied_embedding_group`), so they
@@ -170,7 +170,7 @@ class StageModel(nn.Module):
         self.is_last = is_last
         tied = config.options.tie_embeddings
         holds_embedding = is_first or (is_last and tied)  # [Note: tied embeddings across stages]
-        self.embedding = nn.Embedding(config.vocab, config.d_model) if holds_embedding else None
+        self.embedding = TokenEmbedding(config.vocab, config.d_model) if holds_embedding else None
         self.layers = nn.ModuleDict({str(index): Block(config, config.layers[index]) for index in layer_indices})
         self.final_norm = RMSNorm(config.d_model, config.norm_eps) if is_last else None
         self.lm_head = Linear(config.d_model, config.vocab, bias=False) if is_last and not tied else None

@@ -112,6 +112,21 @@ class ScanResult:
     last_carry_out: torch.Tensor | None = None
 
 
+class StateScan(Protocol):
+    """One method of the state scan (All-Scan, ring, all-gather): what every rank of the group passes it.
+
+    Args:
+        local: ``[B, H, K, V]`` this rank's local term ``x(p)``.
+        transition: this rank's transition ``T(p)``.
+        boundary: ``[B, H, K, V]`` carry entering the first rank; read only there.
+        position: this rank's place in the scan.
+    """
+
+    def __call__(
+        self, local: torch.Tensor, transition: "Transition", boundary: torch.Tensor | None, position: ScanPosition
+    ) -> ScanResult: ...
+
+
 class Transition(Protocol):
     """The linear part of one rank's affine state map ([Note: transitions])."""
 
@@ -190,6 +205,11 @@ class MatrixTransition:
 
     def gradient(self, carry_in: torch.Tensor, carry_out_grad: torch.Tensor) -> torch.Tensor:
         return carry_out_grad @ carry_in.transpose(-1, -2)
+
+
+def entering_carry(boundary: torch.Tensor | None, local: torch.Tensor) -> torch.Tensor:
+    """The carry entering the first rank of a scan: the boundary, or zeros shaped like ``local`` without one."""
+    return boundary if boundary is not None else torch.zeros_like(local)
 
 
 def combine(transition: Transition, carry: torch.Tensor | None, local: torch.Tensor) -> torch.Tensor:

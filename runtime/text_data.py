@@ -23,7 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from schedlang.vocabulary.files import read_bounded
+
 LINES_PER_BLOCK = 4096
+MAX_TOKENIZER_BYTES = 256 << 20  # a tokenizer.json of a 250K-token vocabulary is about 20 MB
 
 
 class TokenizerUnavailableError(ValueError):
@@ -43,7 +46,10 @@ def tokenised_path(corpus: str, tokenizer: str) -> Path:
     key = hashlib.sha256()
     key.update(os.path.abspath(corpus).encode())
     key.update(f"{info.st_size}:{info.st_mtime_ns}".encode())
-    key.update(Path(tokenizer).read_bytes())
+    try:
+        key.update(read_bounded(tokenizer, MAX_TOKENIZER_BYTES, "tokenizer"))
+    except OSError as error:
+        raise TokenizerUnavailableError(str(error)) from None
     return cache_directory() / "tokens" / f"{Path(corpus).name}.{key.hexdigest()[:20]}.u32.bin"
 
 
@@ -55,7 +61,11 @@ def load_tokenizer(tokenizer: str):
             "text data needs the tokenizers library: pip install tokenizers (or schedlang[text])"
         ) from None
     try:
-        return Tokenizer.from_file(tokenizer)
+        text = read_bounded(tokenizer, MAX_TOKENIZER_BYTES, "tokenizer").decode("utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise TokenizerUnavailableError(f"tokenizer {tokenizer} cannot be read: {error}") from None
+    try:
+        return Tokenizer.from_str(text)
     except Exception as error:  # the library raises a bare Exception for a file it cannot parse
         raise TokenizerUnavailableError(f"tokenizer {tokenizer} does not load: {str(error).splitlines()[0]}") from None
 

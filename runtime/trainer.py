@@ -25,13 +25,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from schedlang.runtime.config import ModelConfig, PipelineConfig, TrainConfig, run_request
+from schedlang.runtime.config import PipelineConfig
 from schedlang.runtime.cublas import use_workspace_free_gemms
-from schedlang.runtime.data import TokenSource
+from schedlang.runtime.data import DataFileError, TokenSource
 from schedlang.runtime.executor import StageExecutor, StepShape
+from schedlang.runtime.finite_guard import stop_unless_finite, stop_unless_finite_weights
 from schedlang.runtime.graphs import GraphedChunks, GraphMaker, slots_needed
 from schedlang.runtime.loss_scale import LossScaler
-from schedlang.runtime.lr_schedule import build_scheduler
+from schedlang.runtime.lr_schedule import build_scheduler, learning_rate_factor
 from schedlang.runtime.master_weights import MasterWeights
 from schedlang.runtime.step_graphs import StepGraphs
 from schedlang.runtime.mesh import RuntimeMesh, init_mesh, tied_embedding_group
@@ -44,10 +45,13 @@ from schedlang.vocabulary import (
     Action,
     CudaGraphs,
     DType,
+    ModelConfig,
     OptimizerKind,
+    TrainConfig,
     deferred_weight_units,
     recompute_on,
     require_supported,
+    run_request,
 )
 
 DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16, DType.FP64: torch.float64}
@@ -65,14 +69,26 @@ def build_optimizer(parameters, config: TrainConfig) -> torch.optim.Optimizer:
     """
     parameters = list(parameters)
     optimizer = config.optimizer
+    groups = parameter_groups(parameters, config)
     if optimizer.kind is OptimizerKind.SGD:
         return torch.optim.SGD(
-            parameters, lr=optimizer.lr, momentum=optimizer.momentum, weight_decay=optimizer.weight_decay
+            groups, lr=optimizer.lr, momentum=optimizer.momentum, weight_decay=optimizer.weight_decay
         )
     on_cuda = bool(parameters) and all(parameter.is_cuda for parameter in parameters)
     return torch.optim.AdamW(
-        parameters, lr=optimizer.lr, betas=optimizer.betas, weight_decay=optimizer.weight_decay, fused=on_cuda or None
+        groups, lr=optimizer.lr, betas=optimizer.betas, weight_decay=optimizer.weight_decay, fused=on_cuda or None
     )
+
+
+def parameter_groups(parameters: list[torch.nn.Parameter], config: TrainConfig) -> list[dict]:
+    """The optimizer's parameter groups: one, decayed by the optimizer's ``weight_decay``, unless
+    ``train.decay_norms_and_biases = false``: then the parameters of fewer than two dimensions (norm weights,
+    biases, Mamba gates' ``A_log`` and ``dt_bias``) form a second group without weight decay."""
+    if config.decay_norms_and_biases or not config.optimizer.weight_decay:
+        return [{"params": parameters}]
+    decayed = [parameter for parameter in parameters if parameter.dim() >= 2]
+    undecayed = [parameter for parameter in parameters if parameter.dim() < 2]
+    return [group for group in ({"params": decayed}, {"params": undecayed, "weight_decay": 0.0}) if group["params"]]
 
 
 def zero_gradients(optimizer: torch.optim.Optimizer) -> None:
@@ -322,6 +338,8 @@ class Trainer:
         # next step is queued
         pending = None
 
+        last_saved = None  # the step of this run's newest checkpoint ([Note: non-finite loss])
+
         def report(done: int, loss: PendingLoss, clock_token, scaling: tuple[float, bool] | None) -> None:
             losses.append(loss.value())  # returns once that step has finished on every rank
             elapsed = clock.seconds(clock_token)
@@ -329,14 +347,20 @@ class Trainer:
                 peak = peak_memory_bytes(self.mesh.device)
                 validation = validation_losses.get(done)
                 scale, skipped = (None, None) if scaling is None else scaling
+                rate = config.optimizer.lr * learning_rate_factor(
+                    config.lr_schedule, done - 1, config.steps, config.optimizer.lr
+                )
                 metrics = StepMetrics(
-                    done, losses[-1], tokens_per_step / elapsed, elapsed, peak, validation, scale, skipped
+                    done, losses[-1], tokens_per_step / elapsed, elapsed, peak, validation, scale, skipped, rate
                 )
                 show = done % config.log_every == 0 or done == steps or validation is not None
                 reporter.report(metrics, show=show)
+            skipped = scaling is not None and bool(scaling[1])
+            stop_unless_finite(done, losses[-1], skipped, self.mesh.rank == 0, last_saved)
 
         try:
             first = self.resume(steps)
+            last_saved = first or None
             clock = StepClock(self.mesh.device)
             for step in range(first, steps):
                 loss = self.queue_step(step)
@@ -346,6 +370,11 @@ class Trainer:
                 if config.checkpoint_directory and config.checkpoint_every and done % config.checkpoint_every == 0:
                     from schedlang.runtime.checkpoint import save_checkpoint
 
+                    skipped = self.loss_scaler is not None and self.loss_scaler.skipped
+                    stop_unless_finite(done, loss.value(), skipped, self.mesh.rank == 0, last_saved)
+                    stop_unless_finite_weights(
+                        done, self.updated_module.parameters(), self.mesh.device, self.mesh.rank == 0, last_saved
+                    )
                     save_checkpoint(
                         config.checkpoint_directory,
                         done,
@@ -354,6 +383,7 @@ class Trainer:
                         self.run_record(),
                         loss_scale=None if self.loss_scaler is None else self.loss_scaler.state_dict(),
                     )
+                    last_saved = done
                 if config.eval_every and done % config.eval_every == 0:
                     validation_losses[done] = self.evaluate()
                     clock.step_ended()  # the next step's time starts after the evaluation
@@ -365,6 +395,8 @@ class Trainer:
                     break
             if pending is not None:
                 report(*pending)
+        except DataFileError as error:  # a data file that changed under the run ([Note: truncated tokens])
+            raise SystemExit(f"schedlang: error: {error}") from None
         finally:
             if reporter is not None:
                 reporter.close()

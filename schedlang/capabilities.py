@@ -8,28 +8,16 @@ and the runtime accept.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from schedlang.diagnostics import Diagnostic
-from schedlang.lowering.program import MeshSpec, ModelSpec, PipelineSpec, SequenceSpec, run_request
-from schedlang.vocabulary import Span, refusals
+from schedlang.lowering.program import ScheduleProgram
+from schedlang.vocabulary import Span, refusals, run_request
 
 
-def capability_diagnostics(
-    model: ModelSpec | None,
-    mesh: MeshSpec | None,
-    sequence: SequenceSpec | None,
-    pipeline: PipelineSpec | None,
-    spans: Mapping[str, Span],
-    fallback: Span,
-) -> list[Diagnostic]:
-    """One error per refusal of the runtime's capabilities list, at the first of its keys in ``spans``
-    (``fallback`` when the file writes none); none while a block is still unreadable (``None``), whose own
-    errors come first."""
-    if None in (model, mesh, sequence, pipeline):
-        return []
+def capability_diagnostics(program: ScheduleProgram, fallback: Span) -> list[Diagnostic]:
+    """One error per refusal of the runtime's capabilities list, at the first of its keys in the program's
+    spans (``fallback`` when the file writes none)."""
     diagnostics = []
-    for refusal in refusals(run_request(model, mesh, sequence, pipeline)):
-        span = next((spans[key] for key in refusal.keys if key in spans), fallback)
+    for refusal in refusals(run_request(program.model, program)):
+        span = next((program.spans[key] for key in refusal.keys if key in program.spans), fallback)
         diagnostics.append(Diagnostic.error(refusal.message, span))
     return diagnostics

@@ -8,11 +8,13 @@
     order      program -> per-stage task orders             lowering.orders
     legality   program -> LegalityReport (Eq. 8, deadlock)  lowering.legality
     placement  orders -> per-rank action lists              lowering.placement
+    memory     program + orders -> per-stage memory peaks   lowering.memory_peak
     cost       program + orders -> Timeline                 lowering.simulate (only when a cost model is asked for)
     codegen    program + actions -> training script         lowering.codegen
 
 Every command of the CLI runs this function, or its prefix (``through=Pass.LEGALITY``), so they all
-accept and refuse the same schedules. A user error surfaces as
+accept and refuse the same schedules, and reads what it needs from the :class:`Compilation`
+(``simulate`` its ``timeline`` and ``memory``). A user error surfaces as
 :class:`~schedlang.diagnostics.ScheduleError` (parse, check) or
 :class:`~schedlang.lowering.legality.IllegalScheduleError` carrying the legality report.
 
@@ -33,13 +35,16 @@ from schedlang.frontend import read_source
 from schedlang.limits import check_program_limits, check_syntax_limits
 from schedlang.lowering.codegen import render_train_script
 from schedlang.lowering.cost import CostModelKind, Hardware, make_cost_model
+from schedlang.lowering.hardware_profile import HardwareProfile
 from schedlang.lowering.legality import IllegalScheduleError, LegalityReport, check_orders
+from schedlang.lowering.memory_peak import StageMemory, predict_memory
 from schedlang.lowering.orders import StageOrders, stage_orders
 from schedlang.lowering.placement import place_stage_actions
 from schedlang.lowering.program import ScheduleProgram
 from schedlang.lowering.simulate import simulate
 from schedlang.lowering.timeline import Timeline
 from schedlang.parser import parse_text
+from schedlang.checks.schema import KEYS
 from schedlang.semantics import BLOCK_KEYS, lower_to_program
 from schedlang.vocabulary import Action
 
@@ -52,8 +57,9 @@ class Pass(int, Enum):
     ORDER = 3
     LEGALITY = 4
     PLACEMENT = 5
-    COST = 6
-    CODEGEN = 7
+    MEMORY = 6
+    COST = 7
+    CODEGEN = 8
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,7 @@ class CostSettings:
     """The cost model the cost pass simulates under."""
 
     kind: CostModelKind = CostModelKind.UNIT
-    hardware: Hardware = Hardware()
+    hardware: Hardware | HardwareProfile = Hardware()  # with FLOPS, a profile gives the profile model (profile_cost.py)
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,7 @@ class Compilation:
     orders: StageOrders | None = None
     legality: LegalityReport | None = None
     stage_actions: tuple[tuple[Action, ...], ...] | None = None
+    memory: tuple[StageMemory, ...] | None = None
     timeline: Timeline | None = None
     script: str | None = None
 
@@ -120,7 +127,10 @@ def compile_schedule(
     result = replace(result, legality=legality)
     if through is Pass.LEGALITY:
         return result
-    result = replace(result, stage_actions=place_stage_actions(result.orders))
+    result = replace(result, stage_actions=place_stage_actions(result.orders, program.n_chunks))
+    if through is Pass.PLACEMENT:
+        return result
+    result = replace(result, memory=predict_memory(program, result.orders))
     if cost is not None and through >= Pass.COST:
         cost_model = make_cost_model(cost.kind, program, cost.hardware)
         result = replace(result, timeline=simulate(program, result.orders, cost_model))
@@ -139,21 +149,38 @@ def revise(program: ScheduleProgram, **changes) -> ScheduleProgram:
     """``program`` with schedule keys set to new values, checked again from the text up.
 
     Each change is named by its key (``extra_warmup=2``, ``chunks=8``) or, where a key belongs to two
-    blocks, by ``block.key`` (``**{"mesh.data": 2}``). A value is a bool, number, enum, or a list of those,
-    or a str of schedule text written as is (``parallel="ring"``). The changed keys replace the written
+    blocks, by ``block.key`` (``**{"mesh.data": 2}``). A value is what the key's schema row reads (a bool,
+    number, enum, list, or a record such as ``OptimizerConfig(lr=0.01)``), written back as text by the row
+    (``Key.text``), or a str of schedule text written as is (``parallel="ring"``). The changed keys replace the written
     values in the schedule's text (or are added on the line of their block's closing brace, so that no
     line moves), and the whole text is checked again, so an illegal variant raises ``ScheduleError``
     pointing into the revised line. Raises ``ValueError`` for
     a key the language does not have, or a program built without schedule text.
     """
+    text = revised_text(program, changes)
+    return compile_schedule(ScheduleText(text, program.source_file), through=Pass.CHECK).program
+
+
+def revised_text(program: ScheduleProgram, changes: dict, syntax: ast.ScheduleFile | None = None) -> str:
+    """The schedule text :func:`revise` checks: ``program``'s text with the ``changes`` written in. ``syntax``
+    is that text parsed, when the caller holds it (``schedlang tune`` revises one file thousands of times)."""
     if program.source_text is None:
         raise ValueError("revise needs a program checked from schedule text; this one was built by hand")
     text = program.source_text
-    syntax = parse_text(text, program.source_file)
-    edits = [_edit(text, syntax, *_block_and_key(name), _schedule_literal(value)) for name, value in changes.items()]
+    if syntax is None:
+        syntax = parse_text(text, program.source_file)
+    edits = []
+    for name, value in changes.items():
+        edits.append(_edit(text, syntax, *_block_and_key(name), key_literal(name, value)))
     for start, end, replacement in sorted(edits, key=lambda edit: edit[0], reverse=True):
         text = text[:start] + replacement + text[end:]
-    return compile_schedule(ScheduleText(text, program.source_file), through=Pass.CHECK).program
+    return text
+
+
+def key_literal(name: str, value) -> str:
+    """``value`` of key ``name`` (``key`` or ``block.key``) as schedule text, written by the key's schema row."""
+    block, key = _block_and_key(name)
+    return KEYS[f"{block}.{key}"].text(value)
 
 
 def _block_and_key(name: str) -> tuple[str, str]:
@@ -168,18 +195,6 @@ def _block_and_key(name: str) -> tuple[str, str]:
     if blocks:
         raise ValueError(f"revise: '{name}' is a key of {' and '.join(blocks)}; name it as block.key")
     raise ValueError(f"revise: the schedule language has no key '{name}'")
-
-
-def _schedule_literal(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, Enum):
-        return str(value.value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_schedule_literal(item) for item in value) + "]"
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
 
 
 def _edit(text: str, syntax: ast.ScheduleFile, block_name: str, key: str, literal: str) -> tuple[int, int, str]:
@@ -201,4 +216,6 @@ def _offset(text: str, line: int, column: int) -> int:
     return sum(len(earlier) + 1 for earlier in lines[: line - 1]) + column - 1
 
 
-__all__ = ["Compilation", "CostSettings", "Pass", "ScheduleText", "compile_schedule", "revise"]
+__all__ = [
+    "Compilation", "CostSettings", "Pass", "ScheduleText", "compile_schedule", "key_literal", "revise", "revised_text",
+]

@@ -47,11 +47,13 @@ def format_diagnostic(
 class ScheduleError(Exception):
     """One or more diagnostics about schedule files, with the text they point into."""
 
-    def __init__(self, diagnostics: Iterable[Diagnostic], sources: Mapping[str, str] | None = None):
+    def __init__(self, diagnostics: Iterable[Diagnostic], sources: Mapping[str, str] | None = None, partial=None):
         self.diagnostics: tuple[Diagnostic, ...] = tuple(diagnostics)
         if not self.diagnostics:
             raise ValueError("a ScheduleError needs at least one diagnostic")
         self.sources: dict[str, str] = dict(sources or {})
+        # the semantic pass's schedlang.checks.partial.PartialProgram: what the errors leave checkable
+        self.partial = partial
         super().__init__(self.render())
 
     @property

@@ -13,19 +13,27 @@ from pathlib import Path
 from schedlang.diagnostics import Diagnostic, ScheduleError
 from schedlang.lowering.program import ScheduleProgram
 from schedlang.vocabulary import Span
+from schedlang.vocabulary.files import UnsafeFileError, read_bounded
 from schedlang.vocabulary.source_lines import normalize_source_text
+
+MAX_SCHEDULE_BYTES = 64 << 20  # an explicit order at the task limit is about 10 MB
 
 
 def read_source(path: str | Path) -> str:
     """The text of a schedule file.
 
     Raises ``OSError`` with a message naming the file when it is missing or
-    unreadable, and :class:`ScheduleError` pointing at the first byte that is
-    not UTF-8.
+    unreadable, a FIFO, device or socket, or longer than ``MAX_SCHEDULE_BYTES``
+    (read bounded: [Note: file safety] in schedlang.vocabulary.files), and
+    :class:`ScheduleError` pointing at the first byte that is not UTF-8.
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"'{path}' is a directory, not a schedule file")
     try:
-        data = path.read_bytes()
+        data = read_bounded(path, MAX_SCHEDULE_BYTES, "schedule file")
+    except UnsafeFileError as error:
+        raise OSError(str(error)) from None
     except FileNotFoundError:
         raise FileNotFoundError(f"schedule file '{path}' does not exist") from None
     except IsADirectoryError:

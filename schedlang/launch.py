@@ -13,7 +13,6 @@ rank's exception.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -98,7 +97,6 @@ def launch_environment(request: LaunchRequest) -> dict[str, str]:
     return environment
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 GRACE_SECONDS = 20.0
 
 
@@ -106,53 +104,49 @@ class LaunchInterrupted(SystemExit):
     """``schedlang run`` was stopped by a signal after its job was ended; exits ``128 + signal``."""
 
 
-def _signal_group(process: subprocess.Popen, signum: int) -> None:
-    try:
-        os.killpg(process.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def launch(request: LaunchRequest) -> int:
     """Run the job to completion with its output on this terminal; returns torchrun's exit status.
 
-    [Note: stopping a run] The launcher, torchrun, runs in a process group of its own, so a SIGINT or SIGTERM reaches
-    this process only; it is passed on to torchrun as SIGTERM, and torchrun ends every rank (each rank
-    also dies with its launcher: schedlang.runtime.lifetime). What has not exited after
-    ``GRACE_SECONDS`` is killed. Then :class:`LaunchInterrupted` carries ``128 + signal`` out, one line
-    having said why, and the caller's temporary directory is removed on the way.
+    [Note: stopping a run] The launcher, torchrun, runs in a session of its own, so a signal from the terminal
+    reaches this process only. HUP, INT, TERM and QUIT end the job ([Note: run lifetime] in
+    schedlang.run_lifetime: torchrun is killed, its ranks get SIGTERM, and what has not exited after
+    ``GRACE_SECONDS`` is killed); then :class:`LaunchInterrupted` carries ``128 + signal`` out, one line having
+    said why, and the caller's temporary directory is removed on the way. When this process is killed outright,
+    torchrun's parent-death signal and the run's watchdog end the job and remove the directory.
     """
-    process = subprocess.Popen(torchrun_command(request), env=launch_environment(request), start_new_session=True)
+    from schedlang.run_lifetime import (
+        STOP_SIGNALS, end_ranks, kill_torchrun, kill_with_parent, release_watchdog, start_watchdog,
+    )
+
+    process = subprocess.Popen(
+        torchrun_command(request), env=launch_environment(request), start_new_session=True,
+        preexec_fn=kill_with_parent,
+    )
+    watchdog = start_watchdog(process.pid, request.script.parent, GRACE_SECONDS)
     received: list[int] = []
+    ranks: list[int] = []
 
     def stop(signum, frame) -> None:
-        received.append(signum)
-        _signal_group(process, signal.SIGTERM)
+        if not received:
+            received.append(signum)
+            ranks.extend(kill_torchrun(process.pid))
 
     previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
     try:
         status = process.wait()
     except BaseException:
-        _signal_group(process, signal.SIGKILL)
+        end_ranks(kill_torchrun(process.pid), GRACE_SECONDS)
         process.wait()
+        release_watchdog(watchdog)
         raise
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    end_ranks(ranks, GRACE_SECONDS)  # none unless a signal stopped the job
+    release_watchdog(watchdog)
     if not received:
         return status
-    try:
-        process.wait(timeout=GRACE_SECONDS)
-    except subprocess.TimeoutExpired:
-        _signal_group(process, signal.SIGKILL)
-        process.wait()
-    _signal_group(process, signal.SIGKILL)  # anything of the group torchrun left behind
     name = signal.Signals(received[0]).name
     print(f"schedlang: stopped by {name}; torchrun and its ranks were ended", file=sys.stderr, flush=True)
     raise LaunchInterrupted(128 + received[0])
 
-
-def read_metrics(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

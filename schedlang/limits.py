@@ -90,10 +90,10 @@ def check_program_limits(program, text: str) -> None:
             "see docs/reliability.md for the limits on a schedule's size",
             text,
         )
-    mlp = program.model.mlp
-    if mlp.kind.value == "swiglu" and mlp.ratio > MAX_MLP_RATIO:
+    ratio = program.model.mlp_ratio
+    if ratio > MAX_MLP_RATIO:
         _refuse(
-            f"'model.mlp.ratio' = {mlp.ratio:g} is above the limit of {MAX_MLP_RATIO:g}",
+            f"'model.mlp.ratio' = {ratio:g} is above the limit of {MAX_MLP_RATIO:g}",
             program.spans.get("model.mlp.ratio") or _largest_key_span(program, ()),
             "the SwiGLU width is ratio x d_model; see docs/reliability.md for the limits on a schedule's size",
             text,
@@ -134,4 +134,23 @@ def check_machine_fits(program, device: str, text: str, nodes: int = 1) -> None:
             _largest_key_span(program, ("mesh.pipeline", "mesh.sequence", "mesh.data")),
             "run it on a machine with more devices, or shrink the mesh",
             text,
+        )
+
+
+MAX_DRAWN_TASKS = {"dot": 1 << 16, "chrome": 1 << 16, "png": 1 << 13}
+"""Tasks ``viz`` draws per format: a drawing of more is megabytes no viewer opens (DOT and Chrome traces grow
+about 250 and 600 bytes a task) or, for the PNG, minutes of matplotlib; ``simulate`` and ``check`` still take the
+schedule."""
+
+
+def check_drawable(program, output_format: str) -> None:
+    """Refuse to draw a program of more than ``MAX_DRAWN_TASKS[output_format]`` tasks, at the largest factor's key."""
+    tasks, most = task_count(program), MAX_DRAWN_TASKS[output_format]
+    if tasks > most:
+        _refuse(
+            f"viz --format {output_format} draws at most {most} tasks, and this schedule has {tasks}",
+            _largest_key_span(program, ("pipeline.microbatches", "sequence.chunks", "mesh.pipeline")),
+            "draw a smaller variant (fewer microbatches or chunks), or use `schedlang simulate` for the numbers; "
+            "see docs/reliability.md",
+            program.source_text,
         )

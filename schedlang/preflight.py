@@ -22,11 +22,12 @@ from schedlang.lowering import paths
 from schedlang.vocabulary import Span
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
+MIN_TIMEOUT_S = 10.0  # the ranks' rendezvous and first collectives must fit in it, on a loaded machine too
 
 
 def data_config(program):
     """The runtime's ``DataConfig`` of the schedule's data, its paths resolved."""
-    from schedlang.runtime.config import DataConfig
+    from schedlang.vocabulary import DataConfig
 
     data = program.train.data
     return DataConfig(
@@ -54,14 +55,28 @@ def check_data_file(program, text: str) -> None:
     if problem is not None:
         span = program.spans.get("train.data.path") or program.spans.get("train.data")
         span = span or Span(program.source_file, 1, 1, 1, 2)
-        raise ScheduleError([Diagnostic.error(problem, span)], {span.file: text})
+        hint = missing_file_hint(program, problem)
+        raise ScheduleError([Diagnostic.error(problem, span, hint)], {span.file: text})
+
+
+def missing_file_hint(program, problem: str) -> str | None:
+    """For a data or tokenizer file that does not exist: where relative paths are read from, and the data
+    that needs no file; None for other problems."""
+    if not problem.endswith("does not exist"):
+        return None
+    source = program.source_file
+    where = "the current directory" if source.startswith("<") else Path(source).resolve().parent
+    return (
+        f"a relative path is read from the schedule file's directory ({where}); "
+        "`data = synthetic(seed = 1)` trains on generated tokens without a file"
+    )
 
 
 def check_tensorboard(program, text: str) -> None:
     """Raise ``ScheduleError`` at ``train.log`` when it asks for TensorBoard and the package is missing."""
     import importlib.util
 
-    if program.train.log is None or importlib.util.find_spec("tensorboard") is not None:
+    if program.train.tensorboard_directory is None or importlib.util.find_spec("tensorboard") is not None:
         return
     span = program.spans.get("train.log") or Span(program.source_file, 1, 1, 1, 2)
     message = "train.log = tensorboard(...) writes through the tensorboard package, which is not installed"
@@ -75,9 +90,15 @@ def will_resume(program) -> bool:
 
 
 def timeout_problem(timeout_s: float) -> str | None:
-    """Why ``--timeout`` is unusable: not a positive, finite number of seconds up to a week."""
+    """Why ``--timeout`` is unusable: not a positive, finite number of seconds up to a week, or too short for the
+    ranks to meet (:data:`MIN_TIMEOUT_S`)."""
     if not math.isfinite(timeout_s) or timeout_s <= 0 or timeout_s > MAX_TIMEOUT_S:
         return f"--timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:.0f}, got {timeout_s}"
+    if timeout_s < MIN_TIMEOUT_S:
+        return (
+            f"--timeout {timeout_s:g} is too short for the ranks to meet (their rendezvous alone can take "
+            f"seconds); give at least {MIN_TIMEOUT_S:g}"
+        )
     return None
 
 

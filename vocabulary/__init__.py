@@ -6,7 +6,10 @@ so the front end (``schedlang``), the lowering (``schedlang.lowering``), the run
 
 * :mod:`~schedlang.vocabulary.kinds`: the enums a schedule chooses among (layer kinds, optimizers, data
   sources, sequence-parallel methods and attention exchanges, recompute modes, dtypes, CUDA-graph modes,
-  learning-rate schedules);
+  learning-rate schedules, pipeline orders, partitions, MLPs, GLA output gates, delta-rule gates);
+* :mod:`~schedlang.vocabulary.model_options`, :mod:`~schedlang.vocabulary.model_settings` and
+  :mod:`~schedlang.vocabulary.train_settings`: the one record family of a schedule's ``model`` and
+  ``train`` settings, which the checker builds, the program holds, codegen writes out and the runtime reads;
 * :mod:`~schedlang.vocabulary.source`: :class:`Span` and the one renderer of ``file:line:col: error:``
   messages with a caret;
 * :mod:`~schedlang.vocabulary.actions`: the per-rank action IR placement emits and the executor runs;
@@ -22,15 +25,21 @@ from schedlang.vocabulary.capabilities import (
     UnsupportedRunError,
     refusals,
     require_supported,
+    run_request,
 )
 from schedlang.vocabulary.kinds import (
     AttentionExchange,
     CudaGraphs,
     DataKind,
+    DeltaGates,
     DType,
     LayerKind,
     LearningRateScheduleKind,
+    MlpKind,
     OptimizerKind,
+    OrderKind,
+    OutputGate,
+    PartitionKind,
     Recompute,
     SequenceParallelMethod,
     StageRecompute,
@@ -40,37 +49,81 @@ from schedlang.vocabulary.kinds import (
     recompute_text,
     stage_recompute,
 )
+from schedlang.vocabulary.model_options import (
+    GATE_LOGIT_NORMALIZER,
+    AttentionOptions,
+    GdnOptions,
+    GlaOptions,
+    Mamba2Options,
+    ModelOptions,
+)
+from schedlang.vocabulary.model_settings import (
+    AttentionGeometry,
+    ModelConfig,
+    RecurrentStateGeometry,
+    attention_geometry,
+    recurrent_state_geometry,
+)
 from schedlang.vocabulary.source import Severity, Span, caret_line, format_error, render_message
+from schedlang.vocabulary.train_settings import (
+    DataConfig,
+    LearningRateScheduleConfig,
+    LossScaleConfig,
+    OptimizerConfig,
+    TrainConfig,
+)
 
 __all__ = [
-    "AttentionExchange",
-    "CAPABILITIES",
     "Action",
     "ActionKind",
+    "attention_geometry",
+    "AttentionExchange",
+    "AttentionGeometry",
+    "AttentionOptions",
+    "CAPABILITIES",
     "Capability",
-    "CudaGraphs",
-    "DType",
-    "DataKind",
-    "LayerKind",
-    "LearningRateScheduleKind",
-    "OptimizerKind",
-    "Recompute",
-    "Refusal",
-    "RunRequest",
-    "SequenceParallelMethod",
-    "Severity",
-    "StageRecompute",
-    "TokenFileDType",
-    "Span",
-    "UnsupportedRunError",
     "caret_line",
+    "CudaGraphs",
+    "DataConfig",
+    "DataKind",
     "deferred_weight_units",
+    "DeltaGates",
+    "DType",
     "format_error",
+    "GATE_LOGIT_NORMALIZER",
+    "GdnOptions",
+    "GlaOptions",
+    "LayerKind",
+    "LearningRateScheduleConfig",
+    "LearningRateScheduleKind",
+    "LossScaleConfig",
+    "Mamba2Options",
+    "MlpKind",
+    "ModelConfig",
+    "ModelOptions",
+    "OptimizerConfig",
+    "OptimizerKind",
+    "OrderKind",
+    "OutputGate",
+    "PartitionKind",
+    "Recompute",
     "recompute_modes",
     "recompute_on",
     "recompute_text",
+    "recurrent_state_geometry",
+    "RecurrentStateGeometry",
+    "Refusal",
     "refusals",
     "render_message",
     "require_supported",
+    "run_request",
+    "RunRequest",
+    "SequenceParallelMethod",
+    "Severity",
+    "Span",
     "stage_recompute",
+    "StageRecompute",
+    "TokenFileDType",
+    "TrainConfig",
+    "UnsupportedRunError",
 ]

@@ -1,4 +1,4 @@
-"""The per-rank instruction set: what the lowering's placement emits and a generated script's runtime runs.
+"""The per-rank instruction set and the task identities of the task graph: one kind of action, one parser.
 
 An action is one compute task (``F0.1``: forward of microbatch 0, chunk 1;
 ``B0.1``: its backward; ``W0.1``: the weight gradients of its linear layers,
@@ -6,9 +6,17 @@ when the schedule splits them out of ``B``) or one explicit message: ``RECV_F0.1
 activation that ``F0.1`` of this stage consumes from the previous stage,
 ``SEND_F0.1`` sends the activation ``F0.1`` produced to the next stage,
 ``RECV_B0.1`` / ``SEND_B0.1`` do the same for activation gradients in the
-other direction. The text forms parse back exactly with :meth:`Action.parse`.
-Which actions a stage lists, and in which order, is decided by the lowering
+other direction. Which actions a stage lists, and in which order, is decided by the lowering
 (``schedlang.lowering.placement``); the runtime's executor only runs them.
+
+A :class:`TaskId` is a compute action with its stage inside, as torch.distributed.pipelining's ``_Action``
+carries its stage: ``1B3.0`` is the backward of chunk 0 of microbatch 3 on stage 1, the node key of the
+task graph (with ``pipeline { split_backward = true }`` the weight gradients of a chunk's linear layers are
+a task of their own, ``W``, zero-bubble style, and ``B`` computes only the input and state gradients).
+:attr:`TaskId.action` is its form inside a ``stage r:`` line of a schedule file and in a rank's action
+list (``B3.0``), and :meth:`Action.on` its inverse. Both texts are read by one grammar,
+``[<stage>]<kind><microbatch>.<chunk>``: :meth:`Action.parse` and :meth:`TaskId.parse` are the exact
+inverses of :func:`str`.
 """
 
 from __future__ import annotations
@@ -31,8 +39,27 @@ class ActionKind(str, Enum):
     def is_compute(self) -> bool:
         return self in (ActionKind.FORWARD, ActionKind.BACKWARD, ActionKind.WEIGHT)
 
+    def __str__(self) -> str:
+        return self.value
 
-_ACTION_PATTERN = re.compile(r"^(RECV_F|SEND_F|RECV_B|SEND_B|F|B|W)(\d+)\.(\d+)$")
+
+_ACTION_PATTERN = re.compile(r"^([0-9]*)(RECV_F|SEND_F|RECV_B|SEND_B|F|B|W)([0-9]+)\.([0-9]+)$")
+# a dict lookup, not ActionKind(text): a schedule's explicit orders can hold 10^5 tasks
+_KINDS = {kind.value: kind for kind in ActionKind}
+
+
+def _parse(text: str, staged: bool) -> tuple[int | None, ActionKind, int, int] | None:
+    """``[<stage>]<kind><microbatch>.<chunk>`` as (stage or None, kind, microbatch, chunk); None if ``text`` is
+    not of that form, has a stage where ``staged`` is false, lacks one where it is true, or (``staged``) is no
+    compute kind."""
+    match = _ACTION_PATTERN.match(text.strip())
+    if match is None or bool(match.group(1)) != staged:
+        return None
+    stage, kind, microbatch, chunk = match.groups()
+    kind = _KINDS[kind]
+    if staged and not kind.is_compute:
+        return None
+    return (int(stage) if staged else None), kind, int(microbatch), int(chunk)
 
 
 class Action(NamedTuple):
@@ -44,15 +71,70 @@ class Action(NamedTuple):
         return f"{self.kind.value}{self.microbatch}.{self.chunk}"
 
     @classmethod
+    def read(cls, text: str) -> "Action | None":
+        """The action ``text`` writes, or None if it writes none (:meth:`parse` says why)."""
+        parsed = _parse(text, staged=False)
+        return None if parsed is None else cls(*parsed[1:])
+
+    @classmethod
     def parse(cls, text: str) -> "Action":
-        match = _ACTION_PATTERN.match(text.strip())
-        if match is None:
+        parsed = _parse(text, staged=False)
+        if parsed is None:
             raise ValueError(
                 f"{text!r} is not a pipeline action; expected F<a>.<i>, B<a>.<i>, W<a>.<i> or "
                 "RECV_F/SEND_F/RECV_B/SEND_B<a>.<i>"
             )
-        kind, microbatch, chunk = match.groups()
-        return cls(ActionKind(kind), int(microbatch), int(chunk))
+        _, kind, microbatch, chunk = parsed
+        return cls(kind, microbatch, chunk)
+
+    def on(self, stage: int) -> "TaskId":
+        """This compute action as the task of ``stage``."""
+        if not self.kind.is_compute:
+            raise ValueError(f"{self} is a message, not a task")
+        return TaskId(self.kind, stage, self.microbatch, self.chunk)
+
+
+class TaskId(NamedTuple):
+    """A compute action on its stage: the node key of the task graph."""
+
+    kind: ActionKind
+    stage: int
+    microbatch: int
+    chunk: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind.value}{self.microbatch}.{self.chunk}"
+
+    @property
+    def action(self) -> Action:
+        """The task as its stage's action list and a ``stage r:`` line write it: ``F0.1``."""
+        return Action(self.kind, self.microbatch, self.chunk)
+
+    def local_form(self) -> str:
+        """The form used inside a ``stage r:`` line: ``F0.1``."""
+        return str(self.action)
+
+    @classmethod
+    def parse(cls, text: str) -> "TaskId":
+        parsed = _parse(text, staged=True)
+        if parsed is None:
+            raise ValueError(
+                f"{text!r} is not a task id; expected <stage><F|B|W><microbatch>.<chunk>, e.g. 1F0.2"
+            )
+        stage, kind, microbatch, chunk = parsed
+        return cls(kind, stage, microbatch, chunk)
+
+    @classmethod
+    def forward(cls, stage: int, microbatch: int, chunk: int) -> "TaskId":
+        return cls(ActionKind.FORWARD, stage, microbatch, chunk)
+
+    @classmethod
+    def backward(cls, stage: int, microbatch: int, chunk: int) -> "TaskId":
+        return cls(ActionKind.BACKWARD, stage, microbatch, chunk)
+
+    @classmethod
+    def weight(cls, stage: int, microbatch: int, chunk: int) -> "TaskId":
+        return cls(ActionKind.WEIGHT, stage, microbatch, chunk)
 
 
 def deferred_weight_units(actions: tuple[Action, ...]) -> frozenset[tuple[int, int]]:

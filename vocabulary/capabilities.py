@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from schedlang.vocabulary.kinds import (
     CudaGraphs,
@@ -22,6 +23,7 @@ from schedlang.vocabulary.kinds import (
     recompute_text,
     stage_recompute,
 )
+from schedlang.vocabulary.model_settings import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,39 @@ class RunRequest:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", stage_recompute(self.recompute))
+
+
+class RunShape(Protocol):
+    """What :func:`run_request` reads of a run beside its layers: the runtime's ``PipelineConfig`` and the
+    compiler's ``ScheduleProgram`` both state it under these names."""
+
+    @property
+    def sequence_parallel(self) -> int: ...
+
+    @property
+    def chunk_lengths(self) -> tuple[int, ...]: ...
+
+    @property
+    def recompute(self) -> StageRecompute: ...
+
+    @property
+    def offload(self) -> bool: ...
+
+    @property
+    def cuda_graphs(self) -> CudaGraphs: ...
+
+
+def run_request(model: ModelConfig, run: RunShape) -> RunRequest:
+    """What a run of ``model`` asks the runtime to run, for the rows below: the one adapter
+    that the checker (from the program) and the runtime (from its pipeline record) both call."""
+    return RunRequest(
+        layers=model.layers,
+        sequence_parallel=run.sequence_parallel,
+        chunk_lengths=tuple(run.chunk_lengths),
+        recompute=run.recompute,
+        offload=run.offload,
+        cuda_graphs=run.cuda_graphs,
+    )
 
 
 @dataclass(frozen=True)

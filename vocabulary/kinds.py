@@ -153,3 +153,41 @@ class DType(str, Enum):
     @property
     def is_16_bit(self) -> bool:
         return self in (DType.BF16, DType.FP16)
+
+
+class OrderKind(str, Enum):
+    """``pipeline.order``: how each stage orders its forwards and backwards (lowering/orders.py)."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    EXPLICIT = "explicit"
+
+
+class PartitionKind(str, Enum):
+    """``sequence.partition``: where the chunk boundaries fall (lowering/partition.py)."""
+
+    UNIFORM = "uniform"
+    BALANCED = "balanced"  # StateFlow Eq. 9-11
+    EXPLICIT = "explicit"
+
+
+class MlpKind(str, Enum):
+    """``model.mlp``: the MLP of each mixing layer; ``none`` is a model record's ``mlp_ratio`` of 0."""
+
+    SWIGLU = "swiglu"
+    NONE = "none"
+
+
+class OutputGate(str, Enum):
+    """What multiplies a GLA layer's mixed values before the output projection (``model.output_gate``)."""
+
+    NONE = "none"  # the values go to the output projection as they are
+    SWISH = "swish"  # RMSNorm per head (weight, eps = norm_eps), times silu(g_proj(x))
+
+
+class DeltaGates(str, Enum):
+    """How a ``gdn`` layer computes its log forget gate ``g`` and write strength ``beta`` from the input ``x``
+    (``model.delta_gates``)."""
+
+    LOG_SIGMOID = "log_sigmoid"  # g = logsigmoid(gate_proj(x)) / 16, beta = sigmoid(beta_proj(x)); both with bias
+    MAMBA = "mamba"  # g = -exp(A_log) * softplus(gate_proj(x) + dt_bias), beta = sigmoid(beta_proj(x)); no biases

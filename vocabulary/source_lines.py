@@ -2,9 +2,9 @@
 
 A file of unknown keys on one 100 KB line would otherwise print that line once per error: output
 quadratic in the input. Each source is split into lines once per report, a shown line is clipped to
-``MAX_SHOWN_LINE`` characters around the span (``...`` marks what was cut), a message to
-``MAX_SHOWN_MESSAGE``, and a report shows at most ``MAX_SHOWN_DIAGNOSTICS`` diagnostics, then says how
-many more there are.
+``MAX_SHOWN_LINE`` characters around the span (``...`` marks what was cut), a message to its sentences
+that fit in ``MAX_SHOWN_MESSAGE`` characters, and a report shows at most ``MAX_SHOWN_DIAGNOSTICS``
+diagnostics, then says how many more there are.
 
 Before any of that, :func:`normalize_source_text` gives every reader of a schedule file the same text
 (schedlang.frontend.read_source applies it; render_message in schedlang.vocabulary.source the bounds): a UTF-8 byte-order mark is dropped and ``\r\n`` and lone
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 MAX_SHOWN_DIAGNOSTICS = 50
 MAX_SHOWN_LINE = 160
-MAX_SHOWN_MESSAGE = 400
+MAX_SHOWN_MESSAGE = 1000
 ELLIPSIS = "..."
 
 
@@ -44,7 +44,18 @@ def split_source(text: str) -> list[str]:
 
 
 def clip_text(text: str, limit: int = MAX_SHOWN_MESSAGE) -> str:
-    return text if len(text) <= limit else text[: limit - len(ELLIPSIS)] + ELLIPSIS
+    """``text`` when it fits in ``limit`` characters; else its whole sentences or clauses (ending ``.`` or
+    ``;``) that fit, then `` ...``: a message is never cut mid-sentence. Only a first sentence longer than
+    the limit (a huge name quoted from the input) is cut, at a space when there is one."""
+    if len(text) <= limit:
+        return text
+    room = text[: limit - len(ELLIPSIS) - 1]
+    for separator in (". ", "; "):
+        cut = room.rfind(separator)
+        if cut > 0:
+            return room[: cut + 1] + " " + ELLIPSIS
+    cut = room.rfind(" ")
+    return (room[:cut] if cut > 0 else room) + " " + ELLIPSIS
 
 
 def clip_source_line(line: str, span: Span) -> tuple[str, Span]:

@@ -16,9 +16,8 @@ dk passes through its float32 output between steps 2 and 3, and D o P and Z = be
 chunk's [C, C] float32 slot of ``scratch``, each behind a barrier, so that their transposes are loaded
 transposed and no register tile is ever transposed. Products take float32 operands at the launch's
 ``PRECISION`` (16-bit operands give wrong gradients on an H200 with Triton 3.6, though right ones in the
-interpreter: docs/benchmarks.md, "Gated DeltaNet kernels"). The split layout's key-block kernel is the
-exception its launch knobs allow: the value loop's tiles as stored and one register transpose, both checked on
-the H200 (docs/benchmarks.md, "Sixteenth session on one H200").
+interpreter). The split layout's key-block kernel is the exception its launch knobs allow: the value loop's
+tiles as stored and one register transpose, both checked on the H200 (kernels/gdn/README.md, "Precision").
 """
 
 from __future__ import annotations

@@ -1,31 +1,16 @@
-"""The public chunked simple-GLA operator and its pure-PyTorch implementation."""
+"""The public chunked simple-GLA operator: the shared glue of kernels/common/chunk_operator.py given its gate."""
 
 from __future__ import annotations
 
 import torch
 
-from schedlang.kernels.common import Backend, check_recurrence_arguments, resolve_backend
-from schedlang.kernels.common.function import ChunkRecurrenceFunction, Implementation, torch_implementation
-from schedlang.kernels.simple_gla import chunk_torch
-
-TORCH_IMPLEMENTATION = torch_implementation(
-    chunk_torch.chunk_simple_gla_forward,
-    chunk_torch.chunk_states,
-    chunk_torch.chunk_state_gradients,
-    chunk_torch.intra_chunk_gradients,
-)
-
-
-def _triton_implementation() -> Implementation:
-    from schedlang.kernels.simple_gla.chunk_triton import TRITON_IMPLEMENTATION
-
-    return TRITON_IMPLEMENTATION
+from schedlang.kernels.common.function import Implementation
+from schedlang.kernels.simple_gla.chunk_torch import SIMPLE_GLA
 
 
 def implementation_for(backend: str, q: torch.Tensor) -> Implementation:
     """The Implementation ``backend`` ("auto", "triton" or "torch") picks for operands like ``q``."""
-    chosen = resolve_backend(backend, q.device, matmul_dtype=q.dtype)
-    return TORCH_IMPLEMENTATION if chosen is Backend.TORCH else _triton_implementation()
+    return SIMPLE_GLA.implementation_for(backend, q)
 
 
 def chunk_simple_gla(
@@ -55,11 +40,4 @@ def chunk_simple_gla(
         o: [B, T, H, V] in v's dtype; final_state: [B, H, K, V] float32, or None.
     Gradients flow to q, k, v, g and initial_state, and from the final state.
     """
-    shape = check_recurrence_arguments(q, k, v, g, initial_state, gate_per_key=False)
-    implementation = implementation_for(backend, q)
-    if scale is None:
-        scale = shape.key_dim**-0.5
-    output, final_state = ChunkRecurrenceFunction.apply(
-        q, k, v, g, initial_state, float(scale), implementation, bool(save_states)
-    )
-    return output, (final_state if output_final_state else None)
+    return SIMPLE_GLA(q, k, v, g, scale, initial_state, output_final_state, backend, save_states)

@@ -1,17 +1,18 @@
 """Pure-PyTorch chunked simple GLA (scalar gate per head and token): CPU path and schedulable pieces.
 
 Same layout and contracts as schedlang.kernels.gla.chunk_torch, with g: [B, T, H] and the cumulative log
-decay one number per head: [B, H, N + 1]. The state passes are shared with GLA
-(kernels/common/chunk_state_passes.py). Because the gate is a scalar, the intra-chunk decay matrix
-exp(gc_i - gc_j) (j <= i) is formed directly and is never larger than 1, so no sub-chunk split is needed.
+decay one number per head: [B, H, N + 1]. The state passes, the forward and the backend choice are shared
+with GLA (:class:`~schedlang.kernels.common.chunk_operator.ChunkOperator`, given the scalar gate). Because
+the gate is a scalar, the intra-chunk decay matrix exp(gc_i - gc_j) (j <= i) is formed directly and is never
+larger than 1, so no sub-chunk split is needed.
 """
 
 from __future__ import annotations
 
 import torch
 
-from schedlang.kernels.common import CHUNK_SIZE, ChunkStates, from_chunks, compute_dtype_for, to_chunks
-from schedlang.kernels.common import chunk_state_passes
+from schedlang.kernels.common import CHUNK_SIZE, from_chunks, compute_dtype_for, to_chunks
+from schedlang.kernels.common.chunk_operator import ChunkOperator
 from schedlang.kernels.common.chunk_state_passes import cumulative_gate, decay_to_chunk_end
 from schedlang.kernels.common.gate_layout import SCALAR_GATE
 
@@ -20,38 +21,6 @@ def _decay_matrix(gc: torch.Tensor) -> torch.Tensor:
     size = gc.shape[-1]
     causal = torch.ones(size, size, dtype=torch.bool, device=gc.device).tril()
     return torch.where(causal, gc[..., :, None] - gc[..., None, :], float("-inf")).exp()
-
-
-def local_chunk_states(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> ChunkStates:
-    """Chunk states from a zero initial state ([B, H, N + 1, K, V]) and cumulative log decay ([B, H, N + 1])."""
-    return chunk_state_passes.local_chunk_states(SCALAR_GATE, k, v, g, chunk_size)
-
-
-def update_state_rows(
-    incoming_state: torch.Tensor,
-    local_state: torch.Tensor,
-    log_decay: torch.Tensor,
-    row_start: int = 0,
-    row_end: int | None = None,
-) -> torch.Tensor:
-    """exp(log_decay) * S_in + S_local on key rows [row_start, row_end).
-
-    incoming_state: [B, H, K, V]; local_state: [B, H, K, V] or [B, H, M, K, V]; log_decay: [B, H] or [B, H, M].
-    """
-    return chunk_state_passes.update_state_rows(
-        SCALAR_GATE, incoming_state, local_state, log_decay, row_start, row_end
-    )
-
-
-def chunk_states(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = CHUNK_SIZE,
-) -> torch.Tensor:
-    """States entering every chunk plus the final state: [B, H, N + 1, K, V]."""
-    return chunk_state_passes.chunk_states(SCALAR_GATE, k, v, g, initial_state, chunk_size)
 
 
 def intra_chunk_output(
@@ -63,47 +32,6 @@ def intra_chunk_output(
     queries = to_chunks(q, chunk_size, dtype) * scale
     scores = (queries @ to_chunks(k, chunk_size, dtype).transpose(-1, -2)) * _decay_matrix(gc)
     return from_chunks(scores @ to_chunks(v, chunk_size, dtype), q.shape[1])
-
-
-def output_from_states(
-    q: torch.Tensor, g: torch.Tensor, states: torch.Tensor, scale: float, chunk_size: int = CHUNK_SIZE
-) -> torch.Tensor:
-    """Output read from the state entering each chunk (states[:, :, :N]): [B, T, H, V]."""
-    return chunk_state_passes.output_from_states(SCALAR_GATE, q, g, states, scale, chunk_size)
-
-
-def chunk_simple_gla_forward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    scale: float,
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = CHUNK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Output [B, T, H, V] (v's dtype) and final state [B, H, K, V]; differentiable through autograd."""
-    states = chunk_states(k, v, g, initial_state, chunk_size)
-    output = intra_chunk_output(q, k, v, g, scale, chunk_size) + output_from_states(q, g, states, scale, chunk_size)
-    return output.to(v.dtype), states[:, :, -1]
-
-
-def local_chunk_state_gradients(
-    q: torch.Tensor, g: torch.Tensor, do: torch.Tensor, scale: float, chunk_size: int = CHUNK_SIZE
-) -> ChunkStates:
-    """State gradients from a zero final-state gradient ([B, H, N + 1, K, V]) and suffix log decay ([B, H, N + 1])."""
-    return chunk_state_passes.local_chunk_state_gradients(SCALAR_GATE, q, g, do, scale, chunk_size)
-
-
-def chunk_state_gradients(
-    q: torch.Tensor,
-    g: torch.Tensor,
-    do: torch.Tensor,
-    scale: float,
-    final_state_grad: torch.Tensor | None = None,
-    chunk_size: int = CHUNK_SIZE,
-) -> torch.Tensor:
-    """Gradient with respect to the state at every chunk boundary: [B, H, N + 1, K, V]."""
-    return chunk_state_passes.chunk_state_gradients(SCALAR_GATE, q, g, do, scale, final_state_grad, chunk_size)
 
 
 def intra_chunk_gradients(
@@ -142,3 +70,16 @@ def intra_chunk_gradients(
         from_chunks(dv, length),
         from_chunks(dgate, length),
     )
+
+
+SIMPLE_GLA = ChunkOperator(
+    SCALAR_GATE, intra_chunk_output, intra_chunk_gradients, triton_module="schedlang.kernels.simple_gla.chunk_triton"
+)
+"""The operator: the glue shared with the other gate shape, around the two intra-chunk pieces above."""
+
+local_chunk_states = SIMPLE_GLA.local_chunk_states
+update_state_rows = SIMPLE_GLA.update_state_rows
+chunk_states = SIMPLE_GLA.chunk_states
+output_from_states = SIMPLE_GLA.output_from_states
+local_chunk_state_gradients = SIMPLE_GLA.local_chunk_state_gradients
+chunk_state_gradients = SIMPLE_GLA.chunk_state_gradients

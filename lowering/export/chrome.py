@@ -35,16 +35,16 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.lowering.timeline import MessageInterval, Stream, TaskInterval, Timeline
+from schedlang.vocabulary.actions import ActionKind, TaskId
 
 _COMPUTE_THREAD_ID = 1
 # Lane k of the send stream is thread 2 + 2k and of the recv stream 3 + 2k, so any number of lanes fits.
 _FIRST_LANE_THREAD_ID: dict[Stream, int] = {Stream.SEND: 2, Stream.RECV: 3}
-_KIND_CATEGORY: dict[TaskKind, str] = {
-    TaskKind.FORWARD: "forward",
-    TaskKind.BACKWARD: "backward",
-    TaskKind.WEIGHT: "weight",  # the weight gradients of a split backward
+_KIND_CATEGORY: dict[ActionKind, str] = {
+    ActionKind.FORWARD: "forward",
+    ActionKind.BACKWARD: "backward",
+    ActionKind.WEIGHT: "weight",  # the weight gradients of a split backward
 }
 
 MICROSECONDS_PER_UNIT_COST = 1000.0

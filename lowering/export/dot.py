@@ -13,7 +13,7 @@ same-stage hand-offs of saved tensors (``FORWARD_BACKWARD``, and
 
 An edge without a ``"dependency"`` attribute (a hand-built graph) is
 classified from its endpoints by the table of edge rules ([Note: edge rules]
-in schedlang.lowering.dependencies); an edge that is no rule's is drawn bold
+in schedlang.vocabulary.edges); an edge that is no rule's is drawn bold
 red so it stands out, and one of a rule the caller's table adds without a
 style here is drawn black.
 
@@ -28,8 +28,8 @@ from enum import Enum
 
 import networkx as nx
 
-from schedlang.lowering.dependencies import EDGE_RULES, Dependency, EdgeRules
-from schedlang.lowering.tasks import TaskId, TaskKind
+from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.edges import EDGE_RULES, Dependency, EdgeRules
 
 
 class ProgramOrderEdges(str, Enum):
@@ -53,13 +53,13 @@ _EDGE_STYLES: dict[Dependency | None, str] = {
 _UNSTYLED_RULE_EDGE = 'color="#000000"'
 """An edge of a rule that the caller's table adds and that has no style of its own above."""
 
-_NODE_FILL: dict[TaskKind, str] = {
-    TaskKind.FORWARD: "#cfe2f3",
-    TaskKind.BACKWARD: "#fce5cd",
-    TaskKind.WEIGHT: "#d9ead3",
+_NODE_FILL: dict[ActionKind, str] = {
+    ActionKind.FORWARD: "#cfe2f3",
+    ActionKind.BACKWARD: "#fce5cd",
+    ActionKind.WEIGHT: "#d9ead3",
 }
 
-_KIND_RANK = {kind: rank for rank, kind in enumerate(TaskKind)}  # F, B, W: the order TaskKind declares
+_KIND_RANK = {kind: rank for rank, kind in enumerate(ActionKind)}  # F, B, W: the order ActionKind declares
 
 
 def classify_edge(source: TaskId, destination: TaskId, rules: EdgeRules = EDGE_RULES) -> Dependency | None:

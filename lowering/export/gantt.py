@@ -22,27 +22,27 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from schedlang.lowering.tasks import TaskKind
 from schedlang.lowering.timeline import Stream, Timeline
+from schedlang.vocabulary.actions import ActionKind
 
-_SHADES: dict[TaskKind, tuple[str, str]] = {
-    TaskKind.FORWARD: ("#6fa8dc", "#3d85c6"),
-    TaskKind.BACKWARD: ("#f6b26b", "#e69138"),
-    TaskKind.WEIGHT: ("#93c47d", "#6aa84f"),
+_SHADES: dict[ActionKind, tuple[str, str]] = {
+    ActionKind.FORWARD: ("#6fa8dc", "#3d85c6"),
+    ActionKind.BACKWARD: ("#f6b26b", "#e69138"),
+    ActionKind.WEIGHT: ("#93c47d", "#6aa84f"),
 }
-_LEGEND_LABELS: dict[TaskKind, str] = {
-    TaskKind.FORWARD: "forward",
-    TaskKind.BACKWARD: "backward",
-    TaskKind.WEIGHT: "weight gradients",
+_LEGEND_LABELS: dict[ActionKind, str] = {
+    ActionKind.FORWARD: "forward",
+    ActionKind.BACKWARD: "backward",
+    ActionKind.WEIGHT: "weight gradients",
 }
-_DOTS_PER_INCH = 100
+GANTT_DOTS_PER_INCH = 100
 _ROW_HEIGHT_INCHES = 0.55
 _FONT_SIZE = 7
 # Helvetica/DejaVu digits are about 0.6 em wide; enough to decide whether a label fits.
 _CHARACTER_WIDTH_POINTS = 0.62 * _FONT_SIZE
 
 
-def _bar_color(kind: TaskKind, microbatch: int) -> str:
+def _bar_color(kind: ActionKind, microbatch: int) -> str:
     return _SHADES[kind][microbatch % 2]
 
 
@@ -63,7 +63,7 @@ def render_gantt(
     """Draw the chart on a new figure (see the module docstring)."""
     n_stages = max(timeline.n_stages, 1)
     height_inches = 1.0 + _ROW_HEIGHT_INCHES * n_stages
-    figure = Figure(figsize=(width_inches, height_inches), dpi=_DOTS_PER_INCH)
+    figure = Figure(figsize=(width_inches, height_inches), dpi=GANTT_DOTS_PER_INCH)
     FigureCanvasAgg(figure)
     axes = figure.add_axes((0.08, 0.55 / height_inches, 0.9, 1 - 0.9 / height_inches))
     makespan = timeline.makespan if timeline.makespan > 0 else 1.0
@@ -108,9 +108,9 @@ def render_gantt(
         f"bubble fraction {timeline.bubble_fraction:.1%}",
         fontsize=10,
     )
-    shown_kinds = [TaskKind.FORWARD, TaskKind.BACKWARD]
-    if any(interval.task.kind is TaskKind.WEIGHT for interval in compute_intervals):
-        shown_kinds.append(TaskKind.WEIGHT)
+    shown_kinds = [ActionKind.FORWARD, ActionKind.BACKWARD]
+    if any(interval.task.kind is ActionKind.WEIGHT for interval in compute_intervals):
+        shown_kinds.append(ActionKind.WEIGHT)
     figure.legend(
         handles=[Patch(facecolor=_SHADES[kind][0], label=_LEGEND_LABELS[kind]) for kind in shown_kinds],
         loc="upper right",
@@ -124,7 +124,8 @@ def render_gantt(
 def gantt_png(timeline: Timeline, **options) -> bytes:
     """The chart as PNG bytes; ``options`` are those of :func:`render_gantt`."""
     buffer = io.BytesIO()
-    render_gantt(timeline, **options).savefig(buffer, format="png")
+    # the Software tag is how schedlang.outputs recognises a chart it may replace
+    render_gantt(timeline, **options).savefig(buffer, format="png", metadata={"Software": "schedlang"})
     return buffer.getvalue()
 
 

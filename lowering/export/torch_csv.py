@@ -14,17 +14,20 @@ without ``W``, is refused: schedlang splits every backward or none. Columns are 
 rank ``r`` leaves a cell empty while the task it runs next is still waiting
 for its inputs, so reading a column shows what every rank does at that step.
 
+[Note: chunks as torch microbatches] The actions of torch have no field for a sequence chunk, so a schedule of
+``N`` chunks per microbatch is written with each (microbatch ``a``, chunk ``i``) pair as torch microbatch
+``a * N + i`` (:func:`torch_microbatch`); ``N = 1`` is the plain mapping. The recurrent-state order between
+a microbatch's chunks (Eq. 8's state edges) is kept by the order of the actions in each row, which the
+step grid respects; torch itself sees independent microbatches. Reading the file back with the same ``N``
+(:func:`parse_torch_csv`) gives the chunked orders again.
+
 Contract of :func:`torch_csv_rows`: input is one program order per stage
-(stage ``r`` runs on rank ``r``, as everywhere in schedlang) with exactly one
-chunk per microbatch; output is the step grid, each rank's tasks in their
+(stage ``r`` runs on rank ``r``, as everywhere in schedlang) and the chunk count;
+output is the step grid, each rank's tasks in their
 program order with ``None`` where a lockstep simulation (every task takes one
-step and may start once its Eq. 8 dependencies finished in earlier steps)
+step and may start once its Eq. 8 dependencies, state edges included, finished in earlier steps)
 makes the rank wait. :func:`load_torch_csv` is its inverse: it drops the idle
 cells and returns the orders.
-
-Chunked schedules cannot be written: a torch action is the forward or backward
-of a whole microbatch, with no field for a sequence chunk (see
-:class:`ChunkedScheduleError`).
 """
 
 from __future__ import annotations
@@ -36,14 +39,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from schedlang.lowering.graph import task_predecessors
-from schedlang.lowering.tasks import TaskId, TaskKind
+from schedlang.vocabulary.actions import ActionKind, TaskId
 
 StepGrid = tuple[tuple[TaskId | None, ...], ...]
 
 _TORCH_COMPUTE_ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
-_TORCH_KIND = {"F": TaskKind.FORWARD, "B": TaskKind.BACKWARD, "I": TaskKind.BACKWARD, "W": TaskKind.WEIGHT}
+_TORCH_KIND = {"F": ActionKind.FORWARD, "B": ActionKind.BACKWARD, "I": ActionKind.BACKWARD, "W": ActionKind.WEIGHT}
 _SPLIT_BACKWARD_INPUT = "I"
 """torch's ``BACKWARD_INPUT``: what a split program's ``B`` task is called in the CSV."""
+_TORCH_DROPPED_ACTION = re.compile(r"^(\d+)(REDUCE_GRAD|UNSHARD|RESHARD)(\d*)$")
+"""torch's end-of-step gradient reduction and FSDP actions (its GPipe and 1F1B orders end in ``REDUCE_GRAD``):
+read and dropped, since schedlang reduces gradients itself and does not shard parameters."""
 _TORCH_ANY_ACTION = re.compile(r"^(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$")
 
 
@@ -51,44 +57,35 @@ class TorchCsvError(ValueError):
     """A schedule that cannot be written as, or a file that cannot be read as, a torch schedule CSV."""
 
 
-class ChunkedScheduleError(TorchCsvError):
-    """The schedule splits microbatches into sequence chunks, which torch's actions cannot express."""
-
-    def __init__(self, n_chunks: int):
-        super().__init__(
-            f"cannot export a schedule with {n_chunks} sequence chunks per microbatch to torch's schedule CSV: "
-            "torch.distributed.pipelining's actions (e.g. 0F1, 1B0) are the forward or backward of a whole "
-            "microbatch and have no notion of sequence chunks, so a chunked StateFlow schedule, whose units "
-            "are chunks of microbatches linked by recurrent-state dependencies, cannot be expressed; "
-            "set `chunks = 1` in the sequence block to export the microbatch-level order"
-        )
-        self.n_chunks = n_chunks
-
-
 def splits_backward(orders: Sequence[Sequence[TaskId]]) -> bool:
     """Whether the orders are a split backward's: they hold ``W`` tasks."""
-    return any(task.kind is TaskKind.WEIGHT for order in orders for task in order)
+    return any(task.kind is ActionKind.WEIGHT for order in orders for task in order)
 
 
-def torch_action_text(task: TaskId, split_backward: bool = False) -> str:
-    """The torch action for a one-chunk task: ``1F0.0`` -> ``1F0``; with ``split_backward``, ``1B0.0`` ->
-    ``1I0`` (torch's ``BACKWARD_INPUT``) and ``1W0.0`` -> ``1W0``."""
-    letter = _SPLIT_BACKWARD_INPUT if split_backward and task.kind is TaskKind.BACKWARD else task.kind.value
-    return f"{task.stage}{letter}{task.microbatch}"
+def torch_microbatch(task: TaskId, n_chunks: int = 1) -> int:
+    """The torch microbatch of a task: ``microbatch * n_chunks + chunk`` ([Note: chunks as torch microbatches])."""
+    return task.microbatch * n_chunks + task.chunk
 
 
-def _dependencies(task: TaskId, n_stages: int) -> list[TaskId]:
-    """Eq. 8 with one chunk: no state edges remain, only stage-to-stage, F before B and B before W."""
-    return [predecessor for predecessor, _ in task_predecessors(task, n_stages, 1)]
+def torch_action_text(task: TaskId, split_backward: bool = False, n_chunks: int = 1) -> str:
+    """The torch action for a task: ``1F0.0`` -> ``1F0``, and with 4 chunks ``1F2.3`` -> ``1F11``; with
+    ``split_backward``, ``1B0.0`` -> ``1I0`` (torch's ``BACKWARD_INPUT``) and ``1W0.0`` -> ``1W0``."""
+    letter = _SPLIT_BACKWARD_INPUT if split_backward and task.kind is ActionKind.BACKWARD else task.kind.value
+    return f"{task.stage}{letter}{torch_microbatch(task, n_chunks)}"
+
+
+def _dependencies(task: TaskId, n_stages: int, n_chunks: int) -> list[TaskId]:
+    """Eq. 8: stage-to-stage, F before B, B before W, and the state edges between a microbatch's chunks."""
+    return [predecessor for predecessor, _ in task_predecessors(task, n_stages, n_chunks)]
 
 
 def _check_exportable(orders: Sequence[Sequence[TaskId]], n_chunks: int) -> None:
-    if n_chunks != 1:
-        raise ChunkedScheduleError(n_chunks)
+    if n_chunks < 1:
+        raise TorchCsvError(f"a schedule has at least one chunk per microbatch, got {n_chunks}")
     for stage, order in enumerate(orders):
         for task in order:
-            if task.chunk != 0:
-                raise TorchCsvError(f"task {task} names chunk {task.chunk} but the schedule has one chunk")
+            if not 0 <= task.chunk < n_chunks:
+                raise TorchCsvError(f"task {task} names chunk {task.chunk} but the schedule has {n_chunks}")
             if task.stage != stage:
                 raise TorchCsvError(
                     f"task {task} is in stage {stage}'s order; each stage may only run its own tasks"
@@ -98,9 +95,8 @@ def _check_exportable(orders: Sequence[Sequence[TaskId]], n_chunks: int) -> None
 def torch_csv_rows(orders: Sequence[Sequence[TaskId]], n_chunks: int = 1) -> StepGrid:
     """Lay the orders out on a lockstep step grid (see the module docstring).
 
-    Raises :class:`ChunkedScheduleError` when ``n_chunks != 1`` or a task names
-    another chunk, and :class:`TorchCsvError` when some rank can never make
-    progress (the order deadlocks or waits for a task no stage runs).
+    Raises :class:`TorchCsvError` when a task names a chunk outside ``n_chunks`` or runs on another stage's
+    rank, and when some rank can never make progress (the order deadlocks or waits for a task no stage runs).
     """
     _check_exportable(orders, n_chunks)
     n_stages = len(orders)
@@ -115,13 +111,14 @@ def torch_csv_rows(orders: Sequence[Sequence[TaskId]], n_chunks: int = 1) -> Ste
                 rows[stage].append(None)
                 continue
             task = orders[stage][next_position[stage]]
-            ready = all(finished_step.get(dependency, step) < step for dependency in _dependencies(task, n_stages))
+            dependencies = _dependencies(task, n_stages, n_chunks)
+            ready = all(finished_step.get(dependency, step) < step for dependency in dependencies)
             rows[stage].append(task if ready else None)
             if ready:
                 started.append(task)
                 next_position[stage] += 1
         if not started:
-            raise TorchCsvError(_stuck_message(orders, next_position, finished_step, n_stages, step))
+            raise TorchCsvError(_stuck_message(orders, next_position, finished_step, n_stages, n_chunks, step))
         for task in started:
             finished_step[task] = step
         step += 1
@@ -133,6 +130,7 @@ def _stuck_message(
     next_position: list[int],
     finished_step: dict[TaskId, int],
     n_stages: int,
+    n_chunks: int,
     step: int,
 ) -> str:
     waiting = []
@@ -140,7 +138,9 @@ def _stuck_message(
         if next_position[stage] < len(order):
             task = order[next_position[stage]]
             missing = [
-                str(dependency) for dependency in _dependencies(task, n_stages) if dependency not in finished_step
+                str(dependency)
+                for dependency in _dependencies(task, n_stages, n_chunks)
+                if dependency not in finished_step
             ]
             waiting.append(f"rank {stage} waits to run {task} for {', '.join(missing)}")
     return (
@@ -151,12 +151,12 @@ def _stuck_message(
 
 def torch_csv_text(orders: Sequence[Sequence[TaskId]], n_chunks: int = 1) -> str:
     """The CSV text: one row per rank, one column per step, empty cells idle; ``B`` as ``I`` when the orders
-    hold ``W`` tasks."""
+    hold ``W`` tasks; chunk ``i`` of microbatch ``a`` as torch microbatch ``a * n_chunks + i``."""
     split = splits_backward(orders)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     for row in torch_csv_rows(orders, n_chunks):
-        writer.writerow(["" if task is None else torch_action_text(task, split) for task in row])
+        writer.writerow(["" if task is None else torch_action_text(task, split, n_chunks) for task in row])
     return buffer.getvalue()
 
 
@@ -164,8 +164,9 @@ def write_torch_csv(orders: Sequence[Sequence[TaskId]], path: str | Path, n_chun
     Path(path).write_text(torch_csv_text(orders, n_chunks))
 
 
-def _parse_cell(text: str, rank: int, location: str) -> tuple[TaskId, str]:
-    """The task and torch's letter for it (``B`` and ``I`` both give a ``B`` task)."""
+def _parse_cell(text: str, rank: int, location: str, n_chunks: int) -> tuple[TaskId, str]:
+    """The task and torch's letter for it (``B`` and ``I`` both give a ``B`` task); torch microbatch ``m`` is
+    chunk ``m % n_chunks`` of microbatch ``m // n_chunks``."""
     match = _TORCH_COMPUTE_ACTION.match(text)
     if match is None:
         if _TORCH_ANY_ACTION.match(text) is not None:
@@ -183,13 +184,15 @@ def _parse_cell(text: str, rank: int, location: str) -> tuple[TaskId, str]:
             "on rank r (one stage per rank), so torch's interleaved or looped schedules, which put several "
             "virtual stages on a rank, cannot be imported"
         )
-    return TaskId(_TORCH_KIND[letter], rank, int(microbatch), 0), letter
+    microbatch, chunk = divmod(int(microbatch), n_chunks)
+    return TaskId(_TORCH_KIND[letter], rank, microbatch, chunk), letter
 
 
-def parse_torch_csv(text: str, source_name: str = "<csv>") -> tuple[tuple[TaskId, ...], ...]:
-    """Per-stage orders from CSV text; the inverse of :func:`torch_csv_text`.
+def parse_torch_csv(text: str, source_name: str = "<csv>", n_chunks: int = 1) -> tuple[tuple[TaskId, ...], ...]:
+    """Per-stage orders from CSV text; the inverse of :func:`torch_csv_text` with the same ``n_chunks``.
 
-    ``I`` cells become ``B`` tasks and ``W`` cells ``W`` tasks (a split program's orders); raises
+    ``I`` cells become ``B`` tasks and ``W`` cells ``W`` tasks (a split program's orders), and
+    ``REDUCE_GRAD``, ``UNSHARD`` and ``RESHARD`` cells are dropped; raises
     :class:`TorchCsvError` for a file that mixes full (``B``) and split (``I``, ``W``) backwards or has ``I``
     cells but no ``W`` cell.
     """
@@ -199,9 +202,9 @@ def parse_torch_csv(text: str, source_name: str = "<csv>") -> tuple[tuple[TaskId
         order = []
         for column, cell in enumerate(row):
             cell_text = cell.strip()
-            if cell_text:
+            if cell_text and not _TORCH_DROPPED_ACTION.match(cell_text):
                 location = f"{source_name}:{rank + 1}: cell {column + 1}"
-                task, letter = _parse_cell(cell_text, rank, location)
+                task, letter = _parse_cell(cell_text, rank, location, n_chunks)
                 first_of_letter.setdefault(letter, location)
                 order.append(task)
         orders.append(tuple(order))
@@ -226,6 +229,6 @@ def _check_backward_kinds(first_of_letter: dict[str, str]) -> None:
         )
 
 
-def load_torch_csv(path: str | Path) -> tuple[tuple[TaskId, ...], ...]:
-    """Per-stage orders (one chunk per microbatch) from a torch schedule CSV file."""
-    return parse_torch_csv(Path(path).read_text(), str(path))
+def load_torch_csv(path: str | Path, n_chunks: int = 1) -> tuple[tuple[TaskId, ...], ...]:
+    """Per-stage orders from a torch schedule CSV file, torch microbatches read as ``n_chunks`` chunks each."""
+    return parse_torch_csv(Path(path).read_text(), str(path), n_chunks)

@@ -77,6 +77,10 @@ class Checker:
         values = [self._read(path) for path in paths]
         return all(value is not INVALID for value in values)
 
+    def was_read(self, path: str) -> bool:
+        """Whether a check has asked for ``path`` already (asking now would report its problems anew)."""
+        return path in self._values
+
     def reject(self, path: str) -> None:
         """Mark a key's value as refused by a rule (which has reported why)."""
         self._values[path] = INVALID

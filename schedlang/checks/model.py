@@ -1,28 +1,24 @@
-"""The ``model`` block: readers of its structured values, and its spec.
+"""The ``model`` block: readers of its structured values.
 
 Contract: the readers follow ``schedlang.checks.readers`` (return the value or
-report and return ``None``); :func:`build_model` is pure and returns the
-:class:`ModelSpec` when every model key read cleanly and no rule refused one.
+report and return ``None``); the model record is built from the key schema's rows by
+``checks.records.build_model``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 from schedlang import ast
 from schedlang.checks.readers import choice_hint, read_call, read_integer, read_number
-from schedlang.lowering.program import MlpKind, MlpSpec, ModelSpec
-from schedlang.runtime.model_options import AttentionOptions, GdnOptions, GlaOptions, Mamba2Options
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import LayerKind, MlpKind, ModelConfig
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
 
-# Limits that keep a typo such as `layers = [gla] * 100000000` from exhausting memory.
+# Limits that keep a typo such as `layers = [gla] * 100000000` from exhausting memory (and MAX_HEAD_DIM,
+# MAX_SHORT_CONV_SIZE of vocabulary.model_settings, which its key rows name).
 MAX_LAYERS = 4096
-MAX_HEAD_DIM = 1024
-MAX_SHORT_CONV_SIZE = 64
 
 StageAssignment = tuple[tuple[tuple[int, ...], ...], list]
 
@@ -81,15 +77,21 @@ def _flatten_layers(checker: Checker, value: ast.Value, path: str, out: list[Lay
     return False
 
 
-def read_mlp(checker: Checker, value: ast.Value, path: str) -> MlpSpec | None:
-    """``swiglu(ratio = r)`` (``r > 0``, default :class:`MlpSpec`'s), ``swiglu(intermediate_size = n)``
-    (the hidden width as is) or ``none``."""
+MlpFields = tuple[float, "int | None"]
+"""What ``model.mlp`` fills: the model record's ``mlp_ratio`` (0: ``none``) and ``options.mlp_width``."""
+
+DEFAULT_MLP_RATIO = ModelConfig.mlp_ratio
+
+
+def read_mlp(checker: Checker, value: ast.Value, path: str) -> MlpFields | None:
+    """``swiglu(ratio = r)`` (``r > 0``, default the model record's), ``swiglu(intermediate_size = n)``
+    (the hidden width as is) or ``none`` (ratio 0)."""
     signatures = {MlpKind.SWIGLU.value: ("ratio", "intermediate_size"), MlpKind.NONE.value: ()}
     call = read_call(checker, value, path, signatures, "mlp")
     if call is None:
         return None
     if call.name == MlpKind.NONE.value:
-        return MlpSpec(MlpKind.NONE, 0.0)
+        return 0.0, None
     if "ratio" in call.arguments and "intermediate_size" in call.arguments:
         checker.error(
             "give swiglu a ratio or an intermediate_size, not both", call.arguments["intermediate_size"].span
@@ -97,11 +99,11 @@ def read_mlp(checker: Checker, value: ast.Value, path: str) -> MlpSpec | None:
         return None
     if "intermediate_size" in call.arguments:
         width = read_integer(checker, call.arguments["intermediate_size"].value, f"{path}.intermediate_size", 1, 1 << 24)
-        return None if width is None else MlpSpec(MlpKind.SWIGLU, width=width)
+        return None if width is None else (DEFAULT_MLP_RATIO, width)
     if "ratio" not in call.arguments:
-        return MlpSpec(MlpKind.SWIGLU)
+        return DEFAULT_MLP_RATIO, None
     ratio = read_number(checker, call.arguments["ratio"].value, f"{path}.ratio", 0.0, above=True)
-    return None if ratio is None else MlpSpec(MlpKind.SWIGLU, ratio)
+    return None if ratio is None else (ratio, None)
 
 
 def read_stage_assignment(checker: Checker, value: ast.Value, path: str) -> StageAssignment | None:
@@ -148,104 +150,3 @@ def read_dt_limit(checker: Checker, value: ast.Value, path: str) -> tuple[float,
         checker.error(f"'{path}' must have low < high, found {low:g} >= {high:g}", value.span)
         return None
     return (low, high)
-
-
-GLA_OPTION_PATHS = (
-    "model.expand_k",
-    "model.expand_v",
-    "model.kv_heads",
-    "model.gate_low_rank_dim",
-    "model.gate_logit_normalizer",
-    "model.clamp_min",
-    "model.output_gate",
-)
-GDN_OPTION_PATHS = ("model.delta_gates", "model.short_conv_size", "model.value_heads")
-MAMBA2_OPTION_PATHS = (
-    "model.state_size",
-    "model.n_groups",
-    "model.conv_kernel",
-    "model.use_conv_bias",
-    "model.use_bias",
-    "model.dt_min",
-    "model.dt_max",
-    "model.dt_init_floor",
-    "model.dt_limit",
-)
-ATTENTION_OPTION_PATHS = (
-    "model.attn_heads",
-    "model.attn_head_dim",
-    "model.attn_kv_heads",
-    "model.qkv_bias",
-    "model.rope_theta",
-)
-
-
-def _written_or_none(value: object) -> object:
-    """A value read, or None for a default derived from other keys (``schema.Derived``)."""
-    return value if value is None or isinstance(value, (int, float, str)) else None
-
-
-def _value_heads(written: object, base: ModelSpec) -> int | None:
-    """``model.value_heads`` as ``GdnOptions.value_heads``: None when it is the default (``heads``) or the
-    model has no ``gdn`` layers, so such a model records no grouped values."""
-    value_heads = _written_or_none(written)
-    if value_heads == base.heads or LayerKind.GDN not in base.layers:
-        return None
-    return value_heads
-
-
-def build_model(checker: Checker) -> ModelSpec | None:
-    """The spec; ``expand_k`` becomes the per-head key width of ``gla`` and ``gdn`` layers (the rules of
-    ``checks.model_rules`` have checked it divides evenly), and ``model.from``'s weights, when it has any,
-    the initial weights."""
-    paths = ("model.vocab", "model.d_model", "model.layers", "model.heads", "model.head_dim", "model.mlp")
-    others = (
-        "model.norm_eps",
-        "model.tie_embeddings",
-        "model.from",
-        *GLA_OPTION_PATHS,
-        *GDN_OPTION_PATHS,
-        *MAMBA2_OPTION_PATHS,
-        *ATTENTION_OPTION_PATHS,
-    )
-    if not checker.valid(*paths, *others):
-        return None
-    base = ModelSpec(*(checker.get(path) for path in paths))
-    expand_k, kv_heads, rank, normalizer, clamp_min, output_gate = (
-        _written_or_none(checker.get(path)) for path in GLA_OPTION_PATHS if path != "model.expand_v"
-    )
-    head_k_dim = None if expand_k is None else round(base.d_model * expand_k) // base.heads
-    gla = GlaOptions(
-        head_k_dim=head_k_dim,
-        kv_heads=kv_heads,
-        gate_rank=rank,
-        gate_logit_normalizer=normalizer,
-        gate_clamp_min=clamp_min,
-        output_gate=output_gate,
-    )
-    gdn = GdnOptions(
-        head_k_dim=head_k_dim if LayerKind.GDN in base.layers else None,  # a model without gdn layers records none
-        gates=checker.get("model.delta_gates"),
-        short_conv_size=checker.get("model.short_conv_size"),
-        value_heads=_value_heads(checker.get("model.value_heads"), base),
-    )
-    heads, head_dim, kv_heads, qkv_bias, rope_theta = (
-        _written_or_none(checker.get(path)) for path in ATTENTION_OPTION_PATHS
-    )
-    attention = AttentionOptions(
-        heads=heads, head_dim=head_dim, kv_heads=kv_heads, qkv_bias=bool(qkv_bias), rope_theta=rope_theta
-    )
-    mamba2 = Mamba2Options()
-    if LayerKind.MAMBA2 in base.layers:  # a model without mamba2 layers records none
-        mamba2 = Mamba2Options(**{path.removeprefix("model."): checker.get(path) for path in MAMBA2_OPTION_PATHS})
-    imported = checker.get("model.from")
-    return dataclasses.replace(
-        base,
-        norm_eps=checker.get("model.norm_eps"),
-        gla=gla,
-        gdn=gdn,
-        attention=attention,
-        mamba2=mamba2,
-        tie_embeddings=checker.get("model.tie_embeddings"),
-        initial_weights=imported.directory if imported is not None and imported.has_weights else None,
-    )

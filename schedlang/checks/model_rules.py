@@ -191,7 +191,7 @@ def mamba2_convolutions_fit_each_sequence_rank(checker: Checker) -> None:
 def weights_fit_the_model(checker: Checker) -> None:
     """``model.from``'s safetensors hold a tensor of the right shape for every parameter of the model the
     schedule builds (the directory's config with the keys the schedule writes)."""
-    from schedlang.checks.model import build_model
+    from schedlang.checks.records import build_model
 
     imported = checker.get(FROM_KEY) if checker.given(FROM_KEY) else None
     if imported is None or not imported.has_weights:
@@ -199,9 +199,12 @@ def weights_fit_the_model(checker: Checker) -> None:
     model = build_model(checker)
     if model is None:
         return
-    from schedlang.runtime.hf_weights import weights_problem
+    from schedlang.runtime.hf_weights import HfWeightsError, weights_problem
 
-    problem = weights_problem(model.runtime_config(), imported.directory)
+    try:
+        problem = weights_problem(model, imported.directory)
+    except HfWeightsError as error:
+        problem = str(error)
     if problem is not None:
         checker.error(
             f"the model of '{FROM_KEY}' does not fit its weights: {problem}",

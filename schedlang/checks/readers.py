@@ -7,9 +7,9 @@ reports one or more diagnostics through ``checker.error`` and returns ``None``.
 Readers never look at other keys; rules that relate keys live in
 ``schedlang.checks.rules``.
 
-The reader classes here (:class:`Integer`, :class:`Number`, :class:`Choice`,
-:class:`Boolean`) carry their bounds as data, so a row of the key schema states
-them where they can be read and documented.
+The key schema's rows state plain readers as data (``schedlang.vocabulary.keys``:
+``Integer``, ``Number``, ``Choice``, ``Boolean`` with their bounds); :func:`read_bounded`
+interprets them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from schedlang import ast
-from schedlang.vocabulary import Span
+from schedlang.vocabulary import Span, keys
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -188,43 +188,15 @@ def read_call(
     return CallValue(value.name, value.name_span, arguments, value.span)
 
 
-@dataclass(frozen=True)
-class Integer:
-    """An integer in ``minimum .. maximum`` (either end open when ``None``)."""
-
-    minimum: int | None = None
-    maximum: int | None = None
-
-    def __call__(self, checker: Checker, value: ast.Value, path: str) -> int | None:
-        return read_integer(checker, value, path, self.minimum, self.maximum)
-
-
-@dataclass(frozen=True)
-class Number:
-    """A finite number: ``>= minimum`` (``> minimum`` when ``above``) and ``< below``."""
-
-    minimum: float | None = None
-    above: bool = False
-    below: float | None = None
-
-    def __call__(self, checker: Checker, value: ast.Value, path: str) -> float | None:
-        return read_number(checker, value, path, self.minimum, self.above, self.below)
-
-
-@dataclass(frozen=True)
-class Choice:
-    """A member of ``enum_type`` written by its value; ``noun`` names it in messages."""
-
-    enum_type: type[Enum]
-    noun: str
-
-    def __call__(self, checker: Checker, value: ast.Value, path: str) -> Enum | None:
-        return read_choice(checker, value, path, self.enum_type, self.noun)
-
-
-@dataclass(frozen=True)
-class Boolean:
-    """``true`` or ``false``."""
-
-    def __call__(self, checker: Checker, value: ast.Value, path: str) -> bool | None:
+def read_bounded(checker: Checker, reader: keys.Reader, value: ast.Value, path: str) -> object:
+    """``value`` read by a schema row's data reader (``schedlang.vocabulary.keys``): an integer or number in
+    its bounds, a boolean, or a member of its enum (not :class:`~schedlang.vocabulary.keys.Structured`)."""
+    if isinstance(reader, keys.Integer):
+        return read_integer(checker, value, path, reader.minimum, reader.maximum)
+    if isinstance(reader, keys.Number):
+        return read_number(checker, value, path, reader.minimum, reader.above, reader.below)
+    if isinstance(reader, keys.Choice):
+        return read_choice(checker, value, path, reader.enum_type, reader.noun)
+    if isinstance(reader, keys.Boolean):
         return read_boolean(checker, value, path)
+    raise TypeError(f"{path}: {reader!r} is read by its own reader")

@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING, Callable
 from schedlang import ast
 from schedlang.checks.data_rules import DATA_RULE_CHECKS
 from schedlang.checks.mesh import build_mesh
-from schedlang.checks.model import build_model
+from schedlang.checks.records import build_model
 from schedlang.checks.model_rules import MODEL_RULE_CHECKS
 from schedlang.checks.sequence import build_sequence
 from schedlang.checks.stages import read_explicit_orders
 from schedlang.checks.train import loss_scale_needs_fp16
 from schedlang.lowering.partition import model_balanced_boundaries, uniform_boundaries
-from schedlang.lowering.program import MlpKind, OrderKind, PartitionKind
-from schedlang.vocabulary import DataKind, LayerKind, Recompute, recompute_modes
+from schedlang.vocabulary import DataKind, LayerKind, OrderKind, PartitionKind, Recompute, recompute_modes
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -43,7 +42,7 @@ class Rule:
 def mlp_layers_need_an_mlp(checker: Checker) -> None:
     layers = checker.get("model.layers")
     mlp = checker.get("model.mlp")
-    if layers is not None and LayerKind.MLP in layers and mlp is not None and mlp.kind is MlpKind.NONE:
+    if layers is not None and LayerKind.MLP in layers and mlp is not None and mlp[0] == 0:
         checker.error(
             "'model.layers' names mlp layers, but model.mlp = none gives them nothing to run",
             checker.span_of("model.mlp"),
@@ -189,6 +188,13 @@ def partition_matches_chunks(checker: Checker) -> None:
         checker.derived["sequence.partition"] = partition
 
 
+def nearest_positive_multiple(value: int, unit: int) -> int:
+    """The positive multiple of ``unit`` nearest ``value`` (the larger one on a tie): 1024 for 1000 in units of 128."""
+    lower = value // unit * unit
+    upper = lower + unit
+    return upper if lower < unit or value - lower >= upper - value else lower
+
+
 def length_fits_sequence_ranks(checker: Checker) -> None:
     """[Note: sequence-parallel alignment]: the alignment unit, and the length a multiple of it."""
     length = checker.get("sequence.length")
@@ -202,7 +208,8 @@ def length_fits_sequence_ranks(checker: Checker) -> None:
             f"with mesh.sequence = {sequence_ranks} the length must be a multiple of"
             f" {sequence_ranks} * kernel_chunk = {unit}, found {length}",
             checker.node("sequence.length").span,
-            hint=f"each chunk is split over {sequence_ranks} ranks in whole kernel chunks; try {max(unit, length // unit * unit)}",
+            hint=f"each chunk is split over {sequence_ranks} ranks in whole kernel chunks; "
+            f"try {nearest_positive_multiple(length, unit)}",
         )
         checker.reject("sequence.length")
         # No boundary can be placed on a length the ranks cannot share.

@@ -1,193 +1,204 @@
-"""The key schema: one row per ``block.key`` of the language.
+"""The key schema: one row per ``block.key`` of the language (rows: ``schedlang.vocabulary.keys.Key``).
 
-Each row names the key's reader (which holds its type and bounds), its default
-and an example. Everything about a single key is derived from these rows: the
-block names and their keys (unknown keys and "did you mean"), the required keys
-and blocks and the examples their messages suggest, the type and range
-messages, and the key tables of docs/language.md (a test holds the two
-together). Defaults are taken from the spec dataclasses of
-``schedlang.lowering.program`` with :func:`spec_default`, so each is written
-once; a row whose default has no field says so in words (:class:`Derived`).
-What relates two keys is a rule, in ``schedlang.checks.rules``.
+Each row names the key's reader (its type and bounds as data, or the structured reader of
+:data:`STRUCTURED_READERS`), its default, an example, the record fields it fills, how a value is written back
+as text and its cells in docs/language.md. The rows of ``model`` and ``train`` sit beside the records they
+fill (``vocabulary.model_settings.MODEL_KEYS``, ``vocabulary.train_settings.TRAIN_KEYS``); the rows of the
+compiler's own blocks (``mesh``, ``sequence``, ``pipeline``, whose records live in
+``schedlang.lowering.program``) are here. Everything about a single key is derived from :data:`SCHEMA`: the
+block names and their keys (unknown keys and "did you mean"), the required keys and blocks and the examples
+their messages suggest, the type and range messages, the block records (``checks.records``), the text
+``compiler.revise`` writes, and the key tables of docs/language.md (``python -m schedlang.checks.key_tables``
+writes them; a test holds the two together). What relates two keys is a rule, in ``schedlang.checks.rules``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from schedlang import ast
 from schedlang.checks import hf_import, model, pipeline, sequence, train
 from schedlang.checks.mesh import MAX_MESH_SIZE
-from schedlang.checks.readers import INVALID, Boolean, Choice, Integer, Number, Reader
-from schedlang.lowering.program import (
-    MeshSpec,
-    ModelSpec,
-    OrderKind,
-    PipelineSpec,
-    SequenceSpec,
-    TrainSpec,
-)
-from schedlang.runtime.model_options import (
-    GATE_LOGIT_NORMALIZER,
-    AttentionOptions,
-    DeltaGates,
-    Mamba2Options,
-    OutputGate,
-)
-from schedlang.vocabulary import AttentionExchange, CudaGraphs, DType
+from schedlang.checks.readers import INVALID, Reader, read_bounded
+from schedlang.lowering.program import MeshSpec, PipelineSpec, SequenceSpec
+from schedlang.vocabulary import AttentionExchange, CudaGraphs, OrderKind, PartitionKind, SequenceParallelMethod
+from schedlang.vocabulary.keys import REQUIRED, Boolean, Choice, Derived, Integer, Key, Structured
+from schedlang.vocabulary.model_settings import MODEL_KEYS
+from schedlang.vocabulary.train_settings import TRAIN_KEYS
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
 
+__all__ = ["BLOCKS", "BLOCK_KEYS", "KEYS", "REQUIRED", "SCHEMA", "Derived", "Key", "read_key", "reader_of"]
 
-class _Required:
-    def __repr__(self) -> str:
-        return "REQUIRED"
-
-
-REQUIRED = _Required()
-
-
-@dataclass(frozen=True)
-class Derived:
-    """A default computed from other keys by a rule; ``how`` says how, for docs and readers."""
-
-    how: str
-
-
-def spec_default(spec_type: type, field_name: str) -> object:
-    """The default of ``spec_type.field_name``, as the dataclass declares it."""
-    for field in dataclasses.fields(spec_type):
-        if field.name == field_name:
-            if field.default is not dataclasses.MISSING:
-                return field.default
-            if field.default_factory is not dataclasses.MISSING:
-                return field.default_factory()
-            raise ValueError(f"{spec_type.__name__}.{field_name} has no default")
-    raise ValueError(f"{spec_type.__name__} has no field {field_name}")
-
-
-@dataclass(frozen=True)
-class Key:
-    """One key of one block.
-
-    ``default_from``: a spec dataclass (the key's default is that class's
-    default for its field of the same name), :data:`REQUIRED`, a
-    :class:`Derived`, or the default itself where no field holds it.
-    ``accepts_none``: the name ``none`` is read as ``None`` (the spec's "off").
-    ``accepts_every``: the value may be an ``"x" every N`` clause.
-    ``in_block_example``: the key is shown (with the required ones) in the
-    example given when its whole block is missing.
-    """
-
-    block: str
-    name: str
-    reader: Reader
-    default_from: object
-    example: str
-    accepts_none: bool = False
-    accepts_every: bool = False
-    in_block_example: bool = False
-
-    @property
-    def path(self) -> str:
-        return f"{self.block}.{self.name}"
-
-    @property
-    def required(self) -> bool:
-        return self.default_from is REQUIRED
-
-    @property
-    def default(self) -> object:
-        """The value an absent key reads as (``REQUIRED`` or a ``Derived`` stand as themselves)."""
-        if isinstance(self.default_from, type) and dataclasses.is_dataclass(self.default_from):
-            return spec_default(self.default_from, self.name)
-        return self.default_from
-
-
-_EVEN_SPLIT = Derived("the layers split evenly over the mesh.pipeline stages")
-_HEAD_WIDTH = Derived("heads * head_dim / d_model")
 _PARTITION_OF_CHUNKS = Derived("uniform, or explicit when chunks lists the boundaries")
-_LOSS_SCALE_DEFAULT = Derived("dynamic with dtype = fp16, else none")
-_SCAN_DEFAULT = (spec_default(SequenceSpec, "parallel"), spec_default(SequenceSpec, "scan_blocks"))
+_SCAN_DEFAULT = (SequenceSpec.parallel, SequenceSpec.scan_blocks)
 
-SCHEMA: tuple[Key, ...] = (
-    Key("model", "vocab", Integer(1, 1 << 24), REQUIRED, "vocab = 256"),
-    Key("model", "d_model", Integer(1, 1 << 20), REQUIRED, "d_model = 128"),
-    Key("model", "layers", model.read_layers, REQUIRED, "layers = [gla] * 4"),
-    Key("model", "heads", Integer(1, 4096), REQUIRED, "heads = 2"),
-    Key("model", "head_dim", Integer(1, model.MAX_HEAD_DIM), REQUIRED, "head_dim = 64"),
-    Key("model", "mlp", model.read_mlp, ModelSpec, "mlp = swiglu(ratio = 4)"),
-    Key("model", "stages", model.read_stage_assignment, _EVEN_SPLIT, "stages = [[0, 1], [2, 3]]"),
-    Key("model", "from", hf_import.read_from, None, 'from = hf("examples/hf/gla_tiny")'),
-    Key("model", "norm_eps", Number(0.0, above=True), ModelSpec, "norm_eps = 1e-5"),
-    Key("model", "expand_k", Number(0.0, above=True), _HEAD_WIDTH, "expand_k = 0.5"),
-    Key("model", "expand_v", Number(0.0, above=True), _HEAD_WIDTH, "expand_v = 1"),
-    Key("model", "kv_heads", Integer(1, 4096), Derived("heads"), "kv_heads = 1"),
-    Key("model", "gate_low_rank_dim", Integer(1, 1 << 20), None, "gate_low_rank_dim = 16", accepts_none=True),
-    Key("model", "gate_logit_normalizer", Number(0.0, above=True), GATE_LOGIT_NORMALIZER, "gate_logit_normalizer = 16"),
-    Key("model", "clamp_min", Number(), None, "clamp_min = -5", accepts_none=True),
-    Key("model", "output_gate", Choice(OutputGate, "output gate"), OutputGate.NONE, "output_gate = swish"),
-    Key("model", "delta_gates", Choice(DeltaGates, "delta gates"), DeltaGates.LOG_SIGMOID, "delta_gates = mamba"),
+
+def _partition_text(value: tuple[PartitionKind, float | None]) -> str:
+    kind, alpha = value
+    return f"balanced(alpha = {alpha!r})" if kind is PartitionKind.BALANCED else kind.value
+
+
+def _parallel_text(value: tuple[SequenceParallelMethod, int]) -> str:
+    method, blocks = value
+    return f"allscan(blocks = {blocks})" if method is SequenceParallelMethod.ALLSCAN else method.value
+
+
+COMPILER_KEYS: tuple[Key, ...] = (
     Key(
-        "model", "short_conv_size", Integer(1, model.MAX_SHORT_CONV_SIZE), None, "short_conv_size = 4",
-        accepts_none=True,
+        "mesh", "pipeline", Integer(1, MAX_MESH_SIZE), MeshSpec, "pipeline = 2",
+        doc="number of pipeline stages, 1 .. 65536",
     ),
-    Key("model", "value_heads", Integer(1, 4096), Derived("heads"), "value_heads = 4"),
-    Key("model", "state_size", Integer(1, model.MAX_HEAD_DIM), Mamba2Options, "state_size = 64"),
-    Key("model", "n_groups", Integer(1, 4096), Mamba2Options, "n_groups = 2"),
-    Key("model", "conv_kernel", Integer(1, model.MAX_SHORT_CONV_SIZE), Mamba2Options, "conv_kernel = 4"),
-    Key("model", "use_conv_bias", Boolean(), Mamba2Options, "use_conv_bias = false"),
-    Key("model", "use_bias", Boolean(), Mamba2Options, "use_bias = true"),
-    Key("model", "dt_min", Number(0.0, above=True), Mamba2Options, "dt_min = 0.001"),
-    Key("model", "dt_max", Number(0.0, above=True), Mamba2Options, "dt_max = 0.1"),
-    Key("model", "dt_init_floor", Number(0.0, above=True), Mamba2Options, "dt_init_floor = 1e-4"),
-    Key("model", "dt_limit", model.read_dt_limit, Mamba2Options, "dt_limit = [0.0, 100.0]", accepts_none=True),
-    Key("model", "attn_heads", Integer(1, 4096), Derived("heads"), "attn_heads = 4"),
-    Key("model", "attn_head_dim", Integer(1, model.MAX_HEAD_DIM), Derived("head_dim"), "attn_head_dim = 64"),
-    Key("model", "attn_kv_heads", Integer(1, 4096), Derived("attn_heads"), "attn_kv_heads = 1"),
-    Key("model", "qkv_bias", Boolean(), AttentionOptions, "qkv_bias = true"),
-    Key("model", "rope_theta", Number(0.0, above=True), AttentionOptions, "rope_theta = 10000", accepts_none=True),
-    Key("model", "tie_embeddings", Boolean(), ModelSpec, "tie_embeddings = true"),
-    Key("mesh", "pipeline", Integer(1, MAX_MESH_SIZE), MeshSpec, "pipeline = 2"),
-    Key("mesh", "sequence", Integer(1, MAX_MESH_SIZE), MeshSpec, "sequence = 2"),
-    Key("mesh", "data", Integer(1, MAX_MESH_SIZE), MeshSpec, "data = 2"),
-    Key("sequence", "length", Integer(1, sequence.MAX_LENGTH), REQUIRED, "length = 4096"),
-    Key("sequence", "chunks", sequence.read_chunks, 1, "chunks = 4", in_block_example=True),
-    Key("sequence", "partition", sequence.read_partition, _PARTITION_OF_CHUNKS, "partition = balanced(alpha = 1)"),
-    Key("sequence", "kernel_chunk", sequence.read_kernel_chunk, SequenceSpec, "kernel_chunk = 64"),
-    Key("sequence", "parallel", sequence.read_parallel, _SCAN_DEFAULT, "parallel = allscan(blocks = 2)"),
-    Key("sequence", "attention", Choice(AttentionExchange, "attention exchange"), SequenceSpec, "attention = ring"),
-    Key("pipeline", "microbatches", Integer(1, pipeline.MAX_MICROBATCHES), REQUIRED, "microbatches = 4"),
-    Key("pipeline", "order", Choice(OrderKind, "pipeline order"), PipelineSpec, "order = 1f1b", in_block_example=True),
-    Key("pipeline", "microbatch_size", Integer(1, 1 << 20), PipelineSpec, "microbatch_size = 2"),
-    Key("pipeline", "recompute", pipeline.read_recompute, PipelineSpec, "recompute = mlp"),
-    Key("pipeline", "offload", Boolean(), PipelineSpec, "offload = true"),
-    Key("pipeline", "cuda_graphs", Choice(CudaGraphs, "CUDA-graph mode"), PipelineSpec, "cuda_graphs = step"),
-    Key("pipeline", "extra_warmup", pipeline.read_extra_warmup, PipelineSpec, "extra_warmup = [1, 0]"),
-    Key("pipeline", "split_backward", Boolean(), PipelineSpec, "split_backward = true"),
-    Key("pipeline", "forward_before_weight", Boolean(), PipelineSpec, "forward_before_weight = true"),
-    Key("pipeline", "extra_deferred_weights", Integer(0, pipeline.MAX_MICROBATCHES), PipelineSpec, "extra_deferred_weights = 2"),
-    Key("train", "steps", Integer(1, 1 << 40), TrainSpec, "steps = 20"),
-    Key("train", "optimizer", train.read_optimizer, TrainSpec, "optimizer = adamw(lr = 3e-3)"),
-    Key("train", "dtype", Choice(DType, "dtype"), TrainSpec, "dtype = bf16"),
-    Key("train", "master_weights", Boolean(), TrainSpec, "master_weights = false"),
-    Key("train", "loss_scale", train.read_loss_scale, _LOSS_SCALE_DEFAULT, "loss_scale = dynamic", accepts_none=True),
-    Key("train", "data", train.read_data, TrainSpec, "data = synthetic(seed = 0)"),
-    Key("train", "seed", Integer(0, train.MAX_SEED), TrainSpec, "seed = 1"),
-    Key("train", "grad_clip", Number(0.0, above=True), TrainSpec, "grad_clip = 1.0", accepts_none=True),
-    Key("train", "log_every", Integer(1, 1 << 40), TrainSpec, "log_every = 5"),
-    Key("train", "lr_schedule", train.read_lr_schedule, TrainSpec, "lr_schedule = cosine(warmup = 100, min_lr = 3e-5)"),
-    Key("train", "log", train.read_log, TrainSpec, 'log = tensorboard(directory = "runs/x")', accepts_none=True),
-    Key("train", "eval_every", Integer(0, 1 << 40), TrainSpec, "eval_every = 100"),
-    Key("train", "eval_batches", Integer(1, 1 << 20), TrainSpec, "eval_batches = 4"),
     Key(
-        "train", "checkpoint", train.read_checkpoint, TrainSpec, 'checkpoint = "runs/ckpt" every 50',
-        accepts_none=True, accepts_every=True,
+        "mesh", "sequence", Integer(1, MAX_MESH_SIZE), MeshSpec, "sequence = 2",
+        doc="ranks sharing each chunk (sequence parallelism), 1 .. 65536",
+    ),
+    Key(
+        "mesh", "data", Integer(1, MAX_MESH_SIZE), MeshSpec, "data = 2",
+        doc="data-parallel replicas, 1 .. 65536",
+    ),
+    Key(
+        "sequence", "length", Integer(1, sequence.MAX_LENGTH), REQUIRED, "length = 4096",
+        doc="tokens per sequence, 1 .. 2^31",
+    ),
+    Key(
+        "sequence", "chunks", Structured(), 1, "chunks = 4",
+        doc="see below",
+        value_doc="integer `N` or boundary list",
+        fills=("boundaries",),
+        in_block_example=True,
+    ),
+    Key(
+        "sequence", "partition", Structured(), _PARTITION_OF_CHUNKS, "partition = balanced(alpha = 1)",
+        doc="`0 <= alpha <= 4`, default alpha 1",
+        value_doc="`uniform`, `balanced(alpha = a)`, `explicit`",
+        default_doc="`uniform` (`explicit` for a list)",
+        fills=("partition", "balance_alpha"),
+        write=_partition_text,
+    ),
+    Key(
+        "sequence", "kernel_chunk", Structured(), SequenceSpec, "kernel_chunk = 64",
+        doc="a power of two (the kernels tile in power-of-two blocks)",
+        value_doc="integer",
+    ),
+    Key(
+        "sequence", "parallel", Structured(), _SCAN_DEFAULT, "parallel = allscan(blocks = 2)",
+        doc="`blocks` divides `head_dim`",
+        value_doc="`allscan(blocks = k)`, `ring`, `allgather`",
+        default_doc="`allscan(blocks = 1)`",
+        fills=("parallel", "scan_blocks"),
+        write=_parallel_text,
+    ),
+    Key(
+        "sequence", "attention", Choice(AttentionExchange, "attention exchange"), SequenceSpec, "attention = ring",
+        doc="how `attn` layers exchange K/V across the sequence group",
+        value_doc="`allgather`, `ring`",
+    ),
+    Key(
+        "pipeline", "microbatches", Integer(1, pipeline.MAX_MICROBATCHES), REQUIRED, "microbatches = 4",
+        doc="1 .. 2^20",
+    ),
+    Key(
+        "pipeline", "order", Choice(OrderKind, "pipeline order"), PipelineSpec, "order = 1f1b",
+        doc="`explicit` needs `stage` lines",
+        in_block_example=True,
+    ),
+    Key(
+        "pipeline", "microbatch_size", Integer(1, 1 << 20), PipelineSpec, "microbatch_size = 2",
+        doc="sequences per microbatch",
+    ),
+    Key(
+        "pipeline", "recompute", Structured(), PipelineSpec, "recompute = mlp",
+        doc=(
+            "a list gives each pipeline stage its own mode, first stage first: in 1F1B the first stages hold the most "
+            "chunks in flight, so they can recompute more while the last ones keep everything. What a chunk's backward "
+            "recomputes instead of keeping: `mlp` each layer's MLP (its norm included; the MLP's input is kept), "
+            "`mixer` each layer's token mixer (`gla`, `simple_gla`, `gdn` or `attn`, its norm included; the mixer's "
+            "input and initial state are kept), `full` the chunk's whole forward (only the chunk's input and initial "
+            "states are kept); results are identical in every mode"
+        ),
+        value_doc="`none`, `mlp`, `mixer`, `full`, or a list of those, one per stage (`[full, mlp]`)",
+    ),
+    Key(
+        "pipeline", "offload", Boolean(), PipelineSpec, "offload = true",
+        doc=(
+            "`true`: the activations a chunk's forward saves for its backward wait in pinned host memory, copied out "
+            "on a side stream while the forward computes and back ahead of the backward (on the CPU the mechanism runs "
+            "but moves nothing); not with `recompute = full`, which saves none, nor with `cuda_graphs`"
+        ),
+        value_doc="`true`, `false`",
+    ),
+    Key(
+        "pipeline", "cuda_graphs", Choice(CudaGraphs, "CUDA-graph mode"), PipelineSpec, "cuda_graphs = step",
+        doc=(
+            "`true`: each chunk's forward and backward replay CUDA graphs captured at the first step (GPU only), one "
+            "captured pair per chunk in flight, each with its own memory pool, so a chunk costs no host time, and the "
+            "linear layers add their weight gradients into `.grad` inside the backward GEMMs instead of one addition "
+            "per chunk; needs equal chunk lengths. `step`: every `F`, `B` and deferred `W` of the stage is a graph of "
+            "its own, captured in the step's order at the second step (the first runs eagerly) into one memory pool "
+            "that is reused as an eager step reuses memory, so the reserved peak stays near the eager one; chunks may "
+            "differ in length. Both need `recompute = none`, `offload = false`, `mesh.sequence = 1` and no `attn` "
+            "layers"
+        ),
+        value_doc="`true`, `false`, `step`",
+    ),
+    Key(
+        "pipeline", "extra_warmup", Structured(), PipelineSpec, "extra_warmup = [1, 0]",
+        doc=(
+            "only with `order = 1f1b`: warm-up forwards added on every stage but the last; a list ends in 0 and rises "
+            "by at most 1 from one stage to the next"
+        ),
+        value_doc="integer, or a list with one per stage",
+    ),
+    Key(
+        "pipeline", "split_backward", Boolean(), PipelineSpec, "split_backward = true",
+        doc=(
+            "`true`: each backward is split into `B` (input and state gradients) and `W` (the weight gradients of the "
+            "linear layers), zero-bubble style"
+        ),
+        value_doc="`true`, `false`",
+    ),
+    Key(
+        "pipeline", "forward_before_weight", Boolean(), PipelineSpec, "forward_before_weight = true",
+        doc=(
+            "only with `split_backward = true` and `order = 1f1b`: every stage that receives activations runs the next "
+            "forward before the `W` of the backward before it"
+        ),
+        value_doc="`true`, `false`",
+    ),
+    Key(
+        "pipeline", "extra_deferred_weights", Integer(0, pipeline.MAX_MICROBATCHES), PipelineSpec,
+        "extra_deferred_weights = 2",
+        doc=(
+            "only with `split_backward = true` and `order = 1f1b`: `W` tasks moved to the end of the step beyond those "
+            "`split_backward` moves, on every stage but the first"
+        ),
     ),
 )
+
+SCHEMA: tuple[Key, ...] = MODEL_KEYS + COMPILER_KEYS + TRAIN_KEYS
+
+STRUCTURED_READERS: dict[str, Reader] = {
+    "model.layers": model.read_layers,
+    "model.mlp": model.read_mlp,
+    "model.stages": model.read_stage_assignment,
+    "model.from": hf_import.read_from,
+    "model.dt_limit": model.read_dt_limit,
+    "sequence.chunks": sequence.read_chunks,
+    "sequence.partition": sequence.read_partition,
+    "sequence.kernel_chunk": sequence.read_kernel_chunk,
+    "sequence.parallel": sequence.read_parallel,
+    "pipeline.recompute": pipeline.read_recompute,
+    "pipeline.extra_warmup": pipeline.read_extra_warmup,
+    "train.optimizer": train.read_optimizer,
+    "train.loss_scale": train.read_loss_scale,
+    "train.data": train.read_data,
+    "train.lr_schedule": train.read_lr_schedule,
+    "train.log": train.read_log,
+    "train.checkpoint": train.read_checkpoint,
+}
+"""The reader of each row whose value has a form of its own (``Structured``), by path."""
 
 KEYS: dict[str, Key] = {key.path: key for key in SCHEMA}
 BLOCKS: dict[str, tuple[Key, ...]] = {
@@ -196,6 +207,13 @@ BLOCKS: dict[str, tuple[Key, ...]] = {
 
 # The key names of each block, for code that only asks whether a name is a key (``revise``).
 BLOCK_KEYS: dict[str, tuple[str, ...]] = {block: tuple(key.name for key in keys) for block, keys in BLOCKS.items()}
+
+
+def reader_of(key: Key) -> Reader:
+    """The callable that reads ``key``'s value: its structured reader, or its data reader's interpretation."""
+    if isinstance(key.reader, Structured):
+        return STRUCTURED_READERS[key.path]
+    return lambda checker, value, path: read_bounded(checker, key.reader, value, path)
 
 
 def block_example(block: str) -> str:
@@ -235,5 +253,5 @@ def read_key(checker: Checker, path: str) -> object:
         return INVALID
     if key.accepts_none and isinstance(value, ast.Identifier) and value.name == "none":
         return None
-    read = key.reader(checker, value, path)
+    read = reader_of(key)(checker, value, path)
     return INVALID if read is None else read

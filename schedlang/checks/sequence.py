@@ -19,10 +19,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from schedlang import ast
-from schedlang.checks.model import MAX_HEAD_DIM
 from schedlang.checks.readers import read_call, read_integer, read_number
-from schedlang.lowering.program import PartitionKind, SequenceSpec
-from schedlang.vocabulary import SequenceParallelMethod
+from schedlang.lowering.program import SequenceSpec
+from schedlang.vocabulary import PartitionKind, SequenceParallelMethod
+from schedlang.vocabulary.model_settings import MAX_HEAD_DIM
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker

@@ -10,19 +10,14 @@ that need it are skipped.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
 from schedlang import ast
 from schedlang.lowering.program import StageOrder, TaskToken
-from schedlang.lowering.tasks import TaskId, TaskKind
+from schedlang.vocabulary.actions import Action, ActionKind
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
-
-_TASK_TOKEN = re.compile(r"^([FBW])([0-9]+)\.([0-9]+)$")
-# A dict lookup, not TaskKind(letter): explicit orders can hold 10^5 tasks.
-_TASK_KINDS = {kind.value: kind for kind in TaskKind}
 
 
 def read_explicit_orders(
@@ -86,17 +81,17 @@ def _task_token(
     n_chunks: int | None,
     split_backward: bool | None,
 ) -> TaskToken | None:
-    match = _TASK_TOKEN.match(word.text)
-    if match is None:
+    action = Action.read(word.text)  # the vocabulary's one parser of task and action text
+    if action is None or not action.kind.is_compute:
         checker.error(
             f"'{word.text}' is not a task",
             word.span,
             hint="write tasks as F<microbatch>.<chunk>, B<microbatch>.<chunk> or W<microbatch>.<chunk>, e.g. F0.1",
         )
         return None
-    kind, microbatch, chunk = match.group(1), int(match.group(2)), int(match.group(3))
+    kind, microbatch, chunk = action
     ok = True
-    if kind == TaskKind.WEIGHT.value and split_backward is False:
+    if kind is ActionKind.WEIGHT and split_backward is False:
         checker.error(
             f"task {word.text} is a weight-gradient task, but the backward is not split",
             word.span,
@@ -119,4 +114,4 @@ def _task_token(
         ok = False
     if not ok:
         return None
-    return TaskToken(TaskId(_TASK_KINDS[kind], stage, microbatch, chunk), word.span)
+    return TaskToken(action.on(stage), word.span)

@@ -1,8 +1,8 @@
-"""The ``train`` block: readers of its calls and its checkpoint clause, and its spec.
+"""The ``train`` block: readers of its calls and its checkpoint clause.
 
 Contract: the readers follow ``schedlang.checks.readers``; an argument left out
-keeps the default of :class:`OptimizerSpec` or :class:`DataSpec`.
-:func:`build_train` is pure.
+keeps the default of the vocabulary's record (:class:`OptimizerConfig`, :class:`DataConfig`, ...).
+The block's record, :class:`TrainConfig`, is built from the key schema's rows (``schema.build_record``).
 """
 
 from __future__ import annotations
@@ -11,20 +11,21 @@ from typing import TYPE_CHECKING
 
 from schedlang import ast
 from schedlang.checks.readers import read_call, read_choice, read_integer, read_number
-from schedlang.lowering.program import (
-    CheckpointSpec,
-    DataSpec,
-    LearningRateScheduleSpec,
-    LossScaleSpec,
-    OptimizerSpec,
-    TrainSpec,
+from schedlang.vocabulary import (
+    DataConfig,
+    DataKind,
+    DType,
+    LearningRateScheduleConfig,
+    LearningRateScheduleKind,
+    LossScaleConfig,
+    OptimizerConfig,
+    OptimizerKind,
+    TokenFileDType,
 )
-from schedlang.vocabulary import DataKind, DType, LearningRateScheduleKind, OptimizerKind, TokenFileDType
+from schedlang.vocabulary.train_settings import MAX_SEED
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
-
-MAX_SEED = (1 << 63) - 1
 
 OPTIMIZER_ARGUMENTS = {
     OptimizerKind.ADAMW.value: ("lr", "weight_decay", "betas"),
@@ -39,25 +40,8 @@ DATA_ARGUMENTS = {
 MAX_TOKEN_ID = (1 << 32) - 1  # the largest id a uint32 tokens file holds
 SCHEDULE_ARGUMENTS = {kind.value: ("warmup", "min_lr") for kind in LearningRateScheduleKind}
 
-TRAIN_KEYS = (
-    "train.steps",
-    "train.optimizer",
-    "train.dtype",
-    "train.data",
-    "train.seed",
-    "train.grad_clip",
-    "train.log_every",
-    "train.checkpoint",
-    "train.lr_schedule",
-    "train.log",
-    "train.eval_every",
-    "train.eval_batches",
-    "train.master_weights",
-    "train.loss_scale",
-)
 
-
-def read_optimizer(checker: Checker, value: ast.Value, path: str) -> OptimizerSpec | None:
+def read_optimizer(checker: Checker, value: ast.Value, path: str) -> OptimizerConfig | None:
     """``adamw(lr, weight_decay, betas)`` or ``sgd(lr, momentum, weight_decay)``."""
     call = read_call(checker, value, path, OPTIMIZER_ARGUMENTS, "optimizer")
     if call is None:
@@ -74,7 +58,7 @@ def read_optimizer(checker: Checker, value: ast.Value, path: str) -> OptimizerSp
             fields[name] = reader(call.arguments[name].value, f"{path}.{name}")
     if any(field is None for field in fields.values()):
         return None
-    return OptimizerSpec(**fields)
+    return OptimizerConfig(**fields)
 
 
 def read_betas(checker: Checker, value: ast.Value, path: str) -> tuple[float, float] | None:
@@ -85,7 +69,7 @@ def read_betas(checker: Checker, value: ast.Value, path: str) -> tuple[float, fl
     return None if None in betas else (betas[0], betas[1])
 
 
-def read_data(checker: Checker, value: ast.Value, path: str) -> DataSpec | None:
+def read_data(checker: Checker, value: ast.Value, path: str) -> DataConfig | None:
     """``synthetic(seed = s)``, ``bytes(path = "file", seed = s)`` or ``tokens(path = "file", dtype = t, seed = s)``
     (``path`` required), or ``text(path, tokenizer)``; file data may name its ``document_end``."""
     call = read_call(checker, value, path, DATA_ARGUMENTS, "data source")
@@ -108,30 +92,30 @@ def read_data(checker: Checker, value: ast.Value, path: str) -> DataSpec | None:
         tokenizer = read_file_name(checker, call.arguments["tokenizer"].value, f"{path}.tokenizer", "tokenizer.json")
         if tokenizer is None:
             return None
-    dtype = DataSpec.dtype
+    dtype = DataConfig.dtype
     if "dtype" in call.arguments:
         dtype = read_choice(checker, call.arguments["dtype"].value, f"{path}.dtype", TokenFileDType, "token dtype")
         if dtype is None:
             return None
-    seed = DataSpec.seed
+    seed = DataConfig.seed
     if "seed" in call.arguments:
         seed = read_integer(checker, call.arguments["seed"].value, f"{path}.seed", 0, MAX_SEED)
-    data_path = DataSpec.path
+    data_path = DataConfig.path
     if "path" in call.arguments:
         data_path = read_file_name(checker, call.arguments["path"].value, f"{path}.path", "data.txt")
         if data_path is None:
             return None
-    validation = DataSpec.validation
+    validation = DataConfig.validation
     if "validation" in call.arguments:
         validation = read_number(checker, call.arguments["validation"].value, f"{path}.validation", 0.0, below=1.0)
-    document_end = DataSpec.document_end
+    document_end = DataConfig.document_end
     if "document_end" in call.arguments:
         document_end = read_document_end(checker, call.arguments["document_end"].value, f"{path}.document_end", call.name)
         if document_end is None:
             return None
     if seed is None or validation is None:
         return None
-    return DataSpec(DataKind(call.name), seed, data_path, dtype, tokenizer, validation, document_end)
+    return DataConfig(DataKind(call.name), seed, data_path, dtype, tokenizer, validation, document_end)
 
 
 def read_document_end(checker: Checker, value: ast.Value, path: str, kind: str) -> int | str | None:
@@ -159,7 +143,7 @@ def read_file_name(checker: Checker, value: ast.Value, path: str, example: str) 
     return None
 
 
-def read_lr_schedule(checker: Checker, value: ast.Value, path: str) -> LearningRateScheduleSpec | None:
+def read_lr_schedule(checker: Checker, value: ast.Value, path: str) -> LearningRateScheduleConfig | None:
     """``constant``, ``cosine(warmup = N, min_lr = x)`` or ``linear(warmup = N, min_lr = x)``."""
     call = read_call(checker, value, path, SCHEDULE_ARGUMENTS, "learning-rate schedule")
     if call is None:
@@ -171,7 +155,7 @@ def read_lr_schedule(checker: Checker, value: ast.Value, path: str) -> LearningR
         fields["min_lr"] = read_number(checker, call.arguments["min_lr"].value, f"{path}.min_lr", 0.0)
     if any(field is None for field in fields.values()):
         return None
-    return LearningRateScheduleSpec(**fields)
+    return LearningRateScheduleConfig(**fields)
 
 
 def read_log(checker: Checker, value: ast.Value, path: str) -> str | None:
@@ -186,8 +170,8 @@ def read_log(checker: Checker, value: ast.Value, path: str) -> str | None:
     return read_file_name(checker, call.arguments["directory"].value, f"{path}.directory", "runs/x")
 
 
-def read_checkpoint(checker: Checker, value: ast.Value, path: str) -> CheckpointSpec | None:
-    """``"dir" every N``: a non-empty directory and ``N >= 1``."""
+def read_checkpoint(checker: Checker, value: ast.Value, path: str) -> tuple[str, int] | None:
+    """``"dir" every N``: a non-empty directory and ``N >= 1``, as ``(directory, N)``."""
     if not isinstance(value, ast.EveryClause):
         checker.error(
             f"'{path}' must be a directory and an interval, found '{checker.text_of(value.span)}'",
@@ -202,18 +186,18 @@ def read_checkpoint(checker: Checker, value: ast.Value, path: str) -> Checkpoint
         return None
     if every is None:
         return None
-    return CheckpointSpec(directory.value, every)
+    return directory.value, every
 
 
-def read_loss_scale(checker: Checker, value: ast.Value, path: str) -> LossScaleSpec | None:
+def read_loss_scale(checker: Checker, value: ast.Value, path: str) -> LossScaleConfig | None:
     """``dynamic`` or a fixed scale > 0 (``none``, no scaling, is read by the schema row)."""
     if isinstance(value, ast.Call) and not value.arguments:
         value = ast.Identifier(value.name, value.span)
     if isinstance(value, ast.Identifier) and value.name == "dynamic":
-        return LossScaleSpec()
+        return LossScaleConfig()
     if isinstance(value, (ast.IntLiteral, ast.FloatLiteral)):
         scale = read_number(checker, value, path, 0.0, above=True)
-        return None if scale is None else LossScaleSpec(dynamic=False, scale=scale)
+        return None if scale is None else LossScaleConfig(dynamic=False, initial=scale)
     checker.error(
         f"'{path}' must be dynamic, a number or none, found '{checker.text_of(value.span)}'",
         value.span,
@@ -234,13 +218,3 @@ def loss_scale_needs_fp16(checker: Checker) -> None:
         hint="drop loss_scale, or write `dtype = fp16`",
     )
     checker.reject("train.loss_scale")
-
-
-def build_train(checker: Checker) -> TrainSpec | None:
-    """The train spec; ``loss_scale`` left out is ``dynamic`` with fp16 and none otherwise."""
-    if not checker.valid(*TRAIN_KEYS):
-        return None
-    values = {path.split(".", 1)[1]: checker.get(path) for path in TRAIN_KEYS}
-    if not checker.given("train.loss_scale"):
-        values["loss_scale"] = LossScaleSpec() if values["dtype"] is DType.FP16 else None
-    return TrainSpec(**values)

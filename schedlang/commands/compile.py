@@ -26,12 +26,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def generate_script(schedule_path: str, script_name: str = "train.py") -> str:
     """Every pass through codegen; raises ``ScheduleError`` for a schedule the checker refuses and
     :class:`IllegalScheduleReport` for illegal orders."""
-    from schedlang.compiler import compile_schedule
     from schedlang.frontend import load_program
     from schedlang.lowering import paths
+
+    return script_of_program(paths.with_resolved_paths(load_program(schedule_path)), script_name)
+
+
+def script_of_program(program, script_name: str = "train.py") -> str:
+    """The training script of a checked ``program`` whose paths are resolved; raises
+    :class:`IllegalScheduleReport` for illegal orders."""
+    from schedlang.compiler import compile_schedule
     from schedlang.lowering.legality import IllegalScheduleError, render_report
 
-    program = paths.with_resolved_paths(load_program(schedule_path))
     try:
         return compile_schedule(program, script_name=script_name).script
     except IllegalScheduleError as error:
@@ -43,11 +49,13 @@ class IllegalScheduleReport(Exception):
 
 
 def run(args: argparse.Namespace) -> int:
-    from schedlang.outputs import STANDARD_OUTPUT, compile_output, launch_hint
+    from schedlang.outputs import DEFAULT_SCRIPT, STANDARD_OUTPUT, compile_output, launch_hint, write_output_file
 
     output = Path(compile_output(args))
+    # A script printed to standard output is saved under a name the user picks; its docstring names the default.
+    script_name = DEFAULT_SCRIPT if str(output) == STANDARD_OUTPUT else output.name
     try:
-        script = generate_script(args.file, output.name)
+        script = generate_script(args.file, script_name)
     except IllegalScheduleReport as report:
         print(str(report), file=sys.stderr)
         print(f"schedlang: error: {args.file} is not a legal schedule; nothing was generated", file=sys.stderr)
@@ -55,6 +63,6 @@ def run(args: argparse.Namespace) -> int:
     if str(output) == STANDARD_OUTPUT:
         sys.stdout.write(script)
         return 0
-    output.write_text(script, encoding="utf-8")
+    write_output_file(output, script)
     print(f"wrote {output} (run it with: {launch_hint(args.file, str(output))})")
     return 0

@@ -4,10 +4,11 @@
 ``_PipelineScheduleRuntime._load_csv`` reads: one row per rank, one column
 per lockstep step, cells like ``0F1``, an empty cell where the rank waits;
 with ``pipeline { split_backward = true }`` a backward is written as torch's
-``I`` (input gradients) and its weight gradients as ``W``. Only schedules
-with one chunk per microbatch can be written, since torch's actions have no
-notion of sequence chunks; a chunked schedule is an error that points at its
-``chunks`` key. ``-o -`` writes to standard output.
+``I`` (input gradients) and its weight gradients as ``W``. torch's actions have
+no field for a sequence chunk, so chunk ``i`` of microbatch ``a`` is written as
+torch microbatch ``a * chunks + i``, the state order kept by the order of each
+row ([Note: chunks as torch microbatches] in schedlang.lowering.export.torch_csv);
+``schedlang import --chunks`` reads it back. ``-o -`` writes to standard output.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from enum import Enum
 
 from schedlang.commands.common import compile_legal, write_output
 
-HELP = "export the pipeline order, e.g. as the CSV torch.distributed.pipelining loads (one chunk per microbatch)"
+HELP = "export the pipeline order as torch.distributed.pipelining's CSV (each microbatch chunk a torch microbatch)"
 
 
 class ExportFormat(str, Enum):
@@ -32,20 +33,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from schedlang.compiler import Pass
-    from schedlang.diagnostics import Diagnostic, ScheduleError
     from schedlang.frontend import load_program
-    from schedlang.lowering.export.torch_csv import ChunkedScheduleError, torch_csv_text
+    from schedlang.lowering.export.torch_csv import torch_csv_text
 
     compilation = compile_legal(load_program(args.file), Pass.LEGALITY)
     if compilation is None:
         return 1
     program = compilation.program
-    try:
-        text = torch_csv_text(compilation.orders, program.n_chunks)
-    except ChunkedScheduleError as error:
-        span = program.spans.get("sequence.chunks") or program.spans.get("sequence")
-        if span is None:
-            raise SystemExit(f"{args.file}: error: {error}") from None
-        raise ScheduleError([Diagnostic.error(str(error), span)], {program.source_file: program.source_text}) from None
-    write_output(args.output, text)
+    write_output(args.output, torch_csv_text(compilation.orders, program.n_chunks))
+    if args.output != "-" and program.n_chunks > 1:
+        print(
+            f"wrote {args.output}: chunk i of microbatch a is torch microbatch a * {program.n_chunks} + i "
+            f"({program.n_microbatches * program.n_chunks} torch microbatches); "
+            f"`schedlang import {args.output} --chunks {program.n_chunks}` reads it back"
+        )
     return 0

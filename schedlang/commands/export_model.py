@@ -43,21 +43,29 @@ def step_directory(checkpoint: Path) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from schedlang.runtime.checkpoint import CheckpointError, check_trusted_checkpoint
+    from schedlang.runtime.checkpoint import CheckpointError, check_trusted_checkpoint, checksum_problem
     from schedlang.runtime.hf_weights import HfWeightsError, read_checkpoint_model, write_hf_directory
 
     checkpoint, output = Path(args.checkpoint), Path(args.output)
+    if args.output == "-":
+        return _fail("export-model writes a directory (config.json and model.safetensors); -o - cannot hold one")
     if not checkpoint.is_dir():
         return _fail(f"{checkpoint} is not a directory")
     if output.exists() and not output.is_dir():
         return _fail(f"{output} exists and is not a directory")
     if output.is_dir() and any(output.iterdir()) and not args.force:
         return _fail(f"{output} is not empty; give --force to write config.json and model.safetensors into it")
-    step = step_directory(checkpoint)
+    try:
+        step = step_directory(checkpoint)
+    except CheckpointError as error:
+        return _fail(str(error))
     if step is None:
         return _fail(f"{checkpoint} holds no complete checkpoint (no 'latest' naming a step directory)")
     try:
         check_trusted_checkpoint(step)
+        problem = checksum_problem(step)
+        if problem is not None:
+            return _fail(f"checkpoint {problem}")
         model, tensors = read_checkpoint_model(step)
         write_hf_directory(output, model, tensors)
     except (CheckpointError, HfWeightsError, ValueError) as error:

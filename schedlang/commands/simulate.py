@@ -58,6 +58,7 @@ from schedlang.commands.simulate_fit import (
     run_fit,
 )
 from schedlang.outputs import strict_json
+from schedlang.vocabulary.wording import counted
 
 HELP = "simulate the schedule: makespan, bubble fraction, activations and memory per stage (--fit: longest sequence)"
 
@@ -82,10 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_fit_arguments(parser)
 
 
-def memory_fields(program, orders) -> list[dict]:
-    """The ``memory`` field: one object per stage, bytes in GiB."""
-    from schedlang.lowering.memory_peak import predict_memory
-
+def memory_fields(memory) -> list[dict]:
+    """The ``memory`` field: one object per stage of the memory pass's product, bytes in GiB."""
     return [
         {
             **{component.value: value / GIB for component, value in stage.components.items()},
@@ -94,7 +93,7 @@ def memory_fields(program, orders) -> list[dict]:
             "chunks_in_flight": stage.chunks_in_flight,
             "peak_task": None if stage.peak_task is None else str(stage.peak_task),
         }
-        for stage in predict_memory(program, orders)
+        for stage in memory
     ]
 
 
@@ -126,15 +125,19 @@ def simulate_program(program, args: argparse.Namespace) -> dict | None:
     compilation = compile_legal(program, Pass.COST, cost)
     if compilation is None:
         return None
+    from schedlang.lowering.hardware_profile import HardwareProfile
+
     kind, orders, timeline = cost.kind, compilation.orders, compilation.timeline
+    profile = cost.hardware if isinstance(cost.hardware, HardwareProfile) else None
     busy = [0.0] * program.n_stages
     for interval in timeline.tasks:
         if interval.stream is Stream.COMPUTE:
             busy[interval.task.stage] += interval.duration
     return {
         "file": str(args.file),
-        "cost_model": kind.value,
+        "cost_model": "profile" if profile is not None else kind.value,
         "time_unit": "full-sequence forward" if kind is CostModelKind.UNIT else "second",
+        "hardware": profile.describe() if profile is not None else None,
         "order": program.pipeline.order.value,
         "extra_warmup": program.pipeline.extra_warmup,
         "split_backward": program.pipeline.split_backward,
@@ -159,17 +162,42 @@ def simulate_program(program, args: argparse.Namespace) -> dict | None:
             )
         ),
         "eq15_makespan_unit": stateflow_makespan(program.n_stages, program.n_microbatches, program.n_chunks),
-        "memory": memory_fields(program, orders),
+        "memory": memory_fields(compilation.memory),
         "document_pieces": document_pieces_rows(program.document_pieces),
     }
 
 
 
 
+PEAK_ACTIVATIONS_UNIT = "peak activations: in microbatch sequences (1 = one microbatch's activations, whole length)"
+
+FIXED_COST_TASKS_PER_LATENCY = 10
+"""The flops model is called too coarse when its mean compute task lasts less than this many per-message
+latencies: the bubble is then made by the fixed per-message cost, not by the order."""
+
+
+def fixed_cost_note(result: dict, hardware) -> str | None:
+    """A note when the flops model's tasks are so short that its fixed per-message latency makes the bubble
+    (tiny models: microsecond tasks beside a 10 us latency); None for the unit model or long enough tasks."""
+    from schedlang.lowering.cost import CostModelKind
+
+    if result["cost_model"] != CostModelKind.FLOPS.value or result["n_tasks"] == 0:
+        return None
+    mean_task = sum(result["busy_time"]) / result["n_tasks"]
+    if mean_task >= FIXED_COST_TASKS_PER_LATENCY * hardware.latency_s:
+        return None
+    return (
+        f"note: a task lasts {mean_task * 1e6:.3g} us on average, under {FIXED_COST_TASKS_PER_LATENCY} times the "
+        f"{hardware.latency_s * 1e6:.3g} us per message (--latency):\n"
+        "  the model is too small for the flops model: fixed message costs, not the order, make most of the bubble;\n"
+        "  --cost-model unit shows the order's own bubble"
+    )
+
+
 def with_split_backward(program, args: argparse.Namespace):
     """The program as ``--split-backward`` asks (unchanged without it), or None after printing why it cannot."""
     from schedlang.compiler import revise
-    from schedlang.lowering.program import OrderKind
+    from schedlang.vocabulary import OrderKind
 
     if not args.split_backward or program.pipeline.split_backward:
         return program
@@ -190,7 +218,7 @@ def sweep(program, args: argparse.Namespace) -> list[dict] | None:
     from schedlang.compiler import revise
     from schedlang.diagnostics import ScheduleError
     from schedlang.lowering.partition import recut
-    from schedlang.lowering.program import OrderKind
+    from schedlang.vocabulary import OrderKind
 
     extras = args.extra_warmup or [program.pipeline.extra_warmup]
     if args.extra_warmup and program.pipeline.order is not OrderKind.ONE_F_ONE_B:
@@ -229,9 +257,15 @@ def sweep(program, args: argparse.Namespace) -> list[dict] | None:
 def print_sweep(results: list[dict], args: argparse.Namespace) -> None:
     first = results[0]
     print(
-        f"{args.file}: {first['n_stages']} stages x {first['n_microbatches']} microbatches, order {first['order']}, "
+        f"{args.file}: {counted(first['n_stages'], 'stage')} x "
+        f"{counted(first['n_microbatches'], 'microbatch', 'microbatches')}, order {first['order']}, "
         f"cost model {first['cost_model']} (time in {first['time_unit']}s), swept"
     )
+    if first["hardware"]:
+        print(first["hardware"])
+    note = fixed_cost_note(first, cost_settings_from_arguments(args).hardware)
+    if note:
+        print(note)
     print(
         f"{'chunks':>6}  {'extra warm-up':>13}  {'split backward':>14}  {'makespan':>12}  {'vs first':>8}  "
         f"{'bubble':>7}  {'peak activations (stage 0)':>26}"
@@ -244,6 +278,7 @@ def print_sweep(results: list[dict], args: argparse.Namespace) -> None:
             f"{result['makespan'] / first['makespan']:>8.3f}  {result['bubble_fraction']:>7.4f}  "
             f"{result['peak_activations'][0]:>26.4g}" + ("  <- shortest" if index == best and len(results) > 1 else "")
         )
+    print(PEAK_ACTIVATIONS_UNIT)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -285,15 +320,22 @@ def run(args: argparse.Namespace) -> int:
         print(strict_json(result))
         return 0
     print(
-        f"{args.file}: {program.n_stages} stages x {program.n_microbatches} microbatches x "
-        f"{program.n_chunks} chunks, order {result['order']}"
+        f"{args.file}: {counted(program.n_stages, 'stage')} x "
+        f"{counted(program.n_microbatches, 'microbatch', 'microbatches')} x {counted(program.n_chunks, 'chunk')}, "
+        f"order {result['order']}"
         + (", split backward" if program.pipeline.split_backward else "")
         + f", cost model {result['cost_model']} (time in {result['time_unit']}s)"
     )
+    if result["hardware"]:
+        print(result["hardware"])
     print(f"makespan {result['makespan']:.6g}   bubble fraction {result['bubble_fraction']:.4f}")
+    note = fixed_cost_note(result, cost_settings_from_arguments(args).hardware)
+    if note:
+        print(note)
     print(f"{'stage':>5}  {'busy':>12}  {'peak activations':>16}")
     for stage in range(program.n_stages):
         print(f"{stage:>5}  {result['busy_time'][stage]:>12.6g}  {result['peak_activations'][stage]:>16.4g}")
+    print(PEAK_ACTIVATIONS_UNIT)
     print_memory_table(result["memory"])
     for row in result["document_pieces"] or ():
         print(padding_line(row))

@@ -54,6 +54,7 @@ communicator buffers. An assumed allowance, like [Note: reserved memory] in sche
 DEFAULT_STEP = 16384
 DEFAULT_MAX_LENGTH = 16777216
 DEFAULT_MAX_CHUNKS = 256
+MAX_FIT_LENGTHS = 1 << 16  # lengths --max-length / --step names; packed documents measure each one's chunks
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,6 +114,8 @@ def parse_size(text: str) -> int:
 
 def check_fit_arguments(args: argparse.Namespace) -> int:
     """The device memory in bytes; refuses bad ``--fit`` options before any work, a bad size at its column."""
+    from schedlang.checks.sequence import MAX_LENGTH
+    from schedlang.limits import MAX_CHUNKS
     from schedlang.vocabulary import Span, render_message
 
     try:
@@ -123,9 +126,17 @@ def check_fit_arguments(args: argparse.Namespace) -> int:
         start, end = len(prefix) + error.start + 1, len(prefix) + max(error.end, error.start + 1) + 1
         span = Span("<command line>", 1, start, 1, end)
         raise SystemExit(render_message(span, f"--device-memory: {error}", line)) from None
-    for flag, value in (("--step", args.step), ("--max-length", args.max_length), ("--max-chunks", args.max_chunks)):
-        if value < 1:
-            raise SystemExit(f"schedlang simulate: error: {flag} must be positive, got {value}")
+    for flag, value, most in (
+        ("--step", args.step, MAX_LENGTH),
+        ("--max-length", args.max_length, MAX_LENGTH),
+        ("--max-chunks", args.max_chunks, MAX_CHUNKS),
+    ):
+        if not 1 <= value <= most:
+            raise SystemExit(f"schedlang simulate: error: {flag} must be in 1 .. {most} (sequence.length's and "
+                             f"sequence.chunks' own bounds), got {value}")
+    if args.max_length // args.step > MAX_FIT_LENGTHS:
+        raise SystemExit(f"schedlang simulate: error: --max-length {args.max_length} in steps of {args.step} gives "
+                         f"{args.max_length // args.step} lengths, more than {MAX_FIT_LENGTHS}: give a larger --step")
     if args.fit_recompute and not args.fit:
         raise SystemExit("schedlang simulate: error: --fit-recompute chooses recompute modes for --fit; add --fit")
     if args.fit and (args.chunks or args.extra_warmup):
@@ -207,7 +218,6 @@ def evaluate(program, length: int, n_chunks: int, cost, recompute: StageRecomput
     from schedlang.commands.common import compile_legal
     from schedlang.compiler import Pass, revise
     from schedlang.diagnostics import ScheduleError
-    from schedlang.lowering.memory_peak import predict_memory
     from schedlang.preflight import with_document_pieces
 
     changes = {"sequence.length": length, "sequence.chunks": n_chunks}
@@ -221,7 +231,7 @@ def evaluate(program, length: int, n_chunks: int, cost, recompute: StageRecomput
     compilation = compile_legal(variant, Pass.COST, cost)
     if compilation is None:
         return None
-    memory = predict_memory(variant, compilation.orders)
+    memory = compilation.memory
     tokens = variant.n_microbatches * variant.pipeline.microbatch_size * variant.mesh.data * length
     reserved = tuple(stage.reserved for stage in memory)
     return Candidate(
@@ -272,7 +282,7 @@ def search(program, args: argparse.Namespace, device_memory: int) -> FitResult:
     from schedlang.commands.common import cost_settings_from_arguments
     from schedlang.compiler import CostSettings
     from schedlang.lowering.cost import CostModelKind
-    from schedlang.lowering.program import PartitionKind
+    from schedlang.vocabulary import PartitionKind
     from schedlang.preflight import measure_document_pieces
 
     cost = CostSettings(CostModelKind.FLOPS, cost_settings_from_arguments(args).hardware)
@@ -343,7 +353,7 @@ def longest_true(holds, most: int) -> tuple[int, int | None]:
 
 def refuse_explicit_partition(program) -> str | None:
     """Why the sequence cannot be re-cut, rendered at the key, or None."""
-    from schedlang.lowering.program import PartitionKind
+    from schedlang.vocabulary import PartitionKind
     from schedlang.vocabulary import render_message
 
     if program.sequence.partition is not PartitionKind.EXPLICIT:
@@ -399,6 +409,9 @@ def _peaks(candidate: Candidate) -> str:
 def print_fit(result: FitResult, args: argparse.Namespace, device_memory: int) -> None:
     budget = f"{device_memory / GIB:.1f} GiB ({OUTSIDE_THE_ALLOCATOR / GIB:g} GiB of it outside PyTorch's allocator)"
     print(f"{args.file}: fitting one device of {budget}, lengths in steps of {args.step} tokens")
+    profile = getattr(args, "hardware_profile", None)
+    if profile is not None:  # tokens/s come from its curves (schedlang.commands.common.load_hardware_option)
+        print(profile.describe())
     recompute_column = f"  {'recompute':>16}" if args.fit_recompute else ""
     print(f"{'length':>9}  {'chunks':>6}  {'reserved GiB per stage':>24}  {'tokens/s':>12}{recompute_column}  fits")
     shown = {candidate.length for candidate in (result.proposal, result.refused) if candidate is not None}

@@ -3,10 +3,9 @@
 import torch
 
 from benchmarks.gemm_memsets import block_linears
-from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.linear import Linear
 from schedlang.runtime.model import build_stage_model, swiglu_width
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import LayerKind, ModelConfig
 
 
 def test_the_benchmark_replays_the_linear_layers_of_a_runtime_gla_block():

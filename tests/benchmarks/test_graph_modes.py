@@ -1,24 +1,24 @@
-"""benchmarks/graph_modes.py: its systems are schedules the checker accepts, one per CUDA-graph mode."""
+"""benchmarks/graph_modes.py: its systems are the checked-in stage schedule revised to each CUDA-graph mode."""
 
 from __future__ import annotations
+
+import argparse
 
 import pytest
 import torch
 
-from benchmarks.graph_modes import SCHEDULE, main
-from benchmarks.pipeline_schedule import compile_schedule_text
+from benchmarks.graph_modes import STAGE_SCHEDULE, main, system_program
+from benchmarks.pipeline_schedule import runtime_configs
 from schedlang.vocabulary import CudaGraphs
 
 
 @pytest.mark.parametrize("mode", ["false", "true", "step"])
 def test_each_system_compiles_to_its_graph_mode(mode):
-    text = SCHEDULE.format(
-        vocab=64, d_model=32, layers=2, heads=2, head_dim=16, length=256, chunks=4, microbatches=2, graphs=mode,
-        steps=3, dtype="bf16",
-    )
-    configs = compile_schedule_text(text)
+    args = argparse.Namespace(schedule=STAGE_SCHEDULE, length=256, microbatches=2, steps=3)
+    configs = runtime_configs(system_program(args, 4, mode))
     assert configs.pipeline.cuda_graphs is CudaGraphs(mode)
-    assert len(configs.pipeline.chunk_boundaries) == 5
+    assert configs.pipeline.chunk_boundaries == (0, 64, 128, 192, 256) and configs.pipeline.microbatches == 2
+    assert configs.train.steps == 3 and configs.model.d_model == 2048 and len(configs.model.layers) == 8
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")

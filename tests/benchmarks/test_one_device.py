@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks.one_device import (
     Attempt,
@@ -20,7 +21,9 @@ from benchmarks.one_device import (
     search_longest,
     throughput_lines,
 )
-from benchmarks.one_device_systems import FLA_SYSTEM, configs_of, fla_config_keys, one_device_model
+from schedlang.frontend import load_program
+from benchmarks.one_device_systems import FLA_SYSTEM, configs_of, one_device_schedule
+from schedlang.runtime.hf_format import fla_peer_config
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "one_device.py"
 
@@ -43,27 +46,52 @@ def test_job_outcome(code, output, outcome):
 
 
 @pytest.mark.parametrize(
-    "name", ["torch", "torch+ckpt", FLA_SYSTEM, "schedlang:16/full", "schedlang:8/mlp/offload", "mamba2:16/full"]
+    "name, chunks",
+    [("torch", 1), ("torch+ckpt", 1), (FLA_SYSTEM, 1), ("schedlang", 1), ("schedlang:chunks=16/recompute=full", 16),
+     ("schedlang:chunks=8/recompute=mlp/offload=true", 8)],
 )
-def test_every_system_holds_the_whole_model_on_one_stage(name):
-    configs = configs_of(name, one_device_model(tiny=False), 65536, "bf16")
+def test_every_system_holds_the_whole_model_on_one_stage(name, chunks):
+    configs = configs_of(name, one_device_schedule(tiny=False), 65536, "bf16")
     assert configs.pipeline.stage_layers == (tuple(range(16)),)
-    assert len(configs.pipeline.chunk_boundaries) - 1 == (int(name.split(":")[1].split("/")[0]) if ":" in name else 1)
+    assert configs.pipeline.n_chunks == chunks and configs.pipeline.sequence_length == 65536
 
 
-def test_a_mamba2_system_is_schedlangs_on_the_model_with_mamba2_layers():
-    configs = configs_of("mamba2:16/full", one_device_model(tiny=False), 65536, "bf16")
+@pytest.mark.parametrize("name, chunks", [("torch", 1), ("schedlang:chunks=16/recompute=full", 16)])
+def test_the_mamba2_schedule_trains_the_same_model_with_mamba2_layers(name, chunks):
+    from benchmarks.pipeline_schedule import MAMBA2_ONE_DEVICE_SCHEDULE, BenchmarkSchedule
+
+    configs = configs_of(name, BenchmarkSchedule(MAMBA2_ONE_DEVICE_SCHEDULE), 65536, "bf16")
+    gla = configs_of(name, one_device_schedule(tiny=False), 65536, "bf16")
     assert configs.model.layers == ("mamba2",) * 16 and (configs.model.heads, configs.model.head_dim) == (16, 128)
-    assert configs.pipeline.recompute == "full"
-    assert configs_of("schedlang:16/full", one_device_model(tiny=False), 65536, "bf16").model.layers == ("gla",) * 16
+    assert (configs.model.d_model, configs.model.vocab) == (gla.model.d_model, gla.model.vocab)
+    assert configs.pipeline.stage_layers == (tuple(range(16)),) and configs.pipeline.n_chunks == chunks
 
 
 def test_fla_gets_the_widths_of_the_same_model():
-    keys = fla_config_keys(configs_of(FLA_SYSTEM, one_device_model(tiny=False), 65536, "bf16").model)
+    configs = configs_of(FLA_SYSTEM, one_device_schedule(tiny=False), 65536, "bf16")
+    keys = fla_peer_config(configs.model, torch.bfloat16)
     assert keys["hidden_size"] == 2048 and keys["num_hidden_layers"] == 16 and keys["num_heads"] == 16
     assert keys["expand_k"] == keys["expand_v"] == 1.0  # 16 heads of 128 over d_model 2048
     assert keys["intermediate_size"] == 5464  # 2048 * 8/3 = 5461.3, rounded up to a multiple of 8
     assert keys["vocab_size"] == 32000 and keys["fuse_cross_entropy"] and not keys["use_output_gate"]
+    assert not keys["tie_word_embeddings"] and not keys["use_short_conv"] and keys["norm_eps"] == 1e-6
+    assert keys["attn"] is None and keys["attn_mode"] == "chunk" and not keys["use_cache"]
+
+
+def test_the_fla_peer_of_a_model_fla_builds_is_its_fla_config():
+    """fla_peer_config extends fla_config: on a model fla's GLA builds exactly it changes nothing but the cache."""
+    from dataclasses import replace
+
+    from schedlang.runtime.hf_format import FLA_GATE_LOW_RANK_DIM, fla_config
+    from schedlang.vocabulary import GlaOptions, ModelOptions, OutputGate
+
+    model = configs_of(FLA_SYSTEM, one_device_schedule(tiny=True), 256, "fp32").model
+    faithful = replace(model, options=ModelOptions(gla=GlaOptions(gate_rank=FLA_GATE_LOW_RANK_DIM,
+                                                                  output_gate=OutputGate.SWISH)))
+    assert fla_peer_config(faithful) == {**fla_config(faithful), "use_cache": False}
+    assert fla_peer_config(model) == {**fla_config(faithful), "use_output_gate": False, "use_cache": False}
+    with pytest.raises(ValueError, match="every layer must be gla or attn"):
+        fla_peer_config(replace(model, layers=("simple_gla",) * 4))
 
 
 def attempt(length, outcome, tokens_per_second=1000.0):
@@ -118,28 +146,30 @@ def test_tables():
     assert predictions[3] == "| schedlang:4 | none | |  | nothing fits | | | |"
 
 
+SYSTEM = "schedlang:chunks=2/recompute=full"
+
+
 def test_the_whole_path_runs_on_the_cpu_with_the_tiny_model(tmp_path):
     out = tmp_path / "out"
     completed = subprocess.run(
         [sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--out", str(out), "--length", "128",
-         "--warmup", "1", "--steps", "2", "--systems", "torch", FLA_SYSTEM, "schedlang:2/full", "mamba2:2",
-         "--search-systems", "schedlang:2/full", FLA_SYSTEM, "--search-start", "128", "--search-step", "128",
+         "--warmup", "1", "--steps", "2", "--systems", "torch", FLA_SYSTEM, SYSTEM,
+         "--search-systems", SYSTEM, FLA_SYSTEM, "--search-start", "128", "--search-step", "128",
          "--search-max", "256"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     records = json.loads((out / "records.json").read_text())
     outcomes = {entry["system"]: entry["outcome"] for entry in records["throughput"]}
-    assert outcomes == {
-        "torch": "measured", FLA_SYSTEM: "skipped", "schedlang:2/full": "measured", "mamba2:2": "measured"
-    }
+    assert outcomes == {"torch": "measured", FLA_SYSTEM: "skipped", SYSTEM: "measured"}
     measured = [entry["record"] for entry in records["throughput"] if entry["record"]]
     assert all(record["tokens_per_second"] > 0 and len(record["each_step_seconds"]) == 2 for record in measured)
-    assert records["search"]["schedlang:2/full"]["longest"] == 256
+    assert records["search"][SYSTEM]["longest"] == 256
     assert records["search"][FLA_SYSTEM] == {"longest": None, "ending": "skipped: fla's kernels need a GPU",
                                              "attempts": []}
-    prediction, mamba2_prediction = records["predictions"]
-    assert prediction["system"] == "schedlang:2/full" and prediction["fit"]["length"] == 256
-    assert mamba2_prediction["system"] == "mamba2:2" and mamba2_prediction["fit"]["length"] > 0
+    (prediction,) = records["predictions"]
+    assert prediction["system"] == SYSTEM and prediction["fit"]["length"] == 256
     summary = (out / "summary.md").read_text()
-    assert "| schedlang:2/full | 256 |" in summary and "skipped: fla's kernels need a GPU" in summary
+    assert f"| {SYSTEM} | 256 |" in summary and "skipped: fla's kernels need a GPU" in summary
+    written = load_program(out / "schedlang-chunks=2-recompute=full.sched")  # schedlang run re-runs the system
+    assert written.n_chunks == 2 and written.sequence.length == 128 and written.model.d_model == 64

@@ -3,7 +3,12 @@
 import pytest
 
 from benchmarks.pipeline import job_environment, summary_lines
+from benchmarks.pipeline_schedule import PIPELINE_SCHEDULE, BenchmarkSchedule
 from schedlang.runtime.cublas import WORKSPACE_FREE_SETTINGS
+
+GRAPHS_4 = "schedlang:chunks=4/cuda_graphs=true/extra_warmup=2/split_backward=true"
+GRAPHS_2 = "schedlang:chunks=2/cuda_graphs=true/extra_warmup=1/split_backward=true"
+SCHEDULE = BenchmarkSchedule(PIPELINE_SCHEDULE)
 
 
 @pytest.fixture(autouse=True)
@@ -15,15 +20,15 @@ def no_user_setting(monkeypatch):
 @pytest.mark.parametrize(
     "systems, setting, workspace_free",
     [
-        (["schedlang:4g+2w", "schedlang:2g+1w", "torch"], "auto", True),
-        (["schedlang:4g+2w", "schedlang:8", "torch"], "auto", False),  # eager chunks lose without one
-        (["torch", "schedlang:16"], "auto", False),
-        (["schedlang:8", "torch"], "none", True),
-        (["schedlang:4g+2w", "torch"], "default", False),
+        ([GRAPHS_4, GRAPHS_2, "torch"], "auto", True),
+        ([GRAPHS_4, "schedlang:chunks=8", "torch"], "auto", False),  # eager chunks lose without one
+        (["torch", "schedlang:chunks=16"], "auto", False),
+        (["schedlang:chunks=8", "torch"], "none", True),
+        ([GRAPHS_4, "torch"], "default", False),
     ],
 )
 def test_a_job_goes_without_a_workspace_only_when_asked_or_all_graphs(systems, setting, workspace_free):
-    environment, words = job_environment(systems, "cuda", setting)
+    environment, words = job_environment(systems, "cuda", setting, SCHEDULE)
     has_settings = all(environment.get(name) == value for name, value in WORKSPACE_FREE_SETTINGS.items())
     assert has_settings == workspace_free
     assert not any(name in environment for name in WORKSPACE_FREE_SETTINGS) or workspace_free
@@ -31,7 +36,7 @@ def test_a_job_goes_without_a_workspace_only_when_asked_or_all_graphs(systems, s
 
 
 def test_cpu_jobs_keep_their_environment():
-    environment, words = job_environment(["schedlang:4g+2w", "torch"], "cpu", "none")
+    environment, words = job_environment([GRAPHS_4, "torch"], "cpu", "none", SCHEDULE)
     assert words == "(CPU)"
     assert not any(name in environment for name in WORKSPACE_FREE_SETTINGS)
 
@@ -46,20 +51,21 @@ def record(system: str, stage: int, tokens_per_second: float, nccl_seconds: floa
 
 def test_summary_ratios_use_the_slower_stage_and_three_places():
     records = [
-        record("schedlang:2g+1w", 0, 154_900.0, 0.130), record("schedlang:2g+1w", 1, 154_800.0, 0.036),
+        record(GRAPHS_2, 0, 154_900.0, 0.130),
+        record(GRAPHS_2, 1, 154_800.0, 0.036),
         record("torch", 0, 135_000.0, 0.217), record("torch", 1, 135_001.0, 0.181),
     ]
-    lines = summary_lines("header", ["schedlang:2g+1w", "torch"], records)
+    lines = summary_lines("header", [GRAPHS_2, "torch"], records, {GRAPHS_2})
     assert lines[0] == "header"
     assert "| NCCL kernels (s) |" in lines[1]
     assert "| 0.130 |" in lines[3]
     ratio_line = lines[-1]
-    assert ratio_line.startswith("schedlang:2g+1w: throughput x1.147 of Schedule1F1B")  # 154,800 / 135,000
+    assert ratio_line.startswith(f"{GRAPHS_2}: throughput x1.147 of Schedule1F1B")  # 154,800 / 135,000
     assert ratio_line.endswith("(graph pools: only the reserved peak sees them whole)")
 
 
 def test_summary_without_torch_has_no_ratios():
-    lines = summary_lines("header", ["schedlang:8"], [record("schedlang:8", 0, 1.0)])
+    lines = summary_lines("header", ["schedlang:chunks=8"], [record("schedlang:chunks=8", 0, 1.0)], set())
     assert len(lines) == 4 and not any("Schedule1F1B" in line for line in lines)
 
 
@@ -89,10 +95,10 @@ def test_prediction_lines_put_the_measured_reserved_peak_over_the_prediction():
     from benchmarks.pipeline import prediction_lines
 
     records = [
-        {"system": "schedlang:8", "stage": 1, "peak_reserved_bytes": 3 * 2**30},
-        {"system": "schedlang:8", "stage": 0, "peak_reserved_bytes": 2**30},
+        {"system": "schedlang:chunks=8", "stage": 1, "peak_reserved_bytes": 3 * 2**30},
+        {"system": "schedlang:chunks=8", "stage": 0, "peak_reserved_bytes": 2**30},
         {"system": "torch", "stage": 0, "peak_reserved_bytes": 2**30},
     ]
-    lines = prediction_lines(["schedlang:8", "torch"], records, {"schedlang:8": (2**30, 2 * 2**30)})
-    assert lines == ["schedlang:8: reserved peak measured / predicted: stage 0 1.0 / 1.0 GiB (x1.000), "
+    lines = prediction_lines(["schedlang:chunks=8", "torch"], records, {"schedlang:chunks=8": (2**30, 2 * 2**30)})
+    assert lines == ["schedlang:chunks=8: reserved peak measured / predicted: stage 0 1.0 / 1.0 GiB (x1.000), "
                      "stage 1 3.0 / 2.0 GiB (x1.500)"]

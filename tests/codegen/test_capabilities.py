@@ -14,9 +14,9 @@ from schedlang.cli import main as schedlang_main
 from schedlang.compiler import Pass, ScheduleText, compile_schedule, revise
 from schedlang.diagnostics import ScheduleError
 from schedlang.frontend import load_program, load_program_text
-from schedlang.runtime.config import ModelConfig, PipelineConfig, TrainConfig, run_request
+from schedlang.runtime.config import PipelineConfig
 from schedlang.runtime.trainer import Trainer
-from schedlang.vocabulary import CAPABILITIES, UnsupportedRunError, refusals
+from schedlang.vocabulary import CAPABILITIES, ModelConfig, TrainConfig, UnsupportedRunError, refusals, run_request
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_PATHS = sorted((ROOT / "examples").glob("*.sched"))

@@ -9,10 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedlang.runtime.config import DataConfig
 from schedlang.runtime.data import TokenSource, most_document_pieces, most_occurrences
 from schedlang.runtime.packing import DocumentLayout
-from schedlang.vocabulary import DataKind
+from schedlang.vocabulary import DataConfig, DataKind
 
 END = 9
 

@@ -27,8 +27,6 @@ from schedlang.kernels.gdn import naive_recurrent_gated_delta_rule
 from schedlang.kernels.gla.naive import naive_recurrent_gla
 from schedlang.kernels.simple_gla.naive import naive_recurrent_simple_gla
 from schedlang.runtime import mixer_gdn, mixer_gla
-from schedlang.runtime.config import ModelConfig
-from schedlang.runtime.model_options import GdnOptions, ModelOptions
 from schedlang.runtime.packing import (
     RESET_LOG_GATE,
     ChunkDocuments,
@@ -37,7 +35,7 @@ from schedlang.runtime.packing import (
     recurrent_by_document,
     recurrent_piece_by_piece,
 )
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import GdnOptions, LayerKind, ModelConfig, ModelOptions
 
 ON_GPU = torch.cuda.is_available()
 FLOAT32_TOLERANCE = {"cpu": 5e-5, "cuda": 5e-3}

@@ -15,12 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from schedlang.runtime import packing
-from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.executor import StageExecutor, StepShape
 from schedlang.runtime.model import StageModel, build_stage_model
 from schedlang.runtime.p2p import BufferPool
 from schedlang.runtime.packing import DocumentLayout, loss_targets, loss_token_count
-from schedlang.vocabulary import Action, ActionKind, LayerKind, Recompute
+from schedlang.vocabulary import Action, ActionKind, LayerKind, ModelConfig, Recompute
 
 VOCAB, END, LENGTH = 64, 63, 48
 CHUNKS = (0, 16, 32, 48)

@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from schedlang.runtime.config import DataConfig
 from schedlang.runtime.data import TokenSource
 from schedlang.runtime.packing import loss_token_count
-from schedlang.vocabulary import DataKind
+from schedlang.vocabulary import DataConfig, DataKind
 
 SCHEDULE = """schedule packed
 model {{ vocab = {vocab}  d_model = 32  layers = [{layers}]  heads = 2  head_dim = 16 }}
@@ -93,7 +92,9 @@ def test_a_legal_document_end_checks_and_compiles_into_the_data_config(tmp_path)
         capture_output=True, text=True, timeout=120,
     )
     assert compiled.returncode == 0, compiled.stderr
-    assert "document_end=59)" in script.read_text()
+    namespace: dict = {}
+    exec(compile(script.read_text().split("\ndef parse_args")[0], "packed.py", "exec"), namespace)
+    assert namespace["TRAIN"].data.document_end == 59
 
 
 def test_loss_tokens_count_the_global_batch_and_default_to_every_target(tmp_path):

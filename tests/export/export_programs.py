@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-from schedlang.lowering.program import (
-    MeshSpec,
-    ModelSpec,
-    OrderKind,
-    PipelineSpec,
-    ScheduleProgram,
-    SequenceSpec,
-    TrainSpec,
-)
-from schedlang.vocabulary import LayerKind
+from schedlang.lowering.program import MeshSpec, PipelineSpec, ScheduleProgram, SequenceSpec
+from schedlang.vocabulary import LayerKind, ModelConfig, OrderKind, TrainConfig
 
 
 def tiny_program(
@@ -21,7 +13,7 @@ def tiny_program(
     length = 256
     return ScheduleProgram(
         name="tiny",
-        model=ModelSpec(vocab=256, d_model=64, layers=(LayerKind.GLA, LayerKind.GLA), heads=2, head_dim=32),
+        model=ModelConfig(vocab=256, d_model=64, layers=(LayerKind.GLA, LayerKind.GLA), heads=2, head_dim=32),
         mesh=MeshSpec(pipeline=2),
         sequence=SequenceSpec(
             length=length,
@@ -29,7 +21,7 @@ def tiny_program(
             kernel_chunk=64,
         ),
         pipeline=PipelineSpec(microbatches=n_microbatches, order=OrderKind(order), split_backward=split_backward),
-        train=TrainSpec(),
+        train=TrainConfig(),
         stage_layers=((0,), (1,)),
     )
 

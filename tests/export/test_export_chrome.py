@@ -19,8 +19,9 @@ from schedlang.lowering.export.chrome import (
 )
 from schedlang.lowering.graph import chunk_tokens
 from schedlang.lowering.simulate import simulate
-from schedlang.lowering.tasks import TaskId
-from schedlang.lowering.timeline import MessageInterval, MessageKind, Stream, TaskInterval, Timeline
+from schedlang.lowering.timeline import MessageInterval, Stream, TaskInterval, Timeline
+from schedlang.vocabulary.actions import TaskId
+from schedlang.vocabulary.edges import Payload
 
 
 def _trace_of(program, cost_model=CostModelKind.UNIT):
@@ -174,7 +175,7 @@ def _hand_timeline(message_end: float) -> Timeline:
             TaskInterval(first, 1.0, message_end, Stream.SEND),
             TaskInterval(second, 1.0, message_end, Stream.RECV),
         ),
-        messages=(MessageInterval(MessageKind.ACTIVATION, first, second, 1.0, message_end, 64),),
+        messages=(MessageInterval(Payload.ACTIVATION, first, second, 1.0, message_end, 64),),
         makespan=message_end + 1.0,
         peak_activations=(1.0, 1.0),
     )

@@ -73,16 +73,11 @@ def test_export_torch_csv_round_trips_the_program_order(tmp_path):
     assert output.read_text().splitlines()[3].startswith(",,,3F0,3B0,3F1")
 
 
-def test_export_of_a_chunked_schedule_points_at_chunks(tmp_path, capsys):
+def test_export_of_a_chunked_schedule_writes_each_chunk_as_a_torch_microbatch(tmp_path, capsys):
     output = tmp_path / "order.csv"
-    assert main(["export", str(SCHEDULES / "tiny.sched"), "--format", "torch-csv", "-o", str(output)]) == 1
-    error = capsys.readouterr().err
-    first_line = error.splitlines()[0]
-    location = f"{SCHEDULES / 'tiny.sched'}:18:3"
-    assert first_line.startswith(f"{location}: error: cannot export a schedule with 2 sequence chunks")
-    assert "no notion of sequence chunks" in first_line
-    assert error.splitlines()[1] == "  chunks       = 2"
-    assert not output.exists()
+    assert main(["export", str(SCHEDULES / "tiny.sched"), "--format", "torch-csv", "-o", str(output)]) == 0
+    assert "chunk i of microbatch a is torch microbatch a * 2 + i (4 torch microbatches)" in capsys.readouterr().out
+    assert load_torch_csv(output, n_chunks=2) == stage_orders(load_program(SCHEDULES / "tiny.sched"))
 
 
 def test_missing_file_is_an_error_not_a_traceback(tmp_path, capsys):

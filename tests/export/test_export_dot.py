@@ -13,7 +13,7 @@ from lark import Lark
 from schedlang.lowering.export.dot import ProgramOrderEdges, classify_edge, task_graph_to_dot
 from schedlang.lowering.graph import Dependency, build_task_graph
 from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders
-from schedlang.lowering.tasks import TaskId, TaskKind
+from schedlang.vocabulary.actions import ActionKind, TaskId
 
 # The DOT language's statement grammar (graphviz.org/doc/info/lang.html), without ports and
 # HTML strings, which the exporter never writes: enough to catch quoting and bracket mistakes
@@ -92,8 +92,8 @@ def test_nodes_use_local_labels_and_kind_colours():
         task = TaskId.parse(match.group(1))
         assert match.group(2) == task.local_form()
         fills.setdefault(task.kind, set()).add(match.group(3))
-    assert len(fills[TaskKind.FORWARD]) == 1 and len(fills[TaskKind.BACKWARD]) == 1
-    assert fills[TaskKind.FORWARD] != fills[TaskKind.BACKWARD]
+    assert len(fills[ActionKind.FORWARD]) == 1 and len(fills[ActionKind.BACKWARD]) == 1
+    assert fills[ActionKind.FORWARD] != fills[ActionKind.BACKWARD]
 
 
 def test_weight_tasks_have_their_own_fill_and_sit_in_program_order():
@@ -103,15 +103,15 @@ def test_weight_tasks_have_their_own_fill_and_sit_in_program_order():
     fills = {}
     for match in filter(None, map(_NODE_LINE.match, text.splitlines())):
         fills.setdefault(TaskId.parse(match.group(1)).kind, set()).add(match.group(3))
-    assert [len(fills[kind]) for kind in TaskKind] == [1, 1, 1]
+    assert [len(fills[kind]) for kind in ActionKind if kind.is_compute] == [1, 1, 1]
     assert len(set.union(*fills.values())) == 3, "forward, backward and weight-gradient nodes are filled apart"
     assert '    "1W0.1" [label="W0.1", fillcolor="#d9ead3"];' in text.splitlines()
     clusters = _clusters(text)
     for stage, node_ids in clusters.items():
         assert [TaskId.parse(node) for node in node_ids] == list(orders[stage])
-    weight_edges = [(s, d, a) for s, d, a in _edges(text) if d.kind is TaskKind.WEIGHT and "invis" not in a]
+    weight_edges = [(s, d, a) for s, d, a in _edges(text) if d.kind is ActionKind.WEIGHT and "invis" not in a]
     assert sorted((s, d) for s, d, _ in weight_edges) == sorted(
-        (TaskId(TaskKind.BACKWARD, *task[1:]), task) for task in graph if task.kind is TaskKind.WEIGHT
+        (TaskId(ActionKind.BACKWARD, *task[1:]), task) for task in graph if task.kind is ActionKind.WEIGHT
     )
     assert {a for _, _, a in weight_edges} == {'color="#777777", arrowhead=empty'}
     _DOT_PARSER.parse(text)

@@ -14,7 +14,6 @@ import pytest
 from torch.distributed.pipelining import schedules as torch_schedules
 
 from schedlang.lowering.export.torch_csv import (
-    ChunkedScheduleError,
     TorchCsvError,
     load_torch_csv,
     parse_torch_csv,
@@ -26,7 +25,7 @@ from schedlang.lowering.export.torch_csv import (
 )
 from schedlang.lowering.graph import task_predecessors
 from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders
-from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary.actions import TaskId
 
 _SHAPES = [(1, 1), (1, 4), (2, 1), (2, 2), (3, 5), (4, 4), (4, 8), (5, 3)]
 _GENERATORS = {"gpipe": gpipe_orders, "1f1b": one_f_one_b_orders}
@@ -138,13 +137,18 @@ def test_every_cell_parses_with_torch_action_parser():
 
 
 @pytest.mark.parametrize("n_chunks", [2, 4])
-def test_chunked_schedule_is_refused_with_the_reason(n_chunks):
-    with pytest.raises(ChunkedScheduleError) as error:
-        torch_csv_rows(one_f_one_b_orders(2, 2, n_chunks), n_chunks=n_chunks)
-    message = str(error.value)
-    assert f"{n_chunks} sequence chunks" in message
-    assert "no notion of sequence chunks" in message
-    assert "chunks = 1" in message
+def test_chunked_schedule_is_written_with_its_state_order(n_chunks):
+    """Chunk i of microbatch a is torch microbatch a * n_chunks + i, and a rank's cells keep Eq. 8's state
+    order: a microbatch's forwards by rising chunk, its backwards by falling chunk, on every rank."""
+    grid = torch_csv_rows(one_f_one_b_orders(2, 2, n_chunks), n_chunks=n_chunks)
+    for row in grid:
+        tasks = [task for task in row if task is not None]
+        for microbatch in range(2):
+            forwards = [task.chunk for task in tasks if task.microbatch == microbatch and task.kind.value == "F"]
+            backwards = [task.chunk for task in tasks if task.microbatch == microbatch and task.kind.value == "B"]
+            assert forwards == list(range(n_chunks)) and backwards == list(reversed(range(n_chunks)))
+    cells = torch_csv_text(one_f_one_b_orders(2, 2, n_chunks), n_chunks).splitlines()[0].split(",")
+    assert cells[: n_chunks + 1] == [f"0F{m}" for m in range(n_chunks + 1)]
 
 
 def test_chunk_task_in_a_one_chunk_schedule_is_refused():

@@ -8,9 +8,8 @@ from dataclasses import replace
 import pytest
 
 from schedlang.frontend import load_program, load_program_text
-from schedlang.lowering.program import OrderKind, PartitionKind
-from schedlang.lowering.tasks import TaskId
-from schedlang.vocabulary import DataKind, LayerKind, OptimizerKind, SequenceParallelMethod
+from schedlang.vocabulary.actions import TaskId
+from schedlang.vocabulary import DataKind, LayerKind, OptimizerKind, OrderKind, PartitionKind, SequenceParallelMethod
 
 from .helpers import EXAMPLES
 
@@ -164,8 +163,8 @@ def test_other_examples_values():
     assert parallel.sequence.parallel is SequenceParallelMethod.ALLSCAN
     assert parallel.sequence.scan_blocks == 4
     assert all(parallel.sequence.chunk_length(c) % 128 == 0 for c in range(parallel.n_chunks))
-    assert parallel.train.checkpoint.directory == "checkpoints/sequence_parallel"
-    assert parallel.train.checkpoint.every == 5
+    assert parallel.train.checkpoint_directory == "checkpoints/sequence_parallel"
+    assert parallel.train.checkpoint_every == 5
     assert parallel.train.data.kind is DataKind.SYNTHETIC
 
 
@@ -176,10 +175,10 @@ def test_new_feature_examples_values():
     assert packed.train.data.kind is DataKind.BYTES and packed.train.data.document_end == 10
     assert packed.pipeline.recompute == (Recompute.MIXER, Recompute.NONE)
     assert packed.model.layers == (LayerKind.GLA, LayerKind.GLA, LayerKind.ATTN) * 2
-    assert packed.model.attention.rope_theta == 10000.0
+    assert packed.model.options.attention.rope_theta == 10000.0
 
     deltanet = load_program(EXAMPLES / "fla_gated_deltanet.sched")
-    assert deltanet.model.layers == (LayerKind.GDN,) * 4 and deltanet.model.tie_embeddings
-    assert deltanet.model.gdn.short_conv_size == 4 and deltanet.model.gdn.head_k_dim == 16
-    assert deltanet.model.gdn.gates.value == "mamba" and deltanet.model.gdn.value_heads == 4
+    assert deltanet.model.layers == (LayerKind.GDN,) * 4 and deltanet.model.options.tie_embeddings
+    assert deltanet.model.options.gdn.short_conv_size == 4 and deltanet.model.options.gdn.head_k_dim == 16
+    assert deltanet.model.options.gdn.gates.value == "mamba" and deltanet.model.options.gdn.value_heads == 4
     assert deltanet.mesh.pipeline == 2 and deltanet.mesh.sequence == 2

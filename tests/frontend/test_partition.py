@@ -13,9 +13,8 @@ from schedlang.lowering.partition import (
     layer_flop_coefficients,
     uniform_boundaries,
 )
-from schedlang.lowering.program import MlpKind, MlpSpec, ModelSpec
-from schedlang.lowering.tasks import TaskId
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary.actions import TaskId
+from schedlang.vocabulary import LayerKind, ModelConfig
 
 
 def chunk_costs(boundaries, n_linear, n_softmax, linear_cost, dense_cost, softmax_cost):
@@ -114,13 +113,13 @@ def test_balanced_rejects_impossible_requests(arguments, match):
 
 
 def test_layer_flop_coefficients_come_from_the_flops_cost_model():
-    model = ModelSpec(
+    model = ModelConfig(
         vocab=256,
         d_model=128,
         layers=(LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GLA, LayerKind.ATTN),
         heads=2,
         head_dim=64,
-        mlp=MlpSpec(MlpKind.SWIGLU, 4.0),
+        mlp_ratio=4.0,
     )
     coefficients = layer_flop_coefficients(model, kernel_chunk=64)
 

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from schedlang.lowering.program import (
     MeshSpec,
-    ModelSpec,
-    OrderKind,
     PipelineSpec,
     ScheduleProgram,
     SequenceSpec,
     StageOrder,
     TaskToken,
-    TrainSpec,
 )
-from schedlang.lowering.tasks import TaskId
-from schedlang.vocabulary import LayerKind, Span
+from schedlang.vocabulary.actions import TaskId
+from schedlang.vocabulary import LayerKind, ModelConfig, OrderKind, Span, TrainConfig
 
 
 def make_program(
@@ -37,13 +34,13 @@ def make_program(
     per_stage = len(layers) // n_stages
     return ScheduleProgram(
         name="test",
-        model=ModelSpec(vocab=256, d_model=128, layers=layers, heads=2, head_dim=64),
+        model=ModelConfig(vocab=256, d_model=128, layers=layers, heads=2, head_dim=64),
         mesh=mesh or MeshSpec(pipeline=n_stages),
         sequence=SequenceSpec(length=boundaries[-1], boundaries=boundaries, **sequence_options),
         pipeline=PipelineSpec(
             microbatches=n_microbatches, order=order, explicit_orders=explicit_orders, split_backward=split_backward
         ),
-        train=TrainSpec(),
+        train=TrainConfig(),
         stage_layers=tuple(tuple(range(stage * per_stage, (stage + 1) * per_stage)) for stage in range(n_stages)),
         source_file="test.sched",
     )

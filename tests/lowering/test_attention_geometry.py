@@ -26,12 +26,10 @@ from schedlang.lowering.memory_terms import (
 )
 from schedlang.lowering.parameters import stage_parameters
 from schedlang.lowering.partition import layer_flop_coefficients
-from schedlang.runtime.config import AttentionGeometry, ModelConfig
 from schedlang.runtime.kv_buffers import ChunkPosition, SequenceKV
 from schedlang.runtime.linear import Linear
 from schedlang.runtime.model import CausalAttentionMixer, build_stage_model
-from schedlang.runtime.model_options import AttentionOptions, ModelOptions
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import AttentionGeometry, AttentionOptions, LayerKind, ModelConfig, ModelOptions
 
 D_MODEL, HEADS, HEAD_DIM = 64, 2, 32  # the recurrent layers: W = 64
 ATTN_HEADS, ATTN_HEAD_DIM, ATTN_KV_HEADS = 4, 24, 2  # the attn layers: W_a = 96, K/V projections 48 wide
@@ -94,7 +92,6 @@ def test_the_geometry_is_the_runtime_attention_layers(options):
 def test_the_front_end_hands_the_keys_to_the_geometry():
     program = program_of()
     assert program.model.attention_geometry == AttentionGeometry(ATTN_HEADS, ATTN_KV_HEADS, ATTN_HEAD_DIM)
-    assert program.model.runtime_config().attention_geometry == program.model.attention_geometry
     assert program_of(attention="").model.attention_geometry == AttentionGeometry(HEADS, HEADS, HEAD_DIM)
 
 
@@ -102,7 +99,7 @@ def test_the_front_end_hands_the_keys_to_the_geometry():
 @pytest.mark.parametrize("layers, mlp", [("[gla, attn] * 2", "swiglu(ratio = 4)"), ("[attn, gdn]", "none")])
 def test_parameter_counts_equal_the_runtime_model_built_on_the_cpu(bias, layers, mlp):
     program = program_of(layers=layers, mlp=mlp, attention=f"{OWN_HEADS}  {bias}")
-    config = program.model.runtime_config()
+    config = program.model
     for stage, indices in enumerate(program.stage_layers):
         built = build_stage_model(
             config, indices, stage == 0, stage == program.n_stages - 1, 0, torch.device("cpu"), torch.float32
@@ -247,7 +244,7 @@ def _opened_buffer_bytes(attention: str) -> tuple[int, int, float]:
     """(K/V buffer bytes, gradient buffer bytes) the runtime opens on the CPU for one microbatch of stage 0
     of ``[attn, gla]`` (two chunks forward, their backwards in reverse), and :func:`key_value_bytes`."""
     program = program_of(layers="[attn, gla]", dtype="fp32", attention=attention)
-    config = program.model.runtime_config()
+    config = program.model
     model = build_stage_model(config, program.stage_layers[0], True, False, 0, torch.device("cpu"), torch.float32)
     kv = SequenceKV(LENGTH)
     generator = torch.Generator().manual_seed(0)
@@ -282,7 +279,7 @@ def test_keys_at_their_defaults_change_no_number(sequence):
     """Writing ``attn_heads = heads`` and the rest gives the numbers of a model without them."""
     written = program_of(attention=KEYS_AT_THEIR_DEFAULTS, sequence=sequence, partition="balanced(alpha = 1)")
     absent = program_of(attention="", sequence=sequence, partition="balanced(alpha = 1)")
-    assert written.model.attention != absent.model.attention
+    assert written.model.options.attention != absent.model.options.attention
     assert written.sequence.boundaries == absent.sequence.boundaries
     cost_written, cost_absent = FlopsCostModel(written), FlopsCostModel(absent)
     assert cost_written.forward_parts == cost_absent.forward_parts

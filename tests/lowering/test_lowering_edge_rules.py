@@ -15,14 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedlang.lowering.dependencies import EDGE_RULES, Applies, Dependency, EdgeRule, EdgeRules
 from schedlang.lowering.export.dot import classify_edge, task_graph_to_dot
 from schedlang.lowering.graph import all_tasks, build_task_graph, task_predecessors, task_successors
 from schedlang.lowering.legality import ViolationKind, _Dimensions, _TaskNumbering, check_orders, execution_order
 from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders
-from schedlang.lowering.tasks import TaskId, TaskKind
+from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.edges import EDGE_RULES, Applies, Dependency, EdgeRule, EdgeRules, Payload
 
-F, B, W = TaskKind.FORWARD, TaskKind.BACKWARD, TaskKind.WEIGHT
+F, B, W = ActionKind.FORWARD, ActionKind.BACKWARD, ActionKind.WEIGHT
 
 dimensions = st.tuples(
     st.integers(1, 4),  # stages
@@ -95,9 +95,9 @@ def test_the_kinds_of_a_graph_are_the_kinds_its_rules_join():
 def test_a_table_rejects_two_rows_for_one_edge_or_one_name():
     stage_forward = EDGE_RULES.rule(Dependency.STAGE_FORWARD)
     with pytest.raises(ValueError, match="joins the same tasks as"):
-        EDGE_RULES + (EdgeRule(Dependency.FORWARD_BACKWARD, F, F, -1, 0, "again"),)
+        EDGE_RULES + (EdgeRule(Dependency.FORWARD_BACKWARD, F, F, -1, 0, Payload.ACTIVATION, "again"),)
     with pytest.raises(ValueError, match="two rules are named"):
-        EdgeRules(stage_forward, EdgeRule(Dependency.STAGE_FORWARD, B, B, -1, 0, "again"))
+        EdgeRules(stage_forward, EdgeRule(Dependency.STAGE_FORWARD, B, B, -1, 0, Payload.ACTIVATION_GRADIENT, "again"))
 
 
 def test_the_numbering_asks_the_table_once_per_kind_stage_and_chunk():
@@ -129,6 +129,7 @@ WEIGHT_CHAIN = EdgeRule(
     after=W,
     stage_offset=0,
     chunk_offset=+1,
+    payload=Payload.SAVED,
     reason="a made-up rule: weight gradients in the order of the state gradients",
     applies=Applies.SPLIT_BACKWARD,
 )

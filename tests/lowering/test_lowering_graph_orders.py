@@ -21,10 +21,10 @@ from schedlang.lowering.orders import (
     one_f_one_b_warmup,
     stage_orders,
 )
-from schedlang.lowering.program import OrderKind
-from schedlang.lowering.tasks import TaskId, TaskKind
+from schedlang.vocabulary import OrderKind
+from schedlang.vocabulary.actions import ActionKind, TaskId
 
-F, B = TaskKind.FORWARD, TaskKind.BACKWARD
+F, B = ActionKind.FORWARD, ActionKind.BACKWARD
 
 
 def edges_of(graph, dependency):

@@ -17,7 +17,7 @@ from schedlang.lowering.legality import (
     render_report,
 )
 from schedlang.lowering.orders import one_f_one_b_orders
-from schedlang.lowering.tasks import TaskId
+from schedlang.vocabulary.actions import TaskId
 
 
 def orders_from_text(*lines: str) -> tuple[tuple[TaskId, ...], ...]:
@@ -123,6 +123,8 @@ after its own stuck task
   1     0B0.0 <-- stuck  1F1.0 <-- stuck
   2     0F1.0            1B0.0
   3     0B1.0            1B1.0
+  hint: stage 1 must run 1B0.0 (step 2) before its stuck 1F1.0 (step 1): move it earlier with the tasks it \
+needs, or order stage 0 so that 0B0.0 comes after what stage 1 can run first
 illegal: 1 violation (2 stages, 2 microbatches, 1 chunk, 8 tasks)"""
 
 

@@ -5,11 +5,9 @@ import torch
 
 from lowering_programs import make_program
 from schedlang.lowering.parameters import stage_parameters
-from schedlang.lowering.program import MlpKind, MlpSpec, ModelSpec
-from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.linear import Linear
 from schedlang.runtime.model import StageModel
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import LayerKind, MlpKind, ModelConfig
 
 
 def runtime_stage_counts(config: ModelConfig, program, stage: int) -> tuple[int, int]:
@@ -22,26 +20,22 @@ def runtime_stage_counts(config: ModelConfig, program, stage: int) -> tuple[int,
 
 
 @pytest.mark.parametrize(
-    "layers, mlp",
+    "layers, mlp_ratio",
     [
-        ((LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GDN, LayerKind.ATTN), MlpSpec(MlpKind.SWIGLU, 8 / 3)),
-        ((LayerKind.GLA, LayerKind.ATTN), MlpSpec(MlpKind.NONE)),
-        ((LayerKind.GDN, LayerKind.SIMPLE_GLA), MlpSpec(MlpKind.SWIGLU, 2.7)),
-        ((LayerKind.GLA, LayerKind.MLP, LayerKind.SIMPLE_GLA, LayerKind.MLP), MlpSpec(MlpKind.SWIGLU, 8 / 3)),
-        ((LayerKind.MLP, LayerKind.GLA, LayerKind.GDN, LayerKind.MLP), MlpSpec(MlpKind.SWIGLU, 2.0)),
+        ((LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GDN, LayerKind.ATTN), 8 / 3),
+        ((LayerKind.GLA, LayerKind.ATTN), 0.0),
+        ((LayerKind.GDN, LayerKind.SIMPLE_GLA), 2.7),
+        ((LayerKind.GLA, LayerKind.MLP, LayerKind.SIMPLE_GLA, LayerKind.MLP), 8 / 3),
+        ((LayerKind.MLP, LayerKind.GLA, LayerKind.GDN, LayerKind.MLP), 2.0),
     ],
 )
-def test_stage_counts_equal_the_runtime_model(layers, mlp):
+def test_stage_counts_equal_the_runtime_model(layers, mlp_ratio):
     program = make_program(2, 1, 1, layers=layers)
-    model = ModelSpec(vocab=300, d_model=96, layers=layers, heads=3, head_dim=32, mlp=mlp)
+    model = ModelConfig(vocab=300, d_model=96, layers=layers, heads=3, head_dim=32, mlp_ratio=mlp_ratio)
     program = program.__class__(**{**program.__dict__, "model": model})
-    config = ModelConfig(
-        vocab=300, d_model=96, layers=layers, heads=3, head_dim=32,
-        mlp_ratio=0.0 if mlp.kind is MlpKind.NONE else mlp.ratio,
-    )
     for stage in range(len(program.stage_layers)):
         count = stage_parameters(program, stage)
-        assert (count.linear_weights, count.total) == runtime_stage_counts(config, program, stage), (stage, layers)
+        assert (count.linear_weights, count.total) == runtime_stage_counts(model, program, stage), (stage, layers)
 
 
 def test_separate_mlp_layers_hold_the_same_parameters_and_flops():
@@ -49,12 +43,12 @@ def test_separate_mlp_layers_hold_the_same_parameters_and_flops():
     from dataclasses import replace
 
     from schedlang.lowering.cost import FlopsCostModel
-    from schedlang.lowering.tasks import TaskId
+    from schedlang.vocabulary.actions import TaskId
 
     blocks = make_program(2, 2, 2, layers=(LayerKind.GLA, LayerKind.SIMPLE_GLA) * 2)
     split = make_program(2, 2, 2, layers=(LayerKind.GLA, LayerKind.MLP, LayerKind.SIMPLE_GLA, LayerKind.MLP) * 2)
     for program in (blocks, split):
-        assert program.model.mlp.kind is MlpKind.SWIGLU
+        assert program.model.mlp_kind is MlpKind.SWIGLU
     total = [sum(stage_parameters(program, stage).total for stage in range(2)) for program in (blocks, split)]
     assert total[0] == total[1]
     seconds = []
@@ -73,30 +67,30 @@ def test_separate_mlp_layers_hold_the_same_parameters_and_flops():
 def test_stage_counts_follow_the_layer_options_the_runtime_honours():
     """fla-shaped options change what a layer holds (narrow keys, grouped key/value heads, low-rank gates, output
     gates, Mamba gates, short convolutions, attention heads with biases, an explicit MLP width): the counts equal
-    the runtime model built from the program's runtime config, and differ from the same model without options."""
+    the runtime model built from the program's model record, and differ from the same model without options."""
     from dataclasses import replace
 
     from schedlang.lowering.parameters import mlp_width
-    from schedlang.runtime.model_options import (
-        AttentionOptions, DeltaGates, GdnOptions, GlaOptions, Mamba2Options, OutputGate,
-    )
+    from schedlang.vocabulary import AttentionOptions, DeltaGates, GdnOptions, GlaOptions, ModelOptions, OutputGate
 
     layers = (LayerKind.GLA, LayerKind.GDN, LayerKind.ATTN, LayerKind.GLA)
     program = make_program(2, 1, 1, layers=layers)
-    plain = ModelSpec(vocab=300, d_model=96, layers=layers, heads=4, head_dim=32, mlp=MlpSpec(MlpKind.SWIGLU, 8 / 3))
+    plain = ModelConfig(vocab=300, d_model=96, layers=layers, heads=4, head_dim=32, mlp_ratio=8 / 3)
     shaped = replace(
         plain,
-        mlp=MlpSpec(MlpKind.SWIGLU, 8 / 3, width=200),
-        gla=GlaOptions(head_k_dim=16, kv_heads=2, gate_rank=8, output_gate=OutputGate.SWISH),
-        gdn=GdnOptions(head_k_dim=16, gates=DeltaGates.MAMBA, short_conv_size=4),
-        attention=AttentionOptions(heads=6, head_dim=16, kv_heads=2, qkv_bias=True),
+        options=ModelOptions(
+            mlp_width=200,
+            gla=GlaOptions(head_k_dim=16, kv_heads=2, gate_rank=8, output_gate=OutputGate.SWISH),
+            gdn=GdnOptions(head_k_dim=16, gates=DeltaGates.MAMBA, short_conv_size=4),
+            attention=AttentionOptions(heads=6, head_dim=16, kv_heads=2, qkv_bias=True),
+        ),
     )
     assert mlp_width(shaped) == 200
     totals = {}
     for name, model in (("plain", plain), ("shaped", shaped)):
         staged = replace(program, model=model)
         for stage in range(len(staged.stage_layers)):
-            linear_weights, total = runtime_stage_counts(model.runtime_config(), staged, stage)
+            linear_weights, total = runtime_stage_counts(model, staged, stage)
             count = stage_parameters(staged, stage)
             assert (count.linear_weights, count.total) == (linear_weights, total), (name, stage)
             totals[name, stage] = total
@@ -115,21 +109,23 @@ def test_projection_flops_are_twice_the_mixers_linear_weights(kind):
 
     from schedlang.lowering.cost import layer_projection_flops_per_token, mixer_projection_flops_per_token
     from schedlang.runtime.model import Block
-    from schedlang.runtime.model_options import (
-        AttentionOptions, DeltaGates, GdnOptions, GlaOptions, Mamba2Options, OutputGate,
+    from schedlang.vocabulary import (
+        AttentionOptions, DeltaGates, GdnOptions, GlaOptions, Mamba2Options, ModelOptions, OutputGate,
     )
 
-    plain = ModelSpec(vocab=300, d_model=96, layers=(kind,), heads=4, head_dim=32, mlp=MlpSpec(MlpKind.SWIGLU, 2.0))
+    plain = ModelConfig(vocab=300, d_model=96, layers=(kind,), heads=4, head_dim=32, mlp_ratio=2.0)
     shaped = replace(
         plain,
-        gla=GlaOptions(head_k_dim=16, kv_heads=2, gate_rank=8, output_gate=OutputGate.SWISH),
-        gdn=GdnOptions(head_k_dim=16, gates=DeltaGates.MAMBA, short_conv_size=4, value_heads=8),
-        attention=AttentionOptions(heads=6, head_dim=16, kv_heads=2, qkv_bias=True),
-        mamba2=Mamba2Options(state_size=16, n_groups=2, use_bias=True),
+        options=ModelOptions(
+            gla=GlaOptions(head_k_dim=16, kv_heads=2, gate_rank=8, output_gate=OutputGate.SWISH),
+            gdn=GdnOptions(head_k_dim=16, gates=DeltaGates.MAMBA, short_conv_size=4, value_heads=8),
+            attention=AttentionOptions(heads=6, head_dim=16, kv_heads=2, qkv_bias=True),
+            mamba2=Mamba2Options(state_size=16, n_groups=2, use_bias=True),
+        ),
     )
     assert layer_projection_flops_per_token(plain, kind) == mixer_projection_flops_per_token(kind, 96, 4, 32)
     with torch.device("meta"):
-        mixer = Block(shaped.runtime_config(), kind).mixer
+        mixer = Block(shaped, kind).mixer
     weights = sum(module.weight.numel() for module in mixer.modules() if isinstance(module, Linear))
     assert layer_projection_flops_per_token(shaped, kind) == 2 * weights
     if kind is not LayerKind.SIMPLE_GLA:  # the options leave simple_gla as it is

@@ -6,8 +6,8 @@ import pytest
 
 from lowering_programs import make_program
 from schedlang.lowering.partition import model_balanced_boundaries, recut, uniform_boundaries
-from schedlang.lowering.program import MeshSpec, OrderKind, PartitionKind
-from schedlang.vocabulary import LayerKind
+from schedlang.lowering.program import MeshSpec
+from schedlang.vocabulary import LayerKind, OrderKind, PartitionKind
 
 
 def test_recut_keeps_a_uniform_partition_uniform_and_everything_else():

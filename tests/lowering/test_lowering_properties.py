@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from schedlang.lowering.legality import ViolationKind, check_orders
 from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders
-from schedlang.lowering.tasks import TaskId, TaskKind
+from schedlang.vocabulary.actions import ActionKind, TaskId
 
-F, B, W = TaskKind.FORWARD, TaskKind.BACKWARD, TaskKind.WEIGHT
+F, B, W = ActionKind.FORWARD, ActionKind.BACKWARD, ActionKind.WEIGHT
 
 
 def kinds(split):

@@ -10,8 +10,8 @@ from lowering_programs import make_program
 from schedlang.lowering.cost import FlopsCostModel, Hardware
 from schedlang.lowering.program import MeshSpec
 from schedlang.lowering.simulate import simulate
-from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.vocabulary import LayerKind, Recompute
+from schedlang.vocabulary.actions import ActionKind, TaskId
 
 HYBRID = (LayerKind.GLA, LayerKind.ATTN, LayerKind.GDN, LayerKind.GLA)
 HARDWARE = Hardware(kernel_gap_s=2e-6)
@@ -24,7 +24,7 @@ def program_with(recompute: Recompute, split_backward: bool = False, sequence: i
     return dataclasses.replace(program, pipeline=dataclasses.replace(program.pipeline, recompute=recompute))
 
 
-def durations(recompute: Recompute, kind: TaskKind, **options) -> list[float]:
+def durations(recompute: Recompute, kind: ActionKind, **options) -> list[float]:
     model = FlopsCostModel(program_with(recompute, **options), HARDWARE)
     return [model.task_duration(TaskId(kind, stage, 0, chunk)) for stage in range(2) for chunk in range(3)]
 
@@ -38,12 +38,12 @@ def test_each_mode_adds_its_rerun_part_to_the_backward_and_nothing_to_the_forwar
         Recompute.MIXER: [chunk.mixers + chunk.sequence_parallel for stage in parts for chunk in stage],
         Recompute.FULL: [chunk.total for stage in parts for chunk in stage],
     }
-    kept = durations(Recompute.NONE, TaskKind.BACKWARD, sequence=sequence)
-    forwards = durations(Recompute.NONE, TaskKind.FORWARD, sequence=sequence)
+    kept = durations(Recompute.NONE, ActionKind.BACKWARD, sequence=sequence)
+    forwards = durations(Recompute.NONE, ActionKind.FORWARD, sequence=sequence)
     for mode, extra in rerun.items():
-        assert durations(mode, TaskKind.FORWARD, sequence=sequence) == forwards
+        assert durations(mode, ActionKind.FORWARD, sequence=sequence) == forwards
         expected = [k + e for k, e in zip(kept, extra)]
-        assert durations(mode, TaskKind.BACKWARD, sequence=sequence) == pytest.approx(expected, rel=1e-12)
+        assert durations(mode, ActionKind.BACKWARD, sequence=sequence) == pytest.approx(expected, rel=1e-12)
     for mlp, mixer, full in zip(rerun[Recompute.MLP], rerun[Recompute.MIXER], rerun[Recompute.FULL]):
         assert 0 < mlp < full and 0 < mixer < full
     if sequence > 1:
@@ -52,12 +52,12 @@ def test_each_mode_adds_its_rerun_part_to_the_backward_and_nothing_to_the_forwar
 
 def test_a_split_backward_puts_the_rerun_in_b_and_leaves_w_alone():
     def extra(mode, split_backward):
-        kept = durations(Recompute.NONE, TaskKind.BACKWARD, split_backward=split_backward)
-        return [b - a for a, b in zip(kept, durations(mode, TaskKind.BACKWARD, split_backward=split_backward))]
+        kept = durations(Recompute.NONE, ActionKind.BACKWARD, split_backward=split_backward)
+        return [b - a for a, b in zip(kept, durations(mode, ActionKind.BACKWARD, split_backward=split_backward))]
 
-    weights = durations(Recompute.NONE, TaskKind.WEIGHT, split_backward=True)
+    weights = durations(Recompute.NONE, ActionKind.WEIGHT, split_backward=True)
     for mode in (Recompute.MLP, Recompute.FULL):
-        assert durations(mode, TaskKind.WEIGHT, split_backward=True) == weights
+        assert durations(mode, ActionKind.WEIGHT, split_backward=True) == weights
         assert extra(mode, True) == pytest.approx(extra(mode, False), rel=1e-12)
 
 

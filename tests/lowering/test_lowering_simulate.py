@@ -19,9 +19,10 @@ from schedlang.lowering.legality import IllegalScheduleError
 from schedlang.lowering.parameters import stage_parameters
 from schedlang.lowering.program import MeshSpec
 from schedlang.lowering.simulate import simulate
-from schedlang.lowering.tasks import TaskId
-from schedlang.lowering.timeline import MessageKind, Stream
+from schedlang.lowering.timeline import Stream
 from schedlang.vocabulary import CudaGraphs, LayerKind, SequenceParallelMethod
+from schedlang.vocabulary.actions import TaskId
+from schedlang.vocabulary.edges import Payload
 
 
 def compute_intervals(timeline):
@@ -108,13 +109,13 @@ def test_flops_model_messages_use_alpha_beta_between_stages_only():
     model = make_cost_model(CostModelKind.FLOPS, program, hardware)
     source, destination = TaskId.parse("0F0.0"), TaskId.parse("1F0.0")
     activation_bytes = 512 * 128 * 4  # tokens x d_model x fp32
-    assert model.message_bytes(MessageKind.ACTIVATION, source, destination) == activation_bytes
-    assert model.message_duration(MessageKind.ACTIVATION, source, destination) == pytest.approx(
+    assert model.message_bytes(Payload.ACTIVATION, source, destination) == activation_bytes
+    assert model.message_duration(Payload.ACTIVATION, source, destination) == pytest.approx(
         1e-5 + activation_bytes / 1e9
     )
     state = (TaskId.parse("0F0.0"), TaskId.parse("0F0.1"))
-    assert model.message_bytes(MessageKind.STATE, *state) == 2 * 64 * 64 * 4  # heads x Dk x Dv x fp32, 1 layer
-    assert model.message_duration(MessageKind.STATE, *state) == 0.0
+    assert model.message_bytes(Payload.STATE, *state) == 2 * 64 * 64 * 4  # heads x Dk x Dv x fp32, 1 layer
+    assert model.message_duration(Payload.STATE, *state) == 0.0
     timeline = simulate(program, cost_model=model)
     sends = [interval for interval in timeline.tasks if interval.stream is Stream.SEND]
     receives = [interval for interval in timeline.tasks if interval.stream is Stream.RECV]

@@ -29,13 +29,13 @@ from schedlang.lowering.legality import (
 from schedlang.lowering.memory import stateflow_peak_activations
 from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders, one_f_one_b_warmup, stage_orders
 from schedlang.lowering.parameters import stage_parameters
-from schedlang.lowering.program import MeshSpec, OrderKind
+from schedlang.lowering.program import MeshSpec
 from schedlang.lowering.simulate import simulate
-from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.lowering.timeline import Stream
-from schedlang.vocabulary import LayerKind, SequenceParallelMethod
+from schedlang.vocabulary import LayerKind, OrderKind, SequenceParallelMethod
+from schedlang.vocabulary.actions import ActionKind, TaskId
 
-F, B, W = TaskKind.FORWARD, TaskKind.BACKWARD, TaskKind.WEIGHT
+F, B, W = ActionKind.FORWARD, ActionKind.BACKWARD, ActionKind.WEIGHT
 
 STAGES = range(1, 6)
 MICROBATCHES = range(1, 6)

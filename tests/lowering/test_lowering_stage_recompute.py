@@ -11,8 +11,8 @@ from lowering_programs import make_program
 from schedlang.frontend import load_program_text
 from schedlang.lowering.cost import FlopsCostModel
 from schedlang.lowering.memory_peak import predict_memory
-from schedlang.lowering.tasks import TaskId, TaskKind
 from schedlang.vocabulary import LayerKind, Recompute
+from schedlang.vocabulary.actions import ActionKind, TaskId
 
 MODES = (Recompute.FULL, Recompute.NONE, Recompute.MLP)
 
@@ -33,7 +33,7 @@ def test_each_stage_pays_the_rerun_of_its_own_mode():
     per_stage = FlopsCostModel(program_with(MODES))
     for stage, mode in enumerate(MODES):
         uniform = FlopsCostModel(program_with(mode))
-        for kind in (TaskKind.FORWARD, TaskKind.BACKWARD):
+        for kind in (ActionKind.FORWARD, ActionKind.BACKWARD):
             task = TaskId(kind, stage, 1, 1)
             assert per_stage.task_duration(task) == uniform.task_duration(task)
 

@@ -18,7 +18,7 @@ from schedlang.lowering.memory import (
     stateflow_peak_activations,
 )
 from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders
-from schedlang.lowering.program import OrderKind
+from schedlang.vocabulary import OrderKind
 from schedlang.lowering.simulate import simulate
 
 STAGES = range(1, 9)

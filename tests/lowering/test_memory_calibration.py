@@ -83,7 +83,7 @@ def _live_tensor_storages() -> dict[int, int]:
 
 
 def build_stage(program, stage: int, recompute: Recompute):
-    config = program.model.runtime_config()
+    config = program.model
     options = {}
     if recompute in (Recompute.MLP, Recompute.MIXER):
         options["recompute"] = recompute  # the runtime's keyword once it runs these modes

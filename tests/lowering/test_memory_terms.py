@@ -270,3 +270,15 @@ def test_step_graphs_keep_the_eager_walk_and_every_sent_tensor():
         received = step[stage].components[Component.COMMUNICATION] - total_sent
         assert received in (0, activation_message_bytes(program_of(), 0))
         assert step[stage].allocated >= eager[stage].allocated
+
+
+def test_memory_is_the_pass_after_placement_and_simulate_reads_its_product():
+    from schedlang.compiler import Pass, compile_schedule
+
+    program = revise(program_of(chunks=2, microbatches=3), order="gpipe")
+    assert compile_schedule(program, through=Pass.PLACEMENT).memory is None
+    compiled = compile_schedule(program, through=Pass.MEMORY)
+    assert compiled.memory == predict_memory(program, compiled.orders)
+    assert compiled.timeline is None  # the cost pass comes after it
+    # the gpipe walk differs from the 1f1b one the unrevised program has: the pass follows the program's orders
+    assert compiled.memory != predict_memory(program_of(chunks=2, microbatches=3))

@@ -9,13 +9,11 @@ import torch
 from schedlang.frontend import load_program_text
 from schedlang.lowering.cost import FlopsCostModel, Hardware
 from schedlang.lowering.memory_terms import state_bytes
-from schedlang.lowering.timeline import MessageKind
-from schedlang.lowering.tasks import TaskId
-from schedlang.runtime.config import ModelConfig, recurrent_state_geometry
+from schedlang.vocabulary.edges import Payload
+from schedlang.vocabulary.actions import TaskId
 from schedlang.runtime.mixer_gdn import GatedDeltaMixer
 from schedlang.runtime.mixer_gla import GatedLinearMixer
-from schedlang.runtime.model_options import GdnOptions, GlaOptions, ModelOptions
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import GdnOptions, GlaOptions, LayerKind, ModelConfig, ModelOptions, recurrent_state_geometry
 
 HEADS, HEAD_DIM, D_MODEL = 2, 8, 16
 
@@ -88,4 +86,4 @@ def test_the_memory_and_flops_models_count_the_runtime_states(dtype, element):
     model = FlopsCostModel(program, Hardware())
     for stage in range(2):
         source, destination = TaskId.parse(f"{stage}F0.0"), TaskId.parse(f"{stage}F0.1")
-        assert model.message_bytes(MessageKind.STATE, source, destination) == batch * expected[stage] * element
+        assert model.message_bytes(Payload.STATE, source, destination) == batch * expected[stage] * element

@@ -15,8 +15,7 @@ from schedlang.cli import main
 from schedlang.diagnostics import ScheduleError
 from schedlang.frontend import load_program
 from schedlang.runtime.hf_format import UnsupportedFlaConfig, fla_config_problems, read_fla_config
-from schedlang.runtime.model_options import AttentionOptions, ModelOptions
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import AttentionOptions, LayerKind, ModelOptions
 
 SCHEDULE = """schedule attention_keys
 model {{
@@ -43,9 +42,10 @@ def _errors(path) -> list[tuple[int, int, str]]:
 def test_the_keys_build_the_attention_options(tmp_path):
     keys = "attn_heads = 4  attn_head_dim = 8  attn_kv_heads = 2  qkv_bias = true  rope_theta = 1e4"
     model = load_program(_path(tmp_path, keys)).model
-    assert model.attention == AttentionOptions(heads=4, head_dim=8, kv_heads=2, qkv_bias=True, rope_theta=10000.0)
-    assert load_program(_path(tmp_path, "")).model.attention == AttentionOptions()
-    assert load_program(_path(tmp_path, "rope_theta = none")).model.attention == AttentionOptions()
+    attention = AttentionOptions(heads=4, head_dim=8, kv_heads=2, qkv_bias=True, rope_theta=10000.0)
+    assert model.options.attention == attention
+    assert load_program(_path(tmp_path, "")).model.options.attention == AttentionOptions()
+    assert load_program(_path(tmp_path, "rope_theta = none")).model.options.attention == AttentionOptions()
 
 
 def test_kv_heads_that_do_not_divide_the_attention_heads_are_an_error_at_the_key(tmp_path):
@@ -98,7 +98,8 @@ def test_a_hybrid_gla_config_gives_attn_layers_and_their_keys(tmp_path):
     )
     model = load_program(schedule).model
     assert model.layers == (LayerKind.ATTN, LayerKind.GLA, LayerKind.ATTN)
-    assert model.attention == AttentionOptions(heads=4, head_dim=8, kv_heads=1, qkv_bias=False, rope_theta=10000.0)
+    attention = AttentionOptions(heads=4, head_dim=8, kv_heads=1, qkv_bias=False, rope_theta=10000.0)
+    assert model.options.attention == attention
     assert not fla_config_problems(read_fla_config(config).model_config())
 
 

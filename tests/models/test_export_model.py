@@ -120,7 +120,7 @@ def test_a_directory_without_a_checkpoint_is_an_error(tmp_path, capsys):
 
 
 def test_a_model_fla_cannot_load_is_refused_with_the_reason(tmp_path):
-    from schedlang.runtime.config import ModelConfig
+    from schedlang.vocabulary import ModelConfig
     from schedlang.runtime.hf_weights import write_hf_directory as write
 
     with pytest.raises(ValueError, match="gate_low_rank_dim must be 16; .*output_gate must be swish"):
@@ -129,7 +129,8 @@ def test_a_model_fla_cannot_load_is_refused_with_the_reason(tmp_path):
 
 def test_the_run_record_holds_the_options_only_when_they_are_not_the_defaults():
     from schedlang.runtime.checkpoint_manifest import run_record
-    from schedlang.runtime.config import ModelConfig, PipelineConfig, TrainConfig
+    from schedlang.runtime.config import PipelineConfig
+    from schedlang.vocabulary import ModelConfig, TrainConfig
     from schedlang.runtime.hf_weights import model_config_of_record
 
     pipeline = PipelineConfig(((0, 1),), (0, 32), 1, 1, ((),))
@@ -148,7 +149,8 @@ def _exported_gated_deltanet(tmp_path, **changes):
 
     from schedlang.runtime.checkpoint import save_checkpoint
     from schedlang.runtime.checkpoint_manifest import run_record
-    from schedlang.runtime.config import PipelineConfig, TrainConfig
+    from schedlang.runtime.config import PipelineConfig
+    from schedlang.vocabulary import TrainConfig
 
     config = gdn_config(intermediate_size=48, conv_size=3, tie_word_embeddings=True, **changes)
     model_config = read_fla_config(config).model_config()
@@ -209,7 +211,7 @@ def test_fla_loads_the_gated_deltanet_export_with_every_tensor(tmp_path, changes
 
 
 def test_a_gdn_model_fla_cannot_load_is_refused_with_the_reason(tmp_path):
-    from schedlang.runtime.config import ModelConfig
+    from schedlang.vocabulary import ModelConfig
     from schedlang.runtime.hf_weights import write_hf_directory as write
 
     refused = "Gated DeltaNet model: delta_gates must be mamba; short_conv_size must be set"
@@ -217,3 +219,22 @@ def test_a_gdn_model_fla_cannot_load_is_refused_with_the_reason(tmp_path):
         write(tmp_path / "out", ModelConfig(vocab=8, d_model=4, layers=("gdn",), heads=1, head_dim=4), {})
     with pytest.raises(ValueError, match="rotary position embeddings"):
         write(tmp_path / "out", ModelConfig(vocab=8, d_model=4, layers=("gdn", "attn"), heads=1, head_dim=4), {})
+
+
+def test_the_weights_file_gets_the_same_permissions_as_config_json(tmp_path):
+    """safetensors creates its file 0600 whatever the umask; the export gives it config.json's mode."""
+    import os
+    import stat
+
+    from schedlang.runtime.hf_weights import write_hf_directory as write
+
+    model_config = read_fla_config(CONFIG).model_config()
+    model = build_stage_model(model_config, (0, 1), True, True, 0, torch.device("cpu"), torch.float32)
+    previous = os.umask(0o022)
+    try:
+        write(tmp_path / "out", model_config, dict(model.named_parameters()))
+    finally:
+        os.umask(previous)
+    names = ("config.json", "model.safetensors")
+    modes = {name: stat.S_IMODE((tmp_path / "out" / name).stat().st_mode) for name in names}
+    assert modes == {"config.json": 0o644, "model.safetensors": 0o644}

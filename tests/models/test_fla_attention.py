@@ -20,13 +20,11 @@ from torch import nn
 
 from fla_reference import perturb
 from schedlang.cli import main
-from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.hf_format import fla_sources, read_fla_config
 from schedlang.runtime.kv_buffers import AttentionChunk, ChunkPosition, SequenceKV
 from schedlang.runtime.mixer_attention import CausalAttentionMixer
 from schedlang.runtime.model import build_stage_model
-from schedlang.runtime.model_options import AttentionOptions, ModelOptions
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import AttentionOptions, LayerKind, ModelConfig, ModelOptions
 
 pytest.importorskip("safetensors")
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -144,7 +142,8 @@ def test_an_fla_hybrid_loads_as_attn_layers_and_exports_back_with_every_tensor(t
 
     from schedlang.runtime.checkpoint import save_checkpoint
     from schedlang.runtime.checkpoint_manifest import run_record
-    from schedlang.runtime.config import PipelineConfig, TrainConfig
+    from schedlang.runtime.config import PipelineConfig
+    from schedlang.vocabulary import TrainConfig
 
     transformers = pytest.importorskip("transformers")
     fla_model = _saved_fla_hybrid(tmp_path / "fla", architecture, sizes)

@@ -8,11 +8,9 @@ import torch
 
 from fla_gdn_reference import gdn_config, gdn_reference_logits
 from fla_reference import perturb
-from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.hf_format import fla_sources, read_fla_config, to_fla_tensors
 from schedlang.runtime.model import build_stage_model
-from schedlang.runtime.model_options import DeltaGates, GdnOptions, ModelOptions
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import DeltaGates, GdnOptions, LayerKind, ModelConfig, ModelOptions
 
 
 def _stage(model_config: ModelConfig, dtype=torch.float64):
@@ -221,7 +219,7 @@ pipeline { microbatches = 2  microbatch_size = 3 }
         encoding="utf-8",
     )
     program = load_program(schedule)
-    assert program.model.gdn.value_heads == (4 if value_heads else None)
-    model = _stage(program.model.runtime_config(), torch.float32)
+    assert program.model.options.gdn.value_heads == (4 if value_heads else None)
+    model = _stage(program.model, torch.float32)
     _, states = model(torch.zeros(3, 8, dtype=torch.long), [None] * model.n_states)
     assert state_bytes(program, 0) == sum(state.numel() * state.element_size() for state in states)

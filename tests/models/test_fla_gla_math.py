@@ -6,12 +6,10 @@ import pytest
 import torch
 
 from fla_reference import fla_config, perturb, reference_logits
-from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.hf_format import fla_sources, read_fla_config, to_fla_tensors
 from schedlang.runtime.kv_buffers import ChunkPosition, SequenceKV
 from schedlang.runtime.model import build_stage_model
-from schedlang.runtime.model_options import GlaOptions, ModelOptions, OutputGate
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import GlaOptions, LayerKind, ModelConfig, ModelOptions, OutputGate
 
 CONFIGS = {
     "fla_defaults": fla_config(),

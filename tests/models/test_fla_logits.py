@@ -129,7 +129,8 @@ def test_gpu_fla_saved_schedlang_loaded_bf16_logits_within_tolerance(tmp_path, n
 def test_gpu_schedlang_checkpoint_exported_and_loaded_by_fla_matches(tmp_path, name, model_type):
     from schedlang.runtime.checkpoint import save_checkpoint
     from schedlang.runtime.checkpoint_manifest import run_record
-    from schedlang.runtime.config import PipelineConfig, TrainConfig
+    from schedlang.runtime.config import PipelineConfig
+    from schedlang.vocabulary import TrainConfig
 
     transformers = pytest.importorskip("transformers")
     architecture, sizes = GPU_ARCHITECTURES[name]

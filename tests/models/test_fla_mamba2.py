@@ -15,7 +15,7 @@ from fla_reference import perturb, write_hf_directory
 from schedlang.cli import main
 from schedlang.diagnostics import ScheduleError
 from schedlang.frontend import load_program
-from schedlang.lowering.program import MlpKind
+from schedlang.vocabulary import MlpKind
 from schedlang.runtime.hf_format import read_fla_config, to_fla_tensors
 from schedlang.runtime.model import build_stage_model
 from schedlang.vocabulary import LayerKind
@@ -92,8 +92,8 @@ def test_the_directory_fills_the_model_block(tmp_path):
     config = mamba2_config(n_groups=2, conv_kernel=3, use_bias=True, dt_limit=[0.01, math.inf])
     model = load_program(_schedule(tmp_path, config)).model
     assert model.layers == (LayerKind.MAMBA2,) * 2 and (model.heads, model.head_dim) == (4, 16)
-    assert model.mlp.kind is MlpKind.NONE and model.norm_eps == 1e-5
-    mamba2 = model.mamba2
+    assert model.mlp_kind is MlpKind.NONE and model.norm_eps == 1e-5
+    mamba2 = model.options.mamba2
     assert (mamba2.state_size, mamba2.n_groups, mamba2.conv_kernel, mamba2.use_bias) == (8, 2, 3, True)
     assert mamba2.dt_limit == (0.01, None)
 
@@ -139,7 +139,7 @@ def test_the_weights_give_the_logits_of_the_float64_restatement(tmp_path, pipeli
     config = mamba2_config(n_groups=2, use_bias=True, dt_limit=[0.001, 1.5])
     tensors = _fla_tensors(config)
     program = load_program(_schedule(tmp_path, config, pipeline=pipeline, tensors=tensors))
-    model_config = program.model.runtime_config()
+    model_config = program.model
     tokens = torch.randint(0, config["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(1))
     hidden = tokens
     for stage, layers in enumerate(program.stage_layers):
@@ -181,7 +181,7 @@ def test_fla_gives_the_same_logits_as_the_loaded_model(tmp_path):
     fla_model = _fla_model(tmp_path / "model")
     with torch.no_grad():
         expected = fla_model(input_ids=tokens).logits
-    assert _relative(_logits(program.model.runtime_config(), tokens), expected) < 1e-5
+    assert _relative(_logits(program.model, tokens), expected) < 1e-5
 
 
 def test_a_checkpoint_exports_to_a_directory_fla_loads_with_the_same_logits(tmp_path):
@@ -189,7 +189,8 @@ def test_a_checkpoint_exports_to_a_directory_fla_loads_with_the_same_logits(tmp_
 
     from schedlang.runtime.checkpoint import save_checkpoint
     from schedlang.runtime.checkpoint_manifest import run_record
-    from schedlang.runtime.config import PipelineConfig, TrainConfig
+    from schedlang.runtime.config import PipelineConfig
+    from schedlang.vocabulary import TrainConfig
 
     config = mamba2_config(conv_kernel=3, dt_limit=[0.0, 2.0], tie_word_embeddings=True)
     model_config = read_fla_config(config).model_config()

@@ -12,7 +12,7 @@ import pytest
 from schedlang.cli import main
 from schedlang.diagnostics import ScheduleError
 from schedlang.frontend import load_program
-from schedlang.runtime.model_options import GdnOptions
+from schedlang.vocabulary import GdnOptions
 
 SCHEDULE = """schedule value_heads
 model {{
@@ -37,12 +37,12 @@ def _errors(path) -> list[tuple[int, int, str]]:
 
 
 def test_the_key_builds_the_gdn_options(tmp_path):
-    assert load_program(_path(tmp_path, "value_heads = 4")).model.gdn == GdnOptions(value_heads=4)
-    assert load_program(_path(tmp_path, "value_heads = 6")).model.gdn.value_heads_of(2) == 6
-    assert load_program(_path(tmp_path, "")).model.gdn == GdnOptions()
-    assert load_program(_path(tmp_path, "value_heads = 2")).model.gdn == GdnOptions()  # = heads: no grouping
+    assert load_program(_path(tmp_path, "value_heads = 4")).model.options.gdn == GdnOptions(value_heads=4)
+    assert load_program(_path(tmp_path, "value_heads = 6")).model.options.gdn.value_heads_of(2) == 6
+    assert load_program(_path(tmp_path, "")).model.options.gdn == GdnOptions()
+    assert load_program(_path(tmp_path, "value_heads = 2")).model.options.gdn == GdnOptions()  # = heads: no grouping
     # a model without gdn layers records none
-    assert load_program(_path(tmp_path, "value_heads = 4", layers="[gla] * 2")).model.gdn == GdnOptions()
+    assert load_program(_path(tmp_path, "value_heads = 4", layers="[gla] * 2")).model.options.gdn == GdnOptions()
 
 
 @pytest.mark.parametrize("value_heads", [3, 1, 5])
@@ -86,8 +86,8 @@ def test_the_memory_and_cost_models_size_the_state_by_the_value_heads(tmp_path):
     q/k heads stay 2)."""
     from schedlang.lowering.cost import FlopsCostModel, layer_mixer_flops_per_token, layer_projection_flops_per_token
     from schedlang.lowering.memory_terms import sequence_parallel_bytes, state_bytes
-    from schedlang.lowering.tasks import TaskId
-    from schedlang.lowering.timeline import MessageKind
+    from schedlang.vocabulary.actions import TaskId
+    from schedlang.vocabulary.edges import Payload
     from schedlang.vocabulary import LayerKind
 
     plain = load_program(_path(tmp_path, "expand_k = 1"))
@@ -98,7 +98,7 @@ def test_the_memory_and_cost_models_size_the_state_by_the_value_heads(tmp_path):
     sequenced = [replace(program, mesh=replace(program.mesh, sequence=2)) for program in (plain, grouped)]
     assert sequence_parallel_bytes(sequenced[1], 0, 0) == 3 * sequence_parallel_bytes(sequenced[0], 0, 0)
     messages = [
-        FlopsCostModel(program).message_bytes(MessageKind.STATE, TaskId.forward(0, 0, 0), TaskId.forward(0, 0, 1))
+        FlopsCostModel(program).message_bytes(Payload.STATE, TaskId.forward(0, 0, 0), TaskId.forward(0, 0, 1))
         for program in (plain, grouped)
     ]
     assert messages[1] == 3 * messages[0] > 0

@@ -11,10 +11,9 @@ import torch
 from fla_reference import fla_config, perturb, reference_logits, write_hf_directory
 from schedlang.diagnostics import ScheduleError
 from schedlang.frontend import load_program
-from schedlang.lowering.program import MlpSpec
 from schedlang.runtime.hf_format import read_fla_config, to_fla_tensors
 from schedlang.runtime.model import build_stage_model
-from schedlang.runtime.model_options import OutputGate
+from schedlang.vocabulary import OutputGate
 
 pytest.importorskip("safetensors")
 
@@ -61,10 +60,11 @@ def test_the_directory_fills_the_model_block_relative_to_the_schedule(tmp_path):
     program = load_program(_schedule(tmp_path))
     model = program.model
     assert (model.vocab, model.d_model, len(model.layers), model.heads, model.head_dim) == (61, 32, 2, 2, 16)
-    assert model.mlp == MlpSpec(width=256)  # 2/3 of 4 * 32, up to a multiple of 256, as fla's GatedMLP
-    assert (model.gla.head_k_dim, model.gla.kv_heads, model.gla.gate_rank) == (8, 1, 16)
-    assert model.gla.gate_clamp_min == -3.0 and model.gla.output_gate is OutputGate.SWISH
-    assert model.initial_weights is None  # a config without safetensors: the seed's weights
+    # 2/3 of 4 * 32, up to a multiple of 256, as fla's GatedMLP
+    assert (model.mlp_ratio, model.options.mlp_width) == (4.0, 256)
+    assert (model.options.gla.head_k_dim, model.options.gla.kv_heads, model.options.gla.gate_rank) == (8, 1, 16)
+    assert model.options.gla.gate_clamp_min == -3.0 and model.options.gla.output_gate is OutputGate.SWISH
+    assert model.options.initial_weights is None  # a config without safetensors: the seed's weights
 
 
 def test_written_keys_win_and_are_checked(tmp_path):
@@ -112,7 +112,7 @@ def test_tied_embeddings_are_read_for_any_pipeline(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text(json.dumps(fla_config(tie_word_embeddings=True)))
     program = load_program(_schedule(tmp_path, pipeline=2))
-    assert program.model.tie_embeddings and program.mesh.pipeline == 2
+    assert program.model.options.tie_embeddings and program.mesh.pipeline == 2
 
 
 def test_hf_takes_its_path_alone_and_other_calls_do_not(tmp_path):

@@ -14,11 +14,9 @@ from fla_reference import perturb, write_hf_directory
 from schedlang.cli import main
 from schedlang.diagnostics import ScheduleError
 from schedlang.frontend import load_program
-from schedlang.lowering.program import MlpSpec
 from schedlang.runtime.hf_format import read_fla_config, to_fla_tensors
 from schedlang.runtime.model import build_stage_model
-from schedlang.runtime.model_options import DeltaGates
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import DeltaGates, LayerKind
 
 pytest.importorskip("safetensors")
 
@@ -51,19 +49,20 @@ def _errors(path) -> list[tuple[int, int, str]]:
 def test_the_directory_fills_the_model_block(tmp_path):
     model = load_program(_schedule(tmp_path, gdn_config(head_dim=4, expand_v=1.5, conv_size=3))).model
     assert model.layers == (LayerKind.GDN,) * 2 and (model.heads, model.head_dim) == (2, 6)
-    assert model.mlp == MlpSpec(width=256)
-    assert (model.gdn.head_k_dim, model.gdn.gates, model.gdn.short_conv_size) == (4, DeltaGates.MAMBA, 3)
-    assert model.gla.gate_rank is None and model.gla.kv_heads is None  # the gla-only keys keep their defaults
-    assert model.gdn.value_heads is None
+    assert (model.mlp_ratio, model.options.mlp_width) == (4.0, 256)
+    gdn, gla = model.options.gdn, model.options.gla
+    assert (gdn.head_k_dim, gdn.gates, gdn.short_conv_size) == (4, DeltaGates.MAMBA, 3)
+    assert gla.gate_rank is None and gla.kv_heads is None  # the gla-only keys keep their defaults
+    assert model.options.gdn.value_heads is None
 
 
 def test_num_v_heads_gives_the_value_heads(tmp_path):
     """fla's num_v_heads is value_heads; equal to num_heads (or a written value_heads = heads) it is no grouping,
     and a written value_heads wins over the directory's."""
-    assert load_program(_schedule(tmp_path, gdn_config(num_v_heads=6))).model.gdn.value_heads == 6
-    assert load_program(_schedule(tmp_path, gdn_config(num_v_heads=2))).model.gdn.value_heads is None
+    assert load_program(_schedule(tmp_path, gdn_config(num_v_heads=6))).model.options.gdn.value_heads == 6
+    assert load_program(_schedule(tmp_path, gdn_config(num_v_heads=2))).model.options.gdn.value_heads is None
     written = _schedule(tmp_path, gdn_config(num_v_heads=6), extra="\n  value_heads = 4")
-    assert load_program(written).model.gdn.value_heads == 4
+    assert load_program(written).model.options.gdn.value_heads == 4
     ((line, column, text),) = _errors(_schedule(tmp_path, gdn_config(num_v_heads=6), extra="\n  value_heads = 5"))
     assert (line, column) == (4, 3) and text.startswith("value_heads = 5 must be a multiple of heads = 2")
 

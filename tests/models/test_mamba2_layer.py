@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from fla_mamba2_reference import mamba2_layer
-from schedlang.runtime.config import ModelConfig
+from schedlang.vocabulary import ModelConfig
 from schedlang.runtime.mixer_mamba2 import Mamba2Mixer
-from schedlang.runtime.model_options import Mamba2Options, ModelOptions
+from schedlang.vocabulary import Mamba2Options, ModelOptions
 from schedlang.runtime.packing import ChunkDocuments
 
 D_MODEL, HEADS, HEAD_DIM = 24, 4, 8

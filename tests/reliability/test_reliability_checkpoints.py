@@ -17,7 +17,8 @@ from schedlang.runtime.checkpoint import (
     save_checkpoint,
 )
 from schedlang.runtime.checkpoint_manifest import run_record
-from schedlang.runtime.config import ModelConfig, OptimizerConfig, PipelineConfig, TrainConfig
+from schedlang.runtime.config import PipelineConfig
+from schedlang.vocabulary import ModelConfig, OptimizerConfig, TrainConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from reliability_helpers import one_rank_schedule, run_cli
-from schedlang.runtime.config import DataConfig
 from schedlang.runtime.data import DataFileError, TokenSource, read_corpus
-from schedlang.vocabulary import DataKind
+from schedlang.vocabulary import DataConfig, DataKind
 
 
 def bytes_schedule(path: str) -> str:

@@ -12,7 +12,7 @@ from schedlang.diagnostics import ScheduleError
 from schedlang.frontend import load_program_text
 from schedlang.limits import MAX_CHUNKS, MAX_RANKS, MAX_TASKS
 from schedlang.lowering.cost import FlopsCostModel
-from schedlang.lowering.program import ModelSpec
+from schedlang.vocabulary import ModelConfig
 from schedlang.vocabulary.source_lines import MAX_SHOWN_DIAGNOSTICS
 
 TEMPLATE = """schedule big
@@ -74,13 +74,13 @@ def test_run_refuses_more_ranks_than_the_machine_holds(tmp_path):
 def test_the_flops_cost_model_looks_at_each_layer_kind_once_per_stage(monkeypatch):
     program = load_program_text(schedule(layers=4096, chunks=2), "deep.sched")
     calls = []
-    original = ModelSpec.has_mlp
+    original = ModelConfig.has_mlp
 
     def counting_has_mlp(self, kind):
         calls.append(kind)
         return original(self, kind)
 
-    monkeypatch.setattr(ModelSpec, "has_mlp", counting_has_mlp)
+    monkeypatch.setattr(ModelConfig, "has_mlp", counting_has_mlp)
     FlopsCostModel(program)
     # per stage: launches, linear layers and both chunk costs; not once per layer per chunk
     assert len(calls) <= 10 * program.n_stages * program.n_chunks

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from schedlang.runtime import cublas, trainer
-from schedlang.runtime.config import ModelConfig, PipelineConfig, TrainConfig
+from schedlang.runtime.config import PipelineConfig
+from schedlang.vocabulary import ModelConfig, TrainConfig
 
 
 def test_sets_both_variables_when_the_user_chose_neither():

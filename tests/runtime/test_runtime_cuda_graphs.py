@@ -85,9 +85,9 @@ def test_replayed_graphs_train_like_eager_on_the_gpu(
     MLP, so the graphs hold layers without a state. With ``split`` the backwards are split and stage 1 defers
     its cool-down weight gradients ([Note: splitting slots]): eager then records them, graphs replay a W graph.
     ``large`` (d_model 1024, 8K tokens): GEMMs long enough that work racing them changes the numbers. It
-    caught W graphs replayed on a second stream beside the chunk graphs (docs/benchmarks.md, a design
-    measured and dropped): captured on torch.cuda.graph's shared capture stream, they shared its cuBLAS
-    workspace with the chunk graphs, and gradients came out wrong. ``late``: ``forward_before_weight``, so
+    caught W graphs replayed on a second stream beside the chunk graphs (a design measured and dropped:
+    docs/log.md, 2026-11-30, "Fused SwiGLU and gate activation, and W on a second stream"): captured on
+    torch.cuda.graph's shared capture stream, they shared its cuBLAS workspace with the chunk graphs, and gradients came out wrong. ``late``: ``forward_before_weight``, so
     stage 1 replays a W graph after the next chunk's forward ([Note: forward before weight gradients]).
     ``mode = step``: the first step runs eagerly and the second captures, so the gradients compared are the
     fourth step's, three replays in ([Note: step graphs])."""

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from schedlang.runtime.config import DataConfig
 from schedlang.runtime.data import TokenSource
-from schedlang.vocabulary import DataKind
+from schedlang.vocabulary import DataConfig, DataKind
 
 SCHEDULE = """schedule evaluation
 model {{ vocab = 64  d_model = 32  layers = [gla, attn, gla, simple_gla]  heads = 2  head_dim = 16 }}
@@ -38,6 +37,7 @@ def validation_losses(tmp_path, name: str, mesh: str, chunks: int, microbatches:
 
 
 @pytest.mark.slow
+@pytest.mark.default_tier  # the default tier's CPU training run on each mesh shape: 1, pipeline 2, sequence 2 x data 2
 def test_validation_losses_equal_one_process_on_pipeline_sequence_and_data_meshes(tmp_path):
     """The evaluation runs only the forwards of each stage's action list ([Note: forward-only evaluation]);
     its loss after every step matches one process within 1e-5, and moves as training does."""

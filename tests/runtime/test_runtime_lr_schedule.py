@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from schedlang.frontend import load_program_text
-from schedlang.runtime.config import LearningRateScheduleConfig
 from schedlang.runtime.lr_schedule import build_scheduler, learning_rate_factor
-from schedlang.vocabulary import LearningRateScheduleKind
+from schedlang.vocabulary import LearningRateScheduleConfig, LearningRateScheduleKind
 
 STEPS, LR = 11, 0.1
 

@@ -17,7 +17,7 @@ from runtime_harness import compile_schedule, relative_error, run_job
 from schedlang.diagnostics import ScheduleError
 from schedlang.frontend import load_program_text
 from schedlang.lowering.memory_terms import StaticPart, static_bytes
-from schedlang.runtime.config import ModelConfig, TrainConfig
+from schedlang.vocabulary import TrainConfig
 from schedlang.runtime.master_weights import MasterWeights
 from schedlang.runtime.model import build_stage_model
 from schedlang.runtime.trainer import build_optimizer
@@ -181,15 +181,11 @@ def test_static_bytes_are_what_a_master_weight_stage_allocates():
     """The memory model's parameters, gradients and optimizer terms against the tensors a bf16 stage with
     master weights holds after a step: bf16 parameters and .grad, their fp32 copies, AdamW's fp32 moments."""
     program = load_program_text(schedule_text("static", chunks=1, microbatches=1))
-    spec = program.model
-    config = ModelConfig(
-        vocab=spec.vocab, d_model=spec.d_model, layers=spec.layers, heads=spec.heads, head_dim=spec.head_dim,
-        mlp_ratio=spec.mlp.ratio,
-    )
+    config = program.model
     model = build_stage_model(config, program.stage_layers[0], True, True, 7, torch.device("cpu"), torch.float32)
     master = MasterWeights(model, torch.bfloat16)
     optimizer = build_optimizer(master.parameters(), TrainConfig(dtype="bf16"))
-    tokens = torch.randint(0, spec.vocab, (1, 17))
+    tokens = torch.randint(0, config.vocab, (1, 17))
     hidden, _ = model(tokens[:, :-1], [None] * model.n_states)
     model.loss(hidden, tokens[:, 1:]).backward()
     master.accumulate_gradients()

@@ -22,12 +22,11 @@ import torch
 import torch.distributed as dist
 
 from runtime_harness import compile_schedule, free_port, relative_error, run_jobs
-from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.kv_buffers import BufferedChunkAttention
 from schedlang.runtime.model import build_stage_model
 from schedlang.runtime.offload import ActivationOffload, storage_key
 from schedlang.runtime.trainer import launch
-from schedlang.vocabulary import ActionKind, LayerKind, Recompute
+from schedlang.vocabulary import ActionKind, LayerKind, ModelConfig, Recompute
 
 STEPS = 2
 TOLERANCE = 1e-5

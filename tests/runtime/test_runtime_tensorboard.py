@@ -55,5 +55,5 @@ def test_check_says_at_the_key_when_tensorboard_is_missing(monkeypatch):
 
 def test_without_a_log_nothing_is_asked():
     program = load_program_text(SCHEDULE.format(log=""), "board.sched")
-    assert program.train.log is None
+    assert program.train.tensorboard_directory is None
     check_tensorboard(program, "")

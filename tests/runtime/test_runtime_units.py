@@ -9,12 +9,11 @@ import torch
 
 from schedlang.lowering.orders import gpipe_orders, one_f_one_b_orders
 from schedlang.lowering.placement import place_stage_actions
-from schedlang.lowering.tasks import TaskId
-from schedlang.runtime.config import DataConfig, ModelConfig
+from schedlang.vocabulary.actions import TaskId
 from schedlang.runtime.data import RECALL_PERIOD, TokenSource, default_corpus_files
 from schedlang.runtime.model import build_stage_model
 from schedlang.runtime.state_store import StateStore
-from schedlang.vocabulary import Action, ActionKind, DataKind, LayerKind
+from schedlang.vocabulary import Action, ActionKind, DataConfig, DataKind, LayerKind, ModelConfig
 
 MODEL = ModelConfig(
     vocab=64, d_model=32, layers=(LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GLA), heads=2, head_dim=16, mlp_ratio=2.0
@@ -284,7 +283,7 @@ def test_chunked_attention_over_sequence_buffers_on_the_gpu():
 
 
 def test_zero_gradients_zeroes_in_place_and_leaves_missing_gradients_alone():
-    from schedlang.runtime.config import OptimizerConfig, TrainConfig
+    from schedlang.vocabulary import OptimizerConfig, TrainConfig
     from schedlang.runtime.trainer import build_optimizer, zero_gradients
 
     weights = [torch.nn.Parameter(torch.randn(3, 4)), torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(2))]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schedlang.runtime.config import ModelConfig, PipelineConfig, run_request
-from schedlang.vocabulary import refusals
+from schedlang.runtime.config import PipelineConfig
+from schedlang.vocabulary import ModelConfig, refusals, run_request
 
 STEPS = 2
 SEQUENCE_LENGTH = 96

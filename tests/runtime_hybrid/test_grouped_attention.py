@@ -29,10 +29,9 @@ from schedlang.runtime.attention_parts import (
     attention_parts_backward,
     read_heads,
 )
-from schedlang.runtime.config import ModelConfig
+from schedlang.vocabulary import AttentionOptions, ModelConfig, ModelOptions
 from schedlang.runtime.kv_buffers import AttentionChunk, BufferedChunkAttention, ChunkPosition, SequenceKV
 from schedlang.runtime.mixer_attention import CausalAttentionMixer
-from schedlang.runtime.model_options import AttentionOptions, ModelOptions
 from schedlang.runtime.packing import DocumentLayout
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime_sp"))

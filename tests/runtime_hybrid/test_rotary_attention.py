@@ -20,13 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from schedlang.runtime.config import ModelConfig
 from schedlang.runtime.kv_buffers import ChunkPosition, SequenceKV
 from schedlang.runtime.model import build_stage_model
-from schedlang.runtime.model_options import AttentionOptions, ModelOptions
 from schedlang.runtime.packing import DocumentLayout
 from schedlang.runtime.rotary import apply_rotary, rotary_tables
-from schedlang.vocabulary import Recompute
+from schedlang.vocabulary import AttentionOptions, ModelConfig, ModelOptions, Recompute
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 

@@ -19,8 +19,7 @@ from training_harness import merged, run_training_job  # noqa: I001 (puts tests/
 from runtime_harness import assert_trains_like, relative_error
 from schedlang.diagnostics import ScheduleError
 from schedlang.frontend import load_program_text
-from schedlang.lowering.program import LossScaleSpec
-from schedlang.runtime.config import LossScaleConfig
+from schedlang.vocabulary import LossScaleConfig
 from schedlang.runtime.loss_scale import LossScaler
 from schedlang.runtime.progress import StepMetrics, StepReporter, progress_line
 
@@ -168,14 +167,14 @@ def _train(text: str):
 def test_fp16_scales_dynamically_by_default_and_writes_it_into_the_script():
     from schedlang import compiler
 
-    assert _train(schedule_text("a", dtype="fp16")).loss_scale == LossScaleSpec()
-    assert _train(schedule_text("a", dtype="fp16", train_keys="loss_scale = 1024")).loss_scale == LossScaleSpec(
-        dynamic=False, scale=1024.0
+    assert _train(schedule_text("a", dtype="fp16")).loss_scale == LossScaleConfig()
+    assert _train(schedule_text("a", dtype="fp16", train_keys="loss_scale = 1024")).loss_scale == LossScaleConfig(
+        dynamic=False, initial=1024.0
     )
     assert _train(schedule_text("a", dtype="fp16", train_keys="loss_scale = none")).loss_scale is None
     assert _train(schedule_text("a", dtype="bf16")).loss_scale is None
     script = compiler.compile_schedule(compiler.ScheduleText(schedule_text("a", dtype="fp16"), "a.sched")).script
-    assert "loss_scale=LossScaleConfig(dynamic=True, initial=65536.0)," in script
+    assert "    loss_scale=LossScaleConfig(),\n" in script  # dynamic from 2**16: the record's defaults
     namespace: dict = {}
     exec(compile(script.split("\ndef parse_args")[0], "a.py", "exec"), namespace)
     assert namespace["TRAIN"].loss_scale == LossScaleConfig(dynamic=True, initial=65536.0)
@@ -229,7 +228,7 @@ def test_fp16_trains_with_the_dynamic_scale_and_skips_real_overflows(tmp_path):
         assert result["scales"] == [(float(torch.tensor(1e30)), True)] * 3  # the scale is float32
         stage = result["stage"]
         initial = build_stage_model(
-            program.model.runtime_config(), program.stage_layers[stage], stage == 0, stage == 1, 7,
+            program.model, program.stage_layers[stage], stage == 0, stage == 1, 7,
             torch.device("cpu"), torch.float32,
         )
         assert all(torch.equal(result["updated"][name], value) for name, value in initial.named_parameters())

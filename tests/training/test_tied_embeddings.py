@@ -177,7 +177,7 @@ def test_resume_is_exact_and_export_writes_the_tied_config(tmp_path):
 
     # the exported weights start the last stage's copy as the first stage's embedding
     program = load_program_text(text("reload"), "reload.sched")
-    model_config = program.model.runtime_config()
+    model_config = program.model
     model_config = replace(model_config, options=replace(model_config.options, initial_weights=str(out)))
     last = build_stage_model(model_config, (1,), False, True, 0, torch.device("cpu"), torch.float32)
     assert last.holds_embedding_copy and torch.equal(last.embedding.weight.detach(), tensors["model.embeddings.weight"])
@@ -191,12 +191,12 @@ def test_the_memory_model_counts_the_copy_on_the_last_stage():
     for stage in range(3):
         parameters = static_bytes(program, stage)[StaticPart.PARAMETERS]
         model = build_stage_model(
-            program.model.runtime_config(), program.stage_layers[stage], stage == 0, stage == 2, 0,
+            program.model, program.stage_layers[stage], stage == 0, stage == 2, 0,
             torch.device("cpu"), torch.float32,
         )
         assert parameters == sum(parameter.numel() * 4 for parameter in model.parameters())
         assert parameters == static_bytes(untied, stage)[StaticPart.PARAMETERS]
     model = build_stage_model(
-        one_stage.model.runtime_config(), one_stage.stage_layers[0], True, True, 0, torch.device("cpu"), torch.float32
+        one_stage.model, one_stage.stage_layers[0], True, True, 0, torch.device("cpu"), torch.float32
     )
     assert static_bytes(one_stage, 0)[StaticPart.PARAMETERS] == sum(p.numel() * 4 for p in model.parameters())

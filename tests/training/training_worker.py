@@ -58,7 +58,7 @@ def record_scales(trainer, scales: list) -> None:
 
 
 def run_script(index: int, path: Path, steps: int, out_dir: Path, rank: int) -> None:
-    from schedlang.runtime.config import LossScaleConfig
+    from schedlang.vocabulary import LossScaleConfig
     from schedlang.runtime.trainer import launch
 
     script = load_script(path)

@@ -16,16 +16,9 @@ import argparse
 
 import torch
 
-from schedlang.runtime.config import (
-    DataConfig,
-    LearningRateScheduleConfig,
-    ModelConfig,
-    OptimizerConfig,
-    PipelineConfig,
-    TrainConfig,
-)
-from schedlang.runtime.model_options import GlaOptions, ModelOptions
+from schedlang.runtime.config import PipelineConfig
 from schedlang.runtime.trainer import launch, record
+from schedlang.vocabulary import DataConfig, GlaOptions, ModelConfig, ModelOptions, OptimizerConfig, TrainConfig
 
 SCHEDULE_SOURCE = 'fla_gla.sched'
 
@@ -35,7 +28,6 @@ MODEL = ModelConfig(
     layers=('gla', 'gla', 'gla', 'gla'),
     heads=2,
     head_dim=64,
-    mlp_ratio=4.0,
     options=ModelOptions(gla=GlaOptions(head_k_dim=32, kv_heads=2, gate_rank=16, output_gate='swish'), mlp_width=512),
 )
 
@@ -67,33 +59,11 @@ PIPELINE = PipelineConfig(
     microbatches=2,
     microbatch_size=1,
     stage_actions=(STAGE_0_ACTIONS, STAGE_1_ACTIONS),
-    data_parallel=1,
-    recompute='none',
-    sequence_parallel=1,
-    sequence_method='allscan',
-    scan_blocks=1,
 )
 
 TRAIN = TrainConfig(
-    steps=10,
-    seed=0,
-    dtype='fp32',
-    optimizer=OptimizerConfig(
-        kind='adamw',
-        lr=0.003,
-        weight_decay=0.0,
-        betas=(0.9, 0.999),
-        momentum=0.0,
-    ),
-    data=DataConfig(kind='bytes', seed=0, path=None),
-    grad_clip=None,
-    checkpoint_directory=None,
-    checkpoint_every=0,
-    log_every=1,
-    lr_schedule=LearningRateScheduleConfig(kind='constant', warmup=0, min_lr=0.0),
-    tensorboard_directory=None,
-    eval_every=0,
-    eval_batches=1,
+    optimizer=OptimizerConfig(lr=0.003),
+    data=DataConfig(kind='bytes'),
 )
 
 

@@ -16,15 +16,9 @@ import argparse
 
 import torch
 
-from schedlang.runtime.config import (
-    DataConfig,
-    LearningRateScheduleConfig,
-    ModelConfig,
-    OptimizerConfig,
-    PipelineConfig,
-    TrainConfig,
-)
+from schedlang.runtime.config import PipelineConfig
 from schedlang.runtime.trainer import launch, record
+from schedlang.vocabulary import ModelConfig, OptimizerConfig, TrainConfig
 
 SCHEDULE_SOURCE = 'gdn_hybrid.sched'
 
@@ -34,7 +28,6 @@ MODEL = ModelConfig(
     layers=('gdn', 'gdn', 'gdn', 'attn', 'gdn', 'gdn', 'gdn', 'attn', 'gdn', 'gdn', 'gdn', 'attn'),
     heads=2,
     head_dim=32,
-    mlp_ratio=4.0,
 )
 
 MESH_SHAPE = (3, 1, 1)  # (pipeline, sequence, data)
@@ -82,33 +75,11 @@ PIPELINE = PipelineConfig(
     microbatches=3,
     microbatch_size=1,
     stage_actions=(STAGE_0_ACTIONS, STAGE_1_ACTIONS, STAGE_2_ACTIONS),
-    data_parallel=1,
-    recompute='none',
-    sequence_parallel=1,
-    sequence_method='allscan',
-    scan_blocks=1,
 )
 
 TRAIN = TrainConfig(
     steps=20,
-    seed=0,
-    dtype='fp32',
-    optimizer=OptimizerConfig(
-        kind='adamw',
-        lr=0.003,
-        weight_decay=0.0,
-        betas=(0.9, 0.999),
-        momentum=0.0,
-    ),
-    data=DataConfig(kind='synthetic', seed=0, path=None),
-    grad_clip=None,
-    checkpoint_directory=None,
-    checkpoint_every=0,
-    log_every=1,
-    lr_schedule=LearningRateScheduleConfig(kind='constant', warmup=0, min_lr=0.0),
-    tensorboard_directory=None,
-    eval_every=0,
-    eval_batches=1,
+    optimizer=OptimizerConfig(lr=0.003),
 )
 
 

@@ -16,15 +16,9 @@ import argparse
 
 import torch
 
-from schedlang.runtime.config import (
-    DataConfig,
-    LearningRateScheduleConfig,
-    ModelConfig,
-    OptimizerConfig,
-    PipelineConfig,
-    TrainConfig,
-)
+from schedlang.runtime.config import PipelineConfig
 from schedlang.runtime.trainer import launch, record
+from schedlang.vocabulary import DataConfig, LearningRateScheduleConfig, ModelConfig, OptimizerConfig, TrainConfig
 
 SCHEDULE_SOURCE = 'hybrid_long_context.sched'
 
@@ -34,7 +28,6 @@ MODEL = ModelConfig(
     layers=('gdn', 'gdn', 'gdn', 'attn', 'gdn', 'gdn', 'gdn', 'attn'),
     heads=2,
     head_dim=32,
-    mlp_ratio=4.0,
 )
 
 MESH_SHAPE = (2, 2, 1)  # (pipeline, sequence, data)
@@ -65,31 +58,15 @@ PIPELINE = PipelineConfig(
     microbatches=2,
     microbatch_size=1,
     stage_actions=(STAGE_0_ACTIONS, STAGE_1_ACTIONS),
-    data_parallel=1,
     recompute='mixer',
     sequence_parallel=2,
-    sequence_method='allscan',
-    scan_blocks=1,
 )
 
 TRAIN = TrainConfig(
     steps=20,
-    seed=0,
-    dtype='fp32',
-    optimizer=OptimizerConfig(
-        kind='adamw',
-        lr=0.003,
-        weight_decay=0.0,
-        betas=(0.9, 0.999),
-        momentum=0.0,
-    ),
-    data=DataConfig(kind='bytes', seed=0, path=None, validation=0.05),
-    grad_clip=None,
-    checkpoint_directory=None,
-    checkpoint_every=0,
-    log_every=1,
+    optimizer=OptimizerConfig(lr=0.003),
+    data=DataConfig(kind='bytes', validation=0.05),
     lr_schedule=LearningRateScheduleConfig(kind='cosine', warmup=4, min_lr=0.0003),
-    tensorboard_directory=None,
     eval_every=5,
     eval_batches=2,
 )

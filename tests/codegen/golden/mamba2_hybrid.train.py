@@ -16,16 +16,16 @@ import argparse
 
 import torch
 
-from schedlang.runtime.config import (
-    DataConfig,
-    LearningRateScheduleConfig,
+from schedlang.runtime.config import PipelineConfig
+from schedlang.runtime.trainer import launch, record
+from schedlang.vocabulary import (
+    AttentionOptions,
+    Mamba2Options,
     ModelConfig,
+    ModelOptions,
     OptimizerConfig,
-    PipelineConfig,
     TrainConfig,
 )
-from schedlang.runtime.model_options import AttentionOptions, GlaOptions, Mamba2Options, ModelOptions
-from schedlang.runtime.trainer import launch, record
 
 SCHEDULE_SOURCE = 'mamba2_hybrid.sched'
 
@@ -70,33 +70,13 @@ PIPELINE = PipelineConfig(
     microbatches=2,
     microbatch_size=1,
     stage_actions=(STAGE_0_ACTIONS, STAGE_1_ACTIONS),
-    data_parallel=1,
-    recompute='none',
     sequence_parallel=2,
-    sequence_method='allscan',
     scan_blocks=2,
 )
 
 TRAIN = TrainConfig(
     steps=20,
-    seed=0,
-    dtype='fp32',
-    optimizer=OptimizerConfig(
-        kind='adamw',
-        lr=0.003,
-        weight_decay=0.0,
-        betas=(0.9, 0.999),
-        momentum=0.0,
-    ),
-    data=DataConfig(kind='synthetic', seed=0, path=None),
-    grad_clip=None,
-    checkpoint_directory=None,
-    checkpoint_every=0,
-    log_every=1,
-    lr_schedule=LearningRateScheduleConfig(kind='constant', warmup=0, min_lr=0.0),
-    tensorboard_directory=None,
-    eval_every=0,
-    eval_batches=1,
+    optimizer=OptimizerConfig(lr=0.003),
 )
 
 

@@ -16,16 +16,17 @@ import argparse
 
 import torch
 
-from schedlang.runtime.config import (
+from schedlang.runtime.config import PipelineConfig
+from schedlang.runtime.trainer import launch, record
+from schedlang.vocabulary import (
+    AttentionOptions,
     DataConfig,
     LearningRateScheduleConfig,
     ModelConfig,
+    ModelOptions,
     OptimizerConfig,
-    PipelineConfig,
     TrainConfig,
 )
-from schedlang.runtime.model_options import AttentionOptions, GlaOptions, ModelOptions
-from schedlang.runtime.trainer import launch, record
 
 SCHEDULE_SOURCE = 'packed_documents.sched'
 
@@ -35,7 +36,6 @@ MODEL = ModelConfig(
     layers=('gla', 'gla', 'attn', 'gla', 'gla', 'attn'),
     heads=2,
     head_dim=32,
-    mlp_ratio=4.0,
     options=ModelOptions(attention=AttentionOptions(rope_theta=10000.0)),
 )
 
@@ -67,33 +67,14 @@ PIPELINE = PipelineConfig(
     microbatches=2,
     microbatch_size=1,
     stage_actions=(STAGE_0_ACTIONS, STAGE_1_ACTIONS),
-    data_parallel=1,
     recompute=('mixer', 'none'),
-    sequence_parallel=1,
-    sequence_method='allscan',
-    scan_blocks=1,
 )
 
 TRAIN = TrainConfig(
     steps=20,
-    seed=0,
-    dtype='fp32',
-    optimizer=OptimizerConfig(
-        kind='adamw',
-        lr=0.003,
-        weight_decay=0.0,
-        betas=(0.9, 0.999),
-        momentum=0.0,
-    ),
-    data=DataConfig(kind='bytes', seed=0, path=None, document_end=10),
-    grad_clip=None,
-    checkpoint_directory=None,
-    checkpoint_every=0,
-    log_every=1,
+    optimizer=OptimizerConfig(lr=0.003),
+    data=DataConfig(kind='bytes', document_end=10),
     lr_schedule=LearningRateScheduleConfig(kind='cosine', warmup=4, min_lr=0.0003),
-    tensorboard_directory=None,
-    eval_every=0,
-    eval_batches=1,
 )
 
 

@@ -14,12 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from enum import Enum
 
-
-class OutputGate(str, Enum):
-    """What multiplies a GLA layer's mixed values before the output projection."""
-
-    NONE = "none"  # the values go to the output projection as they are
-    SWISH = "swish"  # RMSNorm per head (weight, eps = norm_eps), times silu(g_proj(x))
+from schedlang.vocabulary.kinds import DeltaGates, OutputGate
 
 
 GATE_LOGIT_NORMALIZER = 16.0
@@ -48,13 +43,6 @@ class GlaOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output_gate", OutputGate(self.output_gate))
-
-
-class DeltaGates(str, Enum):
-    """How a ``gdn`` layer computes its log forget gate ``g`` and write strength ``beta`` from the input ``x``."""
-
-    LOG_SIGMOID = "log_sigmoid"  # g = logsigmoid(gate_proj(x)) / 16, beta = sigmoid(beta_proj(x)); both with bias
-    MAMBA = "mamba"  # g = -exp(A_log) * softplus(gate_proj(x) + dt_bias), beta = sigmoid(beta_proj(x)); no biases
 
 
 @dataclass(frozen=True)

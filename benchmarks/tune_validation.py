@@ -1,0 +1,168 @@
+"""``schedlang tune`` against the device: its pick and the candidates it ranked lower, each trained for a few steps.
+
+For one schedule (by default the one-GPU benchmark's 1B GLA model, benchmarks/schedules/gla_1b_one_device.sched,
+bf16, one sequence per step, at ``--length`` tokens), runs
+``schedlang tune FILE --json --top K`` (its flags after ``--`` go to tune as they are: ``--hardware``,
+``--throughput``, ``--kernel-gap``, ...), writes each of the K candidates as ``rank_<k>.sched`` in ``--out``,
+trains each with ``schedlang run rank_<k>.sched --device D --steps W+S --metrics rank_<k>.jsonl`` in a process
+of its own, and prints a markdown table: each candidate's changes, predicted and measured step time (the
+median of the last ``S`` steps' ``step_seconds``; the first ``W`` warm up, and a ``cuda_graphs = step``
+candidate captures in its second), their ratio, and predicted and measured tokens/s, then whether the pick's
+measured tokens/s is within 5% of the best measured and the largest step-time error. ``results.json`` in
+``--out`` holds the same rows. A run that fails or times out is a row with its outcome instead of numbers.
+
+One H200, the 1B GLA at 64K tokens (about 6 minutes: the tune, then 7 runs of 5 steps):
+    python benchmarks/tune_validation.py --out results/tune-64k --length 65536
+A tiny CPU run of the whole path:
+    python benchmarks/tune_validation.py --tiny --device cpu --length 256 --candidates 2 --warmup 0 --steps 1 \\
+        --out /tmp/tune-validation
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.pipeline_schedule import ONE_DEVICE_SCHEDULE, BenchmarkSchedule, system_program  # noqa: E402
+
+PICK_TOLERANCE = 0.05
+"""Issue 34's acceptance: the pick's measured tokens/s within 5% of the best measured."""
+
+
+def base_schedule(args: argparse.Namespace) -> str:
+    """The text tune starts from: ``--schedule``, or the one-device benchmark's schedule (``--tiny``: its tiny
+    model) revised to ``--length`` tokens, in bf16 (fp32 on the CPU)."""
+    if args.schedule:
+        return Path(args.schedule).read_text(encoding="utf-8")
+    dtype = "fp32" if args.device == "cpu" else "bf16"
+    program = system_program(BenchmarkSchedule(ONE_DEVICE_SCHEDULE, tiny=args.tiny), "schedlang", args.length,
+                             dtype=dtype)
+    return program.source_text
+
+
+def schedlang_command() -> list[str]:
+    return [sys.executable, "-m", "schedlang"]
+
+
+def run_tune(schedule: Path, args: argparse.Namespace, tune_flags: list[str]) -> dict:
+    command = [
+        *schedlang_command(), "tune", str(schedule), "--json", "--top", str(args.candidates), "--dominated",
+        "--device", args.device, *(["--length", str(args.length)] if args.schedule else []), *tune_flags,
+    ]
+    print("$ " + " ".join(command), file=sys.stderr, flush=True)
+    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    if completed.returncode != 0:
+        raise SystemExit(f"tune failed ({completed.returncode}):\n{completed.stderr}")
+    return json.loads(completed.stdout)
+
+
+def measure(path: Path, args: argparse.Namespace) -> dict:
+    """Train one candidate; its median step time over the steps after the warm-up, or how it ended."""
+    metrics = path.with_suffix(".jsonl")
+    metrics.unlink(missing_ok=True)
+    command = [
+        *schedlang_command(), "run", str(path), "--device", args.device,
+        "--steps", str(args.warmup + args.steps), "--metrics", str(metrics),
+    ]
+    print("$ " + " ".join(command), file=sys.stderr, flush=True)
+    try:
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"outcome": "timed out"}
+    if completed.returncode != 0:
+        tail = (completed.stderr or completed.stdout).strip().splitlines()[-3:]
+        return {"outcome": "failed: " + " | ".join(tail)}
+    steps = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
+    timed = steps[args.warmup:] or steps
+    return {
+        "outcome": "measured",
+        "step_seconds": statistics.median(step["step_seconds"] for step in timed),
+        "tokens_per_second": statistics.median(step["tokens_per_second"] for step in timed),
+        "peak_memory_gib": max(step["peak_memory_bytes"] for step in timed) / 2**30,
+    }
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| rank | changes from the file | predicted step s | measured step s | measured / predicted "
+        "| predicted tokens/s | measured tokens/s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        changes = ", ".join(f"`{key} = {value}`" for key, value in row["changes"].items()) or "(as written)"
+        measured = row["measured"]
+        if measured["outcome"] == "measured":
+            ratio = measured["step_seconds"] / row["predicted_step_seconds"]
+            numbers = f"{measured['step_seconds']:.4g} | {ratio:.3f} | {row['predicted_tokens_per_second']:,.0f} | "
+            numbers += f"{measured['tokens_per_second']:,.0f}"
+        else:
+            numbers = f"{measured['outcome']} | | {row['predicted_tokens_per_second']:,.0f} |"
+        lines.append(f"| {row['rank']} | {changes} | {row['predicted_step_seconds']:.4g} | {numbers} |")
+    return "\n".join(lines)
+
+
+def summary(rows: list[dict]) -> str:
+    measured = [row for row in rows if row["measured"]["outcome"] == "measured"]
+    if not measured:
+        return "no candidate trained"
+    best = max(row["measured"]["tokens_per_second"] for row in measured)
+    pick = rows[0]["measured"]
+    errors = [abs(row["measured"]["step_seconds"] / row["predicted_step_seconds"] - 1) for row in measured]
+    if pick["outcome"] != "measured":
+        verdict = "the pick did not train"
+    else:
+        share = pick["tokens_per_second"] / best
+        within = "within" if share >= 1 - PICK_TOLERANCE else "outside"
+        verdict = f"the pick ran {share:.3f} of the best measured tokens/s ({within} {PICK_TOLERANCE:.0%})"
+    return f"{verdict}; largest step-time error {max(errors):.1%} over {len(measured)} measured candidates"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for the candidates, their metrics and results.json")
+    parser.add_argument("--schedule", default=None, help="tune this file instead of the benchmark model")
+    parser.add_argument("--length", type=int, default=65536, help="tokens per sequence (default 65536)")
+    parser.add_argument("--tiny", action="store_true", help="the benchmark's tiny model (a CPU run of the path)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--candidates", type=int, default=7, help="the pick and this many minus one more")
+    parser.add_argument("--warmup", type=int, default=2, help="steps before the timed ones (default 2)")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per candidate (default 3)")
+    parser.add_argument("--timeout", type=float, default=150.0, help="seconds one candidate's run may take")
+    args, tune_flags = parser.parse_known_args(argv)
+    tune_flags = [flag for flag in tune_flags if flag != "--"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    schedule = out / "base.sched"
+    schedule.write_text(base_schedule(args), encoding="utf-8")
+    tuned = run_tune(schedule, args, tune_flags)
+    rows = []
+    for candidate in tuned["candidates"]:
+        path = out / f"rank_{candidate['rank']}.sched"
+        path.write_text(candidate["schedule"], encoding="utf-8")
+        rows.append({
+            "rank": candidate["rank"],
+            "file": str(path),
+            "changes": candidate["changes"],
+            "predicted_step_seconds": candidate["step_seconds"],
+            "predicted_tokens_per_second": candidate["tokens_per_second"],
+            "predicted_reserved_gib": candidate["reserved_gib"],
+            "measured": measure(path, args),
+        })
+    (out / "results.json").write_text(json.dumps({"length": tuned["length"], "rows": rows}, indent=2) + "\n")
+    print(f"schedlang tune {schedule} at {tuned['length']} tokens, {args.device}, commit "
+          f"{os.environ.get('GIT_COMMIT', '(set GIT_COMMIT)')}; {tuned['cost_model']}")
+    print(table(rows))
+    print(summary(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,360 @@
+"""The profile cost model: task times from a hardware profile's measured curves, messages by link class.
+
+Contract. :class:`ProfileCostModel` (what ``make_cost_model(CostModelKind.FLOPS, program, profile)`` returns for a
+hardware profile) answers :class:`schedlang.lowering.cost.CostModel` in seconds for a checked
+program and a :class:`~schedlang.lowering.hardware_profile.HardwareProfile` (formulas in docs/cost-model.md,
+"The profile model"):
+
+* A chunk's ``F`` on a stage is the sum over its layers (and the embedding on the first stage, the head and loss
+  on the last) of each part's forward curve at the rank's rows (``microbatch_size x chunk / S``; attention per
+  sequence, at the chunk's prefix, times ``microbatch_size``), each scaled by FLOPs from the nearest measured
+  width; plus the sequence-parallel
+  exchange of its layers; plus the launch overhead: eager, the task takes the longer of its device time and its
+  host time; replayed from CUDA graphs, it adds the graph's launch gaps. Every task adds ``task_seconds``.
+* ``B`` is the backward curves (plus the weight curves when the backward is not split), the reverse exchange,
+  the recomputed forward parts ([Note: recompute costs] in schedlang.lowering.cost) and the addition of the
+  stage's gradients into ``.grad`` at the profile's memory bandwidth (as the flops model). ``W`` is the weight
+  curves and the linear weights' ``.grad`` additions.
+* With ``pipeline.offload`` a chunk's saved activations (the memory model's bytes) go to the host during ``F``
+  and come back for ``B`` at the offload bandwidth; a copy longer than its task shows as the excess.
+* A message between stages, and each hop of a sequence-parallel scan, travels on the link its two ranks share:
+  ``p2p`` within a node, ``inter_node`` across (ranks are laid out pipeline x sequence x data, row-major, as
+  schedlang.runtime.mesh builds them, and fill nodes of ``gpus_per_node`` in rank order). Collectives use the
+  ``all_gather`` / ``reduce_scatter`` classes within a node and ``inter_node`` once they span nodes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+
+from schedlang.lowering.cost import (
+    GRADIENT_ACCUMULATION_PASSES,
+    ChunkForwardSeconds,
+    FlopsCostModel,
+    attention_pair_flops,
+    head_flops_per_token,
+    layer_kind_counts,
+    layer_mixer_flops_per_token,
+    mixer_flops_per_token,
+    mlp_flops_per_token,
+    model_attention_pair_flops,
+)
+from schedlang.lowering.hardware_profile import (
+    HardwareProfile,
+    LayerMeasurement,
+    Link,
+    LinkClass,
+    ProfiledPart,
+)
+from schedlang.lowering.parameters import stage_parameters
+from schedlang.lowering.program import ScheduleProgram
+from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.edges import Payload
+from schedlang.vocabulary import (
+    AttentionExchange,
+    LayerKind,
+    ModelConfig,
+    Recompute,
+    SequenceParallelMethod,
+    recompute_on,
+)
+
+
+class MissingMeasurementError(ValueError):
+    """The program has a part its profile never measured."""
+
+
+def measured_flops_per_token(measurement: LayerMeasurement, kernel_chunk: int) -> float:
+    """Forward FLOPs per token of the measured layer's geometry, attention pairs aside."""
+    part = measurement.part
+    if part is ProfiledPart.MLP:
+        return 3 * 2 * measurement.d_model * measurement.hidden
+    if part in (ProfiledPart.EMBEDDING,):
+        return float(measurement.d_model)  # a row gather: proportional to the width
+    if part is ProfiledPart.HEAD:
+        return 2 * measurement.d_model * measurement.vocab
+    return mixer_flops_per_token(
+        LayerKind(part.value), measurement.d_model, measurement.heads, measurement.head_dim, kernel_chunk
+    )
+
+
+def model_flops_per_token(model: ModelConfig, part: ProfiledPart, kernel_chunk: int) -> float:
+    """The same for the program's model."""
+    if part is ProfiledPart.MLP:
+        return mlp_flops_per_token(model)
+    if part is ProfiledPart.EMBEDDING:
+        return float(model.d_model)
+    if part is ProfiledPart.HEAD:
+        return head_flops_per_token(model)
+    return layer_mixer_flops_per_token(model, LayerKind(part.value), kernel_chunk)
+
+
+def nearest_width(measurements: Sequence[LayerMeasurement], d_model: int) -> tuple[LayerMeasurement, ...]:
+    """The measurements at the measured width nearest ``d_model`` (the smaller on a tie)."""
+    widths = sorted({measurement.d_model for measurement in measurements})
+    width = min(widths, key=lambda measured: (abs(measured - d_model), measured))
+    return tuple(measurement for measurement in measurements if measurement.d_model == width)
+
+
+def hop_links(ranks: Sequence[int], profile: HardwareProfile) -> list[Link]:
+    """The link of each hop between consecutive ``ranks``."""
+    topology = profile.topology
+    return [
+        profile.link(LinkClass.P2P if topology.node_of(a) == topology.node_of(b) else LinkClass.INTER_NODE)
+        for a, b in zip(ranks, ranks[1:])
+    ]
+
+
+def collective_link(ranks: Sequence[int], profile: HardwareProfile, within: LinkClass) -> Link:
+    """``within`` when all ``ranks`` share a node, else the inter-node link (the ring's slowest hop)."""
+    nodes = {profile.topology.node_of(rank) for rank in ranks}
+    return profile.link(within if len(nodes) == 1 else LinkClass.INTER_NODE)
+
+
+def scan_seconds(
+    method: SequenceParallelMethod, ranks: Sequence[int], blocks: int, state_bytes: float, profile: HardwareProfile
+) -> float:
+    """:func:`schedlang.lowering.cost.state_scan_seconds` with each hop on its own link: the ring adds its hops;
+    All-Scan pipelines ``blocks`` blocks through the middle hops (each block pays every hop once, and the
+    slowest hop once per further block) and sends one whole message on the last; the all-gather is bound by its
+    link class, or the inter-node link once it spans nodes."""
+    count = len(ranks)
+    if count <= 1:
+        return 0.0
+    links = hop_links(ranks, profile)
+    if method is SequenceParallelMethod.RING:
+        return sum(link.transfer_time(state_bytes) for link in links)
+    if method is SequenceParallelMethod.ALLGATHER:
+        return allgather_time(ranks, state_bytes, profile, LinkClass.ALL_GATHER)
+    if count == 2:
+        return links[0].transfer_time(state_bytes)
+    middle = [link.transfer_time(state_bytes / blocks) for link in links[:-1]]
+    return sum(middle) + (blocks - 1) * max(middle) + links[-1].transfer_time(state_bytes)
+
+
+def allgather_time(ranks: Sequence[int], bytes_per_rank: float, profile: HardwareProfile, within: LinkClass) -> float:
+    """``ceil(log2 P)`` latencies and ``P - 1`` contributions through the collective's link."""
+    count = len(ranks)
+    if count <= 1:
+        return 0.0
+    link = collective_link(ranks, profile, within)
+    return math.ceil(math.log2(count)) * link.latency_s + (count - 1) * bytes_per_rank / link.bandwidth_bytes_per_s
+
+
+class ProfileCostModel:
+    """Seconds from a hardware profile; see the module docstring."""
+
+    time_divisor = 1.0
+
+    def __init__(self, program: ScheduleProgram, profile: HardwareProfile) -> None:
+        self.program = program
+        self.profile = profile
+        self.split_backward = program.pipeline.split_backward
+        self.graphs = bool(program.pipeline.cuda_graphs)
+        self.sequence_ranks = program.mesh.sequence
+        self.batch = program.pipeline.microbatch_size
+        # message and state sizes are the flops model's (the same bytes cross any link)
+        self.sizes = FlopsCostModel(program)
+        self.stage_kinds = [layer_kind_counts(program.model, layers) for layers in program.stage_layers]
+        self._part_cache: dict[tuple[ProfiledPart, float, float], tuple[float, float, float]] = {}
+        self.missing = self._missing_parts()
+        if self.missing:
+            names = ", ".join(part.value for part in self.missing)
+            raise MissingMeasurementError(
+                f"hardware profile {profile.name} has no measurement of {names}, which the schedule's model "
+                f"needs; measure them with `schedlang profile`"
+            )
+        self.tasks = {}
+        for stage in range(program.n_stages):
+            for chunk in range(program.n_chunks):
+                self.tasks[stage, chunk] = self._stage_chunk(stage, chunk)
+
+    def _stage_parts(self, stage: int) -> list[tuple[ProfiledPart, int]]:
+        """(part, count) of every block a chunk on ``stage`` runs."""
+        model = self.program.model
+        parts: dict[ProfiledPart, int] = {}
+        for kind, n_layers in self.stage_kinds[stage].items():
+            parts[ProfiledPart.of_layer(kind)] = parts.get(ProfiledPart.of_layer(kind), 0) + n_layers
+            if kind.is_mixer and model.has_mlp(kind):
+                parts[ProfiledPart.MLP] = parts.get(ProfiledPart.MLP, 0) + n_layers
+        if stage == 0:
+            parts[ProfiledPart.EMBEDDING] = 1
+        if stage == self.program.n_stages - 1:
+            parts[ProfiledPart.HEAD] = 1
+        return sorted(parts.items())
+
+    def _missing_parts(self) -> list[ProfiledPart]:
+        needed = {part for stage in range(self.program.n_stages) for part, _ in self._stage_parts(stage)}
+        return [part for part in ProfiledPart if part in needed and not self.profile.measurements(part)]
+
+    def part_seconds(self, part: ProfiledPart, tokens: float, prefix: float) -> tuple[float, float, float]:
+        """(forward, backward, weight) seconds of one block of ``part`` over ``tokens`` rows after ``prefix``
+        keys (attention), read from the nearest measured width and scaled by FLOPs; remembered, since uniform
+        chunks ask the same question on every stage."""
+        key = (part, tokens, prefix if part is ProfiledPart.ATTN else 0)
+        if key not in self._part_cache:
+            self._part_cache[key] = self._part_seconds(part, tokens, prefix)
+        return self._part_cache[key]
+
+    def _part_seconds(self, part: ProfiledPart, tokens: float, prefix: float) -> tuple[float, float, float]:
+        model = self.program.model
+        kernel_chunk = min(self.program.sequence.kernel_chunk, max(int(tokens), 1))
+        measurements = nearest_width(self.profile.measurements(part), model.d_model)
+        target = model_flops_per_token(model, part, kernel_chunk)
+        if part is not ProfiledPart.ATTN:
+            measured = measurements[0]
+            scale = target / measured_flops_per_token(measured, kernel_chunk)
+            return tuple(scale * curve.at(tokens) for curve in (measured.forward, measured.backward, measured.weight))
+        return self._attention_seconds(measurements, target, tokens, prefix, kernel_chunk)
+
+    def _attention_seconds(
+        self, measurements: Sequence[LayerMeasurement], target: float, tokens: float, prefix: float, kernel_chunk: int
+    ) -> tuple[float, float, float]:
+        """Attention at ``prefix``: each measurement scaled to the model's heads by FLOPs at its own prefix, then
+        linear in the prefix through the two measured prefixes around it (or the nearest two, beyond them: the
+        pairs are linear in the prefix). One measured prefix: scaled by FLOPs to ``prefix`` as well."""
+        model = self.program.model
+
+        def flops(per_token: float, pair_flops: float, at_prefix: float) -> float:
+            return per_token + pair_flops * (at_prefix + tokens / 2)
+
+        def scaled(measured: LayerMeasurement, at_prefix: float) -> tuple[float, ...]:
+            measured_flops = flops(
+                measured_flops_per_token(measured, kernel_chunk),
+                attention_pair_flops(measured.heads, measured.head_dim),
+                measured.prefix,
+            )
+            scale = flops(target, model_attention_pair_flops(model), at_prefix) / measured_flops
+            return tuple(scale * curve.at(tokens) for curve in (measured.forward, measured.backward, measured.weight))
+
+        by_prefix = sorted(measurements, key=lambda measurement: measurement.prefix)
+        if len(by_prefix) == 1:
+            return scaled(by_prefix[0], prefix)
+        index = max(0, min(bisect.bisect_right([m.prefix for m in by_prefix], prefix) - 1, len(by_prefix) - 2))
+        lower, upper = by_prefix[index], by_prefix[index + 1]
+        low, high = scaled(lower, lower.prefix), scaled(upper, upper.prefix)
+        weight = (prefix - lower.prefix) / (upper.prefix - lower.prefix)
+        return tuple(max(a + weight * (b - a), 0.0) for a, b in zip(low, high))
+
+    def _sequence_ranks(self, stage: int) -> list[int]:
+        mesh = self.program.mesh
+        return [(stage * mesh.sequence + index) * mesh.data for index in range(mesh.sequence)]
+
+    def _exchange_seconds(self, stage: int, tokens: int) -> tuple[float, float]:
+        """(forward, backward) sequence-parallel exchange of one chunk on ``stage``: one scan per recurrent layer
+        each way, and each attention layer's K/V exchange (its gradients' reduce-scatter back)."""
+        if self.sequence_ranks == 1:
+            return 0.0, 0.0
+        program, profile = self.program, self.profile
+        sequence = program.sequence
+        ranks = self._sequence_ranks(stage)
+        scans = sum(
+            n_layers
+            * scan_seconds(sequence.parallel, ranks, sequence.scan_blocks, self.sizes.scan_bytes(kind), profile)
+            for kind, n_layers in self.stage_kinds[stage].items()
+            if kind.is_recurrent
+        )
+        attention_layers = self.stage_kinds[stage].get(LayerKind.ATTN, 0)
+        if not attention_layers:
+            return scans, scans
+        width = program.model.attention_geometry.buffered_key_value_width
+        kv_bytes = 2 * self.batch * -(-tokens // self.sequence_ranks) * width * self.sizes.element_bytes
+        if sequence.attention is AttentionExchange.RING:
+            ring = sum(link.transfer_time(kv_bytes) for link in hop_links(ranks, profile))
+            return scans + attention_layers * ring, scans + attention_layers * ring
+        gather = allgather_time(ranks, kv_bytes, profile, LinkClass.ALL_GATHER)
+        scatter = allgather_time(ranks, kv_bytes, profile, LinkClass.REDUCE_SCATTER)
+        return scans + attention_layers * gather, scans + attention_layers * scatter
+
+    def _accumulation(self, parameters: int) -> float:
+        passes = GRADIENT_ACCUMULATION_PASSES * parameters * self.sizes.element_bytes
+        return passes / self.profile.memory_bandwidth_bytes_per_s
+
+    def _stage_chunk(self, stage: int, chunk: int) -> dict[ActionKind, float]:
+        program, profile = self.program, self.profile
+        tokens = program.sequence.chunk_length(chunk)
+        prefix = program.sequence.boundaries[chunk]
+        ranks = self.sequence_ranks
+        rows = self.batch * tokens / ranks
+        # the slowest rank's attention prefix: the last, after the chunk's prefix and every earlier rank's slice
+        attention_prefix = prefix + (ranks - 1) * tokens / ranks
+        mixers = mlps = rest = 0.0
+        backward = weight = 0.0
+        blocks = 0
+        for part, count in self._stage_parts(stage):
+            if part is ProfiledPart.ATTN:  # each sequence of the microbatch meets its own prefix
+                forward_s, backward_s, weight_s = (
+                    self.batch * value for value in self.part_seconds(part, tokens / ranks, attention_prefix)
+                )
+            else:  # the microbatch's sequences are rows of the same GEMMs
+                forward_s, backward_s, weight_s = self.part_seconds(part, rows, attention_prefix)
+            if part is ProfiledPart.MLP:
+                mlps += count * forward_s
+            elif part in (ProfiledPart.EMBEDDING, ProfiledPart.HEAD):
+                rest += count * forward_s
+            else:
+                mixers += count * forward_s
+            backward += count * backward_s
+            weight += count * weight_s
+            blocks += count
+        exchange_forward, exchange_backward = self._exchange_seconds(stage, tokens)
+        parts = ChunkForwardSeconds(mixers=mixers, mlps=mlps, rest=rest, sequence_parallel=exchange_forward)
+        overhead = profile.overhead
+        recomputed = parts.recomputed(recompute_on(program.pipeline.recompute, stage))
+        count = stage_parameters(program, stage)
+        # eager, W adds the linear weights' gradients and B the rest; CUDA-graph stages add the linear ones
+        # inside their GEMMs ([Note: in-place weight gradients] in schedlang.runtime.linear)
+        accumulate_other = self._accumulation(count.other)
+        accumulate_linear = 0.0 if self.graphs else self._accumulation(count.linear_weights)
+        device_forward = parts.total
+        device_backward = backward + exchange_backward + recomputed + accumulate_other
+        device_weight = weight + accumulate_linear
+        if not self.split_backward:
+            device_backward += device_weight
+        if program.pipeline.offload:
+            from schedlang.lowering.memory_terms import chunk_activation_bytes
+
+            copy = chunk_activation_bytes(program, stage, chunk) / profile.offload.bandwidth_bytes_per_s
+            device_forward += max(0.0, copy - device_forward)
+            device_backward += max(0.0, copy - device_backward)
+        # graph replay: launch gaps per layer launched (a forward 1x, a backward 2x, W 1x, as the graphs replay)
+        launches = {ActionKind.FORWARD: blocks, ActionKind.BACKWARD: 2 * blocks, ActionKind.WEIGHT: blocks}
+        # eager: the measured host time of a layer's forward and of its whole backward, which W takes a third of
+        # when the backward is split (its share of the launches)
+        host_backward = blocks * overhead.eager_backward_layer_seconds
+        host = {
+            ActionKind.FORWARD: blocks * overhead.eager_layer_seconds,
+            ActionKind.BACKWARD: host_backward * (2 / 3 if self.split_backward else 1.0),
+            ActionKind.WEIGHT: host_backward / 3,
+        }
+        if recompute_on(program.pipeline.recompute, stage) is Recompute.FULL:
+            launches[ActionKind.BACKWARD] += blocks
+            host[ActionKind.BACKWARD] += blocks * overhead.eager_layer_seconds
+        if not self.split_backward:
+            launches[ActionKind.BACKWARD] += launches[ActionKind.WEIGHT]
+        device = {ActionKind.FORWARD: device_forward, ActionKind.BACKWARD: device_backward, ActionKind.WEIGHT: device_weight}
+        seconds = {}
+        for kind, device_seconds in device.items():
+            if self.graphs:
+                total = device_seconds + launches[kind] * overhead.graph_layer_seconds
+            else:
+                total = max(device_seconds, host[kind])
+            seconds[kind] = total + overhead.task_seconds
+        return seconds
+
+    def task_duration(self, task: TaskId) -> float:
+        return self.tasks[task.stage, task.chunk][task.kind]
+
+    def message_bytes(self, kind: Payload, source: TaskId, destination: TaskId) -> int:
+        return self.sizes.message_bytes(kind, source, destination)
+
+    def message_duration(self, kind: Payload, source: TaskId, destination: TaskId) -> float:
+        if source.stage == destination.stage:
+            return 0.0
+        mesh = self.program.mesh
+        first = source.stage * mesh.sequence * mesh.data
+        second = destination.stage * mesh.sequence * mesh.data
+        link = hop_links([first, second], self.profile)[0]
+        return link.transfer_time(self.message_bytes(kind, source, destination))

@@ -1,0 +1,251 @@
+"""``schedlang profile FILE --device cuda -o PROFILE.toml``: measure the hardware profile a schedule's model needs.
+
+It times every part the schedule's model has (each layer kind as a mixer alone, the MLP, the embedding, the
+head with its loss; attention also at prefix lengths) with the runtime's own modules
+(:mod:`schedlang.runtime.profiling`) at several chunk lengths (the schedule's own among them), the device's
+memory bandwidth and, on CUDA, the copy to pinned host memory; with several GPUs visible it also times
+``torch.distributed`` point-to-point, all-gather and reduce-scatter among them. What it cannot measure (links
+on one GPU, launch gaps under CUDA graphs, links across nodes) comes from the H200 profile's defaults, and
+both the command's output and the file's header say which figures are defaults. ``--budget`` seconds bound the
+whole run (300 by default: every length not reached is left out, and said); a progress bar shows each part.
+An existing output is kept unless ``--force``. ``--device cpu`` runs the same path with the lengths the
+schedule's own size allows (the test of this command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from pathlib import Path
+
+HELP = "measure a hardware profile (layer times by chunk length, memory and links) for a schedule's model"
+
+CUDA_LENGTHS = (2048, 4096, 8192, 16384, 32768)
+DEFAULTS_PROFILE = "h200"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="schedule file (.sched) whose model to measure")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("-o", "--output", required=True, help="the profile to write (.toml)")
+    parser.add_argument("--force", action="store_true", help="replace an existing output")
+    parser.add_argument("--name", default=None, help="the profile's name (default: the output's stem)")
+    parser.add_argument("--budget", type=float, default=300.0, help="seconds for the whole run (default 300)")
+    parser.add_argument(
+        "--lengths", type=int, nargs="+", metavar="TOKENS",
+        help="chunk lengths to time (default on cuda: 2K to 32K and the schedule's chunk lengths; on cpu: the "
+        "schedule's chunk lengths and half of the shortest)",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median)")
+
+
+def needed_parts(program) -> list[str]:
+    """The parts the program's model has, in the profile's order."""
+    from schedlang.lowering.hardware_profile import ProfiledPart
+
+    model = program.model
+    kinds = set(model.layers)
+    parts = {ProfiledPart.of_layer(kind) for kind in kinds}
+    if any(model.has_mlp(kind) for kind in kinds):
+        parts.add(ProfiledPart.MLP)
+    parts |= {ProfiledPart.EMBEDDING, ProfiledPart.HEAD}
+    return [part.value for part in ProfiledPart if part in parts]
+
+
+def chunk_lengths(program, device: str, lengths: list[int] | None) -> list[int]:
+    own = {program.sequence.chunk_length(chunk) // program.mesh.sequence for chunk in range(program.n_chunks)}
+    if lengths:
+        return sorted(set(lengths))
+    if device == "cuda":
+        return sorted(set(CUDA_LENGTHS) | own)
+    return sorted(own | {max(min(own) // 2, 1)})
+
+
+def attention_prefixes(program) -> list[int]:
+    """0, and the longest prefix a chunk of the schedule has, so the cost model interpolates between them."""
+    return sorted({0, program.sequence.boundaries[-2]})
+
+
+class ProgressBar:
+    """Measurements done out of ``total``, redrawn in place on standard error (looked up when drawn, so a
+    replaced ``sys.stderr`` is the one written to)."""
+
+    def __init__(self, total: int, width: int = 30) -> None:
+        self.total, self.done, self.width = total, 0, width
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        filled = self.width * self.done // max(self.total, 1)
+        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} {label:<40}")
+        self.stream.flush()
+
+    def close(self) -> None:
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def refuse_existing_output(args: argparse.Namespace) -> None:
+    if Path(args.output).exists() and not args.force:
+        raise SystemExit(
+            f"schedlang profile: error: {args.output} already exists; give --force to replace it"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    refuse_existing_output(args)
+    if args.budget <= 0 or args.repeats < 1:
+        raise SystemExit("schedlang profile: error: --budget must be positive and --repeats at least 1")
+    from schedlang.frontend import load_program
+
+    program = load_program(args.file)
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("schedlang profile: error: --device cuda, but no CUDA device is visible")
+    from schedlang.runtime.trainer import DTYPES
+
+    started = time.perf_counter()
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    dtype = DTYPES[program.train.dtype]
+    config = program.model
+    parts = needed_parts(program)
+    lengths = chunk_lengths(program, args.device, args.lengths)
+    plan = [
+        (part, tokens, prefix)
+        for part in parts
+        for tokens in lengths
+        for prefix in (attention_prefixes(program) if part == "attn" else [0])
+    ]
+    from schedlang.runtime.profiling import measure_memory_bandwidth, measure_offload_bandwidth, measure_part
+
+    bar = ProgressBar(len(plan))
+    timings, skipped = [], []
+    for part, tokens, prefix in plan:
+        if time.perf_counter() - started > args.budget:
+            skipped.append((part, tokens, prefix))
+            bar.step(f"{part} {tokens} skipped (budget)")
+            continue
+        timings.append(measure_part(config, part, tokens, device, dtype, prefix, args.repeats))
+        bar.step(f"{part} {tokens}" + (f" after {prefix}" if prefix else ""))
+    bar.close()
+    missing = [part for part in parts if not any(timing.part == part for timing in timings)]
+    if missing:
+        raise SystemExit(
+            f"schedlang profile: error: the budget ran out before {', '.join(missing)} was measured; "
+            "give a larger --budget or fewer --lengths"
+        )
+    copy_bytes = (256 << 20) if device.type == "cuda" else (16 << 20)
+    memory_bandwidth = measure_memory_bandwidth(device, copy_bytes)
+    offload_bandwidth = measure_offload_bandwidth(device, copy_bytes) if device.type == "cuda" else None
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    links = None
+    if gpus >= 2:
+        from schedlang.runtime.profiling import measure_links
+
+        links = measure_links(gpus, "nccl", "cuda")
+    profile, header = build_profile(args, program, device, timings, memory_bandwidth, offload_bandwidth, links, gpus)
+    from schedlang.lowering.hardware_profile import format_hardware_profile
+
+    Path(args.output).write_text(format_hardware_profile(profile, header), encoding="utf-8")
+    for line in header.splitlines()[1:]:
+        print(line)
+    if skipped:
+        print(f"left out (budget): {', '.join(f'{p} {t}' for p, t, _ in skipped)}")
+    print(f"wrote {args.output} ({len(timings)} measurements, {time.perf_counter() - started:.0f} s)")
+    return 0
+
+
+def build_profile(args, program, device, timings, memory_bandwidth, offload_bandwidth, links, gpus):
+    """The :class:`HardwareProfile` of the measurements, the defaults for the rest, and a header naming both."""
+    from schedlang.lowering.hardware_profile import (
+        Curve, HardwareProfile, LayerMeasurement, Link, LinkClass, Offload, Origin, Overhead, ProfiledPart,
+        Topology, resolve_hardware,
+    )
+
+    defaults = resolve_hardware(DEFAULTS_PROFILE)
+    model = program.model
+    attention = model.attention_geometry
+    layers = []
+    keys = sorted({(timing.part, timing.prefix) for timing in timings},
+                  key=lambda key: ([p.value for p in ProfiledPart].index(key[0]), key[1]))
+    for part, prefix in keys:
+        rows = sorted((timing for timing in timings if (timing.part, timing.prefix) == (part, prefix)),
+                      key=lambda timing: timing.tokens)
+        tokens = tuple(timing.tokens for timing in rows)
+        kind = ProfiledPart(part)
+        is_attention = kind is ProfiledPart.ATTN
+        heads, head_dim = (attention.heads, attention.head_dim) if is_attention else (model.heads, model.head_dim)
+        mixer = kind not in (ProfiledPart.MLP, ProfiledPart.EMBEDDING, ProfiledPart.HEAD)
+        from schedlang.runtime.model import swiglu_width
+
+        config = model
+        hidden = 0
+        if kind is ProfiledPart.MLP:
+            hidden = config.options.mlp_width or swiglu_width(model.d_model, config.mlp_ratio or 4.0)
+        layers.append(LayerMeasurement(
+            part=kind, d_model=model.d_model, heads=heads if mixer else 0, head_dim=head_dim if mixer else 0,
+            hidden=hidden, vocab=model.vocab if kind in (ProfiledPart.EMBEDDING, ProfiledPart.HEAD) else 0,
+            prefix=prefix,
+            forward=Curve(tokens, tuple(timing.forward_s for timing in rows)),
+            backward=Curve(tokens, tuple(timing.backward_s for timing in rows)),
+            weight=Curve(tokens, tuple(timing.weight_s for timing in rows)),
+        ))
+    shortest = min(timing.tokens for timing in timings)
+    hosted = [timing for timing in timings if timing.tokens == shortest and timing.part != "embedding"]
+    host = [timing.host_forward_s for timing in hosted]
+    host_backward = [timing.host_backward_s for timing in hosted]
+    device_name = torch_device_name(device)
+    link_records = dict(defaults.links)
+    if links is not None:
+        for name, fit in links.items():
+            link_records[LinkClass(name)] = Link(fit.latency_s, fit.bandwidth_bytes_per_s)
+    measured_links = "measured among the GPUs of this host" if links else f"defaults of the {defaults.name} profile"
+    name = args.name or Path(args.output).stem
+    note = (f"schedlang profile of {Path(args.file).name} on {device_name}, "
+            f"{datetime.date.today().isoformat()}; links: {measured_links}")
+    profile = HardwareProfile(
+        name=name, device=device_name, origin=Origin.MEASURED, note=note, dtype=program.train.dtype.value,
+        memory_bandwidth_bytes_per_s=memory_bandwidth,
+        overhead=Overhead(median_or_zero(host, device), defaults.overhead.graph_layer_seconds, 0.0,
+                          median_or_zero(host_backward, device)),
+        offload=Offload(offload_bandwidth or defaults.offload.bandwidth_bytes_per_s),
+        links=link_records,
+        topology=Topology(max(gpus, 1) if links else defaults.topology.gpus_per_node, 1),
+        layers=tuple(layers),
+    )
+    default_figures = ["graph launch gaps per layer (overhead.graph_layer_seconds)", "inter-node link"]
+    if links is None:
+        default_figures.insert(0, "every link (one device visible: nothing to measure between devices)")
+    if offload_bandwidth is None:
+        default_figures.append("offload bandwidth")
+    header = "\n".join([
+        f"Measured by `schedlang profile {Path(args.file).name} --device {device.type}` on {device_name}.",
+        f"measured: {', '.join(sorted({timing.part for timing in timings}))} at {sorted({t.tokens for t in timings})} "
+        "tokens; memory bandwidth" + (", offload bandwidth" if offload_bandwidth else "")
+        + (f", links among {gpus} GPUs" if links else ""),
+        f"from the {defaults.name} profile's defaults, not measured: {'; '.join(default_figures)}",
+    ])
+    return profile, header
+
+
+def median_or_zero(seconds: list[float], device) -> float:
+    """The median host time; 0 on the CPU, whose host runs the kernels itself (no launch time of its own)."""
+    if not seconds or device.type != "cuda":
+        return 0.0
+    return sorted(seconds)[len(seconds) // 2]
+
+
+def torch_device_name(device) -> str:
+    import platform
+
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()})"

@@ -1,0 +1,58 @@
+"""benchmarks/tune_validation.py: its table and verdict, and the whole path on the CPU with the tiny model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.tune_validation import summary, table
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tune_validation.py"
+
+
+def row(rank: int, predicted: float, measured: float | None, tokens: int = 1000) -> dict:
+    outcome = {"outcome": "timed out"} if measured is None else {
+        "outcome": "measured", "step_seconds": measured, "tokens_per_second": tokens / measured,
+        "peak_memory_gib": 1.0,
+    }
+    return {
+        "rank": rank, "changes": {"sequence.chunks": str(2**rank)}, "predicted_step_seconds": predicted,
+        "predicted_tokens_per_second": tokens / predicted, "measured": outcome,
+    }
+
+
+def test_summary_compares_the_pick_with_the_best_measured():
+    rows = [row(1, 1.0, 1.04), row(2, 1.1, 1.0), row(3, 1.2, None)]
+    assert summary(rows) == (
+        "the pick ran 0.962 of the best measured tokens/s (within 5%); largest step-time error 9.1% over 2 measured "
+        "candidates"
+    )
+    assert "outside 5%" in summary([row(1, 1.0, 1.2), row(2, 1.1, 1.0)])
+    assert summary([row(1, 1.0, None)]) == "no candidate trained"
+
+
+def test_table_has_a_row_per_candidate_and_the_ratio():
+    lines = table([row(1, 1.0, 1.04), row(2, 1.1, None)]).splitlines()
+    assert len(lines) == 4
+    assert lines[2].startswith("| 1 | `sequence.chunks = 2` | 1 | 1.04 | 1.040 | 1,000 | 962 |")
+    assert "| timed out |" in lines[3]
+
+
+def test_the_whole_path_runs_on_the_cpu_with_the_tiny_model(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tiny", "--device", "cpu", "--length", "256", "--candidates", "2",
+         "--warmup", "0", "--steps", "1", "--out", str(tmp_path / "out"), "--", "--max-chunks", "2"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["length"] == 256 and len(results["rows"]) == 2
+    for result in results["rows"]:
+        assert result["measured"]["outcome"] == "measured", result["measured"]
+        assert result["measured"]["step_seconds"] > 0 and result["predicted_step_seconds"] > 0
+        assert Path(result["file"]).exists()
+    lines = completed.stdout.splitlines()
+    assert lines[1].startswith("| rank | changes from the file | predicted step s | measured step s")
+    assert lines[-1].startswith("the pick ran")

@@ -1,0 +1,318 @@
+"""``schedlang tune``: the pruned search against an exhaustive one, the file it writes, and its refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from schedlang.cli import main
+from schedlang.commands.simulate_fit import GIB, OUTSIDE_THE_ALLOCATOR
+from schedlang.compiler import CostSettings, Pass, ScheduleText, compile_schedule
+from schedlang.frontend import load_program, load_program_text
+from schedlang.lowering.cost import CostModelKind, Hardware
+from schedlang.lowering.memory_peak import Component, predict_memory
+from schedlang.tuning.search import TuneSettings, fits_at, search
+from schedlang.tuning.space import Knobs, layouts, schedule_changes
+from schedlang.tuning.writing import relocated_text, tuned_text
+from schedlang.vocabulary import Recompute
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLE_PATHS = sorted(EXAMPLES.glob("*.sched"))
+FLOPS = CostSettings(CostModelKind.FLOPS, Hardware())
+
+SMALL = """\
+# a small space: two stages, two microbatches, gpipe
+schedule small
+
+model {
+  vocab    = 256
+  d_model  = 64
+  layers   = [gla, gla]
+  heads    = 2
+  head_dim = 32
+}
+
+mesh { pipeline = 2 }
+
+sequence {
+  length       = 2048
+  chunks       = {chunks}      # cut in pieces
+  kernel_chunk = 64
+}
+
+pipeline {
+  microbatches = 2
+  order        = {order}
+}
+"""
+
+
+def small_program(order: str = "gpipe", chunks: int = 2):
+    return load_program_text(SMALL.replace("{order}", order).replace("{chunks}", str(chunks)), "small.sched")
+
+
+def memory_between_modes(program) -> int:
+    """A device on which the file's stage 0 fits with full recomputation but not without any (from the memory
+    model, so the search has to choose modes)."""
+    peaks = {}
+    for mode in (Recompute.NONE, Recompute.FULL):
+        variant = compile_schedule(
+            ScheduleText(program.source_text.replace("order        = ", f"recompute = {mode.value}\n  order = "),
+                         program.source_file),
+            through=Pass.ORDER,
+        )
+        peaks[mode] = max(stage.reserved for stage in predict_memory(variant.program, variant.orders))
+    assert peaks[Recompute.FULL] < peaks[Recompute.NONE]
+    return int(OUTSIDE_THE_ALLOCATOR + (peaks[Recompute.FULL] + peaks[Recompute.NONE]) / 2)
+
+
+def compare_with_exhaustive(program, settings: TuneSettings) -> None:
+    """The pruned search's pick is as fast as the fastest candidate of the whole space, compiling fewer."""
+    pruned = search(program, settings)
+    everything = search(program, TuneSettings(**{**settings.__dict__, "prune": False, "top": 10**6}))
+    assert pruned.candidates and everything.candidates
+    assert pruned.candidates[0].makespan == pytest.approx(everything.candidates[0].makespan, rel=1e-12)
+    assert all(candidate.makespan >= everything.candidates[0].makespan for candidate in pruned.candidates)
+    assert pruned.stats.compiled < everything.stats.compiled
+
+
+def test_pruned_search_finds_the_fastest_of_an_exhaustive_search_when_memory_binds():
+    program = small_program("gpipe")
+    settings = TuneSettings(FLOPS, memory_between_modes(program), max_chunks=4, device="cpu", top=3)
+    everything = search(program, TuneSettings(**{**settings.__dict__, "prune": False, "top": 10**6}))
+    modes = {candidate.knobs.recompute for candidate in everything.candidates}
+    assert len(modes) > 1 and everything.stats.not_fitting > 0  # memory binds: some candidates do not fit
+    compare_with_exhaustive(program, settings)
+
+
+@pytest.mark.slow
+def test_pruned_search_finds_the_fastest_of_an_exhaustive_search_over_1f1b_placements():
+    program = small_program("1f1b", chunks=1)
+    settings = TuneSettings(FLOPS, memory_between_modes(program), max_chunks=1, device="cpu", top=2)
+    compare_with_exhaustive(program, settings)
+
+
+def test_every_candidate_is_the_file_revised_and_fits():
+    program = load_program(EXAMPLES / "hybrid_balanced.sched")
+    device_memory = 4 * GIB
+    result = search(program, TuneSettings(FLOPS, device_memory, max_chunks=8, device="cuda", top=4))
+    assert len(result.candidates) == 4
+    makespans = [candidate.makespan for candidate in result.candidates]
+    assert makespans == sorted(makespans)
+    for candidate in result.candidates:
+        rechecked = compile_schedule(ScheduleText(candidate.program.source_text, "again.sched"), through=Pass.COST,
+                                     cost=FLOPS)
+        assert rechecked.timeline.makespan == pytest.approx(candidate.makespan, rel=1e-12)
+        for stage in predict_memory(rechecked.program, rechecked.orders):
+            assert stage.reserved + OUTSIDE_THE_ALLOCATOR <= device_memory
+        assert candidate.changes  # the file's own 4 chunks do not fit: every candidate changes something
+        for name, value in candidate.changes:
+            assert value in candidate.program.source_text and name.split(".")[1] in candidate.program.source_text
+
+
+def test_schedule_changes_are_only_the_keys_that_differ():
+    program = load_program(EXAMPLES / "gla_stateflow.sched")
+    layout = next(
+        layout for layout in layouts(program, program.sequence.length, None, 64)
+        if (layout.microbatches, layout.chunks) == (program.n_microbatches, program.n_chunks)
+    )
+    same = Knobs(recompute=(Recompute.NONE,) * 2)
+    assert schedule_changes(program, layout, same) == {}
+    changed = schedule_changes(program, layout, Knobs(extra_warmup=1, recompute=(Recompute.FULL, Recompute.NONE)))
+    assert changed == {"pipeline.extra_warmup": 1, "pipeline.recompute": [Recompute.FULL, Recompute.NONE]}
+
+
+def run_tune(*arguments):
+    return main(["tune", *arguments])
+
+
+def test_output_keeps_comments_and_unchanged_keys_and_checks(tmp_path, capsys):
+    output = tmp_path / "tuned.sched"
+    source = EXAMPLES / "gla_text.sched"
+    assert run_tune(str(source), "--device", "cpu", "--max-chunks", "4", "-o", str(output)) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {output}" in printed
+    written = output.read_text()
+    original = source.read_text()
+    for line in original.splitlines():
+        if line.lstrip().startswith("#"):
+            assert line in written  # comments kept
+    assert "vocab    = 256        # bytes" in written
+    assert not any("=" in line and line.rstrip().endswith("}") for line in written.splitlines())  # added: own lines
+    assert main(["check", str(output)]) == 0
+    program = load_program(output)
+    assert program.train.data.path is None and program.model.vocab == 256
+
+
+def test_output_is_never_written_over_without_force_nor_over_the_input(tmp_path):
+    output = tmp_path / "exists.sched"
+    output.write_text("keep me")
+    source = str(EXAMPLES / "gla_stateflow.sched")
+    with pytest.raises(SystemExit, match="already exists; give --force"):
+        run_tune(source, "-o", str(output))
+    assert output.read_text() == "keep me"
+    with pytest.raises(SystemExit, match="is the input schedule"):
+        run_tune(source, "-o", source, "--force")
+    assert run_tune(source, "--device", "cpu", "--max-chunks", "2", "-o", str(output), "--force") == 0
+    assert output.read_text().startswith("# The default example")
+
+
+def test_tuned_text_rewrites_in_place_adds_lines_and_blocks():
+    text = SMALL.replace("{order}", "1f1b").replace("{chunks}", "2")
+    tuned = tuned_text(text, "small.sched", {
+        "sequence.chunks": 8, "pipeline.split_backward": True, "mesh.data": 2, "train.steps": 3,
+    })
+    assert "  chunks       = 8      # cut in pieces" in tuned.splitlines()
+    assert "  order        = 1f1b\n  split_backward = true\n}" in tuned
+    assert "mesh { pipeline = 2  data = 2 }" in tuned  # a one-line block keeps its line
+    assert tuned.endswith("}\n\ntrain {\n  steps = 3\n}\n")
+    program = load_program_text(tuned, "small.sched")
+    assert (program.n_chunks, program.pipeline.split_backward, program.mesh.data, program.train.steps) == (8, True, 2, 3)
+
+
+def test_dash_prints_the_schedule_alone(capsys):
+    assert run_tune(str(EXAMPLES / "gla_stateflow.sched"), "-o", "-", "--max-chunks", "2", "--device", "cpu") == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("# The default example") and "rank" not in printed
+    assert load_program_text(printed, "printed.sched").n_stages == 2
+
+
+def test_relative_paths_are_moved_to_the_output_directory(tmp_path):
+    text = (EXAMPLES / "fla_gla.sched").read_text()
+    moved = relocated_text(text, str(EXAMPLES / "fla_gla.sched"), str(tmp_path / "deep" / "out.sched"))
+    (tmp_path / "deep").mkdir()
+    (tmp_path / "deep" / "out.sched").write_text(moved)
+    assert moved != text and 'hf(path = "hf/gla_tiny")' in text
+    assert main(["check", str(tmp_path / "deep" / "out.sched")]) == 0
+    assert relocated_text(text, str(EXAMPLES / "fla_gla.sched"), str(EXAMPLES / "other.sched")) == text
+
+
+def test_nothing_fits_names_the_binding_stage_and_term(capsys):
+    assert run_tune(str(EXAMPLES / "gla_stateflow.sched"), "--device-memory", "1540MiB", "--max-chunks", "2") == 1
+    error = capsys.readouterr().err
+    assert "nothing in the space fits 1.5 GiB at 4096 tokens" in error
+    assert "on stage" in error and "whose largest term is" in error
+    assert any(f"largest term is {component.value}" in error for component in Component)
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--top", "0"], "--top must be positive, got 0"),
+        (["--world", "0"], "--world must be positive, got 0"),
+        (["--length", "-5"], "--length must be positive, got -5"),
+        (["--max-chunks", "0"], "--max-chunks must be positive, got 0"),
+        (["--cost-model", "unit"], "--cost-model unit has no seconds to rank by"),
+        (["--throughput", "0"], "--throughput must be positive"),
+        (["-o", "-", "--json"], "where --json prints its object; choose one"),
+        (["--hardware", "h200", "--cost-model", "flops"], "--hardware gives the profile cost model"),
+    ],
+)
+def test_bad_flags_are_refused_before_any_work(arguments, message):
+    with pytest.raises(SystemExit, match=message.replace("(", r"\(")):
+        run_tune(str(EXAMPLES / "gla_stateflow.sched"), *arguments)
+
+
+def test_hardware_profile_times_the_candidates(capsys):
+    assert run_tune(str(EXAMPLES / "gla_stateflow.sched"), "--hardware", "h200", "--max-chunks", "2", "--top", "1") == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[1].startswith("hardware profile h200")
+    with pytest.raises(SystemExit) as refused:
+        run_tune(str(EXAMPLES / "gla_stateflow.sched"), "--hardware", "missing.toml")
+    assert refused.value.code == 2
+    assert "no hardware profile 'missing.toml'" in capsys.readouterr().err
+
+
+def test_a_space_the_checker_refuses_whole_shows_the_first_refusal(capsys):
+    assert run_tune(str(EXAMPLES / "simple_gla_gpipe.sched"), "--length", "8192") == 1
+    error = capsys.readouterr().err.splitlines()
+    assert error[-4].endswith("the checker refuses every candidate of the space; the first:")
+    assert error[-3].endswith(":20:34: error: the last chunk boundary must be the sequence length 8192, found 4096")
+    assert error[-1] == " " * 33 + "^~~~"
+
+
+def test_world_is_refused_for_an_explicit_order():
+    with pytest.raises(SystemExit, match="an explicit order is written for its own mesh"):
+        run_tune(str(EXAMPLES / "explicit_order.sched"), "--world", "4")
+
+
+def test_a_bad_device_memory_is_shown_at_its_column():
+    with pytest.raises(SystemExit) as refused:
+        run_tune("f.sched", "--device-memory", "12XB")
+    lines = str(refused.value).splitlines()
+    assert lines[0].endswith("error: --device-memory: unknown unit 'XB': write one of B, KB, MB, GB, TB, KiB, MiB, "
+                             "GiB, TiB")
+    assert lines[1] == "schedlang tune f.sched --device-memory 12XB"
+    assert lines[2].index("^") == lines[1].index("XB")
+
+
+def test_same_answer_twice_and_json(capsys):
+    source = str(EXAMPLES / "hybrid_long_context.sched")
+    answers = []
+    for _ in range(2):
+        assert run_tune(source, "--json", "--max-chunks", "4", "--top", "3") == 0
+        answer = json.loads(capsys.readouterr().out)
+        answer.pop("seconds")
+        answers.append(answer)
+    assert answers[0] == answers[1]
+    first = answers[0]["candidates"][0]
+    assert first["rank"] == 1 and first["tokens_per_second"] == pytest.approx(
+        1024 * 2 / first["step_seconds"]
+    )  # two sequences of 1024 tokens per step
+
+
+def test_world_factorises_the_mesh():
+    program = load_program(EXAMPLES / "gla_stateflow.sched")
+    result = search(program, TuneSettings(FLOPS, 140 * GIB, world=8, max_chunks=4, top=5))
+    assert result.candidates
+    for candidate in result.candidates:
+        mesh = candidate.program.mesh
+        assert mesh.pipeline * mesh.sequence * mesh.data == 8
+        pipeline = candidate.program.pipeline
+        assert pipeline.microbatches * pipeline.microbatch_size * mesh.data == 4  # the file's global batch
+    meshes = {layout.pipeline for layout in layouts(program, 4096, 8, 4)}
+    assert meshes == {1, 2, 4}  # at most one stage per layer
+
+
+def test_fit_tunes_at_a_length_that_fits_whose_next_step_does_not(capsys):
+    source = EXAMPLES / "gla_stateflow.sched"
+    step, device_memory = 2048, "1600MiB"
+    assert main(["tune", str(source), "--fit", "--step", str(step), "--max-length", str(64 * step), "--device-memory",
+                 device_memory, "--max-chunks", "16", "--top", "1", "--json"]) == 0
+    length = json.loads(capsys.readouterr().out)["length"]
+    settings = TuneSettings(FLOPS, 1600 * 2**20, max_chunks=16, top=1)
+    program = load_program(source)
+    assert length % step == 0 and step < length < 64 * step
+    assert fits_at(program, settings, length) and not fits_at(program, settings, length + step)
+
+
+def train_one_step(schedule: Path) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "schedlang", "run", str(schedule), "--steps", "1", "--device", "cpu"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+
+
+def tune_and_train(example: Path, tmp_path: Path) -> None:
+    output = tmp_path / f"tuned_{example.name}"
+    started = time.process_time()
+    assert run_tune(str(example), "--device", "cpu", "-o", str(output)) == 0
+    assert time.process_time() - started < 60  # seconds of CPU: the issue's bound for every example
+    assert main(["check", str(output)]) == 0
+    train_one_step(output)
+
+
+def test_tuned_example_trains_a_step(tmp_path):
+    tune_and_train(EXAMPLES / "gla_stateflow.sched", tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", EXAMPLE_PATHS, ids=lambda path: path.stem)
+def test_every_tuned_example_checks_and_trains_a_step(example, tmp_path):
+    tune_and_train(example, tmp_path)

@@ -1,0 +1,409 @@
+"""Hardware profiles (lowering/hardware_profile.py) and the profile cost model (lowering/profile_cost.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from schedlang.commands import simulate
+from schedlang.compiler import CostSettings, Pass, ScheduleText, compile_schedule
+from schedlang.lowering.cost import CostModelKind, make_cost_model
+from schedlang.lowering.hardware_profile import (
+    Curve,
+    HardwareProfileError,
+    LinkClass,
+    Origin,
+    ProfiledPart,
+    parse_hardware_profile,
+    resolve_hardware,
+    shipped_profiles,
+)
+from schedlang.lowering.profile_cost import MissingMeasurementError, ProfileCostModel, scan_seconds
+from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.edges import Payload
+from schedlang.vocabulary import SequenceParallelMethod
+
+
+def profile_text(
+    gpus_per_node: int = 8,
+    nodes: int = 1,
+    inter_node_bandwidth: float = 1e9,
+    eager_layer_seconds: float = 0.0,
+    graph_layer_seconds: float = 0.0,
+    layers: str | None = None,
+) -> str:
+    """A small profile: every part linear in tokens (1 us per token forward, 2 backward, 0.5 weight)."""
+    if layers is None:
+        layers = "".join(
+            f"""
+[[layer]]
+kind = "{kind}"
+d_model = 128
+{extra}
+tokens = [64, 128]
+forward = [64e-6, 128e-6]
+backward = [128e-6, 256e-6]
+weight = [32e-6, 64e-6]
+"""
+            for kind, extra in [
+                ("gla", "heads = 2\nhead_dim = 64"),
+                ("mlp", "hidden = 512"),
+                ("embedding", "vocab = 256"),
+                ("head", "vocab = 256"),
+            ]
+        )
+    return f"""format = 1
+
+[device]
+name = "test"
+model = "test device"
+origin = "derived"
+note = "written by the test"
+dtype = "fp32"
+memory_bandwidth = 1e30
+
+[overhead]
+eager_layer_seconds = {eager_layer_seconds}
+graph_layer_seconds = {graph_layer_seconds}
+task_seconds = 0.0
+
+[offload]
+bandwidth = 1e9
+
+[topology]
+gpus_per_node = {gpus_per_node}
+nodes = {nodes}
+
+[links.p2p]
+latency = 1e-6
+bandwidth = 1e11
+
+[links.all_gather]
+latency = 1e-6
+bandwidth = 1e11
+
+[links.reduce_scatter]
+latency = 1e-6
+bandwidth = 1e11
+
+[links.inter_node]
+latency = 1e-5
+bandwidth = {inter_node_bandwidth}
+{layers}"""
+
+
+SCHEDULE = """schedule small
+model {{
+  vocab = 256
+  d_model = 128
+  layers = [gla] * 4
+  heads = 2
+  head_dim = 64
+}}
+mesh {{ pipeline = 2 {mesh} }}
+sequence {{ length = {length} chunks = 2 {sequence} }}
+pipeline {{ microbatches = 2 {pipeline} }}
+"""
+
+
+def program_of(length: int = 256, mesh: str = "", sequence: str = "", pipeline: str = ""):
+    text = SCHEDULE.format(length=length, mesh=mesh, sequence=sequence, pipeline=pipeline)
+    return compile_schedule(ScheduleText(text), through=Pass.CHECK).program
+
+
+def test_curve_interpolates_between_lengths_and_scales_beyond_them():
+    curve = Curve((100, 200), (1.0, 3.0))
+    assert curve.at(150) == pytest.approx(2.0)
+    assert curve.at(50) == pytest.approx(0.5)  # proportional from the first length
+    assert curve.at(400) == pytest.approx(6.0)  # proportional from the last
+
+
+def test_shipped_profiles_load_and_h200_names_the_measured_profile():
+    assert {"h200", "h200-benchmarks", "zeco-h100", "stateflow-a100", "zeco-h100-operator"} <= set(shipped_profiles())
+    for name in shipped_profiles():
+        assert resolve_hardware(name).name == name
+    h200 = resolve_hardware("h200")
+    assert h200.origin is Origin.MEASURED and h200.device == "NVIDIA H200"
+    assert resolve_hardware("h200-benchmarks").origin is Origin.DERIVED
+
+
+def test_forward_is_the_sum_of_the_parts_at_the_chunk_tokens():
+    profile = parse_hardware_profile(profile_text())
+    program = program_of()  # 2 stages of 2 gla layers with their MLPs, chunks of 128 tokens
+    model = ProfileCostModel(program, profile)
+    # stage 0: embedding + 2 x (gla + mlp) = 5 parts of 128 us each
+    assert model.task_duration(TaskId(ActionKind.FORWARD, 0, 0, 0)) == pytest.approx(5 * 128e-6)
+    # a whole backward: backward and weight curves (no split), no gradient addition at 1e30 B/s
+    assert model.task_duration(TaskId(ActionKind.BACKWARD, 1, 0, 1)) == pytest.approx(5 * (256e-6 + 64e-6))
+
+
+def test_split_backward_moves_the_weight_curve_into_w():
+    profile = parse_hardware_profile(profile_text())
+    whole = ProfileCostModel(program_of(), profile)
+    split = ProfileCostModel(program_of(pipeline="split_backward = true"), profile)
+    backward = TaskId(ActionKind.BACKWARD, 0, 0, 0)
+    weight = TaskId(ActionKind.WEIGHT, 0, 0, 0)
+    assert split.task_duration(weight) == pytest.approx(5 * 64e-6)
+    assert split.task_duration(backward) + split.task_duration(weight) == pytest.approx(whole.task_duration(backward))
+
+
+def test_recompute_full_adds_the_forward_to_the_backward():
+    profile = parse_hardware_profile(profile_text())
+    plain = ProfileCostModel(program_of(), profile)
+    recomputed = ProfileCostModel(program_of(pipeline="recompute = full"), profile)
+    backward = TaskId(ActionKind.BACKWARD, 0, 0, 0)
+    forward = TaskId(ActionKind.FORWARD, 0, 0, 0)
+    assert recomputed.task_duration(backward) - plain.task_duration(backward) == pytest.approx(
+        plain.task_duration(forward)
+    )
+
+
+def test_eager_tasks_take_their_host_time_and_graph_tasks_add_their_gaps():
+    host = parse_hardware_profile(profile_text(eager_layer_seconds=1e-3, graph_layer_seconds=1e-6))
+    eager = ProfileCostModel(program_of(), host)
+    assert eager.task_duration(TaskId(ActionKind.FORWARD, 0, 0, 0)) == pytest.approx(5 * 1e-3)  # host-bound
+    graphs = ProfileCostModel(program_of(pipeline="cuda_graphs = true"), host)
+    assert graphs.task_duration(TaskId(ActionKind.FORWARD, 0, 0, 0)) == pytest.approx(5 * 128e-6 + 5 * 1e-6)
+
+
+def test_offload_shows_only_a_copy_longer_than_its_task():
+    slow_host = profile_text().replace("bandwidth = 1e9\n\n[topology]", "bandwidth = 1e3\n\n[topology]")
+    profile = parse_hardware_profile(slow_host)
+    plain = ProfileCostModel(program_of(), profile)
+    offloaded = ProfileCostModel(program_of(pipeline="offload = true"), profile)
+    forward = TaskId(ActionKind.FORWARD, 0, 0, 0)
+    assert offloaded.task_duration(forward) > 100 * plain.task_duration(forward)
+    fast_host = profile_text().replace("bandwidth = 1e9\n\n[topology]", "bandwidth = 1e15\n\n[topology]")
+    fast = ProfileCostModel(program_of(pipeline="offload = true"), parse_hardware_profile(fast_host))
+    assert fast.task_duration(forward) == pytest.approx(plain.task_duration(forward))
+
+
+def test_width_scales_by_flops_from_the_nearest_measurement():
+    profile = parse_hardware_profile(profile_text())
+    narrow = ProfileCostModel(program_of(), profile)
+    wide_text = SCHEDULE.format(length=256, mesh="", sequence="", pipeline="").replace("d_model = 128", "d_model = 256")
+    wide_program = compile_schedule(ScheduleText(wide_text), through=Pass.CHECK).program
+    wide = ProfileCostModel(wide_program, profile)
+    mlp_narrow = narrow.part_seconds(ProfiledPart.MLP, 128, 0)[0]
+    # the MLP's FLOPs grow with d_model x hidden, and hidden = 4 d_model: four times the measured 128 x 512
+    assert wide.part_seconds(ProfiledPart.MLP, 128, 0)[0] == pytest.approx(4 * mlp_narrow)
+
+
+def test_a_program_with_an_unmeasured_part_is_refused_by_name():
+    layers = """
+[[layer]]
+kind = "gla"
+d_model = 128
+heads = 2
+head_dim = 64
+tokens = [64]
+forward = [1e-6]
+backward = [1e-6]
+"""
+    with pytest.raises(MissingMeasurementError, match="mlp, embedding, head"):
+        ProfileCostModel(program_of(), parse_hardware_profile(profile_text(layers=layers)))
+
+
+def test_sequence_scan_crossing_nodes_pays_the_inter_node_link():
+    one_node = parse_hardware_profile(profile_text(gpus_per_node=16, nodes=1))
+    two_nodes = parse_hardware_profile(profile_text(gpus_per_node=8, nodes=2))
+    ranks = list(range(16))
+    for method in SequenceParallelMethod:
+        inside = scan_seconds(method, ranks, 4, 1e6, one_node)
+        across = scan_seconds(method, ranks, 4, 1e6, two_nodes)
+        assert across > inside
+    # the ring crosses once: its 15 hops are 14 on NVLink-class and one inter-node
+    p2p, inter = one_node.link(LinkClass.P2P), one_node.link(LinkClass.INTER_NODE)
+    expected = 14 * p2p.transfer_time(1e6) + inter.transfer_time(1e6)
+    assert scan_seconds(SequenceParallelMethod.RING, ranks, 1, 1e6, two_nodes) == pytest.approx(expected)
+
+
+def test_all_scan_on_uniform_links_is_the_flops_models_formula():
+    from schedlang.lowering.cost import Hardware, state_scan_seconds
+
+    profile = parse_hardware_profile(profile_text(gpus_per_node=64))
+    link = profile.link(LinkClass.P2P)
+    hardware = Hardware(latency_s=link.latency_s, bandwidth_bytes_per_s=link.bandwidth_bytes_per_s)
+    for ranks in (2, 3, 8, 64):
+        for blocks in (1, 4, 16):
+            ours = scan_seconds(SequenceParallelMethod.ALLSCAN, list(range(ranks)), blocks, 1e6, profile)
+            theirs = state_scan_seconds(SequenceParallelMethod.ALLSCAN, ranks, blocks, 1e6, hardware)
+            assert ours == pytest.approx(theirs)
+
+
+def test_stage_messages_across_nodes_use_the_inter_node_link():
+    program = program_of(length=512, mesh="sequence = 4", sequence="kernel_chunk = 64")
+    same_node = ProfileCostModel(program, parse_hardware_profile(profile_text(gpus_per_node=8)))
+    split_nodes = ProfileCostModel(program, parse_hardware_profile(profile_text(gpus_per_node=4, nodes=2)))
+    source, destination = TaskId(ActionKind.FORWARD, 0, 0, 0), TaskId(ActionKind.FORWARD, 1, 0, 0)
+    n_bytes = same_node.message_bytes(Payload.ACTIVATION, source, destination)
+    assert same_node.message_duration(Payload.ACTIVATION, source, destination) == pytest.approx(
+        1e-6 + n_bytes / 1e11
+    )
+    assert split_nodes.message_duration(Payload.ACTIVATION, source, destination) == pytest.approx(
+        1e-5 + n_bytes / 1e9
+    )
+
+
+def test_make_cost_model_takes_a_profile_and_keeps_its_old_signature():
+    profile = parse_hardware_profile(profile_text())
+    program = program_of()
+    assert isinstance(make_cost_model(CostModelKind.FLOPS, program, profile), ProfileCostModel)
+    assert isinstance(make_cost_model(CostModelKind.FLOPS, program, hardware=profile), ProfileCostModel)
+    assert not isinstance(make_cost_model(CostModelKind.FLOPS, program), ProfileCostModel)
+    assert not isinstance(make_cost_model(CostModelKind.UNIT, program, profile), ProfileCostModel)
+    timeline = compile_schedule(program, Pass.COST, CostSettings(CostModelKind.FLOPS, profile)).timeline
+    assert timeline.makespan > 0
+
+
+@pytest.mark.parametrize(
+    ("edit", "line", "column", "message"),
+    [
+        (lambda text: text.replace("format = 1", "format = 2"), 1, 1, "format 2 is not supported"),
+        (lambda text: text.replace("format = 1\n", ""), None, None, "no 'format' key"),
+        (lambda text: text.replace("bandwidth = 1e9", "bandwidth = -1"), 17, 1, "'offload.bandwidth' must be positive"),
+        (lambda text: text.replace('kind = "mlp"', 'kind = "moe"'), 50, 1, "'layer[1].kind' must be one of"),
+        (lambda text: text.replace("forward = [64e-6, 128e-6]", "forward = [64e-6]", 1), 45, 1, "list of 2 numbers"),
+        (lambda text: text.replace("tokens = [64, 128]", "tokens = [128, 64]", 1), 44, 1, "increasing"),
+        (lambda text: text.replace('dtype = "fp32"', "dtype = fp32"), 8, 9, "not valid TOML"),
+    ],
+)
+def test_malformed_profiles_are_positioned_errors(edit, line, column, message):
+    text = edit(profile_text())
+    with pytest.raises(HardwareProfileError) as raised:
+        parse_hardware_profile(text, "bad.toml")
+    rendered = raised.value.render()
+    assert message in rendered
+    first = rendered.splitlines()[0]
+    if line is None:
+        assert first.startswith("error:")
+    else:
+        assert first.startswith(f"bad.toml:{line}:{column}: error:"), rendered
+        assert "^" in rendered.splitlines()[2]
+    assert "hint:" in rendered
+
+
+def run_simulate(argv):
+    parser = argparse.ArgumentParser()
+    simulate.add_arguments(parser)
+    return simulate.run(parser.parse_args(argv))
+
+
+def test_simulate_prints_the_profile_it_used(tmp_path, capsys):
+    schedule = tmp_path / "small.sched"
+    schedule.write_text(SCHEDULE.format(length=256, mesh="", sequence="", pipeline=""))
+    profile = tmp_path / "test.toml"
+    profile.write_text(profile_text())
+    assert run_simulate([str(schedule), "--hardware", str(profile)]) == 0
+    out = capsys.readouterr().out
+    assert "cost model profile" in out
+    assert f"hardware profile test ({profile}; derived: written by the test)" in out
+
+
+def test_simulate_refuses_a_malformed_profile_without_a_traceback(tmp_path, capsys):
+    schedule = tmp_path / "small.sched"
+    schedule.write_text(SCHEDULE.format(length=256, mesh="", sequence="", pipeline=""))
+    profile = tmp_path / "bad.toml"
+    profile.write_text(profile_text().replace("format = 1", "format = 7"))
+    with pytest.raises(SystemExit) as raised:
+        run_simulate([str(schedule), "--hardware", str(profile)])
+    assert raised.value.code == 2
+    error = capsys.readouterr().err
+    assert f"{profile}:1:1: error: hardware profile format 7 is not supported" in error
+    assert "Traceback" not in error
+    with pytest.raises(SystemExit):
+        run_simulate([str(schedule), "--hardware", "nowhere"])
+    assert "error: no hardware profile 'nowhere'" in capsys.readouterr().err
+
+
+def test_simulate_refuses_a_cost_model_that_contradicts_hardware(tmp_path):
+    schedule = tmp_path / "small.sched"
+    schedule.write_text(SCHEDULE.format(length=256, mesh="", sequence="", pipeline=""))
+    for cost_model in ("unit", "flops"):
+        with pytest.raises(SystemExit, match=f"drop --cost-model {cost_model}"):
+            run_simulate([str(schedule), "--hardware", "h200", "--cost-model", cost_model])
+
+
+def test_simulate_names_the_parts_a_profile_lacks(capsys):
+    hybrid = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "gdn_hybrid.sched")
+    assert run_simulate([hybrid, "--hardware", "h200-benchmarks"]) == 1
+    error = capsys.readouterr().err
+    assert "hardware profile h200-benchmarks has no measurement of gdn, attn" in error
+    assert "Traceback" not in error
+
+
+def attention_layers(prefixes_and_forward) -> str:
+    common = "\n".join(
+        f"""
+[[layer]]
+kind = "{kind}"
+d_model = 128
+{extra}
+tokens = [128]
+forward = [1e-3]
+backward = [1e-3]
+"""
+        for kind, extra in [("mlp", "hidden = 512"), ("embedding", "vocab = 256"), ("head", "vocab = 256")]
+    )
+    return common + "".join(
+        f"""
+[[layer]]
+kind = "attn"
+d_model = 128
+heads = 2
+head_dim = 64
+prefix = {prefix}
+tokens = [128]
+forward = [{forward}]
+backward = [{2 * forward}]
+"""
+        for prefix, forward in prefixes_and_forward
+    )
+
+
+def attention_model(layers: str, pipeline: str = "") -> ProfileCostModel:
+    text = SCHEDULE.format(length=256, mesh="", sequence="", pipeline=pipeline).replace("[gla] * 4", "[attn] * 4")
+    program = compile_schedule(ScheduleText(text), through=Pass.CHECK).program
+    return ProfileCostModel(program, parse_hardware_profile(profile_text(layers=layers)))
+
+
+def test_attention_is_linear_in_the_prefix_between_and_beyond_measured_prefixes():
+    model = attention_model(attention_layers([(0, 1e-3), (1000, 3e-3)]))
+    assert model.part_seconds(ProfiledPart.ATTN, 128, 500)[0] == pytest.approx(2e-3)
+    assert model.part_seconds(ProfiledPart.ATTN, 128, 2000)[0] == pytest.approx(5e-3)  # beyond: the same line
+    assert model.part_seconds(ProfiledPart.ATTN, 128, 0)[1] == pytest.approx(2e-3)
+    # the second chunk of 128 tokens starts after 128 keys
+    forward = model.task_duration(TaskId(ActionKind.FORWARD, 1, 0, 1))
+    expected_attention = 2 * (1e-3 + 2e-3 * 128 / 1000)  # two attn layers on stage 1
+    assert forward == pytest.approx(expected_attention + 2 * 1e-3 + 1e-3)  # their MLPs and the head
+
+
+def test_one_measured_prefix_scales_by_the_pair_flops():
+    model = attention_model(attention_layers([(0, 1e-3)]))
+    from schedlang.lowering.cost import attention_pair_flops
+    from schedlang.lowering.profile_cost import measured_flops_per_token
+
+    measured = model.profile.measurements(ProfiledPart.ATTN)[0]
+    per_token = measured_flops_per_token(measured, 64)
+    pairs = attention_pair_flops(2, 64)
+    expected = 1e-3 * (per_token + pairs * (256 + 64)) / (per_token + pairs * 64)
+    assert model.part_seconds(ProfiledPart.ATTN, 128, 256)[0] == pytest.approx(expected)
+
+
+def test_a_microbatch_of_sequences_reads_its_rows_and_attention_per_sequence():
+    profile = parse_hardware_profile(profile_text())
+    one = ProfileCostModel(program_of(), profile)
+    two = ProfileCostModel(program_of(pipeline="microbatch_size = 2"), profile)
+    forward = TaskId(ActionKind.FORWARD, 0, 0, 0)
+    # 5 linear curves: at 256 rows, proportional beyond the last measured length (128)
+    assert two.task_duration(forward) == pytest.approx(2 * one.task_duration(forward))
+    # attention: two sequences of 128 tokens after 128 keys each, not one of 256 rows after 128 keys
+    layers = attention_layers([(0, 1e-3), (1000, 3e-3)])
+    second_chunk = TaskId(ActionKind.FORWARD, 1, 0, 1)
+    single = attention_model(layers).task_duration(second_chunk)
+    double = attention_model(layers, "microbatch_size = 2").task_duration(second_chunk)
+    per_sequence_attention = 2 * (1e-3 + 2e-3 * 128 / 1000)  # two attn layers, read at 128 tokens
+    rest = 2 * 1e-3 + 1e-3  # two MLPs and the head, linear in rows
+    assert single == pytest.approx(per_sequence_attention + rest)
+    assert double == pytest.approx(2 * per_sequence_attention + 2 * rest)
