@@ -16,6 +16,10 @@ bf16 (fp32 on the CPU): the schedule file ``--schedule`` (benchmarks/schedules/g
   (benchmarks/pipeline_schedule.py: ``schedlang:chunks=16/recompute=full``,
   ``schedlang:chunks=16/recompute=mlp/offload=true``); each system's schedule is written under ``--out``.
 
+``--schedule benchmarks/schedules/mamba2_1b_one_device.sched`` runs the same systems on the same model with
+``mamba2`` mixing layers (state size 128), for the longest mamba2 sequence beside GLA's (``fla`` is GLA's peer
+and so left out there).
+
 Three phases. Throughput: each of ``--systems`` at ``--length`` in its own process, ``--warmup`` steps then
 the median of ``--steps`` timed steps, and the job's peak allocated and reserved memory (the whole job: build,
 warm-up and timed steps). Length search: each of ``--search-systems``, the longest length that trains
@@ -37,6 +41,9 @@ A tiny CPU run of the whole path:
     python benchmarks/one_device.py --device cpu --tiny --out /tmp/one-device --length 256 \\
         --systems torch schedlang:chunks=2/recompute=full --search-systems schedlang:chunks=2/recompute=full \\
         --search-start 128 --search-step 128 --search-max 512
+The mamba2 model:
+    python benchmarks/one_device.py --schedule benchmarks/schedules/mamba2_1b_one_device.sched \\
+        --systems torch schedlang:chunks=16 --search-systems schedlang:chunks=16/recompute=full --out results/mamba2
 """
 
 from __future__ import annotations

@@ -31,6 +31,8 @@ PIPELINE_SCHEDULE = SCHEDULES_DIRECTORY / "gla_1b_pp2.sched"
 """The 1B GLA model on two pipeline stages: every PP2 row of docs/benchmarks.md."""
 ONE_DEVICE_SCHEDULE = SCHEDULES_DIRECTORY / "gla_1b_one_device.sched"
 """The same model whole on one device: benchmarks/one_device.py."""
+MAMBA2_ONE_DEVICE_SCHEDULE = SCHEDULES_DIRECTORY / "mamba2_1b_one_device.sched"
+"""That model with every mixing layer ``mamba2``: benchmarks/one_device.py's mamba2 systems."""
 SCALE_SCHEDULE = SCHEDULES_DIRECTORY / "gla_tiny_64_stages.sched"
 """The front end's and the legality check's scale benchmarks at their largest size."""
 
@@ -199,14 +201,15 @@ def script_configs(script: str) -> RuntimeConfigs:
 
     The script's module-level assignments are evaluated as literals: constants, tuples, lists, dicts, names
     assigned earlier in the script (``STAGE_0_ACTIONS``), and calls, with keyword or positional literals, of
-    the dataclasses the script imports from ``schedlang.runtime``. Anything else raises ValueError naming
-    its line: a generated script holds nothing else at module level (lowering/codegen.py: user values
-    appear only as literals).
+    the dataclasses the script imports from ``schedlang.runtime`` and ``schedlang.vocabulary``. Anything else
+    raises ValueError naming its line: a generated script holds nothing else at module level
+    (lowering/codegen.py: user values appear only as literals).
     """
     records: dict[str, type] = {}
     values: dict[str, object] = {}
     for node in ast.parse(script).body:
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("schedlang.runtime."):
+        module_name = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
+        if module_name.startswith(("schedlang.runtime.", "schedlang.vocabulary")):
             module = importlib.import_module(node.module)
             for alias in node.names:
                 imported = getattr(module, alias.name)

@@ -52,6 +52,7 @@ from schedlang.vocabulary import (
     AttentionExchange,
     DType,
     LayerKind,
+    Mamba2Options,
     MlpKind,
     ModelConfig,
     Recompute,
@@ -185,6 +186,9 @@ def mixer_projection_flops_per_token(kind: LayerKind, d_model: int, heads: int, 
     if not kind.is_mixer:
         return 0.0
     width = heads * head_dim
+    if kind is LayerKind.MAMBA2:  # in_proj to z, x, B, C (one group of the default state size) and dt; out_proj
+        mamba2 = Mamba2Options()
+        return 2 * d_model * (2 * width + 2 * mamba2.n_groups * mamba2.state_size + heads) + 2 * width * d_model
     projections = 4 * 2 * d_model * width  # q, k, v and o
     if kind is LayerKind.GLA:
         projections += 2 * d_model * width  # per-channel forget gate
@@ -195,18 +199,25 @@ def mixer_projection_flops_per_token(kind: LayerKind, d_model: int, heads: int, 
     return projections
 
 
-LINEAR_LAYERS_PER_MIXER = {LayerKind.ATTN: 4, LayerKind.GLA: 5, LayerKind.SIMPLE_GLA: 5, LayerKind.GDN: 7}
-"""The linear layers of a token mixer (q, k, v, o and its gates, as schedlang.runtime.model builds them)."""
+LINEAR_LAYERS_PER_MIXER = {
+    LayerKind.ATTN: 4, LayerKind.GLA: 5, LayerKind.SIMPLE_GLA: 5, LayerKind.GDN: 7, LayerKind.MAMBA2: 2
+}
+"""The linear layers of a token mixer (q, k, v, o and its gates; mamba2's in_proj and out_proj, as
+schedlang.runtime.model builds them)."""
 LINEAR_LAYERS_PER_MLP = 2
 """SwiGLU's fused gate-and-up projection and its down projection."""
 
 
-def recurrence_flops_per_token(kind: LayerKind, heads: int, head_dim: int, kernel_chunk: int) -> float:
-    """Forward FLOPs per token of a recurrent layer's chunked recurrence (0 for ``attn`` and ``mlp``)."""
+def recurrence_flops_per_token(
+    kind: LayerKind, heads: int, head_dim: int, kernel_chunk: int, key_dim: int | None = None
+) -> float:
+    """Forward FLOPs per token of a recurrent layer's chunked recurrence (0 for ``attn`` and ``mlp``), its keys
+    ``key_dim`` wide (None: ``head_dim``; mamba2's are its state size)."""
     if not kind.is_recurrent:
         return 0.0
+    key_dim = head_dim if key_dim is None else key_dim
     # chunked recurrence: intra-chunk q k^T and (q k^T) v over the kernel chunk, then q S and S += k^T v
-    recurrence = heads * (4 * kernel_chunk * head_dim + 4 * head_dim * head_dim)
+    recurrence = heads * (2 * kernel_chunk * (key_dim + head_dim) + 4 * key_dim * head_dim)
     if kind is LayerKind.GDN:
         recurrence += heads * (2 * kernel_chunk * head_dim + 2 * head_dim * head_dim)  # delta-rule WY terms
     return recurrence
@@ -238,7 +249,8 @@ def layer_recurrence_flops_per_token(model: ModelConfig, kind: LayerKind, kernel
     (with packed documents, per padded token: schedlang.lowering.operator_tokens)."""
     state = model.state_geometry(kind)
     heads = state.heads if state is not None else model.heads  # a recurrent layer's are its state's
-    return recurrence_flops_per_token(kind, heads, model.head_dim, kernel_chunk)
+    key_dim = state.key_dim if kind is LayerKind.MAMBA2 else None
+    return recurrence_flops_per_token(kind, heads, model.head_dim, kernel_chunk, key_dim)
 
 
 def attention_pair_flops(heads: int, head_dim: int) -> float:

@@ -33,7 +33,8 @@ backward (its ``W`` task when the backward is split):
   value-wide the calibration separates by varying ``D_k``) plus a ``C x C`` boolean mask per layer and chunk;
   on CUDA (the Triton operator, chunk states not kept) ``(2 W_k + W_v) e`` (its q, k, v) ``+ f H_v (C + 3 + 1
   / C)`` (the ``C x C`` inverse per kernel chunk, the gate cumsum, the gate, the write strength and the chunk
-  decay);
+  decay); mamba2 (``G`` groups of ``N``, ``C_w = W + 2 G N``) :func:`mamba2_bytes_per_token`'s terms, measured
+  on the CPU in fp32 and bf16, grouped and not;
 * an MLP (SwiGLU): its norm, the normed input (``d e``), the fused gate-and-up output (``2 h e``) and the
   activation's output (``h e``);
 * the last stage's head: the final norm, the head's input (``d e``), the log-softmax over the vocabulary in
@@ -109,6 +110,20 @@ class GdnGeometry:
 
 
 @dataclass(frozen=True)
+class Mamba2Geometry:
+    """A mamba2 layer's widths: the model's ``heads`` of ``head_dim`` (``W = H D``, fla's intermediate size),
+    ``groups`` B/C groups of ``state_size`` (``N``) and ``conv_taps`` taps over x, B and C."""
+
+    state_size: int
+    groups: int
+    conv_taps: int
+
+    def convolved_width(self, width: int) -> int:
+        """Channels of the convolution, x, B and C together: ``W + 2 G N`` (fla's ``conv_dim``)."""
+        return width + 2 * self.groups * self.state_size
+
+
+@dataclass(frozen=True)
 class Sizes:
     """The sizes every term reads, taken once from a program."""
 
@@ -122,6 +137,7 @@ class Sizes:
     batch: int
     attention: AttentionGeometry  # the heads of the attn layers
     gdn: GdnGeometry  # the heads and widths of the gdn layers
+    mamba2: Mamba2Geometry  # the state size, groups and convolution of the mamba2 layers
 
     @property
     def width(self) -> int:
@@ -149,6 +165,7 @@ def program_sizes(program: ScheduleProgram) -> Sizes:
             value_dim=gdn_state.value_dim,
             conv_taps=model.options.gdn.short_conv_size or 0,
         ),
+        mamba2=Mamba2Geometry(model.options.mamba2.state_size, model.options.mamba2.n_groups, model.options.mamba2.conv_kernel),
     )
 
 
@@ -174,6 +191,8 @@ def mixer_bytes_per_token(kind: LayerKind, sizes: Sizes, device: Device) -> floa
         return shared + heads * e
     if kind is LayerKind.GDN:
         return normed_input + gdn_bytes_per_token(sizes, device)
+    if kind is LayerKind.MAMBA2:
+        return normed_input + mamba2_bytes_per_token(sizes, device)
     return 0.0
 
 
@@ -188,7 +207,35 @@ def operator_bytes_per_token(kind: LayerKind, sizes: Sizes, device: Device) -> f
         return 3 * width * e + sizes.heads * f
     if kind is LayerKind.GDN:
         return gdn_operator_bytes_per_token(sizes, device)
+    if kind is LayerKind.MAMBA2:
+        return mamba2_operator_bytes_per_token(sizes)
     return 0.0
+
+
+def mamba2_bytes_per_token(sizes: Sizes, device: Device) -> float:
+    """A mamba2 layer's saved bytes per token after its normed input ([Note: activation bytes]), ``C_w = W + 2 G
+    N`` the convolution's channels: its input, its output and the SiLU's output, which x, B and C view and the
+    ``D`` skip keeps (``3 C_w e``; the input's history rows: stage_chunk_constant_bytes), x again in the
+    compute dtype for ``v = dt x`` when that differs (``W f``), the time step twice (``2 H f``), the gated group
+    norm's gate (in a 32-bit model a view that keeps the whole input projection, ``(W + C_w + H) f``; else its
+    ``W f`` copy), its values, the gate's SiLU, the gated values and the normed ones (``4 W f``) and ``G`` fp32
+    ``rstd`` per token, the output projection's input (``W e``), and the operator's part."""
+    mamba2, e, f = sizes.mamba2, sizes.element_bytes, sizes.compute_bytes
+    width, heads = sizes.width, sizes.heads
+    convolved = mamba2.convolved_width(width)
+    kept = 3 * convolved * e + (width * f if e != f else 0) + 2 * heads * f
+    kept += (width + convolved + heads) * f if e == f else width * f
+    kept += 4 * width * f + mamba2.groups * RSTD_BYTES + width * e
+    return kept + mamba2_operator_bytes_per_token(sizes)
+
+
+def mamba2_operator_bytes_per_token(sizes: Sizes) -> float:
+    """What a mamba2 layer's chunked operator (simple GLA's) saves per token it runs over: C and B repeated
+    for their heads (``2 H N e``; with ``G = H`` they are views of the convolution's output, counted there),
+    ``v = dt x`` (``W e``) and the log decay (``H f``)."""
+    mamba2, e, f = sizes.mamba2, sizes.element_bytes, sizes.compute_bytes
+    repeated = 2 * sizes.heads * mamba2.state_size * e if mamba2.groups < sizes.heads else 0
+    return repeated + sizes.width * e + sizes.heads * f
 
 
 def gdn_bytes_per_token(sizes: Sizes, device: Device) -> float:
@@ -298,7 +345,8 @@ def stage_operator_bytes_per_token(
 def stage_chunk_constant_bytes(program: ScheduleProgram, stage: int, recompute: Recompute, device: Device) -> float:
     """Saved bytes of a chunk that are not per token, per GDN layer: on the CPU its ``C x C`` causal mask (the
     Triton operator on CUDA keeps none), and with short convolutions the ``taps - 1`` history rows each
-    convolution's saved input has before the chunk's own. (Attention in parts saves no mask of the chunk's
+    convolution's saved input has before the chunk's own; per mamba2 layer those history rows of its one
+    convolution. (Attention in parts saves no mask of the chunk's
     queries against the prefix: [Note: attention in parts] in schedlang.runtime.attention_parts.)"""
     if recompute in (Recompute.FULL, Recompute.MIXER):
         return 0.0
@@ -306,7 +354,12 @@ def stage_chunk_constant_bytes(program: ScheduleProgram, stage: int, recompute: 
     gdn = sizes.gdn
     mask = RUNTIME_KERNEL_CHUNK * RUNTIME_KERNEL_CHUNK if device is Device.CPU else 0
     history = sizes.batch * max(gdn.conv_taps - 1, 0) * gdn.convolved_width * sizes.element_bytes
-    return sum(kind is LayerKind.GDN for kind in stage_layer_kinds(program, stage)) * (mask + history)
+    mamba2 = sizes.mamba2
+    mamba2_history = sizes.batch * max(mamba2.conv_taps - 1, 0) * mamba2.convolved_width(sizes.width)
+    mamba2_history *= sizes.element_bytes
+    kinds = stage_layer_kinds(program, stage)
+    gdn_layers, mamba2_layers = (sum(kind is wanted for kind in kinds) for wanted in (LayerKind.GDN, LayerKind.MAMBA2))
+    return gdn_layers * (mask + history) + mamba2_layers * mamba2_history
 
 
 def chunk_activation_bytes(

@@ -1,13 +1,15 @@
-"""flash-linear-attention's GLA and Gated DeltaNet checkpoints: ``config.json`` fields and parameter names.
+"""flash-linear-attention's GLA, Gated DeltaNet and Mamba-2 checkpoints: ``config.json`` fields and parameter
+names.
 
-A Hugging Face directory written by ``GLAForCausalLM.save_pretrained`` or
-``GatedDeltaNetForCausalLM.save_pretrained`` (fla 0.6.0) holds a ``config.json`` of ``model_type``
-``"gla"`` or ``"gated_deltanet"`` and ``*.safetensors`` weights. :func:`read_fla_config` turns the config
-into the sizes and :class:`~schedlang.vocabulary.model_options.ModelOptions` of the same network in schedlang
-(refusing, field by field, what schedlang does not build); :func:`fla_config` is the inverse;
-:func:`fla_sources` names the fla tensors each schedlang parameter is made of. This module holds GLA and
-what both share; :mod:`schedlang.runtime.hf_gated_deltanet` the Gated DeltaNet half. The math behind the
-correspondence is in ``docs/models.md``.
+A Hugging Face directory written by ``GLAForCausalLM.save_pretrained``,
+``GatedDeltaNetForCausalLM.save_pretrained`` or ``Mamba2ForCausalLM.save_pretrained`` (fla 0.6.0) holds a
+``config.json`` of ``model_type`` ``"gla"``, ``"gated_deltanet"`` or ``"mamba2"`` and ``*.safetensors``
+weights. :func:`read_fla_config` turns the config into the sizes and
+:class:`~schedlang.vocabulary.model_options.ModelOptions` of the same network in schedlang (refusing, field by
+field, what schedlang does not build); :func:`fla_config` is the inverse; :func:`fla_sources` names the fla
+tensors each schedlang parameter is made of. This module holds GLA and what they share;
+:mod:`schedlang.runtime.hf_gated_deltanet` the Gated DeltaNet part and :mod:`schedlang.runtime.hf_mamba2` the
+Mamba-2 part. The math behind the correspondence is in ``docs/models.md``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ from schedlang.runtime.hf_gated_deltanet import (
     gdn_config,
     gdn_config_problems,
     read_gdn_config,
+)
+from schedlang.runtime.hf_mamba2 import (
+    MAMBA2_MODEL_TYPE,
+    mamba2_config,
+    mamba2_config_problems,
+    mamba2_sources,
+    read_mamba2_config,
 )
 from schedlang.vocabulary import GATE_LOGIT_NORMALIZER, GlaOptions, LayerKind, ModelConfig, ModelOptions, OutputGate
 
@@ -61,6 +70,7 @@ class FlaModel:
     head_dim: int
     norm_eps: float
     options: ModelOptions
+    mlp_ratio: float = 4.0  # 0: blocks without an MLP (fla's Mamba2); with an MLP, options.mlp_width sizes it
 
     def model_config(self, initial_weights: str | None = None) -> ModelConfig:
         """The runtime's record of this model (its weights from ``initial_weights`` when given)."""
@@ -71,6 +81,7 @@ class FlaModel:
             layers=self.layers,
             heads=self.heads,
             head_dim=self.head_dim,
+            mlp_ratio=self.mlp_ratio,
             norm_eps=self.norm_eps,
             options=options,
         )
@@ -148,11 +159,13 @@ def read_fla_config(values: Mapping[str, object]) -> FlaModel:
     model_type = values.get("model_type")
     if model_type == GDN_MODEL_TYPE:
         return read_gdn_config(values)
+    if model_type == MAMBA2_MODEL_TYPE:
+        return read_mamba2_config(values)
     if model_type != FLA_MODEL_TYPE:
         raise UnsupportedFlaConfig(
             "model_type",
             f"model_type is {model_type!r}; schedlang reads flash-linear-attention's "
-            f"'{FLA_MODEL_TYPE}' and '{GDN_MODEL_TYPE}' models",
+            f"'{FLA_MODEL_TYPE}', '{GDN_MODEL_TYPE}' and '{MAMBA2_MODEL_TYPE}' models",
         )
     for field, built, otherwise in _FIXED_FIELDS:
         if field in values and values[field] != built:
@@ -197,6 +210,11 @@ def read_fla_config(values: Mapping[str, object]) -> FlaModel:
     )
 
 
+def is_mamba2(model: ModelConfig) -> bool:
+    """Whether ``model`` is written as fla's Mamba-2 (it has a ``mamba2`` layer)."""
+    return LayerKind.MAMBA2 in model.layers
+
+
 def is_gated_deltanet(model: ModelConfig) -> bool:
     """Whether ``model`` is written as fla's Gated DeltaNet (it has a ``gdn`` layer), else as its GLA."""
     return LayerKind.GDN in model.layers
@@ -207,6 +225,8 @@ def fla_config_problems(model: ModelConfig) -> list[str]:
     ``Attention``); empty when it is."""
     if is_gated_deltanet(model):
         return gdn_config_problems(model) + fla_attention_problems(model)
+    if is_mamba2(model):
+        return mamba2_config_problems(model)
     problems = []
     gla = model.options.gla
     if any(kind not in (LayerKind.GLA, LayerKind.ATTN) for kind in model.layers):
@@ -229,8 +249,10 @@ def fla_config(model: ModelConfig, torch_dtype: torch.dtype = torch.float32) -> 
 
     problems = fla_config_problems(model)
     if problems:
-        kind = "Gated DeltaNet" if is_gated_deltanet(model) else "GLA"
+        kind = "Gated DeltaNet" if is_gated_deltanet(model) else "Mamba-2" if is_mamba2(model) else "GLA"
         raise ValueError(f"not a flash-linear-attention {kind} model: " + "; ".join(problems))
+    if is_mamba2(model):
+        return {**mamba2_config(model), "dtype": str(torch_dtype).removeprefix("torch.")}
     shared = {
         "norm_eps": model.norm_eps,
         "tie_word_embeddings": model.options.tie_embeddings,
@@ -331,6 +353,8 @@ def fla_sources(name: str, layers: tuple[LayerKind, ...]) -> tuple[str, ...]:
     ``KeyError`` for a parameter fla's model has no counterpart of (a full-rank GLA gate projection, a
     layer kind fla's model does not build).
     """
+    if LayerKind.MAMBA2 in layers:
+        return mamba2_sources(name)
     fused = _FUSED_GATE_UP.fullmatch(name)
     if fused is not None:
         layer = fused.group(1)

@@ -6,7 +6,7 @@ document and the token after it starts the next. Packed training equals training
 
 * a document's tokens are the ones from its first token up to and including its ``document_end``; the
   sequence's first position starts a document (the model sees nothing before it, as without packing);
-* every recurrent layer (gla, simple_gla, gdn) reads a state that starts from zero at its document's first
+* every recurrent layer (gla, simple_gla, gdn, mamba2) reads a state that starts from zero at its document's first
   token, and the state crosses a chunk boundary as before when no document starts there
   (:func:`recurrent_by_document`, below);
 * attention is block-causal: a query sees only the keys of its own document, in its chunk and in the earlier
@@ -21,7 +21,8 @@ Every rank computes the same layout from the same token window (:class:`Document
 from the replica's tokens once a step); a stage with no tokens of its own still reads the window. Attention
 runs one pair of fused calls per document piece. Sequence parallelism and CUDA graphs do not take packed data
 (``schedlang check`` refuses them), nor do gdn's short convolutions (their history of the last inputs would
-cross a document start).
+cross a document start); mamba2's convolution masks its taps at document starts ([Note: short convolutions
+over packed documents] in :mod:`schedlang.runtime.short_convolution`).
 
 A recurrent layer makes ONE operator call per chunk however many documents start in it
 (:func:`recurrent_by_document`): the chunk's pieces are laid out in one padded sequence per row

@@ -1,4 +1,4 @@
-"""Short convolutions of a Gated DeltaNet layer, and the layer state that carries them across chunks.
+"""Short convolutions of a Gated DeltaNet or Mamba-2 layer, and the layer state that carries them across chunks.
 
 [Note: short-convolution state]
 A ``gdn`` layer with ``short_conv_size = W`` passes its projected queries, keys and values through a causal
@@ -23,6 +23,16 @@ rank ``r > 0`` from rank ``r - 1``'s inputs, and every rank returns the last ran
 after the chunk. That keeps the executor's rank contract for states ([Note: sequence-parallel chunks] in
 :mod:`schedlang.runtime.executor`): the incoming history is read on rank 0 only, and the backward of the
 gather sums the gradients every rank gives to a rank's inputs, the final history's included.
+
+[Note: short convolutions over packed documents]
+With packed documents ([Note: packed documents] in :mod:`schedlang.runtime.packing`) the output at token ``t``
+reads only the inputs of ``t``'s own document: a tap that would read a position before the document's start
+reads zero, as the convolution's zero padding does at a sequence's start. ``ShortConvolution`` then forms
+each output from its ``size`` taps under a ``[rows, L, size]`` mask of the chunk's document starts
+(:func:`document_taps`); the history it hands on is the last ``size - 1`` inputs as always, and the next
+chunk's mask drops those that precede its first document's start. Masking is needed whenever a document
+starts after the sequence's first position (``ChunkDocuments.masks_keys``), the first piece's history
+included.
 """
 
 from __future__ import annotations
@@ -34,33 +44,61 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from schedlang.runtime.packing import ChunkDocuments
+
+
+def document_taps(documents: ChunkDocuments, size: int, device: torch.device) -> torch.Tensor:
+    """``[rows, L, size]``, True where tap ``j`` of the output at the chunk's token ``i`` (position
+    ``start + i - size + 1 + j``) lies in that token's document ([Note: short convolutions over packed
+    documents])."""
+    length = documents.end - documents.start
+    positions = documents.start + torch.arange(length)[:, None] + torch.arange(size)[None, :] - (size - 1)
+    starts = documents.segment_ids()  # a row's first piece reads as starting at the chunk's start
+    first_starts = torch.tensor(documents.first_starts)[:, None]
+    starts = torch.where(starts == documents.start, torch.minimum(starts, first_starts), starts)
+    return (positions[None] >= starts[:, :, None]).to(device)
+
 
 class ShortConvolution(nn.Module):
     """``silu(causal depthwise conv1d)`` over ``[B, L, channels]``; ``weight`` is ``[channels, 1, size]``,
-    fla's ``q_conv1d.weight`` layout, tap ``size - 1`` on the current token."""
+    fla's ``q_conv1d.weight`` layout, tap ``size - 1`` on the current token; ``bias`` (``[channels]``) only
+    when asked for (Mamba-2's ``use_conv_bias``)."""
 
-    def __init__(self, channels: int, size: int) -> None:
+    def __init__(self, channels: int, size: int, bias: bool = False) -> None:
         super().__init__()
         self.channels = channels
         self.size = size
         self.weight = nn.Parameter(torch.empty(channels, 1, size))
+        self.bias = nn.Parameter(torch.empty(channels)) if bias else None
 
-    def forward(self, inputs: torch.Tensor, history: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, inputs: torch.Tensor, history: torch.Tensor | None, documents: ChunkDocuments | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``inputs`` ``[B, L, C]`` and the ``size - 1`` inputs before them (``[B, size - 1, C]``; None:
         zeros). Returns the output ``[B, L, C]`` and the last ``size - 1`` inputs, history included, for
-        the next chunk (the chunk may be shorter than the history)."""
+        the next chunk (the chunk may be shorter than the history). With ``documents`` each output reads only
+        its own document's inputs ([Note: short convolutions over packed documents])."""
         batch, _, channels = inputs.shape
         if history is None:
             history = inputs.new_zeros(batch, self.size - 1, channels)
         padded = torch.cat((history.to(inputs.dtype), inputs), dim=1)
-        mixed = F.conv1d(padded.transpose(1, 2), self.weight.to(inputs.dtype), groups=channels)
-        return F.silu(mixed.transpose(1, 2)), padded[:, padded.shape[1] - (self.size - 1) :]
+        weight = self.weight.to(inputs.dtype)
+        bias = None if self.bias is None else self.bias.to(inputs.dtype)
+        if documents is not None and documents.masks_keys:
+            taps = document_taps(documents, self.size, inputs.device).to(inputs.dtype)
+            windows = padded.unfold(1, self.size, 1)  # [B, L, C, size]
+            mixed = (windows * taps[:, :, None, :] * weight[:, 0]).sum(dim=-1)
+            mixed = mixed if bias is None else mixed + bias
+        else:
+            mixed = F.conv1d(padded.transpose(1, 2), weight, bias, groups=channels).transpose(1, 2)
+        return F.silu(mixed), padded[:, padded.shape[1] - (self.size - 1) :]
 
 
 @dataclass(frozen=True)
 class PackedDeltaState:
-    """The layout of one ``gdn`` layer's packed state ([Note: short-convolution state]): a recurrent
-    state of ``recurrent_shape`` (without the batch), then ``history`` inputs of ``channels`` (q, k, v)."""
+    """The layout of one ``gdn`` or ``mamba2`` layer's packed state ([Note: short-convolution state]): a
+    recurrent state of ``recurrent_shape`` (without the batch), then ``history`` inputs of each of
+    ``channels`` (gdn: q, k, v; mamba2: x, B and C as one convolution's channels)."""
 
     recurrent_shape: tuple[int, ...]
     history: int

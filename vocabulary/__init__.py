@@ -54,6 +54,7 @@ from schedlang.vocabulary.model_options import (
     AttentionOptions,
     GdnOptions,
     GlaOptions,
+    Mamba2Options,
     ModelOptions,
 )
 from schedlang.vocabulary.model_settings import (
@@ -96,6 +97,7 @@ __all__ = [
     "LearningRateScheduleConfig",
     "LearningRateScheduleKind",
     "LossScaleConfig",
+    "Mamba2Options",
     "MlpKind",
     "ModelConfig",
     "ModelOptions",

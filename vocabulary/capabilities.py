@@ -130,8 +130,8 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(
         ("model.layers", "pipeline.cuda_graphs"),
         lambda request: request.cuda_graphs and LayerKind.ATTN in request.layers,
-        lambda request: _graphs(request) + "attn layers, which read a key prefix that grows chunk by chunk; use gla and "
-        "simple_gla layers",
+        lambda request: _graphs(request) + "attn layers, which read a key prefix that grows chunk by chunk; use "
+        "recurrent layers (gla, simple_gla, gdn, mamba2), whose states keep one shape",
     ),
 )
 

@@ -13,7 +13,8 @@ from enum import Enum
 class LayerKind(str, Enum):
     """Layer kinds: token mixers (the recurrent ones carry state across chunks) and ``mlp``.
 
-    ``gdn`` is Gated DeltaNet (the gated delta rule); ``attn`` is causal softmax attention, which the
+    ``gdn`` is Gated DeltaNet (the gated delta rule); ``mamba2`` is Mamba-2 (its SSD through simple GLA's
+    kernels, ``schedlang.runtime.mixer_mamba2``); ``attn`` is causal softmax attention, which the
     runtime runs over sequence-wide K/V buffers (``schedlang.runtime.kv_buffers``).
 
     [Note: separate MLP layers] A mixing layer is a pre-norm residual block of its mixer and the model's
@@ -26,13 +27,14 @@ class LayerKind(str, Enum):
     GLA = "gla"
     SIMPLE_GLA = "simple_gla"
     GDN = "gdn"
+    MAMBA2 = "mamba2"
     ATTN = "attn"
     MLP = "mlp"
 
     @property
     def is_recurrent(self) -> bool:
         """Whether the layer hands a recurrent state from chunk to chunk."""
-        return self in (LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GDN)
+        return self in (LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GDN, LayerKind.MAMBA2)
 
     @property
     def is_mixer(self) -> bool:

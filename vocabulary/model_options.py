@@ -75,6 +75,47 @@ class GdnOptions:
 
 
 @dataclass(frozen=True)
+class Mamba2Options:
+    """The options of ``mamba2`` layers (the other layer kinds ignore them), in flash-linear-attention's
+    ``Mamba2Config`` names; the layer's heads and head width are the model's ``heads`` and ``head_dim``
+    (fla's ``num_heads = expand * hidden_size / head_dim``).
+
+    ``state_size``: N, the state's rows per head (the state is ``[heads, state_size, head_dim]``).
+    ``n_groups``: B and C have ``n_groups`` groups of ``state_size``, each shared by ``heads / n_groups``
+    consecutive heads; the gated RMSNorm normalises each group's ``heads * head_dim / n_groups`` channels.
+    ``conv_kernel``: taps of the causal depthwise convolution (then SiLU) over x, B and C, whose last
+    ``conv_kernel - 1`` inputs join the state; ``use_conv_bias``: the convolution has a bias.
+    ``use_bias``: the input and output projections have biases.
+    ``dt_min``, ``dt_max``, ``dt_init_floor``: ``dt_bias`` starts as the inverse softplus of
+    ``exp(U(log dt_min, log dt_max))`` raised to at least ``dt_init_floor``.
+    ``dt_limit``: ``dt = softplus(dt_proj + dt_bias)`` is clamped to ``[low, high]`` (``high`` None: no upper
+    bound); None: fla's ``(0, inf)``, no clamp.
+    """
+
+    state_size: int = 128
+    n_groups: int = 1
+    conv_kernel: int = 4
+    use_conv_bias: bool = True
+    use_bias: bool = False
+    dt_min: float = 0.001
+    dt_max: float = 0.1
+    dt_init_floor: float = 1e-4
+    dt_limit: tuple[float, float | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.dt_limit is not None:
+            object.__setattr__(self, "dt_limit", tuple(self.dt_limit))
+
+    def inner_width(self, heads: int, head_dim: int) -> int:
+        """fla's ``intermediate_size``: the width of x, of the gate z and of the output projection's input."""
+        return heads * head_dim
+
+    def convolved_width(self, heads: int, head_dim: int) -> int:
+        """fla's ``conv_dim``: the channels of x, B and C, which the convolution mixes and its history keeps."""
+        return self.inner_width(heads, head_dim) + 2 * self.n_groups * self.state_size
+
+
+@dataclass(frozen=True)
 class AttentionOptions:
     """The options of ``attn`` layers (the other layer kinds ignore them).
 
@@ -95,7 +136,8 @@ class AttentionOptions:
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """Everything of :class:`GlaOptions`, :class:`GdnOptions` and :class:`AttentionOptions`, plus what every
+    """Everything of :class:`GlaOptions`, :class:`GdnOptions`, :class:`Mamba2Options` and :class:`AttentionOptions`,
+    plus what every
     model has.
 
     ``mlp_width``: the SwiGLU hidden width as is (None: ``d_model * mlp_ratio`` rounded up to a multiple
@@ -107,6 +149,7 @@ class ModelOptions:
     gla: GlaOptions = field(default_factory=GlaOptions)
     gdn: GdnOptions = field(default_factory=GdnOptions)
     attention: AttentionOptions = field(default_factory=AttentionOptions)
+    mamba2: Mamba2Options = field(default_factory=Mamba2Options)
     mlp_width: int | None = None
     tie_embeddings: bool = False
     initial_weights: str | None = None
@@ -119,6 +162,7 @@ class ModelOptions:
         entries: list[tuple[str, object]] = []
         recorded = (("gla", self.gla),) + ((("gdn", self.gdn),) if self.gdn != GdnOptions() else ())
         recorded += (("attention", self.attention),) if self.attention != AttentionOptions() else ()
+        recorded += (("mamba2", self.mamba2),) if self.mamba2 != Mamba2Options() else ()
         for prefix, options in recorded:
             for option in fields(options):
                 value = getattr(options, option.name)
@@ -141,6 +185,7 @@ class ModelOptions:
             gla=gla,
             gdn=GdnOptions(**recorded("gdn.")),
             attention=AttentionOptions(**recorded("attention.")),
+            mamba2=Mamba2Options(**recorded("mamba2.")),
             mlp_width=values["mlp_width"],
             tie_embeddings=values["tie_embeddings"],
         )

@@ -97,7 +97,9 @@ def recurrent_state_geometry(
     one). GLA: ``heads`` heads of ``gla.head_k_dim`` keys, a decay per key row; simple GLA: ``head_dim`` keys,
     a decay per head; Gated DeltaNet: ``gdn.value_heads_of(heads)`` heads of ``gdn.head_k_dim`` keys, a
     ``[key_dim, key_dim]`` transition per head, and with short convolutions ``short_conv_size - 1`` history
-    rows of its q, k and v inputs (``2 heads key_dim + value_heads head_dim`` features)."""
+    rows of its q, k and v inputs (``2 heads key_dim + value_heads head_dim`` features); Mamba-2: ``heads``
+    heads of ``mamba2.state_size`` keys and ``head_dim`` values (simple GLA's state), a decay per head, and
+    ``conv_kernel - 1`` history rows of its x, B and C inputs (``mamba2.convolved_width`` features)."""
     if kind is LayerKind.GLA:
         key_dim = options.gla.head_k_dim or head_dim
         return RecurrentStateGeometry(heads, key_dim, head_dim, transition_elements=heads * key_dim)
@@ -114,6 +116,16 @@ def recurrent_state_geometry(
             transition_elements=value_heads * key_dim * key_dim,
             history_rows=taps - 1 if taps else 0,
             history_channels=2 * heads * key_dim + value_heads * head_dim if taps else 0,
+        )
+    if kind is LayerKind.MAMBA2:
+        mamba2 = options.mamba2
+        return RecurrentStateGeometry(
+            heads,
+            mamba2.state_size,
+            head_dim,
+            transition_elements=heads,
+            history_rows=mamba2.conv_kernel - 1,
+            history_channels=mamba2.convolved_width(heads, head_dim),
         )
     return None
 
@@ -200,7 +212,7 @@ MODEL_KEYS: tuple[Key, ...] = (
     ),
     Key(
         "model", "layers", Structured(), REQUIRED, "layers = [gla] * 4",
-        doc="1 .. 4096 layers; kinds `gla`, `simple_gla`, `gdn`, `attn`, `mlp`",
+        doc="1 .. 4096 layers; kinds `gla`, `simple_gla`, `gdn`, `mamba2`, `attn`, `mlp`",
         value_doc="list of layer kinds",
     ),
     Key(
@@ -313,6 +325,70 @@ MODEL_KEYS: tuple[Key, ...] = (
         ),
         default_doc="`heads`",
         fills=(),
+    ),
+    Key(
+        "model", "state_size", Integer(1, MAX_HEAD_DIM), ModelConfig, "state_size = 64",
+        doc=(
+            "`mamba2` layers: N, the rows of each head's SSD state `[state_size, head_dim]` and the width of B and C "
+            "per group, 1 .. 1024 (fla's `state_size`)"
+        ),
+        fills=("options.mamba2.state_size",),
+    ),
+    Key(
+        "model", "n_groups", Integer(1, 4096), ModelConfig, "n_groups = 2",
+        doc=(
+            "`mamba2` layers: groups of B and C, dividing `heads`; group `g` serves the `heads / n_groups` "
+            "consecutive heads from `g heads / n_groups`, and the gated RMSNorm normalises each group's channels "
+            "(fla's `n_groups`)"
+        ),
+        fills=("options.mamba2.n_groups",),
+    ),
+    Key(
+        "model", "conv_kernel", Integer(1, MAX_SHORT_CONV_SIZE), ModelConfig, "conv_kernel = 4",
+        doc=(
+            "`mamba2` layers: 1 .. 64 taps of the causal depthwise convolution, then SiLU, over x, B and C (fla's "
+            "`conv_kernel`); its last inputs join the layer's state; with `mesh.sequence > 1`, `kernel_chunk >= "
+            "conv_kernel - 1`"
+        ),
+        fills=("options.mamba2.conv_kernel",),
+    ),
+    Key(
+        "model", "use_conv_bias", Boolean(), ModelConfig, "use_conv_bias = false",
+        doc="`mamba2` layers: the convolution has a bias (zero at initialisation)",
+        fills=("options.mamba2.use_conv_bias",),
+    ),
+    Key(
+        "model", "use_bias", Boolean(), ModelConfig, "use_bias = true",
+        doc="`mamba2` layers: `in_proj` and `out_proj` have biases (zero at initialisation)",
+        fills=("options.mamba2.use_bias",),
+    ),
+    Key(
+        "model", "dt_min", Number(0.0, above=True), ModelConfig, "dt_min = 0.001",
+        doc=(
+            "`mamba2` layers: `> 0`; `dt_bias` starts as the inverse softplus of `exp(U(log dt_min, log dt_max))`; "
+            "`dt_min <= dt_max`"
+        ),
+        fills=("options.mamba2.dt_min",),
+    ),
+    Key(
+        "model", "dt_max", Number(0.0, above=True), ModelConfig, "dt_max = 0.1",
+        doc="`mamba2` layers: `> 0`, the top of that range",
+        fills=("options.mamba2.dt_max",),
+    ),
+    Key(
+        "model", "dt_init_floor", Number(0.0, above=True), ModelConfig, "dt_init_floor = 1e-4",
+        doc="`mamba2` layers: `> 0`; those initial time steps are raised to at least this",
+        fills=("options.mamba2.dt_init_floor",),
+    ),
+    Key(
+        "model", "dt_limit", Structured(), ModelConfig, "dt_limit = [0.0, 100.0]",
+        doc=(
+            "`mamba2` layers: `dt = softplus(dt_proj + dt_bias)` is clamped to `[low, high]`, `0 <= low < high`; "
+            "`none`: fla's `(0, inf)`, no clamp"
+        ),
+        value_doc="`[low, high]` or `none`",
+        fills=("options.mamba2.dt_limit",),
+        accepts_none=True,
     ),
     Key(
         "model", "attn_heads", Integer(1, 4096), Derived("heads"), "attn_heads = 4",

@@ -1,7 +1,7 @@
 """``model { from = hf("dir") }``: a Hugging Face model directory as the defaults of the model block.
 
 Contract: :func:`read_from` follows ``schedlang.checks.readers`` (returns the value or reports and returns
-``None``). It reads ``dir/config.json`` (a flash-linear-attention GLA or Gated DeltaNet config, through
+``None``). It reads ``dir/config.json`` (a flash-linear-attention GLA, Gated DeltaNet or Mamba-2 config, through
 ``schedlang.runtime.hf_format.read_fla_config``) into the value of every model key it decides, as that
 key's reader would return it; ``schedlang.checks.schema.read_key`` gives those values to the keys the
 schedule does not write, so a written key wins and is checked as usual. Every problem with the directory
@@ -69,7 +69,7 @@ def _model_values(model) -> dict[str, object]:
         "layers": model.layers,
         "heads": model.heads,
         "head_dim": model.head_dim,
-        "mlp": (ModelConfig.mlp_ratio, model.options.mlp_width),
+        "mlp": (0.0, None) if model.mlp_ratio == 0 else (ModelConfig.mlp_ratio, model.options.mlp_width),
         "norm_eps": model.norm_eps,
         "expand_v": model.head_dim * model.heads / model.d_model,
         "tie_embeddings": model.options.tie_embeddings,
@@ -81,6 +81,12 @@ def _model_values(model) -> dict[str, object]:
         values["attn_kv_heads"] = attention.kv_heads
         values["qkv_bias"] = attention.qkv_bias
         values["rope_theta"] = attention.rope_theta
+    if LayerKind.MAMBA2 in model.layers:
+        mamba2 = model.options.mamba2
+        for name in ("state_size", "n_groups", "conv_kernel", "use_conv_bias", "use_bias", "dt_min", "dt_max",
+                     "dt_init_floor", "dt_limit"):
+            values[name] = getattr(mamba2, name)
+        return values
     if LayerKind.GDN in model.layers:
         gdn = model.options.gdn
         values["expand_k"] = gdn.head_k_dim * model.heads / model.d_model
@@ -99,7 +105,7 @@ def _model_values(model) -> dict[str, object]:
 
 
 def _integer_bounds(path: str) -> tuple[int | None, int | None]:
-    from schedlang.checks.readers import Integer
+    from schedlang.vocabulary.keys import Integer
     from schedlang.checks.schema import KEYS
 
     reader = KEYS[path].reader
@@ -131,7 +137,7 @@ def config_bounds_problem(config: dict) -> str | None:
 
 def value_bounds_problem(values: dict[str, object]) -> str | None:
     """The first model key ``values`` gives outside its reader's bounds, as if the schedule had written it."""
-    from schedlang.checks.readers import Integer, Number
+    from schedlang.vocabulary.keys import Integer, Number
     from schedlang.checks.schema import KEYS
 
     for name, given in values.items():
@@ -149,7 +155,7 @@ def value_bounds_problem(values: dict[str, object]) -> str | None:
 
 
 def read_from(checker: Checker, value: ast.Value, path: str) -> ImportedModel | None:
-    """``hf("dir")`` (or ``hf(path = "dir")``): a directory with a GLA or Gated DeltaNet ``config.json``."""
+    """``hf("dir")`` (or ``hf(path = "dir")``): a directory with a GLA, Gated DeltaNet or Mamba-2 ``config.json``."""
     # the runtime's modules import torch: only a schedule that names a directory pays for it
     from schedlang.runtime.hf_format import UnsupportedFlaConfig, read_fla_config
     from schedlang.runtime.hf_weights import CONFIG_FILE, pickle_weight_files, safetensors_files

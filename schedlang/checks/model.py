@@ -131,3 +131,22 @@ def read_stage_assignment(checker: Checker, value: ast.Value, path: str) -> Stag
     if not ok:
         return None
     return tuple(stages), [item.span for item in value.items]
+
+
+def read_dt_limit(checker: Checker, value: ast.Value, path: str) -> tuple[float, float] | None:
+    """``[low, high]``: two numbers, ``0 <= low < high`` (fla's ``dt_limit``)."""
+    if not isinstance(value, ast.ListLiteral) or len(value.items) != 2:
+        checker.error(
+            f"'{path}' must be a list of two numbers [low, high], found '{checker.text_of(value.span)}'",
+            value.span,
+            hint="e.g. `dt_limit = [0.001, 0.1]`, or `none` for no clamp",
+        )
+        return None
+    low = read_number(checker, value.items[0], f"{path}'s low end", 0.0)
+    high = read_number(checker, value.items[1], f"{path}'s high end", 0.0, above=True)
+    if low is None or high is None:
+        return None
+    if low >= high:
+        checker.error(f"'{path}' must have low < high, found {low:g} >= {high:g}", value.span)
+        return None
+    return (low, high)

@@ -1,4 +1,5 @@
-"""Rules relating the model keys of flash-linear-attention's GLA and Gated DeltaNet to the sizes and the mesh.
+"""Rules relating the model keys of flash-linear-attention's GLA, Gated DeltaNet and Mamba-2 to the sizes and
+the mesh.
 
 Contract: as every rule of ``schedlang.checks.rules`` (:data:`MODEL_RULES` runs among them). A value that
 ``model.from`` gave rather than the schedule is reported at the ``from`` key.
@@ -139,6 +140,54 @@ def short_convolutions_fit_each_sequence_rank(checker: Checker) -> None:
     checker.reject("model.short_conv_size")
 
 
+def _has_mamba2(checker: Checker) -> bool:
+    layers = checker.get("model.layers")
+    return isinstance(layers, tuple) and LayerKind.MAMBA2 in layers
+
+
+def groups_divide_mamba2_heads(checker: Checker) -> None:
+    """``n_groups`` divides ``heads``: each B/C group serves ``heads / n_groups`` consecutive heads."""
+    groups, heads = checker.get("model.n_groups"), checker.get("model.heads")
+    if not isinstance(groups, int) or not isinstance(heads, int) or not _has_mamba2(checker) or heads % groups == 0:
+        return
+    checker.error(
+        f"n_groups = {groups} must divide heads = {heads} (each B/C group serves heads / n_groups heads)",
+        _span(checker, "model.n_groups"),
+        hint="a divisor of heads, such as 1",
+    )
+    checker.reject("model.n_groups")
+
+
+def time_step_range_is_ordered(checker: Checker) -> None:
+    """``dt_min <= dt_max``: the initial time steps are drawn log-uniformly between them."""
+    low, high = _number(checker, "model.dt_min"), _number(checker, "model.dt_max")
+    if low is None or high is None or low <= high:
+        return
+    checker.error(
+        f"dt_min = {low:g} is above dt_max = {high:g}; dt_bias starts from time steps drawn between them",
+        _span(checker, "model.dt_min"),
+        hint="dt_min <= dt_max",
+    )
+    checker.reject("model.dt_min")
+
+
+def mamba2_convolutions_fit_each_sequence_rank(checker: Checker) -> None:
+    """As for gdn's short convolutions: under sequence parallelism ``kernel_chunk >= conv_kernel - 1``."""
+    size, kernel_chunk = checker.get("model.conv_kernel"), checker.get("sequence.kernel_chunk")
+    if not isinstance(size, int) or not isinstance(kernel_chunk, int) or not _has_mamba2(checker):
+        return
+    mesh = build_mesh(checker)
+    if mesh is None or mesh.sequence == 1 or kernel_chunk >= size - 1:
+        return
+    checker.error(
+        f"with mesh.sequence = {mesh.sequence} each rank's slice of a chunk must hold conv_kernel - 1 = "
+        f"{size - 1} tokens for the next rank's convolution, but kernel_chunk = {kernel_chunk}",
+        _span(checker, "model.conv_kernel"),
+        hint=f"use kernel_chunk >= {size - 1}",
+    )
+    checker.reject("model.conv_kernel")
+
+
 def weights_fit_the_model(checker: Checker) -> None:
     """``model.from``'s safetensors hold a tensor of the right shape for every parameter of the model the
     schedule builds (the directory's config with the keys the schedule writes)."""
@@ -175,6 +224,12 @@ MODEL_RULE_CHECKS = (
     (
         ("model.short_conv_size", "model.layers", "mesh.sequence", "sequence.kernel_chunk"),
         short_convolutions_fit_each_sequence_rank,
+    ),
+    (("model.n_groups", "model.heads", "model.layers"), groups_divide_mamba2_heads),
+    (("model.dt_min", "model.dt_max"), time_step_range_is_ordered),
+    (
+        ("model.conv_kernel", "model.layers", "mesh.sequence", "sequence.kernel_chunk"),
+        mamba2_convolutions_fit_each_sequence_rank,
     ),
     (
         (FROM_KEY, "model.vocab", "model.d_model", "model.layers", "model.heads", "model.head_dim", "model.mlp"),

@@ -16,7 +16,7 @@ import dataclasses
 from typing import TYPE_CHECKING, TypeVar
 
 from schedlang.checks.schema import BLOCKS, FROM_KEY, Derived
-from schedlang.vocabulary import DType, LayerKind, LossScaleConfig, ModelConfig, TrainConfig
+from schedlang.vocabulary import DType, LayerKind, LossScaleConfig, Mamba2Options, ModelConfig, TrainConfig
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -81,7 +81,8 @@ def build_model(checker: Checker) -> ModelConfig | None:
     ``expand_k`` becomes the per-head key width of ``gla`` and ``gdn`` layers (the rules of
     ``checks.model_rules`` have checked it divides evenly; a model without ``gdn`` layers records none for
     them); ``value_heads`` becomes ``GdnOptions.value_heads`` unless it is ``heads`` or there are no ``gdn``
-    layers, so such a model records no grouped values; ``model.from``'s weights, when it has any, become the
+    layers, so such a model records no grouped values; a model without ``mamba2`` layers records no
+    ``mamba2`` options; ``model.from``'s weights, when it has any, become the
     initial weights."""
     if not checker.valid(*(key.path for key in BLOCKS["model"] if key.name != "stages")):
         return None
@@ -100,6 +101,7 @@ def build_model(checker: Checker) -> ModelConfig | None:
             "options.gla.head_k_dim": head_k_dim,
             "options.gdn.head_k_dim": head_k_dim if has_gdn else None,
             "options.gdn.value_heads": value_heads,
+            "options.mamba2": model.options.mamba2 if LayerKind.MAMBA2 in model.layers else Mamba2Options(),
             "options.initial_weights": imported.directory if imported is not None and imported.has_weights else None,
         },
     )

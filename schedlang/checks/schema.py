@@ -184,6 +184,7 @@ STRUCTURED_READERS: dict[str, Reader] = {
     "model.mlp": model.read_mlp,
     "model.stages": model.read_stage_assignment,
     "model.from": hf_import.read_from,
+    "model.dt_limit": model.read_dt_limit,
     "sequence.chunks": sequence.read_chunks,
     "sequence.partition": sequence.read_partition,
     "sequence.kernel_chunk": sequence.read_kernel_chunk,

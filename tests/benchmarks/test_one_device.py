@@ -56,6 +56,17 @@ def test_every_system_holds_the_whole_model_on_one_stage(name, chunks):
     assert configs.pipeline.n_chunks == chunks and configs.pipeline.sequence_length == 65536
 
 
+@pytest.mark.parametrize("name, chunks", [("torch", 1), ("schedlang:chunks=16/recompute=full", 16)])
+def test_the_mamba2_schedule_trains_the_same_model_with_mamba2_layers(name, chunks):
+    from benchmarks.pipeline_schedule import MAMBA2_ONE_DEVICE_SCHEDULE, BenchmarkSchedule
+
+    configs = configs_of(name, BenchmarkSchedule(MAMBA2_ONE_DEVICE_SCHEDULE), 65536, "bf16")
+    gla = configs_of(name, one_device_schedule(tiny=False), 65536, "bf16")
+    assert configs.model.layers == ("mamba2",) * 16 and (configs.model.heads, configs.model.head_dim) == (16, 128)
+    assert (configs.model.d_model, configs.model.vocab) == (gla.model.d_model, gla.model.vocab)
+    assert configs.pipeline.stage_layers == (tuple(range(16)),) and configs.pipeline.n_chunks == chunks
+
+
 def test_fla_gets_the_widths_of_the_same_model():
     configs = configs_of(FLA_SYSTEM, one_device_schedule(tiny=False), 65536, "bf16")
     keys = fla_peer_config(configs.model, torch.bfloat16)

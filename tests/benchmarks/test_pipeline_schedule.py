@@ -140,7 +140,7 @@ def test_the_configs_read_from_the_script_are_the_ones_it_builds(path, name, tmp
 
 def test_the_script_reader_refuses_anything_but_literals_and_records():
     with pytest.raises(ValueError, match="line 2"):
-        script_configs("from schedlang.runtime.config import ModelConfig\nMODEL = open('x')\n")
+        script_configs("from schedlang.vocabulary import ModelConfig\nMODEL = open('x')\n")
     with pytest.raises(ValueError, match="assigns no PIPELINE, TRAIN"):
         script_configs("MODEL = 1\n")
 

@@ -11,7 +11,13 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-@pytest.mark.parametrize("script", ["pipeline", "profile_stage", "nccl_overlap", "sequence_parallel", "gemm_memsets", "gdn_kernels", "kernel_resources"])
+@pytest.mark.parametrize(
+    "script",
+    [
+        "pipeline", "profile_stage", "nccl_overlap", "sequence_parallel", "gemm_memsets", "gdn_kernels",
+        "kernel_resources", "mamba2_kernels",
+    ],
+)
 def test_a_script_run_as_a_file_imports_the_benchmarks_package(script, tmp_path):
     completed = subprocess.run(
         [sys.executable, str(BENCHMARKS / f"{script}.py"), "--help"], cwd=tmp_path, capture_output=True, text=True,

@@ -97,7 +97,9 @@ def test_stage_counts_follow_the_layer_options_the_runtime_honours():
     assert all(totals["plain", stage] != totals["shaped", stage] for stage in range(2))
 
 
-@pytest.mark.parametrize("kind", [LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GDN, LayerKind.ATTN])
+@pytest.mark.parametrize(
+    "kind", [LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GDN, LayerKind.MAMBA2, LayerKind.ATTN]
+)
 def test_projection_flops_are_twice_the_mixers_linear_weights(kind):
     """The cost model's projection FLOPs count the mixer the runtime builds: with the default options they are
     the closed form of docs/cost-model.md; with fla-shaped options (narrow keys, grouped heads, low-rank and
@@ -107,7 +109,9 @@ def test_projection_flops_are_twice_the_mixers_linear_weights(kind):
 
     from schedlang.lowering.cost import layer_projection_flops_per_token, mixer_projection_flops_per_token
     from schedlang.runtime.model import Block
-    from schedlang.vocabulary import AttentionOptions, DeltaGates, GdnOptions, GlaOptions, ModelOptions, OutputGate
+    from schedlang.vocabulary import (
+        AttentionOptions, DeltaGates, GdnOptions, GlaOptions, Mamba2Options, ModelOptions, OutputGate,
+    )
 
     plain = ModelConfig(vocab=300, d_model=96, layers=(kind,), heads=4, head_dim=32, mlp_ratio=2.0)
     shaped = replace(
@@ -116,6 +120,7 @@ def test_projection_flops_are_twice_the_mixers_linear_weights(kind):
             gla=GlaOptions(head_k_dim=16, kv_heads=2, gate_rank=8, output_gate=OutputGate.SWISH),
             gdn=GdnOptions(head_k_dim=16, gates=DeltaGates.MAMBA, short_conv_size=4, value_heads=8),
             attention=AttentionOptions(heads=6, head_dim=16, kv_heads=2, qkv_bias=True),
+            mamba2=Mamba2Options(state_size=16, n_groups=2, use_bias=True),
         ),
     )
     assert layer_projection_flops_per_token(plain, kind) == mixer_projection_flops_per_token(kind, 96, 4, 32)

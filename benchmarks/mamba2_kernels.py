@@ -1,0 +1,198 @@
+"""The mamba2 SSD operator against flash-linear-attention's chunk_simple_gla on the equivalent inputs (issue 35).
+
+    python benchmarks/mamba2_kernels.py                       # B=1 T=16K, H 16 and 32, head dim 64 and 128, N=128, bf16
+    python benchmarks/mamba2_kernels.py --lengths 4096 --heads 16 --head-dims 64 --check
+    python benchmarks/mamba2_kernels.py --layer               # also the whole mamba2 layer's forward+backward
+
+Our operator, ``chunk_mamba2(x, dt, A, B, C, D)``, is timed whole: the map onto simple GLA's operands
+(``q = C``, ``k = B`` repeated over each group's heads, ``v = dt x``, ``g = dt A``; kernels/mamba2/README.md),
+the chunk kernels and the ``D`` skip. fla's Mamba-2 layer needs ``mamba_ssm``'s kernels, so its peer is fla's
+``chunk_simple_gla`` on the already mapped operands (scale 1), the same recurrence without the map; our
+``chunk_simple_gla`` on those operands is printed too ("kernels"), so the map's own cost shows. Each figure is
+the median of ``--iterations`` calls after ``--warmup`` (CUDA events, benchmarks/common.py ``median_ms``) of the
+forward+backward (torch.autograd.grad of the output for a random output gradient). ``--layer`` times schedlang's
+mamba2 mixer (``d_model = H P / 2``, fla's ``expand = 2``) the same way, and fla's ``Mamba2`` layer beside it
+when fla imports (without ``mamba_ssm`` fla runs its PyTorch path, which the line says). ``--check`` prints our
+relative errors against the float32 token-by-token recurrence (slow: use a short length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import median_ms  # noqa: E402
+from schedlang.kernels import chunk_simple_gla  # noqa: E402
+from schedlang.kernels.mamba2 import chunk_mamba2, naive_recurrent_mamba2, ssd_operands  # noqa: E402
+
+SSD_ARGUMENTS = ("x", "dt", "A", "B", "C", "D")
+
+
+def make_ssd_inputs(length: int, heads: int, head_dim: int, state_size: int, groups: int, dtype: torch.dtype,
+                    device: str = "cuda") -> dict[str, torch.Tensor]:
+    """Leaves that require grad, as a Mamba-2 layer makes them: x, B, C in ``dtype``; dt = softplus(noise - 2)
+    and A = -exp(A_log), A_log = log U(1, 16), and D in float32."""
+    def leaf(tensor):
+        return tensor.to(device).requires_grad_(True)
+
+    return {
+        "x": leaf(torch.randn(1, length, heads, head_dim, dtype=dtype)),
+        "dt": leaf(F.softplus(torch.randn(1, length, heads) - 2.0)),
+        "A": leaf(-torch.empty(heads).uniform_(1.0, 16.0)),
+        "B": leaf(torch.randn(1, length, groups, state_size, dtype=dtype)),
+        "C": leaf(torch.randn(1, length, groups, state_size, dtype=dtype)),
+        "D": leaf(torch.ones(heads)),
+    }
+
+
+def mapped_operands(inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """(q, k, v, g) as fresh leaves: simple GLA's operands of the SSD, for the kernels-only timings."""
+    with torch.no_grad():
+        operands = ssd_operands(*(inputs[name] for name in SSD_ARGUMENTS[:5]))
+    mapped = (operands.q, operands.k, operands.v, operands.g)
+    return tuple(tensor.detach().clone().requires_grad_(True) for tensor in mapped)
+
+
+def ssd_step(inputs: dict[str, torch.Tensor], backend: str = "triton"):
+    """One forward+backward of our operator: the gradients of x, dt, A, B, C and D."""
+    leaves = [inputs[name] for name in SSD_ARGUMENTS]
+    output_grad = torch.randn_like(inputs["x"])
+
+    def step():
+        output, _ = chunk_mamba2(*leaves, backend=backend)
+        return torch.autograd.grad(output, leaves, output_grad)
+
+    return step
+
+
+def simple_gla_step(function, operands: tuple[torch.Tensor, ...], **kwargs):
+    """One forward+backward of a simple-GLA operator on the mapped operands, scale 1."""
+    output_grad = torch.randn_like(operands[2])
+
+    def step():
+        output, _ = function(*operands, scale=1.0, **kwargs)
+        return torch.autograd.grad(output, list(operands), output_grad)
+
+    return step
+
+
+def relative_errors(
+    inputs: dict[str, torch.Tensor], backend: str = "triton", operator=chunk_mamba2
+) -> dict[str, float]:
+    """``operator``'s output and gradients (ours by default) against the float32 token loop
+    (``naive_recurrent_mamba2``)."""
+    generator = torch.Generator(device=inputs["x"].device).manual_seed(0)
+    output_grad = torch.randn(inputs["x"].shape, generator=generator, device=inputs["x"].device)
+    results = []
+    for function, cast, kwargs in ((operator, lambda t: t, {"backend": backend}),
+                                   (naive_recurrent_mamba2, lambda t: t.float(), {})):
+        leaves = [cast(inputs[name]).detach().requires_grad_(True) for name in SSD_ARGUMENTS]
+        output, _ = function(*leaves, **kwargs)
+        grads = torch.autograd.grad((output.float() * output_grad).sum(), leaves)
+        results.append((output, *grads))
+    names = ["y"] + [f"d{name}" for name in SSD_ARGUMENTS]
+    return {
+        name: float((ours.float() - reference.float()).norm() / reference.float().norm().clamp_min(1e-30))
+        for name, ours, reference in zip(names, *results)
+    }
+
+
+def load_fla_simple_gla():
+    try:
+        import fla.ops.common.chunk_o as fla_chunk_o
+        from fla.ops.simple_gla import chunk_simple_gla as fla_simple_gla
+    except ImportError as error:
+        print(f"flash-linear-attention not available ({error}); timing schedlang alone", file=sys.stderr)
+        return None
+    fla_chunk_o.TRITON_ABOVE_3_7_1 = True  # as benchmarks/kernels.py: fla's own switch for Triton 3.6
+    return fla_simple_gla
+
+
+def layer_step(layer, hidden: torch.Tensor, call):
+    """One forward+backward of a layer: the gradients of its input and parameters."""
+    leaves = [hidden, *layer.parameters()]
+    output_grad = torch.randn_like(hidden)
+
+    def step():
+        return torch.autograd.grad(call(hidden), leaves, output_grad)
+
+    return step
+
+
+def time_layers(length: int, heads: int, head_dim: int, state_size: int, groups: int, args) -> None:
+    from schedlang.runtime.config import ModelConfig
+    from schedlang.runtime.mixer_mamba2 import Mamba2Mixer
+    from schedlang.runtime.model_options import Mamba2Options, ModelOptions
+
+    d_model = heads * head_dim // 2
+    config = ModelConfig(vocab=256, d_model=d_model, layers=("mamba2",), heads=heads, head_dim=head_dim,
+                         norm_eps=1e-5, options=ModelOptions(mamba2=Mamba2Options(state_size, groups)))
+    ours = Mamba2Mixer(config)
+    ours.reset_parameters(torch.Generator().manual_seed(0), 0.02)
+    ours = ours.to("cuda", torch.bfloat16)
+    hidden = torch.randn(1, length, d_model, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    label = f"layer T={length} H={heads} P={head_dim} N={state_size} d={d_model} bf16 fwd+bwd"
+    mine = median_ms(layer_step(ours, hidden, lambda h: ours(h, None)[0]), args.warmup, args.iterations)
+    line = f"{label}: ours {mine:8.3f} ms"
+    try:
+        from fla.layers.mamba2 import Mamba2, is_fast_path_available
+    except ImportError:
+        print(line + "   (fla not available)", flush=True)
+        return
+    fla = Mamba2(num_heads=heads, head_dim=head_dim, hidden_size=d_model, state_size=state_size, expand=2,
+                 n_groups=groups, norm_eps=1e-5).to("cuda", torch.bfloat16)
+    theirs = median_ms(layer_step(fla, hidden, lambda h: fla(h)[0]), args.warmup, args.iterations)
+    path = "mamba_ssm kernels" if is_fast_path_available else "its PyTorch path: no mamba_ssm"
+    print(f"{line}   fla {theirs:8.3f} ms ({path})   ours/fla {mine / theirs:5.2f}x", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[16384])
+    parser.add_argument("--heads", type=int, nargs="+", default=[16, 32])
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--state-size", type=int, default=128)
+    parser.add_argument("--groups", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--iterations", type=int, default=50)
+    parser.add_argument("--check", action="store_true", help="relative errors against the float32 recurrence")
+    parser.add_argument("--layer", action="store_true", help="also time the whole mamba2 layer (and fla's)")
+    parser.add_argument("--no-peer", action="store_true", help="do not time flash-linear-attention")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/mamba2_kernels.py times CUDA kernels; no CUDA device is available")
+    fla = None if args.no_peer else load_fla_simple_gla()
+    for length in args.lengths:
+        for heads in args.heads:
+            for head_dim in args.head_dims:
+                torch.manual_seed(length + heads + head_dim)
+                inputs = make_ssd_inputs(length, heads, head_dim, args.state_size, args.groups, torch.bfloat16)
+                operands = mapped_operands(inputs)
+                label = f"T={length} H={heads} P={head_dim} N={args.state_size} G={args.groups} bf16 fwd+bwd"
+                ours = median_ms(ssd_step(inputs), args.warmup, args.iterations)
+                kernels = median_ms(simple_gla_step(chunk_simple_gla, operands, backend="triton"),
+                                    args.warmup, args.iterations)
+                line = f"{label}: mamba2 {ours:8.3f} ms   kernels {kernels:8.3f} ms"
+                if fla is not None:
+                    theirs = median_ms(simple_gla_step(fla, operands), args.warmup, args.iterations)
+                    line += f"   fla chunk_simple_gla {theirs:8.3f} ms   mamba2/fla {ours / theirs:5.2f}x"
+                print(line, flush=True)
+                if args.check:
+                    errors = relative_errors(inputs)
+                    listed = " ".join(f"{name} {error:.1e}" for name, error in errors.items())
+                    print(f"{label} relative errors: {listed}", flush=True)
+                if args.layer:
+                    time_layers(length, heads, head_dim, args.state_size, args.groups, args)
+                del inputs, operands
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

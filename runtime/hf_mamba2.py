@@ -1,0 +1,216 @@
+"""flash-linear-attention's Mamba-2 checkpoints: ``Mamba2Config`` fields and parameter names.
+
+The ``model_type`` ``"mamba2"`` part of :mod:`schedlang.runtime.hf_format` (which dispatches here):
+:func:`read_mamba2_config` turns a ``config.json`` into the sizes and options of the same network in schedlang,
+refusing field by field what schedlang does not build; :func:`mamba2_config` is the inverse;
+:func:`mamba2_sources` maps parameter names. fla's ``Mamba2ForCausalLM`` is ``layers = [mamba2] * L`` with
+``mlp = none`` (each block is a pre-norm residual around the mixer alone), ``heads = expand * hidden_size /
+head_dim`` heads of ``head_dim``, and :class:`~schedlang.vocabulary.model_options.Mamba2Options` from the config's
+fields of the same names. Its tensors live under ``backbone.`` (``embeddings``, ``layers.i.norm``,
+``layers.i.mixer.*`` with the mixer's names unchanged, ``norm_f``) and ``lm_head`` (``docs/models.md``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Mapping
+
+from schedlang.vocabulary import ModelConfig
+from schedlang.runtime.mixer_mamba2 import A_INIT_RANGE
+from schedlang.vocabulary import Mamba2Options, ModelOptions
+from schedlang.vocabulary import LayerKind
+
+MAMBA2_MODEL_TYPE = "mamba2"
+MAMBA2_ARCHITECTURE = "Mamba2ForCausalLM"
+
+# (field, the value schedlang builds, what the field selects otherwise)
+_FIXED_FIELDS = (
+    ("hidden_act", "silu", "another activation after the convolution"),
+    ("rmsnorm", True, "no gated RMSNorm (y * act(z) instead)"),
+    ("norm_before_gate", False, "the norm before the gate"),
+    ("D_has_hdim", False, "a skip D per channel rather than per head"),
+    ("conv_init", None, "a uniform convolution initialisation"),
+    ("A_init_range", list(A_INIT_RANGE), "another initial range of exp(A_log)"),
+    ("attn", None, "attention layers, which fla's Mamba2ForCausalLM does not build"),
+    ("is_mimo", False, "multi-input multi-output SSMs (Mamba-3's MIMO), which schedlang does not build"),
+    ("mimo_rank", None, "multi-input multi-output SSMs (Mamba-3's MIMO), which schedlang does not build"),
+)
+_SILU_NAMES = ("silu", "swish")
+
+
+def _fixed_field_problem(values: Mapping[str, object]):
+    from schedlang.runtime.hf_format import UnsupportedFlaConfig
+
+    for field, built, otherwise in _FIXED_FIELDS:
+        if field not in values or values[field] == built:
+            continue
+        if field == "hidden_act" and values[field] in _SILU_NAMES:
+            continue
+        if field == "A_init_range" and isinstance(values[field], (list, tuple)) and list(values[field]) == built:
+            continue
+        return UnsupportedFlaConfig(
+            field, f"config field '{field}' = {values[field]!r} selects {otherwise}, which schedlang does not build"
+        )
+    return None
+
+
+def _boolean(values: Mapping[str, object], field: str, default: bool) -> bool:
+    from schedlang.runtime.hf_format import UnsupportedFlaConfig
+
+    value = values.get(field, default)
+    if not isinstance(value, bool):
+        raise UnsupportedFlaConfig(field, f"config field '{field}' must be true or false, found {value!r}")
+    return value
+
+
+def _dt_limit(values: Mapping[str, object]) -> tuple[float, float | None] | None:
+    """fla's ``dt_limit`` as :attr:`Mamba2Options.dt_limit`: None for ``(0, inf)``, an infinite top as None."""
+    from schedlang.runtime.hf_format import UnsupportedFlaConfig
+
+    limit = values.get("dt_limit", (0.0, math.inf))
+    numbers = isinstance(limit, (list, tuple)) and len(limit) == 2 and all(
+        isinstance(end, (int, float)) and not isinstance(end, bool) for end in limit
+    )
+    if not numbers or not math.isfinite(limit[0]) or limit[0] < 0 or not limit[0] < limit[1]:
+        raise UnsupportedFlaConfig(
+            "dt_limit", f"config field 'dt_limit' must be [low, high], 0 <= low < high, found {limit!r}"
+        )
+    low, high = float(limit[0]), float(limit[1])
+    if low == 0.0 and math.isinf(high):
+        return None
+    return (low, None if math.isinf(high) else high)
+
+
+def read_mamba2_config(values: Mapping[str, object]):
+    """The schedlang model of a ``mamba2`` ``config.json`` (its defaults are fla 0.6.0's ``Mamba2Config``'s),
+    as :class:`schedlang.runtime.hf_format.FlaModel`.
+
+    Raises :class:`schedlang.runtime.hf_format.UnsupportedFlaConfig` naming the first field schedlang does not
+    build.
+    """
+    from schedlang.runtime.hf_format import FlaModel, UnsupportedFlaConfig, read_integer, read_number
+
+    problem = _fixed_field_problem(values)
+    if problem is not None:
+        raise problem
+    d_model = read_integer(values, "hidden_size", 2048)
+    head_dim = read_integer(values, "head_dim", 64)
+    expand = read_number(values, "expand", 2)
+    inner = expand * d_model
+    if not math.isclose(inner, round(inner)) or round(inner) % head_dim:
+        raise UnsupportedFlaConfig(
+            "expand", f"expand * hidden_size = {inner:g} is not a whole multiple of head_dim = {head_dim}"
+        )
+    heads = round(inner) // head_dim
+    if values.get("num_heads") not in (None, 0, heads):
+        raise UnsupportedFlaConfig(
+            "num_heads",
+            f"config field 'num_heads' = {values['num_heads']!r}, but expand * hidden_size / head_dim = {heads}",
+        )
+    groups = read_integer(values, "n_groups", 1)
+    if heads % groups:
+        raise UnsupportedFlaConfig("n_groups", f"config field 'n_groups' = {groups} does not divide the {heads} heads")
+    norm_eps = read_number(values, "norm_eps", 1e-5)
+    if norm_eps <= 0:
+        raise UnsupportedFlaConfig("norm_eps", f"config field 'norm_eps' must be positive, found {norm_eps!r}")
+    dt_min, dt_max = read_number(values, "dt_min", 0.001), read_number(values, "dt_max", 0.1)
+    if not 0 < dt_min <= dt_max:
+        raise UnsupportedFlaConfig("dt_min", f"dt_min = {dt_min:g} and dt_max = {dt_max:g} need 0 < dt_min <= dt_max")
+    floor = read_number(values, "dt_init_floor", 1e-4)
+    if floor <= 0:
+        raise UnsupportedFlaConfig("dt_init_floor", f"config field 'dt_init_floor' must be positive, found {floor!r}")
+    options = Mamba2Options(
+        state_size=read_integer(values, "state_size", 128),
+        n_groups=groups,
+        conv_kernel=read_integer(values, "conv_kernel", 4),
+        use_conv_bias=_boolean(values, "use_conv_bias", True),
+        use_bias=_boolean(values, "use_bias", False),
+        dt_min=dt_min,
+        dt_max=dt_max,
+        dt_init_floor=floor,
+        dt_limit=_dt_limit(values),
+    )
+    return FlaModel(
+        vocab=read_integer(values, "vocab_size", 32000),
+        d_model=d_model,
+        layers=(LayerKind.MAMBA2,) * read_integer(values, "num_hidden_layers", 48),
+        heads=heads,
+        head_dim=head_dim,
+        norm_eps=norm_eps,
+        options=ModelOptions(mamba2=options, tie_embeddings=_boolean(values, "tie_word_embeddings", False)),
+        mlp_ratio=0.0,
+    )
+
+
+def mamba2_config_problems(model: ModelConfig) -> list[str]:
+    """Why ``model`` is not a flash-linear-attention Mamba-2 model; empty when it is."""
+    problems = []
+    if any(kind is not LayerKind.MAMBA2 for kind in model.layers):
+        problems.append("every layer must be mamba2 (fla's Mamba2ForCausalLM has no other kind)")
+    if model.mlp_ratio > 0 or model.options.mlp_width is not None:
+        problems.append("the blocks must have no MLP (mlp = none)")
+    if (model.heads * model.head_dim) % model.d_model:
+        problems.append("heads * head_dim must be a whole multiple of d_model (fla's integer expand)")
+    return problems
+
+
+def mamba2_config(model: ModelConfig) -> dict[str, object]:
+    """fla's ``Mamba2Config`` of ``model`` (which :func:`mamba2_config_problems` accepts)."""
+    mamba2 = model.options.mamba2
+    limit = (0.0, math.inf) if mamba2.dt_limit is None else mamba2.dt_limit
+    return {
+        "architectures": [MAMBA2_ARCHITECTURE],
+        "model_type": MAMBA2_MODEL_TYPE,
+        "vocab_size": model.vocab,
+        "hidden_size": model.d_model,
+        "num_hidden_layers": len(model.layers),
+        "head_dim": model.head_dim,
+        "num_heads": model.heads,
+        "expand": model.heads * model.head_dim // model.d_model,
+        "state_size": mamba2.state_size,
+        "n_groups": mamba2.n_groups,
+        "conv_kernel": mamba2.conv_kernel,
+        "use_conv_bias": mamba2.use_conv_bias,
+        "use_bias": mamba2.use_bias,
+        "hidden_act": "silu",
+        "rmsnorm": True,
+        "norm_before_gate": False,
+        "D_has_hdim": False,
+        "A_init_range": list(A_INIT_RANGE),
+        "dt_min": mamba2.dt_min,
+        "dt_max": mamba2.dt_max,
+        "dt_init_floor": mamba2.dt_init_floor,
+        "dt_limit": [limit[0], math.inf if limit[1] is None else limit[1]],
+        "norm_eps": model.norm_eps,
+        "tie_word_embeddings": model.options.tie_embeddings,
+        "residual_in_fp32": True,
+        "fuse_norm": True,
+        "fuse_cross_entropy": True,
+    }
+
+
+_LAYER = r"layers\.(\d+)\."
+_RENAMES = tuple(
+    (re.compile(pattern), replacement)
+    for pattern, replacement in (
+        (r"embedding\.weight", "backbone.embeddings.weight"),
+        (r"final_norm\.weight", "backbone.norm_f.weight"),
+        (r"lm_head\.weight", "lm_head.weight"),
+        (_LAYER + r"mixer_norm\.weight", r"backbone.layers.\1.norm.weight"),
+        (
+            _LAYER + r"mixer\.(in_proj\.weight|in_proj\.bias|out_proj\.weight|out_proj\.bias|conv1d\.weight|"
+            r"conv1d\.bias|dt_bias|A_log|D|norm\.weight)",
+            r"backbone.layers.\1.mixer.\2",
+        ),
+    )
+)
+
+
+def mamba2_sources(name: str) -> tuple[str, ...]:
+    """The fla tensor schedlang's parameter ``name`` of a Mamba-2 model is; ``KeyError`` for one fla's model
+    has no counterpart of (an MLP's)."""
+    for pattern, replacement in _RENAMES:
+        if pattern.fullmatch(name):
+            return (pattern.sub(replacement, name),)
+    raise KeyError(f"flash-linear-attention's Mamba-2 has no tensor for schedlang's {name}")

@@ -1,0 +1,40 @@
+"""benchmarks/mamba2_kernels.py's plumbing on the CPU: the peer's mapped operands are the SSD's (simple GLA on them
+plus the D skip is our operator's output), each forward+backward closure returns one finite gradient per leaf,
+and ``--check``'s errors are small for the operator and large for a wrong one. The timings need a GPU."""
+
+import torch
+
+from benchmarks import mamba2_kernels as benchmark
+from schedlang.kernels import chunk_simple_gla
+from schedlang.kernels.mamba2 import chunk_mamba2
+
+
+def test_the_peers_operands_are_the_ssds():
+    inputs = benchmark.make_ssd_inputs(50, 4, 8, 6, 2, torch.float32, device="cpu")
+    q, k, v, g = benchmark.mapped_operands(inputs)
+    with torch.no_grad():
+        mapped, _ = chunk_simple_gla(q, k, v, g, scale=1.0, backend="torch")
+        ours, _ = chunk_mamba2(*(inputs[name] for name in benchmark.SSD_ARGUMENTS), backend="torch")
+    skip = inputs["D"].detach()[:, None] * inputs["x"].detach()
+    assert ((mapped + skip - ours).norm() / ours.norm()).item() < 1e-5
+
+
+def test_each_closure_returns_a_finite_gradient_per_leaf():
+    inputs = benchmark.make_ssd_inputs(40, 2, 8, 4, 1, torch.float32, device="cpu")
+    gradients = benchmark.ssd_step(inputs, backend="torch")()
+    assert [tuple(gradient.shape) for gradient in gradients] == [
+        tuple(inputs[name].shape) for name in benchmark.SSD_ARGUMENTS
+    ]
+    operands = benchmark.mapped_operands(inputs)
+    gradients += benchmark.simple_gla_step(chunk_simple_gla, operands, backend="torch")()
+    assert all(bool(torch.isfinite(gradient).all()) for gradient in gradients)
+
+
+def test_the_check_separates_the_operator_from_a_wrong_one():
+    inputs = benchmark.make_ssd_inputs(30, 2, 8, 4, 1, torch.float32, device="cpu")
+    assert max(benchmark.relative_errors(inputs, backend="torch").values()) < 1e-4
+
+    def b_and_c_swapped(x, dt, A, B, C, D, backend):
+        return chunk_mamba2(x, dt, A, C, B, D, backend=backend)
+
+    assert benchmark.relative_errors(inputs, backend="torch", operator=b_and_c_swapped)["y"] > 1e-2

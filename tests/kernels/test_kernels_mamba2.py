@@ -1,0 +1,139 @@
+"""The chunked Mamba-2 SSD operator (simple GLA's kernels on the SSD's operands) against the float64 token loop.
+
+Outputs, the final state and the gradients of x, dt, A, B, C, D and the initial state; fresh random inputs
+each run, odd lengths, grouped B/C, kernel outputs NaN-filled (tests/kernels/conftest.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernel_reference_cases import relative_error
+from schedlang.kernels.mamba2 import chunk_mamba2, naive_recurrent_mamba2
+
+LEAVES = ("x", "dt", "A", "B", "C", "D", "initial_state")
+
+
+def make_ssd_inputs(batch, length, heads, head_dim, groups, state_size, dtype, with_state=True):
+    """Random SSD inputs as a Mamba-2 layer makes them: dt a softplus, A = -exp(A_log) with A_log of
+    log U(1, 16) scaled so decays per token span exp(-0.01) .. exp(-3)."""
+
+    def draw(*shape):
+        return torch.randn(*shape, dtype=torch.float64)
+
+    state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    inputs = {
+        "x": draw(batch, length, heads, head_dim).to(dtype),
+        "dt": F.softplus(draw(batch, length, heads) - 1.0).to(dtype),
+        "A": -torch.empty(heads, dtype=torch.float64).uniform_(0.05, 3.0).to(dtype),
+        "B": draw(batch, length, groups, state_size).to(dtype),
+        "C": draw(batch, length, groups, state_size).to(dtype),
+        "D": draw(heads).to(dtype),
+        "initial_state": draw(batch, heads, state_size, head_dim).to(state_dtype) if with_state else None,
+    }
+    gradients = {
+        "y": draw(batch, length, heads, head_dim),
+        "final_state": draw(batch, heads, state_size, head_dim),
+    }
+    return inputs, gradients
+
+
+def run_with_grads(function, inputs, gradients, **kwargs):
+    leaves = {name: None if tensor is None else tensor.detach().clone().requires_grad_(True)
+              for name, tensor in inputs.items()}
+    y, final_state = function(**leaves, output_final_state=True, **kwargs)
+    loss = (y.double() * gradients["y"]).sum() + (final_state.double() * gradients["final_state"]).sum()
+    present = [name for name in LEAVES if leaves[name] is not None]
+    grads = torch.autograd.grad(loss, [leaves[name] for name in present])
+    result = {"y": y.detach(), "final_state": final_state.detach()}
+    result.update({f"d{name}": grad for name, grad in zip(present, grads)})
+    return result
+
+
+def reference(inputs, gradients):
+    as64 = {name: None if tensor is None else tensor.detach().double() for name, tensor in inputs.items()}
+    return run_with_grads(naive_recurrent_mamba2, as64, gradients)
+
+
+def assert_close(actual, expected, tolerance):
+    errors = {name: relative_error(actual[name], expected[name]) for name in expected}
+    bad = {name: error for name, error in errors.items() if not error <= tolerance}
+    assert not bad, f"relative errors above {tolerance}: {bad} (all: {errors})"
+
+
+SHAPES = [  # batch, length, heads, head_dim, groups, state_size
+    (2, 63, 2, 16, 1, 8),
+    (1, 130, 4, 8, 2, 16),
+    (1, 1, 2, 8, 2, 8),
+    (2, 200, 4, 16, 4, 8),
+]
+
+
+def shape_id(shape):
+    return "B{}-T{}-H{}-P{}-G{}-N{}".format(*shape)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("with_state", [False, True], ids=["zero_state", "random_state"])
+def test_torch_path_matches_the_recurrence_in_float64(shape, with_state):
+    inputs, gradients = make_ssd_inputs(*shape, torch.float64, with_state)
+    actual = run_with_grads(chunk_mamba2, inputs, gradients, backend="torch")
+    assert_close(actual, reference(inputs, gradients), 1e-10)
+
+
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=shape_id)
+def test_triton_path_matches_the_recurrence_in_float32(shape):
+    """Triton's interpreter on the CPU (TRITON_INTERPRET=1 from tests/conftest.py), the CUDA path's code."""
+    inputs, gradients = make_ssd_inputs(*shape, torch.float32)
+    actual = run_with_grads(chunk_mamba2, inputs, gradients, backend="triton")
+    assert actual["y"].dtype == torch.float32 and actual["final_state"].dtype == torch.float32
+    assert_close(actual, reference(inputs, gradients), 2e-5)
+
+
+def test_torch_path_in_float32_stays_within_float32_error():
+    inputs, gradients = make_ssd_inputs(2, 300, 4, 16, 2, 16, torch.float32)
+    actual = run_with_grads(chunk_mamba2, inputs, gradients, backend="torch")
+    assert_close(actual, reference(inputs, gradients), 2e-5)
+
+
+def test_pieces_chained_through_the_state_equal_one_call():
+    inputs, gradients = make_ssd_inputs(1, 150, 4, 8, 2, 8, torch.float64)
+
+    def in_pieces(x, dt, A, B, C, D, initial_state, output_final_state, backend):
+        state, outputs = initial_state, []
+        for start, end in ((0, 1), (1, 70), (70, 150)):
+            piece = slice(start, end)
+            output, state = chunk_mamba2(x[:, piece], dt[:, piece], A, B[:, piece], C[:, piece], D,
+                                         initial_state=state, output_final_state=True, backend=backend)
+            outputs.append(output)
+        return torch.cat(outputs, dim=1), state
+
+    actual = run_with_grads(in_pieces, inputs, gradients, backend="torch")
+    assert_close(actual, reference(inputs, gradients), 1e-10)
+
+
+def test_without_the_skip_the_output_is_the_recurrence_alone():
+    inputs, gradients = make_ssd_inputs(1, 40, 2, 8, 1, 8, torch.float64)
+    inputs["D"] = None
+    actual = run_with_grads(chunk_mamba2, inputs, gradients, backend="torch")
+    assert_close(actual, reference(inputs, gradients), 1e-10)
+    with_skip, _ = chunk_mamba2(**{**inputs, "D": torch.ones(2, dtype=torch.float64)}, backend="torch")
+    assert relative_error(with_skip - actual["y"], inputs["x"]) < 1e-12
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda inputs: {**inputs, "dt": inputs["dt"][..., :1]}, "dt must have shape"),
+        (lambda inputs: {**inputs, "A": inputs["A"][:1]}, "A must have shape"),
+        (lambda inputs: {**inputs, "B": inputs["B"][:, :, :, :3].repeat(1, 1, 3, 1)}, "B must have shape"),
+        (lambda inputs: {**inputs, "C": inputs["C"][..., :4]}, "C must have B's shape"),
+        (lambda inputs: {**inputs, "D": inputs["D"][:1]}, "D must have shape"),
+    ],
+)
+def test_bad_arguments_are_named(change, message):
+    inputs, _ = make_ssd_inputs(1, 8, 4, 8, 2, 8, torch.float64, with_state=False)
+    with pytest.raises(ValueError, match=message):
+        chunk_mamba2(**change(inputs), backend="torch")
