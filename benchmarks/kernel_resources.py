@@ -73,7 +73,10 @@ def record_launches(operator: str, dim: int, heads: int, length: int, dtype: tor
     original = JITFunction.run
     JITFunction.run = recorder
     # the operators refuse bfloat16 on CPU tensors (the interpreter's tl.dot); nothing runs here, so let them through
-    dispatchers = [importlib.import_module(f"schedlang.kernels.{name}.chunk") for name in OPERATORS]
+    # gla and simple_gla choose their backend in the shared glue (kernels/common/chunk_operator.py), gdn in its own
+    modules = [importlib.import_module(f"schedlang.kernels.{name}.chunk") for name in OPERATORS]
+    modules.append(importlib.import_module("schedlang.kernels.common.chunk_operator"))
+    dispatchers = [module for module in modules if hasattr(module, "resolve_backend")]
     refusing = [module.resolve_backend for module in dispatchers]
     for module in dispatchers:
         module.resolve_backend = lambda *args, **kwargs: Backend.TRITON
