@@ -196,8 +196,10 @@ def refuse_unsafe_outputs(args: argparse.Namespace) -> None:
     for (command, name), kind in OUTPUT_KINDS.items():
         if command != args.command or not getattr(args, name, None):
             continue
-        if kind is None:
-            kind = VIZ_OUTPUT_KINDS[args.format]
+        if kind is None:  # viz: --format, or the format -o's suffix implies
+            from schedlang.commands.viz import output_format_of
+
+            kind = VIZ_OUTPUT_KINDS[output_format_of(args).value]
         problem = output_problem(getattr(args, name), kind, getattr(args, "force", False))
         if problem:
             raise SystemExit(f"schedlang {args.command}: error: {problem}")

@@ -57,9 +57,14 @@ def reference(inputs, gradients):
     return run_with_grads(naive_recurrent_mamba2, as64, gradients)
 
 
+HEAD_REDUCTION_TOLERANCE = 1e-4
+"""dA is one number per head summed over B * T * P * N float32 products: its rounding grows with that count."""
+
+
 def assert_close(actual, expected, tolerance):
     errors = {name: relative_error(actual[name], expected[name]) for name in expected}
-    bad = {name: error for name, error in errors.items() if not error <= tolerance}
+    limits = {name: max(tolerance, HEAD_REDUCTION_TOLERANCE) if name == "dA" else tolerance for name in errors}
+    bad = {name: error for name, error in errors.items() if not error <= limits[name]}
     assert not bad, f"relative errors above {tolerance}: {bad} (all: {errors})"
 
 
