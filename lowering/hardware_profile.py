@@ -139,6 +139,32 @@ class Topology:
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """What the parts timed alone miss in a whole training step, from one step measured on the device.
+
+    ``step_factor`` multiplies every part's device time (forward, backward, W): the parts are timed alone in
+    short bursts (:mod:`schedlang.runtime.profiling`), and a whole step adds what no part holds (the optimizer
+    step, the gradient bookkeeping between parts, kernels at the clocks a long step sustains). It is
+    ``measured_step_seconds`` (the median step of ``schedule`` run by ``schedlang run``) over
+    ``parts_step_seconds`` (that schedule simulated with this profile's parts and factor 1). A profile without
+    the table has factor 1 and says nothing of where it came from."""
+
+    step_factor: float = 1.0
+    schedule: str = ""
+    measured_step_seconds: float = 0.0
+    parts_step_seconds: float = 0.0
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.schedule)
+
+
+CALIBRATION_BOUNDS = (0.5, 2.0)
+"""A step factor outside these is a failed measurement, not a calibration (a whole step within half and twice
+its parts' sum)."""
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
     name: str
     device: str
@@ -151,6 +177,7 @@ class HardwareProfile:
     links: dict[LinkClass, Link]
     topology: Topology
     layers: tuple[LayerMeasurement, ...]
+    calibration: Calibration = Calibration()
     source_file: str = "<memory>"
 
     def __hash__(self) -> int:
@@ -355,6 +382,7 @@ def parse_hardware_profile(text: str, path: str = "<memory>") -> HardwareProfile
     if gpus_per_node < 1 or nodes < 1:
         reader.fail("'topology.gpus_per_node' and 'topology.nodes' must be at least 1", "topology", None)
     forward_host = reader.number(overhead, "eager_layer_seconds", "overhead", positive=False)
+    calibration = parse_calibration(reader, data)
     return HardwareProfile(
         name=reader.string(device, "name", "device"),
         device=reader.string(device, "model", "device"),
@@ -373,7 +401,28 @@ def parse_hardware_profile(text: str, path: str = "<memory>") -> HardwareProfile
         links=link_records,
         topology=Topology(gpus_per_node, nodes),
         layers=layers,
+        calibration=calibration,
         source_file=path,
+    )
+
+
+def parse_calibration(reader: ProfileReader, data: dict) -> Calibration:
+    """The optional ``[calibration]`` table; factor 1 without it."""
+    if "calibration" not in data:
+        return Calibration()
+    table = reader.table(data, "calibration")
+    factor = reader.number(table, "step_factor", "calibration")
+    low, high = CALIBRATION_BOUNDS
+    if not low <= factor <= high:
+        reader.fail(
+            f"'calibration.step_factor' is {factor:g}; a whole step measured outside {low:g}x-{high:g}x of its "
+            "parts' sum is a failed measurement", "calibration", "step_factor",
+        )
+    return Calibration(
+        step_factor=factor,
+        schedule=reader.string(table, "schedule", "calibration"),
+        measured_step_seconds=reader.number(table, "measured_step_seconds", "calibration"),
+        parts_step_seconds=reader.number(table, "parts_step_seconds", "calibration"),
     )
 
 
@@ -445,6 +494,16 @@ def format_hardware_profile(profile: HardwareProfile, header: str = "") -> str:
         f"gpus_per_node = {profile.topology.gpus_per_node}",
         f"nodes = {profile.topology.nodes}",
     ]
+    if profile.calibration.measured:
+        calibration = profile.calibration
+        lines += [
+            "",
+            "[calibration]",
+            f"step_factor = {format_number(calibration.step_factor)}",
+            f"schedule = {json.dumps(calibration.schedule)}",
+            f"measured_step_seconds = {format_number(calibration.measured_step_seconds)}",
+            f"parts_step_seconds = {format_number(calibration.parts_step_seconds)}",
+        ]
     for link_class in LinkClass:
         link = profile.links[link_class]
         lines += [

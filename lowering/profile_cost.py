@@ -8,7 +8,8 @@ program and a :class:`~schedlang.lowering.hardware_profile.HardwareProfile` (for
 * A chunk's ``F`` on a stage is the sum over its layers (and the embedding on the first stage, the head and loss
   on the last) of each part's forward curve at the rank's rows (``microbatch_size x chunk / S``; attention per
   sequence, at the chunk's prefix, times ``microbatch_size``), each scaled by FLOPs from the nearest measured
-  width; plus the sequence-parallel
+  width and by the profile's calibration ``step_factor`` (what a whole step adds to its parts timed alone:
+  :class:`~schedlang.lowering.hardware_profile.Calibration`); plus the sequence-parallel
   exchange of its layers; plus the launch overhead: eager, the task takes the longer of its device time and its
   host time; replayed from CUDA graphs, it adds the graph's launch gaps. Every task adds ``task_seconds``.
 * ``B`` is the backward curves (plus the weight curves when the backward is not split), the reverse exchange,
@@ -199,6 +200,11 @@ class ProfileCostModel:
         return self._part_cache[key]
 
     def _part_seconds(self, part: ProfiledPart, tokens: float, prefix: float) -> tuple[float, float, float]:
+        factor = self.profile.calibration.step_factor
+        return tuple(factor * seconds for seconds in self._alone_seconds(part, tokens, prefix))
+
+    def _alone_seconds(self, part: ProfiledPart, tokens: float, prefix: float) -> tuple[float, float, float]:
+        """The part as timed alone: the curves, scaled by FLOPs to the model's width (and prefix)."""
         model = self.program.model
         kernel_chunk = min(self.program.sequence.kernel_chunk, max(int(tokens), 1))
         measurements = nearest_width(self.profile.measurements(part), model.d_model)

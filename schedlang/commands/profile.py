@@ -10,6 +10,11 @@ both the command's output and the file's header say which figures are defaults. 
 whole run (300 by default: every length not reached is left out, and said); a progress bar shows each part.
 An existing output is kept unless ``--force``. ``--device cpu`` runs the same path with the lengths the
 schedule's own size allows (the test of this command).
+
+``--calibrate`` then trains FILE (a one-process schedule) for a few steps with ``schedlang run`` and writes the
+ratio of its measured step to the step its parts predict as the profile's ``[calibration]``
+(:mod:`schedlang.profile_calibration`); with ``--parts-from PROFILE`` the parts come from an existing profile
+instead of being timed again, so a calibration alone takes the run's minute.
 """
 
 from __future__ import annotations
@@ -39,6 +44,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "schedule's chunk lengths and half of the shortest)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median)")
+    parser.add_argument(
+        "--calibrate", action="store_true",
+        help="also train FILE (one process) for a few steps and write the whole step's ratio to its parts",
+    )
+    parser.add_argument(
+        "--parts-from", metavar="PROFILE", default=None,
+        help="with --calibrate: take the parts from this profile (a file or a shipped name) instead of timing them",
+    )
+    parser.add_argument("--calibration-steps", type=int, default=3, help="timed steps of --calibrate (after 2)")
 
 
 def needed_parts(program) -> list[str]:
@@ -97,10 +111,17 @@ def refuse_existing_output(args: argparse.Namespace) -> None:
         )
 
 
+CALIBRATION_WARMUP = 2
+
+
 def run(args: argparse.Namespace) -> int:
     refuse_existing_output(args)
-    if args.budget <= 0 or args.repeats < 1:
-        raise SystemExit("schedlang profile: error: --budget must be positive and --repeats at least 1")
+    if args.budget <= 0 or args.repeats < 1 or args.calibration_steps < 1:
+        raise SystemExit(
+            "schedlang profile: error: --budget must be positive, --repeats and --calibration-steps at least 1"
+        )
+    if args.parts_from and not args.calibrate:
+        raise SystemExit("schedlang profile: error: --parts-from only serves --calibrate; give both or neither")
     from schedlang.frontend import load_program
 
     program = load_program(args.file)
@@ -108,9 +129,73 @@ def run(args: argparse.Namespace) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("schedlang profile: error: --device cuda, but no CUDA device is visible")
-    from schedlang.runtime.trainer import DTYPES
+    from schedlang.profile_calibration import CalibrationError, require_one_process
 
     started = time.perf_counter()
+    try:
+        if args.calibrate:
+            require_one_process(program, args.file)
+        profile, header = parts_from(args) if args.parts_from else measure_parts(args, program, started)
+        if args.calibrate:
+            profile, header = calibrate(args, program, profile, header)
+    except CalibrationError as error:
+        raise SystemExit(f"schedlang profile: error: {error}") from None
+    from schedlang.lowering.hardware_profile import format_hardware_profile
+
+    Path(args.output).write_text(format_hardware_profile(profile, header), encoding="utf-8")
+    for line in header.splitlines()[1:]:
+        print(line)
+    print(f"wrote {args.output} ({time.perf_counter() - started:.0f} s)")
+    return 0
+
+
+def parts_from(args: argparse.Namespace):
+    """The parts of an existing profile, renamed for the output, and a header that says where they came from."""
+    import dataclasses
+
+    from schedlang.lowering.hardware_profile import HardwareProfileError, resolve_hardware
+
+    try:
+        profile = resolve_hardware(args.parts_from)
+    except HardwareProfileError as error:
+        raise SystemExit(error.render()) from None
+    profile = dataclasses.replace(profile, name=args.name or Path(args.output).stem)
+    comments = []  # the earlier profile's own header: how its parts were measured
+    for line in Path(profile.source_file).read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        if not line[1:].strip().startswith("calibration:"):  # a new calibration replaces the old
+            comments.append(line[1:].strip())
+    header = "\n".join([f"Parts from {profile.source_file}:", *comments])
+    return profile, header
+
+
+def calibrate(args: argparse.Namespace, program, profile, header: str):
+    """``profile`` calibrated against FILE's whole step on the device; the header gains a line saying so."""
+    from schedlang.profile_calibration import calibrated, measure_step_seconds, parts_step_seconds
+
+    print(f"calibrating: schedlang run {args.file} --device {args.device} "
+          f"--steps {CALIBRATION_WARMUP + args.calibration_steps}", file=sys.stderr, flush=True)
+    measured = measure_step_seconds(
+        args.file, args.device, CALIBRATION_WARMUP, args.calibration_steps, timeout=max(args.budget, 60.0)
+    )
+    predicted = parts_step_seconds(program, profile)
+    profile = calibrated(profile, Path(args.file).name, measured, predicted)
+    header += (
+        f"\ncalibration: `schedlang run {Path(args.file).name}` measured {measured:.4g} s a step (median of "
+        f"{args.calibration_steps} after {CALIBRATION_WARMUP}), its parts {predicted:.4g} s: step factor "
+        f"{profile.calibration.step_factor:.4f}"
+    )
+    return profile, header
+
+
+def measure_parts(args: argparse.Namespace, program, started: float):
+    """Time every part the schedule's model needs (and the device's bandwidths and links): the profile and the
+    header naming what was measured and what came from the defaults."""
+    import torch
+
+    from schedlang.runtime.trainer import DTYPES
+
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     dtype = DTYPES[program.train.dtype]
     config = program.model
@@ -150,15 +235,10 @@ def run(args: argparse.Namespace) -> int:
 
         links = measure_links(gpus, "nccl", "cuda")
     profile, header = build_profile(args, program, device, timings, memory_bandwidth, offload_bandwidth, links, gpus)
-    from schedlang.lowering.hardware_profile import format_hardware_profile
-
-    Path(args.output).write_text(format_hardware_profile(profile, header), encoding="utf-8")
-    for line in header.splitlines()[1:]:
-        print(line)
+    header += f"\n{len(timings)} measurements"
     if skipped:
-        print(f"left out (budget): {', '.join(f'{p} {t}' for p, t, _ in skipped)}")
-    print(f"wrote {args.output} ({len(timings)} measurements, {time.perf_counter() - started:.0f} s)")
-    return 0
+        header += f"; left out (budget): {', '.join(f'{p} {t}' for p, t, _ in skipped)}"
+    return profile, header
 
 
 def build_profile(args, program, device, timings, memory_bandwidth, offload_bandwidth, links, gpus):

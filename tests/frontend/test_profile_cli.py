@@ -105,3 +105,57 @@ def test_profile_on_the_gpu_writes_kernel_times(tmp_path):
         assert all(seconds > 0 for seconds in layer.forward.seconds), layer.part
     assert profile.overhead.eager_layer_seconds > 0
     assert profile.memory_bandwidth_bytes_per_s > 1e11
+
+
+def test_calibrate_writes_the_whole_steps_ratio_to_its_parts(profiled, tmp_path):
+    """--calibrate --parts-from: the tiny schedule trained on the CPU, its measured step over its parts' step is
+    the factor written, the parts are the earlier profile's, and simulate then predicts the measured step."""
+    import dataclasses
+
+    from schedlang.frontend import load_program
+    from schedlang.profile_calibration import parts_step_seconds
+
+    _, schedule, parts = profiled
+    output = tmp_path / "calibrated.toml"
+    status = main([
+        "profile", str(schedule), "--device", "cpu", "--calibrate", "--parts-from", str(parts),
+        "--calibration-steps", "1", "-o", str(output),
+    ])
+    assert status == 0
+    earlier, profile = load_hardware_profile(parts), load_hardware_profile(output)
+    assert profile.layers == earlier.layers and profile.name == "calibrated"
+    calibration = profile.calibration
+    assert calibration.schedule == "tiny.sched" and calibration.measured_step_seconds > 0
+    assert calibration.step_factor == pytest.approx(
+        calibration.measured_step_seconds / calibration.parts_step_seconds, rel=1e-5
+    )
+    program = load_program(str(schedule))
+    assert parts_step_seconds(program, earlier) == pytest.approx(calibration.parts_step_seconds, rel=1e-5)
+    # the calibrated profile predicts the measured step (the tiny step on the CPU is host-bound: no eager host
+    # term on the CPU, so the device parts alone carry the factor)
+    from schedlang.lowering.orders import stage_orders
+    from schedlang.lowering.profile_cost import ProfileCostModel
+    from schedlang.lowering.simulate import simulate
+
+    predicted = simulate(program, stage_orders(program), ProfileCostModel(program, profile)).makespan
+    assert predicted == pytest.approx(calibration.measured_step_seconds, rel=1e-3)
+    assert dataclasses.replace(profile, calibration=earlier.calibration).layers == earlier.layers
+    header = output.read_text()
+    assert f"# Parts from {parts}:" in header and "# calibration: `schedlang run tiny.sched` measured" in header
+
+
+def test_calibrate_refuses_a_schedule_of_several_ranks(tmp_path):
+    schedule = tmp_path / "pp2.sched"
+    schedule.write_text(SCHEDULE.replace("layers = [gla, attn]", "layers = [gla, attn, gla, attn]")
+                        .replace("mesh { pipeline = 1 }", "mesh { pipeline = 2 }"))
+    with pytest.raises(SystemExit, match="--calibrate trains the schedule on one device; its mesh has 2 ranks"):
+        main(["profile", str(schedule), "--device", "cpu", "--calibrate", "--parts-from", "h200",
+              "-o", str(tmp_path / "out.toml")])
+    assert not (tmp_path / "out.toml").exists()
+
+
+def test_parts_from_without_calibrate_is_refused(tmp_path):
+    schedule = tmp_path / "tiny.sched"
+    schedule.write_text(SCHEDULE)
+    with pytest.raises(SystemExit, match="--parts-from only serves --calibrate"):
+        main(["profile", str(schedule), "--device", "cpu", "--parts-from", "h200", "-o", str(tmp_path / "o.toml")])

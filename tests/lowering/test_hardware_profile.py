@@ -407,3 +407,36 @@ def test_a_microbatch_of_sequences_reads_its_rows_and_attention_per_sequence():
     rest = 2 * 1e-3 + 1e-3  # two MLPs and the head, linear in rows
     assert single == pytest.approx(per_sequence_attention + rest)
     assert double == pytest.approx(2 * per_sequence_attention + 2 * rest)
+
+
+CALIBRATION = """
+[calibration]
+step_factor = {factor}
+schedule = "one.sched"
+measured_step_seconds = 1.1
+parts_step_seconds = 1.0
+"""
+
+
+def test_the_calibration_factor_scales_every_part_and_round_trips():
+    from schedlang.lowering.hardware_profile import format_hardware_profile
+
+    plain = parse_hardware_profile(profile_text())
+    calibrated = parse_hardware_profile(profile_text() + CALIBRATION.format(factor=1.25))
+    assert not plain.calibration.measured and plain.calibration.step_factor == 1.0
+    assert calibrated.calibration.schedule == "one.sched"
+    program = program_of()
+    before, after = ProfileCostModel(program, plain), ProfileCostModel(program, calibrated)
+    for kind, stage in [(ActionKind.FORWARD, 0), (ActionKind.BACKWARD, 1)]:
+        task = TaskId(kind, stage, 0, 0)
+        assert after.task_duration(task) == pytest.approx(1.25 * before.task_duration(task))
+    assert parse_hardware_profile(format_hardware_profile(calibrated)).calibration == calibrated.calibration
+
+
+def test_a_calibration_outside_its_bounds_is_a_positioned_error():
+    text = profile_text() + CALIBRATION.format(factor=3.0)
+    with pytest.raises(HardwareProfileError) as raised:
+        parse_hardware_profile(text, "bad.toml")
+    rendered = raised.value.render()
+    line = text.splitlines().index("step_factor = 3.0") + 1
+    assert rendered.splitlines()[0].startswith(f"bad.toml:{line}:1: error: 'calibration.step_factor' is 3")
