@@ -2,8 +2,10 @@
 
 For one schedule (by default the one-GPU benchmark's 1B GLA model, benchmarks/schedules/gla_1b_one_device.sched,
 bf16, one sequence per step, at ``--length`` tokens), runs
-``schedlang tune FILE --json --top K`` (its flags after ``--`` go to tune as they are: ``--hardware``,
-``--throughput``, ``--kernel-gap``, ...), writes each of the K candidates as ``rank_<k>.sched`` in ``--out``,
+``schedlang tune FILE --json --dominated`` over its whole ranking (its flags after ``--`` go to tune as they
+are: ``--hardware``, ``--throughput``, ``--kernel-gap``, ...), chooses K candidates (:func:`spread`: the pick,
+the file as written, and the rest spaced evenly down the ranking among candidates that differ in what changes
+a one-stage step's speed), writes each as ``rank_<k>.sched`` in ``--out``,
 trains each with ``schedlang run rank_<k>.sched --device D --steps W+S --metrics rank_<k>.jsonl`` in a process
 of its own, and prints a markdown table: each candidate's changes, predicted and measured step time (the
 median of the last ``S`` steps' ``step_seconds``; the first ``W`` warm up, and a ``cuda_graphs = step``
@@ -52,9 +54,40 @@ def schedlang_command() -> list[str]:
     return [sys.executable, "-m", "schedlang"]
 
 
+NO_OP_ON_ONE_STAGE = ("pipeline.split_backward", "pipeline.forward_before_weight", "pipeline.extra_deferred_weights")
+"""Keys a one-stage schedule runs the same with: candidates differing only in these are one for :func:`spread`."""
+
+RANKING_DEPTH = 1000
+"""Candidates asked of tune: its whole ranking, which :func:`spread` chooses from."""
+
+
+def spread(candidates: list[dict], count: int) -> list[dict]:
+    """``count`` candidates of tune's ranking: the pick, the file as written (the user's own schedule) when tune
+    ranked it, and the rest evenly spaced down the ranking, each the best-ranked of its kind (candidates whose
+    changes differ only in keys a one-stage step ignores are one kind), in rank order."""
+    distinct, seen = [], set()
+    for candidate in candidates:
+        kind = tuple(sorted((key, value) for key, value in candidate["changes"].items()
+                            if key not in NO_OP_ON_ONE_STAGE))
+        if kind not in seen:
+            seen.add(kind)
+            distinct.append(candidate)
+    if len(distinct) <= count:
+        return distinct
+    chosen = {0}
+    as_written = next((index for index, candidate in enumerate(distinct) if not candidate["changes"]), None)
+    if as_written is not None:
+        chosen.add(as_written)
+    slots = count - len(chosen)
+    rest = [index for index in range(1, len(distinct)) if index not in chosen]
+    for step in range(slots):
+        chosen.add(rest[round(step * (len(rest) - 1) / max(slots - 1, 1))])
+    return [distinct[index] for index in sorted(chosen)]
+
+
 def run_tune(schedule: Path, args: argparse.Namespace, tune_flags: list[str]) -> dict:
     command = [
-        *schedlang_command(), "tune", str(schedule), "--json", "--top", str(args.candidates), "--dominated",
+        *schedlang_command(), "tune", str(schedule), "--json", "--top", str(RANKING_DEPTH), "--dominated",
         "--device", args.device, *(["--length", str(args.length)] if args.schedule else []), *tune_flags,
     ]
     print("$ " + " ".join(command), file=sys.stderr, flush=True)
@@ -144,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     schedule.write_text(base_schedule(args), encoding="utf-8")
     tuned = run_tune(schedule, args, tune_flags)
     rows = []
-    for candidate in tuned["candidates"]:
+    for candidate in spread(tuned["candidates"], args.candidates):
         path = out / f"rank_{candidate['rank']}.sched"
         path.write_text(candidate["schedule"], encoding="utf-8")
         rows.append({
@@ -156,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             "predicted_reserved_gib": candidate["reserved_gib"],
             "measured": measure(path, args),
         })
-    (out / "results.json").write_text(json.dumps({"length": tuned["length"], "rows": rows}, indent=2) + "\n")
+        # after every candidate: a job cut short still leaves what it measured
+        (out / "results.json").write_text(json.dumps({"length": tuned["length"], "rows": rows}, indent=2) + "\n")
     print(f"schedlang tune {schedule} at {tuned['length']} tokens, {args.device}, commit "
           f"{os.environ.get('GIT_COMMIT', '(set GIT_COMMIT)')}; {tuned['cost_model']}")
     print(table(rows))

@@ -56,3 +56,21 @@ def test_the_whole_path_runs_on_the_cpu_with_the_tiny_model(tmp_path):
     lines = completed.stdout.splitlines()
     assert lines[1].startswith("| rank | changes from the file | predicted step s | measured step s")
     assert lines[-1].startswith("the pick ran")
+
+
+def test_spread_takes_the_pick_the_file_as_written_and_evenly_spaced_kinds():
+    from benchmarks.tune_validation import spread
+
+    def candidate(rank, **changes):
+        return {"rank": rank, "changes": {key.replace("_", ".", 1): value for key, value in changes.items()}}
+
+    ranking = [candidate(1, sequence_chunks="2"), candidate(2, sequence_chunks="2", pipeline_split_backward="true")]
+    ranking += [candidate(3 + index, sequence_chunks=str(4 << index)) for index in range(8)]
+    ranking.insert(5, candidate(99))  # the file as written, ranked sixth
+    chosen = spread(ranking, 4)
+    assert [c["rank"] for c in chosen][:1] == [1] and len(chosen) == 4
+    assert any(not c["changes"] for c in chosen)  # the file as written
+    assert all(c["rank"] != 2 for c in chosen)  # a one-stage no-op variant of the pick is the same kind
+    assert chosen[-1]["rank"] == 10  # the last kind of the ranking closes the spread
+    assert [ranking.index(c) for c in chosen] == sorted(ranking.index(c) for c in chosen)
+    assert spread(ranking[:3], 7) == [ranking[0], ranking[2]]
