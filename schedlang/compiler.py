@@ -47,6 +47,7 @@ from schedlang.parser import parse_text
 from schedlang.checks.schema import KEYS
 from schedlang.semantics import BLOCK_KEYS, lower_to_program
 from schedlang.vocabulary import Action
+from schedlang.vocabulary.source import apply_edits
 
 
 class Pass(int, Enum):
@@ -172,9 +173,7 @@ def revised_text(program: ScheduleProgram, changes: dict, syntax: ast.ScheduleFi
     edits = []
     for name, value in changes.items():
         edits.append(_edit(text, syntax, *_block_and_key(name), key_literal(name, value)))
-    for start, end, replacement in sorted(edits, key=lambda edit: edit[0], reverse=True):
-        text = text[:start] + replacement + text[end:]
-    return text
+    return apply_edits(text, edits)
 
 
 def key_literal(name: str, value) -> str:
@@ -204,16 +203,10 @@ def _edit(text: str, syntax: ast.ScheduleFile, block_name: str, key: str, litera
         return len(text), len(text), f"\n{block_name} {{ {key} = {literal} }}\n"
     for item in block.items:
         if isinstance(item, ast.Assignment) and item.key == key:
-            value = item.value.span
-            return _offset(text, value.line, value.column), _offset(text, value.end_line, value.end_column), literal
-    closing = text.rfind("}", 0, _offset(text, block.span.end_line, block.span.end_column))
+            return (*item.value.span.offsets(text), literal)
+    closing = text.rfind("}", 0, block.span.offsets(text)[1])
     return closing, closing, f" {key} = {literal} "
 
-
-def _offset(text: str, line: int, column: int) -> int:
-    """The index in ``text`` of a 1-based (line, column) position, lines split at ``\\n`` as Lark counts."""
-    lines = text.split("\n")
-    return sum(len(earlier) + 1 for earlier in lines[: line - 1]) + column - 1
 
 
 __all__ = [

@@ -37,6 +37,24 @@ class Span:
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.column}"
 
+    def offsets(self, text: str) -> tuple[int, int]:
+        """(start, end) indices of the span in ``text``, the source it was read from."""
+        return text_offset(text, self.line, self.column), text_offset(text, self.end_line, self.end_column)
+
+
+def text_offset(text: str, line: int, column: int) -> int:
+    """The index in ``text`` of a 1-based (line, column) position, lines split at ``\\n`` as Lark counts."""
+    lines = text.split("\n")
+    return sum(len(earlier) + 1 for earlier in lines[: line - 1]) + column - 1
+
+
+def apply_edits(text: str, edits) -> str:
+    """``text`` with each ``(start, end, replacement)`` applied; the edits index the original text and do not
+    overlap (applied from the last, so earlier indices stay valid)."""
+    for start, end, replacement in sorted(edits, key=lambda edit: edit[0], reverse=True):
+        text = text[:start] + replacement + text[end:]
+    return text
+
 
 class Severity(str, Enum):
     ERROR = "error"

@@ -79,13 +79,9 @@ def pipeline_block(orders, n_chunks: int, kept_keys: tuple[str, ...] = ()) -> st
     return "\n".join(lines) + "\n"
 
 
-def _offset(text_lines: list[str], line: int, column: int) -> int:
-    return sum(len(text) + 1 for text in text_lines[: line - 1]) + column - 1
-
-
 def _span_text(text: str, span) -> str:
-    lines = text.split("\n")
-    return text[_offset(lines, span.line, span.column) : _offset(lines, span.end_line, span.end_column)]
+    start, end = span.offsets(text)
+    return text[start:end]
 
 
 def schedule_like(like_path: str, orders, n_chunks: int) -> str:
@@ -108,9 +104,7 @@ def schedule_like(like_path: str, orders, n_chunks: int) -> str:
     block = pipeline_block(orders, n_chunks, kept)
     if pipeline is None:
         return text.rstrip("\n") + "\n\n" + block
-    lines = text.split("\n")
-    start = _offset(lines, pipeline.span.line, pipeline.span.column)
-    end = _offset(lines, pipeline.span.end_line, pipeline.span.end_column)
+    start, end = pipeline.span.offsets(text)
     return text[:start] + block.rstrip("\n") + text[end:]
 
 

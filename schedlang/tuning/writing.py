@@ -15,8 +15,9 @@ import os
 from pathlib import Path
 
 from schedlang import ast
-from schedlang.compiler import _offset, key_literal
+from schedlang.compiler import key_literal
 from schedlang.parser import parse_text
+from schedlang.vocabulary.source import apply_edits
 
 PATH_KEYS = {("model", "from"), ("train", "data"), ("train", "checkpoint"), ("train", "log")}
 """Keys whose string values are paths, relative to the schedule file."""
@@ -39,12 +40,10 @@ def tuned_text(text: str, filename: str, changes: dict) -> str:
         assignments = [item for item in block.items if isinstance(item, ast.Assignment)]
         written = next((item for item in assignments if item.key == key), None)
         if written is not None:
-            span = written.value.span
-            edits.append((_offset(text, span.line, span.column), _offset(text, span.end_line, span.end_column), literal))
+            edits.append((*written.value.span.offsets(text), literal))
             continue
         edits.append(_added_line(text, block, assignments, key, literal))
-    for start, end, replacement in sorted(edits, key=lambda edit: edit[0], reverse=True):
-        text = text[:start] + replacement + text[end:]
+    text = apply_edits(text, edits)
     for block_name, lines in new_blocks.items():
         text = text.rstrip("\n") + f"\n\n{block_name} {{\n" + "".join(lines) + "}\n"
     return text
@@ -53,7 +52,7 @@ def tuned_text(text: str, filename: str, changes: dict) -> str:
 def _added_line(text: str, block: ast.Block, assignments, key: str, literal: str) -> tuple[int, int, str]:
     """The edit that adds ``key = literal`` to ``block``: a line of its own before the closing brace when the brace
     starts its line, else before the brace on its line."""
-    closing = text.rfind("}", 0, _offset(text, block.span.end_line, block.span.end_column))
+    closing = text.rfind("}", 0, block.span.offsets(text)[1])
     line_start = text.rfind("\n", 0, closing) + 1
     if text[line_start:closing].strip():
         return closing, closing, f" {key} = {literal} "
@@ -83,13 +82,8 @@ def relocated_text(text: str, source_file: str, output: str) -> str:
                     if Path(literal.value).is_absolute():
                         continue
                     moved = os.path.relpath(source_directory / literal.value, output_directory)
-                    span = literal.span
-                    start = _offset(text, span.line, span.column)
-                    end = _offset(text, span.end_line, span.end_column)
-                    edits.append((start, end, _string_literal(moved)))
-    for start, end, replacement in sorted(edits, reverse=True):
-        text = text[:start] + replacement + text[end:]
-    return text
+                    edits.append((*literal.span.offsets(text), _string_literal(moved)))
+    return apply_edits(text, edits)
 
 
 def _path_literals(value):
