@@ -50,10 +50,10 @@ def loss_block_tokens(vocab: int) -> int:
 def _block_loss_and_logits_grad(
     logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, with_grad: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One block's summed cross-entropy (float32) and, with ``with_grad``, its float32 gradient w.r.t. the
-    logits (``softmax - onehot``, zero rows where the target is ``ignore_index``). ``logits`` may be
-    overwritten."""
-    logits = logits.float()  # [B, V]; the block itself when it is float32 already
+    """One block's summed cross-entropy and, with ``with_grad``, its gradient w.r.t. the logits (``softmax -
+    onehot``, zero rows where the target is ``ignore_index``), both in float32 (float64 for float64 logits).
+    ``logits`` may be overwritten."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # [B, V]; itself if float32 already
     valid = targets != ignore_index  # [B]
     safe_targets = torch.where(valid, targets, torch.zeros_like(targets)).unsqueeze(1)  # [B, 1]
     target_logits = logits.gather(1, safe_targets).squeeze(1)  # [B]
@@ -85,7 +85,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         n_rows = rows.shape[0]
         with_grad = input_grad_needed or weight_grad_needed
         single_block = n_rows <= block_tokens
-        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        loss = torch.zeros((), dtype=torch.promote_types(weight.dtype, torch.float32), device=hidden.device)
         hidden_grad = torch.empty_like(rows) if input_grad_needed else None
         weight_grad = None
         if weight_grad_needed:
@@ -161,7 +161,7 @@ def linear_cross_entropy(
         accumulate_into_grad: the backward adds the weight gradient into ``weight.grad`` (which must exist)
             and gives autograd none ([Note: in-place weight gradients] in :mod:`schedlang.runtime.linear`).
 
-    Returns the float32 sum of the per-token losses (0-dim). Gradients are formed in the forward only when
+    Returns the sum of the per-token losses (0-dim), in float32 (float64 for a float64 weight). Gradients are formed in the forward only when
     grad mode is on and ``hidden`` or ``weight`` requires them.
     """
     if targets.shape != hidden.shape[:-1]:
