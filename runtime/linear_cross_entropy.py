@@ -20,8 +20,13 @@ of the plain path in bf16.
 
 Weight gradients. With ``accumulate_into_grad`` the backward adds ``g dW`` into ``weight.grad`` in place and
 hands autograd no weight gradient, under the contract of [Note: in-place weight gradients] in
-:mod:`schedlang.runtime.linear`. The weight gradient is formed in the forward, so there is no GEMM left for a
-deferred ``W`` task ([Note: deferred weight gradients]): the head's weight gradient arrives with ``B``.
+:mod:`schedlang.runtime.linear`. With ``add_into_existing_grad`` it does so whenever ``weight.grad`` exists
+when the backward runs, and otherwise hands ``g dW`` to autograd, which adopts it as the ``.grad`` (the first
+chunk's backward allocates, every later one adds in place): what autograd's own accumulation would leave,
+without a separate addition kernel and without the custom autograd node a :class:`Linear` needs for it (the
+loss has one already). Whoever asks autograd for the weight's gradient with ``torch.autograd.grad`` while
+``weight.grad`` exists gets None. The weight gradient is formed in the forward, so there is no GEMM left for
+a deferred ``W`` task ([Note: deferred weight gradients]): the head's weight gradient arrives with ``B``.
 
 CUDA graphs: the number of blocks follows from the static shape, nothing reads a value back to the host,
 and every tensor is allocated at a fixed point of the loop, so the forward and the backward can be captured.
@@ -79,6 +84,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         input_grad_needed: bool,
         weight_grad_needed: bool,
         accumulate_into_grad: bool,
+        add_into_existing_grad: bool,
     ) -> torch.Tensor:
         rows = hidden.reshape(-1, hidden.shape[-1])  # [T, D]
         target_rows = targets.reshape(-1)  # [T]
@@ -114,8 +120,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx.has_hidden_grad = hidden_grad is not None
         ctx.has_weight_grad = weight_grad is not None
         ctx.accumulate_into_grad = accumulate_into_grad
+        ctx.add_into_existing_grad = add_into_existing_grad
         # the parameter itself, for the in-place addition ([Note: in-place weight gradients])
-        ctx.weight_parameter = weight if accumulate_into_grad else None
+        ctx.weight_parameter = weight if accumulate_into_grad or add_into_existing_grad else None
         ctx.save_for_backward(*(grad for grad in (hidden_grad, weight_grad) if grad is not None))
         return loss
 
@@ -127,18 +134,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
         weight_grad = saved.pop(0) if ctx.has_weight_grad else None
         if hidden_grad is not None:
             hidden_grad = (hidden_grad * loss_grad).reshape(ctx.hidden_shape)
-        if weight_grad is not None and ctx.accumulate_into_grad:
-            parameter = ctx.weight_parameter
-            if parameter.grad is None:
-                raise RuntimeError(
-                    "the fused loss's head accumulates into .grad but its weight has no .grad to add into: "
-                    "allocate the gradients (zeros) before the first backward"
-                )
+        parameter = ctx.weight_parameter
+        if weight_grad is not None and parameter is not None and parameter.grad is not None:
             parameter.grad.addcmul_(weight_grad, loss_grad)
             weight_grad = None
+        elif weight_grad is not None and ctx.accumulate_into_grad:
+            raise RuntimeError(
+                "the fused loss's head accumulates into .grad but its weight has no .grad to add into: "
+                "allocate the gradients (zeros) before the first backward"
+            )
         elif weight_grad is not None:
             weight_grad = weight_grad * loss_grad
-        return hidden_grad, weight_grad, None, None, None, None, None, None
+        return hidden_grad, weight_grad, None, None, None, None, None, None, None
 
 
 def linear_cross_entropy(
@@ -149,6 +156,7 @@ def linear_cross_entropy(
     ignore_index: int = IGNORED_TARGET,
     block_tokens: int | None = None,
     accumulate_into_grad: bool = False,
+    add_into_existing_grad: bool = False,
 ) -> torch.Tensor:
     """``F.cross_entropy(F.linear(hidden, weight).float(), targets, ignore_index=..., reduction="sum")``
     without the whole logits: [Note: fused head and loss].
@@ -160,6 +168,8 @@ def linear_cross_entropy(
         block_tokens: rows per block; None: :func:`loss_block_tokens` of ``V``.
         accumulate_into_grad: the backward adds the weight gradient into ``weight.grad`` (which must exist)
             and gives autograd none ([Note: in-place weight gradients] in :mod:`schedlang.runtime.linear`).
+        add_into_existing_grad: the backward adds the weight gradient into ``weight.grad`` if it exists then
+            (a leaf's), and gives autograd none; else autograd gets it ([Note: fused head and loss]).
 
     Returns the sum of the per-token losses (0-dim), in float32 (float64 for a float64 weight). Gradients are formed in the forward only when
     grad mode is on and ``hidden`` or ``weight`` requires them.
@@ -182,4 +192,5 @@ def linear_cross_entropy(
         input_grad_needed,
         weight_grad_needed,
         accumulate_into_grad and weight_grad_needed,
+        add_into_existing_grad and weight_grad_needed and weight.is_leaf,
     )

@@ -241,7 +241,8 @@ class StageModel(nn.Module):
         targets equal to :data:`schedlang.runtime.packing.IGNORED_TARGET` carry none. The final norm, then
         the head and the loss fused, block by block of tokens, never holding the whole logits ([Note: fused
         head and loss] in :mod:`schedlang.runtime.linear_cross_entropy`); ``loss_block_tokens`` (None: that
-        module's default) sets the block."""
+        module's default) sets the block. The head's weight gradient is added into an existing ``.grad`` in
+        place (that Note's ``add_into_existing_grad``)."""
         accumulate = self.lm_head is not None and self.lm_head.accumulate_into_grad
         return linear_cross_entropy(
             self.final_norm(hidden),
@@ -249,6 +250,7 @@ class StageModel(nn.Module):
             targets,
             block_tokens=self.loss_block_tokens,
             accumulate_into_grad=accumulate,
+            add_into_existing_grad=True,
         )
 
     def reference_loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

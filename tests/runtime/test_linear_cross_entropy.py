@@ -220,3 +220,27 @@ def test_the_fused_loss_is_captured_and_replayed_in_a_cuda_graph():
     expected = linear_cross_entropy(hidden, weight.detach(), targets, block_tokens=128)
     torch.testing.assert_close(static_loss, expected)
     assert static_hidden.grad is not None and torch.isfinite(static_hidden.grad).all()
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_eager_chunks_allocate_the_head_gradient_once_then_add_into_it(tied):
+    """Without the in-place flag: the first chunk's backward hands autograd the head's weight gradient, which
+    becomes the ``.grad``; every later one adds into that same tensor; after each chunk every gradient is
+    what the plain path's autograd accumulation leaves."""
+    fused, plain = _stage(tied, torch.float64), _stage(tied, torch.float64)
+    fused.loss_block_tokens = 5
+    storage = None
+    for seed in (1, 2, 3):
+        generator = torch.Generator().manual_seed(seed)
+        if tied:
+            inputs = torch.randint(0, 53, (1, 13), generator=generator)
+        else:
+            inputs = torch.randn(1, 13, 32, generator=generator, dtype=torch.float64)
+        targets = torch.randint(0, 53, (1, 13), generator=generator)
+        for model, loss_name in ((fused, "loss"), (plain, "reference_loss")):
+            output, _ = model(inputs, [None])
+            (getattr(model, loss_name)(output, targets) / 39).backward()
+        storage = storage or fused.head_weight.grad.data_ptr()
+        assert fused.head_weight.grad.data_ptr() == storage
+        for (name, expected), actual in zip(plain.named_parameters(), fused.parameters()):
+            assert _relative_error(actual.grad, expected.grad) < 1e-6, name
