@@ -71,9 +71,6 @@ from schedlang.vocabulary import (
     recompute_on,
 )
 
-TOKEN_ID_BYTES = 8
-"""Token ids and targets are int64."""
-
 RSTD_BYTES = 4
 """A norm's reciprocal standard deviation is kept in fp32, one per row."""
 
@@ -273,13 +270,16 @@ def mlp_bytes_per_token(sizes: Sizes, device: Device) -> float:
 
 
 def head_bytes_per_token(sizes: Sizes, device: Device) -> float:
-    """The last stage's final norm, LM head and loss, per token."""
-    return (
-        norm_bytes_per_row(sizes.d_model, sizes, device)
-        + sizes.d_model * sizes.element_bytes
-        + sizes.vocab * sizes.compute_bytes
-        + TOKEN_ID_BYTES
-    )
+    """The last stage's final norm, LM head and loss, per token: the norm's saved input and the gradient of
+    the norm's output that the fused head and loss form in its forward ([Note: fused head and loss] in
+    schedlang.runtime.linear_cross_entropy; the head's weight gradient is :func:`head_chunk_bytes`)."""
+    return norm_bytes_per_row(sizes.d_model, sizes, device) + sizes.d_model * sizes.element_bytes
+
+
+def head_chunk_bytes(sizes: Sizes) -> float:
+    """What the fused head and loss keep per chunk beyond :func:`head_bytes_per_token`: the head's weight
+    gradient, formed in the forward, in the weight's dtype (``V d e``)."""
+    return sizes.vocab * sizes.d_model * sizes.element_bytes
 
 
 def layer_bytes_per_token(
@@ -343,14 +343,15 @@ def stage_operator_bytes_per_token(
 
 
 def stage_chunk_constant_bytes(program: ScheduleProgram, stage: int, recompute: Recompute, device: Device) -> float:
-    """Saved bytes of a chunk that are not per token, per GDN layer: on the CPU its ``C x C`` causal mask (the
+    """Saved bytes of a chunk that are not per token: on the last stage :func:`head_chunk_bytes`; per GDN layer: on the CPU its ``C x C`` causal mask (the
     Triton operator on CUDA keeps none), and with short convolutions the ``taps - 1`` history rows each
     convolution's saved input has before the chunk's own; per mamba2 layer those history rows of its one
     convolution. (Attention in parts saves no mask of the chunk's
     queries against the prefix: [Note: attention in parts] in schedlang.runtime.attention_parts.)"""
-    if recompute in (Recompute.FULL, Recompute.MIXER):
-        return 0.0
     sizes = program_sizes(program)
+    head = head_chunk_bytes(sizes) if stage == program.n_stages - 1 and recompute is not Recompute.FULL else 0.0
+    if recompute in (Recompute.FULL, Recompute.MIXER):
+        return head
     gdn = sizes.gdn
     mask = RUNTIME_KERNEL_CHUNK * RUNTIME_KERNEL_CHUNK if device is Device.CPU else 0
     history = sizes.batch * max(gdn.conv_taps - 1, 0) * gdn.convolved_width * sizes.element_bytes
@@ -359,7 +360,7 @@ def stage_chunk_constant_bytes(program: ScheduleProgram, stage: int, recompute: 
     mamba2_history *= sizes.element_bytes
     kinds = stage_layer_kinds(program, stage)
     gdn_layers, mamba2_layers = (sum(kind is wanted for kind in kinds) for wanted in (LayerKind.GDN, LayerKind.MAMBA2))
-    return gdn_layers * (mask + history) + mamba2_layers * mamba2_history
+    return gdn_layers * (mask + history) + mamba2_layers * mamba2_history + head
 
 
 def chunk_activation_bytes(
@@ -463,10 +464,22 @@ def operator_workspace_bytes_per_token(model: ModelConfig, kind: LayerKind, size
     return operator_bytes_per_token(kind, sizes, device) + recomputed_state_bytes_per_token(model, kind, sizes)
 
 
-def head_workspace_bytes_per_token(sizes: Sizes) -> float:
-    """The loss's backward: the log-softmax's gradient in fp32, the logits' gradient in fp32 and in
-    ``train.dtype``."""
-    return sizes.vocab * (2 * sizes.compute_bytes + sizes.element_bytes)
+def head_workspace_bytes(sizes: Sizes, tokens: float) -> float:
+    """The fused head and loss's temporaries for a chunk of ``tokens`` local rows ([Note: fused head and loss]
+    in schedlang.runtime.linear_cross_entropy), the larger of its forward's and its backward's. The forward
+    holds one block's logits, their float32 copy and their gradient (``B V (2 e + f)``, ``B V f`` when
+    ``e = f``; ``B`` the smaller of ``tokens`` and the runtime's block) and, over several blocks, the weight
+    gradient's float32 sum with one block's term (``V d (f + e)``; ``V d e`` for one block or ``e = f``); the
+    backward the scaled gradients of the hidden states and the weight (``t d e + V d e``)."""
+    from schedlang.runtime.linear_cross_entropy import loss_block_tokens
+
+    e, f, vocab, d_model = sizes.element_bytes, sizes.compute_bytes, sizes.vocab, sizes.d_model
+    block = min(tokens, loss_block_tokens(vocab))
+    logits = block * vocab * (f if e == f else 2 * e + f)
+    several_blocks = tokens > block and e != f
+    weight_sum = vocab * d_model * (f + e if several_blocks else e)
+    backward = tokens * d_model * e + vocab * d_model * e
+    return max(logits + weight_sum, backward)
 
 
 def attention_read_bytes(program: ScheduleProgram, chunk: int, device: Device) -> float:
@@ -502,7 +515,7 @@ def transient_bytes(program: ScheduleProgram, stage: int, chunk: int, device: De
         for kind in kinds
     ]
     if stage == program.n_stages - 1:
-        workspaces.append(tokens * head_workspace_bytes_per_token(sizes))
+        workspaces.append(head_workspace_bytes(sizes, tokens))
     workspace = max(workspaces, default=0.0) + tokens * 2 * sizes.d_model * sizes.element_bytes
     recompute = recompute_on(program.pipeline.recompute, stage)
     if recompute is Recompute.FULL:

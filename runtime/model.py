@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from schedlang.runtime.embedding import TokenEmbedding
 from schedlang.runtime.kv_buffers import AttentionChunk, ChunkPosition
 from schedlang.runtime.linear import Linear, active_weight_gradient_recorder, recording_weight_gradients
+from schedlang.runtime.linear_cross_entropy import linear_cross_entropy
 from schedlang.runtime.mixer_attention import CausalAttentionMixer
 from schedlang.runtime.mixer_base import INIT_STD, RMSNorm, SequenceParallelContext, _init_normal, kernel_backend
 from schedlang.runtime.mixer_gdn import GatedDeltaMixer
@@ -174,6 +175,7 @@ class StageModel(nn.Module):
         self.layers = nn.ModuleDict({str(index): Block(config, config.layers[index]) for index in layer_indices})
         self.final_norm = RMSNorm(config.d_model, config.norm_eps) if is_last else None
         self.lm_head = Linear(config.d_model, config.vocab, bias=False) if is_last and not tied else None
+        self.loss_block_tokens: int | None = None  # rows per block of the fused loss; None: its default
 
     def reset_parameters(self, seed: int) -> None:
         n_layers = len(self.config.layers)
@@ -229,8 +231,31 @@ class StageModel(nn.Module):
     def has_attention(self) -> bool:
         return any(isinstance(block.mixer, CausalAttentionMixer) for block in self.layers.values())
 
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The LM head's weight ``[vocab, d_model]``: the embedding's when tied."""
+        return self.embedding.weight if self.lm_head is None else self.lm_head.weight
+
     def loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Summed cross-entropy over the chunk's tokens (the caller normalises by the global count)."""
+        """Summed float32 cross-entropy over the chunk's tokens (the caller normalises by the global count);
+        targets equal to :data:`schedlang.runtime.packing.IGNORED_TARGET` carry none. The final norm, then
+        the head and the loss fused, block by block of tokens, never holding the whole logits ([Note: fused
+        head and loss] in :mod:`schedlang.runtime.linear_cross_entropy`); ``loss_block_tokens`` (None: that
+        module's default) sets the block. The head's weight gradient is added into an existing ``.grad`` in
+        place (that Note's ``add_into_existing_grad``)."""
+        accumulate = self.lm_head is not None and self.lm_head.accumulate_into_grad
+        return linear_cross_entropy(
+            self.final_norm(hidden),
+            self.head_weight,
+            targets,
+            block_tokens=self.loss_block_tokens,
+            accumulate_into_grad=accumulate,
+            add_into_existing_grad=True,
+        )
+
+    def reference_loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """:meth:`loss` through the whole logits: ``F.cross_entropy`` of :meth:`logits` in float32 (the
+        reference the fused loss is measured against)."""
         logits = self.logits(hidden).float()
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
 

@@ -15,7 +15,7 @@ from schedlang.lowering.memory_terms import (
     Device,
     attention_read_bytes,
     chunk_activation_bytes,
-    head_workspace_bytes_per_token,
+    head_workspace_bytes,
     key_value_bytes,
     layer_workspace_bytes_per_token,
     mixer_bytes_per_token,
@@ -234,7 +234,7 @@ def test_the_grouped_read_is_one_part_at_query_head_width_in_the_attn_backward(s
     sizes = program_sizes(attention_only)
     tokens = attention_only.pipeline.microbatch_size * attention_only.sequence.chunk_length(last) / sequence
     attention = tokens * layer_workspace_bytes_per_token(attention_only.model, LayerKind.ATTN, sizes, Device.CUDA)
-    head = tokens * head_workspace_bytes_per_token(sizes)
+    head = head_workspace_bytes(sizes, tokens)
     assert attention < head < attention + read  # the read makes the attn layer's backward the largest
     rest = tokens * 2 * D_MODEL * 2 + sequence_parallel_bytes(attention_only, 0, last)
     assert transient_bytes(attention_only, 0, last) == pytest.approx(attention + read + rest)

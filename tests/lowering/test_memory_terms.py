@@ -21,12 +21,14 @@ from schedlang.lowering.memory_terms import (
     StaticPart,
     activation_message_bytes,
     chunk_activation_bytes,
+    head_chunk_bytes,
     key_value_bytes,
     mixer_bytes_per_token,
     mlp_bytes_per_token,
     norm_bytes_per_row,
     program_sizes,
     stage_bytes_per_token,
+    stage_chunk_constant_bytes,
     state_bytes,
     reduced_gradient_bytes,
     static_bytes,
@@ -131,7 +133,11 @@ def test_recompute_modes_keep_each_parts_input():
 def test_last_stage_adds_the_head_and_loss():
     program = program_of(stages=2, layers="[gla] * 4")
     difference = stage_bytes_per_token(program, 1, Recompute.NONE) - stage_bytes_per_token(program, 0, Recompute.NONE)
-    assert difference == 132 + 128 + 256 * 4 + 8  # final norm, head input, fp32 log-softmax, targets
+    assert difference == 132 + 128  # final norm, the gradient of its output that the fused loss formed
+    sizes = program_sizes(program)
+    assert head_chunk_bytes(sizes) == 256 * 64 * 2  # the head's weight gradient, V d e
+    constants = [stage_chunk_constant_bytes(program, 1, recompute, Device.CUDA) for recompute in Recompute]
+    assert constants == [0 if recompute is Recompute.FULL else 256 * 64 * 2 for recompute in Recompute]
 
 
 def test_chunk_bytes_scale_with_local_tokens():
