@@ -144,7 +144,9 @@ def _check_arguments(x, dt, adt, trap, B, C, angles, D) -> None:
     if C.shape != B.shape:
         raise ValueError(f"C must have B's shape {tuple(B.shape)}, got {tuple(C.shape)}")
     if angles.dim() != 4 or tuple(angles.shape[:3]) != (batch, length, heads) or 2 * angles.shape[-1] > B.shape[-1]:
-        raise ValueError(f"angles must have shape [B, T, H, A] with 2 A <= N = {B.shape[-1]}, got {tuple(angles.shape)}")
+        raise ValueError(
+            f"angles must have shape [B, T, H, A] with 2 A <= N = {B.shape[-1]}, got {tuple(angles.shape)}"
+        )
     if D is not None and tuple(D.shape) != (heads,):
         raise ValueError(f"D must have shape [H] = [{heads}], got {tuple(D.shape)}")
 
