@@ -77,7 +77,9 @@ class Mamba3Mixer(nn.Module):
         self.B_norm = WeightedRMSNorm(options.state_size, config.norm_eps)
         self.C_norm = WeightedRMSNorm(options.state_size, config.norm_eps)
         self.D = nn.Parameter(torch.empty(self.heads))
-        self.norm = WeightedRMSNorm(self.inner_width, config.norm_eps, self.head_dim) if options.is_outproj_norm else None
+        self.norm = None
+        if options.is_outproj_norm:
+            self.norm = WeightedRMSNorm(self.inner_width, config.norm_eps, self.head_dim)
         self.out_proj = Linear(self.inner_width, config.d_model, bias=options.use_bias)
         state = recurrent_state_geometry(LayerKind.MAMBA3, config.heads, config.head_dim, config.options)
         self.packed_state = PackedDeltaState(
