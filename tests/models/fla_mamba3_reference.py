@@ -84,3 +84,26 @@ def mamba3_layer(tensors: dict, hidden: torch.Tensor, config: dict, state=None):
         y = y * F.silu(gate)
     output = F.linear(y, tensors["out_proj.weight"], tensors.get("out_proj.bias"))
     return output, (angle, ssm, key, value)
+
+
+def mamba3_logits(t: dict[str, torch.Tensor], config: dict, tokens: torch.Tensor) -> torch.Tensor:
+    """fla's ``Mamba3ForCausalLM`` logits [B, L, V] in float64 (no MLP: each block is the mixer alone), from its
+    tensors ``t`` (fla's names) and ``config.json`` values."""
+    eps = config.get("norm_eps", 1e-5)
+    heads = round(config["expand"] * config["hidden_size"]) // config["head_dim"]
+    layer_config = {
+        "num_heads": heads, "head_dim": config["head_dim"], "state_size": config["state_size"],
+        "n_groups": config.get("n_groups", 1), "rope_fraction": config.get("rope_fraction", 0.5),
+        "A_floor": config.get("A_floor", 1e-4), "is_outproj_norm": config.get("is_outproj_norm", False),
+        "norm_eps": eps,
+    }
+    hidden = t["backbone.embeddings.weight"].double()[tokens]
+    for layer in range(config["num_hidden_layers"]):
+        prefix = f"backbone.layers.{layer}."
+        mixer = {name.removeprefix(prefix + "mixer."): tensor.double() for name, tensor in t.items()
+                 if name.startswith(prefix + "mixer.")}
+        normed = _rms(hidden, t[prefix + "norm.weight"].double(), eps)
+        hidden = hidden + mamba3_layer(mixer, normed, layer_config)[0]
+    hidden = _rms(hidden, t["backbone.norm_f.weight"].double(), eps)
+    head = t["backbone.embeddings.weight"] if config.get("tie_word_embeddings") else t["lm_head.weight"]
+    return hidden @ head.double().T
