@@ -352,9 +352,8 @@ MODEL_KEYS: tuple[Key, ...] = (
         "model", "n_groups", Integer(1, 4096), ModelConfig, "n_groups = 2",
         doc=(
             "`mamba2` and `mamba3` layers: groups of B and C, dividing `heads`; group `g` serves the "
-            "`heads / n_groups` "
-            "consecutive heads from `g heads / n_groups`, and the gated RMSNorm normalises each group's channels "
-            "(fla's `n_groups`)"
+            "`heads / n_groups` consecutive heads from `g heads / n_groups`; mamba2's gated RMSNorm normalises "
+            "each group's channels (fla's `n_groups`)"
         ),
         fills=("options.mamba2.n_groups",),
     ),
