@@ -141,7 +141,12 @@ def short_convolutions_fit_each_sequence_rank(checker: Checker) -> None:
 
 
 def _has_mamba2(checker: Checker) -> bool:
-    """Whether the layers hold a kind that reads the B/C groups (``mamba2`` or ``mamba3``)."""
+    layers = checker.get("model.layers")
+    return isinstance(layers, tuple) and LayerKind.MAMBA2 in layers
+
+
+def _has_grouped_b_and_c(checker: Checker) -> bool:
+    """Whether the layers hold a kind that reads B/C groups (``mamba2`` or ``mamba3``)."""
     layers = checker.get("model.layers")
     return isinstance(layers, tuple) and (LayerKind.MAMBA2 in layers or LayerKind.MAMBA3 in layers)
 
@@ -188,7 +193,9 @@ def mamba3_rotary_angles_exist(checker: Checker) -> None:
 def groups_divide_mamba2_heads(checker: Checker) -> None:
     """``n_groups`` divides ``heads``: each B/C group serves ``heads / n_groups`` consecutive heads."""
     groups, heads = checker.get("model.n_groups"), checker.get("model.heads")
-    if not isinstance(groups, int) or not isinstance(heads, int) or not _has_mamba2(checker) or heads % groups == 0:
+    if not isinstance(groups, int) or not isinstance(heads, int) or not _has_grouped_b_and_c(checker):
+        return
+    if heads % groups == 0:
         return
     checker.error(
         f"n_groups = {groups} must divide heads = {heads} (each B/C group serves heads / n_groups heads)",
