@@ -164,3 +164,28 @@ def test_bad_arguments_are_named(change, message):
     inputs, _, _ = make_inputs(1, 8, 2, 8, 8, 2, torch.float64, with_state=False)
     with pytest.raises(ValueError, match=message):
         chunk_mamba3(**change(inputs), backend="torch")
+
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+if ON_GPU:
+    DEVICE_SHAPES = [(2, 1000, 4, 64, 128, 32), (1, 4096, 2, 64, 64, 16), (3, 300, 3, 32, 32, 16)]
+    DEVICE_DTYPES = {"float32": (torch.float32, 1e-4), "bfloat16": (torch.bfloat16, 3e-2)}
+else:
+    DEVICE_SHAPES = [(1, 70, 2, 16, 16, 4)]
+    DEVICE_DTYPES = {"float32": (torch.float32, 1e-4)}
+
+
+@pytest.mark.parametrize("shape", DEVICE_SHAPES, ids=shape_id)
+@pytest.mark.parametrize("dtype_name", sorted(DEVICE_DTYPES))
+def test_triton_path_on_the_device_matches_the_recurrence(shape, dtype_name):
+    """Real sizes on a GPU (float32 and bfloat16, the state kept in float32 as a layer passes it), one small case
+    in Triton's interpreter on the CPU."""
+    dtype, tolerance = DEVICE_DTYPES[dtype_name]
+    inputs, state, gradients = make_inputs(*shape, torch.float64)
+    expected = reference(inputs, state, gradients)
+    moved = {name: t.to(DEVICE, dtype if name in ("x", "B", "C") else torch.float32) for name, t in inputs.items()}
+    moved_state = {name: t.to(DEVICE, torch.float32) for name, t in state.items()}
+    moved_gradients = {name: t.to(DEVICE) for name, t in gradients.items()}
+    actual = run_with_grads(chunk_mamba3, moved, moved_state, moved_gradients, backend="triton")
+    assert_close({name: t.cpu() for name, t in actual.items()}, expected, tolerance)
