@@ -133,3 +133,24 @@ def test_mimo_is_refused_with_the_field_named():
                          options=ModelOptions(mamba3=Mamba3Options(is_mimo=True)))
     with pytest.raises(ValueError, match="is_mimo"):
         Mamba3Mixer(config)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton path at real launch sizes needs a GPU")
+def test_on_the_gpu_the_triton_path_matches_the_float64_restatement():
+    """float32 on CUDA (simple GLA's Triton kernels), two chunks handing the state on, against the token loop:
+    outputs, the SSM state and the input's gradient."""
+    options = OPTIONS[1]
+    mixer = make_mixer(options, torch.float32).cuda()
+    hidden = torch.randn(2, 300, D_MODEL, device="cuda", requires_grad=True)
+    first, state = mixer(hidden[:, :130], None)
+    second, state = mixer(hidden[:, 130:], state)
+    ours = torch.cat([first, second], dim=1)
+    output_grad = torch.randn_like(ours)
+    (our_grad,) = torch.autograd.grad(ours, hidden, output_grad)
+    reference = {name: tensor.detach().double().cpu() for name, tensor in mixer.named_parameters()}
+    reference_hidden = hidden.detach().double().cpu().requires_grad_(True)
+    expected, parts = mamba3_layer(reference, reference_hidden, fla_shaped_config(options))
+    (expected_grad,) = torch.autograd.grad(expected, reference_hidden, output_grad.double().cpu())
+    assert relative(ours.cpu(), expected) < 1e-4
+    assert relative(state_of(mixer, state)[1].cpu(), parts[1]) < 1e-4
+    assert relative(our_grad.cpu(), expected_grad) < 1e-3
