@@ -53,6 +53,7 @@ from schedlang.vocabulary import (
     DType,
     LayerKind,
     Mamba2Options,
+    Mamba3Options,
     MlpKind,
     ModelConfig,
     Recompute,
@@ -189,6 +190,8 @@ def mixer_projection_flops_per_token(kind: LayerKind, d_model: int, heads: int, 
     if kind is LayerKind.MAMBA2:  # in_proj to z, x, B, C (one group of the default state size) and dt; out_proj
         mamba2 = Mamba2Options()
         return 2 * d_model * (2 * width + 2 * mamba2.n_groups * mamba2.state_size + heads) + 2 * width * d_model
+    if kind is LayerKind.MAMBA3:  # in_proj to z, x, B, C, dt, A and trap per head, the angles; out_proj
+        return 2 * d_model * Mamba3Options().projected_width(heads, head_dim) + 2 * width * d_model
     projections = 4 * 2 * d_model * width  # q, k, v and o
     if kind is LayerKind.GLA:
         projections += 2 * d_model * width  # per-channel forget gate
@@ -200,9 +203,10 @@ def mixer_projection_flops_per_token(kind: LayerKind, d_model: int, heads: int, 
 
 
 LINEAR_LAYERS_PER_MIXER = {
-    LayerKind.ATTN: 4, LayerKind.GLA: 5, LayerKind.SIMPLE_GLA: 5, LayerKind.GDN: 7, LayerKind.MAMBA2: 2
+    LayerKind.ATTN: 4, LayerKind.GLA: 5, LayerKind.SIMPLE_GLA: 5, LayerKind.GDN: 7, LayerKind.MAMBA2: 2,
+    LayerKind.MAMBA3: 2,
 }
-"""The linear layers of a token mixer (q, k, v, o and its gates; mamba2's in_proj and out_proj, as
+"""The linear layers of a token mixer (q, k, v, o and its gates; mamba2's and mamba3's in_proj and out_proj, as
 schedlang.runtime.model builds them)."""
 LINEAR_LAYERS_PER_MLP = 2
 """SwiGLU's fused gate-and-up projection and its down projection."""
@@ -212,7 +216,7 @@ def recurrence_flops_per_token(
     kind: LayerKind, heads: int, head_dim: int, kernel_chunk: int, key_dim: int | None = None
 ) -> float:
     """Forward FLOPs per token of a recurrent layer's chunked recurrence (0 for ``attn`` and ``mlp``), its keys
-    ``key_dim`` wide (None: ``head_dim``; mamba2's are its state size)."""
+    ``key_dim`` wide (None: ``head_dim``; mamba2's and mamba3's are their state size)."""
     if not kind.is_recurrent:
         return 0.0
     key_dim = head_dim if key_dim is None else key_dim
@@ -249,7 +253,7 @@ def layer_recurrence_flops_per_token(model: ModelConfig, kind: LayerKind, kernel
     (with packed documents, per padded token: schedlang.lowering.operator_tokens)."""
     state = model.state_geometry(kind)
     heads = state.heads if state is not None else model.heads  # a recurrent layer's are its state's
-    key_dim = state.key_dim if kind is LayerKind.MAMBA2 else None
+    key_dim = state.key_dim if kind in (LayerKind.MAMBA2, LayerKind.MAMBA3) else None
     return recurrence_flops_per_token(kind, heads, model.head_dim, kernel_chunk, key_dim)
 
 

@@ -34,7 +34,8 @@ backward (its ``W`` task when the backward is split):
   on CUDA (the Triton operator, chunk states not kept) ``(2 W_k + W_v) e`` (its q, k, v) ``+ f H_v (C + 3 + 1
   / C)`` (the ``C x C`` inverse per kernel chunk, the gate cumsum, the gate, the write strength and the chunk
   decay); mamba2 (``G`` groups of ``N``, ``C_w = W + 2 G N``) :func:`mamba2_bytes_per_token`'s terms, measured
-  on the CPU in fp32 and bf16, grouped and not;
+  on the CPU in fp32 and bf16, grouped and not; mamba3 (``G`` groups of ``N``, ``A`` rotary angles)
+  :func:`mamba3_bytes_per_token`'s terms, measured the same way;
 * an MLP (SwiGLU): its norm, the normed input (``d e``), the fused gate-and-up output (``2 h e``) and the
   activation's output (``h e``);
 * the last stage's head: the final norm, the head's input (``d e``), the log-softmax over the vocabulary in
@@ -121,6 +122,19 @@ class Mamba2Geometry:
 
 
 @dataclass(frozen=True)
+class Mamba3Geometry:
+    """A mamba3 layer's widths: ``groups`` B/C groups of ``state_size`` (``N``), ``angles`` rotary angles
+    (``A``), ``projected`` features of its input projection (fla's ``d_in_proj``), and whether the output is
+    normalised per head (``outproj_norm``)."""
+
+    state_size: int
+    groups: int
+    angles: int
+    projected: int
+    outproj_norm: bool
+
+
+@dataclass(frozen=True)
 class Sizes:
     """The sizes every term reads, taken once from a program."""
 
@@ -135,6 +149,7 @@ class Sizes:
     attention: AttentionGeometry  # the heads of the attn layers
     gdn: GdnGeometry  # the heads and widths of the gdn layers
     mamba2: Mamba2Geometry  # the state size, groups and convolution of the mamba2 layers
+    mamba3: Mamba3Geometry  # the state size, groups and angles of the mamba3 layers
 
     @property
     def width(self) -> int:
@@ -145,6 +160,7 @@ def program_sizes(program: ScheduleProgram) -> Sizes:
     model = program.model
     element = DTYPE_BYTES[program.train.dtype]
     gdn_state = model.state_geometry(LayerKind.GDN)
+    mamba3 = model.options.mamba3
     return Sizes(
         d_model=model.d_model,
         heads=model.heads,
@@ -163,6 +179,13 @@ def program_sizes(program: ScheduleProgram) -> Sizes:
             conv_taps=model.options.gdn.short_conv_size or 0,
         ),
         mamba2=Mamba2Geometry(model.options.mamba2.state_size, model.options.mamba2.n_groups, model.options.mamba2.conv_kernel),
+        mamba3=Mamba3Geometry(
+            state_size=mamba3.state_size,
+            groups=mamba3.n_groups,
+            angles=mamba3.angle_count(),
+            projected=mamba3.projected_width(model.heads, model.head_dim),
+            outproj_norm=mamba3.is_outproj_norm,
+        ),
     )
 
 
@@ -190,6 +213,8 @@ def mixer_bytes_per_token(kind: LayerKind, sizes: Sizes, device: Device) -> floa
         return normed_input + gdn_bytes_per_token(sizes, device)
     if kind is LayerKind.MAMBA2:
         return normed_input + mamba2_bytes_per_token(sizes, device)
+    if kind is LayerKind.MAMBA3:
+        return normed_input + mamba3_bytes_per_token(sizes)
     return 0.0
 
 
@@ -206,6 +231,8 @@ def operator_bytes_per_token(kind: LayerKind, sizes: Sizes, device: Device) -> f
         return gdn_operator_bytes_per_token(sizes, device)
     if kind is LayerKind.MAMBA2:
         return mamba2_operator_bytes_per_token(sizes)
+    if kind is LayerKind.MAMBA3:
+        return mamba3_operator_bytes_per_token(sizes)
     return 0.0
 
 
@@ -224,6 +251,36 @@ def mamba2_bytes_per_token(sizes: Sizes, device: Device) -> float:
     kept += (width + convolved + heads) * f if e == f else width * f
     kept += 4 * width * f + mamba2.groups * RSTD_BYTES + width * e
     return kept + mamba2_operator_bytes_per_token(sizes)
+
+
+def mamba3_bytes_per_token(sizes: Sizes) -> float:
+    """A mamba3 layer's saved bytes per token after its normed input ([Note: activation bytes]), ``P`` its
+    projection's width, ``N`` the state size, ``G`` the B/C groups, ``A`` the angles: the projection's output,
+    which z, x, B, C and the per-head inputs view (``P e``); B and C normalised per group (``2 G N f`` and ``G``
+    fp32 ``rstd`` each; in a 16-bit model also their fp32 copies, ``2 G N f``), repeated for their heads with
+    their biases (``2 H N f``) and rotated (``2 H N f`` in a 16-bit model, where the operator reads copies; in
+    a 32-bit model the rotated key, whose scaled copy and the rotated query the operator reads: ``H N f``); the
+    angles, their rates and ``theta`` and its cosine and sine for each of the two rotations (``2 A f + 5 H A
+    f``); ten per-head values in fp32 (softplus, clamp, dt, ``A dt``, the trapezoid's weights; eleven in a
+    16-bit model); the mixed values and the gate's SiLU (``2 W f``; ``5 W f`` in a 16-bit model, x's fp32
+    copies), with ``is_outproj_norm`` the norm's input and output and ``H`` ``rstd`` (``2 W f + H RSTD``);
+    the output projection's input (``W e``); and the operator's part."""
+    mamba3, e, f = sizes.mamba3, sizes.element_bytes, sizes.compute_bytes
+    width, heads, size = sizes.width, sizes.heads, mamba3.state_size
+    widened = e != f
+    kept = mamba3.projected * e + 2 * mamba3.groups * ((2 if widened else 1) * size * f + RSTD_BYTES)
+    kept += (4 if widened else 3) * heads * size * f
+    kept += 2 * mamba3.angles * f + 5 * heads * mamba3.angles * f + (11 if widened else 10) * heads * f
+    kept += (5 if widened else 2) * width * f + width * e
+    if mamba3.outproj_norm:
+        kept += 2 * width * f + heads * RSTD_BYTES
+    return kept + mamba3_operator_bytes_per_token(sizes)
+
+
+def mamba3_operator_bytes_per_token(sizes: Sizes) -> float:
+    """What a mamba3 layer's chunked operator (simple GLA's) reads and saves per token it runs over: the
+    rotated query and the scaled rotated key as it reads them (``2 H N e``) and the log decay (``H f``)."""
+    return 2 * sizes.heads * sizes.mamba3.state_size * sizes.element_bytes + sizes.heads * sizes.compute_bytes
 
 
 def mamba2_operator_bytes_per_token(sizes: Sizes) -> float:

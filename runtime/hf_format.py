@@ -1,14 +1,15 @@
-"""flash-linear-attention's GLA, Gated DeltaNet and Mamba-2 checkpoints: ``config.json`` fields and parameter
+"""flash-linear-attention's GLA, Gated DeltaNet, Mamba-2 and Mamba-3 checkpoints: ``config.json`` fields and parameter
 names.
 
 A Hugging Face directory written by ``GLAForCausalLM.save_pretrained``,
-``GatedDeltaNetForCausalLM.save_pretrained`` or ``Mamba2ForCausalLM.save_pretrained`` (fla 0.6.0) holds a
-``config.json`` of ``model_type`` ``"gla"``, ``"gated_deltanet"`` or ``"mamba2"`` and ``*.safetensors``
+``GatedDeltaNetForCausalLM.save_pretrained``, ``Mamba2ForCausalLM.save_pretrained`` or
+``Mamba3ForCausalLM.save_pretrained`` (fla 0.6.0) holds a ``config.json`` of ``model_type`` ``"gla"``,
+``"gated_deltanet"``, ``"mamba2"`` or ``"mamba3"`` and ``*.safetensors``
 weights. :func:`read_fla_config` turns the config into the sizes and
 :class:`~schedlang.vocabulary.model_options.ModelOptions` of the same network in schedlang (refusing, field by
 field, what schedlang does not build); :func:`fla_config` is the inverse; :func:`fla_sources` names the fla
 tensors each schedlang parameter is made of. This module holds GLA and what they share;
-:mod:`schedlang.runtime.hf_gated_deltanet` the Gated DeltaNet part and :mod:`schedlang.runtime.hf_mamba2` the
+:mod:`schedlang.runtime.hf_gated_deltanet` the Gated DeltaNet part, :mod:`schedlang.runtime.hf_mamba3` the Mamba-3 part and :mod:`schedlang.runtime.hf_mamba2` the
 Mamba-2 part. The math behind the correspondence is in ``docs/models.md``.
 """
 
@@ -34,6 +35,13 @@ from schedlang.runtime.hf_gated_deltanet import (
     gdn_config,
     gdn_config_problems,
     read_gdn_config,
+)
+from schedlang.runtime.hf_mamba3 import (
+    MAMBA3_MODEL_TYPE,
+    mamba3_config,
+    mamba3_config_problems,
+    mamba3_sources,
+    read_mamba3_config,
 )
 from schedlang.runtime.hf_mamba2 import (
     MAMBA2_MODEL_TYPE,
@@ -161,11 +169,13 @@ def read_fla_config(values: Mapping[str, object]) -> FlaModel:
         return read_gdn_config(values)
     if model_type == MAMBA2_MODEL_TYPE:
         return read_mamba2_config(values)
+    if model_type == MAMBA3_MODEL_TYPE:
+        return read_mamba3_config(values)
     if model_type != FLA_MODEL_TYPE:
         raise UnsupportedFlaConfig(
             "model_type",
             f"model_type is {model_type!r}; schedlang reads flash-linear-attention's "
-            f"'{FLA_MODEL_TYPE}', '{GDN_MODEL_TYPE}' and '{MAMBA2_MODEL_TYPE}' models",
+            f"'{FLA_MODEL_TYPE}', '{GDN_MODEL_TYPE}', '{MAMBA2_MODEL_TYPE}' and '{MAMBA3_MODEL_TYPE}' models",
         )
     for field, built, otherwise in _FIXED_FIELDS:
         if field in values and values[field] != built:
@@ -215,6 +225,11 @@ def is_mamba2(model: ModelConfig) -> bool:
     return LayerKind.MAMBA2 in model.layers
 
 
+def is_mamba3(model: ModelConfig) -> bool:
+    """Whether ``model`` is written as fla's Mamba-3 (it has a ``mamba3`` layer)."""
+    return LayerKind.MAMBA3 in model.layers
+
+
 def is_gated_deltanet(model: ModelConfig) -> bool:
     """Whether ``model`` is written as fla's Gated DeltaNet (it has a ``gdn`` layer), else as its GLA."""
     return LayerKind.GDN in model.layers
@@ -227,6 +242,8 @@ def fla_config_problems(model: ModelConfig) -> list[str]:
         return gdn_config_problems(model) + fla_attention_problems(model)
     if is_mamba2(model):
         return mamba2_config_problems(model)
+    if is_mamba3(model):
+        return mamba3_config_problems(model)
     problems = []
     gla = model.options.gla
     if any(kind not in (LayerKind.GLA, LayerKind.ATTN) for kind in model.layers):
@@ -250,9 +267,12 @@ def fla_config(model: ModelConfig, torch_dtype: torch.dtype = torch.float32) -> 
     problems = fla_config_problems(model)
     if problems:
         kind = "Gated DeltaNet" if is_gated_deltanet(model) else "Mamba-2" if is_mamba2(model) else "GLA"
+        kind = "Mamba-3" if is_mamba3(model) and not is_gated_deltanet(model) and not is_mamba2(model) else kind
         raise ValueError(f"not a flash-linear-attention {kind} model: " + "; ".join(problems))
     if is_mamba2(model):
         return {**mamba2_config(model), "dtype": str(torch_dtype).removeprefix("torch.")}
+    if is_mamba3(model):
+        return {**mamba3_config(model), "dtype": str(torch_dtype).removeprefix("torch.")}
     shared = {
         "norm_eps": model.norm_eps,
         "tie_word_embeddings": model.options.tie_embeddings,
@@ -355,6 +375,8 @@ def fla_sources(name: str, layers: tuple[LayerKind, ...]) -> tuple[str, ...]:
     """
     if LayerKind.MAMBA2 in layers:
         return mamba2_sources(name)
+    if LayerKind.MAMBA3 in layers:
+        return mamba3_sources(name)
     fused = _FUSED_GATE_UP.fullmatch(name)
     if fused is not None:
         layer = fused.group(1)

@@ -9,7 +9,7 @@ from the same weights as the single-device model.
 
 This module assembles the model (blocks, SwiGLU MLP, stages); each block's token mixer lives in a module of its
 own: :mod:`schedlang.runtime.mixer_gla` (gla, simple_gla), :mod:`schedlang.runtime.mixer_gdn` (gdn),
-:mod:`schedlang.runtime.mixer_mamba2` (mamba2),
+:mod:`schedlang.runtime.mixer_mamba2` (mamba2), :mod:`schedlang.runtime.mixer_mamba3` (mamba3),
 :mod:`schedlang.runtime.mixer_attention` (attn), over what they share in :mod:`schedlang.runtime.mixer_base`.
 """
 
@@ -30,6 +30,7 @@ from schedlang.runtime.mixer_attention import CausalAttentionMixer
 from schedlang.runtime.mixer_base import INIT_STD, RMSNorm, SequenceParallelContext, _init_normal, kernel_backend
 from schedlang.runtime.mixer_gdn import GatedDeltaMixer
 from schedlang.runtime.mixer_mamba2 import Mamba2Mixer
+from schedlang.runtime.mixer_mamba3 import Mamba3Mixer
 from schedlang.runtime.mixer_gla import GatedLinearMixer
 from schedlang.runtime.packing import ChunkDocuments
 from schedlang.vocabulary import LayerKind, ModelConfig, Recompute
@@ -99,6 +100,8 @@ class Block(nn.Module):
             self.mixer = GatedDeltaMixer(config)
         elif kind is LayerKind.MAMBA2:
             self.mixer = Mamba2Mixer(config)
+        elif kind is LayerKind.MAMBA3:
+            self.mixer = Mamba3Mixer(config)
         else:
             self.mixer = GatedLinearMixer(config, kind)
         has_mlp = config.has_mlp(kind)
@@ -292,7 +295,7 @@ def build_stage_model(
 
         load_initial_weights(model, config.options.initial_weights)
     for module in model.modules():
-        if isinstance(module, (GatedLinearMixer, GatedDeltaMixer, Mamba2Mixer, CausalAttentionMixer)):
+        if isinstance(module, (GatedLinearMixer, GatedDeltaMixer, Mamba2Mixer, Mamba3Mixer, CausalAttentionMixer)):
             module.sequence_context = sequence_context
         if isinstance(module, Block) and recompute in (Recompute.MLP, Recompute.MIXER):
             module.recompute = Recompute(recompute)

@@ -55,6 +55,7 @@ from schedlang.vocabulary.model_options import (
     GdnOptions,
     GlaOptions,
     Mamba2Options,
+    Mamba3Options,
     ModelOptions,
 )
 from schedlang.vocabulary.model_settings import (
@@ -98,6 +99,7 @@ __all__ = [
     "LearningRateScheduleKind",
     "LossScaleConfig",
     "Mamba2Options",
+    "Mamba3Options",
     "MlpKind",
     "ModelConfig",
     "ModelOptions",

@@ -131,7 +131,7 @@ CAPABILITIES: tuple[Capability, ...] = (
         ("model.layers", "pipeline.cuda_graphs"),
         lambda request: request.cuda_graphs and LayerKind.ATTN in request.layers,
         lambda request: _graphs(request) + "attn layers, which read a key prefix that grows chunk by chunk; use "
-        "recurrent layers (gla, simple_gla, gdn, mamba2), whose states keep one shape",
+        "recurrent layers (gla, simple_gla, gdn, mamba2, mamba3), whose states keep one shape",
     ),
 )
 

@@ -14,8 +14,9 @@ class LayerKind(str, Enum):
     """Layer kinds: token mixers (the recurrent ones carry state across chunks) and ``mlp``.
 
     ``gdn`` is Gated DeltaNet (the gated delta rule); ``mamba2`` is Mamba-2 (its SSD through simple GLA's
-    kernels, ``schedlang.runtime.mixer_mamba2``); ``attn`` is causal softmax attention, which the
-    runtime runs over sequence-wide K/V buffers (``schedlang.runtime.kv_buffers``).
+    kernels, ``schedlang.runtime.mixer_mamba2``); ``mamba3`` is Mamba-3 SISO (its trapezoidal update with
+    data-dependent rotary angles through the same kernels, ``schedlang.runtime.mixer_mamba3``); ``attn`` is
+    causal softmax attention, which the runtime runs over sequence-wide K/V buffers (``schedlang.runtime.kv_buffers``).
 
     [Note: separate MLP layers] A mixing layer is a pre-norm residual block of its mixer and the model's
     MLP, unless the layer list names ``mlp`` layers: then the MLPs stand where those are (each its own
@@ -28,13 +29,14 @@ class LayerKind(str, Enum):
     SIMPLE_GLA = "simple_gla"
     GDN = "gdn"
     MAMBA2 = "mamba2"
+    MAMBA3 = "mamba3"
     ATTN = "attn"
     MLP = "mlp"
 
     @property
     def is_recurrent(self) -> bool:
         """Whether the layer hands a recurrent state from chunk to chunk."""
-        return self in (LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GDN, LayerKind.MAMBA2)
+        return self in (LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GDN, LayerKind.MAMBA2, LayerKind.MAMBA3)
 
     @property
     def is_mixer(self) -> bool:

@@ -116,6 +116,51 @@ class Mamba2Options:
 
 
 @dataclass(frozen=True)
+class Mamba3Options:
+    """The options of ``mamba3`` layers (Mamba-3 SISO; the other layer kinds ignore them), in
+    flash-linear-attention's ``Mamba3Config`` names; heads and head width are the model's ``heads`` and
+    ``head_dim``. The schedule's ``state_size``, ``n_groups``, ``use_bias``, ``dt_min``, ``dt_max`` and
+    ``dt_init_floor`` keys fill these as they fill :class:`Mamba2Options`'.
+
+    ``state_size``: N, the state's rows per head (the state is ``[heads, state_size, head_dim]``).
+    ``n_groups``: B and C have ``n_groups`` groups of ``state_size``, each shared by ``heads / n_groups``
+    consecutive heads (each head adds its own B/C bias). ``use_bias``: the projections have biases.
+    ``dt_min``, ``dt_max``, ``dt_init_floor``: ``dt_bias``'s initial time steps, as for Mamba-2.
+    ``rope_fraction``: 0.5 or 1.0, the share of the state rows the data-dependent rotary angles turn
+    (:meth:`angle_count` angles, each turning one row pair). ``A_floor``: ``A = -softplus(dd_A)`` is at most
+    ``-A_floor``. ``is_outproj_norm``: the output is normalised per head after gating with ``silu(z)``
+    (fla's ``RMSNormGated``, norm before gate) instead of only gated. ``is_mimo`` and ``mimo_rank``: the
+    multi-input multi-output variant, which is not built (``is_mimo`` must be False; ``mimo_rank`` is kept
+    only so an fla config round-trips).
+    """
+
+    state_size: int = 128
+    n_groups: int = 1
+    use_bias: bool = False
+    dt_min: float = 0.001
+    dt_max: float = 0.1
+    dt_init_floor: float = 1e-4
+    rope_fraction: float = 0.5
+    A_floor: float = 1e-4
+    is_outproj_norm: bool = False
+    is_mimo: bool = False
+    mimo_rank: int = 4
+
+    def inner_width(self, heads: int, head_dim: int) -> int:
+        """fla's ``intermediate_size``: the width of x, of the gate z and of the output projection's input."""
+        return heads * head_dim
+
+    def angle_count(self) -> int:
+        """fla's ``num_rope_angles``: ``state_size * rope_fraction`` rounded down to even, halved."""
+        turned = int(self.state_size * self.rope_fraction)
+        return (turned - turned % 2) // 2
+
+    def projected_width(self, heads: int, head_dim: int) -> int:
+        """fla's ``d_in_proj``: z and x, B and C, dt, A and trap per head, and the angles."""
+        return 2 * heads * head_dim + 2 * self.n_groups * self.state_size + 3 * heads + self.angle_count()
+
+
+@dataclass(frozen=True)
 class AttentionOptions:
     """The options of ``attn`` layers (the other layer kinds ignore them).
 
@@ -136,7 +181,8 @@ class AttentionOptions:
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """Everything of :class:`GlaOptions`, :class:`GdnOptions`, :class:`Mamba2Options` and :class:`AttentionOptions`,
+    """Everything of :class:`GlaOptions`, :class:`GdnOptions`, :class:`Mamba2Options`, :class:`Mamba3Options` and
+    :class:`AttentionOptions`,
     plus what every
     model has.
 
@@ -150,6 +196,7 @@ class ModelOptions:
     gdn: GdnOptions = field(default_factory=GdnOptions)
     attention: AttentionOptions = field(default_factory=AttentionOptions)
     mamba2: Mamba2Options = field(default_factory=Mamba2Options)
+    mamba3: Mamba3Options = field(default_factory=Mamba3Options)
     mlp_width: int | None = None
     tie_embeddings: bool = False
     initial_weights: str | None = None
@@ -163,6 +210,7 @@ class ModelOptions:
         recorded = (("gla", self.gla),) + ((("gdn", self.gdn),) if self.gdn != GdnOptions() else ())
         recorded += (("attention", self.attention),) if self.attention != AttentionOptions() else ()
         recorded += (("mamba2", self.mamba2),) if self.mamba2 != Mamba2Options() else ()
+        recorded += (("mamba3", self.mamba3),) if self.mamba3 != Mamba3Options() else ()
         for prefix, options in recorded:
             for option in fields(options):
                 value = getattr(options, option.name)
@@ -186,6 +234,7 @@ class ModelOptions:
             gdn=GdnOptions(**recorded("gdn.")),
             attention=AttentionOptions(**recorded("attention.")),
             mamba2=Mamba2Options(**recorded("mamba2.")),
+            mamba3=Mamba3Options(**recorded("mamba3.")),
             mlp_width=values["mlp_width"],
             tie_embeddings=values["tie_embeddings"],
         )

@@ -99,7 +99,10 @@ def recurrent_state_geometry(
     ``[key_dim, key_dim]`` transition per head, and with short convolutions ``short_conv_size - 1`` history
     rows of its q, k and v inputs (``2 heads key_dim + value_heads head_dim`` features); Mamba-2: ``heads``
     heads of ``mamba2.state_size`` keys and ``head_dim`` values (simple GLA's state), a decay per head, and
-    ``conv_kernel - 1`` history rows of its x, B and C inputs (``mamba2.convolved_width`` features)."""
+    ``conv_kernel - 1`` history rows of its x, B and C inputs (``mamba2.convolved_width`` features); Mamba-3:
+    the same SSD state of ``mamba3.state_size`` keys, a decay per head, and one row of what it carries beside
+    it, per head the cumulative rotary angles, the last token's rotated key and its input (``angle_count +
+    state_size + head_dim`` features a head)."""
     if kind is LayerKind.GLA:
         key_dim = options.gla.head_k_dim or head_dim
         return RecurrentStateGeometry(heads, key_dim, head_dim, transition_elements=heads * key_dim)
@@ -126,6 +129,16 @@ def recurrent_state_geometry(
             transition_elements=heads,
             history_rows=mamba2.conv_kernel - 1,
             history_channels=mamba2.convolved_width(heads, head_dim),
+        )
+    if kind is LayerKind.MAMBA3:
+        mamba3 = options.mamba3
+        return RecurrentStateGeometry(
+            heads,
+            mamba3.state_size,
+            head_dim,
+            transition_elements=heads,
+            history_rows=1,
+            history_channels=heads * (mamba3.angle_count() + mamba3.state_size + head_dim),
         )
     return None
 
@@ -212,7 +225,7 @@ MODEL_KEYS: tuple[Key, ...] = (
     ),
     Key(
         "model", "layers", Structured(), REQUIRED, "layers = [gla] * 4",
-        doc="1 .. 4096 layers; kinds `gla`, `simple_gla`, `gdn`, `mamba2`, `attn`, `mlp`",
+        doc="1 .. 4096 layers; kinds `gla`, `simple_gla`, `gdn`, `mamba2`, `mamba3`, `attn`, `mlp`",
         value_doc="list of layer kinds",
     ),
     Key(
@@ -329,7 +342,8 @@ MODEL_KEYS: tuple[Key, ...] = (
     Key(
         "model", "state_size", Integer(1, MAX_HEAD_DIM), ModelConfig, "state_size = 64",
         doc=(
-            "`mamba2` layers: N, the rows of each head's SSD state `[state_size, head_dim]` and the width of B and C "
+            "`mamba2` and `mamba3` layers: N, the rows of each head's SSD state `[state_size, head_dim]` and the "
+            "width of B and C "
             "per group, 1 .. 1024 (fla's `state_size`)"
         ),
         fills=("options.mamba2.state_size",),
@@ -337,9 +351,9 @@ MODEL_KEYS: tuple[Key, ...] = (
     Key(
         "model", "n_groups", Integer(1, 4096), ModelConfig, "n_groups = 2",
         doc=(
-            "`mamba2` layers: groups of B and C, dividing `heads`; group `g` serves the `heads / n_groups` "
-            "consecutive heads from `g heads / n_groups`, and the gated RMSNorm normalises each group's channels "
-            "(fla's `n_groups`)"
+            "`mamba2` and `mamba3` layers: groups of B and C, dividing `heads`; group `g` serves the "
+            "`heads / n_groups` consecutive heads from `g heads / n_groups`; mamba2's gated RMSNorm normalises "
+            "each group's channels (fla's `n_groups`)"
         ),
         fills=("options.mamba2.n_groups",),
     ),
@@ -359,25 +373,26 @@ MODEL_KEYS: tuple[Key, ...] = (
     ),
     Key(
         "model", "use_bias", Boolean(), ModelConfig, "use_bias = true",
-        doc="`mamba2` layers: `in_proj` and `out_proj` have biases (zero at initialisation)",
+        doc="`mamba2` and `mamba3` layers: `in_proj` and `out_proj` have biases (zero at initialisation)",
         fills=("options.mamba2.use_bias",),
     ),
     Key(
         "model", "dt_min", Number(0.0, above=True), ModelConfig, "dt_min = 0.001",
         doc=(
-            "`mamba2` layers: `> 0`; `dt_bias` starts as the inverse softplus of `exp(U(log dt_min, log dt_max))`; "
+            "`mamba2` and `mamba3` layers: `> 0`; `dt_bias` starts as the inverse softplus of "
+            "`exp(U(log dt_min, log dt_max))`; "
             "`dt_min <= dt_max`"
         ),
         fills=("options.mamba2.dt_min",),
     ),
     Key(
         "model", "dt_max", Number(0.0, above=True), ModelConfig, "dt_max = 0.1",
-        doc="`mamba2` layers: `> 0`, the top of that range",
+        doc="`mamba2` and `mamba3` layers: `> 0`, the top of that range",
         fills=("options.mamba2.dt_max",),
     ),
     Key(
         "model", "dt_init_floor", Number(0.0, above=True), ModelConfig, "dt_init_floor = 1e-4",
-        doc="`mamba2` layers: `> 0`; those initial time steps are raised to at least this",
+        doc="`mamba2` and `mamba3` layers: `> 0`; those initial time steps are raised to at least this",
         fills=("options.mamba2.dt_init_floor",),
     ),
     Key(
@@ -389,6 +404,38 @@ MODEL_KEYS: tuple[Key, ...] = (
         value_doc="`[low, high]` or `none`",
         fills=("options.mamba2.dt_limit",),
         accepts_none=True,
+    ),
+    Key(
+        "model", "rope_fraction", Number(0.0, above=True), ModelConfig, "rope_fraction = 1.0",
+        doc=(
+            "`mamba3` layers: 0.5 or 1.0, the share of each head's `state_size` state rows the data-dependent "
+            "rotary angles turn (fla's `rope_fraction`; `state_size * rope_fraction` rounded down to even, one "
+            "angle a row pair)"
+        ),
+        fills=("options.mamba3.rope_fraction",),
+    ),
+    Key(
+        "model", "A_floor", Number(0.0, above=True), ModelConfig, "A_floor = 1e-4",
+        doc="`mamba3` layers: `> 0`; `A = -softplus(dd_A)` is at most `-A_floor` (fla's `A_floor`)",
+        fills=("options.mamba3.A_floor",),
+    ),
+    Key(
+        "model", "is_outproj_norm", Boolean(), ModelConfig, "is_outproj_norm = true",
+        doc=(
+            "`mamba3` layers: the output is RMS-normalised per head, then gated by `silu(z)` (fla's "
+            "`RMSNormGated`, norm before gate) before `out_proj`; `false`: only gated"
+        ),
+        fills=("options.mamba3.is_outproj_norm",),
+    ),
+    Key(
+        "model", "is_mimo", Boolean(), ModelConfig, "is_mimo = false",
+        doc="`mamba3` layers: the multi-input multi-output variant; not built, so only `false`",
+        fills=("options.mamba3.is_mimo",),
+    ),
+    Key(
+        "model", "mimo_rank", Integer(1, 4096), ModelConfig, "mimo_rank = 4",
+        doc="`mamba3` layers: the MIMO rank; unused while `is_mimo = false` (kept so an fla config round-trips)",
+        fills=("options.mamba3.mimo_rank",),
     ),
     Key(
         "model", "attn_heads", Integer(1, 4096), Derived("heads"), "attn_heads = 4",

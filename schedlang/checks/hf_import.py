@@ -1,7 +1,7 @@
 """``model { from = hf("dir") }``: a Hugging Face model directory as the defaults of the model block.
 
 Contract: :func:`read_from` follows ``schedlang.checks.readers`` (returns the value or reports and returns
-``None``). It reads ``dir/config.json`` (a flash-linear-attention GLA, Gated DeltaNet or Mamba-2 config, through
+``None``). It reads ``dir/config.json`` (a flash-linear-attention GLA, Gated DeltaNet, Mamba-2 or Mamba-3 config, through
 ``schedlang.runtime.hf_format.read_fla_config``) into the value of every model key it decides, as that
 key's reader would return it; ``schedlang.checks.schema.read_key`` gives those values to the keys the
 schedule does not write, so a written key wins and is checked as usual. Every problem with the directory
@@ -86,6 +86,12 @@ def _model_values(model) -> dict[str, object]:
         for name in ("state_size", "n_groups", "conv_kernel", "use_conv_bias", "use_bias", "dt_min", "dt_max",
                      "dt_init_floor", "dt_limit"):
             values[name] = getattr(mamba2, name)
+        return values
+    if LayerKind.MAMBA3 in model.layers:
+        mamba3 = model.options.mamba3
+        for name in ("state_size", "n_groups", "use_bias", "dt_min", "dt_max", "dt_init_floor", "rope_fraction",
+                     "A_floor", "is_outproj_norm", "is_mimo", "mimo_rank"):
+            values[name] = getattr(mamba3, name)
         return values
     if LayerKind.GDN in model.layers:
         gdn = model.options.gdn

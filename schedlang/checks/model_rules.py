@@ -145,10 +145,57 @@ def _has_mamba2(checker: Checker) -> bool:
     return isinstance(layers, tuple) and LayerKind.MAMBA2 in layers
 
 
+def _has_grouped_b_and_c(checker: Checker) -> bool:
+    """Whether the layers hold a kind that reads B/C groups (``mamba2`` or ``mamba3``)."""
+    layers = checker.get("model.layers")
+    return isinstance(layers, tuple) and (LayerKind.MAMBA2 in layers or LayerKind.MAMBA3 in layers)
+
+
+def _has_mamba3(checker: Checker) -> bool:
+    layers = checker.get("model.layers")
+    return isinstance(layers, tuple) and LayerKind.MAMBA3 in layers
+
+
+def mamba3_builds_siso_only(checker: Checker) -> None:
+    """``is_mimo = true`` asks for Mamba-3's multi-input multi-output variant, which is not built."""
+    if checker.get("model.is_mimo") is not True or not _has_mamba3(checker):
+        return
+    checker.error(
+        "is_mimo = true asks for Mamba-3's MIMO variant, which schedlang does not build (only SISO)",
+        _span(checker, "model.is_mimo"),
+        hint="is_mimo = false",
+    )
+    checker.reject("model.is_mimo")
+
+
+def mamba3_rotary_angles_exist(checker: Checker) -> None:
+    """``rope_fraction`` is 0.5 or 1.0 (fla's two), and ``state_size * rope_fraction`` makes at least one
+    angle (one row pair)."""
+    fraction, size = _number(checker, "model.rope_fraction"), checker.get("model.state_size")
+    if fraction is None or not _has_mamba3(checker):
+        return
+    if fraction not in (0.5, 1.0):
+        checker.error(
+            f"rope_fraction = {fraction:g}, but Mamba-3 turns half or all of the state rows",
+            _span(checker, "model.rope_fraction"),
+            hint="rope_fraction = 0.5 or rope_fraction = 1.0",
+        )
+        checker.reject("model.rope_fraction")
+    elif isinstance(size, int) and int(size * fraction) < 2:
+        checker.error(
+            f"state_size * rope_fraction = {size * fraction:g} rows make no rotary angle (each turns a row pair)",
+            _span(checker, "model.rope_fraction"),
+            hint="state_size * rope_fraction >= 2",
+        )
+        checker.reject("model.rope_fraction")
+
+
 def groups_divide_mamba2_heads(checker: Checker) -> None:
     """``n_groups`` divides ``heads``: each B/C group serves ``heads / n_groups`` consecutive heads."""
     groups, heads = checker.get("model.n_groups"), checker.get("model.heads")
-    if not isinstance(groups, int) or not isinstance(heads, int) or not _has_mamba2(checker) or heads % groups == 0:
+    if not isinstance(groups, int) or not isinstance(heads, int) or not _has_grouped_b_and_c(checker):
+        return
+    if heads % groups == 0:
         return
     checker.error(
         f"n_groups = {groups} must divide heads = {heads} (each B/C group serves heads / n_groups heads)",
@@ -227,6 +274,8 @@ MODEL_RULE_CHECKS = (
     ),
     (("model.n_groups", "model.heads", "model.layers"), groups_divide_mamba2_heads),
     (("model.dt_min", "model.dt_max"), time_step_range_is_ordered),
+    (("model.is_mimo", "model.layers"), mamba3_builds_siso_only),
+    (("model.rope_fraction", "model.state_size", "model.layers"), mamba3_rotary_angles_exist),
     (
         ("model.conv_kernel", "model.layers", "mesh.sequence", "sequence.kernel_chunk"),
         mamba2_convolutions_fit_each_sequence_rank,

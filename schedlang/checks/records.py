@@ -16,7 +16,15 @@ import dataclasses
 from typing import TYPE_CHECKING, TypeVar
 
 from schedlang.checks.schema import BLOCKS, FROM_KEY, Derived
-from schedlang.vocabulary import DType, LayerKind, LossScaleConfig, Mamba2Options, ModelConfig, TrainConfig
+from schedlang.vocabulary import (
+    DType,
+    LayerKind,
+    LossScaleConfig,
+    Mamba2Options,
+    Mamba3Options,
+    ModelConfig,
+    TrainConfig,
+)
 
 if TYPE_CHECKING:
     from schedlang.checks.context import Checker
@@ -76,13 +84,25 @@ def build_train(checker: Checker) -> TrainConfig | None:
     return dataclasses.replace(train, loss_scale=LossScaleConfig() if train.dtype is DType.FP16 else None)
 
 
+MAMBA3_SHARED_OPTIONS = ("state_size", "n_groups", "use_bias", "dt_min", "dt_max", "dt_init_floor")
+"""The ``mamba3`` options whose keys Mamba-2's rows fill (``options.mamba2.*``): one key each for both kinds."""
+
+
+def _mamba3_options(model: ModelConfig) -> Mamba3Options:
+    if LayerKind.MAMBA3 not in model.layers:
+        return Mamba3Options()
+    shared = {name: getattr(model.options.mamba2, name) for name in MAMBA3_SHARED_OPTIONS}
+    return dataclasses.replace(model.options.mamba3, **shared)
+
+
 def build_model(checker: Checker) -> ModelConfig | None:
     """The model record: the rows' fields, then the rules of three keys that fill no field as they are.
     ``expand_k`` becomes the per-head key width of ``gla`` and ``gdn`` layers (the rules of
     ``checks.model_rules`` have checked it divides evenly; a model without ``gdn`` layers records none for
     them); ``value_heads`` becomes ``GdnOptions.value_heads`` unless it is ``heads`` or there are no ``gdn``
     layers, so such a model records no grouped values; a model without ``mamba2`` layers records no
-    ``mamba2`` options; ``model.from``'s weights, when it has any, become the
+    ``mamba2`` options and one without ``mamba3`` layers no ``mamba3`` options (a ``mamba3`` layer's
+    ``state_size``, ``n_groups``, ``use_bias`` and ``dt_*`` come from the keys Mamba-2 shares); ``model.from``'s weights, when it has any, become the
     initial weights."""
     if not checker.valid(*(key.path for key in BLOCKS["model"] if key.name != "stages")):
         return None
@@ -102,6 +122,7 @@ def build_model(checker: Checker) -> ModelConfig | None:
             "options.gdn.head_k_dim": head_k_dim if has_gdn else None,
             "options.gdn.value_heads": value_heads,
             "options.mamba2": model.options.mamba2 if LayerKind.MAMBA2 in model.layers else Mamba2Options(),
+            "options.mamba3": _mamba3_options(model),
             "options.initial_weights": imported.directory if imported is not None and imported.has_weights else None,
         },
     )

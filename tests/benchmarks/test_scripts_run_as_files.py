@@ -15,7 +15,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
     "script",
     [
         "pipeline", "profile_stage", "nccl_overlap", "sequence_parallel", "gemm_memsets", "gdn_kernels",
-        "kernel_resources", "mamba2_kernels", "loss_head",
+        "kernel_resources", "mamba2_kernels", "mamba3_kernels", "loss_head",
     ],
 )
 def test_a_script_run_as_a_file_imports_the_benchmarks_package(script, tmp_path):

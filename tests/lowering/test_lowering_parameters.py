@@ -98,7 +98,7 @@ def test_stage_counts_follow_the_layer_options_the_runtime_honours():
 
 
 @pytest.mark.parametrize(
-    "kind", [LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GDN, LayerKind.MAMBA2, LayerKind.ATTN]
+    "kind", [LayerKind.GLA, LayerKind.SIMPLE_GLA, LayerKind.GDN, LayerKind.MAMBA2, LayerKind.MAMBA3, LayerKind.ATTN]
 )
 def test_projection_flops_are_twice_the_mixers_linear_weights(kind):
     """The cost model's projection FLOPs count the mixer the runtime builds: with the default options they are
@@ -110,7 +110,8 @@ def test_projection_flops_are_twice_the_mixers_linear_weights(kind):
     from schedlang.lowering.cost import layer_projection_flops_per_token, mixer_projection_flops_per_token
     from schedlang.runtime.model import Block
     from schedlang.vocabulary import (
-        AttentionOptions, DeltaGates, GdnOptions, GlaOptions, Mamba2Options, ModelOptions, OutputGate,
+        AttentionOptions, DeltaGates, GdnOptions, GlaOptions, Mamba2Options, Mamba3Options, ModelOptions,
+        OutputGate,
     )
 
     plain = ModelConfig(vocab=300, d_model=96, layers=(kind,), heads=4, head_dim=32, mlp_ratio=2.0)
@@ -121,6 +122,7 @@ def test_projection_flops_are_twice_the_mixers_linear_weights(kind):
             gdn=GdnOptions(head_k_dim=16, gates=DeltaGates.MAMBA, short_conv_size=4, value_heads=8),
             attention=AttentionOptions(heads=6, head_dim=16, kv_heads=2, qkv_bias=True),
             mamba2=Mamba2Options(state_size=16, n_groups=2, use_bias=True),
+            mamba3=Mamba3Options(state_size=16, n_groups=2, use_bias=True, rope_fraction=1.0),
         ),
     )
     assert layer_projection_flops_per_token(plain, kind) == mixer_projection_flops_per_token(kind, 96, 4, 32)

@@ -135,7 +135,7 @@ def predicted_bytes(program, stage: int, recompute: Recompute) -> float:
     return chunk_activation_bytes(program, stage, 1, recompute, Device.CPU)
 
 
-KINDS = ("gla", "simple_gla", "gdn", "mamba2", "attn")
+KINDS = ("gla", "simple_gla", "gdn", "mamba2", "mamba3", "attn")
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])

@@ -102,7 +102,7 @@ def test_the_directory_fills_the_model_block(tmp_path):
     "changes, field",
     [
         ({"is_mimo": True, "mimo_rank": 4}, "is_mimo"),
-        ({"model_type": "mamba3"}, "model_type"),
+        ({"model_type": "mamba"}, "model_type"),
         ({"attn": {"layers": [1], "num_heads": 2}}, "attn"),
         ({"D_has_hdim": True}, "D_has_hdim"),
         ({"rmsnorm": False}, "rmsnorm"),

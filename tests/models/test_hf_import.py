@@ -83,8 +83,8 @@ def test_written_keys_win_and_are_checked(tmp_path):
         ({}, "'model' has no config.json"),
         (
             fla_config(model_type="llama"),
-            "model_type is 'llama'; schedlang reads flash-linear-attention's 'gla', 'gated_deltanet' and 'mamba2' "
-            "models",
+            "model_type is 'llama'; schedlang reads flash-linear-attention's 'gla', 'gated_deltanet', 'mamba2' and "
+            "'mamba3' models",
         ),
         (fla_config(use_short_conv=True), "short convolutions"),
         (fla_config(expand_k=0.3), "config field 'expand_k' gives a width of 9.6, not a whole multiple of num_heads = 2"),

@@ -137,18 +137,19 @@ def test_replayed_graphs_train_like_eager_on_the_gpu(
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("kind, parameter", [("mamba2", "A_log"), ("mamba3", "B_bias")])
 @pytest.mark.parametrize("mode", ["true", "step"])
-def test_replayed_graphs_of_mamba2_layers_train_like_eager_on_the_gpu(tmp_path, mode):
-    """mamba2 layers (their packed state: the SSD state and the convolution's history) beside simple_gla on two
-    stages, replayed from graphs, against eager: gradients after the first step (the fourth with ``step``),
-    then the losses."""
+def test_replayed_graphs_of_mamba2_layers_train_like_eager_on_the_gpu(tmp_path, mode, kind, parameter):
+    """mamba2 layers (their packed state: the SSD state and the convolution's history) or mamba3 layers (the SSM
+    state, the angles and the last key and input) beside simple_gla on two stages, replayed from graphs,
+    against eager: gradients after the first step (the fourth with ``step``), then the losses."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     scripts = [
         compile_schedule(
             GPU_SCHEDULE.format(
                 name=name, stages=2, chunks=4, microbatches=3, extra=0, split="false", late="", graphs=graphs,
-                layers="[mamba2, simple_gla] * 2", stage_split="", d_model=64, head_dim=32, length=512,
+                layers=f"[{kind}, simple_gla] * 2", stage_split="", d_model=64, head_dim=32, length=512,
             ),
             tmp_path,
             name,
@@ -163,7 +164,7 @@ def test_replayed_graphs_of_mamba2_layers_train_like_eager_on_the_gpu(tmp_path, 
     job = run_job(scripts, 2, steps, tmp_path / "job", extra_env=settings)
     assert job.return_codes == [0, 0], job.errors
     eager_gradients, graph_gradients = job.gradients(0), job.gradients(1)
-    assert any("A_log" in name for name in eager_gradients) and sorted(eager_gradients) == sorted(graph_gradients)
+    assert any(parameter in name for name in eager_gradients) and sorted(eager_gradients) == sorted(graph_gradients)
     errors = {name: relative_error(graph_gradients[name], gradient) for name, gradient in eager_gradients.items()}
     wrong = {name: f"{error:.2e}" for name, error in errors.items() if not error <= 1e-4}
     assert not wrong, f"{len(wrong)} of {len(errors)} gradients differ: {wrong}"

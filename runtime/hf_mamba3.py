@@ -1,0 +1,182 @@
+"""flash-linear-attention's Mamba-3 checkpoints: ``Mamba3Config`` fields and parameter names.
+
+The ``model_type`` ``"mamba3"`` part of :mod:`schedlang.runtime.hf_format` (which dispatches here):
+:func:`read_mamba3_config` turns a ``config.json`` into the sizes and options of the same network in schedlang,
+refusing field by field what schedlang does not build (``is_mimo``, another activation); :func:`mamba3_config`
+is the inverse; :func:`mamba3_sources` maps parameter names. fla's ``Mamba3ForCausalLM`` is ``layers = [mamba3]
+* L`` with ``mlp = none`` (each block is a pre-norm residual around the mixer alone), ``heads = expand *
+hidden_size / head_dim`` heads of ``head_dim``, and :class:`~schedlang.vocabulary.model_options.Mamba3Options`
+from the config's fields of the same names. Its tensors live under ``backbone.`` (``embeddings``,
+``layers.i.norm``, ``layers.i.mixer.*`` with the mixer's names unchanged, ``norm_f``) and ``lm_head``
+(``docs/models.md``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Mapping
+
+from schedlang.vocabulary import LayerKind, Mamba3Options, ModelConfig, ModelOptions
+
+MAMBA3_MODEL_TYPE = "mamba3"
+MAMBA3_ARCHITECTURE = "Mamba3ForCausalLM"
+_SILU_NAMES = ("silu", "swish")
+
+
+def _boolean(values: Mapping[str, object], field: str, default: bool) -> bool:
+    from schedlang.runtime.hf_format import UnsupportedFlaConfig
+
+    value = values.get(field, default)
+    if not isinstance(value, bool):
+        raise UnsupportedFlaConfig(field, f"config field '{field}' must be true or false, found {value!r}")
+    return value
+
+
+def _positive(values: Mapping[str, object], field: str, default: float) -> float:
+    from schedlang.runtime.hf_format import UnsupportedFlaConfig, read_number
+
+    value = read_number(values, field, default)
+    if value <= 0:
+        raise UnsupportedFlaConfig(field, f"config field '{field}' must be positive, found {value!r}")
+    return value
+
+
+def read_mamba3_config(values: Mapping[str, object]):
+    """The schedlang model of a ``mamba3`` ``config.json`` (its defaults are fla 0.6.0's ``Mamba3Config``'s),
+    as :class:`schedlang.runtime.hf_format.FlaModel`.
+
+    Raises :class:`schedlang.runtime.hf_format.UnsupportedFlaConfig` naming the first field schedlang does not
+    build: ``is_mimo`` true (Mamba-3's multi-input multi-output variant), a ``hidden_act`` other than SiLU,
+    a ``rope_fraction`` other than 0.5 or 1.0, sizes that do not divide.
+    """
+    from schedlang.runtime.hf_format import FlaModel, UnsupportedFlaConfig, read_integer, read_number
+
+    if _boolean(values, "is_mimo", False):
+        raise UnsupportedFlaConfig(
+            "is_mimo", "config field 'is_mimo' = True selects Mamba-3's MIMO variant, which schedlang does not build"
+        )
+    act = values.get("hidden_act", "silu")
+    if act not in _SILU_NAMES:
+        raise UnsupportedFlaConfig(
+            "hidden_act", f"config field 'hidden_act' = {act!r} selects another activation, which schedlang does "
+            "not build"
+        )
+    d_model = read_integer(values, "hidden_size", 2048)
+    head_dim = read_integer(values, "head_dim", 64)
+    expand = read_number(values, "expand", 2)
+    inner = expand * d_model
+    if not math.isclose(inner, round(inner)) or round(inner) % head_dim:
+        raise UnsupportedFlaConfig(
+            "expand", f"expand * hidden_size = {inner:g} is not a whole multiple of head_dim = {head_dim}"
+        )
+    heads = round(inner) // head_dim
+    if values.get("num_heads") not in (None, 0, heads):
+        raise UnsupportedFlaConfig(
+            "num_heads",
+            f"config field 'num_heads' = {values['num_heads']!r}, but expand * hidden_size / head_dim = {heads}",
+        )
+    groups = read_integer(values, "n_groups", 1)
+    if heads % groups:
+        raise UnsupportedFlaConfig("n_groups", f"config field 'n_groups' = {groups} does not divide the {heads} heads")
+    fraction = read_number(values, "rope_fraction", 0.5)
+    if fraction not in (0.5, 1.0):
+        raise UnsupportedFlaConfig("rope_fraction", f"config field 'rope_fraction' must be 0.5 or 1.0, found {fraction!r}")
+    dt_min, dt_max = _positive(values, "dt_min", 0.001), _positive(values, "dt_max", 0.1)
+    if dt_min > dt_max:
+        raise UnsupportedFlaConfig("dt_min", f"dt_min = {dt_min:g} and dt_max = {dt_max:g} need dt_min <= dt_max")
+    options = Mamba3Options(
+        state_size=read_integer(values, "state_size", 128),
+        n_groups=groups,
+        use_bias=_boolean(values, "use_bias", False),
+        dt_min=dt_min,
+        dt_max=dt_max,
+        dt_init_floor=_positive(values, "dt_init_floor", 1e-4),
+        rope_fraction=float(fraction),
+        A_floor=_positive(values, "A_floor", 1e-4),
+        is_outproj_norm=_boolean(values, "is_outproj_norm", False),
+        is_mimo=False,
+        mimo_rank=read_integer(values, "mimo_rank", 4),
+    )
+    if options.angle_count() < 1:
+        raise UnsupportedFlaConfig("rope_fraction", "state_size * rope_fraction makes no rotary angle")
+    return FlaModel(
+        vocab=read_integer(values, "vocab_size", 32000),
+        d_model=d_model,
+        layers=(LayerKind.MAMBA3,) * read_integer(values, "num_hidden_layers", 48),
+        heads=heads,
+        head_dim=head_dim,
+        norm_eps=_positive(values, "norm_eps", 1e-5),
+        options=ModelOptions(mamba3=options, tie_embeddings=_boolean(values, "tie_word_embeddings", False)),
+        mlp_ratio=0.0,
+    )
+
+
+def mamba3_config_problems(model: ModelConfig) -> list[str]:
+    """Why ``model`` is not a flash-linear-attention Mamba-3 model; empty when it is."""
+    problems = []
+    if any(kind is not LayerKind.MAMBA3 for kind in model.layers):
+        problems.append("every layer must be mamba3 (fla's Mamba3ForCausalLM has no other kind)")
+    if model.mlp_ratio > 0 or model.options.mlp_width is not None:
+        problems.append("the blocks must have no MLP (mlp = none)")
+    if (model.heads * model.head_dim) % model.d_model:
+        problems.append("heads * head_dim must be a whole multiple of d_model (fla's integer expand)")
+    return problems
+
+
+def mamba3_config(model: ModelConfig) -> dict[str, object]:
+    """fla's ``Mamba3Config`` of ``model`` (which :func:`mamba3_config_problems` accepts)."""
+    mamba3 = model.options.mamba3
+    return {
+        "architectures": [MAMBA3_ARCHITECTURE],
+        "model_type": MAMBA3_MODEL_TYPE,
+        "vocab_size": model.vocab,
+        "hidden_size": model.d_model,
+        "num_hidden_layers": len(model.layers),
+        "head_dim": model.head_dim,
+        "num_heads": model.heads,
+        "expand": model.heads * model.head_dim // model.d_model,
+        "state_size": mamba3.state_size,
+        "n_groups": mamba3.n_groups,
+        "use_bias": mamba3.use_bias,
+        "rope_fraction": mamba3.rope_fraction,
+        "A_floor": mamba3.A_floor,
+        "is_outproj_norm": mamba3.is_outproj_norm,
+        "is_mimo": False,
+        "mimo_rank": mamba3.mimo_rank,
+        "hidden_act": "silu",
+        "dt_min": mamba3.dt_min,
+        "dt_max": mamba3.dt_max,
+        "dt_init_floor": mamba3.dt_init_floor,
+        "norm_eps": model.norm_eps,
+        "tie_word_embeddings": model.options.tie_embeddings,
+        "residual_in_fp32": True,
+        "fuse_norm": True,
+        "fuse_cross_entropy": True,
+    }
+
+
+_LAYER = r"layers\.(\d+)\."
+_RENAMES = tuple(
+    (re.compile(pattern), replacement)
+    for pattern, replacement in (
+        (r"embedding\.weight", "backbone.embeddings.weight"),
+        (r"final_norm\.weight", "backbone.norm_f.weight"),
+        (r"lm_head\.weight", "lm_head.weight"),
+        (_LAYER + r"mixer_norm\.weight", r"backbone.layers.\1.norm.weight"),
+        (
+            _LAYER + r"mixer\.(in_proj\.weight|in_proj\.bias|out_proj\.weight|out_proj\.bias|dt_bias|B_bias|"
+            r"C_bias|B_norm\.weight|C_norm\.weight|D|norm\.weight)",
+            r"backbone.layers.\1.mixer.\2",
+        ),
+    )
+)
+
+
+def mamba3_sources(name: str) -> tuple[str, ...]:
+    """The fla tensor schedlang's parameter ``name`` of a Mamba-3 model is; ``KeyError`` for one fla's model
+    has no counterpart of (an MLP's)."""
+    for pattern, replacement in _RENAMES:
+        if pattern.fullmatch(name):
+            return (pattern.sub(replacement, name),)
+    raise KeyError(f"flash-linear-attention's Mamba-3 has no tensor for schedlang's {name}")
