@@ -166,7 +166,7 @@ def parts_from(args: argparse.Namespace):
             break
         if not line[1:].strip().startswith("calibration:"):  # a new calibration replaces the old
             comments.append(line[1:].strip())
-    header = "\n".join([f"Parts from {profile.source_file}:", *comments])
+    header = "\n".join([f"Parts from {args.parts_from}:", *comments])
     return profile, header
 
 

@@ -49,10 +49,9 @@ def predictions():
     return {system: predicted_tokens_per_second(chunks, pipeline) for system, (chunks, pipeline, _) in MEASURED.items()}
 
 
-PP2_TOLERANCE = 0.13
-"""What the measured profile reaches: every system 9-12% optimistic (issue 34 asks 10%). The parts timed alone
-miss about a tenth of a step (the whole-sequence one-GPU step is predicted 0.90x of its measured time too):
-docs/cost-model.md, "Our own PP2 run"."""
+PP2_TOLERANCE = 0.10
+"""Issue 34's bound. With the parts alone every system came out 9-12% optimistic; calibrated against the one-GPU
+whole step (step factor 1.14, docs/cost-model.md, "Our own PP2 run") they are 2-5% pessimistic."""
 
 
 @pytest.mark.parametrize("system", sorted(MEASURED))
@@ -69,8 +68,11 @@ def test_pp2_ratio_over_schedule1f1b(predictions):
     assert predicted > 1.1
 
 
-def test_the_h200_profile_in_use_is_the_measured_one():
+def test_the_h200_profile_in_use_is_the_measured_and_calibrated_one():
     profile = resolve_hardware("h200")
     assert profile.name == "h200"
+    assert profile.calibration.schedule == "gla_1b_one_device.sched"
+    assert 1.0 < profile.calibration.step_factor < 1.3
     with open(profile.source_file, encoding="utf-8") as handle:
-        assert handle.readline().startswith("# Measured by `schedlang profile")
+        header = [line for line in handle if line.startswith("#")]
+    assert any(line.startswith("# Measured by `schedlang profile") for line in header)
