@@ -13,8 +13,9 @@ fields of the same names. Its tensors live under ``backbone.`` (``embeddings``, 
 from __future__ import annotations
 
 import math
-import re
 from typing import Mapping
+
+from schedlang.runtime.hf_mamba_backbone import SILU_NAMES, backbone_renames, backbone_sources, read_boolean
 
 from schedlang.vocabulary import ModelConfig
 from schedlang.runtime.mixer_mamba2 import A_INIT_RANGE
@@ -36,7 +37,6 @@ _FIXED_FIELDS = (
     ("is_mimo", False, "multi-input multi-output SSMs (Mamba-3's MIMO), which schedlang does not build"),
     ("mimo_rank", None, "multi-input multi-output SSMs (Mamba-3's MIMO), which schedlang does not build"),
 )
-_SILU_NAMES = ("silu", "swish")
 
 
 def _fixed_field_problem(values: Mapping[str, object]):
@@ -45,7 +45,7 @@ def _fixed_field_problem(values: Mapping[str, object]):
     for field, built, otherwise in _FIXED_FIELDS:
         if field not in values or values[field] == built:
             continue
-        if field == "hidden_act" and values[field] in _SILU_NAMES:
+        if field == "hidden_act" and values[field] in SILU_NAMES:
             continue
         if field == "A_init_range" and isinstance(values[field], (list, tuple)) and list(values[field]) == built:
             continue
@@ -54,14 +54,6 @@ def _fixed_field_problem(values: Mapping[str, object]):
         )
     return None
 
-
-def _boolean(values: Mapping[str, object], field: str, default: bool) -> bool:
-    from schedlang.runtime.hf_format import UnsupportedFlaConfig
-
-    value = values.get(field, default)
-    if not isinstance(value, bool):
-        raise UnsupportedFlaConfig(field, f"config field '{field}' must be true or false, found {value!r}")
-    return value
 
 
 def _dt_limit(values: Mapping[str, object]) -> tuple[float, float | None] | None:
@@ -124,8 +116,8 @@ def read_mamba2_config(values: Mapping[str, object]):
         state_size=read_integer(values, "state_size", 128),
         n_groups=groups,
         conv_kernel=read_integer(values, "conv_kernel", 4),
-        use_conv_bias=_boolean(values, "use_conv_bias", True),
-        use_bias=_boolean(values, "use_bias", False),
+        use_conv_bias=read_boolean(values, "use_conv_bias", True),
+        use_bias=read_boolean(values, "use_bias", False),
         dt_min=dt_min,
         dt_max=dt_max,
         dt_init_floor=floor,
@@ -138,7 +130,7 @@ def read_mamba2_config(values: Mapping[str, object]):
         heads=heads,
         head_dim=head_dim,
         norm_eps=norm_eps,
-        options=ModelOptions(mamba2=options, tie_embeddings=_boolean(values, "tie_word_embeddings", False)),
+        options=ModelOptions(mamba2=options, tie_embeddings=read_boolean(values, "tie_word_embeddings", False)),
         mlp_ratio=0.0,
     )
 
@@ -190,27 +182,13 @@ def mamba2_config(model: ModelConfig) -> dict[str, object]:
     }
 
 
-_LAYER = r"layers\.(\d+)\."
-_RENAMES = tuple(
-    (re.compile(pattern), replacement)
-    for pattern, replacement in (
-        (r"embedding\.weight", "backbone.embeddings.weight"),
-        (r"final_norm\.weight", "backbone.norm_f.weight"),
-        (r"lm_head\.weight", "lm_head.weight"),
-        (_LAYER + r"mixer_norm\.weight", r"backbone.layers.\1.norm.weight"),
-        (
-            _LAYER + r"mixer\.(in_proj\.weight|in_proj\.bias|out_proj\.weight|out_proj\.bias|conv1d\.weight|"
-            r"conv1d\.bias|dt_bias|A_log|D|norm\.weight)",
-            r"backbone.layers.\1.mixer.\2",
-        ),
-    )
+_RENAMES = backbone_renames(
+    ("in_proj.weight", "in_proj.bias", "out_proj.weight", "out_proj.bias", "conv1d.weight", "conv1d.bias",
+     "dt_bias", "A_log", "D", "norm.weight")
 )
 
 
 def mamba2_sources(name: str) -> tuple[str, ...]:
     """The fla tensor schedlang's parameter ``name`` of a Mamba-2 model is; ``KeyError`` for one fla's model
     has no counterpart of (an MLP's)."""
-    for pattern, replacement in _RENAMES:
-        if pattern.fullmatch(name):
-            return (pattern.sub(replacement, name),)
-    raise KeyError(f"flash-linear-attention's Mamba-2 has no tensor for schedlang's {name}")
+    return backbone_sources(_RENAMES, name, "Mamba-2")

@@ -14,23 +14,15 @@ from the config's fields of the same names. Its tensors live under ``backbone.``
 from __future__ import annotations
 
 import math
-import re
 from typing import Mapping
+
+from schedlang.runtime.hf_mamba_backbone import SILU_NAMES, backbone_renames, backbone_sources, read_boolean
 
 from schedlang.vocabulary import LayerKind, Mamba3Options, ModelConfig, ModelOptions
 
 MAMBA3_MODEL_TYPE = "mamba3"
 MAMBA3_ARCHITECTURE = "Mamba3ForCausalLM"
-_SILU_NAMES = ("silu", "swish")
 
-
-def _boolean(values: Mapping[str, object], field: str, default: bool) -> bool:
-    from schedlang.runtime.hf_format import UnsupportedFlaConfig
-
-    value = values.get(field, default)
-    if not isinstance(value, bool):
-        raise UnsupportedFlaConfig(field, f"config field '{field}' must be true or false, found {value!r}")
-    return value
 
 
 def _positive(values: Mapping[str, object], field: str, default: float) -> float:
@@ -52,12 +44,12 @@ def read_mamba3_config(values: Mapping[str, object]):
     """
     from schedlang.runtime.hf_format import FlaModel, UnsupportedFlaConfig, read_integer, read_number
 
-    if _boolean(values, "is_mimo", False):
+    if read_boolean(values, "is_mimo", False):
         raise UnsupportedFlaConfig(
             "is_mimo", "config field 'is_mimo' = True selects Mamba-3's MIMO variant, which schedlang does not build"
         )
     act = values.get("hidden_act", "silu")
-    if act not in _SILU_NAMES:
+    if act not in SILU_NAMES:
         raise UnsupportedFlaConfig(
             "hidden_act", f"config field 'hidden_act' = {act!r} selects another activation, which schedlang does "
             "not build"
@@ -88,13 +80,13 @@ def read_mamba3_config(values: Mapping[str, object]):
     options = Mamba3Options(
         state_size=read_integer(values, "state_size", 128),
         n_groups=groups,
-        use_bias=_boolean(values, "use_bias", False),
+        use_bias=read_boolean(values, "use_bias", False),
         dt_min=dt_min,
         dt_max=dt_max,
         dt_init_floor=_positive(values, "dt_init_floor", 1e-4),
         rope_fraction=float(fraction),
         A_floor=_positive(values, "A_floor", 1e-4),
-        is_outproj_norm=_boolean(values, "is_outproj_norm", False),
+        is_outproj_norm=read_boolean(values, "is_outproj_norm", False),
         is_mimo=False,
         mimo_rank=read_integer(values, "mimo_rank", 4),
     )
@@ -107,7 +99,7 @@ def read_mamba3_config(values: Mapping[str, object]):
         heads=heads,
         head_dim=head_dim,
         norm_eps=_positive(values, "norm_eps", 1e-5),
-        options=ModelOptions(mamba3=options, tie_embeddings=_boolean(values, "tie_word_embeddings", False)),
+        options=ModelOptions(mamba3=options, tie_embeddings=read_boolean(values, "tie_word_embeddings", False)),
         mlp_ratio=0.0,
     )
 
@@ -156,27 +148,13 @@ def mamba3_config(model: ModelConfig) -> dict[str, object]:
     }
 
 
-_LAYER = r"layers\.(\d+)\."
-_RENAMES = tuple(
-    (re.compile(pattern), replacement)
-    for pattern, replacement in (
-        (r"embedding\.weight", "backbone.embeddings.weight"),
-        (r"final_norm\.weight", "backbone.norm_f.weight"),
-        (r"lm_head\.weight", "lm_head.weight"),
-        (_LAYER + r"mixer_norm\.weight", r"backbone.layers.\1.norm.weight"),
-        (
-            _LAYER + r"mixer\.(in_proj\.weight|in_proj\.bias|out_proj\.weight|out_proj\.bias|dt_bias|B_bias|"
-            r"C_bias|B_norm\.weight|C_norm\.weight|D|norm\.weight)",
-            r"backbone.layers.\1.mixer.\2",
-        ),
-    )
+_RENAMES = backbone_renames(
+    ("in_proj.weight", "in_proj.bias", "out_proj.weight", "out_proj.bias", "dt_bias", "B_bias", "C_bias",
+     "B_norm.weight", "C_norm.weight", "D", "norm.weight")
 )
 
 
 def mamba3_sources(name: str) -> tuple[str, ...]:
     """The fla tensor schedlang's parameter ``name`` of a Mamba-3 model is; ``KeyError`` for one fla's model
     has no counterpart of (an MLP's)."""
-    for pattern, replacement in _RENAMES:
-        if pattern.fullmatch(name):
-            return (pattern.sub(replacement, name),)
-    raise KeyError(f"flash-linear-attention's Mamba-3 has no tensor for schedlang's {name}")
+    return backbone_sources(_RENAMES, name, "Mamba-3")

@@ -1,0 +1,48 @@
+"""What flash-linear-attention's Mamba checkpoints (``Mamba2ForCausalLM``, ``Mamba3ForCausalLM``) share.
+
+Contract. Both keep their tensors under ``backbone.`` (``embeddings``, ``layers.i.norm``, ``layers.i.mixer.*``
+with the mixer's parameter names unchanged, ``norm_f``) and ``lm_head``: :func:`backbone_renames` builds the
+name map from the mixer's own tensor names, :func:`backbone_sources` reads it (``KeyError`` for a schedlang
+parameter fla's model has no counterpart of). :func:`read_boolean` reads a boolean config field or raises
+``UnsupportedFlaConfig`` naming it. ``SILU_NAMES`` are the activation names both configs accept.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+SILU_NAMES = ("silu", "swish")
+_LAYER = r"layers\.(\d+)\."
+
+
+def read_boolean(values: Mapping[str, object], field: str, default: bool) -> bool:
+    from schedlang.runtime.hf_format import UnsupportedFlaConfig
+
+    value = values.get(field, default)
+    if not isinstance(value, bool):
+        raise UnsupportedFlaConfig(field, f"config field '{field}' must be true or false, found {value!r}")
+    return value
+
+
+def backbone_renames(mixer_tensors: tuple[str, ...]) -> tuple[tuple[re.Pattern, str], ...]:
+    """(schedlang name pattern, fla name) pairs for a Mamba backbone whose mixers hold ``mixer_tensors``."""
+    mixer = "|".join(re.escape(name) for name in mixer_tensors)
+    return tuple(
+        (re.compile(pattern), replacement)
+        for pattern, replacement in (
+            (r"embedding\.weight", "backbone.embeddings.weight"),
+            (r"final_norm\.weight", "backbone.norm_f.weight"),
+            (r"lm_head\.weight", "lm_head.weight"),
+            (_LAYER + r"mixer_norm\.weight", r"backbone.layers.\1.norm.weight"),
+            (_LAYER + rf"mixer\.({mixer})", r"backbone.layers.\1.mixer.\2"),
+        )
+    )
+
+
+def backbone_sources(renames, name: str, family: str) -> tuple[str, ...]:
+    """The fla tensor schedlang's parameter ``name`` is, by ``renames``; ``KeyError`` naming ``family``."""
+    for pattern, replacement in renames:
+        if pattern.fullmatch(name):
+            return (pattern.sub(replacement, name),)
+    raise KeyError(f"flash-linear-attention's {family} has no tensor for schedlang's {name}")
