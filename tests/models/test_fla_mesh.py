@@ -13,7 +13,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from runtime_harness import assert_trains_like, run_jobs  # noqa: E402  (the runtime tests' runner)
 
 STEPS = 2
-TOLERANCE = 1e-5
+TOLERANCE = 2e-5
+"""float32 on gloo. The worst gradient in every case is a gdn gate's (``gate_time_bias``, ``gate_log_rate``):
+a sum over tokens of terms that nearly cancel, where round-off of a few ulps elsewhere shows 100-fold. With the
+plain head and loss the worst was 7.1e-6 and 8.1e-6; with the fused one (runtime/linear_cross_entropy.py), whose
+hidden-state gradient is scaled by the step's factor after its GEMM instead of before, 1.07e-5 and 1.11e-5. A
+wrong state hand-off or a misrouted gradient is off by more than 1e-3."""
 
 
 def _schedule(name: str, pipeline: int, sequence: int, data: int, parallel: str, microbatch_size: int) -> str:
