@@ -186,9 +186,14 @@ def chunk_mamba3(
     start = None
     if initial_state is not None:
         start = entry_state(initial_state.ssm, initial_state.key, initial_state.value, operands.entry)
+    # [Note: mamba3 operator precision] The operator runs in float32 (float64 for float64) whatever x's dtype:
+    # its dq and dk carry the diagonal term that the subtraction below takes out again, and the angles' gradient
+    # is a reverse cumulative sum of their rotations that nearly cancels, so 16-bit dq and dk left the angles'
+    # gradients 6-20% off the float64 recurrence (docs/models.md, "Mamba-3", precision).
+    kernel = operands.diagonal.dtype
     output, final_ssm = chunk_simple_gla(
-        operands.q.to(x.dtype), operands.k.to(x.dtype), operands.v, operands.g, scale=1.0, initial_state=start,
-        output_final_state=output_final_state, backend=backend,
+        operands.q.to(kernel), operands.k.to(kernel), operands.v.to(kernel), operands.g, scale=1.0,
+        initial_state=start, output_final_state=output_final_state, backend=backend,
     )
     output = output.to(operands.diagonal.dtype) - operands.diagonal
     if D is not None:
