@@ -25,6 +25,11 @@ from hybrid_schedules import MESHES, MODELS, REFERENCE, STEPS, Mesh, runtime_ref
 from runtime_harness import compile_schedule, relative_error, run_job, run_jobs  # noqa: E402
 
 TOLERANCE = 1e-5
+GRADIENT_TOLERANCE = 2e-5
+"""float32 on gloo. The worst gradient of the gdn cases is a gate's bias (``gate_proj.bias``): a sum over tokens
+of terms that nearly cancel, where round-off of a few ulps elsewhere shows 100-fold; with the fused head and loss
+(runtime/linear_cross_entropy.py, whose hidden-state gradient is scaled by the step's factor after its GEMM) it
+measured 1.21e-5 and 1.24e-5 (2026-12-03). A wrong hand-off is off by more than 1e-3 (the control below)."""
 GDN_SEQUENCE_REASON = "gdn sequence parallelism lands with the gdn-sp branch"
 CASES = [(model, mesh) for model in MODELS for mesh in MESHES]
 RUNNABLE = [(model, mesh) for model, mesh in CASES if not runtime_refuses(model, mesh)]
@@ -67,7 +72,7 @@ def test_hybrid_trains_on_the_mesh_as_in_one_process(matrix, model, mesh):
     assert sorted(gradients) == sorted(reference_gradients)
     errors = {key: relative_error(gradients[key], reference_gradients[key]) for key in reference_gradients}
     worst = max(errors, key=errors.get)
-    assert errors[worst] <= TOLERANCE, f"{worst}: relative error {errors[worst]:.2e}"
+    assert errors[worst] <= GRADIENT_TOLERANCE, f"{worst}: relative error {errors[worst]:.2e}"
 
 
 @pytest.mark.slow
