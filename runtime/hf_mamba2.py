@@ -15,7 +15,9 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from schedlang.runtime.hf_mamba_backbone import SILU_NAMES, backbone_renames, backbone_sources, read_boolean
+from schedlang.runtime.hf_mamba_backbone import (
+    SILU_NAMES, backbone_problems, backbone_renames, backbone_sources, read_boolean,
+)
 
 from schedlang.vocabulary import ModelConfig
 from schedlang.runtime.mixer_mamba2 import A_INIT_RANGE
@@ -137,14 +139,7 @@ def read_mamba2_config(values: Mapping[str, object]):
 
 def mamba2_config_problems(model: ModelConfig) -> list[str]:
     """Why ``model`` is not a flash-linear-attention Mamba-2 model; empty when it is."""
-    problems = []
-    if any(kind is not LayerKind.MAMBA2 for kind in model.layers):
-        problems.append("every layer must be mamba2 (fla's Mamba2ForCausalLM has no other kind)")
-    if model.mlp_ratio > 0 or model.options.mlp_width is not None:
-        problems.append("the blocks must have no MLP (mlp = none)")
-    if (model.heads * model.head_dim) % model.d_model:
-        problems.append("heads * head_dim must be a whole multiple of d_model (fla's integer expand)")
-    return problems
+    return backbone_problems(model, LayerKind.MAMBA2, MAMBA2_ARCHITECTURE)
 
 
 def mamba2_config(model: ModelConfig) -> dict[str, object]:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from schedlang.runtime.hf_mamba_backbone import SILU_NAMES, backbone_renames, backbone_sources, read_boolean
+from schedlang.runtime.hf_mamba_backbone import (
+    SILU_NAMES, backbone_problems, backbone_renames, backbone_sources, read_boolean,
+)
 
 from schedlang.vocabulary import LayerKind, Mamba3Options, ModelConfig, ModelOptions
 
@@ -106,14 +108,7 @@ def read_mamba3_config(values: Mapping[str, object]):
 
 def mamba3_config_problems(model: ModelConfig) -> list[str]:
     """Why ``model`` is not a flash-linear-attention Mamba-3 model; empty when it is."""
-    problems = []
-    if any(kind is not LayerKind.MAMBA3 for kind in model.layers):
-        problems.append("every layer must be mamba3 (fla's Mamba3ForCausalLM has no other kind)")
-    if model.mlp_ratio > 0 or model.options.mlp_width is not None:
-        problems.append("the blocks must have no MLP (mlp = none)")
-    if (model.heads * model.head_dim) % model.d_model:
-        problems.append("heads * head_dim must be a whole multiple of d_model (fla's integer expand)")
-    return problems
+    return backbone_problems(model, LayerKind.MAMBA3, MAMBA3_ARCHITECTURE)
 
 
 def mamba3_config(model: ModelConfig) -> dict[str, object]:

@@ -3,7 +3,8 @@
 Contract. Both keep their tensors under ``backbone.`` (``embeddings``, ``layers.i.norm``, ``layers.i.mixer.*``
 with the mixer's parameter names unchanged, ``norm_f``) and ``lm_head``: :func:`backbone_renames` builds the
 name map from the mixer's own tensor names, :func:`backbone_sources` reads it (``KeyError`` for a schedlang
-parameter fla's model has no counterpart of). :func:`read_boolean` reads a boolean config field or raises
+parameter fla's model has no counterpart of). :func:`backbone_problems` says why a model is not such a backbone
+(another layer kind, an MLP, a width fla's integer ``expand`` cannot give). :func:`read_boolean` reads a boolean config field or raises
 ``UnsupportedFlaConfig`` naming it. ``SILU_NAMES`` are the activation names both configs accept.
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import re
 from typing import Mapping
+
+from schedlang.vocabulary import LayerKind, ModelConfig
 
 SILU_NAMES = ("silu", "swish")
 _LAYER = r"layers\.(\d+)\."
@@ -46,3 +49,15 @@ def backbone_sources(renames, name: str, family: str) -> tuple[str, ...]:
         if pattern.fullmatch(name):
             return (pattern.sub(replacement, name),)
     raise KeyError(f"flash-linear-attention's {family} has no tensor for schedlang's {name}")
+
+
+def backbone_problems(model: ModelConfig, kind: LayerKind, architecture: str) -> list[str]:
+    """Why ``model`` is not fla's ``architecture``, a stack of ``kind`` layers alone; empty when it is."""
+    problems = []
+    if any(layer is not kind for layer in model.layers):
+        problems.append(f"every layer must be {kind.value} (fla's {architecture} has no other kind)")
+    if model.mlp_ratio > 0 or model.options.mlp_width is not None:
+        problems.append("the blocks must have no MLP (mlp = none)")
+    if (model.heads * model.head_dim) % model.d_model:
+        problems.append("heads * head_dim must be a whole multiple of d_model (fla's integer expand)")
+    return problems
