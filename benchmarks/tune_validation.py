@@ -99,21 +99,15 @@ def run_tune(schedule: Path, args: argparse.Namespace, tune_flags: list[str]) ->
 
 def measure(path: Path, args: argparse.Namespace) -> dict:
     """Train one candidate; its median step time over the steps after the warm-up, or how it ended."""
-    metrics = path.with_suffix(".jsonl")
-    metrics.unlink(missing_ok=True)
-    command = [
-        *schedlang_command(), "run", str(path), "--device", args.device,
-        "--steps", str(args.warmup + args.steps), "--metrics", str(metrics),
-    ]
-    print("$ " + " ".join(command), file=sys.stderr, flush=True)
+    from schedlang.profile_calibration import CalibrationError, RunTimedOut, train_and_read_steps
+
     try:
-        completed = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False)
-    except subprocess.TimeoutExpired:
+        steps = train_and_read_steps(str(path), args.device, args.warmup + args.steps, args.timeout)
+    except RunTimedOut:
         return {"outcome": "timed out"}
-    if completed.returncode != 0:
-        tail = (completed.stderr or completed.stdout).strip().splitlines()[-3:]
-        return {"outcome": "failed: " + " | ".join(tail)}
-    steps = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except CalibrationError as error:
+        return {"outcome": f"failed: {error}"}
+    path.with_suffix(".jsonl").write_text("".join(json.dumps(step) + "\n" for step in steps), encoding="utf-8")
     timed = steps[args.warmup:] or steps
     return {
         "outcome": "measured",

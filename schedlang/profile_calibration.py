@@ -26,6 +26,10 @@ class CalibrationError(Exception):
     """The calibration run failed or measured nonsense; the message says which and why."""
 
 
+class RunTimedOut(CalibrationError):
+    """The run outlasted its time limit."""
+
+
 def require_one_process(program, path: str) -> None:
     mesh = program.mesh
     ranks = mesh.pipeline * mesh.sequence * mesh.data
@@ -37,22 +41,30 @@ def require_one_process(program, path: str) -> None:
         )
 
 
-def measure_step_seconds(path: str, device: str, warmup: int, steps: int, timeout: float) -> float:
-    """The median step time of ``schedlang run PATH`` over the ``steps`` after ``warmup``; see the module doc."""
-    with tempfile.TemporaryDirectory(prefix="schedlang-calibrate-") as directory:
+def train_and_read_steps(path: str, device: str, steps: int, timeout: float) -> list[dict]:
+    """``schedlang run PATH --device DEVICE --steps STEPS --metrics ...`` in a process of its own: the metrics
+    record of every step, or :class:`CalibrationError` saying that the run timed out or failed (its last
+    lines), :class:`RunTimedOut` past ``timeout``."""
+    with tempfile.TemporaryDirectory(prefix="schedlang-steps-") as directory:
         metrics = Path(directory) / "steps.jsonl"
         command = [
             sys.executable, "-m", "schedlang", "run", path, "--device", device,
-            "--steps", str(warmup + steps), "--metrics", str(metrics),
+            "--steps", str(steps), "--metrics", str(metrics),
         ]
+        print("$ " + " ".join(command), file=sys.stderr, flush=True)
         try:
             completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
-            raise CalibrationError(f"the calibration run of {path} took over {timeout:g} s") from None
+            raise RunTimedOut(f"the run of {path} took over {timeout:g} s") from None
         if completed.returncode != 0:
             tail = " | ".join((completed.stderr or completed.stdout).strip().splitlines()[-3:])
-            raise CalibrationError(f"the calibration run of {path} failed ({completed.returncode}): {tail}")
-        records = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
+            raise CalibrationError(f"the run of {path} failed ({completed.returncode}): {tail}")
+        return [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def measure_step_seconds(path: str, device: str, warmup: int, steps: int, timeout: float) -> float:
+    """The median step time of ``schedlang run PATH`` over the ``steps`` after ``warmup``; see the module doc."""
+    records = train_and_read_steps(path, device, warmup + steps, timeout)
     timed = records[warmup:]
     if not timed:
         raise CalibrationError(f"the calibration run of {path} wrote {len(records)} steps; {warmup + steps} asked")

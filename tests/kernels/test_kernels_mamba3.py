@@ -178,19 +178,25 @@ else:
     DEVICE_DTYPES = {"float32": (torch.float32, 1e-4)}
 
 
+def run_on(device: str, backend: str, dtype: torch.dtype, shape) -> tuple[dict, dict]:
+    """(results on the CPU, the float64 recurrence's) of fresh inputs of ``shape``, x, B and C in ``dtype`` and the
+    rest (and the state, as a layer passes it) in float32, run on ``device`` with ``backend``."""
+    inputs, state, gradients = make_inputs(*shape, torch.float64)
+    expected = reference(inputs, state, gradients)
+    moved = {name: t.to(device, dtype if name in ("x", "B", "C") else torch.float32) for name, t in inputs.items()}
+    moved_state = {name: t.to(device, torch.float32) for name, t in state.items()}
+    moved_gradients = {name: t.to(device) for name, t in gradients.items()}
+    actual = run_with_grads(chunk_mamba3, moved, moved_state, moved_gradients, backend=backend)
+    return {name: t.cpu() for name, t in actual.items()}, expected
+
+
 @pytest.mark.parametrize("shape", DEVICE_SHAPES, ids=shape_id)
 @pytest.mark.parametrize("dtype_name", sorted(DEVICE_DTYPES))
 def test_triton_path_on_the_device_matches_the_recurrence(shape, dtype_name):
     """Real sizes on a GPU (float32 and bfloat16, the state kept in float32 as a layer passes it), one small case
     in Triton's interpreter on the CPU."""
     dtype, tolerance = DEVICE_DTYPES[dtype_name]
-    inputs, state, gradients = make_inputs(*shape, torch.float64)
-    expected = reference(inputs, state, gradients)
-    moved = {name: t.to(DEVICE, dtype if name in ("x", "B", "C") else torch.float32) for name, t in inputs.items()}
-    moved_state = {name: t.to(DEVICE, torch.float32) for name, t in state.items()}
-    moved_gradients = {name: t.to(DEVICE) for name, t in gradients.items()}
-    actual = run_with_grads(chunk_mamba3, moved, moved_state, moved_gradients, backend="triton")
-    actual = {name: t.cpu() for name, t in actual.items()}
+    actual, expected = run_on(DEVICE, "triton", dtype, shape)
     if ON_GPU:  # the angle gradients are held by the test below
         expected = {name: t for name, t in expected.items() if name not in ANGLE_GRADIENTS}
     assert_close(actual, expected, tolerance)
@@ -205,13 +211,8 @@ dq and dk they were 6-20% off the float64 recurrence (H200 and CPU, 2026-12-03),
 
 
 def angle_gradient_errors(dtype: torch.dtype, device: str, backend: str, shape) -> dict[str, float]:
-    inputs, state, gradients = make_inputs(*shape, torch.float64)
-    expected = reference(inputs, state, gradients)
-    moved = {name: t.to(device, dtype if name in ("x", "B", "C") else torch.float32) for name, t in inputs.items()}
-    moved_state = {name: t.to(device, torch.float32) for name, t in state.items()}
-    actual = run_with_grads(chunk_mamba3, moved, moved_state, {n: t.to(device) for n, t in gradients.items()},
-                            backend=backend)
-    return {name: relative_error(actual[name].cpu(), expected[name]) for name in ANGLE_GRADIENTS}
+    actual, expected = run_on(device, backend, dtype, shape)
+    return {name: relative_error(actual[name], expected[name]) for name in ANGLE_GRADIENTS}
 
 
 def test_angle_gradients_of_bfloat16_inputs_within_bfloat16s_bound():
