@@ -140,28 +140,47 @@ class Topology:
 
 @dataclass(frozen=True)
 class Calibration:
-    """What the parts timed alone miss in a whole training step, from one step measured on the device.
+    """What the parts timed alone miss in a whole training step, from steps measured on the device.
 
     ``step_factor`` multiplies every part's device time (forward, backward, W): the parts are timed alone in
     short bursts (:mod:`schedlang.runtime.profiling`), and a whole step adds what no part holds (the optimizer
     step, the gradient bookkeeping between parts, kernels at the clocks a long step sustains). It is
     ``measured_step_seconds`` (the median step of ``schedule`` run by ``schedlang run``) over
-    ``parts_step_seconds`` (that schedule simulated with this profile's parts and factor 1). A profile without
-    the table has factor 1 and says nothing of where it came from."""
+    ``parts_step_seconds`` (that schedule simulated with this profile's parts and factor 1).
+
+    ``host_factor`` multiplies the eager host times (``overhead.eager_*``): a part timed alone launches its
+    kernels with nothing else on the host, and a chunked step adds the executor's work per task (the state
+    hand-off, the autograd calls, the model's glue between parts). It is fitted to ``host_schedule``, a
+    schedule of small chunks run eagerly, so that its step is host-bound: the factor at which the simulated
+    step equals ``host_measured_step_seconds`` (``host_parts_step_seconds`` is that step at factor 1).
+
+    A profile without the table has both factors 1 and says nothing of where they came from."""
 
     step_factor: float = 1.0
     schedule: str = ""
     measured_step_seconds: float = 0.0
     parts_step_seconds: float = 0.0
+    host_factor: float = 1.0
+    host_schedule: str = ""
+    host_measured_step_seconds: float = 0.0
+    host_parts_step_seconds: float = 0.0
 
     @property
     def measured(self) -> bool:
         return bool(self.schedule)
 
+    @property
+    def host_measured(self) -> bool:
+        return bool(self.host_schedule)
+
 
 CALIBRATION_BOUNDS = (0.5, 2.0)
 """A step factor outside these is a failed measurement, not a calibration (a whole step within half and twice
 its parts' sum)."""
+
+HOST_CALIBRATION_BOUNDS = (0.5, 4.0)
+"""A host factor outside these is a failed measurement: the host-bound step within half and four times what the
+parts' host times say."""
 
 
 @dataclass(frozen=True)
@@ -418,11 +437,27 @@ def parse_calibration(reader: ProfileReader, data: dict) -> Calibration:
             f"'calibration.step_factor' is {factor:g}; a whole step measured outside {low:g}x-{high:g}x of its "
             "parts' sum is a failed measurement", "calibration", "step_factor",
         )
+    host = {}
+    if "host_factor" in table:
+        host_factor = reader.number(table, "host_factor", "calibration")
+        low, high = HOST_CALIBRATION_BOUNDS
+        if not low <= host_factor <= high:
+            reader.fail(
+                f"'calibration.host_factor' is {host_factor:g}; a host-bound step measured outside "
+                f"{low:g}x-{high:g}x of its parts' host times is a failed measurement", "calibration", "host_factor",
+            )
+        host = dict(
+            host_factor=host_factor,
+            host_schedule=reader.string(table, "host_schedule", "calibration"),
+            host_measured_step_seconds=reader.number(table, "host_measured_step_seconds", "calibration"),
+            host_parts_step_seconds=reader.number(table, "host_parts_step_seconds", "calibration"),
+        )
     return Calibration(
         step_factor=factor,
         schedule=reader.string(table, "schedule", "calibration"),
         measured_step_seconds=reader.number(table, "measured_step_seconds", "calibration"),
         parts_step_seconds=reader.number(table, "parts_step_seconds", "calibration"),
+        **host,
     )
 
 
@@ -504,6 +539,13 @@ def format_hardware_profile(profile: HardwareProfile, header: str = "") -> str:
             f"measured_step_seconds = {format_number(calibration.measured_step_seconds)}",
             f"parts_step_seconds = {format_number(calibration.parts_step_seconds)}",
         ]
+        if calibration.host_measured:
+            lines += [
+                f"host_factor = {format_number(calibration.host_factor)}",
+                f"host_schedule = {json.dumps(calibration.host_schedule)}",
+                f"host_measured_step_seconds = {format_number(calibration.host_measured_step_seconds)}",
+                f"host_parts_step_seconds = {format_number(calibration.host_parts_step_seconds)}",
+            ]
     for link_class in LinkClass:
         link = profile.links[link_class]
         lines += [

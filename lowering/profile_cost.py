@@ -11,7 +11,7 @@ program and a :class:`~schedlang.lowering.hardware_profile.HardwareProfile` (for
   width and by the profile's calibration ``step_factor`` (what a whole step adds to its parts timed alone:
   :class:`~schedlang.lowering.hardware_profile.Calibration`); plus the sequence-parallel
   exchange of its layers; plus the launch overhead: eager, the task takes the longer of its device time and its
-  host time; replayed from CUDA graphs, it adds the graph's launch gaps. Every task adds ``task_seconds``.
+  host time (the parts' measured host times times the calibration's ``host_factor``); replayed from CUDA graphs, it adds the graph's launch gaps. Every task adds ``task_seconds``.
 * ``B`` is the backward curves (plus the weight curves when the backward is not split), the reverse exchange,
   the recomputed forward parts ([Note: recompute costs] in schedlang.lowering.cost) and the addition of the
   stage's gradients into ``.grad`` at the profile's memory bandwidth (as the flops model). ``W`` is the weight
@@ -329,15 +329,17 @@ class ProfileCostModel:
         launches = {ActionKind.FORWARD: blocks, ActionKind.BACKWARD: 2 * blocks, ActionKind.WEIGHT: blocks}
         # eager: the measured host time of a layer's forward and of its whole backward, which W takes a third of
         # when the backward is split (its share of the launches)
-        host_backward = blocks * overhead.eager_backward_layer_seconds
+        host_factor = profile.calibration.host_factor
+        host_forward = blocks * overhead.eager_layer_seconds * host_factor
+        host_backward = blocks * overhead.eager_backward_layer_seconds * host_factor
         host = {
-            ActionKind.FORWARD: blocks * overhead.eager_layer_seconds,
+            ActionKind.FORWARD: host_forward,
             ActionKind.BACKWARD: host_backward * (2 / 3 if self.split_backward else 1.0),
             ActionKind.WEIGHT: host_backward / 3,
         }
         if recompute_on(program.pipeline.recompute, stage) is Recompute.FULL:
             launches[ActionKind.BACKWARD] += blocks
-            host[ActionKind.BACKWARD] += blocks * overhead.eager_layer_seconds
+            host[ActionKind.BACKWARD] += host_forward
         if not self.split_backward:
             launches[ActionKind.BACKWARD] += launches[ActionKind.WEIGHT]
         device = {ActionKind.FORWARD: device_forward, ActionKind.BACKWARD: device_backward, ActionKind.WEIGHT: device_weight}

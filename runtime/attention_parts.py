@@ -15,11 +15,14 @@ size (queries x keys) is formed in memory, nor saved: the forward keeps ``q``, `
 stay where the caller keeps them. This replaces one call with a lower-right causal bias, which on the CPU
 is a materialised ``[queries, keys]`` mask saved by every chunk (growing with the square of the sequence).
 
-Kernels (:class:`PartKernel`): on the CPU torch's flash attention for CPU; on CUDA its memory-efficient
-attention in float32, 16-bit inputs upcast around each call (a float32 copy of one part's keys and values at
-a time, linear in the sequence and never saved: the 16-bit kernels' backward did not reproduce the
-gradients from a merged log-sum-exp); elsewhere (float64 on CUDA) the same two outputs written in tensor
-ops, which form one part's scores at a time and keep none of them.
+Kernels (:class:`PartKernel`): on the CPU torch's flash attention for CPU; on CUDA its flash attention for
+16-bit inputs whose head dimension it takes (a multiple of 8, at most 256), in the inputs' dtype, and its
+memory-efficient attention in float32 otherwise (16-bit inputs of other head dimensions upcast around each
+call: a float32 copy of one part's keys and values at a time, linear in the sequence and never saved);
+elsewhere (float64 on CUDA) the same two outputs written in tensor ops, which form one part's scores at a
+time and keep none of them. Flash attention's backward takes the merged ``O`` and ``L`` as they are; the
+memory-efficient kernels' 16-bit backward did not reproduce the gradients from a merged log-sum-exp, which is
+why they run in float32.
 
 [Note: grouped key/value heads]
 With grouped-query attention the keys and values have ``kv_heads`` heads, each serving ``heads / kv_heads``
@@ -48,11 +51,15 @@ aten = torch.ops.aten
 
 class PartKernel(Enum):
     CPU_FLASH = "cpu_flash"
+    CUDA_FLASH = "cuda_flash"
     CUDA_EFFICIENT = "cuda_efficient"
     TENSOR_OPS = "tensor_ops"
 
 
 EFFICIENT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+FLASH_MAX_HEAD_DIM = 256
+"""Flash attention on CUDA takes 16-bit inputs of head dimensions that are multiples of 8 up to this."""
 EFFICIENT_LSE_ROWS = 32
 """The memory-efficient kernels keep the log-sum-exp of ``L`` queries in ``ceil(L / 32) * 32`` rows."""
 
@@ -61,9 +68,21 @@ def part_kernel(q: torch.Tensor) -> PartKernel:
     """The fused kernel for ``q``'s device and dtype, or the tensor-op form where none takes them."""
     if q.device.type == "cpu":
         return PartKernel.CPU_FLASH
+    if q.device.type == "cuda" and q.dtype in FLASH_DTYPES and _flash_takes(q):
+        return PartKernel.CUDA_FLASH
     if q.device.type == "cuda" and q.dtype in EFFICIENT_DTYPES:
         return PartKernel.CUDA_EFFICIENT
     return PartKernel.TENSOR_OPS
+
+
+def _flash_takes(q: torch.Tensor) -> bool:
+    dim = q.shape[-1]
+    return (
+        dim % 8 == 0
+        and dim <= FLASH_MAX_HEAD_DIM
+        and torch.backends.cuda.flash_sdp_enabled()
+        and torch.cuda.get_device_capability(q.device) >= (8, 0)
+    )
 
 
 @dataclass(frozen=True)
@@ -109,6 +128,12 @@ def _part_forward(q: torch.Tensor, part: AttentionPart, scale: float) -> tuple[t
         return aten._scaled_dot_product_flash_attention_for_cpu(
             q, read_heads(part.keys, heads), read_heads(part.values, heads), 0.0, part.causal, scale=scale
         )
+    if kernel is PartKernel.CUDA_FLASH:
+        output, log_sum_exp = aten._scaled_dot_product_flash_attention(
+            q, read_heads(part.keys, heads, q.dtype), read_heads(part.values, heads, q.dtype), 0.0, part.causal,
+            scale=scale,
+        )[:2]
+        return output, log_sum_exp[..., : q.shape[2]]
     if kernel is PartKernel.CUDA_EFFICIENT:
         keys, values = read_heads(part.keys, heads, torch.float32), read_heads(part.values, heads, torch.float32)
         output, log_sum_exp, _, _ = aten._scaled_dot_product_efficient_attention(
@@ -139,6 +164,14 @@ def _part_backward(
         return aten._scaled_dot_product_flash_attention_for_cpu_backward(
             output_grad, q, read_heads(part.keys, heads), read_heads(part.values, heads), output, log_sum_exp,
             0.0, part.causal, scale=scale,
+        )
+    if kernel is PartKernel.CUDA_FLASH:
+        keys, values = read_heads(part.keys, heads, q.dtype), read_heads(part.values, heads, q.dtype)
+        empty = torch.empty((), dtype=torch.int64, device=q.device)  # no dropout: no random state
+        # dk and dv come back in q's dtype; their groups are summed in it
+        return aten._scaled_dot_product_flash_attention_backward(
+            output_grad, q, keys, values, output.to(q.dtype), log_sum_exp.contiguous(), None, None,
+            q.shape[2], keys.shape[2], 0.0, part.causal, empty, empty, scale=scale,
         )
     if kernel is PartKernel.CUDA_EFFICIENT:
         empty = torch.empty((), dtype=torch.int64, device=q.device)

@@ -50,7 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--parts-from", metavar="PROFILE", default=None,
-        help="with --calibrate: take the parts from this profile (a file or a shipped name) instead of timing them",
+        help="take the parts from this profile (a file or a shipped name) instead of timing them: with "
+        "--calibrate, or with --measure to time only some of them again",
+    )
+    parser.add_argument(
+        "--measure", nargs="+", metavar="PART", default=None,
+        help="with --parts-from: time these parts again (e.g. attn after a kernel change) and keep the rest",
     )
     parser.add_argument("--calibration-steps", type=int, default=3, help="timed steps of --calibrate (after 2)")
 
@@ -120,11 +125,22 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(
             "schedlang profile: error: --budget must be positive, --repeats and --calibration-steps at least 1"
         )
-    if args.parts_from and not args.calibrate:
-        raise SystemExit("schedlang profile: error: --parts-from only serves --calibrate; give both or neither")
+    if args.parts_from and not (args.calibrate or args.measure):
+        raise SystemExit(
+            "schedlang profile: error: --parts-from serves --calibrate or --measure; give one of them with it"
+        )
+    if args.measure and not args.parts_from:
+        raise SystemExit("schedlang profile: error: --measure re-times parts of --parts-from PROFILE; give both")
     from schedlang.frontend import load_program
 
     program = load_program(args.file)
+    if args.measure:
+        unknown = sorted(set(args.measure) - set(needed_parts(program)))
+        if unknown:
+            raise SystemExit(
+                f"schedlang profile: error: --measure {', '.join(unknown)}: {args.file}'s model has no such part; "
+                f"it has {', '.join(needed_parts(program))}"
+            )
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -136,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
         if args.calibrate:
             require_one_process(program, args.file)
         profile, header = parts_from(args) if args.parts_from else measure_parts(args, program, started)
+        if args.measure:
+            profile, header = measure_again(args, program, profile, header, started)
         if args.calibrate:
             profile, header = calibrate(args, program, profile, header)
     except CalibrationError as error:
@@ -171,7 +189,8 @@ def parts_from(args: argparse.Namespace):
 
 
 def calibrate(args: argparse.Namespace, program, profile, header: str):
-    """``profile`` calibrated against FILE's whole step on the device; the header gains a line saying so."""
+    """``profile`` calibrated against FILE's whole step on the device and, where the profile has host times, its
+    host-bound variant's step; the header gains a line for each."""
     from schedlang.profile_calibration import calibrated, measure_step_seconds, parts_step_seconds
 
     print(f"calibrating: schedlang run {args.file} --device {args.device} "
@@ -186,20 +205,88 @@ def calibrate(args: argparse.Namespace, program, profile, header: str):
         f"{args.calibration_steps} after {CALIBRATION_WARMUP}), its parts {predicted:.4g} s: step factor "
         f"{profile.calibration.step_factor:.4f}"
     )
+    if profile.overhead.eager_layer_seconds > 0 or profile.overhead.eager_backward_layer_seconds > 0:
+        profile, header = calibrate_host(args, program, profile, header)
     return profile, header
 
 
-def measure_parts(args: argparse.Namespace, program, started: float):
-    """Time every part the schedule's model needs (and the device's bandwidths and links): the profile and the
-    header naming what was measured and what came from the defaults."""
+def calibrate_host(args: argparse.Namespace, program, profile, header: str):
+    """The host factor from FILE's host-bound variant (schedlang.profile_calibration), run from a temporary
+    schedule beside FILE (so that paths in it resolve as in FILE), removed afterwards."""
+    import tempfile
+
+    from schedlang.compiler import Pass, ScheduleText, compile_schedule
+    from schedlang.profile_calibration import (
+        host_bound_changes, host_bound_text, host_calibrated, measure_step_seconds,
+    )
+
+    text = host_bound_text(program)
+    changes = ", ".join(f"{key} = {str(value).lower()}" for key, value in host_bound_changes(program).items())
+    described = f"{Path(args.file).name} with {changes}"
+    folder = Path(args.file).resolve().parent
+    try:
+        handle = tempfile.NamedTemporaryFile(
+            "w", suffix=".sched", prefix=".schedlang-host-bound-", dir=folder, delete=False, encoding="utf-8"
+        )
+    except OSError:  # a folder we may not write: paths relative to FILE then do not resolve, the rest runs
+        handle = tempfile.NamedTemporaryFile("w", suffix=".sched", delete=False, encoding="utf-8")
+    with handle:
+        handle.write(text)
+    variant = Path(handle.name)
+    try:
+        host_program = compile_schedule(ScheduleText(text, str(variant)), through=Pass.CHECK).program
+        print(f"calibrating the host: {described}", file=sys.stderr, flush=True)
+        measured = measure_step_seconds(
+            str(variant), args.device, CALIBRATION_WARMUP, args.calibration_steps, timeout=max(args.budget, 60.0)
+        )
+    finally:
+        variant.unlink(missing_ok=True)
+    profile = host_calibrated(profile, described, measured, host_program)
+    calibration = profile.calibration
+    header += (
+        f"\nhost calibration: {described} measured {measured:.4g} s a step, simulated "
+        f"{calibration.host_parts_step_seconds:.4g} s with the parts' host times: host factor "
+        f"{calibration.host_factor:.4f}"
+    )
+    return profile, header
+
+
+def measure_again(args: argparse.Namespace, program, profile, header: str, started: float):
+    """``profile`` with the ``--measure`` parts timed again on this device (every row of those parts replaced
+    by the new ones), and a header line saying which and when."""
+    import dataclasses
+    import datetime
+
+    device = torch_device(args)
+    timings, skipped = time_parts(args, program, device, list(args.measure), started)
+    fresh = layer_measurements(program, timings)
+    kept = tuple(layer for layer in profile.layers if layer.part.value not in args.measure)
+    profile = dataclasses.replace(profile, layers=kept + fresh)
+    header += (
+        f"\nmeasured again by `schedlang profile {Path(args.file).name} --measure {' '.join(args.measure)}` on "
+        f"{torch_device_name(device)}, {datetime.date.today().isoformat()}: {', '.join(args.measure)} at "
+        f"{sorted({timing.tokens for timing in timings})} tokens" + left_out(skipped)
+    )
+    return profile, header
+
+
+def left_out(skipped) -> str:
+    return f"; left out (budget): {', '.join(f'{p} {t}' for p, t, _ in skipped)}" if skipped else ""
+
+
+def torch_device(args: argparse.Namespace):
     import torch
 
+    return torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+
+
+def time_parts(args: argparse.Namespace, program, device, parts: list[str], started: float):
+    """One timing per (part, chunk length, attention prefix) of ``parts`` in the budget left, and what the budget
+    left out; an error when some part got no timing at all."""
     from schedlang.runtime.trainer import DTYPES
 
-    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     dtype = DTYPES[program.train.dtype]
     config = program.model
-    parts = needed_parts(program)
     lengths = chunk_lengths(program, args.device, args.lengths)
     plan = [
         (part, tokens, prefix)
@@ -207,7 +294,7 @@ def measure_parts(args: argparse.Namespace, program, started: float):
         for tokens in lengths
         for prefix in (attention_prefixes(program) if part == "attn" else [0])
     ]
-    from schedlang.runtime.profiling import measure_memory_bandwidth, measure_offload_bandwidth, measure_part
+    from schedlang.runtime.profiling import measure_part
 
     bar = ProgressBar(len(plan))
     timings, skipped = [], []
@@ -225,6 +312,18 @@ def measure_parts(args: argparse.Namespace, program, started: float):
             f"schedlang profile: error: the budget ran out before {', '.join(missing)} was measured; "
             "give a larger --budget or fewer --lengths"
         )
+    return timings, skipped
+
+
+def measure_parts(args: argparse.Namespace, program, started: float):
+    """Time every part the schedule's model needs (and the device's bandwidths and links): the profile and the
+    header naming what was measured and what came from the defaults."""
+    import torch
+
+    from schedlang.runtime.profiling import measure_memory_bandwidth, measure_offload_bandwidth
+
+    device = torch_device(args)
+    timings, skipped = time_parts(args, program, device, needed_parts(program), started)
     copy_bytes = (256 << 20) if device.type == "cuda" else (16 << 20)
     memory_bandwidth = measure_memory_bandwidth(device, copy_bytes)
     offload_bandwidth = measure_offload_bandwidth(device, copy_bytes) if device.type == "cuda" else None
@@ -235,10 +334,7 @@ def measure_parts(args: argparse.Namespace, program, started: float):
 
         links = measure_links(gpus, "nccl", "cuda")
     profile, header = build_profile(args, program, device, timings, memory_bandwidth, offload_bandwidth, links, gpus)
-    header += f"\n{len(timings)} measurements"
-    if skipped:
-        header += f"; left out (budget): {', '.join(f'{p} {t}' for p, t, _ in skipped)}"
-    return profile, header
+    return profile, header + f"\n{len(timings)} measurements" + left_out(skipped)
 
 
 def build_profile(args, program, device, timings, memory_bandwidth, offload_bandwidth, links, gpus):
@@ -249,33 +345,7 @@ def build_profile(args, program, device, timings, memory_bandwidth, offload_band
     )
 
     defaults = resolve_hardware(DEFAULTS_PROFILE)
-    model = program.model
-    attention = model.attention_geometry
-    layers = []
-    keys = sorted({(timing.part, timing.prefix) for timing in timings},
-                  key=lambda key: ([p.value for p in ProfiledPart].index(key[0]), key[1]))
-    for part, prefix in keys:
-        rows = sorted((timing for timing in timings if (timing.part, timing.prefix) == (part, prefix)),
-                      key=lambda timing: timing.tokens)
-        tokens = tuple(timing.tokens for timing in rows)
-        kind = ProfiledPart(part)
-        is_attention = kind is ProfiledPart.ATTN
-        heads, head_dim = (attention.heads, attention.head_dim) if is_attention else (model.heads, model.head_dim)
-        mixer = kind not in (ProfiledPart.MLP, ProfiledPart.EMBEDDING, ProfiledPart.HEAD)
-        from schedlang.runtime.model import swiglu_width
-
-        config = model
-        hidden = 0
-        if kind is ProfiledPart.MLP:
-            hidden = config.options.mlp_width or swiglu_width(model.d_model, config.mlp_ratio or 4.0)
-        layers.append(LayerMeasurement(
-            part=kind, d_model=model.d_model, heads=heads if mixer else 0, head_dim=head_dim if mixer else 0,
-            hidden=hidden, vocab=model.vocab if kind in (ProfiledPart.EMBEDDING, ProfiledPart.HEAD) else 0,
-            prefix=prefix,
-            forward=Curve(tokens, tuple(timing.forward_s for timing in rows)),
-            backward=Curve(tokens, tuple(timing.backward_s for timing in rows)),
-            weight=Curve(tokens, tuple(timing.weight_s for timing in rows)),
-        ))
+    layers = layer_measurements(program, timings)
     shortest = min(timing.tokens for timing in timings)
     hosted = [timing for timing in timings if timing.tokens == shortest and timing.part != "embedding"]
     host = [timing.host_forward_s for timing in hosted]
@@ -312,6 +382,38 @@ def build_profile(args, program, device, timings, memory_bandwidth, offload_band
         f"from the {defaults.name} profile's defaults, not measured: {'; '.join(default_figures)}",
     ])
     return profile, header
+
+
+def layer_measurements(program, timings) -> tuple:
+    """One :class:`LayerMeasurement` per (part, attention prefix) timed, in the profile's part order."""
+    from schedlang.lowering.hardware_profile import Curve, LayerMeasurement, ProfiledPart
+    from schedlang.runtime.model import swiglu_width
+
+    model = program.model
+    attention = model.attention_geometry
+    layers = []
+    keys = sorted({(timing.part, timing.prefix) for timing in timings},
+                  key=lambda key: ([p.value for p in ProfiledPart].index(key[0]), key[1]))
+    for part, prefix in keys:
+        rows = sorted((timing for timing in timings if (timing.part, timing.prefix) == (part, prefix)),
+                      key=lambda timing: timing.tokens)
+        tokens = tuple(timing.tokens for timing in rows)
+        kind = ProfiledPart(part)
+        is_attention = kind is ProfiledPart.ATTN
+        heads, head_dim = (attention.heads, attention.head_dim) if is_attention else (model.heads, model.head_dim)
+        mixer = kind not in (ProfiledPart.MLP, ProfiledPart.EMBEDDING, ProfiledPart.HEAD)
+        hidden = 0
+        if kind is ProfiledPart.MLP:
+            hidden = model.options.mlp_width or swiglu_width(model.d_model, model.mlp_ratio or 4.0)
+        layers.append(LayerMeasurement(
+            part=kind, d_model=model.d_model, heads=heads if mixer else 0, head_dim=head_dim if mixer else 0,
+            hidden=hidden, vocab=model.vocab if kind in (ProfiledPart.EMBEDDING, ProfiledPart.HEAD) else 0,
+            prefix=prefix,
+            forward=Curve(tokens, tuple(timing.forward_s for timing in rows)),
+            backward=Curve(tokens, tuple(timing.backward_s for timing in rows)),
+            weight=Curve(tokens, tuple(timing.weight_s for timing in rows)),
+        ))
+    return tuple(layers)
 
 
 def median_or_zero(seconds: list[float], device) -> float:

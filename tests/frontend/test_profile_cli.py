@@ -3,6 +3,8 @@ gloo processes (runtime/profiling.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from schedlang.cli import main
@@ -147,6 +149,58 @@ def test_calibrate_writes_the_whole_steps_ratio_to_its_parts(profiled, tmp_path,
     assert f"# Parts from {parts}:" in header and "# calibration: `schedlang run tiny.sched` measured" in header
 
 
+def test_calibrate_fits_the_host_factor_to_the_host_bound_variant(tmp_path, monkeypatch):
+    """With parts that have host times (h200's), --calibrate also runs FILE cut into 64 eager chunks of a short
+    sequence and writes the host factor at which that step simulates to the measured one; the variant's
+    temporary file is gone afterwards and the user's folder holds only what it held plus the output."""
+    from schedlang import profile_calibration
+    from schedlang.compiler import Pass, ScheduleText, compile_schedule
+    from schedlang.frontend import load_program
+
+    schedule = tmp_path / "one.sched"
+    schedule.write_text(SCHEDULE.replace("length = 128  chunks = 2", "length = 65536  chunks = 1"))
+    program = load_program(str(schedule))
+    h200 = resolve_hardware("h200")
+    variant = compile_schedule(
+        ScheduleText(profile_calibration.host_bound_text(program), "v.sched"), through=Pass.CHECK
+    ).program
+    assert (variant.sequence.length, variant.n_chunks, variant.pipeline.cuda_graphs.value) == (32768, 64, "false")
+    at_one = profile_calibration.parts_step_seconds(variant, h200)
+    asked = []
+
+    def measured(path, device, warmup, steps, timeout):
+        asked.append(path)
+        text = open(path, encoding="utf-8").read()
+        return 2.5 * at_one if "chunks = 64" in text else 1.1 * profile_calibration.parts_step_seconds(program, h200)
+
+    monkeypatch.setattr(profile_calibration, "measure_step_seconds", measured)
+    output = tmp_path / "calibrated.toml"
+    status = main(["profile", str(schedule), "--device", "cpu", "--calibrate", "--parts-from", "h200",
+                   "-o", str(output)])
+    assert status == 0 and len(asked) == 2 and asked[0] == str(schedule)
+    assert not any(Path(path).exists() for path in asked[1:])
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["calibrated.toml", "one.sched"]
+    calibration = load_hardware_profile(output).calibration
+    assert calibration.step_factor == pytest.approx(1.1, rel=1e-5)
+    assert calibration.host_parts_step_seconds == pytest.approx(at_one, rel=1e-6)
+    assert calibration.host_schedule.startswith("one.sched with length = 32768, chunks = 64")
+    # the factor reproduces the measured host-bound step; host-bound, it is the step's ratio to factor 1
+    refit = profile_calibration.simulated_step_seconds(variant, load_hardware_profile(output))
+    assert refit == pytest.approx(2.5 * at_one, rel=1e-6)
+    assert calibration.host_factor == pytest.approx(2.5, rel=0.05)
+    assert "# host calibration: one.sched with length = 32768" in output.read_text()
+
+
+def test_a_host_bound_step_no_factor_reaches_is_refused():
+    from schedlang.compiler import Pass, ScheduleText, compile_schedule
+    from schedlang.profile_calibration import CalibrationError, fitted_host_factor, host_bound_text
+
+    program = compile_schedule(ScheduleText(SCHEDULE, "tiny.sched"), through=Pass.CHECK).program
+    variant = compile_schedule(ScheduleText(host_bound_text(program), "v.sched"), through=Pass.CHECK).program
+    with pytest.raises(CalibrationError, match="for host factors 0.5x-4x"):
+        fitted_host_factor(variant, resolve_hardware("h200"), 1e3)
+
+
 def test_the_calibration_run_trains_the_schedule(profiled):
     from schedlang.profile_calibration import measure_step_seconds
 
@@ -174,8 +228,31 @@ def test_calibrate_refuses_a_schedule_of_several_ranks(tmp_path):
     assert not (tmp_path / "out.toml").exists()
 
 
-def test_parts_from_without_calibrate_is_refused(tmp_path):
+def test_parts_from_without_calibrate_or_measure_is_refused(tmp_path):
     schedule = tmp_path / "tiny.sched"
     schedule.write_text(SCHEDULE)
-    with pytest.raises(SystemExit, match="--parts-from only serves --calibrate"):
+    with pytest.raises(SystemExit, match="--parts-from serves --calibrate or --measure"):
         main(["profile", str(schedule), "--device", "cpu", "--parts-from", "h200", "-o", str(tmp_path / "o.toml")])
+    with pytest.raises(SystemExit, match="--measure re-times parts of --parts-from PROFILE"):
+        main(["profile", str(schedule), "--device", "cpu", "--measure", "attn", "-o", str(tmp_path / "o.toml")])
+    with pytest.raises(SystemExit, match="--measure gdn: .* has no such part; it has gla, attn, mlp"):
+        main(["profile", str(schedule), "--device", "cpu", "--parts-from", "h200", "--measure", "gdn",
+              "-o", str(tmp_path / "o.toml")])
+    assert not (tmp_path / "o.toml").exists()
+
+
+def test_measure_times_the_named_parts_again_and_keeps_the_rest(profiled, tmp_path):
+    """--parts-from h200 --measure attn: the attn rows are this machine's (at the schedule's lengths and
+    prefixes), every other row and the calibration are h200's."""
+    _, schedule, _ = profiled
+    output = tmp_path / "mixed.toml"
+    assert main(["profile", str(schedule), "--device", "cpu", "--parts-from", "h200", "--measure", "attn",
+                 "--repeats", "1", "-o", str(output)]) == 0
+    h200, mixed = resolve_hardware("h200"), load_hardware_profile(output)
+    kept = [layer for layer in h200.layers if layer.part is not ProfiledPart.ATTN]
+    assert [layer for layer in mixed.layers if layer.part is not ProfiledPart.ATTN] == kept
+    attention = [layer for layer in mixed.layers if layer.part is ProfiledPart.ATTN]
+    assert sorted(layer.prefix for layer in attention) == [0, 64]
+    assert all(layer.forward.tokens == (32, 64) and layer.d_model == 32 for layer in attention)
+    assert mixed.calibration == h200.calibration
+    assert "--measure attn` on CPU" in output.read_text()

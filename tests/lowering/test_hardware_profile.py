@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import argparse
 
 import pytest
@@ -440,3 +442,39 @@ def test_a_calibration_outside_its_bounds_is_a_positioned_error():
     rendered = raised.value.render()
     line = text.splitlines().index("step_factor = 3.0") + 1
     assert rendered.splitlines()[0].startswith(f"bad.toml:{line}:1: error: 'calibration.step_factor' is 3")
+
+
+HOST_CALIBRATION = """host_factor = {factor}
+host_schedule = "one.sched with chunks = 64"
+host_measured_step_seconds = 4.0
+host_parts_step_seconds = 2.4
+"""
+
+
+def test_the_host_factor_scales_eager_host_times_only_and_round_trips():
+    """An eager task takes the longer of its device and host times: the factor multiplies the host side, so a
+    host-bound task scales by it and graph replay ignores it."""
+    from schedlang.lowering.hardware_profile import format_hardware_profile
+
+    text = profile_text() + CALIBRATION.format(factor=1.0)
+    plain = parse_hardware_profile(text)
+    hosted = parse_hardware_profile(text + HOST_CALIBRATION.format(factor=2.0))
+    assert not plain.calibration.host_measured and plain.calibration.host_factor == 1.0
+    assert hosted.calibration.host_factor == 2.0 and hosted.calibration.host_measured
+    assert parse_hardware_profile(format_hardware_profile(hosted)).calibration == hosted.calibration
+    # make the host dominate: a large per-layer launch time
+    slow_host = dataclasses.replace(plain.overhead, eager_layer_seconds=1.0, eager_backward_layer_seconds=3.0)
+    plain, hosted = (dataclasses.replace(profile, overhead=slow_host) for profile in (plain, hosted))
+    program = program_of()
+    task = TaskId(ActionKind.FORWARD, 0, 0, 0)
+    before, after = ProfileCostModel(program, plain), ProfileCostModel(program, hosted)
+    task_seconds = plain.overhead.task_seconds
+    assert after.task_duration(task) - task_seconds == pytest.approx(2 * (before.task_duration(task) - task_seconds))
+
+
+def test_a_host_factor_outside_its_bounds_is_a_positioned_error():
+    text = profile_text() + CALIBRATION.format(factor=1.0) + HOST_CALIBRATION.format(factor=9.0)
+    with pytest.raises(HardwareProfileError) as raised:
+        parse_hardware_profile(text, "bad.toml")
+    line = text.splitlines().index("host_factor = 9.0") + 1
+    assert raised.value.render().splitlines()[0].startswith(f"bad.toml:{line}:1: error: 'calibration.host_factor' is 9")

@@ -73,11 +73,20 @@ def test_attention_in_parts_equals_causal_attention(kernel, start, end, monkeypa
         torch.testing.assert_close(dv, reference_leaves[2].grad[:, :, keys], rtol=1e-10, atol=1e-12)
 
 
+CUDA_CASES = [
+    (torch.bfloat16, PartKernel.CUDA_FLASH),
+    (torch.float16, PartKernel.CUDA_FLASH),
+    (torch.float32, PartKernel.CUDA_EFFICIENT),
+    (torch.bfloat16, PartKernel.CUDA_EFFICIENT),  # head dimensions flash does not take
+]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_attention_in_parts_on_cuda_matches_float64(dtype):
-    """The CUDA kernel path in 16 and 32 bits (16-bit inputs go through the float32 kernels): outputs and
-    gradients against float64 causal attention, relative errors within the input dtype's tolerance."""
+@pytest.mark.parametrize("dtype, kernel", CUDA_CASES)
+def test_attention_in_parts_on_cuda_matches_float64(dtype, kernel, monkeypatch):
+    """The CUDA kernels in 16 and 32 bits (flash attention for 16-bit inputs, the float32 memory-efficient
+    kernels otherwise): outputs and gradients against float64 causal attention, relative errors within the
+    input dtype's tolerance."""
     start, end = 384, 1024
     q, k, v, output_grad = [tensor.cuda() for tensor in whole_sequence(end)]
     reference_leaves = [tensor.clone().requires_grad_(True) for tensor in (q, k, v)]
@@ -88,7 +97,10 @@ def test_attention_in_parts_on_cuda_matches_float64(dtype):
         AttentionPart(k16[:, :, :start], v16[:, :, :start], causal=False),
         AttentionPart(k16[:, :, start:], v16[:, :, start:], causal=True),
     )
-    assert attention_parts.part_kernel(q16) is PartKernel.CUDA_EFFICIENT
+    chosen = attention_parts.part_kernel(q16)
+    if kernel is PartKernel.CUDA_FLASH or dtype is torch.float32:
+        assert chosen is kernel
+    monkeypatch.setattr(attention_parts, "part_kernel", lambda q: kernel)
     output, log_sum_exp = attend_in_parts(q16[:, :, start:], parts)
     dq, ((dk_prefix, dv_prefix), (dk_own, dv_own)) = attention_parts_backward(
         g16[:, :, start:], q16[:, :, start:], parts, output, log_sum_exp

@@ -262,13 +262,15 @@ def test_grouped_sequence_parallel_attention_equals_naive(world_size, kv_heads, 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("kv_heads", [1, 2])
 def test_gpu_grouped_chunks_match_float64(dtype, kv_heads):
-    """The CUDA efficient kernels (16-bit inputs through float32) chunk by chunk with grouped heads: outputs
-    and q/k/v gradients against float64 naive attention, within the input dtype's tolerance."""
+    """The CUDA kernels (flash attention for 16-bit inputs, float32 memory-efficient attention for float32)
+    chunk by chunk with grouped heads: outputs and q/k/v gradients against float64 naive attention, within
+    the input dtype's tolerance."""
     bounds = (0, 384, 700, 1024)
     q, k, v, output_grad = grouped_sequence(bounds[-1], kv_heads)
     expected = naive_reference(q, k, v, output_grad)
     inputs = [tensor.to(device="cuda", dtype=dtype) for tensor in (q, k, v, output_grad)]
-    assert attention_parts.part_kernel(inputs[0]) is PartKernel.CUDA_EFFICIENT
+    expected_kernel = PartKernel.CUDA_EFFICIENT if dtype is torch.float32 else PartKernel.CUDA_FLASH
+    assert attention_parts.part_kernel(inputs[0]) is expected_kernel
     *ours, buffers = chunk_by_chunk(*inputs, bounds)
     assert buffers.keys.shape == (BATCH, kv_heads, bounds[-1], DIM) and buffers.keys.dtype == dtype
     tolerance = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}[dtype]
