@@ -27,7 +27,7 @@ from pathlib import Path
 
 HELP = "measure a hardware profile (layer times by chunk length, memory and links) for a schedule's model"
 
-CUDA_LENGTHS = (2048, 4096, 8192, 16384, 32768)
+CUDA_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 DEFAULTS_PROFILE = "h200"
 
 
@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=float, default=300.0, help="seconds for the whole run (default 300)")
     parser.add_argument(
         "--lengths", type=int, nargs="+", metavar="TOKENS",
-        help="chunk lengths to time (default on cuda: 2K to 32K and the schedule's chunk lengths; on cpu: the "
+        help="chunk lengths to time (default on cuda: 512 to 32K tokens and the schedule's chunk lengths; on cpu: the "
         "schedule's chunk lengths and half of the shortest)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median)")
@@ -182,8 +182,10 @@ def parts_from(args: argparse.Namespace):
     for line in Path(profile.source_file).read_text(encoding="utf-8").splitlines():
         if not line.startswith("#"):
             break
-        if not line[1:].strip().startswith("calibration:"):  # a new calibration replaces the old
-            comments.append(line[1:].strip())
+        text = line[1:].strip()
+        # a new calibration replaces the old; where the earlier parts came from is this header's first line
+        if not text.startswith(("calibration:", "host calibration:", "Parts from ")):
+            comments.append(text)
     header = "\n".join([f"Parts from {args.parts_from}:", *comments])
     return profile, header
 
@@ -252,22 +254,51 @@ def calibrate_host(args: argparse.Namespace, program, profile, header: str):
 
 
 def measure_again(args: argparse.Namespace, program, profile, header: str, started: float):
-    """``profile`` with the ``--measure`` parts timed again on this device (every row of those parts replaced
-    by the new ones), and a header line saying which and when."""
+    """``profile`` with the ``--measure`` parts timed again on this device, and a header line saying which and
+    when. A new row of the same part, width and prefix as an earlier one merges into it by chunk length (the
+    lengths timed now replace the earlier ones, the others stay: ``--lengths 512 1024`` adds short chunks to
+    the curves); any other new row is added."""
     import dataclasses
     import datetime
 
     device = torch_device(args)
     timings, skipped = time_parts(args, program, device, list(args.measure), started)
-    fresh = layer_measurements(program, timings)
-    kept = tuple(layer for layer in profile.layers if layer.part.value not in args.measure)
-    profile = dataclasses.replace(profile, layers=kept + fresh)
+    layers = list(profile.layers)
+    for row in layer_measurements(program, timings):
+        same = [index for index, layer in enumerate(layers) if geometry(layer) == geometry(row)]
+        if same:
+            layers[same[0]] = merged_rows(layers[same[0]], row)
+        else:
+            layers.append(row)
+    profile = dataclasses.replace(profile, layers=tuple(layers))
     header += (
         f"\nmeasured again by `schedlang profile {Path(args.file).name} --measure {' '.join(args.measure)}` on "
         f"{torch_device_name(device)}, {datetime.date.today().isoformat()}: {', '.join(args.measure)} at "
         f"{sorted({timing.tokens for timing in timings})} tokens" + left_out(skipped)
     )
     return profile, header
+
+
+def geometry(layer) -> tuple:
+    """What makes two rows measurements of the same thing: the part, its widths and the attention prefix."""
+    return (layer.part, layer.d_model, layer.heads, layer.head_dim, layer.hidden, layer.vocab, layer.prefix)
+
+
+def merged_rows(earlier, fresh):
+    """``earlier``'s curves with ``fresh``'s lengths in them (``fresh``'s seconds where both timed a length)."""
+    import dataclasses
+
+    from schedlang.lowering.hardware_profile import Curve
+
+    def merge(old: Curve, new: Curve) -> Curve:
+        points = dict(zip(old.tokens, old.seconds)) | dict(zip(new.tokens, new.seconds))
+        tokens = tuple(sorted(points))
+        return Curve(tokens, tuple(points[length] for length in tokens))
+
+    return dataclasses.replace(
+        earlier, forward=merge(earlier.forward, fresh.forward), backward=merge(earlier.backward, fresh.backward),
+        weight=merge(earlier.weight, fresh.weight),
+    )
 
 
 def left_out(skipped) -> str:

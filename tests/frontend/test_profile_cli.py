@@ -241,17 +241,34 @@ def test_parts_from_without_calibrate_or_measure_is_refused(tmp_path):
     assert not (tmp_path / "o.toml").exists()
 
 
+def test_measure_merges_new_lengths_into_rows_of_the_same_geometry(profiled, tmp_path):
+    """--parts-from P --measure gla --lengths 16 64: P's gla row gains 16 tokens and its 64-token point is timed
+    again; its 32-token point and every other row stay P's."""
+    _, schedule, parts = profiled
+    output = tmp_path / "merged.toml"
+    assert main(["profile", str(schedule), "--device", "cpu", "--parts-from", str(parts), "--measure", "gla",
+                 "--lengths", "16", "64", "--repeats", "1", "-o", str(output)]) == 0
+    earlier, merged = load_hardware_profile(parts), load_hardware_profile(output)
+    assert len(merged.layers) == len(earlier.layers)
+    for old, new in zip(earlier.layers, merged.layers):
+        if old.part is not ProfiledPart.GLA:
+            assert new == old
+            continue
+        assert new.forward.tokens == (16, 32, 64)
+        assert new.forward.seconds[1] == old.forward.seconds[0]  # 32 tokens: kept
+        assert all(seconds > 0 for seconds in new.forward.seconds)
+
+
 def test_measure_times_the_named_parts_again_and_keeps_the_rest(profiled, tmp_path):
-    """--parts-from h200 --measure attn: the attn rows are this machine's (at the schedule's lengths and
-    prefixes), every other row and the calibration are h200's."""
+    """--parts-from h200 --measure attn: this machine's attn rows (at the schedule's lengths and prefixes; a
+    width h200 never measured, so added beside h200's), every other row and the calibration h200's."""
     _, schedule, _ = profiled
     output = tmp_path / "mixed.toml"
     assert main(["profile", str(schedule), "--device", "cpu", "--parts-from", "h200", "--measure", "attn",
                  "--repeats", "1", "-o", str(output)]) == 0
     h200, mixed = resolve_hardware("h200"), load_hardware_profile(output)
-    kept = [layer for layer in h200.layers if layer.part is not ProfiledPart.ATTN]
-    assert [layer for layer in mixed.layers if layer.part is not ProfiledPart.ATTN] == kept
-    attention = [layer for layer in mixed.layers if layer.part is ProfiledPart.ATTN]
+    assert mixed.layers[: len(h200.layers)] == h200.layers
+    attention = mixed.layers[len(h200.layers):]
     assert sorted(layer.prefix for layer in attention) == [0, 64]
     assert all(layer.forward.tokens == (32, 64) and layer.d_model == 32 for layer in attention)
     assert mixed.calibration == h200.calibration
