@@ -143,3 +143,22 @@ def test_bad_arguments_are_named(change, message):
     inputs, _ = make_ssd_inputs(1, 8, 4, 8, 2, 8, torch.float64, with_state=False)
     with pytest.raises(ValueError, match=message):
         chunk_mamba2(**change(inputs), backend="torch")
+
+
+GPU_DTYPES = {"float32": (torch.float32, 5e-3), "bfloat16": (torch.bfloat16, 3e-2)}
+"""Inputs' dtype and bound on the device: float32 runs the dots in tf32 (simple GLA's own GPU bound, 5e-3)."""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernels at real sizes run on a GPU")
+@pytest.mark.parametrize("dtype_name", sorted(GPU_DTYPES))
+@pytest.mark.parametrize("shape", [(1, 4096, 4, 64, 1, 128), (2, 1000, 8, 64, 2, 64)], ids=shape_id)
+def test_triton_path_on_the_gpu_matches_the_recurrence(shape, dtype_name):
+    """Real sizes on a GPU (the initial state in float32, as a layer passes it) against the float64 loop:
+    outputs, final state and every gradient."""
+    dtype, tolerance = GPU_DTYPES[dtype_name]
+    inputs, gradients = make_ssd_inputs(*shape, dtype=dtype)
+    expected = reference(inputs, gradients)
+    on_gpu = {name: None if t is None else t.cuda() for name, t in inputs.items()}
+    actual = run_with_grads(chunk_mamba2, on_gpu, {name: t.cuda() for name, t in gradients.items()}, backend="triton")
+    assert_close({name: t.cpu() for name, t in actual.items()}, expected, tolerance)
