@@ -120,6 +120,32 @@ class Offload:
     bandwidth_bytes_per_s: float
 
 
+DEFAULT_HOST_MEMORY_BYTES = 128 * 2**30
+"""A node's host RAM where a profile does not state it (and without ``--hardware``): the H200 machine the
+shipped ``h200`` profile was measured on, one GPU and 128 GiB."""
+
+DEFAULT_PINNED_FRACTION = 0.75
+"""The share of a node's host RAM that pinned copies of offloaded activations may take where a profile does not
+say: the rest is left to the operating system, each training process's own memory (Python, torch, the CUDA
+context's host side, the data) and the page cache. An assumed allowance, like ``OUTSIDE_THE_ALLOCATOR`` on the
+device (schedlang.lowering.memory_budget)."""
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """One node's host RAM, shared by its ``topology.gpus_per_node`` GPUs, and the share of it that pinned copies
+    may take: with ``pipeline.offload`` every chunk in flight waits there ([Note: activation offload] in
+    schedlang.runtime.offload), and the ranks of a node add up (schedlang.lowering.memory_budget)."""
+
+    memory_bytes: int = DEFAULT_HOST_MEMORY_BYTES
+    pinned_fraction: float = DEFAULT_PINNED_FRACTION
+
+    @property
+    def pinned_limit(self) -> float:
+        """Bytes the pinned copies of one node may take."""
+        return self.memory_bytes * self.pinned_fraction
+
+
 @dataclass(frozen=True)
 class Link:
     latency_s: float
@@ -197,6 +223,7 @@ class HardwareProfile:
     topology: Topology
     layers: tuple[LayerMeasurement, ...]
     calibration: Calibration = Calibration()
+    host: HostMemory | None = None  # the [host] table; None: the profile does not state it
     source_file: str = "<memory>"
 
     def __hash__(self) -> int:
@@ -207,6 +234,10 @@ class HardwareProfile:
 
     def link(self, link_class: LinkClass) -> Link:
         return self.links[link_class]
+
+    def host_memory(self) -> HostMemory:
+        """The node's host memory: the profile's ``[host]``, else the defaults (:class:`HostMemory`)."""
+        return self.host if self.host is not None else HostMemory()
 
     def describe(self) -> str:
         """One line for ``simulate``: the name, the file and where its figures come from."""
@@ -421,8 +452,31 @@ def parse_hardware_profile(text: str, path: str = "<memory>") -> HardwareProfile
         topology=Topology(gpus_per_node, nodes),
         layers=layers,
         calibration=calibration,
+        host=parse_host(reader, data),
         source_file=path,
     )
+
+
+def parse_host(reader: ProfileReader, data: dict) -> HostMemory | None:
+    """The optional ``[host]`` table: ``memory`` (bytes of a node's RAM) and ``pinned_fraction`` (default
+    :data:`DEFAULT_PINNED_FRACTION`); None without the table."""
+    if "host" not in data:
+        return None
+    if not isinstance(data["host"], dict):
+        reader.fail(f"'host' must be the table [host], got {data['host']!r}", "", "host")
+    table = data["host"]
+    memory = reader.number(table, "memory", "host")
+    if memory < 1 or not float(memory).is_integer():
+        reader.fail(f"'host.memory' must be a whole number of bytes, got {table['memory']!r}", "host", "memory")
+    fraction = DEFAULT_PINNED_FRACTION
+    if "pinned_fraction" in table:
+        fraction = reader.number(table, "pinned_fraction", "host")
+        if fraction > 1:
+            reader.fail(
+                f"'host.pinned_fraction' is the share of host memory pinned copies may take, at most 1, got "
+                f"{table['pinned_fraction']!r}", "host", "pinned_fraction",
+            )
+    return HostMemory(int(memory), fraction)
 
 
 def parse_calibration(reader: ProfileReader, data: dict) -> Calibration:
@@ -529,6 +583,13 @@ def format_hardware_profile(profile: HardwareProfile, header: str = "") -> str:
         f"gpus_per_node = {profile.topology.gpus_per_node}",
         f"nodes = {profile.topology.nodes}",
     ]
+    if profile.host is not None:
+        lines += [
+            "",
+            "[host]",
+            f"memory = {profile.host.memory_bytes}",
+            f"pinned_fraction = {format_number(profile.host.pinned_fraction)}",
+        ]
     if profile.calibration.measured:
         calibration = profile.calibration
         lines += [

@@ -36,6 +36,13 @@ and after the last task, with gradients reduced across sequence-parallel ranks o
 flattened copy of the stage's gradients. The allocated peak is the largest of those moments;
 :data:`RESERVED_PER_ALLOCATED` turns it into the reserved peak.
 
+Host. With ``pipeline.offload`` every chunk's saved activations have a pinned host copy from the start of its
+``F`` to the end of its ``B`` (``ActivationOffload.release`` runs there, also when ``W`` is split off; a chunk
+prefetched back to the device keeps its host copy until then), so a stage's pinned host memory is the largest
+sum of the activation bytes of the chunks between those two ends over the walk: ``StageMemory.pinned_host``,
+0 without offload. It is the host's peak, which need not fall at the device's; how the ranks of a node add
+up, and what must fit, is schedlang.lowering.memory_budget's business.
+
 Which task sends, receives, hands on or takes what, and which task's end frees a chunk's activations, is read
 from the table of edge rules ([Note: edge rules] in schedlang.vocabulary.edges), passed as ``rules``.
 """
@@ -43,7 +50,7 @@ from the table of edge rules ([Note: edge rules] in schedlang.vocabulary.edges),
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from schedlang.lowering.memory_terms import (
@@ -108,6 +115,7 @@ class StageMemory:
     components: dict[Component, float] = field(hash=False)
     chunks_in_flight: int  # at the peak
     peak_task: TaskId | None  # the task running at the peak; None: after the step's last task
+    pinned_host: float = 0.0  # with offload, the stage's pinned host bytes at their own peak (module docstring)
 
     @property
     def allocated(self) -> float:
@@ -163,6 +171,8 @@ def _stage_memory(
         pools = graph_slots(program, order, rules) * (max(chunk_bytes) + max(chunk_transient))
 
     in_flight: dict[tuple[int, int], float] = {}  # chunk -> its activation bytes
+    on_host: dict[tuple[int, int], float] = {}  # with offload: chunk -> its pinned host copy's bytes
+    pinned_host = 0.0
     states = 0.0
     key_value = 0.0
     sent = _sent_bytes(program, order, rules) if pipeline.cuda_graphs is CudaGraphs.STEP else 0.0
@@ -203,6 +213,9 @@ def _stage_memory(
             if task.chunk == 0:
                 key_value += key_values
             in_flight[unit] = chunk_bytes[task.chunk]
+            if pipeline.offload:
+                on_host[unit] = chunk_bytes[task.chunk]
+                pinned_host = max(pinned_host, sum(on_host.values()))
             moment(task, edges.received_gradients, 0.0)
             states += one_state
         if task.kind is ActionKind.BACKWARD:
@@ -212,6 +225,7 @@ def _stage_memory(
             states -= one_state
             if task.chunk == 0:
                 key_value -= 2 * key_values
+            on_host.pop(unit, None)  # released at the end of B, split W or not
         states += one_state * (edges.gradients_handed_on - edges.gradients_taken)
         if not kept_sent:
             sent += edges.sent
@@ -219,7 +233,7 @@ def _stage_memory(
             in_flight.pop(unit, None)
     sent = kept_sent  # the step's sends are finished before its gradients are reduced
     moment(None, 0.0, _gradient_reduction_bytes(program, stage))
-    return best
+    return replace(best, pinned_host=pinned_host)
 
 
 @dataclass(frozen=True)

@@ -15,20 +15,78 @@ the chunk after its backward.
 What stays on the device: tensors whose storage the ``resident`` predicate names (the executor's:
 parameters, and the sequence-wide K/V buffers, [Note: sequence-wide K/V] in
 :mod:`schedlang.runtime.kv_buffers`, which stay on the device anyway) and tensors on another device. A tensor
-saved several times (one input of the q, k and v projections) is copied once, as long as it lives.
+saved several times (one input of the q, k and v projections, each flattening it to rows anew) is copied once,
+as long as it, or the tensor it is a view of, lives.
 
 On the CPU there is no host memory to move to: the hooks run the same bookkeeping (pack, prefetch, unpack,
 release) with the tensors themselves as the "copies", so the results are exactly those without offload.
+
+Host memory. Every chunk in flight holds its copies from its forward to the end of its backward, so a rank pins
+the saved activations of all its chunks in flight at once: at long sequences more than the host has
+(``schedlang simulate`` predicts each node's sum, schedlang.lowering.memory_budget, and ``tune`` never picks a
+schedule over it). Pinned memory cannot be swapped out, so a run past it thrashes instead of failing. On CUDA
+the offload therefore reads ``MemAvailable`` once when it is built (:class:`PinnedBudget`: an equal share for
+each of the node's ``LOCAL_WORLD_SIZE`` ranks, which cannot see each other's copies) and raises
+:class:`PinnedMemoryExhaustedError` before a copy would take its copies past it; the trainer reports it as one
+line. On the CPU there is no budget unless one is given.
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+
+from schedlang.runtime.host_memory import available_memory_bytes
+
+GIB = 2**30
+
+
+class PinnedMemoryExhaustedError(RuntimeError):
+    """Activation offload would pin more host memory than the host had available (:class:`PinnedBudget`)."""
+
+
+@dataclass
+class PinnedBudget:
+    """The host memory this rank's offload may pin (``available`` bytes), what its copies hold now (``pinned``) and
+    at most so far (``most``)."""
+
+    available: int
+    pinned: int = 0
+    most: int = 0  # the largest ``pinned`` so far
+
+    @classmethod
+    def of_this_host(cls) -> PinnedBudget | None:
+        """``MemAvailable`` now, shared equally by the node's ranks (``LOCAL_WORLD_SIZE``, torchrun's); None where
+        the system does not say."""
+        available = available_memory_bytes()
+        if available is None:
+            return None
+        ranks = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), 1)
+        return cls(available // ranks)
+
+    def take(self, n_bytes: int, chunk: Hashable) -> None:
+        """Count ``n_bytes`` more of ``chunk``'s copies, or raise :class:`PinnedMemoryExhaustedError` when they
+        would not fit (nothing is counted then)."""
+        needed = self.pinned + n_bytes
+        if needed > self.available:
+            raise PinnedMemoryExhaustedError(
+                f"pipeline.offload needs {needed / GIB:.2f} GiB of pinned host memory for this rank's saved "
+                f"activations so far (at microbatch and chunk {chunk}), but the host had "
+                f"{self.available / GIB:.2f} GiB available for it when the run started (MemAvailable, shared by "
+                "the node's ranks); every chunk in flight waits there until its backward. Use recompute = full "
+                "(it keeps only each chunk's input and needs no offload) or fewer tokens per sequence; "
+                "`schedlang simulate FILE` predicts each node's pinned host memory"
+            )
+        self.pinned = needed
+        self.most = max(self.most, needed)
+
+    def give_back(self, n_bytes: int) -> None:
+        self.pinned -= n_bytes
 
 
 def storage_key(tensor: torch.Tensor) -> int:
@@ -45,6 +103,7 @@ class OffloadedChunk:
     index_of: dict[tuple, tuple[int, weakref.ref]] = field(default_factory=dict)
     device: list[torch.Tensor] | None = None
     fetched: torch.cuda.Event | None = None  # the side stream's event after the host-to-device copies
+    key: Hashable = None  # the executor's (microbatch, chunk)
 
     @property
     def host_bytes(self) -> int:
@@ -73,13 +132,18 @@ class ActivationOffload:
     """The saved tensors of the chunks between their forward and their backward, in host memory.
 
     ``device``: the compute device. ``resident(tensor)``: whether a saved tensor stays where it is
-    (see the note). Chunks are named by any hashable key, the executor's ``(microbatch, chunk)``.
+    (see the note). Chunks are named by any hashable key, the executor's ``(microbatch, chunk)``. ``budget``:
+    the host memory its copies may take; on CUDA without one, :meth:`PinnedBudget.of_this_host`, on the CPU
+    none (the note, "Host memory").
     """
 
-    def __init__(self, device: torch.device, resident: Callable[[torch.Tensor], bool]) -> None:
+    def __init__(
+        self, device: torch.device, resident: Callable[[torch.Tensor], bool], budget: PinnedBudget | None = None
+    ) -> None:
         self.device = device
         self.resident = resident
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.budget = budget if budget is not None or self.stream is None else PinnedBudget.of_this_host()
         self.chunks: dict[Hashable, OffloadedChunk] = {}
         self.counts = OffloadCounts()
 
@@ -88,7 +152,7 @@ class ActivationOffload:
         """Run a chunk's forward inside this block: what autograd saves goes to the host."""
         if key in self.chunks:
             raise RuntimeError(f"chunk {key} was offloaded twice without a backward between")
-        chunk = self.chunks[key] = OffloadedChunk()
+        chunk = self.chunks[key] = OffloadedChunk(key=key)
         with torch.autograd.graph.saved_tensors_hooks(lambda tensor: self._pack(chunk, tensor), self._unpack):
             yield chunk
 
@@ -115,7 +179,9 @@ class ActivationOffload:
 
     def release(self, key: Hashable) -> None:
         """Forget ``key``'s copies (after its backward)."""
-        self.chunks.pop(key, None)
+        chunk = self.chunks.pop(key, None)
+        if chunk is not None and self.budget is not None:
+            self.budget.give_back(chunk.host_bytes)
 
     def _pack(self, chunk: OffloadedChunk, tensor: torch.Tensor) -> torch.Tensor | _HostSaved:
         self.counts.packed += 1
@@ -126,11 +192,15 @@ class ActivationOffload:
         identity = (storage_key(tensor), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()),
                     tensor.dtype, tensor._version)
         index, copied = chunk.index_of.get(identity, (None, None))
-        # an address names the same data only while the tensor copied from it lives: once it is freed, the
-        # allocator may give its memory to a new tensor of the same shape
+        # an address names the same data only while the tensor that owns it lives: once it is freed, the
+        # allocator may give its memory to a new tensor of the same shape. A view (a linear layer's input
+        # flattened to rows, made anew by each layer that reads it) dies at once, so the owner is its base
         if index is None or copied() is None:
+            if self.budget is not None:
+                self.budget.take(tensor.numel() * tensor.element_size(), chunk.key)
             index = len(chunk.host)
-            chunk.index_of[identity] = (index, weakref.ref(tensor))
+            owner = tensor if tensor._base is None else tensor._base
+            chunk.index_of[identity] = (index, weakref.ref(owner))
             chunk.host.append(self._copy_to_host(tensor))
             self.counts.copied += 1
         return _HostSaved(chunk, index)

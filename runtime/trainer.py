@@ -38,6 +38,7 @@ from schedlang.runtime.step_graphs import StepGraphs
 from schedlang.runtime.mesh import RuntimeMesh, init_mesh, tied_embedding_group
 from schedlang.runtime.mixer_base import SequenceParallelContext
 from schedlang.runtime.model import build_stage_model
+from schedlang.runtime.offload import PinnedMemoryExhaustedError
 from schedlang.runtime.p2p import StageMessenger
 from schedlang.runtime.progress import StepMetrics, StepReporter
 from schedlang.runtime.step_loss import PendingLoss, StepClock
@@ -396,6 +397,8 @@ class Trainer:
             if pending is not None:
                 report(*pending)
         except DataFileError as error:  # a data file that changed under the run ([Note: truncated tokens])
+            raise SystemExit(f"schedlang: error: {error}") from None
+        except PinnedMemoryExhaustedError as error:  # offload past the host's memory ([Note: activation offload])
             raise SystemExit(f"schedlang: error: {error}") from None
         finally:
             if reporter is not None:

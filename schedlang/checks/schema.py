@@ -125,7 +125,12 @@ COMPILER_KEYS: tuple[Key, ...] = (
         doc=(
             "`true`: the activations a chunk's forward saves for its backward wait in pinned host memory, copied out "
             "on a side stream while the forward computes and back ahead of the backward (on the CPU the mechanism runs "
-            "but moves nothing); not with `recompute = full`, which saves none, nor with `cuda_graphs`"
+            "but moves nothing); not with `recompute = full`, which saves none, nor with `cuda_graphs`. Every chunk "
+            "in flight keeps its copies until its backward, so a stage pins about a whole sequence's saved "
+            "activations, and a node's ranks add up: that must fit the host's memory (`schedlang simulate FILE` "
+            "prints it per stage and node, and refuses a node over `--host-memory`'s pinned share; `tune` never "
+            "picks such a schedule; docs/cost-model.md, \"Host memory\"). A run that would pin more than the host "
+            "has available stops with an error"
         ),
         value_doc="`true`, `false`",
     ),

@@ -3,7 +3,8 @@
 It times every part the schedule's model has (each layer kind as a mixer alone, the MLP, the embedding, the
 head with its loss; attention also at prefix lengths) with the runtime's own modules
 (:mod:`schedlang.runtime.profiling`) at several chunk lengths (the schedule's own among them), the device's
-memory bandwidth and, on CUDA, the copy to pinned host memory; with several GPUs visible it also times
+memory bandwidth and, on CUDA, the copy to pinned host memory, and records the machine's RAM as the node's host
+memory (``[host] memory``, what offloaded activations share); with several GPUs visible it also times
 ``torch.distributed`` point-to-point, all-gather and reduce-scatter among them. What it cannot measure (links
 on one GPU, launch gaps under CUDA graphs, links across nodes) comes from the H200 profile's defaults, and
 both the command's output and the file's header say which figures are defaults. ``--budget`` seconds bound the
@@ -364,15 +365,20 @@ def measure_parts(args: argparse.Namespace, program, started: float):
         from schedlang.runtime.profiling import measure_links
 
         links = measure_links(gpus, "nccl", "cuda")
-    profile, header = build_profile(args, program, device, timings, memory_bandwidth, offload_bandwidth, links, gpus)
+    from schedlang.runtime.host_memory import physical_memory_bytes
+
+    host_bytes = physical_memory_bytes()
+    profile, header = build_profile(
+        args, program, device, timings, memory_bandwidth, offload_bandwidth, links, gpus, host_bytes
+    )
     return profile, header + f"\n{len(timings)} measurements" + left_out(skipped)
 
 
-def build_profile(args, program, device, timings, memory_bandwidth, offload_bandwidth, links, gpus):
-    """The :class:`HardwareProfile` of the measurements, the defaults for the rest, and a header naming both."""
+def build_profile(args, program, device, timings, memory_bandwidth, offload_bandwidth, links, gpus, host_bytes=None):
+    """The :class:`HardwareProfile` of the measurements, the defaults for the rest, and a header naming both.
+    ``host_bytes`` is the machine's RAM (None: unknown, and the profile states no ``[host]``)."""
     from schedlang.lowering.hardware_profile import (
-        Curve, HardwareProfile, LayerMeasurement, Link, LinkClass, Offload, Origin, Overhead, ProfiledPart,
-        Topology, resolve_hardware,
+        HardwareProfile, HostMemory, Link, LinkClass, Offload, Origin, Overhead, Topology, resolve_hardware,
     )
 
     defaults = resolve_hardware(DEFAULTS_PROFILE)
@@ -399,18 +405,22 @@ def build_profile(args, program, device, timings, memory_bandwidth, offload_band
         links=link_records,
         topology=Topology(max(gpus, 1) if links else defaults.topology.gpus_per_node, 1),
         layers=tuple(layers),
+        host=None if host_bytes is None else HostMemory(host_bytes),
     )
     default_figures = ["graph launch gaps per layer (overhead.graph_layer_seconds)", "inter-node link"]
     if links is None:
         default_figures.insert(0, "every link (one device visible: nothing to measure between devices)")
     if offload_bandwidth is None:
         default_figures.append("offload bandwidth")
+    if host_bytes is None:
+        default_figures.append("host memory")
     header = "\n".join([
         f"Measured by `schedlang profile {Path(args.file).name} --device {device.type}` on {device_name}.",
         f"measured: {', '.join(sorted({timing.part for timing in timings}))} at {sorted({t.tokens for t in timings})} "
         "tokens; memory bandwidth" + (", offload bandwidth" if offload_bandwidth else "")
         + (f", links among {gpus} GPUs" if links else ""),
         f"from the {defaults.name} profile's defaults, not measured: {'; '.join(default_figures)}",
+        *host_memory_line(host_bytes, gpus, links is not None),
     ])
     return profile, header
 
@@ -445,6 +455,16 @@ def layer_measurements(program, timings) -> tuple:
             weight=Curve(tokens, tuple(timing.weight_s for timing in rows)),
         ))
     return tuple(layers)
+
+
+def host_memory_line(host_bytes: int | None, gpus: int, links_measured: bool) -> list[str]:
+    """The header's line on the host memory recorded: whose it is, and which GPUs share it."""
+    if host_bytes is None:
+        return []
+    shared = (f"shared by the {gpus} GPUs of this node" if links_measured else
+              f"this machine's, with {gpus} GPU{'' if gpus == 1 else 's'} visible, while topology.gpus_per_node "
+              "comes from the defaults: give --host-memory for a node of another size")
+    return [f"host memory: {host_bytes / 2**30:.1f} GiB of RAM ({shared})"]
 
 
 def median_or_zero(seconds: list[float], device) -> float:

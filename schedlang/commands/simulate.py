@@ -14,8 +14,15 @@ schedlang.runtime.packing) for the most document pieces a chunk of the data can 
 (schedlang.preflight.with_document_pieces); the table says so, and ``--json`` gives ``document_pieces``: per
 chunk length its pieces and the operators' padded tokens per sequence (null without packing).
 
+With ``pipeline.offload`` it also prints each stage's pinned host memory (every chunk in flight keeps its saved
+activations there) and each node's sum against ``--host-memory``'s pinned share (one node's host memory; the
+hardware profile's ``[host]`` by default, docs/cost-model.md, "Host memory"); a node over it is an error that
+names the node, the stage and the term, and the exit status is 1 (``--json``: ``pinned_host`` per stage, and
+``host_memory`` with each node's bytes and the misfits). Device memory is judged only by ``--fit``.
+
 ``--fit`` asks the memory model the longest sequence this model and mesh can train on a device of
-``--device-memory`` and the chunk count to cut it into (:mod:`schedlang.commands.simulate_fit`).
+``--device-memory`` (and, offloading, a host of ``--host-memory``) and the chunk count to cut it into
+(:mod:`schedlang.commands.simulate_fit`).
 
 ``--split-backward`` simulates the schedule as if it set ``pipeline {
 split_backward = true }``: every backward's weight gradients become a ``W``
@@ -54,6 +61,8 @@ from schedlang.commands.simulate_fit import (
     add_fit_arguments,
     check_fit_arguments,
     document_pieces_rows,
+    host_budget_text,
+    host_memory_fields,
     padding_line,
     run_fit,
 )
@@ -92,9 +101,34 @@ def memory_fields(memory) -> list[dict]:
             "reserved": stage.reserved / GIB,
             "chunks_in_flight": stage.chunks_in_flight,
             "peak_task": None if stage.peak_task is None else str(stage.peak_task),
+            "pinned_host": stage.pinned_host / GIB,
         }
         for stage in memory
     ]
+
+
+def host_fields(program, memory, budget) -> dict:
+    """The ``host_memory`` field: the budget, each node's pinned host bytes (GiB) and what does not fit there."""
+    from schedlang.lowering.memory_budget import MemoryPlace
+
+    misfits = [misfit for misfit in budget.misfits(program, memory) if misfit.place is MemoryPlace.HOST]
+    return {
+        **host_memory_fields(budget),
+        "nodes_pinned_gib": [value / GIB for value in budget.node_pinned_bytes(program, memory)],
+        "does_not_fit": [
+            {"node": misfit.node, "stage": misfit.stage.stage, "needed_gib": misfit.needed / GIB,
+             "limit_gib": misfit.limit / GIB, "term": misfit.term, "message": misfit.describe()}
+            for misfit in misfits
+        ],
+    }
+
+
+def print_host_memory(result: dict, budget) -> None:
+    """Each stage's pinned host memory and each node's sum against the budget (printed only with offload)."""
+    print(f"{'pinned host, GiB':<24}" + "".join(f"  {row['pinned_host']:>10.3f}" for row in result["memory"]))
+    host = result["host_memory"]
+    nodes = ", ".join(f"node {node}: {value:.3f}" for node, value in enumerate(host["nodes_pinned_gib"]))
+    print(f"pinned host memory per node, GiB: {nodes}; each may take {host_budget_text(budget)}")
 
 
 def print_memory_table(memory: list[dict]) -> None:
@@ -110,8 +144,9 @@ def print_memory_table(memory: list[dict]) -> None:
     print(f"{'peak during':<24}" + "".join(f"  {row['peak_task'] or 'step end':>10}" for row in memory))
 
 
-def simulate_program(program, args: argparse.Namespace) -> dict | None:
-    """Simulate one checked program under the cost model the arguments name; the JSON fields of the module doc.
+def simulate_program(program, args: argparse.Namespace, budget=None) -> dict | None:
+    """Simulate one checked program under the cost model the arguments name; the JSON fields of the module doc
+    (``host_memory`` against ``budget``, a :class:`~schedlang.lowering.memory_budget.MemoryBudget`, when given).
     None after printing why the program is illegal."""
     from schedlang.compiler import Pass
     from schedlang.lowering.cost import CostModelKind
@@ -163,8 +198,23 @@ def simulate_program(program, args: argparse.Namespace) -> dict | None:
         ),
         "eq15_makespan_unit": stateflow_makespan(program.n_stages, program.n_microbatches, program.n_chunks),
         "memory": memory_fields(compilation.memory),
+        "host_memory": None if budget is None else host_fields(program, compilation.memory, budget),
         "document_pieces": document_pieces_rows(program.document_pieces),
     }
+
+
+def host_misfit_errors(result: dict, args: argparse.Namespace, variant: str = "") -> list[str]:
+    """One error per node whose pinned host memory does not fit ([] when every node fits, or no budget);
+    ``variant`` names a swept row."""
+    host = result.get("host_memory")
+    if not host:
+        return []
+    return [
+        f"schedlang simulate: error: {args.file}{variant}: does not fit the host: {misfit['message']}\n"
+        "  hint: recompute = full saves only each chunk's input and needs no offload; or train fewer tokens per "
+        "sequence, or give the node's real memory with --host-memory"
+        for misfit in host["does_not_fit"]
+    ]
 
 
 
@@ -211,7 +261,7 @@ def with_split_backward(program, args: argparse.Namespace):
     return revise(program, split_backward=True)
 
 
-def sweep(program, args: argparse.Namespace) -> list[dict] | None:
+def sweep(program, args: argparse.Namespace, budget=None) -> list[dict] | None:
     """One result per (``--chunks`` count, ``--extra-warmup`` value), or None after printing why one cannot be
     simulated. A flag left out keeps the schedule's own value; ``program`` is already split as
     ``--split-backward`` asks."""
@@ -247,7 +297,7 @@ def sweep(program, args: argparse.Namespace) -> list[dict] | None:
             except ScheduleError as error:
                 print(error.render(), file=sys.stderr)
                 return None
-            result = simulate_program(variant, args)
+            result = simulate_program(variant, args, budget)
             if result is None:
                 return None
             results.append(result)
@@ -279,6 +329,10 @@ def print_sweep(results: list[dict], args: argparse.Namespace) -> None:
             f"{result['peak_activations'][0]:>26.4g}" + ("  <- shortest" if index == best and len(results) > 1 else "")
         )
     print(PEAK_ACTIVATIONS_UNIT)
+    for result in results:
+        variant = f" ({result['n_chunks']} chunks, extra_warmup = {result['extra_warmup']})"
+        for error in host_misfit_errors(result, args, variant):
+            print(error, file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -290,7 +344,7 @@ def run(args: argparse.Namespace) -> int:
     from schedlang.compiler import Pass
     from schedlang.frontend import load_program
 
-    device_memory = check_fit_arguments(args)
+    budget = check_fit_arguments(args)
     program = load_program(args.file)
     if compile_legal(program, Pass.LEGALITY) is None:
         return 1
@@ -303,22 +357,23 @@ def run(args: argparse.Namespace) -> int:
     if program is None:
         return 1
     if args.fit:
-        return run_fit(program, args, device_memory)
+        return run_fit(program, args, budget)
     if args.chunks or args.extra_warmup:
-        results = sweep(program, args)
+        results = sweep(program, args, budget)
         if results is None:
             return 1
         if args.json:
             print(strict_json({"file": str(args.file), "sweep": results}))
         else:
             print_sweep(results, args)
-        return 0
-    result = simulate_program(program, args)
+        return 1 if any(host_misfit_errors(result, args) for result in results) else 0
+    result = simulate_program(program, args, budget)
     if result is None:
         return 1
+    errors = host_misfit_errors(result, args)
     if args.json:
         print(strict_json(result))
-        return 0
+        return 1 if errors else 0
     print(
         f"{args.file}: {counted(program.n_stages, 'stage')} x "
         f"{counted(program.n_microbatches, 'microbatch', 'microbatches')} x {counted(program.n_chunks, 'chunk')}, "
@@ -337,6 +392,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{stage:>5}  {result['busy_time'][stage]:>12.6g}  {result['peak_activations'][stage]:>16.4g}")
     print(PEAK_ACTIVATIONS_UNIT)
     print_memory_table(result["memory"])
+    if program.pipeline.offload:
+        print_host_memory(result, budget)
     for row in result["document_pieces"] or ():
         print(padding_line(row))
-    return 0
+    for error in errors:
+        print(error, file=sys.stderr)
+    return 1 if errors else 0

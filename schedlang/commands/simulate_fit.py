@@ -4,9 +4,10 @@ For lengths that are multiples of ``step`` up to ``--max-length`` and chunk coun
 ``--max-chunks`` (each chunk a whole number of ``sequence.kernel_chunk`` tokens), every candidate is the
 schedule revised by :func:`schedlang.compiler.revise` (so checked as the file would be; with packed documents,
 its padding measured for its chunk lengths: schedlang.preflight.with_document_pieces) and compiled through
-the cost pass under the ``flops`` model with the hardware options given; it fits when every stage's predicted
-reserved peak (:mod:`schedlang.lowering.memory_peak`) plus :data:`OUTSIDE_THE_ALLOCATOR` is at most
-``--device-memory``. A length fits when one of its chunk counts does; the predicted peak grows with the length
+the cost pass under the ``flops`` model with the hardware options given; it fits when the memory budget finds no
+misfit (:class:`schedlang.lowering.memory_budget.MemoryBudget`): every stage's predicted reserved peak
+(:mod:`schedlang.lowering.memory_peak`) plus ``OUTSIDE_THE_ALLOCATOR`` at most ``--device-memory`` and, with
+``pipeline.offload``, every node's pinned host bytes within ``--host-memory``'s pinned share. A length fits when one of its chunk counts does; the predicted peak grows with the length
 at each chunk count, so the search asks at ``step``, ``2 step``, ``4 step``, ... until a length does not fit
 (or ``--max-length`` does), then bisects in steps of ``--step``: about ``2 log2(max_length / step)`` lengths
 rather than every one. The proposal is the longest length found whose next step does not fit, with its fastest
@@ -17,11 +18,15 @@ With ``--fit-recompute`` the search also chooses ``pipeline.recompute``, stage b
 first compiled under every mode; a stage's peak depends only on its own mode, so each stage takes, of the
 modes under which its peak fits, the one whose schedule simulated fastest, and the candidate is the schedule
 with those modes (one mode when every stage chose the same). A candidate whose stages cannot all fit is
-the ``full`` one (the smallest peaks).
+the ``full`` one (the smallest peaks). Offloading stages of one node share its host memory, so where the
+stages' choices together do not fit it, the candidate is the fastest single mode that fits whole.
 
 ``--device-memory`` reads a number and a unit (``80GB``, ``141GiB``, ``1.5TiB``, ``512MiB``); the default is
-what torch reports for an H200 (:data:`DEFAULT_DEVICE_MEMORY`). A size it cannot read is reported at its
-column of the command line, with a caret.
+what torch reports for an H200 (:data:`DEFAULT_DEVICE_MEMORY`). ``--host-memory`` reads a node's host RAM the
+same way; the default is the hardware profile's ``[host]`` memory, else
+:data:`~schedlang.lowering.hardware_profile.DEFAULT_HOST_MEMORY_BYTES`. A size it cannot read is reported at
+its column of the command line, with a caret. :func:`read_memory_budget` reads both, for ``simulate`` and
+``tune`` alike.
 """
 
 from __future__ import annotations
@@ -29,9 +34,14 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from typing import TYPE_CHECKING
 
 from schedlang.vocabulary import Recompute, StageRecompute, recompute_text
+
+if TYPE_CHECKING:  # imported where used: every command's parser is built from this module's arguments
+    from schedlang.lowering.memory_budget import MemoryBudget
 
 GIB = 2**30
 
@@ -45,11 +55,6 @@ SIZE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[A-Za-z]*)")
 DEFAULT_DEVICE_MEMORY = "140GiB"
 """An H200's memory as ``torch.cuda.get_device_properties().total_memory`` reports it (about 140.4 GiB; the
 "141 GB" of the data sheet is decimal), rounded down."""
-
-OUTSIDE_THE_ALLOCATOR = 1.5 * GIB
-"""Device memory a training process uses outside PyTorch's caching allocator, so that ``max_memory_reserved``
-does not see it: the CUDA context with its kernel images (cuBLAS, Triton's compiled kernels) and NCCL's
-communicator buffers. An assumed allowance, like [Note: reserved memory] in schedlang.lowering.memory_peak."""
 
 DEFAULT_STEP = 16384
 DEFAULT_MAX_LENGTH = 16777216
@@ -67,6 +72,7 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
         "--device-memory", default=DEFAULT_DEVICE_MEMORY, metavar="SIZE",
         help=f"with --fit: one device's memory, like 80GB or 141GiB (default {DEFAULT_DEVICE_MEMORY}, an H200)",
     )
+    add_host_memory_argument(parser)
     parser.add_argument(
         "--step", type=int, default=DEFAULT_STEP, metavar="TOKENS",
         help=f"with --fit: try sequence lengths in multiples of this (default {DEFAULT_STEP})",
@@ -83,6 +89,19 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
         "--fit-recompute", action="store_true",
         help="with --fit: also choose each stage's recompute mode (the fastest whose peak fits)",
     )
+
+
+HOST_MEMORY_HELP = (
+    "one node's host memory, like 512GiB, which pipeline.offload's pinned copies share (default: the --hardware "
+    "profile's [host] memory, else 128GiB; pinned copies may take its pinned_fraction of it, else 75%%)"
+)
+"""The defaults it names are schedlang.lowering.hardware_profile's, written out so that building the parser
+imports no lowering (tests/lowering/test_memory_budget.py holds them equal)."""
+
+
+def add_host_memory_argument(parser: argparse.ArgumentParser) -> None:
+    """``--host-memory SIZE``: one node's host RAM, which offloaded activations share (``simulate`` and ``tune``)."""
+    parser.add_argument("--host-memory", default=None, metavar="SIZE", help=HOST_MEMORY_HELP)
 
 
 class SizeError(ValueError):
@@ -108,24 +127,40 @@ def parse_size(text: str) -> int:
         raise SizeError(f"unknown unit '{unit}': write one of {known}", start, start + max(len(unit), 1))
     size = float(match.group("number")) * SIZE_UNITS[unit.upper()]
     if size <= 0:
-        raise SizeError("the device memory must be positive", offset, len(text.rstrip()))
+        raise SizeError("a memory size must be positive", offset, len(text.rstrip()))
     return int(size)
 
 
-def check_fit_arguments(args: argparse.Namespace) -> int:
-    """The device memory in bytes; refuses bad ``--fit`` options before any work, a bad size at its column."""
-    from schedlang.checks.sequence import MAX_LENGTH
-    from schedlang.limits import MAX_CHUNKS
+def read_size_flag(text: str, flag: str, command: str) -> int:
+    """Bytes of ``flag``'s ``text``, or exit with the size's error at its column of ``command flag text``."""
     from schedlang.vocabulary import Span, render_message
 
     try:
-        device_memory = parse_size(args.device_memory)
+        return parse_size(text)
     except SizeError as error:
-        prefix = f"schedlang simulate {args.file} --fit --device-memory "
-        line = prefix + args.device_memory
+        prefix = f"{command} {flag} "
         start, end = len(prefix) + error.start + 1, len(prefix) + max(error.end, error.start + 1) + 1
         span = Span("<command line>", 1, start, 1, end)
-        raise SystemExit(render_message(span, f"--device-memory: {error}", line)) from None
+        raise SystemExit(render_message(span, f"{flag}: {error}", prefix + text)) from None
+
+
+def read_memory_budget(args: argparse.Namespace, command: str) -> MemoryBudget:
+    """The :class:`MemoryBudget` of ``--device-memory``, ``--host-memory`` and ``--hardware`` (read already by
+    ``check_hardware_arguments``); ``command`` is the command line before the flags, for the caret of a bad size."""
+    from schedlang.commands.common import load_hardware_option
+    from schedlang.lowering.memory_budget import MemoryBudget
+
+    device_memory = read_size_flag(args.device_memory, "--device-memory", command)
+    host_memory = None if args.host_memory is None else read_size_flag(args.host_memory, "--host-memory", command)
+    return MemoryBudget.of(device_memory, host_memory, load_hardware_option(args, command.split()[1]))
+
+
+def check_fit_arguments(args: argparse.Namespace) -> MemoryBudget:
+    """The memory budget; refuses bad ``--fit`` options before any work, a bad size at its column."""
+    from schedlang.checks.sequence import MAX_LENGTH
+    from schedlang.limits import MAX_CHUNKS
+
+    budget = read_memory_budget(args, f"schedlang simulate {args.file}" + (" --fit" if args.fit else ""))
     for flag, value, most in (
         ("--step", args.step, MAX_LENGTH),
         ("--max-length", args.max_length, MAX_LENGTH),
@@ -142,7 +177,7 @@ def check_fit_arguments(args: argparse.Namespace) -> int:
     if args.fit and (args.chunks or args.extra_warmup):
         raise SystemExit("schedlang simulate: error: --fit chooses the chunk count itself; leave out --chunks "
                          "and --extra-warmup (write extra_warmup in the file)")
-    return device_memory
+    return budget
 
 
 @dataclass(frozen=True)
@@ -156,19 +191,25 @@ class Candidate:
     tokens_per_step: int
     recompute: StageRecompute  # the schedule's pipeline.recompute in this candidate
     document_pieces: list[dict] | None = None  # packed documents: document_pieces_rows of the candidate
+    memory: tuple = field(default=(), compare=False, repr=False)  # the memory pass's StageMemory per stage
+    program: object = field(default=None, compare=False, repr=False)  # the revised program
 
     @property
     def tokens_per_second(self) -> float:
         return self.tokens_per_step / self.makespan if self.makespan > 0 else 0.0
 
-    def fits(self, device_memory: int) -> bool:
-        return max(self.reserved) + OUTSIDE_THE_ALLOCATOR <= device_memory
+    def misfits(self, budget: MemoryBudget) -> tuple:
+        return budget.misfits(self.program, self.memory)
+
+    def fits(self, budget: MemoryBudget) -> bool:
+        return not self.misfits(budget)
 
     def as_json(self) -> dict:
         return {
             "length": self.length,
             "n_chunks": self.n_chunks,
             "reserved_gib": [value / GIB for value in self.reserved],
+            "pinned_host_gib": [stage.pinned_host / GIB for stage in self.memory],
             "makespan": self.makespan,
             "tokens_per_second": self.tokens_per_second,
             "recompute": recompute_text(self.recompute),
@@ -242,11 +283,13 @@ def evaluate(program, length: int, n_chunks: int, cost, recompute: StageRecomput
         tokens,
         variant.pipeline.recompute,
         document_pieces_rows(variant.document_pieces),
+        memory,
+        variant,
     )
 
 
 def evaluate_choosing_recompute(
-    program, length: int, n_chunks: int, cost, device_memory: int
+    program, length: int, n_chunks: int, cost, budget: MemoryBudget
 ) -> Candidate | None:
     """The candidate with each stage's recompute mode chosen (the module docstring's ``--fit-recompute``)."""
     under = {mode: evaluate(program, length, n_chunks, cost, mode) for mode in Recompute}
@@ -258,15 +301,18 @@ def evaluate_choosing_recompute(
         fitting = [
             (candidate.makespan, mode)
             for mode, candidate in under.items()
-            if candidate.reserved[stage] + OUTSIDE_THE_ALLOCATOR <= device_memory
+            if budget.stage_fits(candidate.reserved[stage])
+            and budget.stage_fits_host(candidate.memory[stage].pinned_host)
         ]
         if not fitting:
             return under.get(Recompute.FULL) or min(under.values(), key=lambda candidate: max(candidate.reserved))
         chosen.append(min(fitting)[1])
     modes = tuple(chosen)
-    if len(set(modes)) == 1:
-        return under[modes[0]]
-    return evaluate(program, length, n_chunks, cost, modes)
+    combined = under[modes[0]] if len(set(modes)) == 1 else evaluate(program, length, n_chunks, cost, modes)
+    if combined is None or combined.fits(budget):
+        return combined
+    whole = [candidate for candidate in under.values() if candidate.fits(budget)]  # a node's host binds
+    return min(whole, key=lambda candidate: candidate.makespan) if whole else combined
 
 
 @dataclass(frozen=True)
@@ -276,7 +322,7 @@ class FitResult:
     tried: tuple[Candidate, ...]
 
 
-def search(program, args: argparse.Namespace, device_memory: int) -> FitResult:
+def search(program, args: argparse.Namespace, budget: MemoryBudget) -> FitResult:
     """The longest multiple of ``--step`` up to ``--max-length`` that fits, found by doubling and then bisection
     (see the module docstring)."""
     from schedlang.commands.common import cost_settings_from_arguments
@@ -303,7 +349,7 @@ def search(program, args: argparse.Namespace, device_memory: int) -> FitResult:
         if steps not in tried:
             length = steps * step
             evaluated = (
-                evaluate_choosing_recompute(program, length, n_chunks, cost, device_memory) if args.fit_recompute
+                evaluate_choosing_recompute(program, length, n_chunks, cost, budget) if args.fit_recompute
                 else evaluate(program, length, n_chunks, cost)
                 for n_chunks in chunk_counts(length, kernel_chunk, args.max_chunks)
             )
@@ -311,12 +357,12 @@ def search(program, args: argparse.Namespace, device_memory: int) -> FitResult:
         return tried[steps]
 
     def fits_at(steps: int) -> bool:
-        return any(candidate.fits(device_memory) for candidate in candidates_at(steps))
+        return any(candidate.fits(budget) for candidate in candidates_at(steps))
 
     fitting_steps, refused_steps = longest_true(fits_at, most_steps)
     proposal = None
     if fitting_steps:
-        fitting = [candidate for candidate in candidates_at(fitting_steps) if candidate.fits(device_memory)]
+        fitting = [candidate for candidate in candidates_at(fitting_steps) if candidate.fits(budget)]
         proposal = max(fitting, key=lambda candidate: candidate.tokens_per_second)
     refused = None
     if refused_steps is not None:
@@ -367,7 +413,8 @@ def refuse_explicit_partition(program) -> str | None:
     )
 
 
-def run_fit(program, args: argparse.Namespace, device_memory: int) -> int:
+def run_fit(program, args: argparse.Namespace, budget: MemoryBudget) -> int:
+    from schedlang.lowering.memory_budget import OUTSIDE_THE_ALLOCATOR
     from schedlang.outputs import strict_json
 
     refusal = refuse_explicit_partition(program)
@@ -381,14 +428,15 @@ def run_fit(program, args: argparse.Namespace, device_memory: int) -> int:
             file=sys.stderr,
         )
         return 1
-    result = search(program, args, device_memory)
+    result = search(program, args, budget)
     if args.json:
         print(
             strict_json(
                 {
                     "file": str(args.file),
-                    "device_memory_gib": device_memory / GIB,
+                    "device_memory_gib": budget.device_bytes / GIB,
                     "outside_the_allocator_gib": OUTSIDE_THE_ALLOCATOR / GIB,
+                    "host_memory": host_memory_fields(budget),
                     "step": args.step,
                     "max_length": args.max_length,
                     "fits": None if result.proposal is None else result.proposal.as_json(),
@@ -398,7 +446,7 @@ def run_fit(program, args: argparse.Namespace, device_memory: int) -> int:
             )
         )
         return 0 if result.proposal is not None else 1
-    print_fit(result, args, device_memory)
+    print_fit(result, args, budget)
     return 0 if result.proposal is not None else 1
 
 
@@ -406,26 +454,53 @@ def _peaks(candidate: Candidate) -> str:
     return " / ".join(f"{value / GIB:.1f}" for value in candidate.reserved)
 
 
-def print_fit(result: FitResult, args: argparse.Namespace, device_memory: int) -> None:
-    budget = f"{device_memory / GIB:.1f} GiB ({OUTSIDE_THE_ALLOCATOR / GIB:g} GiB of it outside PyTorch's allocator)"
-    print(f"{args.file}: fitting one device of {budget}, lengths in steps of {args.step} tokens")
+def host_memory_fields(budget: MemoryBudget) -> dict:
+    """The ``host_memory`` field of ``--json``: a node's host memory, the share pinned copies may take, in GiB."""
+    return {
+        "memory_gib": budget.host.memory_bytes / GIB,
+        "pinned_fraction": budget.host.pinned_fraction,
+        "pinned_limit_gib": budget.host.pinned_limit / GIB,
+        "gpus_per_node": budget.gpus_per_node,
+    }
+
+
+def host_budget_text(budget: MemoryBudget) -> str:
+    """A node's pinned share, as the tables say it."""
+    host = budget.host
+    return (
+        f"{host.pinned_limit / GIB:.2f} GiB of pinned host memory per node of {budget.gpus_per_node} "
+        f"GPU{'s' if budget.gpus_per_node > 1 else ''} ({host.pinned_fraction:.0%} of {host.memory_bytes / GIB:.2f} GiB)"
+    )
+
+
+def print_fit(result: FitResult, args: argparse.Namespace, budget: MemoryBudget) -> None:
+    from schedlang.lowering.memory_budget import OUTSIDE_THE_ALLOCATOR
+
+    device = f"{budget.device_bytes / GIB:.1f} GiB ({OUTSIDE_THE_ALLOCATOR / GIB:g} GiB of it outside PyTorch's allocator)"
+    offloads = any(candidate.program.pipeline.offload for candidate in result.tried)
+    host = f" and {host_budget_text(budget)}" if offloads else ""
+    print(f"{args.file}: fitting one device of {device}{host}, lengths in steps of {args.step} tokens")
     profile = getattr(args, "hardware_profile", None)
     if profile is not None:  # tokens/s come from its curves (schedlang.commands.common.load_hardware_option)
         print(profile.describe())
     recompute_column = f"  {'recompute':>16}" if args.fit_recompute else ""
-    print(f"{'length':>9}  {'chunks':>6}  {'reserved GiB per stage':>24}  {'tokens/s':>12}{recompute_column}  fits")
+    host_column = f"  {'host GiB':>8}" if offloads else ""  # the fullest node's pinned host memory
+    print(f"{'length':>9}  {'chunks':>6}  {'reserved GiB per stage':>24}  {'tokens/s':>12}{recompute_column}"
+          f"{host_column}  fits")
     shown = {candidate.length for candidate in (result.proposal, result.refused) if candidate is not None}
     for candidate in (candidate for candidate in result.tried if candidate.length in shown):
-        fits = "yes" if candidate.fits(device_memory) else "no"
+        fits = "yes" if candidate.fits(budget) else "no"
         recompute = f"  {recompute_text(candidate.recompute):>16}" if args.fit_recompute else ""
+        host = (f"  {max(budget.node_pinned_bytes(candidate.program, candidate.memory)) / GIB:>8.2f}"
+                if offloads else "")
         print(
             f"{candidate.length:>9}  {candidate.n_chunks:>6}  {_peaks(candidate):>24}  "
-            f"{candidate.tokens_per_second:>12,.0f}{recompute}  {fits}"
+            f"{candidate.tokens_per_second:>12,.0f}{recompute}{host}  {fits}"
         )
     if result.proposal is None:
         first = result.refused
         detail = f": at {first.length} tokens the smallest peak is {_peaks(first)} GiB" if first else ""
-        print(f"nothing fits{detail}")
+        print(f"nothing fits{detail}" + _host_binds(first, budget))
         return
     best = result.proposal
     print(
@@ -439,4 +514,15 @@ def print_fit(result: FitResult, args: argparse.Namespace, device_memory: int) -
         print(f"(every length up to --max-length {args.max_length} fits)")
     else:
         refused = result.refused
-        print(f"{refused.length} tokens does not fit: at best {_peaks(refused)} GiB ({refused.n_chunks} chunks)")
+        print(f"{refused.length} tokens does not fit: at best {_peaks(refused)} GiB ({refused.n_chunks} chunks)"
+              + _host_binds(refused, budget))
+
+
+def _host_binds(candidate: Candidate | None, budget: MemoryBudget) -> str:
+    """Where the host memory binds ``candidate``, which its device peaks alone do not say (empty if it does not)."""
+    from schedlang.lowering.memory_budget import MemoryPlace
+
+    if candidate is None:
+        return ""
+    host = [misfit for misfit in candidate.misfits(budget) if misfit.place is MemoryPlace.HOST]
+    return f"; the host binds: it {host[0].describe()}" if host else ""

@@ -5,7 +5,8 @@ graphs, the 1F1B warm-up, split backward and the placement of ``W``, the stage s
 file's global batch, the sequence-parallel method, and with ``--world W`` the mesh) by the pruned search of
 :mod:`schedlang.tuning.search`: every candidate is the file revised by :func:`schedlang.compiler.revise` and
 compiled through the cost pass, so ``check`` accepts it, and every stage's predicted reserved peak fits
-``--device-memory``. Prints the ``--top`` fastest (predicted step time, tokens/s, reserved peak per stage,
+``--device-memory`` and, where it offloads, every node's pinned host memory fits its share of ``--host-memory``
+(the hardware profile's ``[host]`` by default; :mod:`schedlang.lowering.memory_budget`). Prints the ``--top`` fastest (predicted step time, tokens/s, reserved peak per stage,
 what differs from the file), with progress on standard error; ``--json`` prints them as an object. With
 ``-o OUT`` the fastest is written as a schedule file: the file's text with the changed keys rewritten in place
 (comments and the order of the other keys kept) and its relative paths moved to OUT's directory; an existing
@@ -15,7 +16,8 @@ OUT is replaced only with ``--force``, and never the input.
 ``--max-length`` at which anything of the space fits (memory only, as ``simulate --fit`` searches lengths),
 then tunes there. ``--device cpu`` leaves out CUDA graphs, so the pick trains on the CPU. Time comes from the
 ``flops`` cost model and its hardware options, or with ``--hardware PROFILE`` from a hardware profile's measured
-curves and links (docs/cost-model.md). Exits 1 when nothing fits, naming the stage and the memory term that bind.
+curves and links (docs/cost-model.md). Exits 1 when nothing fits, naming the stage (or the node, for host memory)
+and the memory term that bind.
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ from schedlang.commands.simulate_fit import (
     DEFAULT_MAX_LENGTH,
     DEFAULT_STEP,
     GIB,
-    OUTSIDE_THE_ALLOCATOR,
-    SizeError,
+    add_host_memory_argument,
+    host_budget_text,
     longest_true,
-    parse_size,
+    read_memory_budget,
 )
 from schedlang.outputs import strict_json
 
@@ -54,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--device-memory", default=DEFAULT_DEVICE_MEMORY, metavar="SIZE",
         help=f"one device's memory, like 80GB or 141GiB (default {DEFAULT_DEVICE_MEMORY}, an H200)",
     )
+    add_host_memory_argument(parser)
     lengths = parser.add_mutually_exclusive_group()
     lengths.add_argument("--length", type=int, default=None, metavar="TOKENS", help="tune for this sequence length")
     lengths.add_argument(
@@ -80,10 +83,9 @@ def _fail(message: str) -> SystemExit:
     return SystemExit(f"schedlang tune: error: {message}")
 
 
-def check_arguments(args: argparse.Namespace) -> int:
-    """The device memory in bytes; refuses bad flags before any work (a bad size at its column)."""
-    from schedlang.vocabulary import Span, render_message
-
+def check_arguments(args: argparse.Namespace):
+    """The memory budget (:class:`~schedlang.lowering.memory_budget.MemoryBudget`); refuses bad flags before any
+    work (a bad size at its column)."""
     check_hardware_arguments(args, "tune")  # reads --hardware, refuses it beside --cost-model
     if args.cost_model not in (None, "flops"):
         raise _fail(f"--cost-model {args.cost_model} has no seconds to rank by; tune times with the flops model "
@@ -99,13 +101,7 @@ def check_arguments(args: argparse.Namespace) -> int:
         raise _fail("-o - prints the schedule on standard output, where --json prints its object; choose one")
     if args.output not in (None, "-") and Path(args.output).exists() and not args.force:
         raise _fail(f"{args.output} already exists; give --force to replace it, or another -o")
-    try:
-        return parse_size(args.device_memory)
-    except SizeError as error:
-        prefix = f"schedlang tune {args.file} --device-memory "
-        start, end = len(prefix) + error.start + 1, len(prefix) + max(error.end, error.start + 1) + 1
-        span = Span("<command line>", 1, start, 1, end)
-        raise SystemExit(render_message(span, f"--device-memory: {error}", prefix + args.device_memory)) from None
+    return read_memory_budget(args, f"schedlang tune {args.file}")
 
 
 def cost_settings(args: argparse.Namespace):
@@ -158,12 +154,12 @@ def run(args: argparse.Namespace) -> int:
     from schedlang.preflight import check_data_file
     from schedlang.tuning.search import TuneSettings, search
 
-    device_memory = check_arguments(args)
+    budget = check_arguments(args)
     program = load_program(args.file)
     settings = TuneSettings(
-        cost=cost_settings(args), device_memory=device_memory, world=args.world, length=args.length,
+        cost=cost_settings(args), device_memory=budget.device_bytes, world=args.world, length=args.length,
         max_chunks=args.max_chunks, device=args.device, top=args.top, prune=not args.exhaustive,
-        dominated=args.dominated,
+        dominated=args.dominated, host_memory=budget.host.memory_bytes,
     )
     if args.world is not None and program.pipeline.order.value == "explicit":
         raise _fail(f"{args.file}: --world chooses the mesh, but an explicit order is written for its own mesh")
@@ -172,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         length = fit_length(program, settings, args)
         if length is None:
             print(f"schedlang tune: error: {args.file}: not even {args.step} tokens fit "
-                  f"{device_memory / GIB:.1f} GiB", file=sys.stderr)
+                  f"{budget.device_bytes / GIB:.1f} GiB and {host_budget_text(budget)}", file=sys.stderr)
             return 1
         settings = replace(settings, length=length)
     try:
@@ -181,32 +177,42 @@ def run(args: argparse.Namespace) -> int:
         raise _fail(f"{args.file}: {error}") from None
     seconds = time.monotonic() - started
     if not result.candidates:
-        print(nothing_fits(args, result, device_memory), file=sys.stderr)
+        print(nothing_fits(args, result, budget), file=sys.stderr)
         return 1
     check_data_file(result.candidates[0].program, result.candidates[0].program.source_text)  # as check does
     written = write_best(args, program, result.candidates[0]) if args.output else None
     if args.json:
-        print(strict_json(as_json(args, result, device_memory, seconds, written)))
+        print(strict_json(as_json(args, result, budget, seconds, written)))
     else:
-        print_table(args, result, device_memory, seconds, written)
+        print_table(args, result, budget, seconds, written)
     return 0
 
 
-def nothing_fits(args, result, device_memory: int) -> str:
+def nothing_fits(args, result, budget) -> str:
+    """Why nothing fits: the checker's first refusal, or the nearest miss's binding stage (node) and term."""
+    from schedlang.lowering.memory_budget import MemoryPlace
+
     miss = result.nearest_miss
-    budget = f"{device_memory / GIB:.1f} GiB"
     if miss is None:
         first = "" if result.first_refusal is None else "; the first:\n" + result.first_refusal.render()
         return f"schedlang tune: error: {args.file}: the checker refuses every candidate of the space{first}"
-    components = miss.stage.components
-    term = max(components, key=components.get)
-    return (
-        f"schedlang tune: error: {args.file}: nothing in the space fits {budget} at {result.length} tokens; the "
-        f"nearest ({miss.description}) needs {miss.needed / GIB:.2f} GiB on stage {miss.stage.stage} (with "
-        f"{OUTSIDE_THE_ALLOCATOR / GIB:g} GiB outside the allocator), whose largest term is {term.value} "
-        f"({components[term] / GIB:.2f} GiB)\n"
-        "  hint: a larger --device-memory, a shorter --length, or a --world with more pipeline stages"
+    host_miss = result.nearest_host_miss
+    space = f"{budget.device_bytes / GIB:.1f} GiB"
+    if host_miss is not None:
+        space += f" per device and {host_budget_text(budget)}"
+    message = (
+        f"schedlang tune: error: {args.file}: nothing in the space fits {space} at {result.length} tokens; the "
+        f"nearest ({miss.description}) {miss.misfit.describe()}"
     )
+    if miss.misfit.place is MemoryPlace.HOST:
+        hint = "a larger --host-memory (the node's real memory), a shorter --length, or a larger --device-memory"
+    else:
+        hint = "a larger --device-memory, a shorter --length, or a --world with more pipeline stages"
+        if host_miss is not None:  # offload fitted some device, and the host refused it
+            message += (f"; of those that fit their devices, the nearest ({host_miss.description}) "
+                        f"{host_miss.misfit.describe()}")
+            hint += "; or, where the node has it, a larger --host-memory"
+    return f"{message}\n  hint: {hint}"
 
 
 def write_best(args, program, best) -> str:
@@ -244,13 +250,16 @@ def hardware_line(settings) -> str:
             f"{hardware.bandwidth_bytes_per_s:.3g} B/s, kernel gap {hardware.kernel_gap_s:.3g} s")
 
 
-def as_json(args, result, device_memory: int, seconds: float, written) -> dict:
+def as_json(args, result, budget, seconds: float, written) -> dict:
+    from schedlang.commands.simulate_fit import host_memory_fields
+
     stats = result.stats
     return {
         "file": str(args.file),
         "cost_model": hardware_line(result.settings),
         "length": result.length,
-        "device_memory_gib": device_memory / GIB,
+        "device_memory_gib": budget.device_bytes / GIB,
+        "host_memory": host_memory_fields(budget),
         "seconds": seconds,
         "search": dict(vars(stats)),
         "candidates": [
@@ -259,6 +268,7 @@ def as_json(args, result, device_memory: int, seconds: float, written) -> dict:
                 "step_seconds": candidate.makespan,
                 "tokens_per_second": candidate.tokens_per_second,
                 "reserved_gib": [value / GIB for value in candidate.reserved],
+                "pinned_host_gib": [stage.pinned_host / GIB for stage in candidate.memory],
                 "changes": dict(candidate.changes),
                 "schedule": candidate.program.source_text,
             }
@@ -268,21 +278,27 @@ def as_json(args, result, device_memory: int, seconds: float, written) -> dict:
     }
 
 
-def print_table(args, result, device_memory: int, seconds: float, written) -> None:
+def print_table(args, result, budget, seconds: float, written) -> None:
+    from schedlang.lowering.memory_budget import OUTSIDE_THE_ALLOCATOR
+
     stats = result.stats
     if written == "-":
         return  # the schedule went to standard output
     print(
-        f"{args.file}: {result.length} tokens per sequence, {device_memory / GIB:.1f} GiB per device; "
+        f"{args.file}: {result.length} tokens per sequence, {budget.device_bytes / GIB:.1f} GiB per device; "
         f"{stats.layouts} layouts ({stats.refused} refused by the checker, {stats.explored} explored, "
         f"{stats.bounded_out} bounded out), {stats.simulated} simulated, {stats.compiled} compiled in {seconds:.1f} s; "
-        f"each stage's reserved peak fits with {OUTSIDE_THE_ALLOCATOR / GIB:g} GiB outside the allocator"
+        f"each stage's reserved peak fits with {OUTSIDE_THE_ALLOCATOR / GIB:g} GiB outside the allocator, "
+        f"and each node's offloaded activations fit {host_budget_text(budget)}"
     )
     print(hardware_line(result.settings))
-    print(f"{'rank':>4}  {'step s':>10}  {'tokens/s':>12}  {'reserved GiB per stage':>24}  changes from the file")
+    print(f"{'rank':>4}  {'step s':>10}  {'tokens/s':>12}  {'reserved GiB per stage':>24}  {'host GiB':>8}  "
+          "changes from the file")
     for rank, candidate in enumerate(result.candidates, start=1):
         peaks = " / ".join(f"{value / GIB:.2f}" for value in candidate.reserved)
+        nodes = budget.node_pinned_bytes(candidate.program, candidate.memory)
+        host = f"{max(nodes) / GIB:.2f}" if any(nodes) else "-"
         print(f"{rank:>4}  {candidate.makespan:>10.4g}  {candidate.tokens_per_second:>12,.0f}  {peaks:>24}  "
-              f"{_changes_text(candidate)}")
+              f"{host:>8}  {_changes_text(candidate)}")
     if written:
         print(f"wrote {written} (rank 1; check it with: schedlang check {written})")

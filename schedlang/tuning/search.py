@@ -4,10 +4,12 @@ the device, found by branch and bound.
 Contract. Input: a checked program (gpipe, 1f1b or explicit order) and :class:`TuneSettings`. Output: a
 :class:`TuneResult` with the ``top`` fastest fitting candidates, fastest first, each revised from the file as
 :func:`schedlang.compiler.revise` revises and compiled through the cost pass (so ``check`` accepts every one), its
-step time the simulated makespan under the settings' cost model, and every stage's predicted reserved peak
-(:mod:`schedlang.lowering.memory_peak`) plus :data:`OUTSIDE_THE_ALLOCATOR` at most the device memory; a candidate
-as fast as a listed one and no smaller on any stage is left out unless ``dominated``. Or none, with the probe that
-came nearest to fitting (its binding stage and largest memory term) or the checker's first refusal. Deterministic:
+step time the simulated makespan under the settings' cost model, and its predicted memory
+(:mod:`schedlang.lowering.memory_peak`) within the settings' :class:`~schedlang.lowering.memory_budget.MemoryBudget`:
+every stage's reserved peak plus ``OUTSIDE_THE_ALLOCATOR`` at most the device memory and, with offload, every
+node's pinned host memory within its share of the host's; a candidate as fast as a listed one and no smaller on
+any stage is left out unless ``dominated``. Or none, with the probe that came nearest to fitting (its binding
+stage or node and memory term) or the checker's first refusal. Deterministic:
 layouts and knobs are visited in a fixed order; ties go to the smaller largest stage, the fewer changed keys,
 then their text.
 
@@ -29,9 +31,11 @@ What the search skips, and why nothing it skips is faster than its pick (docs/pi
    when another gets shorter. No recompute and no offload make every task as short as it can be: where that fits,
    nothing slower of the placement is tried, and where its timeline already exceeds the ``top``-th best, nothing
    slower of it can enter.
-5. Recompute per stage. A stage's peak depends only on its own mode, and so do its tasks' durations: a fitting
-   mode whose tasks on a stage are nowhere shorter than those of another fitting mode is never needed there.
-   Offload saves memory and never shortens a task: it is tried only where some stage cannot fit without it.
+5. Recompute per stage. A stage's peak depends only on its own mode, and so do its tasks' durations and its
+   pinned host bytes: a fitting mode whose tasks on a stage are nowhere shorter than those of another fitting
+   mode that pins no more host memory is never needed there (a node's host sums its ranks' stages, so less on
+   one stage never makes it fit worse). Offload saves device memory and never shortens a task: it is tried only
+   where some stage cannot fit without it.
 
 The durations come from the cost model itself (``task_duration`` of microbatch 0, times the microbatches), so
 these hold for any model whose durations do not depend on the microbatch and do not shrink with recomputation
@@ -43,11 +47,11 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field, replace
 
-from schedlang.commands.simulate_fit import OUTSIDE_THE_ALLOCATOR
 from schedlang.compiler import CostSettings, Pass, ScheduleText, compile_schedule, revised_text
 from schedlang.diagnostics import ScheduleError
 from schedlang.lowering.cost import make_cost_model
 from schedlang.lowering.legality import IllegalScheduleError
+from schedlang.lowering.memory_budget import MemoryBudget, MemoryPlace, Misfit
 from schedlang.lowering.memory_peak import StageMemory, predict_memory
 from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.program import ScheduleProgram
@@ -79,6 +83,12 @@ class TuneSettings:
     top: int = 5
     prune: bool = True  # False: evaluate every candidate of the space (the reference the tests compare with)
     dominated: bool = False  # also list candidates as slow as a listed one and no smaller on any stage
+    host_memory: int | None = None  # one node's host RAM, bytes; None: the profile's [host], else the default
+
+    @property
+    def budget(self) -> MemoryBudget:
+        """What every candidate must fit: the device memory, and the host memory of the cost model's nodes."""
+        return MemoryBudget.of(self.device_memory, self.host_memory, self.cost.hardware)
 
 
 @dataclass(frozen=True)
@@ -98,7 +108,7 @@ class Candidate:
 
     @property
     def reserved(self) -> tuple[float, ...]:
-        """Each stage's predicted reserved peak, bytes (the device also holds :data:`OUTSIDE_THE_ALLOCATOR`)."""
+        """Each stage's predicted reserved peak, bytes (the device also holds ``OUTSIDE_THE_ALLOCATOR``)."""
         return tuple(stage.reserved for stage in self.memory)
 
     @property
@@ -109,11 +119,19 @@ class Candidate:
 
 @dataclass(frozen=True)
 class NearestMiss:
-    """The probe whose largest stage came nearest to fitting: where the memory binds when nothing fits."""
+    """The probe that came nearest to fitting (its worst misfit the least over its budget): where the memory binds
+    when nothing fits."""
 
-    stage: StageMemory
-    needed: float  # that stage's reserved peak plus what lies outside the allocator, bytes
+    misfit: Misfit  # that probe's worst: a stage's device or a node's host
     description: str  # the layout and knobs, as changed keys
+
+    @property
+    def stage(self) -> StageMemory:
+        return self.misfit.stage
+
+    @property
+    def needed(self) -> float:
+        return self.misfit.needed
 
 
 @dataclass
@@ -137,6 +155,7 @@ class TuneResult:
     length: int
     settings: TuneSettings
     first_refusal: ScheduleError | None = None  # the first candidate the checker refused, for when all were
+    nearest_host_miss: NearestMiss | None = None  # of the probes that fit their devices, the nearest to fitting
 
 
 def describe(changes: dict) -> tuple[tuple[str, str], ...]:
@@ -151,10 +170,12 @@ class _Search:
         self.stats = SearchStats()
         self.found: list[Candidate] = []
         self.nearest: NearestMiss | None = None
+        self.nearest_host: NearestMiss | None = None  # among the misses that fit every device
         self.cost_models: dict = {}
         self.durations: dict = {}
         self.syntax = parse_text(program.source_text, program.source_file)
         self.first_refusal: ScheduleError | None = None
+        self.budget = settings.budget
 
     def threshold(self) -> float:
         """The top-th best makespan found (infinite until ``top`` candidates fit)."""
@@ -162,17 +183,28 @@ class _Search:
             return float("inf")
         return sorted(candidate.makespan for candidate in self.found)[self.settings.top - 1]
 
-    def fits(self, reserved: float) -> bool:
-        return reserved + OUTSIDE_THE_ALLOCATOR <= self.settings.device_memory
+    def fits(self, stage: StageMemory) -> bool:
+        """Whether one stage fits by itself: its device, and its own pinned host bytes on a node (the whole
+        candidate is held to the budget in :meth:`finish`)."""
+        return self.budget.stage_fits(stage.reserved) and self.budget.stage_fits_host(stage.pinned_host)
 
-    def note_miss(self, memory: tuple[StageMemory, ...], layout: Layout, knobs: Knobs) -> None:
-        worst = max(memory, key=lambda stage: stage.reserved)
-        needed = worst.reserved + OUTSIDE_THE_ALLOCATOR
-        if self.nearest is None or needed < self.nearest.needed:
+    def note_miss(self, program: ScheduleProgram, memory: tuple[StageMemory, ...], layout: Layout,
+                  knobs: Knobs) -> None:
+        misfits = self.budget.misfits(program, memory)
+        if not misfits:
+            return
+        worst = misfits[0]
+        host_only = all(misfit.place is MemoryPlace.HOST for misfit in misfits)
+        nearer = self.nearest is None or worst.overshoot < self.nearest.misfit.overshoot
+        nearer_host = host_only and (self.nearest_host is None or worst.overshoot < self.nearest_host.misfit.overshoot)
+        if nearer or nearer_host:
             text = ", ".join(f"{name} = {value}" for name, value in describe(
                 schedule_changes(self.program, layout, knobs)
             )) or "the file as written"
-            self.nearest = NearestMiss(worst, needed, text)
+            if nearer:
+                self.nearest = NearestMiss(worst, text)
+            if nearer_host:
+                self.nearest_host = NearestMiss(worst, text)
 
     def cost_model(self, probe: ScheduleProgram):
         """The settings' cost model of ``probe``, cached by what its durations depend on."""
@@ -289,7 +321,8 @@ class _Search:
         self.report("done", len(bounded), len(bounded))
         ranked = tuple(sorted(self.found, key=lambda candidate: candidate.rank_key)[: self.settings.top])
         return TuneResult(
-            ranked, self.stats, self.nearest if not ranked else None, length, self.settings, self.first_refusal
+            ranked, self.stats, self.nearest if not ranked else None, length, self.settings, self.first_refusal,
+            self.nearest_host if not ranked else None,
         )
 
     def report(self, phase: str, done: int, total: int) -> None:
@@ -341,13 +374,14 @@ class _Search:
         fastest = (Recompute.NONE,) * layout.pipeline
         if not self.could_enter(self.variant(probe, graphs, False, Recompute.NONE), orders):
             return  # nothing slower can either (4, 5)
-        memory = predict_memory(self.variant(probe, graphs, False, Recompute.NONE), orders)
+        fastest_variant = self.variant(probe, graphs, False, Recompute.NONE)
+        memory = predict_memory(fastest_variant, orders)
         self.stats.memory_probes += 1
-        if all(self.fits(stage.reserved) for stage in memory):
+        if self.budget.fits(fastest_variant, memory):
             self.finish(layout, replace(order, cuda_graphs=graphs, offload=False, recompute=fastest))
             return
         if graphs:
-            self.note_miss(memory, layout, replace(order, cuda_graphs=graphs, recompute=fastest))
+            self.note_miss(fastest_variant, memory, layout, replace(order, cuda_graphs=graphs, recompute=fastest))
             return
         for offload in (False, True):
             modes = tuple(mode for mode in RECOMPUTE_MODES if not (offload and mode is Recompute.FULL))
@@ -369,26 +403,27 @@ class _Search:
         return simulate(variant, orders, self.cost_model(variant)).makespan <= threshold
 
     def recompute_vectors(self, layout, order, probe, orders, offload, modes) -> list[tuple[Recompute, ...]]:
-        """The recompute modes per stage worth simulating ([Note: tune pruning], 4): on each stage the fitting
+        """The recompute modes per stage worth simulating ([Note: tune pruning], 5): on each stage the fitting
         modes that no other fitting mode dominates."""
-        memory, durations = {}, {}
+        memory, durations, variants = {}, {}, {}
         for mode in modes:
-            variant = self.variant(probe, CudaGraphs.NONE, offload, mode)
-            memory[mode] = predict_memory(variant, orders)
-            durations[mode] = self.stage_durations(variant)
+            variants[mode] = self.variant(probe, CudaGraphs.NONE, offload, mode)
+            memory[mode] = predict_memory(variants[mode], orders)
+            durations[mode] = self.stage_durations(variants[mode])
             self.stats.memory_probes += 1
         choices = []
         for stage in range(layout.pipeline):
-            fitting = [mode for mode in modes if self.fits(memory[mode][stage].reserved)]
+            fitting = [mode for mode in modes if self.fits(memory[mode][stage])]
             if not fitting:
-                smallest = min(modes, key=lambda mode: memory[mode][stage].reserved)
-                self.note_miss(memory[smallest], layout, replace(
+                smallest = min(modes, key=lambda mode: (memory[mode][stage].reserved, memory[mode][stage].pinned_host))
+                self.note_miss(variants[smallest], memory[smallest], layout, replace(
                     order, offload=offload, recompute=(smallest,) * layout.pipeline
                 ))
                 return []
             choices.append([
                 mode for mode in fitting
                 if not any(_dominates(durations[other][stage], durations[mode][stage], other, mode)
+                           and memory[other][stage].pinned_host <= memory[mode][stage].pinned_host
                            for other in fitting if other is not mode)
             ])
         return [tuple(vector) for vector in itertools.product(*choices)]
@@ -406,9 +441,9 @@ class _Search:
             return
         self.stats.compiled += 1
         memory = predict_memory(program, compilation.orders)
-        if not all(self.fits(stage.reserved) for stage in memory):
+        if not self.budget.fits(program, memory):
             self.stats.not_fitting += 1
-            self.note_miss(memory, layout, knobs)
+            self.note_miss(program, memory, layout, knobs)
             return
         tokens = layout.microbatches * layout.microbatch_size * layout.data * layout.length
         self.keep(Candidate(
@@ -446,22 +481,26 @@ def _dominates(first: tuple[float, ...], second: tuple[float, ...], first_mode, 
 
 
 def fits_at(program: ScheduleProgram, settings: TuneSettings, length: int) -> bool:
-    """Whether some layout of the space at ``length`` tokens fits the device with each stage at its smallest
-    peak over recompute modes and offload (no extra warm-up, no split: what holds the fewest chunks). A stage's
-    peak depends only on its own mode, so this is exact for those knobs."""
+    """Whether some layout of the space at ``length`` tokens fits with each stage at its smallest footprint over
+    recompute modes and offload (no extra warm-up, no split: what holds the fewest chunks): of the modes whose
+    device peak fits, the one pinning the least host memory (none without offload), and then every node's host
+    memory. A stage's peak and pinned bytes depend only on its own mode, so this is exact for those knobs."""
     search = _Search(program, replace(settings, length=length), None)
+    budget = search.budget
     for layout in layouts(program, length, settings.world, settings.max_chunks):
         base = search.revised(layout, search.base_knobs(layout))
         if base is None:
             continue
         orders = stage_orders(base)
-        smallest = [float("inf")] * layout.pipeline
+        smallest = [None] * layout.pipeline  # per stage, of the modes that fit its device, the least pinned
         for mode in RECOMPUTE_MODES:
             for offload in (False, True) if mode is not Recompute.FULL else (False,):
                 variant = replace(base, pipeline=replace(base.pipeline, recompute=mode, offload=offload))
                 for stage, memory in enumerate(predict_memory(variant, orders)):
-                    smallest[stage] = min(smallest[stage], memory.reserved)
-        if all(search.fits(value) for value in smallest):
+                    least = smallest[stage]
+                    if budget.stage_fits(memory.reserved) and (least is None or memory.pinned_host < least.pinned_host):
+                        smallest[stage] = memory
+        if all(stage is not None for stage in smallest) and budget.fits(base, smallest):
             return True
     return False
 

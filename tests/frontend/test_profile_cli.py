@@ -9,6 +9,7 @@ import pytest
 
 from schedlang.cli import main
 from schedlang.lowering.hardware_profile import LinkClass, Origin, ProfiledPart, load_hardware_profile, resolve_hardware
+from schedlang.runtime.host_memory import physical_memory_bytes
 from schedlang.runtime.profiling import fit_latency_bandwidth, measure_links
 
 SCHEDULE = """schedule tiny
@@ -53,6 +54,8 @@ def test_profile_measures_every_part_the_model_has(profiled, capsys):
     assert "links: defaults of the h200 profile" in profile.note
     header = output.read_text().splitlines()[2]
     assert header.startswith("# from the h200 profile's defaults, not measured: every link")
+    assert profile.host.memory_bytes == physical_memory_bytes()  # this machine's RAM, for offload's copies
+    assert output.read_text().splitlines()[3].startswith("# host memory: ")
     # and simulate reads it
     assert main(["simulate", str(schedule), "--hardware", str(output)]) == 0
     assert f"hardware profile tiny ({output}; measured:" in capsys.readouterr().out

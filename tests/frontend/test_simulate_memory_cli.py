@@ -16,7 +16,6 @@ from schedlang.commands import simulate
 from schedlang.commands.simulate_fit import (
     DEFAULT_MAX_CHUNKS,
     GIB,
-    OUTSIDE_THE_ALLOCATOR,
     SizeError,
     chunk_counts,
     evaluate,
@@ -26,6 +25,7 @@ from schedlang.commands.simulate_fit import (
 from schedlang.compiler import CostSettings
 from schedlang.frontend import load_program
 from schedlang.lowering.cost import CostModelKind
+from schedlang.lowering.memory_budget import OUTSIDE_THE_ALLOCATOR
 from schedlang.lowering.memory_peak import RESERVED_PER_ALLOCATED, Component
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -221,3 +221,88 @@ def test_fit_asks_about_few_lengths_and_matches_a_scan_of_every_length(capsys):
         scanned = length
     assert result["fits"]["length"] == scanned
     assert len(lengths_tried) <= 2 * math.ceil(math.log2(32 + 1)) + 1 < 32
+
+
+ONE_DEVICE = Path(__file__).resolve().parents[2] / "benchmarks" / "schedules" / "gla_1b_one_device.sched"
+
+
+def offloading_256k(tmp_path) -> str:
+    """The one-device 1B GLA at 256K tokens in 8 chunks, recompute = mlp and offload: the candidate that tune
+    ranked on the H200 and that did not finish two steps there."""
+    text = ONE_DEVICE.read_text()
+    for old, new in [("length = 65536", "length = 262144"), ("chunks = 1\n", "chunks = 8\n"),
+                     ("recompute      = none", "recompute      = mlp"), ("offload        = false", "offload = true")]:
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "offload_256k.sched"
+    path.write_text(text)
+    return str(path)
+
+
+def test_simulate_refuses_offload_past_the_hosts_memory_naming_node_stage_and_term(tmp_path, capsys):
+    path = offloading_256k(tmp_path)
+    assert run_simulate([path, "--hardware", "h200"]) == 1
+    printed = capsys.readouterr()
+    lines = printed.out.splitlines()
+    assert lines[-2].split()[:3] == ["pinned", "host,", "GiB"] and float(lines[-2].split()[-1]) > 128
+    assert lines[-1].startswith("pinned host memory per node, GiB: node 0: 162.99")
+    error = printed.err.splitlines()
+    assert error[0] == (
+        f"schedlang simulate: error: {path}: does not fit the host: needs 162.99 GiB of pinned host memory on node 0, "
+        "over the 96.00 GiB pinned copies may take there (75% of 128.00 GiB host memory), whose largest term is "
+        "offloaded activations of stage 0 (162.99 GiB per rank, pipeline.offload)"
+    )
+    assert error[1].startswith("  hint: recompute = full")
+    assert run_simulate([path, "--hardware", "h200", "--host-memory", "1TB"]) == 0
+    assert "does not fit" not in capsys.readouterr().err
+
+
+def test_json_gives_each_stages_pinned_host_memory_and_the_nodes_misfits(tmp_path, capsys):
+    path = offloading_256k(tmp_path)
+    assert run_simulate([path, "--hardware", "h200", "--json"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["memory"][0]["pinned_host"] == pytest.approx(162.99, abs=0.01)
+    host = result["host_memory"]
+    assert host["memory_gib"] == 128 and host["pinned_fraction"] == 0.75 and host["gpus_per_node"] == 8
+    assert host["nodes_pinned_gib"] == [result["memory"][0]["pinned_host"]]
+    (misfit,) = host["does_not_fit"]
+    assert (misfit["node"], misfit["stage"], misfit["term"]) == (0, 0, "offloaded activations")
+    assert misfit["limit_gib"] == 96
+    assert run_simulate([STATEFLOW, "--json"]) == 0  # no offload: nothing pinned, nothing refused
+    result = json.loads(capsys.readouterr().out)
+    assert all(stage["pinned_host"] == 0 for stage in result["memory"]) and result["host_memory"]["does_not_fit"] == []
+
+
+def test_a_sweep_names_each_row_the_host_cannot_hold(tmp_path, capsys):
+    path = offloading_256k(tmp_path)
+    assert run_simulate([path, "--hardware", "h200", "--chunks", "8", "16"]) == 1
+    error = capsys.readouterr().err
+    assert f"error: {path} (8 chunks, extra_warmup = 0): does not fit the host" in error
+    assert f"error: {path} (16 chunks, extra_warmup = 0): does not fit the host" in error
+
+
+def test_fit_holds_offloading_candidates_to_the_host(tmp_path, capsys):
+    """With offload, a smaller host memory gives a shorter longest sequence, and what it proposes fits it."""
+    text = Path(STATEFLOW).read_text().replace("order        = 1f1b", "order = 1f1b  offload = true  recompute = mlp")
+    source = tmp_path / "offload.sched"
+    source.write_text(text)
+    options = ["--device-memory", "4GiB", "--step", "8192", "--max-length", "262144", "--max-chunks", "8", "--json"]
+    assert main(["simulate", str(source), "--fit", *options]) == 0
+    roomy = json.loads(capsys.readouterr().out)
+    pinned = max(roomy["fits"]["pinned_host_gib"])
+    assert pinned > 0
+    small = f"{int(pinned * GIB / 0.75 / 2)}B"  # half what the roomy proposal pins
+    assert main(["simulate", str(source), "--fit", *options, "--host-memory", small]) == 0
+    tight = json.loads(capsys.readouterr().out)
+    assert tight["fits"]["length"] < roomy["fits"]["length"]
+    limit = tight["host_memory"]["pinned_limit_gib"]
+    assert max(tight["fits"]["pinned_host_gib"]) <= limit < max(tight["next_does_not_fit"]["pinned_host_gib"])
+
+
+def test_bad_host_memory_is_a_positioned_error():
+    with pytest.raises(SystemExit) as raised:
+        main(["simulate", STATEFLOW, "--host-memory", "12 XB"])
+    prefix = f"schedlang simulate {STATEFLOW} --host-memory "
+    lines = str(raised.value.code).splitlines()
+    assert lines[0].endswith("error: --host-memory: unknown unit 'XB': write one of B, KB, MB, GB, TB, KiB, MiB, GiB, TiB")
+    assert lines[1] == prefix + "12 XB" and lines[2].index("^") == len(prefix) + 3

@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from schedlang.cli import main
-from schedlang.commands.simulate_fit import GIB, OUTSIDE_THE_ALLOCATOR
-from schedlang.compiler import CostSettings, Pass, ScheduleText, compile_schedule
+from schedlang.commands.simulate_fit import GIB
+from schedlang.compiler import CostSettings, Pass, ScheduleText, compile_schedule, revise
 from schedlang.frontend import load_program, load_program_text
 from schedlang.lowering.cost import CostModelKind, Hardware
+from schedlang.lowering.hardware_profile import DEFAULT_PINNED_FRACTION
+from schedlang.lowering.memory_budget import OUTSIDE_THE_ALLOCATOR
 from schedlang.lowering.memory_peak import Component, predict_memory
 from schedlang.tuning.search import TuneSettings, fits_at, search
 from schedlang.tuning.space import Knobs, layouts, schedule_changes
@@ -88,6 +90,24 @@ def test_pruned_search_finds_the_fastest_of_an_exhaustive_search_when_memory_bin
     modes = {candidate.knobs.recompute for candidate in everything.candidates}
     assert len(modes) > 1 and everything.stats.not_fitting > 0  # memory binds: some candidates do not fit
     compare_with_exhaustive(program, settings)
+
+
+def test_pruned_search_finds_the_fastest_of_an_exhaustive_search_when_the_host_binds():
+    """A host that holds some offloading candidates' copies and not others: the pruning (rule 5 weighs pinned
+    bytes too) still finds the exhaustive search's fastest, and no listed candidate pins past the host."""
+    program = small_program("gpipe")
+    roomy = TuneSettings(FLOPS, memory_between_modes(program), max_chunks=4, device="cpu", top=3)
+    everything = search(program, TuneSettings(**{**roomy.__dict__, "prune": False, "top": 10**6})).candidates
+    pinned = sorted({max(stage.pinned_host for stage in candidate.memory) for candidate in everything} - {0.0})
+    assert len(pinned) > 1  # offloading candidates of several sizes
+    host = int((pinned[0] + pinned[-1]) / 2 / DEFAULT_PINNED_FRACTION)
+    bound = TuneSettings(**{**roomy.__dict__, "host_memory": host})
+    compare_with_exhaustive(program, bound)
+    fitting = search(program, TuneSettings(**{**bound.__dict__, "prune": False, "top": 10**6})).candidates
+    assert len(fitting) < len(everything)
+    assert any(candidate.knobs.offload for candidate in fitting)
+    for candidate in fitting:  # no profile: a node is one GPU, so each stage is held to the pinned share alone
+        assert all(stage.pinned_host <= DEFAULT_PINNED_FRACTION * host for stage in candidate.memory)
 
 
 @pytest.mark.slow
@@ -316,3 +336,75 @@ def test_tuned_example_trains_a_step(tmp_path):
 @pytest.mark.parametrize("example", EXAMPLE_PATHS, ids=lambda path: path.stem)
 def test_every_tuned_example_checks_and_trains_a_step(example, tmp_path):
     tune_and_train(example, tmp_path)
+
+
+ONE_DEVICE = Path(__file__).resolve().parents[2] / "benchmarks" / "schedules" / "gla_1b_one_device.sched"
+
+
+def offloads(candidate: dict) -> bool:
+    return candidate["changes"].get("pipeline.offload") == "true"
+
+
+def test_at_256k_on_the_h200_no_candidate_offloads_past_its_host_memory(capsys):
+    """The candidates that pinned 163 GiB on the H200's 128 GiB machine are gone; a 1 TB host takes them back."""
+    arguments = [str(ONE_DEVICE), "--hardware", "h200", "--length", "262144", "--dominated", "--top", "20", "--json"]
+    assert run_tune(*arguments) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["host_memory"]["memory_gib"] == 128 and answer["host_memory"]["pinned_limit_gib"] == 96
+    assert answer["candidates"] and not any(offloads(candidate) for candidate in answer["candidates"])
+    assert all(max(candidate["pinned_host_gib"]) == 0 for candidate in answer["candidates"])
+    assert run_tune(*arguments, "--host-memory", "1TB") == 0
+    answer = json.loads(capsys.readouterr().out)
+    offloading = [candidate for candidate in answer["candidates"] if offloads(candidate)]
+    assert offloading and all(max(candidate["pinned_host_gib"]) > 128 for candidate in offloading)
+
+
+WIDE_MLP = """\
+# a wide MLP: recomputing it and offloading the rest holds less than recomputing the whole chunk
+schedule wide_mlp
+model { vocab = 256  d_model = 64  layers = [gla] * 2  heads = 2  head_dim = 32  mlp = swiglu(ratio = 16) }
+mesh { pipeline = 1 }
+sequence { length = 65536  chunks = 4  kernel_chunk = 64 }
+pipeline { microbatches = 1 }
+"""
+
+
+def test_where_only_offload_fits_the_device_the_host_binds_and_is_named(tmp_path, capsys):
+    source = tmp_path / "wide_mlp.sched"
+    source.write_text(WIDE_MLP)
+    program = load_program(source)
+    peaks = {}
+    for mode, offload in (("mlp", True), ("full", False)):
+        stage, = predict_memory(revise(program, recompute=mode, offload=offload))
+        peaks[mode] = stage
+    assert peaks["mlp"].reserved < peaks["full"].reserved  # two mlp-recomputed chunks below one rebuilt whole
+    device = int(OUTSIDE_THE_ALLOCATOR + (peaks["mlp"].reserved + peaks["full"].reserved) / 2)
+    common = [str(source), "--device", "cpu", "--max-chunks", "4", "--device-memory", f"{device}B"]
+    assert run_tune(*common, "--json") == 0  # the default host holds the copies: offload is the pick
+    assert all(offloads(candidate) for candidate in json.loads(capsys.readouterr().out)["candidates"])
+
+    assert run_tune(*common, "--host-memory", "256MiB") == 1
+    error = capsys.readouterr().err
+    assert "nothing in the space fits" in error
+    assert "per device and 0.19 GiB of pinned host memory per node of 1 GPU (75% of 0.25 GiB)" in error
+    assert "whose largest term is" in error and "on stage 0" in error  # the nearest: recompute = full's device
+    assert "; of those that fit their devices, the nearest (pipeline.offload = true, pipeline.recompute = mlp)" in error
+    assert "pinned host memory on node 0" in error and "offloaded activations of stage 0" in error
+    assert "a larger --host-memory" in error
+
+    # a host a hair too small: the offloading candidate is now the nearest miss of all
+    host = int(peaks["mlp"].pinned_host / 0.75 / 1.005)
+    assert run_tune(*common, "--host-memory", f"{host}B") == 1
+    error = capsys.readouterr().err
+    assert "the nearest (pipeline.offload = true, pipeline.recompute = mlp) needs" in error
+    assert "of pinned host memory on node 0" in error and "of those that fit their devices" not in error
+    assert "hint: a larger --host-memory (the node's real memory)" in error
+
+
+def test_a_bad_host_memory_is_shown_at_its_column():
+    with pytest.raises(SystemExit) as refused:
+        run_tune("f.sched", "--host-memory", "0GB")
+    lines = str(refused.value).splitlines()
+    assert lines[0].endswith("error: --host-memory: a memory size must be positive")
+    assert lines[1] == "schedlang tune f.sched --host-memory 0GB"
+    assert lines[2].index("^") == lines[1].index("0GB")

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import argparse
+import dataclasses
 
 import pytest
 
@@ -478,3 +477,65 @@ def test_a_host_factor_outside_its_bounds_is_a_positioned_error():
         parse_hardware_profile(text, "bad.toml")
     line = text.splitlines().index("host_factor = 9.0") + 1
     assert raised.value.render().splitlines()[0].startswith(f"bad.toml:{line}:1: error: 'calibration.host_factor' is 9")
+
+
+HOST = """
+[host]
+memory = {memory}
+{fraction}"""
+
+
+def host_profile(memory="137438953472", fraction: str = "") -> str:
+    """The small profile with a [host] table after its layers."""
+    return profile_text() + HOST.format(memory=memory, fraction=fraction)
+
+
+def test_the_host_table_is_optional_and_round_trips():
+    from schedlang.lowering.hardware_profile import (
+        DEFAULT_HOST_MEMORY_BYTES,
+        DEFAULT_PINNED_FRACTION,
+        HostMemory,
+        format_hardware_profile,
+    )
+
+    plain = parse_hardware_profile(profile_text())
+    assert plain.host is None  # an old profile: not stated
+    assert plain.host_memory() == HostMemory(DEFAULT_HOST_MEMORY_BYTES, DEFAULT_PINNED_FRACTION)
+    assert "[host]" not in format_hardware_profile(plain)
+    stated = parse_hardware_profile(host_profile("2.5e11", "pinned_fraction = 0.5"))
+    assert stated.host == HostMemory(250_000_000_000, 0.5) and stated.host.pinned_limit == 125_000_000_000
+    assert parse_hardware_profile(host_profile()).host == HostMemory(128 * 2**30, DEFAULT_PINNED_FRACTION)
+    assert parse_hardware_profile(format_hardware_profile(stated)).host == stated.host
+
+
+@pytest.mark.parametrize(
+    ("memory", "fraction", "key", "message"),
+    [
+        ("-1", "", "memory", "'host.memory' must be positive, got -1"),
+        ('"128GiB"', "", "memory", "'host.memory' must be a number, got '128GiB'"),
+        ("1.5", "", "memory", "'host.memory' must be a whole number of bytes, got 1.5"),
+        ("1e9", "pinned_fraction = 0", "pinned_fraction", "'host.pinned_fraction' must be positive, got 0"),
+        ("1e9", "pinned_fraction = 1.5", "pinned_fraction", "at most 1, got 1.5"),
+        ("1e9", "pinned_fraction = true", "pinned_fraction", "'host.pinned_fraction' must be a number, got True"),
+    ],
+)
+def test_a_malformed_host_table_is_a_positioned_error(memory, fraction, key, message):
+    text = host_profile(memory, fraction)
+    with pytest.raises(HardwareProfileError) as raised:
+        parse_hardware_profile(text, "bad.toml")
+    rendered = raised.value.render().splitlines()
+    line = next(number for number, row in enumerate(text.splitlines(), start=1) if row.startswith(f"{key} ="))
+    assert rendered[0].startswith(f"bad.toml:{line}:1: error:") and message in rendered[0], rendered
+    assert rendered[2].startswith("^")
+
+
+def test_a_host_table_without_its_memory_or_not_a_table_is_refused_where_it_is():
+    text = profile_text() + "\n[host]\npinned_fraction = 0.5\n"
+    with pytest.raises(HardwareProfileError) as raised:
+        parse_hardware_profile(text, "bad.toml")
+    line = text.splitlines().index("[host]") + 1
+    assert raised.value.render().startswith(f"bad.toml:{line}:1: error: missing key 'host.memory'")
+    text = "host = 5\n" + profile_text()
+    with pytest.raises(HardwareProfileError) as raised:
+        parse_hardware_profile(text, "bad.toml")
+    assert raised.value.render().startswith("bad.toml:1:1: error: 'host' must be the table [host], got 5")

@@ -24,7 +24,11 @@ import torch.distributed as dist
 from runtime_harness import compile_schedule, free_port, relative_error, run_jobs
 from schedlang.runtime.kv_buffers import BufferedChunkAttention
 from schedlang.runtime.model import build_stage_model
-from schedlang.runtime.offload import ActivationOffload, storage_key
+from schedlang.compiler import Pass, ScheduleText
+from schedlang.compiler import compile_schedule as schedlang_compile
+from schedlang.lowering.memory_peak import predict_memory
+from schedlang.lowering.memory_terms import Device
+from schedlang.runtime.offload import ActivationOffload, PinnedBudget, storage_key
 from schedlang.runtime.trainer import launch
 from schedlang.vocabulary import ActionKind, LayerKind, ModelConfig, Recompute
 
@@ -184,6 +188,34 @@ def test_offload_hooks_pack_and_unpack_and_change_nothing(one_rank_group, tmp_pa
     assert offloaded.executor.offload.chunks == {}  # every chunk released by its backward
     assert loss == reference_loss
     assert all(torch.equal(gradients[key], reference_gradients[key]) for key in reference_gradients)
+
+
+def test_offload_pins_what_the_memory_model_predicts_and_gives_it_back(one_rank_group, tmp_path):
+    """On the CPU nothing is pinned and no budget is read; given one, the offload counts its copies: at most what
+    the memory model's ``pinned_host`` says (gla: within 5%), and nothing once every chunk's backward ran."""
+    trainer = one_rank_trainer(tmp_path, "pinned", layers=GLA_LAYERS, offload=True, recompute="mlp")
+    assert trainer.executor.offload.budget is None  # the CPU: nothing changes
+    budget = PinnedBudget(available=10**15)
+    trainer.executor.offload = ActivationOffload(torch.device("cpu"), trainer.executor._stays_resident, budget)
+    first_step(trainer)
+    assert budget.pinned == 0 and budget.most > 0
+    text = schedule_text("pinned", layers=GLA_LAYERS, pipeline=1, offload=True, recompute="mlp")
+    program = schedlang_compile(ScheduleText(text), through=Pass.ORDER).program
+    (predicted,) = predict_memory(program, device=Device.CPU)
+    assert budget.most == pytest.approx(predicted.pinned_host, rel=0.05)
+
+
+def test_offload_past_the_hosts_memory_stops_the_run_with_one_line(one_rank_group, tmp_path):
+    trainer = one_rank_trainer(tmp_path, "too_much", layers=GLA_LAYERS, offload=True)
+    budget = PinnedBudget(available=64 * 1024)
+    trainer.executor.offload = ActivationOffload(torch.device("cpu"), trainer.executor._stays_resident, budget)
+    with pytest.raises(SystemExit) as stopped:
+        trainer.train(1)
+    message = str(stopped.value.code)
+    assert message.startswith("schedlang: error: pipeline.offload needs ") and "\n" not in message
+    assert "GiB of pinned host memory for this rank's saved activations so far (at microbatch and chunk (0, " in message
+    assert "recompute = full" in message and "schedlang simulate FILE" in message
+    assert budget.pinned <= budget.available
 
 
 class CopyingOffload(ActivationOffload):
