@@ -126,17 +126,23 @@ def layer_step(layer, hidden: torch.Tensor, call):
     return step
 
 
-def time_layers(length: int, heads: int, head_dim: int, state_size: int, groups: int, args) -> None:
-    from schedlang.runtime.config import ModelConfig
+def our_layer(heads: int, head_dim: int, state_size: int, groups: int, device: str = "cuda",
+              dtype: torch.dtype = torch.bfloat16):
+    """schedlang's mamba2 mixer at fla's ``expand = 2`` (``d_model = H P / 2``), initialised, on ``device``."""
     from schedlang.runtime.mixer_mamba2 import Mamba2Mixer
-    from schedlang.runtime.model_options import Mamba2Options, ModelOptions
+    from schedlang.vocabulary import Mamba2Options, ModelConfig, ModelOptions
 
     d_model = heads * head_dim // 2
     config = ModelConfig(vocab=256, d_model=d_model, layers=("mamba2",), heads=heads, head_dim=head_dim,
                          norm_eps=1e-5, options=ModelOptions(mamba2=Mamba2Options(state_size, groups)))
-    ours = Mamba2Mixer(config)
-    ours.reset_parameters(torch.Generator().manual_seed(0), 0.02)
-    ours = ours.to("cuda", torch.bfloat16)
+    layer = Mamba2Mixer(config)
+    layer.reset_parameters(torch.Generator().manual_seed(0), 0.02)
+    return layer.to(device, dtype)
+
+
+def time_layers(length: int, heads: int, head_dim: int, state_size: int, groups: int, args) -> None:
+    d_model = heads * head_dim // 2
+    ours = our_layer(heads, head_dim, state_size, groups)
     hidden = torch.randn(1, length, d_model, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     label = f"layer T={length} H={heads} P={head_dim} N={state_size} d={d_model} bf16 fwd+bwd"
     mine = median_ms(layer_step(ours, hidden, lambda h: ours(h, None)[0]), args.warmup, args.iterations)

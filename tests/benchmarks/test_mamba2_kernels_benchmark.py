@@ -38,3 +38,11 @@ def test_the_check_separates_the_operator_from_a_wrong_one():
         return chunk_mamba2(x, dt, A, C, B, D, backend=backend)
 
     assert benchmark.relative_errors(inputs, backend="torch", operator=b_and_c_swapped)["y"] > 1e-2
+
+
+def test_the_layer_it_times_is_the_mamba2_mixer_and_runs():
+    """--layer's construction (the whole mixer at fla's expand = 2) on the CPU: its output has the input's shape."""
+    layer = benchmark.our_layer(4, 8, 6, 2, device="cpu", dtype=torch.float32)
+    hidden = torch.randn(1, 32, 16)
+    output = layer(hidden, None)[0]
+    assert output.shape == hidden.shape and bool(torch.isfinite(output).all())

@@ -225,7 +225,7 @@ def test_on_cuda_bf16_logits_are_as_close_to_float64_as_flas_own(tmp_path):
     config = mamba2_config(vocab_size=512, hidden_size=256, num_heads=8, head_dim=64, state_size=64,
                            num_hidden_layers=2, n_groups=2)
     tensors = _fla_tensors(config, seed=5)
-    program = load_program(_schedule(tmp_path, config, tensors=tensors, kernel_chunk=64))
+    program = load_program(_schedule(tmp_path, config, tensors=tensors))
     tokens = torch.randint(0, config["vocab_size"], (1, 1024), generator=torch.Generator().manual_seed(6))
     expected = mamba2_logits(tensors, config, tokens)
     ours = build_stage_model(program.model, tuple(range(config["num_hidden_layers"])), True, True, 0,
