@@ -28,7 +28,7 @@ import torch.nn.functional as F
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import median_ms  # noqa: E402
+from benchmarks.common import kernel_seconds_of_step, median_ms  # noqa: E402
 from schedlang.kernels import chunk_simple_gla  # noqa: E402
 from schedlang.kernels.mamba2 import chunk_mamba2, naive_recurrent_mamba2, ssd_operands  # noqa: E402
 
@@ -159,6 +159,16 @@ def time_layers(length: int, heads: int, head_dim: int, state_size: int, groups:
     print(f"{line}   fla {theirs:8.3f} ms ({path})   ours/fla {mine / theirs:5.2f}x", flush=True)
 
 
+def print_kernel_table(label: str, step, median: float) -> None:
+    """Our operator's forward+backward by kernel (one profiled step), and the share of the median step the kernels
+    leave idle (launch gaps: the host's time)."""
+    compute, _, by_name = kernel_seconds_of_step(step, torch.device("cuda"))
+    print(f"{label} kernels {compute * 1e3:.3f} ms of {median:.3f} ms median "
+          f"({max(0.0, 1 - compute * 1e3 / median):.0%} idle):", flush=True)
+    for name, seconds in by_name.items():
+        print(f"    {seconds * 1e3:8.3f} ms  {name[:110]}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[16384])
@@ -171,6 +181,8 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="relative errors against the float32 recurrence")
     parser.add_argument("--layer", action="store_true", help="also time the whole mamba2 layer (and fla's)")
     parser.add_argument("--no-peer", action="store_true", help="do not time flash-linear-attention")
+    parser.add_argument("--profile", action="store_true",
+                        help="also list our operator's fwd+bwd GPU time by kernel (torch.profiler), largest first")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/mamba2_kernels.py times CUDA kernels; no CUDA device is available")
@@ -190,6 +202,8 @@ def main() -> None:
                     theirs = median_ms(simple_gla_step(fla, operands), args.warmup, args.iterations)
                     line += f"   fla chunk_simple_gla {theirs:8.3f} ms   mamba2/fla {ours / theirs:5.2f}x"
                 print(line, flush=True)
+                if args.profile:
+                    print_kernel_table(label, ssd_step(inputs), ours)
                 if args.check:
                     errors = relative_errors(inputs)
                     listed = " ".join(f"{name} {error:.1e}" for name, error in errors.items())
