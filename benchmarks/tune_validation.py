@@ -97,12 +97,24 @@ def run_tune(schedule: Path, args: argparse.Namespace, tune_flags: list[str]) ->
     return json.loads(completed.stdout)
 
 
-def measure(path: Path, args: argparse.Namespace) -> dict:
-    """Train one candidate; its median step time over the steps after the warm-up, or how it ended."""
+RUN_TIME_MARGIN = 2.0
+"""A candidate's run may take ``--timeout`` (start-up, and the first run's kernel compilation) plus this many
+times its predicted steps: a prediction 2x short still finishes, a stall does not run forever."""
+
+
+def run_time_limit(predicted_step_seconds: float, args: argparse.Namespace) -> float:
+    """Seconds one candidate's run may take: see :data:`RUN_TIME_MARGIN`."""
+    return args.timeout + RUN_TIME_MARGIN * (args.warmup + args.steps) * predicted_step_seconds
+
+
+def measure(path: Path, args: argparse.Namespace, limit: float | None = None) -> dict:
+    """Train one candidate (for at most ``limit`` seconds, default ``--timeout``); its median step time over the
+    steps after the warm-up, or how it ended."""
     from schedlang.profile_calibration import CalibrationError, RunTimedOut, train_and_read_steps
 
     try:
-        steps = train_and_read_steps(str(path), args.device, args.warmup + args.steps, args.timeout)
+        steps = train_and_read_steps(str(path), args.device, args.warmup + args.steps,
+                                     args.timeout if limit is None else limit)
     except RunTimedOut:
         return {"outcome": "timed out"}
     except CalibrationError as error:
@@ -162,7 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidates", type=int, default=7, help="the pick and this many minus one more")
     parser.add_argument("--warmup", type=int, default=2, help="steps before the timed ones (default 2)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per candidate (default 3)")
-    parser.add_argument("--timeout", type=float, default=150.0, help="seconds one candidate's run may take")
+    parser.add_argument(
+        "--timeout", type=float, default=60.0,
+        help="seconds a candidate's run may take beyond twice its predicted steps (start-up, compilation)",
+    )
     args, tune_flags = parser.parse_known_args(argv)
     tune_flags = [flag for flag in tune_flags if flag != "--"]
     out = Path(args.out)
@@ -181,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             "predicted_step_seconds": candidate["step_seconds"],
             "predicted_tokens_per_second": candidate["tokens_per_second"],
             "predicted_reserved_gib": candidate["reserved_gib"],
-            "measured": measure(path, args),
+            "measured": measure(path, args, run_time_limit(candidate["step_seconds"], args)),
         })
         # after every candidate: a job cut short still leaves what it measured
         (out / "results.json").write_text(json.dumps({"length": tuned["length"], "rows": rows}, indent=2) + "\n")

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.tune_validation import summary, table
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tune_validation.py"
@@ -74,3 +76,14 @@ def test_spread_takes_the_pick_the_file_as_written_and_evenly_spaced_kinds():
     assert chosen[-1]["rank"] == 10  # the last kind of the ranking closes the spread
     assert [ranking.index(c) for c in chosen] == sorted(ranking.index(c) for c in chosen)
     assert spread(ranking[:3], 7) == [ranking[0], ranking[2]]
+
+
+def test_a_candidates_time_limit_grows_with_its_predicted_steps():
+    """A 17 s step at 1M tokens gets its start-up allowance plus twice its two steps; a short one little more."""
+    import argparse
+
+    from benchmarks.tune_validation import run_time_limit
+
+    args = argparse.Namespace(timeout=60.0, warmup=1, steps=1)
+    assert run_time_limit(16.8, args) == pytest.approx(60 + 2 * 2 * 16.8)
+    assert run_time_limit(0.8, args) == pytest.approx(63.2)
