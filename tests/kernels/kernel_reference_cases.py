@@ -54,8 +54,11 @@ def make_inputs(
     dtype: torch.dtype,
     device: str = "cpu",
     generator_seed: int | None = None,
+    value_dim: int | None = None,
 ) -> Inputs:
-    """Random inputs; the log-gate is logsigmoid(noise) scaled so 'strong' decays by exp(-4) a token or more."""
+    """Random inputs, keys ``dim`` wide and values ``value_dim`` (default ``dim``); the log-gate is
+    logsigmoid(noise) scaled so 'strong' decays by exp(-4) a token or more."""
+    value_dim = dim if value_dim is None else value_dim
     generator = torch.Generator().manual_seed(generator_seed) if generator_seed is not None else None
 
     def draw(*shape):
@@ -63,15 +66,15 @@ def make_inputs(
 
     gate_shape = (batch, length, heads, dim) if operator.gate_per_key else (batch, length, heads)
     gate = F.logsigmoid(draw(*gate_shape) + 2.0) * DECAY_STRENGTH[decay]
-    state = draw(batch, heads, dim, dim) if random_initial_state else None
+    state = draw(batch, heads, dim, value_dim) if random_initial_state else None
     return Inputs(
         q=draw(batch, length, heads, dim).to(device, dtype),
         k=draw(batch, length, heads, dim).to(device, dtype),
-        v=draw(batch, length, heads, dim).to(device, dtype),
+        v=draw(batch, length, heads, value_dim).to(device, dtype),
         g=gate.to(device, dtype),
         initial_state=None if state is None else state.to(device, torch.float32 if dtype != torch.float64 else dtype),
-        output_grad=draw(batch, length, heads, dim).to(device, dtype),
-        final_state_grad=draw(batch, heads, dim, dim).to(device, torch.float32 if dtype != torch.float64 else dtype),
+        output_grad=draw(batch, length, heads, value_dim).to(device, dtype),
+        final_state_grad=draw(batch, heads, dim, value_dim).to(device, torch.float32 if dtype != torch.float64 else dtype),
     )
 
 

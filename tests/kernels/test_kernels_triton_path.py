@@ -44,6 +44,25 @@ def test_triton_path_matches_naive_recurrence(operator_name, shape, decay, rando
     assert_close(actual, expected, tolerance)
 
 
+KEY_VALUE_SHAPES = [(1, 2048, 4, 128, 64), (2, 1000, 2, 64, 128)] if ON_GPU else [(1, 63, 2, 32, 16)]
+"""(batch, length, heads, key width, value width): keys and values of different widths, as Mamba-2's SSD hands
+simple GLA its state rows N and head width P."""
+
+
+@pytest.mark.parametrize("operator_name", sorted(OPERATORS))
+@pytest.mark.parametrize("shape", KEY_VALUE_SHAPES, ids=lambda shape: "B{}-T{}-H{}-K{}-V{}".format(*shape))
+@pytest.mark.parametrize("dtype_name", sorted(DTYPES))
+def test_triton_path_with_keys_and_values_of_different_widths(operator_name, shape, dtype_name):
+    operator = OPERATORS[operator_name]
+    dtype, tolerance = DTYPES[dtype_name]
+    batch, length, heads, key_dim, value_dim = shape
+    inputs = make_inputs(operator, batch, length, heads, key_dim, "weak", True, dtype, DEVICE, value_dim=value_dim)
+    expected = reference(operator, inputs)
+    actual = run_with_grads(operator.chunked, inputs, backend="triton")
+    assert actual["o"].shape[-1] == value_dim and actual["final_state"].shape[-2:] == (key_dim, value_dim)
+    assert_close(actual, expected, tolerance)
+
+
 @pytest.mark.parametrize("operator_name", sorted(OPERATORS))
 def test_triton_path_chained_over_pieces_matches_the_reference(operator_name):
     operator = OPERATORS[operator_name]
