@@ -71,6 +71,7 @@ from schedlang.vocabulary import (
     OptimizerKind,
     recompute_on,
 )
+from schedlang.vocabulary.model_settings import flash_attention_takes
 
 RSTD_BYTES = 4
 """A norm's reciprocal standard deviation is kept in fp32, one per row."""
@@ -543,15 +544,17 @@ def attention_read_bytes(program: ScheduleProgram, chunk: int, device: Device) -
     """What one attn layer's backward of chunk ``chunk`` holds while its kernels read grouped key/value heads
     at query-head width ([Note: grouped key/value heads] in schedlang.runtime.attention_parts): the longest
     part's keys and values and their gradients, ``4 b P W_a x``, ``P`` the longer of the slowest rank's prefix
-    (every key before its slice) and its slice, ``x`` the kernels' element bytes (``f`` on CUDA, ``e`` on the
-    CPU). None without groups: the kernels read the buffers themselves."""
+    (every key before its slice) and its slice, ``x`` the kernels' element bytes (``e`` on the CPU and for 16-bit
+    heads flash attention takes, :func:`~schedlang.vocabulary.model_settings.flash_attention_takes`; ``f``
+    otherwise on CUDA). None without groups: the kernels read the buffers themselves."""
     sizes = program_sizes(program)
     if not sizes.attention.is_grouped:
         return 0.0
     length = program.sequence.chunk_length(chunk)
     last_slice = -(-length // program.mesh.sequence)
     longest = max(program.sequence.boundaries[chunk] + length - last_slice, last_slice)
-    element = sizes.compute_bytes if device is Device.CUDA else sizes.element_bytes
+    flash = sizes.element_bytes == 2 and flash_attention_takes(sizes.attention.head_dim)
+    element = sizes.compute_bytes if device is Device.CUDA and not flash else sizes.element_bytes
     return 4 * sizes.batch * longest * sizes.attention.read_key_value_width * element
 
 

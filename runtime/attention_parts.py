@@ -46,6 +46,8 @@ from enum import Enum
 import torch
 import torch.nn.functional as F
 
+from schedlang.vocabulary.model_settings import flash_attention_takes
+
 aten = torch.ops.aten
 
 
@@ -58,8 +60,6 @@ class PartKernel(Enum):
 
 EFFICIENT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
-FLASH_MAX_HEAD_DIM = 256
-"""Flash attention on CUDA takes 16-bit inputs of head dimensions that are multiples of 8 up to this."""
 EFFICIENT_LSE_ROWS = 32
 """The memory-efficient kernels keep the log-sum-exp of ``L`` queries in ``ceil(L / 32) * 32`` rows."""
 
@@ -76,10 +76,8 @@ def part_kernel(q: torch.Tensor) -> PartKernel:
 
 
 def _flash_takes(q: torch.Tensor) -> bool:
-    dim = q.shape[-1]
     return (
-        dim % 8 == 0
-        and dim <= FLASH_MAX_HEAD_DIM
+        flash_attention_takes(q.shape[-1])
         and torch.backends.cuda.flash_sdp_enabled()
         and torch.cuda.get_device_capability(q.device) >= (8, 0)
     )

@@ -15,6 +15,16 @@ from schedlang.vocabulary.kinds import DeltaGates, LayerKind, MlpKind, OutputGat
 from schedlang.vocabulary.model_options import AttentionOptions, ModelOptions
 
 
+FLASH_MAX_HEAD_DIM = 256
+
+
+def flash_attention_takes(head_dim: int) -> bool:
+    """Whether CUDA's flash attention takes heads ``head_dim`` wide (a multiple of 8, at most 256): then 16-bit
+    attention runs it in the inputs' dtype, else the float32 memory-efficient kernels ([Note: attention in parts]
+    in schedlang.runtime.attention_parts)."""
+    return head_dim % 8 == 0 and head_dim <= FLASH_MAX_HEAD_DIM
+
+
 @dataclass(frozen=True)
 class AttentionGeometry:
     """The head layout of a model's ``attn`` layers: ``heads`` query heads and ``kv_heads`` key/value heads,

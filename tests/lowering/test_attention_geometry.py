@@ -216,16 +216,21 @@ def test_grouped_heads_shrink_the_key_value_buffers_and_gather_by_the_group(sequ
 @pytest.mark.parametrize("sequence", [1, 2])
 def test_the_grouped_read_is_one_part_at_query_head_width_in_the_attn_backward(sequence):
     """``4 b P W_a x``: the longest part's keys and values read at query-head width and their gradients, ``P``
-    the longer of the slowest rank's prefix and its slice; on CUDA in the kernels' float32, on the CPU in
-    ``train.dtype``; nothing without groups, and it enters the transient of the stages with an attn layer."""
+    the longer of the slowest rank's prefix and its slice; in ``train.dtype`` on the CPU and, for a 16-bit
+    model whose head width flash attention takes (24 here), on CUDA; in the memory-efficient kernels' float32
+    for one it does not (20); nothing without groups, and it enters the transient of the stages with an attn
+    layer."""
     grouped, ungrouped = program_of(sequence=sequence), program_of(attention=UNGROUPED, sequence=sequence)
+    odd_width = program_of(attention=OWN_HEADS.replace(f"attn_head_dim = {ATTN_HEAD_DIM}", "attn_head_dim = 20"),
+                           sequence=sequence)
     batch = grouped.pipeline.microbatch_size
     for chunk in range(grouped.n_chunks):
         start, length = grouped.sequence.boundaries[chunk], grouped.sequence.chunk_length(chunk)
         last_slice = -(-length // sequence)
         longest = max(start + length - last_slice, last_slice)
-        assert attention_read_bytes(grouped, chunk, Device.CUDA) == 4 * batch * longest * 96 * 4
+        assert attention_read_bytes(grouped, chunk, Device.CUDA) == 4 * batch * longest * 96 * 2
         assert attention_read_bytes(grouped, chunk, Device.CPU) == 4 * batch * longest * 96 * 2
+        assert attention_read_bytes(odd_width, chunk, Device.CUDA) == 4 * batch * longest * 80 * 4
         assert attention_read_bytes(ungrouped, chunk, Device.CUDA) == 0
     last = grouped.n_chunks - 1
     attention_only = program_of(layers="[attn] * 2", mlp="none", stages=1, sequence=sequence)
