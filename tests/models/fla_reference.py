@@ -166,3 +166,48 @@ def fla_config(**changes) -> dict:
     }
     config.update(changes)
     return config
+
+
+def schedule_errors(path) -> list[tuple[int, int, str]]:
+    """(line, column, message) of each diagnostic loading the schedule at ``path`` raises; fails if none."""
+    import pytest
+
+    from schedlang.diagnostics import ScheduleError
+    from schedlang.frontend import load_program
+
+    with pytest.raises(ScheduleError) as raised:
+        load_program(path)
+    return [(d.span.line, d.span.column, d.message) for d in raised.value.diagnostics]
+
+
+def schedlang_model(model_config, tensors: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+    """The whole model of ``model_config`` on one CPU stage in float32, with ``tensors`` (schedlang's names)
+    loaded when given."""
+    from schedlang.runtime.model import build_stage_model
+
+    model = build_stage_model(model_config, tuple(range(len(model_config.layers))), True, True, 0,
+                              torch.device("cpu"), torch.float32)
+    if tensors is not None:
+        model.load_state_dict(tensors)
+    return model
+
+
+def perturbed_fla_tensors(config: dict, seed: int = 3) -> dict[str, torch.Tensor]:
+    """Random weights of the fla ``config`` in fla's names (every parameter moved off its initial value)."""
+    from schedlang.runtime.hf_format import read_fla_config, to_fla_tensors
+
+    model = schedlang_model(read_fla_config(config).model_config())
+    perturb(model, seed)
+    return to_fla_tensors(dict(model.named_parameters()), model.config.layers)
+
+
+def model_logits(model_config, tokens: torch.Tensor, tensors: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """:func:`schedlang_model`'s logits for ``tokens``."""
+    model = schedlang_model(model_config, tensors)
+    with torch.no_grad():
+        hidden, _ = model(tokens, [None] * model.n_states)
+        return model.logits(hidden)
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual.double() - expected.double()).norm() / expected.double().norm()).item()

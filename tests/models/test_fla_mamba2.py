@@ -11,12 +11,18 @@ import pytest
 import torch
 
 from fla_mamba2_reference import mamba2_logits
-from fla_reference import perturb, write_hf_directory
+from fla_reference import (
+    model_logits,
+    perturb,
+    perturbed_fla_tensors,
+    relative_error,
+    schedule_errors,
+    write_hf_directory,
+)
 from schedlang.cli import main
-from schedlang.diagnostics import ScheduleError
 from schedlang.frontend import load_program
 from schedlang.vocabulary import MlpKind
-from schedlang.runtime.hf_format import read_fla_config, to_fla_tensors
+from schedlang.runtime.hf_format import read_fla_config
 from schedlang.runtime.model import build_stage_model
 from schedlang.vocabulary import LayerKind
 
@@ -60,34 +66,6 @@ def _schedule(tmp_path, config, extra="", pipeline=1, sequence=1, kernel_chunk=1
     return path
 
 
-def _errors(path) -> list[tuple[int, int, str]]:
-    with pytest.raises(ScheduleError) as raised:
-        load_program(path)
-    return [(d.span.line, d.span.column, d.message) for d in raised.value.diagnostics]
-
-
-def _fla_tensors(config: dict, seed: int = 3) -> dict[str, torch.Tensor]:
-    """Random weights of ``config`` in fla's names (every parameter moved off its initial value)."""
-    model = build_stage_model(read_fla_config(config).model_config(), tuple(range(config["num_hidden_layers"])),
-                              True, True, 0, torch.device("cpu"), torch.float32)
-    perturb(model, seed)
-    return to_fla_tensors(dict(model.named_parameters()), model.config.layers)
-
-
-def _logits(model_config, tokens, tensors=None):
-    model = build_stage_model(model_config, tuple(range(len(model_config.layers))), True, True, 0,
-                              torch.device("cpu"), torch.float32)
-    if tensors is not None:
-        model.load_state_dict(tensors)
-    with torch.no_grad():
-        hidden, _ = model(tokens, [None] * model.n_states)
-        return model.logits(hidden)
-
-
-def _relative(actual, expected) -> float:
-    return ((actual.double() - expected.double()).norm() / expected.double().norm()).item()
-
-
 def test_the_directory_fills_the_model_block(tmp_path):
     config = mamba2_config(n_groups=2, conv_kernel=3, use_bias=True, dt_limit=[0.01, math.inf])
     model = load_program(_schedule(tmp_path, config)).model
@@ -115,7 +93,7 @@ def test_the_directory_fills_the_model_block(tmp_path):
     ],
 )
 def test_what_schedlang_does_not_build_is_an_error_at_the_from_value_naming_the_field(tmp_path, changes, field):
-    ((line, column, text),) = _errors(_schedule(tmp_path, mamba2_config(**changes)))
+    ((line, column, text),) = schedule_errors(_schedule(tmp_path, mamba2_config(**changes)))
     assert (line, column) == (3, 10)
     assert f"'{field}'" in text or f"{field} " in text
 
@@ -123,13 +101,15 @@ def test_what_schedlang_does_not_build_is_an_error_at_the_from_value_naming_the_
 def test_each_sequence_rank_must_hold_the_convolutions_history(tmp_path):
     """At the ``from`` key when the directory gave conv_kernel, at conv_kernel when the schedule wrote it."""
     load_program(_schedule(tmp_path, mamba2_config(conv_kernel=5), sequence=2, kernel_chunk=4))
-    ((line, column, text),) = _errors(_schedule(tmp_path, mamba2_config(conv_kernel=5), sequence=2, kernel_chunk=2))
+    path = _schedule(tmp_path, mamba2_config(conv_kernel=5), sequence=2, kernel_chunk=2)
+    ((line, column, text),) = schedule_errors(path)
     assert (line, column) == (3, 3)
     assert text == (
         "with mesh.sequence = 2 each rank's slice of a chunk must hold conv_kernel - 1 = 4 tokens for the next "
         "rank's convolution, but kernel_chunk = 2"
     )
-    written = _errors(_schedule(tmp_path, mamba2_config(), extra="\n  conv_kernel = 8", sequence=2, kernel_chunk=4))
+    path = _schedule(tmp_path, mamba2_config(), extra="\n  conv_kernel = 8", sequence=2, kernel_chunk=4)
+    written = schedule_errors(path)
     assert [(line, column) for line, column, _ in written] == [(4, 3)]
 
 
@@ -137,7 +117,7 @@ def test_each_sequence_rank_must_hold_the_convolutions_history(tmp_path):
 def test_the_weights_give_the_logits_of_the_float64_restatement(tmp_path, pipeline):
     """Loaded on one or two stages (every stage reads its own tensors), float32 within 1e-5."""
     config = mamba2_config(n_groups=2, use_bias=True, dt_limit=[0.001, 1.5])
-    tensors = _fla_tensors(config)
+    tensors = perturbed_fla_tensors(config)
     program = load_program(_schedule(tmp_path, config, pipeline=pipeline, tensors=tensors))
     model_config = program.model
     tokens = torch.randint(0, config["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(1))
@@ -149,7 +129,7 @@ def test_the_weights_give_the_logits_of_the_float64_restatement(tmp_path, pipeli
             hidden, _ = model(hidden, [None] * model.n_states)
     with torch.no_grad():
         logits = model.logits(hidden)
-    assert _relative(logits, mamba2_logits(tensors, config, tokens)) < 1e-5
+    assert relative_error(logits, mamba2_logits(tensors, config, tokens)) < 1e-5
 
 
 def _torch_rms_norm(fla_norm) -> torch.nn.RMSNorm:
@@ -175,13 +155,13 @@ def _fla_model(directory):
 
 def test_fla_gives_the_same_logits_as_the_loaded_model(tmp_path):
     config = mamba2_config()
-    tensors = _fla_tensors(config)
+    tensors = perturbed_fla_tensors(config)
     program = load_program(_schedule(tmp_path, config, tensors=tensors))
     tokens = torch.randint(0, config["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(2))
     fla_model = _fla_model(tmp_path / "model")
     with torch.no_grad():
         expected = fla_model(input_ids=tokens).logits
-    assert _relative(_logits(program.model, tokens), expected) < 1e-5
+    assert relative_error(model_logits(program.model, tokens), expected) < 1e-5
 
 
 def test_a_checkpoint_exports_to_a_directory_fla_loads_with_the_same_logits(tmp_path):
@@ -207,11 +187,11 @@ def test_a_checkpoint_exports_to_a_directory_fla_loads_with_the_same_logits(tmp_
     assert "backbone.layers.1.mixer.conv1d.bias" in exported and "lm_head.weight" not in exported
     assert torch.equal(exported["backbone.layers.0.mixer.A_log"], ours.state_dict()["layers.0.mixer.A_log"])
     tokens = torch.randint(0, config["vocab_size"], (2, 24), generator=torch.Generator().manual_seed(0))
-    expected = _logits(model_config, tokens, dict(ours.state_dict()))
-    assert _relative(mamba2_logits(exported, written, tokens), expected) < 1e-5
+    expected = model_logits(model_config, tokens, dict(ours.state_dict()))
+    assert relative_error(mamba2_logits(exported, written, tokens), expected) < 1e-5
     fla_model = _fla_model(tmp_path / "out")
     with torch.no_grad():
-        assert _relative(fla_model(input_ids=tokens).logits, expected) < 1e-5
+        assert relative_error(fla_model(input_ids=tokens).logits, expected) < 1e-5
 
 
 @pytest.mark.gpu
@@ -224,7 +204,7 @@ def test_on_cuda_bf16_logits_are_as_close_to_float64_as_flas_own(tmp_path):
     transformers = pytest.importorskip("transformers")
     config = mamba2_config(vocab_size=512, hidden_size=256, num_heads=8, head_dim=64, state_size=64,
                            num_hidden_layers=2, n_groups=2)
-    tensors = _fla_tensors(config, seed=5)
+    tensors = perturbed_fla_tensors(config, seed=5)
     program = load_program(_schedule(tmp_path, config, tensors=tensors))
     tokens = torch.randint(0, config["vocab_size"], (1, 1024), generator=torch.Generator().manual_seed(6))
     expected = mamba2_logits(tensors, config, tokens)
@@ -234,8 +214,8 @@ def test_on_cuda_bf16_logits_are_as_close_to_float64_as_flas_own(tmp_path):
     fla = fla.cuda().eval()
     with torch.no_grad():
         hidden, _ = ours(tokens.cuda(), [None] * ours.n_states)
-        our_error = _relative(ours.logits(hidden).cpu(), expected)
-        fla_error = _relative(fla(input_ids=tokens.cuda()).logits.cpu(), expected)
+        our_error = relative_error(ours.logits(hidden).cpu(), expected)
+        fla_error = relative_error(fla(input_ids=tokens.cuda()).logits.cpu(), expected)
     print(f"bf16 logits against float64: ours {our_error:.3e}, fla {fla_error:.3e}")
     assert our_error < 2e-2
     assert our_error <= 1.5 * fla_error

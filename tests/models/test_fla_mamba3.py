@@ -11,11 +11,17 @@ import pytest
 import torch
 
 from fla_mamba3_reference import mamba3_logits
-from fla_reference import perturb, write_hf_directory
+from fla_reference import (
+    model_logits,
+    perturb,
+    perturbed_fla_tensors,
+    relative_error,
+    schedule_errors,
+    write_hf_directory,
+)
 from schedlang.cli import main
-from schedlang.diagnostics import ScheduleError
 from schedlang.frontend import load_program
-from schedlang.runtime.hf_format import read_fla_config, to_fla_tensors
+from schedlang.runtime.hf_format import read_fla_config
 from schedlang.runtime.model import build_stage_model
 from schedlang.vocabulary import LayerKind, MlpKind
 
@@ -57,34 +63,6 @@ def _schedule(tmp_path, config, extra="", pipeline=1, tensors=None):
     return path
 
 
-def _errors(path) -> list[tuple[int, int, str]]:
-    with pytest.raises(ScheduleError) as raised:
-        load_program(path)
-    return [(d.span.line, d.span.column, d.message) for d in raised.value.diagnostics]
-
-
-def _fla_tensors(config: dict, seed: int = 3) -> dict[str, torch.Tensor]:
-    """Random weights of ``config`` in fla's names (every parameter moved off its initial value)."""
-    model = build_stage_model(read_fla_config(config).model_config(), tuple(range(config["num_hidden_layers"])),
-                              True, True, 0, torch.device("cpu"), torch.float32)
-    perturb(model, seed)
-    return to_fla_tensors(dict(model.named_parameters()), model.config.layers)
-
-
-def _logits(model_config, tokens, tensors=None):
-    model = build_stage_model(model_config, tuple(range(len(model_config.layers))), True, True, 0,
-                              torch.device("cpu"), torch.float32)
-    if tensors is not None:
-        model.load_state_dict(tensors)
-    with torch.no_grad():
-        hidden, _ = model(tokens, [None] * model.n_states)
-        return model.logits(hidden)
-
-
-def _relative(actual, expected) -> float:
-    return ((actual.double() - expected.double()).norm() / expected.double().norm()).item()
-
-
 def test_the_directory_fills_the_model_block(tmp_path):
     config = mamba3_config(n_groups=2, use_bias=True, rope_fraction=1.0, A_floor=0.01, is_outproj_norm=True)
     model = load_program(_schedule(tmp_path, config)).model
@@ -108,13 +86,13 @@ def test_the_directory_fills_the_model_block(tmp_path):
     ],
 )
 def test_what_schedlang_does_not_build_is_an_error_at_the_from_value_naming_the_field(tmp_path, changes, field):
-    ((line, column, text),) = _errors(_schedule(tmp_path, mamba3_config(**changes)))
+    ((line, column, text),) = schedule_errors(_schedule(tmp_path, mamba3_config(**changes)))
     assert (line, column) == (3, 10)
     assert f"'{field}'" in text or f"{field} " in text
 
 
 def test_a_schedule_asking_for_mimo_is_refused_at_the_key(tmp_path):
-    ((line, column, text),) = _errors(_schedule(tmp_path, mamba3_config(), extra="\n  is_mimo = true"))
+    ((line, column, text),) = schedule_errors(_schedule(tmp_path, mamba3_config(), extra="\n  is_mimo = true"))
     assert (line, column) == (4, 3) and "is_mimo" in text and "MIMO" in text
 
 
@@ -122,7 +100,7 @@ def test_a_schedule_asking_for_mimo_is_refused_at_the_key(tmp_path):
 def test_the_weights_give_the_logits_of_the_float64_restatement(tmp_path, pipeline):
     """Loaded on one or two stages (every stage reads its own tensors), float32 within 1e-5."""
     config = mamba3_config(n_groups=2, use_bias=True, is_outproj_norm=True)
-    tensors = _fla_tensors(config)
+    tensors = perturbed_fla_tensors(config)
     program = load_program(_schedule(tmp_path, config, pipeline=pipeline, tensors=tensors))
     tokens = torch.randint(0, config["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(1))
     hidden = tokens
@@ -133,7 +111,7 @@ def test_the_weights_give_the_logits_of_the_float64_restatement(tmp_path, pipeli
             hidden, _ = model(hidden, [None] * model.n_states)
     with torch.no_grad():
         logits = model.logits(hidden)
-    assert _relative(logits, mamba3_logits(tensors, config, tokens)) < 1e-5
+    assert relative_error(logits, mamba3_logits(tensors, config, tokens)) < 1e-5
 
 
 def _fla_model(directory):
@@ -168,8 +146,8 @@ def test_a_checkpoint_exports_to_a_directory_fla_loads_with_the_same_logits(tmp_
     assert "backbone.layers.1.mixer.B_bias" in exported and "lm_head.weight" not in exported
     assert torch.equal(exported["backbone.layers.0.mixer.C_bias"], ours.state_dict()["layers.0.mixer.C_bias"])
     tokens = torch.randint(0, config["vocab_size"], (2, 24), generator=torch.Generator().manual_seed(0))
-    expected = _logits(model_config, tokens, dict(ours.state_dict()))
-    assert _relative(mamba3_logits(exported, written, tokens), expected) < 1e-5
+    expected = model_logits(model_config, tokens, dict(ours.state_dict()))
+    assert relative_error(mamba3_logits(exported, written, tokens), expected) < 1e-5
     fla_model = _fla_model(tmp_path / "out")
     fla_state = fla_model.state_dict()
     for name, tensor in exported.items():
