@@ -131,16 +131,16 @@ class MemoryBudget:
         the farthest over first."""
         found = []
         for stage in memory:
-            needed = stage.reserved + OUTSIDE_THE_ALLOCATOR
-            if needed > self.device_bytes:
+            if not self.stage_fits(stage.reserved):
                 components = stage.components
                 term = max(components, key=components.get)
                 found.append(Misfit(
-                    MemoryPlace.DEVICE, stage, None, needed, self.device_bytes, term.value, components[term]
+                    MemoryPlace.DEVICE, stage, None, stage.reserved + OUTSIDE_THE_ALLOCATOR, self.device_bytes,
+                    term.value, components[term],
                 ))
         limit = self.host.pinned_limit
-        for node, stages in enumerate(self.node_stages(program)):
-            needed = sum(memory[stage].pinned_host for stage in stages)
+        node_bytes = self.node_pinned_bytes(program, memory)
+        for node, (stages, needed) in enumerate(zip(self.node_stages(program), node_bytes)):
             if needed > limit:
                 largest = max(stages, key=lambda stage: memory[stage].pinned_host)
                 found.append(Misfit(
