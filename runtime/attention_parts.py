@@ -38,7 +38,6 @@ caller's keys in place (the CUDA kernels' float32 copy aside).
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -80,14 +79,8 @@ def _flash_takes(q: torch.Tensor) -> bool:
     return (
         flash_attention_takes(q.shape[-1])
         and torch.backends.cuda.flash_sdp_enabled()
-        and _has_flash_hardware(q.device.index if q.device.index is not None else torch.cuda.current_device())
+        and torch.cuda.get_device_capability(q.device) >= (8, 0)
     )
-
-
-@functools.cache
-def _has_flash_hardware(device_index: int) -> bool:
-    """Flash attention needs compute capability 8.0 (Ampere) or later; asked once per device, not per call."""
-    return torch.cuda.get_device_capability(device_index) >= (8, 0)
 
 
 @dataclass(frozen=True)
