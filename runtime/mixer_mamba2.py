@@ -118,7 +118,7 @@ class Mamba2Mixer(nn.Module):
         """``documents``: the chunk's packed documents; the SSD state and the convolution's history both start
         afresh at each document start ([Note: packed documents], [Note: short convolutions over packed
         documents])."""
-        from schedlang.kernels.mamba2 import ssd_operands
+        from schedlang.kernels.mamba2 import ssd_operands, ssd_skip
 
         batch, length, _ = hidden.shape
         options = self.options
@@ -136,7 +136,7 @@ class Mamba2Mixer(nn.Module):
         B = B.reshape(batch, length, options.n_groups, options.state_size)
         C = C.reshape(batch, length, options.n_groups, options.state_size)
         A = -torch.exp(_at_least_float32(self.A_log))
-        operands = ssd_operands(x, self.time_step(raw_step), A, B, C)
+        operands = ssd_operands(x, self.time_step(raw_step), A, B, C, kernel_backend(x.device))
         if self.sequence_context is None:
             mixed, final_state = recurrent_by_document(
                 documents,
@@ -147,7 +147,7 @@ class Mamba2Mixer(nn.Module):
             )
         else:
             mixed, final_state = self._sequence_parallel(operands, recurrent_state)
-        mixed = mixed.to(x.dtype) + self.D.to(x.dtype)[:, None] * x
+        mixed = ssd_skip(mixed, x, self.D, kernel_backend(x.device))
         gated = self.norm(mixed.reshape(batch, length, self.inner_width), gate)
         return self.out_proj(gated), self.packed_state.pack(final_state, (final_history,))
 

@@ -4,6 +4,8 @@ Triton 3.6)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 
@@ -29,3 +31,11 @@ def states_dtype(dtype: torch.dtype) -> torch.dtype:
 def launch_options(entry: dict) -> dict:
     """The num_warps / num_stages of a launch-table entry, as Triton launch keyword arguments."""
     return {name: entry[name] for name in ("num_warps", "num_stages")}
+
+
+def products_precision(table: Mapping[str, Mapping], dtype: torch.dtype) -> str:
+    """The ``input_precision`` of a kernel module's matrix products for inputs of ``dtype``: its launch table's
+    ``products`` entry, ``float32`` for float32 inputs and ``reduced`` otherwise (16-bit operands ignore it).
+    "tf32" rounds each float32 operand to a 10-bit mantissa; "tf32x3" (three tf32 products) and "ieee" keep
+    float32's error where rounding compounds or cancels."""
+    return table["products"]["float32" if dtype == torch.float32 else "reduced"]

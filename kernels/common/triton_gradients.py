@@ -1,5 +1,7 @@
 """Triton pieces shared by the GLA and simple-GLA backward kernels: what a chunk's dq/dk/dg need from the
-value side, summed over V in blocks of BV. Transposes are of loaded inputs, never of a product's accumulator."""
+value side, summed over V in blocks of BV. Transposes are of loaded inputs, never of a product's accumulator.
+PRECISION is the products' ``input_precision`` for float32 operands (kernels/common/sizes.py,
+``products_precision``); 16-bit operands ignore it."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import triton.language as tl
 @triton.jit
 def chunk_score_gradients(
     do, v, value_base, i_n, T, H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+    PRECISION: tl.constexpr = "tf32",
 ):
     """do v^T and v do^T of chunk i_n ([BT, BT] each, unscaled, unmasked; the second formed directly)."""
     b_do_v = tl.zeros([BT, BT], dtype=tl.float32)
@@ -19,8 +22,8 @@ def chunk_score_gradients(
         p_v = tl.make_block_ptr(v + value_base, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
         b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
         b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
-        b_do_v += tl.dot(b_do, tl.trans(b_v))
-        b_v_do += tl.dot(b_v, tl.trans(b_do))
+        b_do_v += tl.dot(b_do, tl.trans(b_v), input_precision=PRECISION)
+        b_v_do += tl.dot(b_v, tl.trans(b_do), input_precision=PRECISION)
     return b_do_v, b_v_do
 
 
@@ -28,6 +31,7 @@ def chunk_score_gradients(
 def chunk_state_products(
     do, v, states, state_grads, value_base, chunk_offset, i_n, key_start, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    PRECISION: tl.constexpr = "tf32",
 ):
     """For keys [key_start, key_start + BK): do S_n^T and v dS^T ([BT, BK]) and sum_v(S_n * dS) ([BK]), with S_n
     the state entering the chunk and dS the gradient of the state leaving it ([K, V] each at chunk_offset)."""
@@ -44,7 +48,7 @@ def chunk_state_products(
         b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
         b_ht = tl.load(p_ht, boundary_check=(0, 1))
         b_dht = tl.load(p_dht, boundary_check=(0, 1))
-        b_do_s += tl.dot(b_do.to(b_ht.dtype), b_ht)
-        b_v_ds += tl.dot(b_v.to(b_dht.dtype), b_dht)
+        b_do_s += tl.dot(b_do.to(b_ht.dtype), b_ht, input_precision=PRECISION)
+        b_v_ds += tl.dot(b_v.to(b_dht.dtype), b_dht, input_precision=PRECISION)
         b_s_ds += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
     return b_do_s, b_v_ds, b_s_ds

@@ -25,6 +25,7 @@ import torch
 from schedlang.kernels.common.arguments import CHUNK_SIZE
 from schedlang.kernels.common.heads import repeat_each_head, sum_each_head_group
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, states_dtype
+from schedlang.kernels.common.sizes import products_precision as table_products_precision
 from schedlang.kernels.common.triton_scan import new_output
 from schedlang.kernels.gdn.overlap import Lanes, Segment, split_into_segments
 from schedlang.kernels.gdn.state_pass_triton import (
@@ -41,7 +42,7 @@ SUB_CHUNK = 16
 
 def products_precision(dtype: torch.dtype) -> str:
     """The input precision of the per-chunk kernels' products for inputs of ``dtype``."""
-    return LAUNCH["products"]["float32" if dtype == torch.float32 else "reduced"]
+    return table_products_precision(LAUNCH, dtype)
 
 
 def state_pass_precision(dtype: torch.dtype) -> str | None:

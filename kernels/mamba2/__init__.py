@@ -8,5 +8,6 @@ kernels/mamba2/README.md maps the SSD onto simple GLA's operands.
 
 from schedlang.kernels.mamba2.chunk import SsdOperands, chunk_mamba2, ssd_operands
 from schedlang.kernels.mamba2.naive import naive_recurrent_mamba2
+from schedlang.kernels.mamba2.pointwise import ssd_skip, ssd_values_and_gates
 
-__all__ = ["SsdOperands", "chunk_mamba2", "naive_recurrent_mamba2", "ssd_operands"]
+__all__ = ["SsdOperands", "chunk_mamba2", "naive_recurrent_mamba2", "ssd_operands", "ssd_skip", "ssd_values_and_gates"]

@@ -15,6 +15,7 @@ import torch
 
 from schedlang.kernels.common import check_floating_tensor
 from schedlang.kernels.common.heads import repeat_each_head
+from schedlang.kernels.mamba2.pointwise import ssd_skip, ssd_values_and_gates
 from schedlang.kernels.simple_gla import chunk_simple_gla
 
 
@@ -48,19 +49,14 @@ def _check_ssd_arguments(x, dt, A, B, C, D) -> None:
         raise ValueError(f"D must have shape [H] = [{heads}], got {tuple(D.shape)}")
 
 
-def ssd_operands(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor) -> SsdOperands:
-    """The SSD as simple GLA's operands (shapes as :func:`chunk_mamba2`'s). ``v = dt x`` is formed in float32
-    (float64 for float64 inputs) and kept in x's dtype; q and k are C and B in x's dtype, each group repeated
-    for its heads. Differentiable: gradients reach x, dt, A, B and C through autograd."""
+def ssd_operands(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                 backend: str = "auto") -> SsdOperands:
+    """The SSD as simple GLA's operands (shapes as :func:`chunk_mamba2`'s). ``v = dt x`` and ``g = dt A`` come
+    from one fused launch each way (:func:`ssd_values_and_gates`); q and k are C and B in x's dtype, each group
+    repeated for its heads. Differentiable: gradients reach x, dt, A, B and C."""
     heads = x.shape[2]
-    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-    step = dt.to(compute)
-    return SsdOperands(
-        q=repeat_each_head(C.to(x.dtype), heads),
-        k=repeat_each_head(B.to(x.dtype), heads),
-        v=(x.to(compute) * step[..., None]).to(x.dtype),
-        g=step * A.to(compute),
-    )
+    v, g = ssd_values_and_gates(x, dt, A, backend)
+    return SsdOperands(q=repeat_each_head(C.to(x.dtype), heads), k=repeat_each_head(B.to(x.dtype), heads), v=v, g=g)
 
 
 def chunk_mamba2(
@@ -88,11 +84,11 @@ def chunk_mamba2(
     Gradients flow to x, dt, A, B, C, D and initial_state, and from the final state.
     """
     _check_ssd_arguments(x, dt, A, B, C, D)
-    operands = ssd_operands(x, dt, A, B, C)
+    operands = ssd_operands(x, dt, A, B, C, backend)
     output, final_state = chunk_simple_gla(
         operands.q, operands.k, operands.v, operands.g, scale=1.0, initial_state=initial_state,
         output_final_state=output_final_state, backend=backend,
     )
     if D is not None:
-        output = output + (D.to(output.dtype)[:, None] * x.to(output.dtype))
+        output = ssd_skip(output, x, D, backend)
     return output.to(x.dtype), final_state

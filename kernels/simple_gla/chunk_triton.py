@@ -6,6 +6,8 @@ of the entering state). Backward: the gates with the state and state-gradient up
 recomputed states and the reverse scan of the state gradients in one launch, a dv kernel and a dq/dk/dg kernel. With a scalar
 gate the decay matrix exp(gc_i - gc_j), j <= i, never exceeds 1, so no sub-chunk split is needed.
 Transposed products are formed from operands loaded transposed, never from a transposed accumulator.
+Float32 inputs take the launch table's ``products`` precision ("tf32x3": three tf32 products, float32-level
+error), since dg is a sum of ``q dq - k dk`` terms that cancel; 16-bit inputs multiply as 16-bit.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import triton.language as tl
 
 from schedlang.kernels.common.arguments import CHUNK_SIZE
 from schedlang.kernels.common.launch_tables import register_launch_table
-from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, states_dtype
+from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, products_precision, states_dtype
 from schedlang.kernels.common.triton_gradients import chunk_score_gradients, chunk_state_products
 from schedlang.kernels.common.triton_scan import (
     PreparedChunks,
@@ -35,6 +37,9 @@ LAUNCH = register_launch_table("simple_gla", __name__, {
     "output": dict(block_k=64, block_v=128, num_warps=8, num_stages=3),
     "dv": dict(block_k=64, block_v=128, num_warps=8, num_stages=3),
     "dqkg": dict(block_v=64, num_warps=8, num_stages=3),  # all keys (up to 256) in one tile
+    # the products' input precision (kernels/common/sizes.py, products_precision): float32 inputs in tf32x3,
+    # since dg sums q dq - k dk, whose terms cancel (Mamba-2's shapes failed 5e-3 with plain tf32)
+    "products": {"float32": "tf32x3", "reduced": "tf32"},
 })
 """The launch table of the Triton simple-GLA kernels, read at call time (kernels/common/launch_tables.py)."""
 
@@ -43,6 +48,7 @@ LAUNCH = register_launch_table("simple_gla", __name__, {
 def _store_chunk_update(
     x, y, b_factor, updates, i_n, i_bh, i_k, i_v, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     # updates[chunk i_n, block (i_k, i_v)] = (x * b_factor[:, None])^T y, x loaded transposed from memory
     i_b, i_h = i_bh // H, i_bh % H
@@ -54,13 +60,14 @@ def _store_chunk_update(
     p_update = tl.make_block_ptr(
         updates + (i_bh * NT + i_n).to(tl.int64) * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0)
     )
-    tl.store(p_update, tl.dot(b_xt, b_y).to(p_update.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(p_update, tl.dot(b_xt, b_y, input_precision=PRECISION).to(p_update.dtype.element_ty), boundary_check=(0, 1))
 
 
 @triton.jit
 def simple_gla_kernel_gates_and_updates(
     g, k, v, q, do, gate_cumsum, chunk_gate, updates, grad_updates, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    PRECISION: tl.constexpr,
     UPDATES: tl.constexpr, GRADIENTS: tl.constexpr,
 ):
     # The chunk-local cumsum of the scalar gate (written once, by the programs of block (0, 0)), then, with
@@ -77,15 +84,18 @@ def simple_gla_kernel_gates_and_updates(
         tl.store(gate_cumsum + (i_b * T + o_t) * H + i_h, b_gc, mask=o_t < T)
         tl.store(chunk_gate + i_bh * NT + i_n, b_gl)
     if UPDATES:
-        _store_chunk_update(k, v, tl.exp(b_gl - b_gc), updates, i_n, i_bh, i_k, i_v, T, NT, H, K, V, BT, BK, BV)
+        _store_chunk_update(k, v, tl.exp(b_gl - b_gc), updates, i_n, i_bh, i_k, i_v, T, NT, H, K, V, BT, BK, BV,
+                            PRECISION)
     if GRADIENTS:
-        _store_chunk_update(q, do, tl.exp(b_gc) * scale, grad_updates, i_n, i_bh, i_k, i_v, T, NT, H, K, V, BT, BK, BV)
+        _store_chunk_update(q, do, tl.exp(b_gc) * scale, grad_updates, i_n, i_bh, i_k, i_v, T, NT, H, K, V, BT, BK, BV,
+                            PRECISION)
 
 
 @triton.jit
 def simple_gla_fwd_kernel_output(
     q, k, v, gate_cumsum, states, output, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -99,8 +109,8 @@ def simple_gla_fwd_kernel_output(
         b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
         b_kt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero")
         b_h = tl.load(p_h, boundary_check=(0, 1))
-        b_scores += tl.dot(b_q, b_kt)
-        b_inter += tl.dot(b_q.to(b_h.dtype), b_h)
+        b_scores += tl.dot(b_q, b_kt, input_precision=PRECISION)
+        b_inter += tl.dot(b_q.to(b_h.dtype), b_h, input_precision=PRECISION)
     o_i = tl.arange(0, BT)
     o_t = i_n * BT + o_i
     b_gc = tl.load(gate_cumsum + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.0)
@@ -108,7 +118,7 @@ def simple_gla_fwd_kernel_output(
     b_decay = tl.exp(tl.where(causal, b_gc[:, None] - b_gc[None, :], float("-inf")))
     p_v = tl.make_block_ptr(v + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
     b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
-    b_o = b_inter * tl.exp(b_gc)[:, None] + tl.dot((b_scores * b_decay).to(b_v.dtype), b_v)
+    b_o = b_inter * tl.exp(b_gc)[:, None] + tl.dot((b_scores * b_decay).to(b_v.dtype), b_v, input_precision=PRECISION)
     p_o = tl.make_block_ptr(output + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
     tl.store(p_o, (b_o * scale).to(p_o.dtype.element_ty), boundary_check=(0, 1))
 
@@ -117,6 +127,7 @@ def simple_gla_fwd_kernel_output(
 def simple_gla_bwd_kernel_dv(
     q, k, do, gate_cumsum, chunk_gate, state_grads, dv, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     # dv_j = sum_{i>=j} scale (q_i . k_j) exp(gc_i - gc_j) do_i + k_j exp(gl - gc_j) dS_leaving
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -139,13 +150,14 @@ def simple_gla_bwd_kernel_dv(
         b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
         b_qt = tl.load(p_qt, boundary_check=(0, 1), padding_option="zero")
         b_dh = tl.load(p_dh, boundary_check=(0, 1))
-        b_scores_t += tl.dot(b_k, b_qt)
-        b_dv += tl.dot(b_k.to(b_dh.dtype), b_dh)
+        b_scores_t += tl.dot(b_k, b_qt, input_precision=PRECISION)
+        b_dv += tl.dot(b_k.to(b_dh.dtype), b_dh, input_precision=PRECISION)
     anticausal = o_i[:, None] <= o_i[None, :]
     b_decay_t = tl.exp(tl.where(anticausal, b_gc[None, :] - b_gc[:, None], float("-inf")))
     p_do = tl.make_block_ptr(do + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
     b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
-    b_dv = b_dv * tl.exp(b_gl - b_gc)[:, None] + tl.dot((b_scores_t * b_decay_t * scale).to(b_do.dtype), b_do)
+    b_dv = b_dv * tl.exp(b_gl - b_gc)[:, None] + tl.dot((b_scores_t * b_decay_t * scale).to(b_do.dtype), b_do,
+                                                      input_precision=PRECISION)
     p_dv = tl.make_block_ptr(dv + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
     tl.store(p_dv, b_dv.to(p_dv.dtype.element_ty), boundary_check=(0, 1))
 
@@ -154,15 +166,16 @@ def simple_gla_bwd_kernel_dv(
 def simple_gla_bwd_kernel_dqkg(
     q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq, dk, dg, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     # One program per chunk with the whole key dimension (BK >= K), so dg's sum over keys stays in the program.
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     chunk_offset = (i_bh * NT + i_n).to(tl.int64) * K * V
     value_base = i_b * T * H * V + i_h * V
-    b_ds, b_ds_t = chunk_score_gradients(do, v, value_base, i_n, T, H, V, BT, BV)
+    b_ds, b_ds_t = chunk_score_gradients(do, v, value_base, i_n, T, H, V, BT, BV, PRECISION)
     b_dq, b_dk, b_boundary = chunk_state_products(
-        do, v, states, state_grads, value_base, chunk_offset, i_n, 0, T, H, K, V, BT, BK, BV
+        do, v, states, state_grads, value_base, chunk_offset, i_n, 0, T, H, K, V, BT, BK, BV, PRECISION
     )
     o_i = tl.arange(0, BT)
     o_t = i_n * BT + o_i
@@ -179,9 +192,10 @@ def simple_gla_bwd_kernel_dqkg(
     p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (i_n * BT, 0), (BT, BK), (1, 0))
     b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
     b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
-    b_dq = b_dq * (tl.exp(b_gc) * scale)[:, None] + tl.dot((b_ds * b_decay * scale).to(b_k.dtype), b_k)
+    b_dq = b_dq * (tl.exp(b_gc) * scale)[:, None] + tl.dot((b_ds * b_decay * scale).to(b_k.dtype), b_k,
+                                                                     input_precision=PRECISION)
     b_dk_state = b_dk * tl.exp(b_gl - b_gc)[:, None]
-    b_dk = b_dk_state + tl.dot((b_ds_t * b_decay_t * scale).to(b_q.dtype), b_q)
+    b_dk = b_dk_state + tl.dot((b_ds_t * b_decay_t * scale).to(b_q.dtype), b_q, input_precision=PRECISION)
     b_qf = b_q.to(tl.float32)
     b_kf = b_k.to(tl.float32)
     b_boundary_total = tl.sum(b_boundary, axis=0) * tl.exp(b_gl) + tl.sum(b_kf * b_dk_state)
@@ -218,7 +232,7 @@ def gates_and_updates(g, k, v, q=None, do=None, scale: float = 1.0, state_update
         g, k, v, q if gradients else k, do if gradients else v, gate_cumsum, chunk_gate, written,
         grad_updates if gradients else written, scale, length, n_chunks,
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v, UPDATES=state_updates,
-        GRADIENTS=gradients, **launch_options(launch),
+        GRADIENTS=gradients, PRECISION=products_precision(LAUNCH, k.dtype), **launch_options(launch),
     )
     return (gate_cumsum, chunk_gate), updates, grad_updates
 
@@ -245,7 +259,7 @@ def finish_forward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, s
     simple_gla_fwd_kernel_output[(cdiv(value_dim, block_v), n_chunks, batch * heads)](
         q, k, v, gate_cumsum, states, output, scale, length, n_chunks,
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
-        **launch_options(launch),
+        PRECISION=products_precision(LAUNCH, q.dtype), **launch_options(launch),
     )
     return output, final_state, (states if save_states else None)
 
@@ -272,7 +286,7 @@ def finish_backward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, 
     simple_gla_bwd_kernel_dv[(cdiv(value_dim, block_v), n_chunks, batch * heads)](
         q, k, do, gate_cumsum, chunk_gate, state_grads, dv, scale, length, n_chunks,
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
-        **launch_options(launch),
+        PRECISION=products_precision(LAUNCH, q.dtype), **launch_options(launch),
     )
     dq = new_output(q.shape, q.dtype, q.device)
     dk = new_output(k.shape, k.dtype, k.device)
@@ -280,7 +294,8 @@ def finish_backward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, 
     simple_gla_bwd_kernel_dqkg[(n_chunks, batch * heads)](
         q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq, dk, dg, scale, length, n_chunks,
         H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_size(key_dim, 256),
-        BV=block_size(value_dim, LAUNCH["dqkg"]["block_v"]), **launch_options(LAUNCH["dqkg"]),
+        BV=block_size(value_dim, LAUNCH["dqkg"]["block_v"]), PRECISION=products_precision(LAUNCH, q.dtype),
+        **launch_options(LAUNCH["dqkg"]),
     )
     return dq, dk, dv, dg, initial_grad
 

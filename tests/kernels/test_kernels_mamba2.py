@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kernel_reference_cases import relative_error
-from schedlang.kernels.mamba2 import chunk_mamba2, naive_recurrent_mamba2
+from schedlang.kernels.mamba2 import chunk_mamba2, naive_recurrent_mamba2, ssd_skip, ssd_values_and_gates
 
 LEAVES = ("x", "dt", "A", "B", "C", "D", "initial_state")
 
@@ -158,7 +158,70 @@ def test_triton_path_on_the_gpu_matches_the_recurrence(shape, dtype_name):
     outputs, final state and every gradient."""
     dtype, tolerance = GPU_DTYPES[dtype_name]
     inputs, gradients = make_ssd_inputs(*shape, dtype=dtype)
-    expected = reference(inputs, gradients)
     on_gpu = {name: None if t is None else t.cuda() for name, t in inputs.items()}
-    actual = run_with_grads(chunk_mamba2, on_gpu, {name: t.cuda() for name, t in gradients.items()}, backend="triton")
-    assert_close({name: t.cpu() for name, t in actual.items()}, expected, tolerance)
+    gradients = {name: t.cuda() for name, t in gradients.items()}
+    expected = reference(on_gpu, gradients)  # the float64 loop on the GPU: minutes on the CPU at 4K tokens
+    actual = run_with_grads(chunk_mamba2, on_gpu, gradients, backend="triton")
+    assert_close(actual, expected, tolerance)
+
+
+def pointwise_inputs(dtype, batch=2, length=70, heads=3, head_dim=24, sliced=True):
+    """x as the mixer makes it (a column slice of a wider tensor, unit last stride) unless ``sliced`` is False."""
+    wide = torch.randn(batch, length, heads * head_dim + 5, dtype=torch.float64)
+    x = wide[..., : heads * head_dim].reshape(batch, length, heads, head_dim)
+    if not sliced:
+        x = x.contiguous()
+    return {
+        "x": x.to(dtype),
+        "dt": F.softplus(torch.randn(batch, length, heads, dtype=torch.float64)).to(dtype),
+        "A": -torch.rand(heads, dtype=torch.float64).to(dtype) - 0.1,
+        "o": torch.randn(batch, length, heads, head_dim, dtype=torch.float64).to(dtype),
+        "D": torch.randn(heads, dtype=torch.float64).to(dtype),
+    }
+
+
+def pointwise_results(inputs, backend):
+    """v, g, the skip's output, and the gradients of x, dt, A, o and D for fixed random output gradients."""
+    leaves = {name: tensor.detach().clone().requires_grad_(True) for name, tensor in inputs.items()}
+    v, g = ssd_values_and_gates(leaves["x"], leaves["dt"], leaves["A"], backend=backend)
+    y = ssd_skip(leaves["o"], leaves["x"], leaves["D"], backend=backend)
+    generator = torch.Generator().manual_seed(1)
+    loss = sum((out.double() * torch.randn(out.shape, generator=generator, dtype=torch.float64)).sum()
+               for out in (v, g, y))
+    names = list(leaves)
+    grads = torch.autograd.grad(loss, [leaves[name] for name in names])
+    return {"v": v.detach(), "g": g.detach(), "y": y.detach(), **{f"d{n}": t for n, t in zip(names, grads)}}
+
+
+def test_pointwise_ends_have_the_gradients_of_their_formulas_in_float64():
+    """The map and the skip (PyTorch path) against torch.autograd.gradcheck's numerical gradients."""
+    inputs = pointwise_inputs(torch.float64, batch=1, length=5, heads=2, head_dim=3)
+    names = ("x", "dt", "A")
+    leaves = [inputs[name].detach().clone().requires_grad_(True) for name in names]
+    assert torch.autograd.gradcheck(lambda x, dt, A: ssd_values_and_gates(x, dt, A, backend="torch"), leaves)
+    leaves = [inputs[name].detach().clone().requires_grad_(True) for name in ("o", "x", "D")]
+    assert torch.autograd.gradcheck(lambda o, x, D: ssd_skip(o, x, D, backend="torch"), leaves)
+
+
+def test_pointwise_ends_are_the_formulas_they_fuse():
+    """v = dt x, g = dt A, y = o + D x in float64, against the formulas written out."""
+    inputs = pointwise_inputs(torch.float64)
+    results = pointwise_results(inputs, "torch")
+    assert relative_error(results["v"], inputs["x"] * inputs["dt"][..., None]) < 1e-15
+    assert relative_error(results["g"], inputs["dt"] * inputs["A"]) < 1e-15
+    assert relative_error(results["y"], inputs["o"] + inputs["D"][:, None] * inputs["x"]) < 1e-15
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's case: CPU tensors, TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("sliced", [True, False], ids=["column_slice", "contiguous"])
+def test_pointwise_triton_kernels_match_the_torch_path(dtype, sliced):
+    """Triton's interpreter (elementwise kernels only, so bfloat16 too) against the PyTorch path on the same
+    inputs: values, gates, the skip and every gradient, including the per-head sums dA and dD."""
+    inputs = pointwise_inputs(dtype, sliced=sliced)
+    expected = pointwise_results(inputs, "torch")
+    actual = pointwise_results(inputs, "triton")
+    tolerance = 1e-6 if dtype == torch.float32 else 1e-2
+    for name in expected:
+        assert actual[name].dtype == expected[name].dtype, name
+    assert_close(actual, expected, tolerance)
