@@ -1,7 +1,9 @@
 """Triton pieces shared by the GLA and simple-GLA backward kernels: what a chunk's dq/dk/dg need from the
 value side, summed over V in blocks of BV. Transposes are of loaded inputs, never of a product's accumulator.
 PRECISION is the products' ``input_precision`` for float32 operands (kernels/common/sizes.py,
-``products_precision``); 16-bit operands ignore it."""
+``products_precision``); 16-bit operands ignore it. Callers always pass it: a jit function's default string
+argument is not made a constexpr when compiled (Triton 3.6's code generator wraps only numbers, bools and
+dtypes), so a default compiles in the interpreter and fails on the GPU."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import triton.language as tl
 @triton.jit
 def chunk_score_gradients(
     do, v, value_base, i_n, T, H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-    PRECISION: tl.constexpr = "tf32",
+    PRECISION: tl.constexpr,
 ):
     """do v^T and v do^T of chunk i_n ([BT, BT] each, unscaled, unmasked; the second formed directly)."""
     b_do_v = tl.zeros([BT, BT], dtype=tl.float32)
@@ -31,7 +33,7 @@ def chunk_score_gradients(
 def chunk_state_products(
     do, v, states, state_grads, value_base, chunk_offset, i_n, key_start, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PRECISION: tl.constexpr = "tf32",
+    PRECISION: tl.constexpr,
 ):
     """For keys [key_start, key_start + BK): do S_n^T and v dS^T ([BT, BK]) and sum_v(S_n * dS) ([BK]), with S_n
     the state entering the chunk and dS the gradient of the state leaving it ([K, V] each at chunk_offset)."""

@@ -117,7 +117,7 @@ def _smooth_dqkg_block(
     i_b, i_h = i_bh // H, i_bh % H
     b_dq, b_dk, b_boundary = chunk_state_products(
         do, v, states, state_grads, i_b * T * H * V + i_h * V, (i_bh * NT + i_n).to(tl.int64) * K * V, i_n,
-        i_k * BK, T, H, K, V, BT, BK, BV,
+        i_k * BK, T, H, K, V, BT, BK, BV, "tf32",
     )
     base = i_b * T * H * K + i_h * K
     o_k = i_k * BK + tl.arange(0, BK)
@@ -160,7 +160,7 @@ def gla_bwd_kernel_smooth_dqkg(
         return
     i_b, i_h = i_bh // H, i_bh % H
     o_t = tl.arange(0, BT)
-    b_dscores, b_dscores_t = chunk_score_gradients(do, v, i_b * T * H * V + i_h * V, i_n, T, H, V, BT, BV)
+    b_dscores, b_dscores_t = chunk_score_gradients(do, v, i_b * T * H * V + i_h * V, i_n, T, H, V, BT, BV, "tf32")
     b_dscores = tl.where(o_t[:, None] >= o_t[None, :], b_dscores * scale, 0.0)
     b_dscores_t = tl.where(o_t[None, :] >= o_t[:, None], b_dscores_t * scale, 0.0)
     row_valid = i_n * BT + o_t < T

@@ -280,7 +280,8 @@ def gla_bwd_kernel_inter(
                 o_k = i_k * BK + tl.arange(0, BK)
                 chunk_offset = (i_bh * NT + i_n).to(tl.int64) * K * V
                 b_dq, b_dk, b_boundary = chunk_state_products(
-                    do, v, states, state_grads, i_b * T * H * V + i_h * V, chunk_offset, i_n, i_k * BK, T, H, K, V, BT, BK, BV
+                    do, v, states, state_grads, i_b * T * H * V + i_h * V, chunk_offset, i_n, i_k * BK, T, H, K, V, BT, BK, BV,
+                    "tf32",  # GLA's float32 products: plain tf32 (its GPU tests' 5e-3)
                 )
                 base = i_b * T * H * K + i_h * K
                 p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
