@@ -35,6 +35,8 @@ class ProfiledPart(str, Enum):
     SIMPLE_GLA = "simple_gla"
     GDN = "gdn"
     ATTN = "attn"
+    MAMBA2 = "mamba2"
+    MAMBA3 = "mamba3"
     MLP = "mlp"
     EMBEDDING = "embedding"
     HEAD = "head"
@@ -42,6 +44,11 @@ class ProfiledPart(str, Enum):
     @classmethod
     def of_layer(cls, kind: LayerKind) -> ProfiledPart:
         return cls(kind.value)
+
+    @property
+    def is_mixer(self) -> bool:
+        """A layer kind's mixing layer (timed with the model's heads), not the MLP, embedding or head."""
+        return self not in (ProfiledPart.MLP, ProfiledPart.EMBEDDING, ProfiledPart.HEAD)
 
 
 class Origin(str, Enum):
@@ -368,7 +375,7 @@ def parse_layer(reader: ProfileReader, data: dict, index: int) -> LayerMeasureme
             table, "tokens", index,
         )
     tokens = tuple(tokens)
-    needs_heads = part in (ProfiledPart.GLA, ProfiledPart.SIMPLE_GLA, ProfiledPart.GDN, ProfiledPart.ATTN)
+    needs_heads = part.is_mixer
     return LayerMeasurement(
         part=part,
         d_model=reader.integer(data, "d_model", table, index),

@@ -442,7 +442,7 @@ def layer_measurements(program, timings) -> tuple:
         kind = ProfiledPart(part)
         is_attention = kind is ProfiledPart.ATTN
         heads, head_dim = (attention.heads, attention.head_dim) if is_attention else (model.heads, model.head_dim)
-        mixer = kind not in (ProfiledPart.MLP, ProfiledPart.EMBEDDING, ProfiledPart.HEAD)
+        mixer = kind.is_mixer
         hidden = 0
         if kind is ProfiledPart.MLP:
             hidden = model.options.mlp_width or swiglu_width(model.d_model, model.mlp_ratio or 4.0)

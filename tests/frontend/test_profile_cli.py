@@ -276,3 +276,21 @@ def test_measure_times_the_named_parts_again_and_keeps_the_rest(profiled, tmp_pa
     assert all(layer.forward.tokens == (32, 64) and layer.d_model == 32 for layer in attention)
     assert mixed.calibration == h200.calibration
     assert "--measure attn` on CPU" in output.read_text()
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "mamba3"])
+def test_profile_times_the_mamba_layers_and_simulate_reads_them(tmp_path, kind, capsys):
+    """A Mamba layer is a part of its own: profiled on the CPU, read back by simulate; the shipped H200 profile,
+    which never timed one, is refused in one line naming it."""
+    schedule = tmp_path / "mamba.sched"
+    schedule.write_text(SCHEDULE.replace("layers = [gla, attn]", f"layers = [{kind}, attn]"))
+    output = tmp_path / "mamba.toml"
+    assert main(["profile", str(schedule), "--device", "cpu", "-o", str(output), "--repeats", "1"]) == 0
+    profile = load_hardware_profile(output)
+    mixer = [layer for layer in profile.layers if layer.part is ProfiledPart(kind)]
+    assert mixer and mixer[0].heads == 2 and mixer[0].head_dim == 16
+    assert main(["simulate", str(schedule), "--hardware", str(output)]) == 0
+    capsys.readouterr()
+    assert main(["simulate", str(schedule), "--hardware", "h200"]) == 1
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and f"hardware profile h200 has no measurement of {kind}" in error[0]

@@ -61,9 +61,9 @@ HEAD_REDUCTION_TOLERANCE = 1e-4
 """dA is one number per head summed over B * T * P * N float32 products: its rounding grows with that count."""
 
 
-def assert_close(actual, expected, tolerance):
+def assert_close(actual, expected, tolerance, head_reduction_tolerance=HEAD_REDUCTION_TOLERANCE):
     errors = {name: relative_error(actual[name], expected[name]) for name in expected}
-    limits = {name: max(tolerance, HEAD_REDUCTION_TOLERANCE) if name == "dA" else tolerance for name in errors}
+    limits = {name: max(tolerance, head_reduction_tolerance) if name == "dA" else tolerance for name in errors}
     bad = {name: error for name, error in errors.items() if not error <= limits[name]}
     assert not bad, f"relative errors above {tolerance}: {bad} (all: {errors})"
 
@@ -147,6 +147,10 @@ def test_bad_arguments_are_named(change, message):
 
 GPU_DTYPES = {"float32": (torch.float32, 5e-3), "bfloat16": (torch.bfloat16, 3e-2)}
 """Inputs' dtype and bound on the device: float32 runs the dots in tf32 (simple GLA's own GPU bound, 5e-3)."""
+GPU_HEAD_REDUCTION_TOLERANCE = 3e-2
+"""dA on the GPU: each head's sum over B * T * P * N products of tf32-rounded operands (10-bit mantissas) whose
+terms cancel. Measured on the H200 (2026-12-03): 2.8e-3 at B1 T4096 H4 N128, 1.8e-2 at B2 T1000 H8 G2 N64 in
+float32; 1.9e-3 in bfloat16. Every other tensor stays within 3.7e-3 in both."""
 
 
 @pytest.mark.gpu
@@ -162,7 +166,7 @@ def test_triton_path_on_the_gpu_matches_the_recurrence(shape, dtype_name):
     gradients = {name: t.cuda() for name, t in gradients.items()}
     expected = reference(on_gpu, gradients)  # the float64 loop on the GPU: minutes on the CPU at 4K tokens
     actual = run_with_grads(chunk_mamba2, on_gpu, gradients, backend="triton")
-    assert_close(actual, expected, tolerance)
+    assert_close(actual, expected, tolerance, GPU_HEAD_REDUCTION_TOLERANCE)
 
 
 def pointwise_inputs(dtype, batch=2, length=70, heads=3, head_dim=24, sliced=True):
