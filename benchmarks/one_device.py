@@ -55,6 +55,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -389,7 +390,9 @@ def driver(args: argparse.Namespace) -> int:
         throughput.append(attempt)
         print(f"  {name} at {args.length}: {attempt.outcome.value} {attempt.detail[-300:]}", flush=True)
     model = base_program(schedule).model
-    lines = [f"one device ({args.device}), kernel backend {backend}, {len(model.layers)} GLA blocks "
+    kinds = Counter(kind.value for kind in model.layers)
+    blocks = ", ".join(f"{count} {kind}" for kind, count in kinds.items())
+    lines = [f"one device ({args.device}), kernel backend {backend}, {len(model.layers)} blocks ({blocks}) "
              f"d={model.d_model}, one sequence per step, {dtype}", "", "Throughput at --length", ""]
     lines += throughput_lines(throughput)
     print("\n".join(lines), flush=True)
