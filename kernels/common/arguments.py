@@ -15,6 +15,14 @@ import torch
 
 CHUNK_SIZE = 64
 
+COMPILE_ONLY_VARIABLE = "SCHEDLANG_KERNELS_COMPILE_ONLY"
+"""Set to 1 by ``python -m schedlang.kernels.compile_check`` in its own process: Triton launches there compile
+for a GPU target and never run, so CPU tensors take the Triton path (no interpreter, so bfloat16 too)."""
+
+
+def compiling_only() -> bool:
+    return os.environ.get(COMPILE_ONLY_VARIABLE) == "1"
+
 
 class Backend(enum.Enum):
     AUTO = "auto"
@@ -45,7 +53,7 @@ def resolve_backend(backend: str | Backend, device: torch.device, matmul_dtype: 
     except ValueError:
         names = ", ".join(repr(member.value) for member in Backend)
         raise ValueError(f"backend must be one of {names}, got {backend!r}") from None
-    interpreted_bfloat16 = device.type == "cpu" and matmul_dtype == torch.bfloat16
+    interpreted_bfloat16 = device.type == "cpu" and matmul_dtype == torch.bfloat16 and not compiling_only()
     if chosen is Backend.TRITON and interpreted_bfloat16:
         raise ValueError(
             "backend='triton' on CPU tensors runs Triton's interpreter, whose tl.dot is wrong for bfloat16 "
@@ -53,7 +61,7 @@ def resolve_backend(backend: str | Backend, device: torch.device, matmul_dtype: 
         )
     if chosen is not Backend.AUTO:
         return chosen
-    if device.type == "cuda" or (os.environ.get("TRITON_INTERPRET") == "1" and not interpreted_bfloat16):
+    if device.type == "cuda" or compiling_only() or (os.environ.get("TRITON_INTERPRET") == "1" and not interpreted_bfloat16):
         return Backend.TRITON
     return Backend.TORCH
 

@@ -39,8 +39,9 @@ LAUNCH = register_launch_table("simple_gla", __name__, {
     "dv": dict(block_k=64, block_v=128, num_warps=8, num_stages=3),
     "dqkg": dict(block_v=64, num_warps=8, num_stages=3),  # all keys (up to 256) in one tile
     # the products' input precision for float32 inputs (kernels/common/sizes.py, products_precision). "tf32x3"
-    # took mamba2's float32 GPU errors from 1.8e-2 (dA) to 2.2e-6, but failed simple GLA's float32 GPU tests
-    # at K = V = 128 on the H200 (docs/log.md, 2026-12-03 night): plain tf32 until that is understood
+    # took mamba2's float32 GPU errors from 1.8e-2 (dA) to 2.2e-6, but at K = V = 128 its dqkg kernel asks for
+    # 262,144 bytes of shared memory with 3 stages, over the H200's 232,448 (python -m
+    # schedlang.kernels.compile_check; 163,840 with 2 stages, not yet run on a GPU): plain tf32 until then
     "products": {"float32": "tf32", "reduced": "tf32"},
 })
 """The launch table of the Triton simple-GLA kernels, read at call time (kernels/common/launch_tables.py)."""
