@@ -17,6 +17,7 @@ import bisect
 import json
 import re
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -49,6 +50,26 @@ class ProfiledPart(str, Enum):
     def is_mixer(self) -> bool:
         """A layer kind's mixing layer (timed with the model's heads), not the MLP, embedding or head."""
         return self not in (ProfiledPart.MLP, ProfiledPart.EMBEDDING, ProfiledPart.HEAD)
+
+    @property
+    def is_recurrent(self) -> bool:
+        """A linear-recurrence mixer: its time is linear in the tokens, so another's curve scales to it by FLOPs."""
+        return self.is_mixer and self is not ProfiledPart.ATTN
+
+
+def model_parts(model) -> list[ProfiledPart]:
+    """The parts a model (:class:`~schedlang.vocabulary.ModelConfig`) has, in the profile's order: its layer
+    kinds, the MLP where a block has one, the embedding and the head."""
+    kinds = set(model.layers)
+    parts = {ProfiledPart.of_layer(kind) for kind in kinds} | {ProfiledPart.EMBEDDING, ProfiledPart.HEAD}
+    if any(model.has_mlp(kind) for kind in kinds):
+        parts.add(ProfiledPart.MLP)
+    return [part for part in ProfiledPart if part in parts]
+
+
+STAND_INS = (ProfiledPart.SIMPLE_GLA, ProfiledPart.GLA, ProfiledPart.GDN)
+"""The measured recurrent mixers a profile prices an unmeasured recurrent mixer from, first found first: simple
+GLA's chunk kernels are what mamba2 and mamba3 run."""
 
 
 class Origin(str, Enum):
@@ -246,9 +267,20 @@ class HardwareProfile:
         """The node's host memory: the profile's ``[host]``, else the defaults (:class:`HostMemory`)."""
         return self.host if self.host is not None else HostMemory()
 
-    def describe(self) -> str:
-        """One line for ``simulate``: the name, the file and where its figures come from."""
-        return f"hardware profile {self.name} ({self.source_file}; {self.origin.value}: {self.note})"
+    def stand_in(self, part: ProfiledPart) -> ProfiledPart | None:
+        """The part whose curves price ``part`` when the profile never measured it: a measured recurrent mixer of
+        :data:`STAND_INS` for a recurrent mixer (scaled by FLOPs, as any other width is), else None."""
+        if self.measurements(part) or not part.is_recurrent:
+            return None
+        return next((candidate for candidate in STAND_INS if self.measurements(candidate)), None)
+
+    def describe(self, parts: Iterable[ProfiledPart] = ()) -> str:
+        """One line for ``simulate``: the name, the file and where its figures come from; for the model's
+        ``parts``, which of them are priced from another part's curves."""
+        line = f"hardware profile {self.name} ({self.source_file}; {self.origin.value}: {self.note})"
+        stood_in = {part: self.stand_in(part) for part in parts}
+        notes = [f"{part.value} from {source.value}'s curves by FLOPs" for part, source in stood_in.items() if source]
+        return line + (f"; not measured, priced: {', '.join(notes)}" if notes else "")
 
 
 class HardwareProfileError(Exception):

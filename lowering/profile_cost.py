@@ -186,9 +186,14 @@ class ProfileCostModel:
             parts[ProfiledPart.HEAD] = 1
         return sorted(parts.items())
 
-    def _missing_parts(self) -> list[ProfiledPart]:
+    def needed_parts(self) -> list[ProfiledPart]:
+        """Every part the program's stages run, in the profile's order."""
         needed = {part for stage in range(self.program.n_stages) for part, _ in self._stage_parts(stage)}
-        return [part for part in ProfiledPart if part in needed and not self.profile.measurements(part)]
+        return [part for part in ProfiledPart if part in needed]
+
+    def _missing_parts(self) -> list[ProfiledPart]:
+        return [part for part in self.needed_parts()
+                if not self.profile.measurements(part) and self.profile.stand_in(part) is None]
 
     def part_seconds(self, part: ProfiledPart, tokens: float, prefix: float) -> tuple[float, float, float]:
         """(forward, backward, weight) seconds of one block of ``part`` over ``tokens`` rows after ``prefix``
@@ -207,7 +212,8 @@ class ProfileCostModel:
         """The part as timed alone: the curves, scaled by FLOPs to the model's width (and prefix)."""
         model = self.program.model
         kernel_chunk = min(self.program.sequence.kernel_chunk, max(int(tokens), 1))
-        measurements = nearest_width(self.profile.measurements(part), model.d_model)
+        source = self.profile.stand_in(part) or part  # an unmeasured recurrent mixer: another's curves, by FLOPs
+        measurements = nearest_width(self.profile.measurements(source), model.d_model)
         target = model_flops_per_token(model, part, kernel_chunk)
         if part is not ProfiledPart.ATTN:
             measured = measurements[0]

@@ -63,15 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def needed_parts(program) -> list[str]:
     """The parts the program's model has, in the profile's order."""
-    from schedlang.lowering.hardware_profile import ProfiledPart
+    from schedlang.lowering.hardware_profile import model_parts
 
-    model = program.model
-    kinds = set(model.layers)
-    parts = {ProfiledPart.of_layer(kind) for kind in kinds}
-    if any(model.has_mlp(kind) for kind in kinds):
-        parts.add(ProfiledPart.MLP)
-    parts |= {ProfiledPart.EMBEDDING, ProfiledPart.HEAD}
-    return [part.value for part in ProfiledPart if part in parts]
+    return [part.value for part in model_parts(program.model)]
 
 
 def chunk_lengths(program, device: str, lengths: list[int] | None) -> list[int]:

@@ -160,7 +160,7 @@ def simulate_program(program, args: argparse.Namespace, budget=None) -> dict | N
     compilation = compile_legal(program, Pass.COST, cost)
     if compilation is None:
         return None
-    from schedlang.lowering.hardware_profile import HardwareProfile
+    from schedlang.lowering.hardware_profile import HardwareProfile, model_parts
 
     kind, orders, timeline = cost.kind, compilation.orders, compilation.timeline
     profile = cost.hardware if isinstance(cost.hardware, HardwareProfile) else None
@@ -172,7 +172,7 @@ def simulate_program(program, args: argparse.Namespace, budget=None) -> dict | N
         "file": str(args.file),
         "cost_model": "profile" if profile is not None else kind.value,
         "time_unit": "full-sequence forward" if kind is CostModelKind.UNIT else "second",
-        "hardware": profile.describe() if profile is not None else None,
+        "hardware": profile.describe(model_parts(program.model)) if profile is not None else None,
         "order": program.pipeline.order.value,
         "extra_warmup": program.pipeline.extra_warmup,
         "split_backward": program.pipeline.split_backward,

@@ -481,8 +481,10 @@ def print_fit(result: FitResult, args: argparse.Namespace, budget: MemoryBudget)
     host = f" and {host_budget_text(budget)}" if offloads else ""
     print(f"{args.file}: fitting one device of {device}{host}, lengths in steps of {args.step} tokens")
     profile = getattr(args, "hardware_profile", None)
-    if profile is not None:  # tokens/s come from its curves (schedlang.commands.common.load_hardware_option)
-        print(profile.describe())
+    if profile is not None and result.tried:  # tokens/s come from its curves (commands.common.load_hardware_option)
+        from schedlang.lowering.hardware_profile import model_parts
+
+        print(profile.describe(model_parts(result.tried[0].program.model)))
     recompute_column = f"  {'recompute':>16}" if args.fit_recompute else ""
     host_column = f"  {'host GiB':>8}" if offloads else ""  # the fullest node's pinned host memory
     print(f"{'length':>9}  {'chunks':>6}  {'reserved GiB per stage':>24}  {'tokens/s':>12}{recompute_column}"

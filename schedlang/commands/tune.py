@@ -239,13 +239,14 @@ def _changes_text(candidate) -> str:
     return ", ".join(f"{name} = {value}" for name, value in candidate.changes) or "(the file as written)"
 
 
-def hardware_line(settings) -> str:
-    """Which cost model timed the candidates: the profile's own description, or the flops model's figures."""
-    from schedlang.lowering.hardware_profile import HardwareProfile
+def hardware_line(settings, model) -> str:
+    """Which cost model timed the candidates: the profile's own description (with what it prices from other
+    parts for ``model``), or the flops model's figures."""
+    from schedlang.lowering.hardware_profile import HardwareProfile, model_parts
 
     hardware = settings.cost.hardware
     if isinstance(hardware, HardwareProfile):
-        return hardware.describe()
+        return hardware.describe(model_parts(model))
     return (f"cost model flops: {hardware.throughput_flops:.3g} FLOP/s, links {hardware.latency_s:.3g} s + bytes / "
             f"{hardware.bandwidth_bytes_per_s:.3g} B/s, kernel gap {hardware.kernel_gap_s:.3g} s")
 
@@ -256,7 +257,7 @@ def as_json(args, result, budget, seconds: float, written) -> dict:
     stats = result.stats
     return {
         "file": str(args.file),
-        "cost_model": hardware_line(result.settings),
+        "cost_model": hardware_line(result.settings, result.candidates[0].program.model),
         "length": result.length,
         "device_memory_gib": budget.device_bytes / GIB,
         "host_memory": host_memory_fields(budget),
@@ -291,7 +292,7 @@ def print_table(args, result, budget, seconds: float, written) -> None:
         f"each stage's reserved peak fits with {OUTSIDE_THE_ALLOCATOR / GIB:g} GiB outside the allocator, "
         f"and each node's offloaded activations fit {host_budget_text(budget)}"
     )
-    print(hardware_line(result.settings))
+    print(hardware_line(result.settings, result.candidates[0].program.model))
     print(f"{'rank':>4}  {'step s':>10}  {'tokens/s':>12}  {'reserved GiB per stage':>24}  {'host GiB':>8}  "
           "changes from the file")
     for rank, candidate in enumerate(result.candidates, start=1):

@@ -16,6 +16,7 @@ from schedlang.lowering.hardware_profile import (
     LinkClass,
     Origin,
     ProfiledPart,
+    model_parts,
     parse_hardware_profile,
     resolve_hardware,
     shipped_profiles,
@@ -23,7 +24,7 @@ from schedlang.lowering.hardware_profile import (
 from schedlang.lowering.profile_cost import MissingMeasurementError, ProfileCostModel, scan_seconds
 from schedlang.vocabulary.actions import ActionKind, TaskId
 from schedlang.vocabulary.edges import Payload
-from schedlang.vocabulary import SequenceParallelMethod
+from schedlang.vocabulary import LayerKind, SequenceParallelMethod
 
 
 def profile_text(
@@ -330,7 +331,7 @@ def test_simulate_names_the_parts_a_profile_lacks(capsys):
     hybrid = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "gdn_hybrid.sched")
     assert run_simulate([hybrid, "--hardware", "h200-benchmarks"]) == 1
     error = capsys.readouterr().err
-    assert "hardware profile h200-benchmarks has no measurement of gdn, attn" in error
+    assert "hardware profile h200-benchmarks has no measurement of attn," in error  # gdn: priced from gla
     assert "Traceback" not in error
 
 
@@ -539,3 +540,27 @@ def test_a_host_table_without_its_memory_or_not_a_table_is_refused_where_it_is()
     with pytest.raises(HardwareProfileError) as raised:
         parse_hardware_profile(text, "bad.toml")
     assert raised.value.render().startswith("bad.toml:1:1: error: 'host' must be the table [host], got 5")
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "mamba3", "simple_gla"])
+def test_an_unmeasured_recurrent_mixer_is_priced_from_a_measured_one_by_flops(kind):
+    """The shipped H200 profile times gla and gdn, not these: each is gla's curve scaled by its own FLOPs, so its
+    time over gla's at the same rows is the ratio of the two layers' FLOPs, and simulate's line names it."""
+    from schedlang.lowering.cost import layer_mixer_flops_per_token
+
+    text = SCHEDULE.format(length=4096, mesh="", sequence="", pipeline="").replace(
+        "layers = [gla] * 4", f"layers = [gla, {kind}] * 2")
+    program = compile_schedule(ScheduleText(text), through=Pass.CHECK).program
+    profile = resolve_hardware("h200")
+    part = ProfiledPart(kind)
+    assert not profile.measurements(part) and profile.stand_in(part) is ProfiledPart.GLA
+    assert profile.stand_in(ProfiledPart.GLA) is None and profile.stand_in(ProfiledPart.MLP) is None
+    cost = ProfileCostModel(program, profile)
+    kernel_chunk = program.sequence.kernel_chunk
+    expected = (layer_mixer_flops_per_token(program.model, LayerKind(kind), kernel_chunk)
+                / layer_mixer_flops_per_token(program.model, LayerKind.GLA, kernel_chunk))
+    for tokens in (1024, 2048):
+        ours, gla = cost.part_seconds(part, tokens, 0), cost.part_seconds(ProfiledPart.GLA, tokens, 0)
+        for own, measured in zip(ours, gla):
+            assert own == pytest.approx(expected * measured, rel=1e-12)
+    assert f"not measured, priced: {kind} from gla's curves by FLOPs" in profile.describe(model_parts(program.model))
