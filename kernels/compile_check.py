@@ -25,6 +25,8 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 SHARED_LIMIT = 232448
 """Bytes of shared memory one block may use on sm_90 (227 KiB, the H100's and H200's opt-in maximum)."""
@@ -67,33 +69,50 @@ def _fake_cuda_driver(arch: int):
     return CompileOnlyDriver()
 
 
-def compile_only_launches(arch: int, shared_limit: int, report: Callable[[str], None]):
-    """Activate the fake driver and turn every JIT launch into a compile (for the rest of the process); returns
-    the shared memory of every specialisation compiled, by its hash, as it fills."""
+@dataclass(frozen=True)
+class CompiledLaunch:
+    """One kernel specialisation as a launch compiled it: the kernel's name, Triton's compiled kernel (its
+    ``asm["cubin"]``, ``metadata.shared``) and the launch options it was compiled with."""
+
+    kernel_name: str
+    compiled: Any
+    num_warps: int
+    num_stages: int
+
+
+def compile_only_launches(
+    arch: int,
+    shared_limit: int,
+    on_compile: Callable[[CompiledLaunch], None],
+    forced_options: dict[str, int] | None = None,
+) -> None:
+    """For the rest of the process: activate the stand-in driver and turn every JIT launch into a compile for
+    sm_``arch``, calling ``on_compile`` once per new specialisation. ``forced_options`` (``num_warps``,
+    ``num_stages``) replace every launch's own (what-ifs). A kernel that does not compile, or that needs more
+    than ``shared_limit`` bytes of shared memory, raises :class:`CompileFailure` from its launch."""
     from triton.runtime.driver import driver
     from triton.runtime.jit import JITFunction
 
     driver.set_active(_fake_cuda_driver(arch))
-    compiled: dict[str, int] = {}  # specialisation hash -> shared bytes
-    named: set[str] = set()
+    seen: set[str] = set()
     launch = JITFunction.run
 
     def compile_instead(self, *args, grid, warmup, **kwargs):
+        kwargs.update(forced_options or {})
         try:
             kernel = launch(self, *args, grid=grid, warmup=True, **kwargs)
         except Exception as error:  # the compiler's own errors carry the kernel source position
             raise CompileFailure(f"{self.__name__}: {type(error).__name__}: {error}") from error
-        shared = kernel.metadata.shared
-        compiled[kernel.hash] = shared
-        if self.__name__ not in named:
-            named.add(self.__name__)
-            report(f"  {self.__name__:<44} {shared:>7} B shared (its first specialisation)")
-        if shared > shared_limit:
-            raise CompileFailure(f"{self.__name__} needs {shared} bytes of shared memory, above {shared_limit}")
+        if kernel.hash not in seen:
+            seen.add(kernel.hash)
+            on_compile(CompiledLaunch(self.__name__, kernel, kernel.metadata.num_warps, kernel.metadata.num_stages))
+        if kernel.metadata.shared > shared_limit:
+            raise CompileFailure(
+                f"{self.__name__} needs {kernel.metadata.shared} bytes of shared memory, above {shared_limit}"
+            )
         return kernel
 
     JITFunction.run = compile_instead
-    return compiled
 
 
 def operator_calls(dtype_name: str) -> Iterator[tuple[str, Callable[[], object]]]:
@@ -175,7 +194,16 @@ def main(argv: list[str] | None = None) -> int:
     from schedlang.kernels.common.arguments import COMPILE_ONLY_VARIABLE
 
     os.environ[COMPILE_ONLY_VARIABLE] = "1"
-    compiled = compile_only_launches(args.arch, args.shared_limit, print)
+    compiled: list[CompiledLaunch] = []
+    named: set[str] = set()
+
+    def report(launch: CompiledLaunch) -> None:
+        compiled.append(launch)
+        if launch.kernel_name not in named:  # each kernel's first specialisation
+            named.add(launch.kernel_name)
+            print(f"  {launch.kernel_name:<44} {launch.compiled.metadata.shared:>7} B shared", flush=True)
+
+    compile_only_launches(args.arch, args.shared_limit, report)
     for dtype_name in args.dtypes:
         for label, call in operator_calls(dtype_name):
             print(f"{dtype_name} {label}", flush=True)
