@@ -114,7 +114,8 @@ COMPILER_KEYS: tuple[Key, ...] = (
             "a list gives each pipeline stage its own mode, first stage first: in 1F1B the first stages hold the most "
             "chunks in flight, so they can recompute more while the last ones keep everything. What a chunk's backward "
             "recomputes instead of keeping: `mlp` each layer's MLP (its norm included; the MLP's input is kept), "
-            "`mixer` each layer's token mixer (`gla`, `simple_gla`, `gdn` or `attn`, its norm included; the mixer's "
+            "`mixer` each layer's token mixer (`gla`, `simple_gla`, `gdn`, `mamba2`, `mamba3` or `attn`, its norm included; "
+            "the mixer's "
             "input and initial state are kept), `full` the chunk's whole forward (only the chunk's input and initial "
             "states are kept); results are identical in every mode"
         ),
