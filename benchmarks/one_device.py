@@ -379,7 +379,7 @@ def driver(args: argparse.Namespace) -> int:
         system_file(args, name).write_text(system_program(schedule, name, args.length, 1, dtype).source_text)
     for name in args.search_systems:
         configs_of(name, schedule, args.search_start, dtype)
-    backend = kernel_preflight(args.device, Path(__file__).resolve())
+    backend = kernel_preflight(args.device, Path(__file__).resolve(), args.allow_torch_kernels)
     os.environ["SCHEDLANG_KERNEL_BACKEND"] = backend
     fla_skip = fla_skip_reason(args.device) if FLA_SYSTEM in args.systems + args.search_systems else None
     skips = {FLA_SYSTEM: fla_skip}
@@ -472,6 +472,8 @@ def main() -> int:
     parser.add_argument("--system", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    parser.add_argument("--allow-torch-kernels", action="store_true",
+                        help="on a GPU whose Triton kernels fail the preflight, measure the PyTorch kernels instead of stopping")
     parser.add_argument("--tiny", action="store_true", help="a tiny model, to check the whole path on CPU")
     parser.add_argument("--length", type=int, default=65536, help="the throughput phase's sequence length")
     parser.add_argument("--warmup", type=int, default=1)

@@ -335,7 +335,7 @@ def driver(args: argparse.Namespace) -> int:
     if args.trace_dir:
         Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    backend = kernel_preflight(args.device, Path(__file__).resolve())
+    backend = kernel_preflight(args.device, Path(__file__).resolve(), args.allow_torch_kernels)
     os.environ["SCHEDLANG_KERNEL_BACKEND"] = backend
     systems = list(args.systems)
     schedule, dtype = benchmark_schedule(args), train_dtype(args.device)
@@ -404,6 +404,8 @@ def main() -> int:
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--preflight", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    parser.add_argument("--allow-torch-kernels", action="store_true",
+                        help="on a GPU whose Triton kernels fail the preflight, measure the PyTorch kernels instead of stopping")
     parser.add_argument("--tiny", action="store_true", help="a tiny model, to check the whole path on CPU")
     parser.add_argument("--length", type=int, default=32768)
     parser.add_argument("--microbatches", type=int, default=4)

@@ -105,18 +105,26 @@ def error_lines(output: str, limit: int = 1500) -> str:
     return "\n".join(line for line in output.splitlines() if "Error" in line or "error" in line)[-limit:]
 
 
-def kernel_preflight(device: str, script: Path) -> str:
-    """Use Triton on the GPU if it runs and agrees with the PyTorch path on a bf16 problem; else PyTorch.
+def kernel_preflight(device: str, script: Path, allow_torch_kernels: bool = False) -> str:
+    """Triton on the GPU if it runs and agrees with the PyTorch path on a bf16 problem; PyTorch on the CPU.
 
     Runs ``script --preflight`` (a benchmark whose ``--preflight`` calls :func:`preflight`) in a subprocess,
-    so the driver holds no CUDA context while the jobs measure memory.
+    so the driver holds no CUDA context while the jobs measure memory. On a GPU where the Triton kernels fail it
+    stops the benchmark (SystemExit naming why) unless ``allow_torch_kernels``: a run on the PyTorch fallback
+    measures something else than the benchmark claims (2026-12-03: a compile error sent a whole mamba2 run there).
     """
     if device != "cuda":
         return "torch"
     completed = subprocess.run([sys.executable, str(script), "--preflight"], capture_output=True, text=True, timeout=300)
     print(completed.stdout.strip(), completed.stderr.strip()[-800:], flush=True)
     lines = completed.stdout.strip().splitlines()
-    return lines[-1] if completed.returncode == 0 and lines and lines[-1] in ("triton", "torch") else "torch"
+    backend = lines[-1] if completed.returncode == 0 and lines and lines[-1] in ("triton", "torch") else "torch"
+    if backend == "torch" and not allow_torch_kernels:
+        raise SystemExit(
+            f"{script.name}: the Triton kernels failed the preflight on the GPU (above); fix them, or pass "
+            "--allow-torch-kernels to benchmark the PyTorch kernels on purpose"
+        )
+    return backend
 
 
 def preflight() -> int:
