@@ -20,6 +20,9 @@ bf16 (fp32 on the CPU): the schedule file ``--schedule`` (benchmarks/schedules/g
 ``mamba2`` mixing layers (state size 128), for the longest mamba2 sequence beside GLA's (``fla`` is GLA's peer
 and so left out there).
 
+On a GPU the Triton kernels must pass a preflight (a GLA call checked against the PyTorch path) first, or the
+benchmark stops; ``--allow-torch-kernels`` measures the PyTorch kernels instead, on purpose.
+
 Three phases. Throughput: each of ``--systems`` at ``--length`` in its own process, ``--warmup`` steps then
 the median of ``--steps`` timed steps, and the job's peak allocated and reserved memory (the whole job: build,
 warm-up and timed steps). Length search: each of ``--search-systems``, the longest length that trains
