@@ -240,15 +240,15 @@ def operator_bytes_per_token(kind: LayerKind, sizes: Sizes, device: Device) -> f
 def mamba2_bytes_per_token(sizes: Sizes, device: Device) -> float:
     """A mamba2 layer's saved bytes per token after its normed input ([Note: activation bytes]), ``C_w = W + 2 G
     N`` the convolution's channels: its input, its output and the SiLU's output, which x, B and C view and the
-    ``D`` skip keeps (``3 C_w e``; the input's history rows: stage_chunk_constant_bytes), x again in the
-    compute dtype for ``v = dt x`` when that differs (``W f``), the time step twice (``2 H f``), the gated group
+    ``D`` skip keep (``3 C_w e``; the input's history rows: stage_chunk_constant_bytes; the fused ``v = dt x``
+    and skip keep x itself, no wider copy), the time step twice (``2 H f``), the gated group
     norm's gate (in a 32-bit model a view that keeps the whole input projection, ``(W + C_w + H) f``; else its
     ``W f`` copy), its values, the gate's SiLU, the gated values and the normed ones (``4 W f``) and ``G`` fp32
     ``rstd`` per token, the output projection's input (``W e``), and the operator's part."""
     mamba2, e, f = sizes.mamba2, sizes.element_bytes, sizes.compute_bytes
     width, heads = sizes.width, sizes.heads
     convolved = mamba2.convolved_width(width)
-    kept = 3 * convolved * e + (width * f if e != f else 0) + 2 * heads * f
+    kept = 3 * convolved * e + 2 * heads * f
     kept += (width + convolved + heads) * f if e == f else width * f
     kept += 4 * width * f + mamba2.groups * RSTD_BYTES + width * e
     return kept + mamba2_operator_bytes_per_token(sizes)
