@@ -123,6 +123,40 @@ def kernel_seconds_of_step(
     return compute, communication, dict(largest)
 
 
+KERNEL_FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("communication", ("nccl",)),
+    ("attention (flash / memory-efficient)", ("flash", "fmha", "attention", "attn")),  # before CUTLASS: fmha_cutlass*
+    ("matrix products (cuBLAS / CUTLASS)", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "splitk")),
+    ("recurrent operators (Triton)", ("gla_", "gdn_", "chunk_state_scan", "ssd_", "mamba")),
+    ("pointwise operators (Triton)", ("swiglu", "log_sigmoid_gate")),
+    ("norms", ("norm", "moments")),
+    ("loss and softmax", ("softmax", "cross_entropy", "nll_loss", "logsumexp")),
+    ("copies, casts, fills", ("copy", "memcpy", "memset", "fill", "cat", "index", "gather", "scatter", "embedding")),
+    ("reductions", ("reduce",)),
+    ("elementwise", ("elementwise", "pointwise", "unrolled", "vectorized")),
+)
+"""(family, name fragments) in the order :func:`kernel_family` tries them: the first family one of whose
+fragments a kernel's name contains (lower-cased) is its family; names matching none are "other"."""
+
+
+def kernel_family(name: str) -> str:
+    """The family of a CUDA kernel by its name, for a profile's table of time by family (issue 37)."""
+    lowered = name.lower()
+    for family, fragments in KERNEL_FAMILIES:
+        if any(fragment in lowered for fragment in fragments):
+            return family
+    return "other"
+
+
+def time_by_family(by_name: dict[str, float]) -> dict[str, float]:
+    """Per-name totals summed by :func:`kernel_family`, largest first."""
+    totals: dict[str, float] = {}
+    for name, value in by_name.items():
+        family = kernel_family(name)
+        totals[family] = totals.get(family, 0.0) + value
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
 def longest_fitting_length(fits_at, start: int, step: int, maximum: int) -> int | None:
     """The longest multiple of ``step`` in ``[start, maximum]`` for which ``fits_at`` holds, assuming that whatever
     fits a length fits every shorter one: ``start`` first (None if it does not fit), then doubling up to

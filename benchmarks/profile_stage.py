@@ -31,6 +31,7 @@ import torch
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import time_by_family  # noqa: E402
 from benchmarks.pipeline_schedule import (  # noqa: E402
     PIPELINE_SCHEDULE,
     TORCH_SYSTEM,
@@ -140,6 +141,14 @@ def main() -> int:
     totals = [sum(columns[n].values()) for n in args.chunks]
     print("| total | " + " | ".join(f"{total:.2f}" for total in totals) + " | "
           + " | ".join(f"{total - totals[0]:+.2f}" for total in totals[1:]) + " |")
+    families = {n: time_by_family(columns[n]) for n in args.chunks}
+    order = sorted(set().union(*families.values()), key=lambda family: -families[base].get(family, 0.0))
+    print(f"\n| kernel family | {header} | {differences} |")
+    print("|---|" + "---|" * (2 * len(args.chunks) - 1))
+    for family in order:
+        values = [families[n].get(family, 0.0) for n in args.chunks]
+        cells = " | ".join(f"{value:.2f}" for value in values) + " | " + " | ".join(f"{value - values[0]:+.2f}" for value in values[1:])
+        print(f"| {family} | {cells} |")
     if args.python_profile:
         profiler = cProfile.Profile()
         profiler.enable()
