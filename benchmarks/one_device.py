@@ -476,7 +476,8 @@ def main() -> int:
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     parser.add_argument("--allow-torch-kernels", action="store_true",
-                        help="on a GPU whose Triton kernels fail the preflight, measure the PyTorch kernels instead of stopping")
+                        help="on a GPU whose Triton kernels fail the preflight, measure the PyTorch kernels "
+                        "instead of stopping")
     parser.add_argument("--tiny", action="store_true", help="a tiny model, to check the whole path on CPU")
     parser.add_argument("--length", type=int, default=65536, help="the throughput phase's sequence length")
     parser.add_argument("--warmup", type=int, default=1)

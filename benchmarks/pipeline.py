@@ -405,7 +405,8 @@ def main() -> int:
     parser.add_argument("--preflight", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     parser.add_argument("--allow-torch-kernels", action="store_true",
-                        help="on a GPU whose Triton kernels fail the preflight, measure the PyTorch kernels instead of stopping")
+                        help="on a GPU whose Triton kernels fail the preflight, measure the PyTorch kernels "
+                        "instead of stopping")
     parser.add_argument("--tiny", action="store_true", help="a tiny model, to check the whole path on CPU")
     parser.add_argument("--length", type=int, default=32768)
     parser.add_argument("--microbatches", type=int, default=4)

@@ -151,8 +151,8 @@ def operator_calls(dtype_name: str) -> Iterator[tuple[str, Callable[[], object]]
     def span_phases(implementation_for, key_dim, value_dim, per_key_gate):
         def call():
             with torch.no_grad():
-                q, k = torch.randn(batch, length, heads, key_dim, dtype=dtype), torch.randn(batch, length, heads, key_dim, dtype=dtype)
-                v, do = torch.randn(batch, length, heads, value_dim, dtype=dtype), torch.randn(batch, length, heads, value_dim, dtype=dtype)
+                q, k = (torch.randn(batch, length, heads, key_dim, dtype=dtype) for _ in range(2))
+                v, do = (torch.randn(batch, length, heads, value_dim, dtype=dtype) for _ in range(2))
                 g = torch.randn(batch, length, heads, *((key_dim,) if per_key_gate else ()))
                 implementation = implementation_for("triton", q)
                 implementation.local_final_state(implementation.prepare_forward(q, k, v, g))
@@ -167,7 +167,8 @@ def operator_calls(dtype_name: str) -> Iterator[tuple[str, Callable[[], object]]
         yield f"gla span phases {shape}", span_phases(gla_implementation, key_dim, value_dim, True)
         yield f"simple_gla span phases {shape}", span_phases(simple_gla_implementation, key_dim, value_dim, False)
     for width in (64, 128):
-        yield f"chunk_gated_delta_rule K{width} V{width}", recurrence(chunk_gated_delta_rule, width, width, False, beta=None)
+        yield (f"chunk_gated_delta_rule K{width} V{width}",
+               recurrence(chunk_gated_delta_rule, width, width, False, beta=None))
         yield (f"chunk_gated_delta_rule K{width} V{width} save_states",
                recurrence(chunk_gated_delta_rule, width, width, False, True, beta=None))
 
@@ -179,7 +180,9 @@ def operator_calls(dtype_name: str) -> Iterator[tuple[str, Callable[[], object]]
 
     yield "chunk_mamba2 (map, skip, simple GLA) H4 P64 G2 N128", mamba2
     yield "swiglu", lambda: backward(swiglu(leaf(3, 2 * 96), backend="triton"))
-    yield "log_sigmoid_gate", lambda: backward(log_sigmoid_gate(leaf(3, 96, dtype=torch.float32), 16.0, backend="triton"))
+    yield "log_sigmoid_gate", lambda: backward(
+        log_sigmoid_gate(leaf(3, 96, dtype=torch.float32), 16.0, backend="triton")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

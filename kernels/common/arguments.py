@@ -61,7 +61,8 @@ def resolve_backend(backend: str | Backend, device: torch.device, matmul_dtype: 
         )
     if chosen is not Backend.AUTO:
         return chosen
-    if device.type == "cuda" or compiling_only() or (os.environ.get("TRITON_INTERPRET") == "1" and not interpreted_bfloat16):
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1" and not interpreted_bfloat16
+    if device.type == "cuda" or compiling_only() or interpreted:
         return Backend.TRITON
     return Backend.TORCH
 
