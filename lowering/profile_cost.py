@@ -48,6 +48,7 @@ from schedlang.lowering.hardware_profile import (
     Link,
     LinkClass,
     ProfiledPart,
+    model_parts,
 )
 from schedlang.lowering.parameters import stage_parameters
 from schedlang.lowering.program import ScheduleProgram
@@ -186,13 +187,8 @@ class ProfileCostModel:
             parts[ProfiledPart.HEAD] = 1
         return sorted(parts.items())
 
-    def needed_parts(self) -> list[ProfiledPart]:
-        """Every part the program's stages run, in the profile's order."""
-        needed = {part for stage in range(self.program.n_stages) for part, _ in self._stage_parts(stage)}
-        return [part for part in ProfiledPart if part in needed]
-
     def _missing_parts(self) -> list[ProfiledPart]:
-        return [part for part in self.needed_parts()
+        return [part for part in model_parts(self.program.model)
                 if not self.profile.measurements(part) and self.profile.stand_in(part) is None]
 
     def part_seconds(self, part: ProfiledPart, tokens: float, prefix: float) -> tuple[float, float, float]:
