@@ -84,6 +84,16 @@ def test_a_candidates_time_limit_grows_with_its_predicted_steps():
 
     from benchmarks.tune_validation import run_time_limit
 
-    args = argparse.Namespace(timeout=60.0, warmup=1, steps=1)
+    args = argparse.Namespace(timeout=60.0, first_timeout=240.0, warmup=1, steps=1)
     assert run_time_limit(16.8, args) == pytest.approx(60 + 2 * 2 * 16.8)
     assert run_time_limit(0.8, args) == pytest.approx(63.2)
+
+
+def test_the_first_run_which_compiles_the_kernels_gets_its_own_allowance():
+    import argparse
+
+    from benchmarks.tune_validation import run_time_limit
+
+    args = argparse.Namespace(timeout=40.0, first_timeout=240.0, warmup=2, steps=2)
+    assert run_time_limit(0.79, args, first=True) == pytest.approx(240 + 2 * 4 * 0.79)
+    assert run_time_limit(0.79, args) == pytest.approx(40 + 2 * 4 * 0.79)

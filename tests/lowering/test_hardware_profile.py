@@ -542,9 +542,17 @@ def test_a_host_table_without_its_memory_or_not_a_table_is_refused_where_it_is()
     assert raised.value.render().startswith("bad.toml:1:1: error: 'host' must be the table [host], got 5")
 
 
-@pytest.mark.parametrize("kind", ["mamba2", "mamba3", "simple_gla"])
+def test_the_shipped_h200_profile_has_mamba2s_own_curves():
+    """mamba2 was measured on the H200 (docs/benchmarks.md, "The 1B mamba2 model on one H200"): it needs no
+    stand-in, and simulate's line names no stand-in for it."""
+    profile = resolve_hardware("h200")
+    assert profile.measurements(ProfiledPart.MAMBA2) and profile.stand_in(ProfiledPart.MAMBA2) is None
+    assert "priced" not in profile.describe((ProfiledPart.MAMBA2, ProfiledPart.MLP))
+
+
+@pytest.mark.parametrize("kind", ["mamba3", "simple_gla"])
 def test_an_unmeasured_recurrent_mixer_is_priced_from_a_measured_one_by_flops(kind):
-    """The shipped H200 profile times gla and gdn, not these: each is gla's curve scaled by its own FLOPs, so its
+    """The shipped H200 profile times gla, gdn and mamba2, not these: each is gla's curve scaled by its own FLOPs, so its
     time over gla's at the same rows is the ratio of the two layers' FLOPs, and simulate's line names it."""
     from schedlang.lowering.cost import layer_mixer_flops_per_token
 
