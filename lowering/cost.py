@@ -95,6 +95,24 @@ class CostModel(Protocol):
 
     def message_bytes(self, kind: Payload, source: TaskId, destination: TaskId) -> int: ...
 
+    def gradient_reduction_duration(self, stage: int) -> float:
+        """The step's gradient all-reduce on ``stage`` after its last task (``Trainer.reduce_gradients``)."""
+        ...
+
+
+def reduction_groups(program: ScheduleProgram) -> tuple[int, ...]:
+    """The sizes of the groups ``Trainer.reduce_gradients`` all-reduces a stage's flattened gradients over, one
+    after the other: its sequence group, then its data group, each when larger than one."""
+    return tuple(size for size in (program.mesh.sequence, program.mesh.data) if size > 1)
+
+
+def ring_allreduce_seconds(ranks: int, n_bytes: float, hardware: Hardware) -> float:
+    """Alpha-beta time of a ring all-reduce of ``n_bytes`` among ``ranks``: a reduce-scatter then an all-gather,
+    ``2 (P - 1)`` steps each moving ``n_bytes / P``."""
+    if ranks <= 1:
+        return 0.0
+    return 2 * (ranks - 1) * hardware.transfer_time(n_bytes / ranks)
+
 
 class UnitCostModel:
     """Forward ``s_i`` and backward ``2 s_i`` in tokens; the timeline divides by ``T``.
@@ -117,6 +135,10 @@ class UnitCostModel:
         return 0
 
     def message_bytes(self, kind: Payload, source: TaskId, destination: TaskId) -> int:
+        return 0
+
+    def gradient_reduction_duration(self, stage: int) -> int:
+        """Zero: the unit model counts tokens of compute, not bytes."""
         return 0
 
 
@@ -525,6 +547,14 @@ class FlopsCostModel:
         if source.stage == destination.stage:
             return 0.0  # the state stays on the device
         return self.hardware.transfer_time(self.message_bytes(kind, source, destination))
+
+    def gradient_reduction_duration(self, stage: int) -> float:
+        """A ring all-reduce of the stage's flattened gradients over each of :func:`reduction_groups` in turn,
+        every one on the one link."""
+        from schedlang.lowering.memory_terms import reduced_gradient_bytes  # memory_terms imports this module
+
+        n_bytes = reduced_gradient_bytes(self.program, stage)
+        return sum(ring_allreduce_seconds(ranks, n_bytes, self.hardware) for ranks in reduction_groups(self.program))
 
 
 def make_cost_model(

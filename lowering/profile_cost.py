@@ -250,6 +250,25 @@ class ProfileCostModel:
         mesh = self.program.mesh
         return [(stage * mesh.sequence + index) * mesh.data for index in range(mesh.sequence)]
 
+    def _data_ranks(self, stage: int) -> list[int]:
+        mesh = self.program.mesh
+        return [stage * mesh.sequence * mesh.data + index for index in range(mesh.data)]
+
+    def gradient_reduction_duration(self, stage: int) -> float:
+        """The stage's gradient all-reduce (``Trainer.reduce_gradients``): over its sequence group, then its data
+        group, each a reduce-scatter and an all-gather of ``1 / P`` of the flattened gradients on those link
+        classes, or the inter-node link once the group spans nodes."""
+        from schedlang.lowering.memory_terms import reduced_gradient_bytes  # memory_terms imports cost
+
+        n_bytes = reduced_gradient_bytes(self.program, stage)
+        seconds = 0.0
+        for ranks in (self._sequence_ranks(stage), self._data_ranks(stage)):
+            if len(ranks) > 1:
+                share = n_bytes / len(ranks)
+                seconds += (allgather_time(ranks, share, self.profile, LinkClass.REDUCE_SCATTER)
+                            + allgather_time(ranks, share, self.profile, LinkClass.ALL_GATHER))
+        return seconds
+
     def _exchange_seconds(self, stage: int, tokens: int) -> tuple[float, float]:
         """(forward, backward) sequence-parallel exchange of one chunk on ``stage``: one scan per recurrent layer
         each way, and each attention layer's K/V exchange (its gradients' reduce-scatter back)."""

@@ -4,8 +4,8 @@ Contract. Input: a checked program and legal per-stage orders (default: the
 program's own); illegal orders raise
 :class:`~schedlang.lowering.legality.IllegalScheduleError` carrying the
 legality report. Output: a timeline with one compute interval per task, one
-message per Eq. 8 edge that carries data, the makespan and the peak live
-activations per stage.
+message per Eq. 8 edge that carries data, each stage's gradient all-reduce, the
+makespan and the peak live activations per stage.
 
 Semantics. Each stage runs its tasks one at a time in program order; a task
 starts when its stage is free and every predecessor has finished and its
@@ -15,7 +15,10 @@ message. Messages never contend for
 links. Messages with a nonzero duration also appear as ``SEND`` intervals on
 the source's stage (``task`` = source) and ``RECV`` intervals on the
 destination's stage (``task`` = destination), so a trace viewer shows them on
-their own tracks; same-stage state hand-offs have zero duration.
+their own tracks; same-stage state hand-offs have zero duration. After its last
+task each stage all-reduces its gradients over its sequence and data groups
+(``CostModel.gradient_reduction_duration``; the runtime does not overlap it), and
+the makespan is the latest stage's end of that.
 
 Peak activations: the activations of chunk ``(a, i)`` on stage ``r`` are live
 from the start of ``F(r, a, i)`` to the end of ``B(r, a, i)``, or of
@@ -87,13 +90,16 @@ def simulate(
         stage_free[task.stage] = end[task]
 
     compute = [TaskInterval(task, start[task] / divisor, end[task] / divisor) for task in sequence]
-    makespan = max(end.values(), default=0) / divisor
+    # each stage all-reduces its gradients after its last task, not overlapped (Trainer.reduce_gradients)
+    reductions = tuple(cost_model.gradient_reduction_duration(stage) / divisor for stage in range(n_stages))
+    makespan = max((free / divisor + reduction for free, reduction in zip(stage_free, reductions)), default=0)
     return Timeline(
         n_stages=n_stages,
         tasks=tuple(compute + transfers),
         messages=tuple(messages),
         makespan=makespan,
         peak_activations=peak_activations(program, start, end),
+        gradient_reductions=reductions,
     )
 
 

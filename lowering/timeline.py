@@ -53,6 +53,7 @@ class Timeline:
     messages: tuple[MessageInterval, ...]
     makespan: float
     peak_activations: tuple[float, ...]  # per stage; one whole microbatch's activations = 1.0
+    gradient_reductions: tuple[float, ...] = ()  # per stage: its gradient all-reduce after its last task
 
     @property
     def busy_time(self) -> float:

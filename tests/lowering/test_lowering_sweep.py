@@ -85,6 +85,9 @@ class _SlowFirstStage:
     def message_bytes(self, kind, source, destination):
         return 0
 
+    def gradient_reduction_duration(self, stage):
+        return 0.0
+
 
 @pytest.mark.parametrize("n_stages", range(1, 7))
 def test_extra_warmup_orders_are_legal_and_match_eq13(n_stages):
