@@ -105,7 +105,7 @@ times its predicted steps: a prediction 2x short still finishes, a stall does no
 def run_time_limit(predicted_step_seconds: float, args: argparse.Namespace, first: bool = False) -> float:
     """Seconds one candidate's run may take: see :data:`RUN_TIME_MARGIN`; the first run (the pick) is allowed
     ``--first-timeout`` instead of ``--timeout``, since on a fresh machine it also compiles and autotunes every
-    Triton kernel (the 64K pick, 2 chunks with step graphs, ran out of 40 s that way on 2026-12-03)."""
+    Triton kernel."""
     allowance = args.first_timeout if first else args.timeout
     return allowance + RUN_TIME_MARGIN * (args.warmup + args.steps) * predicted_step_seconds
 

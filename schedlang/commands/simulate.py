@@ -3,7 +3,8 @@
 Prints a per-stage table and a per-stage memory table (each component of the predicted peak in GiB:
 :mod:`schedlang.lowering.memory_peak`), or with ``--json`` an object with ``makespan``,
 ``bubble_fraction``, ``peak_activations`` (one number per stage), ``busy_time``
-and ``gradient_reduction`` (the step's gradient all-reduce after the stage's last task) per stage, the task count, ``split_backward``, the time unit, ``memory`` (one object per stage: each
+and ``gradient_reduction`` (the step's gradient all-reduce after the stage's last task) per stage, the task
+count, ``split_backward``, the time unit, ``memory`` (one object per stage: each
 component, ``allocated`` and ``reserved`` in GiB, the chunks in flight and the task running at the peak)
 and, for reference, StateFlow's closed-form estimates (Eq. 13 and Eq. 15). An illegal
 schedule prints its violations, as ``schedlang check`` does, and exits 1.
@@ -388,13 +389,11 @@ def run(args: argparse.Namespace) -> int:
     note = fixed_cost_note(result, cost_settings_from_arguments(args).hardware)
     if note:
         print(note)
-    reductions = result["gradient_reduction"]
-    if any(reductions):
-        print(f"{'stage':>5}  {'busy':>12}  {'gradient all-reduce':>19}  {'peak activations':>16}")
-    else:
-        print(f"{'stage':>5}  {'busy':>12}  {'peak activations':>16}")
+    reductions = result["gradient_reduction"] if any(result["gradient_reduction"]) else None
+    reduction_header = f"  {'gradient all-reduce':>19}" if reductions else ""
+    print(f"{'stage':>5}  {'busy':>12}{reduction_header}  {'peak activations':>16}")
     for stage in range(program.n_stages):
-        reduction = f"  {reductions[stage]:>19.6g}" if any(reductions) else ""
+        reduction = f"  {reductions[stage]:>19.6g}" if reductions else ""
         print(f"{stage:>5}  {result['busy_time'][stage]:>12.6g}{reduction}  {result['peak_activations'][stage]:>16.4g}")
     print(PEAK_ACTIVATIONS_UNIT)
     print_memory_table(result["memory"])
