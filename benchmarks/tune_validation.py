@@ -15,6 +15,8 @@ measured tokens/s is within 5% of the best measured and the largest step-time er
 
 One H200, the 1B GLA at 64K tokens (about 6 minutes: the tune, then 7 runs of 5 steps):
     python benchmarks/tune_validation.py --out results/tune-64k --length 65536
+The same with the shipped profile's step and host factors measured again on this machine first (about 80 s more):
+    python benchmarks/tune_validation.py --out results/tune-64k --length 65536 --calibrate h200
 A tiny CPU run of the whole path:
     python benchmarks/tune_validation.py --tiny --device cpu --length 256 --candidates 2 --warmup 0 --steps 1 \\
         --out /tmp/tune-validation
@@ -97,6 +99,25 @@ def run_tune(schedule: Path, args: argparse.Namespace, tune_flags: list[str]) ->
     return json.loads(completed.stdout)
 
 
+def calibrate(args: argparse.Namespace, out: Path) -> Path:
+    """``--calibrate``: the profile's parts with step and host factors measured on this machine, written to
+    ``out/calibrated.toml``; a host-bound step's time is the host CPU's, which differs between machines
+    (docs/benchmarks.md, "The host-bound rows"), so a validation's predictions use this machine's."""
+    path = out / "calibrated.toml"
+    command = [
+        *schedlang_command(), "profile", args.calibration_schedule, "--device", args.device, "--calibrate",
+        "--parts-from", args.calibrate, "--name", Path(args.calibrate).stem, "-o", str(path),
+    ]
+    print("$ " + " ".join(command), file=sys.stderr, flush=True)
+    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    if completed.returncode != 0:
+        raise SystemExit(f"calibration failed ({completed.returncode}):\n{completed.stderr}")
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith(("# calibration:", "# host calibration:")):
+            print(line, flush=True)
+    return path
+
+
 RUN_TIME_MARGIN = 2.0
 """A candidate's run may take ``--timeout`` (start-up, and the first run's kernel compilation) plus this many
 times its predicted steps: a prediction 2x short still finishes, a stall does not run forever."""
@@ -132,23 +153,28 @@ def measure(path: Path, args: argparse.Namespace, limit: float | None = None) ->
     }
 
 
+TABLE_HEADER = (
+    "| rank | changes from the file | predicted step s | measured step s | measured / predicted "
+    "| predicted tokens/s | measured tokens/s |\n"
+    "| --- | --- | --- | --- | --- | --- | --- |"
+)
+
+
+def table_row(row: dict) -> str:
+    """One candidate's line of the markdown table (:data:`TABLE_HEADER`)."""
+    changes = ", ".join(f"`{key} = {value}`" for key, value in row["changes"].items()) or "(as written)"
+    measured = row["measured"]
+    if measured["outcome"] == "measured":
+        ratio = measured["step_seconds"] / row["predicted_step_seconds"]
+        numbers = f"{measured['step_seconds']:.4g} | {ratio:.3f} | {row['predicted_tokens_per_second']:,.0f} | "
+        numbers += f"{measured['tokens_per_second']:,.0f}"
+    else:
+        numbers = f"{measured['outcome']} | | {row['predicted_tokens_per_second']:,.0f} |"
+    return f"| {row['rank']} | {changes} | {row['predicted_step_seconds']:.4g} | {numbers} |"
+
+
 def table(rows: list[dict]) -> str:
-    lines = [
-        "| rank | changes from the file | predicted step s | measured step s | measured / predicted "
-        "| predicted tokens/s | measured tokens/s |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for row in rows:
-        changes = ", ".join(f"`{key} = {value}`" for key, value in row["changes"].items()) or "(as written)"
-        measured = row["measured"]
-        if measured["outcome"] == "measured":
-            ratio = measured["step_seconds"] / row["predicted_step_seconds"]
-            numbers = f"{measured['step_seconds']:.4g} | {ratio:.3f} | {row['predicted_tokens_per_second']:,.0f} | "
-            numbers += f"{measured['tokens_per_second']:,.0f}"
-        else:
-            numbers = f"{measured['outcome']} | | {row['predicted_tokens_per_second']:,.0f} |"
-        lines.append(f"| {row['rank']} | {changes} | {row['predicted_step_seconds']:.4g} | {numbers} |")
-    return "\n".join(lines)
+    return "\n".join([TABLE_HEADER, *(table_row(row) for row in rows)])
 
 
 def summary(rows: list[dict]) -> str:
@@ -185,13 +211,25 @@ def main(argv: list[str] | None = None) -> int:
         "--first-timeout", type=float, default=240.0,
         help="the same allowance for the first run, which compiles the kernels on a fresh machine (default 240)",
     )
+    parser.add_argument(
+        "--calibrate", metavar="PROFILE", default=None,
+        help="first calibrate PROFILE's step and host factors on this machine (schedlang profile --calibrate "
+        "--parts-from PROFILE on --calibration-schedule) and tune with the result",
+    )
+    parser.add_argument("--calibration-schedule", default=str(ONE_DEVICE_SCHEDULE),
+                        help="the schedule --calibrate trains (default: the one-GPU 1B GLA at 64K)")
     args, tune_flags = parser.parse_known_args(argv)
     tune_flags = [flag for flag in tune_flags if flag != "--"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     schedule = out / "base.sched"
     schedule.write_text(base_schedule(args), encoding="utf-8")
+    if args.calibrate:
+        tune_flags = [*tune_flags, "--hardware", str(calibrate(args, out))]
     tuned = run_tune(schedule, args, tune_flags)
+    print(f"schedlang tune {schedule} at {tuned['length']} tokens, {args.device}, commit "
+          f"{os.environ.get('GIT_COMMIT', '(set GIT_COMMIT)')}; {tuned['cost_model']}", flush=True)
+    print(TABLE_HEADER, flush=True)
     rows = []
     for index, candidate in enumerate(spread(tuned["candidates"], args.candidates)):
         path = out / f"rank_{candidate['rank']}.sched"
@@ -205,11 +243,9 @@ def main(argv: list[str] | None = None) -> int:
             "predicted_reserved_gib": candidate["reserved_gib"],
             "measured": measure(path, args, run_time_limit(candidate["step_seconds"], args, first=index == 0)),
         })
-        # after every candidate: a job cut short still leaves what it measured
+        # after every candidate: a job cut short still leaves what it measured, in results.json and printed
         (out / "results.json").write_text(json.dumps({"length": tuned["length"], "rows": rows}, indent=2) + "\n")
-    print(f"schedlang tune {schedule} at {tuned['length']} tokens, {args.device}, commit "
-          f"{os.environ.get('GIT_COMMIT', '(set GIT_COMMIT)')}; {tuned['cost_model']}")
-    print(table(rows))
+        print(table_row(rows[-1]), flush=True)
     print(summary(rows))
     return 0
 

@@ -81,6 +81,17 @@ With step graphs
 (``step_graphs``) the second step captures each compute action as it walks
 the list and every later step replays them in the same order; see
 [Note: step graphs] in :mod:`schedlang.runtime.step_graphs`.
+
+[Note: recompute under step graphs]
+Under step graphs a stage may recompute ``full``: ``F`` is captured running
+under ``no_grad``, and ``B`` is one graph that reruns the forward with grad
+and backpropagates, so a recomputed chunk costs two graph launches, as a
+kept one does. The rerun's activations are allocated and freed inside ``B``'s
+capture, so the step's one pool reuses their blocks as the eager step does.
+What the rerun reads (the chunk's input and initial states) are tensors of
+the capture walk that its record keeps from ``F`` to ``B``. ``mlp`` and
+``mixer`` recompute through ``torch.utils.checkpoint``, which is not captured
+(``graph_recompute_modes`` in :mod:`schedlang.vocabulary.capabilities`).
 """
 
 from __future__ import annotations
@@ -462,7 +473,7 @@ class StageExecutor:
             self._evaluate_forward(inputs, input_buffer, initial_states, microbatch, chunk)
             return
         if self.shape.recompute is Recompute.FULL:
-            with torch.no_grad():
+            with torch.no_grad(), self._captured(Action(ActionKind.FORWARD, microbatch, chunk)):
                 outputs, _, _, final_states, _ = self._run_model(inputs, initial_states, microbatch, chunk)
             record = ChunkRecord(inputs, None, initial_states, None, [], input_buffer)
         else:
@@ -531,6 +542,27 @@ class StageExecutor:
             self.offload.prefetch((microbatch, chunk))
             if (microbatch, chunk) in self.next_backward:
                 self.offload.prefetch(self.next_backward[(microbatch, chunk)])
+        # with step graphs the whole of it is one captured graph: the rerun of a recomputed chunk, the backward and
+        # the gradients handed on (zeros included); [Note: recompute under step graphs]
+        with self._captured(Action(ActionKind.BACKWARD, microbatch, chunk)):
+            output_gradient = self._backward_compute(record, microbatch, chunk)
+        if record.graph_slot is not None:
+            if (microbatch, chunk) in self.deferred_weights:
+                self.weight_slots[(microbatch, chunk)] = record.graph_slot
+            else:
+                self.graphs.release(record.graph_slot)
+        if chunk == 0 and self.kv is not None:
+            self.kv.close(microbatch)
+        received = [buffer for buffer in (output_gradient, record.input_buffer) if buffer is not None]
+        if (microbatch, chunk) in self.deferred_weights:
+            self.weight_buffers[(microbatch, chunk)] = received
+            return
+        for buffer in received:
+            self.messenger.pool.give_back(buffer)
+
+    def _backward_compute(self, record: ChunkRecord, microbatch: int, chunk: int) -> torch.Tensor | None:
+        """``B``'s device work: rerun the chunk's forward when it is recomputed, backpropagate, hand the input
+        and state gradients on; returns the received output gradient (None on the last stage)."""
         if self.shape.recompute is Recompute.FULL:
             with torch.enable_grad():
                 outputs, input_leaf, state_leaves, final_states, _ = self._run_model(
@@ -553,39 +585,25 @@ class StageExecutor:
                 if final_state is not None:  # attention layers keep no state
                     tensors.append(final_state)
                     gradients.append(state_gradient)
-        # with step graphs, the gradients handed on (zeros included) are made inside the captured graph
-        with self._captured(Action(ActionKind.BACKWARD, microbatch, chunk)):
-            torch.autograd.backward(tensors, gradients)
-            if self.offload is not None:
-                self.offload.release((microbatch, chunk))
-            # a graph slot's gradients live in its static buffers, which its next forward overwrites
-            handed_out = (lambda grad: grad.clone()) if record.graph_slot is not None else (lambda grad: grad)
-            state_gradient_to = self.destination(ActionKind.BACKWARD, microbatch, chunk, Payload.STATE_GRADIENT)
-            if state_gradient_to is not None:
-                self.store.put_state_gradients(
-                    state_gradient_to.microbatch,
-                    state_gradient_to.chunk,
-                    [
-                        None if leaf is None else handed_out(leaf.grad) if leaf.grad is not None else torch.zeros_like(leaf)
-                        for leaf in state_leaves
-                    ],
-                )
-            if self.destination(ActionKind.BACKWARD, microbatch, chunk, Payload.ACTIVATION_GRADIENT) is not None:
-                self.outbox[(ActionKind.BACKWARD, microbatch, chunk)] = handed_out(input_leaf.grad)
-            self.gradients_formed()
-        if record.graph_slot is not None:
-            if (microbatch, chunk) in self.deferred_weights:
-                self.weight_slots[(microbatch, chunk)] = record.graph_slot
-            else:
-                self.graphs.release(record.graph_slot)
-        if chunk == 0 and self.kv is not None:
-            self.kv.close(microbatch)
-        received = [buffer for buffer in (output_gradient, record.input_buffer) if buffer is not None]
-        if (microbatch, chunk) in self.deferred_weights:
-            self.weight_buffers[(microbatch, chunk)] = received
-            return
-        for buffer in received:
-            self.messenger.pool.give_back(buffer)
+        torch.autograd.backward(tensors, gradients)
+        if self.offload is not None:
+            self.offload.release((microbatch, chunk))
+        # a graph slot's gradients live in its static buffers, which its next forward overwrites
+        handed_out = (lambda grad: grad.clone()) if record.graph_slot is not None else (lambda grad: grad)
+        state_gradient_to = self.destination(ActionKind.BACKWARD, microbatch, chunk, Payload.STATE_GRADIENT)
+        if state_gradient_to is not None:
+            self.store.put_state_gradients(
+                state_gradient_to.microbatch,
+                state_gradient_to.chunk,
+                [
+                    None if leaf is None else handed_out(leaf.grad) if leaf.grad is not None else torch.zeros_like(leaf)
+                    for leaf in state_leaves
+                ],
+            )
+        if self.destination(ActionKind.BACKWARD, microbatch, chunk, Payload.ACTIVATION_GRADIENT) is not None:
+            self.outbox[(ActionKind.BACKWARD, microbatch, chunk)] = handed_out(input_leaf.grad)
+        self.gradients_formed()
+        return output_gradient
 
     def weight(self, microbatch: int, chunk: int) -> None:
         key = (microbatch, chunk)

@@ -94,6 +94,16 @@ class Refusal:
     message: str
 
 
+def graph_recompute_modes(graphs: CudaGraphs) -> tuple[Recompute, ...]:
+    """The recompute modes a stage may run under ``graphs``: every mode eagerly; under step graphs ``none`` and
+    ``full`` ([Note: recompute under step graphs] in schedlang.runtime.executor); in per-chunk slots ``none``."""
+    if graphs is CudaGraphs.NONE:
+        return tuple(Recompute)
+    if graphs is CudaGraphs.STEP:
+        return (Recompute.NONE, Recompute.FULL)
+    return (Recompute.NONE,)
+
+
 def _graphs(request: RunRequest) -> str:
     return f"pipeline.cuda_graphs = {request.cuda_graphs.value} replays captured graphs; this schedule has "
 
@@ -112,9 +122,12 @@ CAPABILITIES: tuple[Capability, ...] = (
     ),
     Capability(
         ("pipeline.recompute", "pipeline.cuda_graphs"),
-        lambda request: request.cuda_graphs and recompute_modes(request.recompute) != (Recompute.NONE,),
-        lambda request: _graphs(request) + f"recompute = {recompute_text(request.recompute)}; recomputation inside "
-        "captured graphs is not implemented (cuda_graphs = step already holds about the eager step's memory)",
+        lambda request: not set(recompute_modes(request.recompute)) <= set(graph_recompute_modes(request.cuda_graphs)),
+        lambda request: _graphs(request) + f"recompute = {recompute_text(request.recompute)}; "
+        + ("step graphs recompute only `full`, which each chunk's backward graph reruns itself (mlp and mixer "
+           "recompute through torch.utils.checkpoint, which is not captured)"
+           if request.cuda_graphs is CudaGraphs.STEP else
+           "per-chunk graph slots do not recompute; use cuda_graphs = step, which captures recompute = full"),
     ),
     Capability(
         ("pipeline.offload", "pipeline.cuda_graphs"),

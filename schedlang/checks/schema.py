@@ -144,8 +144,9 @@ COMPILER_KEYS: tuple[Key, ...] = (
             "per chunk; needs equal chunk lengths. `step`: every `F`, `B` and deferred `W` of the stage is a graph of "
             "its own, captured in the step's order at the second step (the first runs eagerly) into one memory pool "
             "that is reused as an eager step reuses memory, so the reserved peak stays near the eager one; chunks may "
-            "differ in length. Both need `recompute = none`, `offload = false`, `mesh.sequence = 1` and no `attn` "
-            "layers"
+            "differ in length, and a stage may recompute `full` (its backward graph reruns the forward). `true` needs "
+            "`recompute = none`, `step` `none` or `full`; both need `offload = false`, `mesh.sequence = 1` and no "
+            "`attn` layers"
         ),
         value_doc="`true`, `false`, `step`",
     ),

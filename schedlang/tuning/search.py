@@ -70,6 +70,7 @@ from schedlang.tuning.space import (
     schedule_changes,
 )
 from schedlang.vocabulary import CudaGraphs, Recompute
+from schedlang.vocabulary.capabilities import graph_recompute_modes
 
 
 @dataclass(frozen=True)
@@ -361,8 +362,8 @@ class _Search:
     def explore_everything(self, layout, order, probe, orders, graphs) -> None:
         """Every recompute vector and offload of one placement: the reference the pruning is tested against."""
         for offload in (False, True) if not graphs else (False,):
-            modes = (Recompute.NONE,) if graphs else tuple(
-                mode for mode in RECOMPUTE_MODES if not (offload and mode is Recompute.FULL)
+            modes = tuple(
+                mode for mode in graph_recompute_modes(graphs) if not (offload and mode is Recompute.FULL)
             )
             for vector in itertools.product(modes, repeat=layout.pipeline):
                 knobs = replace(order, cuda_graphs=graphs, offload=offload, recompute=vector)
@@ -380,12 +381,14 @@ class _Search:
         if self.budget.fits(fastest_variant, memory):
             self.finish(layout, replace(order, cuda_graphs=graphs, offload=False, recompute=fastest))
             return
-        if graphs:
+        if graphs and graph_recompute_modes(graphs) == (Recompute.NONE,):
             self.note_miss(fastest_variant, memory, layout, replace(order, cuda_graphs=graphs, recompute=fastest))
             return
-        for offload in (False, True):
-            modes = tuple(mode for mode in RECOMPUTE_MODES if not (offload and mode is Recompute.FULL))
-            for vector in self.recompute_vectors(layout, order, probe, orders, offload, modes):
+        for offload in (False, True) if not graphs else (False,):
+            modes = tuple(
+                mode for mode in graph_recompute_modes(graphs) if not (offload and mode is Recompute.FULL)
+            )
+            for vector in self.recompute_vectors(layout, order, probe, orders, offload, modes, graphs):
                 if vector == fastest and not offload:
                     continue
                 variant = self.variant(probe, graphs, offload, vector)
@@ -402,12 +405,12 @@ class _Search:
         self.stats.simulated += 1
         return simulate(variant, orders, self.cost_model(variant)).makespan <= threshold
 
-    def recompute_vectors(self, layout, order, probe, orders, offload, modes) -> list[tuple[Recompute, ...]]:
+    def recompute_vectors(self, layout, order, probe, orders, offload, modes, graphs) -> list[tuple[Recompute, ...]]:
         """The recompute modes per stage worth simulating ([Note: tune pruning], 5): on each stage the fitting
         modes that no other fitting mode dominates."""
         memory, durations, variants = {}, {}, {}
         for mode in modes:
-            variants[mode] = self.variant(probe, CudaGraphs.NONE, offload, mode)
+            variants[mode] = self.variant(probe, graphs, offload, mode)
             memory[mode] = predict_memory(variants[mode], orders)
             durations[mode] = self.stage_durations(variants[mode])
             self.stats.memory_probes += 1

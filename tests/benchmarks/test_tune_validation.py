@@ -97,3 +97,33 @@ def test_the_first_run_which_compiles_the_kernels_gets_its_own_allowance():
     args = argparse.Namespace(timeout=40.0, first_timeout=240.0, warmup=2, steps=2)
     assert run_time_limit(0.79, args, first=True) == pytest.approx(240 + 2 * 4 * 0.79)
     assert run_time_limit(0.79, args) == pytest.approx(40 + 2 * 4 * 0.79)
+
+
+def test_calibrate_measures_the_factors_on_this_machine_and_tunes_with_them(tmp_path):
+    """``--calibrate PROFILE``: a CPU profile of the tiny model, calibrated again by the script on its
+    ``--calibration-schedule`` before tune; tune names the calibrated profile and the candidates train."""
+    import argparse
+
+    from benchmarks.tune_validation import base_schedule
+
+    tiny = tmp_path / "tiny.sched"
+    tiny.write_text(base_schedule(argparse.Namespace(schedule=None, device="cpu", tiny=True, length=256)))
+    profiled = subprocess.run(
+        [sys.executable, "-m", "schedlang", "profile", str(tiny), "--device", "cpu", "--name", "cpu-tiny",
+         "-o", str(tmp_path / "cpu.toml")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert profiled.returncode == 0, profiled.stderr[-3000:]
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tiny", "--device", "cpu", "--length", "256", "--candidates", "1",
+         "--warmup", "0", "--steps", "1", "--out", str(tmp_path / "out"), "--calibrate", str(tmp_path / "cpu.toml"),
+         "--calibration-schedule", str(tiny), "--", "--max-chunks", "2"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    calibrated = (tmp_path / "out" / "calibrated.toml").read_text()
+    assert "[calibration]" in calibrated and 'schedule = "tiny.sched"' in calibrated
+    assert "# calibration: `schedlang run tiny.sched` measured" in completed.stdout
+    assert "out/calibrated.toml" in completed.stdout
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [row["measured"]["outcome"] for row in results["rows"]] == ["measured"]
