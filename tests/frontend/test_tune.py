@@ -21,7 +21,7 @@ from schedlang.lowering.memory_peak import Component, predict_memory
 from schedlang.tuning.search import TuneSettings, fits_at, search
 from schedlang.tuning.space import Knobs, layouts, schedule_changes
 from schedlang.tuning.writing import relocated_text, tuned_text
-from schedlang.vocabulary import Recompute
+from schedlang.vocabulary import CudaGraphs, Recompute
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE_PATHS = sorted(EXAMPLES.glob("*.sched"))
@@ -89,6 +89,20 @@ def test_pruned_search_finds_the_fastest_of_an_exhaustive_search_when_memory_bin
     everything = search(program, TuneSettings(**{**settings.__dict__, "prune": False, "top": 10**6}))
     modes = {candidate.knobs.recompute for candidate in everything.candidates}
     assert len(modes) > 1 and everything.stats.not_fitting > 0  # memory binds: some candidates do not fit
+    compare_with_exhaustive(program, settings)
+
+
+def test_under_step_graphs_the_search_recomputes_full_and_nothing_else_when_memory_binds():
+    """On CUDA, where memory binds, the space holds step graphs with ``recompute = full`` on a stage (the one
+    recomputation a captured step runs: ``graph_recompute_modes``), never graphs with ``mlp`` or ``mixer``, and
+    the pruned search still finds the exhaustive search's fastest."""
+    program = small_program("gpipe")
+    settings = TuneSettings(FLOPS, memory_between_modes(program), max_chunks=4, device="cuda", top=3)
+    everything = search(program, TuneSettings(**{**settings.__dict__, "prune": False, "top": 10**6})).candidates
+    graphed = [candidate.knobs for candidate in everything if candidate.knobs.cuda_graphs]
+    assert any(knobs.cuda_graphs is CudaGraphs.STEP and Recompute.FULL in knobs.recompute for knobs in graphed)
+    allowed = {CudaGraphs.STEP: {Recompute.NONE, Recompute.FULL}, CudaGraphs.CHUNK_SLOTS: {Recompute.NONE}}
+    assert all(set(knobs.recompute) <= allowed[knobs.cuda_graphs] for knobs in graphed)
     compare_with_exhaustive(program, settings)
 
 
