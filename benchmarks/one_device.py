@@ -69,11 +69,13 @@ import torch.distributed as dist
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from schedlang.lowering.cost import model_training_flops_per_token  # noqa: E402
 from schedlang.vocabulary import CudaGraphs  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
     gib,
     longest_fitting_length,
+    median_ms,
     peak_memory,
     peak_reserved,
     release,
@@ -175,12 +177,35 @@ def measure(
     return record
 
 
+GEMM_SYSTEM = "gemm"
+"""The throughput phase's first job: the device's rate on one large GEMM in the training dtype, which each system's
+model-FLOP rate is read against (issue 37's goal: the whole-sequence step at 70% of it)."""
+
+GEMM_SIZES = {"cuda": 8192, "cpu": 1024}
+"""The square GEMM's side: 8192 in bf16 on a GPU (what the H200's large-GEMM rate is quoted for), 1024 on the CPU."""
+
+
+def gemm_record(device: torch.device) -> dict:
+    """FLOP/s of ``C = A B`` with square operands of :data:`GEMM_SIZES` in the training dtype: the median of 20
+    products after 5 (benchmarks.common.median_ms)."""
+    size = GEMM_SIZES[device.type]
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    c = torch.empty(size, size, device=device, dtype=dtype)
+    milliseconds = median_ms(lambda: torch.mm(a, b, out=c), 5, 20, device)
+    return {"system": GEMM_SYSTEM, "size": size, "dtype": str(dtype).removeprefix("torch."),
+            "flops_per_second": 2 * size**3 / (milliseconds / 1e3)}
+
+
 def worker(args: argparse.Namespace) -> int:
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    record = measure(args.system, benchmark_schedule(args), args.length, args.warmup, args.steps, device)
+    if args.system == GEMM_SYSTEM:
+        record = gemm_record(device)
+    else:
+        record = measure(args.system, benchmark_schedule(args), args.length, args.warmup, args.steps, device)
     print(json.dumps([record]), flush=True)
     if args.result:
         Path(args.result).write_text(json.dumps([record], indent=1), encoding="utf-8")
@@ -313,21 +338,27 @@ def fit_proposal(stdout: str) -> dict | None:
         return None
 
 
-def throughput_lines(attempts: list[Attempt]) -> list[str]:
+def throughput_lines(attempts: list[Attempt], flops_per_token: float, gemm_rate: float | None) -> list[str]:
+    """The throughput table: each system's tokens/s, its model-FLOP rate (``flops_per_token`` times tokens/s:
+    recomputation is not counted, so it is the rate at which the step does the model's own work) and that rate's
+    share of the same job's GEMM rate (blank without one)."""
     lines = [
-        "| system | length | tokens/s | step (s, median) | peak allocated (GiB) | peak reserved (GiB) | outcome |",
-        "|---|---|---|---|---|---|---|",
+        "| system | length | tokens/s | step (s, median) | model TFLOP/s | of the GEMM rate | peak allocated (GiB) "
+        "| peak reserved (GiB) | outcome |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for attempt in attempts:
         record = attempt.record
         if record is None:
-            lines.append(f"| {attempt.system} | {attempt.length} | | | | | {attempt.outcome.value}"
+            lines.append(f"| {attempt.system} | {attempt.length} | | | | | | | {attempt.outcome.value}"
                          + (f": {attempt.detail}" if attempt.outcome is Outcome.SKIPPED else "") + " |")
             continue
+        rate = flops_per_token * record["tokens_per_second"]
+        share = f"{rate / gemm_rate:.1%}" if gemm_rate else ""
         lines.append(
             f"| {attempt.system} | {attempt.length} | {record['tokens_per_second']:,.0f} | "
-            f"{record['step_seconds']:.3f} | {gib(record['peak_bytes'])} | {gib(record['peak_reserved_bytes'])} | "
-            f"{attempt.outcome.value} |"
+            f"{record['step_seconds']:.3f} | {rate / 1e12:.1f} | {share} | {gib(record['peak_bytes'])} | "
+            f"{gib(record['peak_reserved_bytes'])} | {attempt.outcome.value} |"
         )
     return lines
 
@@ -387,6 +418,10 @@ def driver(args: argparse.Namespace) -> int:
     fla_skip = fla_skip_reason(args.device) if FLA_SYSTEM in args.systems + args.search_systems else None
     skips = {FLA_SYSTEM: fla_skip}
 
+    gemm = run_attempt(args, GEMM_SYSTEM, 0, 0, 0, args.throughput_timeout, None) if args.gemm_rate else None
+    gemm_rate = gemm.record["flops_per_second"] if gemm is not None and gemm.record else None
+    if gemm is not None:
+        print(f"  {GEMM_SYSTEM}: {gemm.outcome.value} {gemm.detail[-300:]}", flush=True)
     throughput = []
     for name in args.systems:
         attempt = run_attempt(args, name, args.length, args.warmup, args.steps, args.throughput_timeout, skips.get(name))
@@ -395,9 +430,14 @@ def driver(args: argparse.Namespace) -> int:
     model = base_program(schedule).model
     kinds = Counter(kind.value for kind in model.layers)
     blocks = ", ".join(f"{count} {kind}" for kind, count in kinds.items())
+    flops_per_token = model_training_flops_per_token(model, args.length, base_program(schedule).sequence.kernel_chunk)
     lines = [f"one device ({args.device}), kernel backend {backend}, {len(model.layers)} blocks ({blocks}) "
-             f"d={model.d_model}, one sequence per step, {dtype}", "", "Throughput at --length", ""]
-    lines += throughput_lines(throughput)
+             f"d={model.d_model}, one sequence per step, {dtype}", "",
+             f"Throughput at --length: model FLOPs {flops_per_token / 1e9:.3f} G a token "
+             "(schedlang.lowering.cost.model_training_flops_per_token: forward and backward, recomputation not "
+             "counted); " + (f"GEMM rate {gemm_rate / 1e12:.1f} TFLOP/s ({gemm.record['size']}^3 "
+                             f"{gemm.record['dtype']}, this job)" if gemm_rate else "GEMM rate not measured"), ""]
+    lines += throughput_lines(throughput, flops_per_token, gemm_rate)
     print("\n".join(lines), flush=True)
 
     measured_memory = [a.record["device_memory_bytes"] for a in throughput if a.record and a.record["device_memory_bytes"]]
@@ -445,6 +485,8 @@ def driver(args: argparse.Namespace) -> int:
     summary = "\n".join(lines)
     (out / "summary.md").write_text(summary + "\n", encoding="utf-8")
     records = {
+        "gemm": gemm.as_json() if gemm is not None else None,
+        "model_flops_per_token": flops_per_token,
         "throughput": [attempt.as_json() for attempt in throughput],
         "search": {name: {"longest": best.length if best else None, "ending": ending,
                           "attempts": [attempt.as_json() for attempt in attempts]}
@@ -495,6 +537,8 @@ def main() -> int:
     parser.add_argument("--search-timeout", type=float, default=150.0, help="seconds one search attempt may take")
     parser.add_argument("--device-memory", type=int, help="bytes simulate --fit fits (default: the GPU's)")
     parser.add_argument("--out", default="benchmark-results/one-device")
+    parser.add_argument("--gemm-rate", action=argparse.BooleanOptionalAction, default=True,
+                        help="time one large GEMM first, the rate each system's model-FLOP rate is read against")
     args = parser.parse_args()
     if args.preflight:
         return preflight()

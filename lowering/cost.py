@@ -347,6 +347,21 @@ def head_flops_per_token(model: ModelConfig) -> float:
     return 2 * model.d_model * model.vocab
 
 
+def model_training_flops_per_token(model: ModelConfig, length: int, kernel_chunk: int) -> float:
+    """Model FLOPs of one training step per token of a ``length``-token sequence, recomputation not counted (the
+    figure a step's model-FLOP rate divides by): three times the forward's, the backward's input- and
+    weight-gradient products each costing what the forward's do; the forward is every layer's token mixer
+    (projections and recurrence), its MLP, the causal attention pairs of the whole sequence (``(length + 1) / 2``
+    a token for each ``attn`` layer) and the head."""
+    forward = head_flops_per_token(model)
+    for kind, n_layers in layer_kind_counts(model, tuple(range(len(model.layers)))).items():
+        mlp = mlp_flops_per_token(model) if model.has_mlp(kind) else 0.0
+        forward += n_layers * (layer_mixer_flops_per_token(model, kind, kernel_chunk) + mlp)
+        if kind is LayerKind.ATTN:
+            forward += n_layers * model_attention_pair_flops(model) * (length + 1) / 2
+    return 3 * forward
+
+
 def linear_layers(model: ModelConfig, layers: tuple[int, ...], is_last: bool) -> int:
     """Linear layers on a stage holding ``layers``: one weight-gradient GEMM each, what a ``W`` task launches."""
     count = sum(

@@ -128,9 +128,13 @@ def test_a_spent_budget_starts_no_attempt():
 
 def test_tables():
     skipped = Attempt(FLA_SYSTEM, 128, Outcome.SKIPPED, detail="not installed")
-    throughput = throughput_lines([attempt(128, Outcome.MEASURED), skipped])
-    assert throughput[2] == "| schedlang:2 | 128 | 1,000 | 0.128 | 1.0 | 2.0 | measured |"
-    assert throughput[3] == "| fla | 128 | | | | | skipped: not installed |"
+    throughput = throughput_lines([attempt(128, Outcome.MEASURED), skipped], 6e9, 8e12)
+    assert throughput[2] == "| schedlang:2 | 128 | 1,000 | 0.128 | 6.0 | 75.0% | 1.0 | 2.0 | measured |"
+    assert throughput[3] == "| fla | 128 | | | | | | | skipped: not installed |"
+    # 6e9 FLOPs a token at 100,000 tokens/s is 600 TFLOP/s, 75% of an 800-TFLOP/s GEMM; no GEMM rate, no share
+    fast = Attempt("torch", 128, Outcome.MEASURED, {**attempt(128, Outcome.MEASURED).record, "tokens_per_second": 1e5})
+    assert "| 600.0 | 75.0% |" in throughput_lines([fast], 6e9, 8e14)[2]
+    assert "| 600.0 |  |" in throughput_lines([fast], 6e9, None)[2]
     search = search_lines({"schedlang:2": (attempt(256, Outcome.MEASURED), [attempt(256, Outcome.MEASURED),
                                                                           attempt(512, Outcome.OUT_OF_MEMORY)],
                                            "converged")})
@@ -160,6 +164,8 @@ def test_the_whole_path_runs_on_the_cpu_with_the_tiny_model(tmp_path):
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     records = json.loads((out / "records.json").read_text())
+    assert records["gemm"]["outcome"] == "measured" and records["gemm"]["record"]["flops_per_second"] > 0
+    assert records["model_flops_per_token"] > 0
     outcomes = {entry["system"]: entry["outcome"] for entry in records["throughput"]}
     assert outcomes == {"torch": "measured", FLA_SYSTEM: "skipped", SYSTEM: "measured"}
     measured = [entry["record"] for entry in records["throughput"] if entry["record"]]
@@ -171,5 +177,6 @@ def test_the_whole_path_runs_on_the_cpu_with_the_tiny_model(tmp_path):
     assert prediction["system"] == SYSTEM and prediction["fit"]["length"] == 256
     summary = (out / "summary.md").read_text()
     assert f"| {SYSTEM} | 256 |" in summary and "skipped: fla's kernels need a GPU" in summary
+    assert "GEMM rate" in summary and "TFLOP/s (1024^3 float32, this job)" in summary
     written = load_program(out / "schedlang-chunks=2-recompute=full.sched")  # schedlang run re-runs the system
     assert written.n_chunks == 2 and written.sequence.length == 128 and written.model.d_model == 64
