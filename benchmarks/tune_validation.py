@@ -154,9 +154,9 @@ def measure(path: Path, args: argparse.Namespace, limit: float | None = None) ->
 
 
 TABLE_HEADER = (
-    "| rank | changes from the file | predicted step s | measured step s | measured / predicted "
+    "| rank | changes from the file | host-bound | predicted step s | measured step s | measured / predicted "
     "| predicted tokens/s | measured tokens/s |\n"
-    "| --- | --- | --- | --- | --- | --- | --- |"
+    "| --- | --- | --- | --- | --- | --- | --- | --- |"
 )
 
 
@@ -170,7 +170,8 @@ def table_row(row: dict) -> str:
         numbers += f"{measured['tokens_per_second']:,.0f}"
     else:
         numbers = f"{measured['outcome']} | | {row['predicted_tokens_per_second']:,.0f} |"
-    return f"| {row['rank']} | {changes} | {row['predicted_step_seconds']:.4g} | {numbers} |"
+    bound = row.get("host_bound_share", 0.0)
+    return f"| {row['rank']} | {changes} | {f'{bound:.0%}' if bound else '-'} | {row['predicted_step_seconds']:.4g} | {numbers} |"
 
 
 def table(rows: list[dict]) -> str:
@@ -241,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             "predicted_step_seconds": candidate["step_seconds"],
             "predicted_tokens_per_second": candidate["tokens_per_second"],
             "predicted_reserved_gib": candidate["reserved_gib"],
+            "host_bound_share": candidate["host_bound_share"],
             "measured": measure(path, args, run_time_limit(candidate["step_seconds"], args, first=index == 0)),
         })
         # after every candidate: a job cut short still leaves what it measured, in results.json and printed

@@ -99,6 +99,28 @@ class CostModel(Protocol):
         """The step's gradient all-reduce on ``stage`` after its last task (``Trainer.reduce_gradients``)."""
         ...
 
+    def host_bound(self, task: TaskId) -> bool:
+        """Whether ``task``'s duration is the host's launch time rather than the device's work (False where the
+        model prices no host)."""
+        ...
+
+
+def host_bound_share(program: ScheduleProgram, cost: CostModel) -> float:
+    """The share of a step's task seconds, on its busiest stage, that the host's launches bound: a prediction
+    whose share is large holds only for the host the profile was calibrated on."""
+    kinds = (ActionKind.FORWARD, ActionKind.BACKWARD) + ((ActionKind.WEIGHT,) if program.pipeline.split_backward else ())
+    busiest = (0.0, 0.0)
+    for stage in range(program.n_stages):
+        total = bound = 0.0
+        for chunk in range(program.n_chunks):
+            for kind in kinds:
+                task = TaskId(kind, stage, 0, chunk)
+                seconds = cost.task_duration(task)
+                total += seconds
+                bound += seconds if cost.host_bound(task) else 0.0
+        busiest = max(busiest, (total, bound))
+    return busiest[1] / busiest[0] if busiest[0] > 0 else 0.0
+
 
 def reduction_groups(program: ScheduleProgram) -> tuple[int, ...]:
     """The sizes of the groups ``Trainer.reduce_gradients`` all-reduces a stage's flattened gradients over, one
@@ -133,6 +155,9 @@ class UnitCostModel:
 
     def message_duration(self, kind: Payload, source: TaskId, destination: TaskId) -> int:
         return 0
+
+    def host_bound(self, task: TaskId) -> bool:
+        return False
 
     def message_bytes(self, kind: Payload, source: TaskId, destination: TaskId) -> int:
         return 0
@@ -534,6 +559,9 @@ class FlopsCostModel:
         if self.program.sequence.parallel is SequenceParallelMethod.ALLGATHER:
             elements += geometry.transition_elements
         return self.batch * elements * self.state_element_bytes
+
+    def host_bound(self, task: TaskId) -> bool:
+        return False  # FLOPs over a rate, launch gaps added: no host time to bound a task
 
     def task_duration(self, task: TaskId) -> float:
         stage, chunk = task.stage, task.chunk

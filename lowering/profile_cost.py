@@ -169,6 +169,7 @@ class ProfileCostModel:
                 f"needs; measure them with `schedlang profile`"
             )
         self.tasks = {}
+        self.host_bound_tasks: set[tuple[int, int, ActionKind]] = set()
         for stage in range(program.n_stages):
             for chunk in range(program.n_chunks):
                 self.tasks[stage, chunk] = self._stage_chunk(stage, chunk)
@@ -370,8 +371,15 @@ class ProfileCostModel:
                 total = device_seconds + launches[kind] * overhead.graph_layer_seconds
             else:
                 total = max(device_seconds, host[kind])
+                if host[kind] > device_seconds:
+                    self.host_bound_tasks.add((stage, chunk, kind))
             seconds[kind] = total + overhead.task_seconds
         return seconds
+
+    def host_bound(self, task: TaskId) -> bool:
+        """Whether ``task``'s time is its eager launches' host time (the profile's host factor, which differs
+        between machines: docs/benchmarks.md, "The host-bound rows"), not its device time."""
+        return (task.stage, task.chunk, task.kind) in self.host_bound_tasks
 
     def task_duration(self, task: TaskId) -> float:
         return self.tasks[task.stage, task.chunk][task.kind]

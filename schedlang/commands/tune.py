@@ -270,6 +270,7 @@ def as_json(args, result, budget, seconds: float, written) -> dict:
                 "tokens_per_second": candidate.tokens_per_second,
                 "reserved_gib": [value / GIB for value in candidate.reserved],
                 "pinned_host_gib": [stage.pinned_host / GIB for stage in candidate.memory],
+                "host_bound_share": candidate.host_bound_share,
                 "changes": dict(candidate.changes),
                 "schedule": candidate.program.source_text,
             }
@@ -294,12 +295,17 @@ def print_table(args, result, budget, seconds: float, written) -> None:
     )
     print(hardware_line(result.settings, result.candidates[0].program.model))
     print(f"{'rank':>4}  {'step s':>10}  {'tokens/s':>12}  {'reserved GiB per stage':>24}  {'host GiB':>8}  "
-          "changes from the file")
+          f"{'host-bound':>10}  changes from the file")
     for rank, candidate in enumerate(result.candidates, start=1):
         peaks = " / ".join(f"{value / GIB:.2f}" for value in candidate.reserved)
         nodes = budget.node_pinned_bytes(candidate.program, candidate.memory)
         host = f"{max(nodes) / GIB:.2f}" if any(nodes) else "-"
+        bound = f"{candidate.host_bound_share:.0%}" if candidate.host_bound_share else "-"
         print(f"{rank:>4}  {candidate.makespan:>10.4g}  {candidate.tokens_per_second:>12,.0f}  {peaks:>24}  "
-              f"{host:>8}  {_changes_text(candidate)}")
+              f"{host:>8}  {bound:>10}  {_changes_text(candidate)}")
+    if any(candidate.host_bound_share for candidate in result.candidates):
+        print("host-bound: the share of the busiest stage's task time that the profile prices as the host's eager "
+              "launches; such a time holds for the host the profile was calibrated on (schedlang profile "
+              "--calibrate on this machine)")
     if written:
         print(f"wrote {written} (rank 1; check it with: schedlang check {written})")

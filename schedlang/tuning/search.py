@@ -49,7 +49,7 @@ from dataclasses import dataclass, field, replace
 
 from schedlang.compiler import CostSettings, Pass, ScheduleText, compile_schedule, revised_text
 from schedlang.diagnostics import ScheduleError
-from schedlang.lowering.cost import make_cost_model
+from schedlang.lowering.cost import host_bound_share, make_cost_model
 from schedlang.lowering.legality import IllegalScheduleError
 from schedlang.lowering.memory_budget import MemoryBudget, MemoryPlace, Misfit
 from schedlang.lowering.memory_peak import StageMemory, predict_memory
@@ -102,6 +102,7 @@ class Candidate:
     memory: tuple[StageMemory, ...] = field(compare=False)
     program: ScheduleProgram = field(compare=False, repr=False)
     change_values: tuple[tuple[str, object], ...] = field(default=(), compare=False, repr=False)  # as revise takes
+    host_bound_share: float = field(default=0.0, compare=False)  # lowering.cost.host_bound_share of its busiest stage
 
     @property
     def tokens_per_second(self) -> float:
@@ -451,7 +452,7 @@ class _Search:
         tokens = layout.microbatches * layout.microbatch_size * layout.data * layout.length
         self.keep(Candidate(
             layout, knobs, describe(changes), compilation.timeline.makespan, tokens, memory, program,
-            tuple(changes.items()),
+            tuple(changes.items()), host_bound_share(program, self.cost_model(program)),
         ))
 
     def keep(self, candidate: Candidate) -> None:

@@ -38,7 +38,8 @@ def test_summary_compares_the_pick_with_the_best_measured():
 def test_table_has_a_row_per_candidate_and_the_ratio():
     lines = table([row(1, 1.0, 1.04), row(2, 1.1, None)]).splitlines()
     assert len(lines) == 4
-    assert lines[2].startswith("| 1 | `sequence.chunks = 2` | 1 | 1.04 | 1.040 | 1,000 | 962 |")
+    assert lines[2].startswith("| 1 | `sequence.chunks = 2` | - | 1 | 1.04 | 1.040 | 1,000 | 962 |")
+    assert "| `sequence.chunks = 2` | 40% | 1 |" in table([{**row(1, 1.0, 1.04), "host_bound_share": 0.4}])
     assert "| timed out |" in lines[3]
 
 
@@ -56,7 +57,7 @@ def test_the_whole_path_runs_on_the_cpu_with_the_tiny_model(tmp_path):
         assert result["measured"]["step_seconds"] > 0 and result["predicted_step_seconds"] > 0
         assert Path(result["file"]).exists()
     lines = completed.stdout.splitlines()
-    assert lines[1].startswith("| rank | changes from the file | predicted step s | measured step s")
+    assert lines[1].startswith("| rank | changes from the file | host-bound | predicted step s | measured step s")
     assert lines[-1].startswith("the pick ran")
 
 

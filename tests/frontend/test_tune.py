@@ -106,6 +106,24 @@ def test_under_step_graphs_the_search_recomputes_full_and_nothing_else_when_memo
     compare_with_exhaustive(program, settings)
 
 
+def test_eager_4k_chunks_are_marked_host_bound_and_graphs_are_not(capsys):
+    """At 256K on the H200 profile, 64 eager chunks of 4K tokens are priced by the host's launches on every task
+    (their prediction holds for the calibrated host only: docs/benchmarks.md, "The host-bound rows"); the same
+    chunks replayed from step graphs, and 8 eager chunks of 32K, are priced by the device."""
+    arguments = [str(ONE_DEVICE), "--hardware", "h200", "--length", "262144", "--dominated", "--top", "40", "--json"]
+    assert run_tune(*arguments) == 0
+    candidates = json.loads(capsys.readouterr().out)["candidates"]
+
+    def share(chunks: str, graphs: str | None) -> float:
+        (found, *_) = [candidate["host_bound_share"] for candidate in candidates
+                       if candidate["changes"].get("sequence.chunks") == chunks
+                       and candidate["changes"].get("pipeline.cuda_graphs") == graphs]
+        return found
+
+    assert share("64", None) == 1.0
+    assert share("64", "step") == 0.0 and share("8", None) == 0.0
+
+
 def test_pruned_search_finds_the_fastest_of_an_exhaustive_search_when_the_host_binds():
     """A host that holds some offloading candidates' copies and not others: the pruning (rule 5 weighs pinned
     bytes too) still finds the exhaustive search's fastest, and no listed candidate pins past the host."""
