@@ -182,7 +182,8 @@ GEMM_SYSTEM = "gemm"
 model-FLOP rate is read against (issue 37's goal: the whole-sequence step at 70% of it)."""
 
 GEMM_SIZES = {"cuda": 8192, "cpu": 1024}
-"""The square GEMM's side: 8192 in bf16 on a GPU (what the H200's large-GEMM rate is quoted for), 1024 on the CPU."""
+"""The square GEMM's side: 8192 in bf16 on a GPU (long enough to run at the GEMM units' sustained rate), 1024 on
+the CPU."""
 
 
 def gemm_record(device: torch.device) -> dict:
@@ -427,10 +428,11 @@ def driver(args: argparse.Namespace) -> int:
         attempt = run_attempt(args, name, args.length, args.warmup, args.steps, args.throughput_timeout, skips.get(name))
         throughput.append(attempt)
         print(f"  {name} at {args.length}: {attempt.outcome.value} {attempt.detail[-300:]}", flush=True)
-    model = base_program(schedule).model
+    base = base_program(schedule)
+    model = base.model
     kinds = Counter(kind.value for kind in model.layers)
     blocks = ", ".join(f"{count} {kind}" for kind, count in kinds.items())
-    flops_per_token = model_training_flops_per_token(model, args.length, base_program(schedule).sequence.kernel_chunk)
+    flops_per_token = model_training_flops_per_token(model, args.length, base.sequence.kernel_chunk)
     lines = [f"one device ({args.device}), kernel backend {backend}, {len(model.layers)} blocks ({blocks}) "
              f"d={model.d_model}, one sequence per step, {dtype}", "",
              f"Throughput at --length: model FLOPs {flops_per_token / 1e9:.3f} G a token "

@@ -171,7 +171,8 @@ def table_row(row: dict) -> str:
     else:
         numbers = f"{measured['outcome']} | | {row['predicted_tokens_per_second']:,.0f} |"
     bound = row.get("host_bound_share", 0.0)
-    return f"| {row['rank']} | {changes} | {f'{bound:.0%}' if bound else '-'} | {row['predicted_step_seconds']:.4g} | {numbers} |"
+    bound_text = f"{bound:.0%}" if bound else "-"
+    return f"| {row['rank']} | {changes} | {bound_text} | {row['predicted_step_seconds']:.4g} | {numbers} |"
 
 
 def table(rows: list[dict]) -> str:
