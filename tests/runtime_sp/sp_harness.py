@@ -18,6 +18,9 @@ def _entry(rank: int, world_size: int, init_file: str, worker, worker_args: tupl
     )
     try:
         worker(rank, world_size, *worker_args)
+        # every rank done before any tears gloo down: a rank destroying its group while a peer's last collective
+        # is still in flight aborted the peer ("terminate called without an active exception") in two full-tier runs
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
