@@ -70,7 +70,7 @@ if __package__ in (None, ""):  # run as a file: the benchmarks package lives in 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from schedlang.lowering.cost import model_training_flops_per_token  # noqa: E402
-from schedlang.vocabulary import CudaGraphs  # noqa: E402
+from schedlang.runtime.step_graphs import steps_before_steady  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
     gib,
@@ -148,8 +148,8 @@ def measure(
     started = time.perf_counter()
     system = build_system(name, schedule, length, device)
     graphs = variant_program(schedule, name).pipeline.cuda_graphs if is_schedlang_system(name) else None
-    if graphs is CudaGraphs.STEP:
-        warmup = max(warmup, 2)  # [Note: step graphs]: the first step runs eagerly, the second captures
+    if graphs is not None:
+        warmup = max(warmup, steps_before_steady(graphs))
     for _ in range(warmup):
         system.step()
     synchronize(device)

@@ -36,6 +36,8 @@ if __package__ in (None, ""):  # run as a file: the benchmarks package lives in 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.pipeline_schedule import ONE_DEVICE_SCHEDULE, BenchmarkSchedule, system_program  # noqa: E402
+from schedlang.frontend import load_program_text  # noqa: E402
+from schedlang.runtime.step_graphs import steps_before_steady  # noqa: E402
 
 PICK_TOLERANCE = 0.05
 """Issue 34's acceptance: the pick's measured tokens/s within 5% of the best measured."""
@@ -87,6 +89,17 @@ def spread(candidates: list[dict], count: int) -> list[dict]:
     return [distinct[index] for index in sorted(chosen)]
 
 
+def chosen_candidates(ranking: list[dict], args: argparse.Namespace) -> list[dict]:
+    """The candidates to train: ``--ranks`` where given (each must be in the ranking), else :func:`spread`."""
+    if args.ranks is None:
+        return spread(ranking, args.candidates)
+    by_rank = {candidate["rank"]: candidate for candidate in ranking}
+    missing = sorted(set(args.ranks) - set(by_rank))
+    if missing:
+        raise SystemExit(f"--ranks: tune ranked {len(ranking)} candidates; no rank {', '.join(map(str, missing))}")
+    return [by_rank[rank] for rank in sorted(set(args.ranks))]
+
+
 def run_tune(schedule: Path, args: argparse.Namespace, tune_flags: list[str]) -> dict:
     command = [
         *schedlang_command(), "tune", str(schedule), "--json", "--top", str(RANKING_DEPTH), "--dominated",
@@ -123,28 +136,35 @@ RUN_TIME_MARGIN = 2.0
 times its predicted steps: a prediction 2x short still finishes, a stall does not run forever."""
 
 
-def run_time_limit(predicted_step_seconds: float, args: argparse.Namespace, first: bool = False) -> float:
-    """Seconds one candidate's run may take: see :data:`RUN_TIME_MARGIN`; the first run (the pick) is allowed
-    ``--first-timeout`` instead of ``--timeout``, since on a fresh machine it also compiles and autotunes every
-    Triton kernel."""
+def warmup_steps(schedule_text: str, args: argparse.Namespace) -> int:
+    """``--warmup``, or more where the candidate's graphs need more steps before a steady one
+    (:func:`steps_before_steady`: under step graphs the second step captures)."""
+    return max(args.warmup, steps_before_steady(load_program_text(schedule_text).pipeline.cuda_graphs))
+
+
+def run_time_limit(predicted_step_seconds: float, warmup: int, args: argparse.Namespace,
+                   first: bool = False) -> float:
+    """Seconds one candidate's run of ``warmup`` + ``--steps`` steps may take: see :data:`RUN_TIME_MARGIN`; the
+    first run (the pick) is allowed ``--first-timeout`` instead of ``--timeout``, since on a fresh machine it also
+    compiles and autotunes every Triton kernel."""
     allowance = args.first_timeout if first else args.timeout
-    return allowance + RUN_TIME_MARGIN * (args.warmup + args.steps) * predicted_step_seconds
+    return allowance + RUN_TIME_MARGIN * (warmup + args.steps) * predicted_step_seconds
 
 
-def measure(path: Path, args: argparse.Namespace, limit: float | None = None) -> dict:
-    """Train one candidate (for at most ``limit`` seconds, default ``--timeout``); its median step time over the
-    steps after the warm-up, or how it ended."""
+def measure(path: Path, warmup: int, args: argparse.Namespace, limit: float | None = None) -> dict:
+    """Train one candidate for ``warmup`` + ``--steps`` steps (for at most ``limit`` seconds, default
+    ``--timeout``); its median step time over the steps after the warm-up, or how it ended."""
     from schedlang.profile_calibration import CalibrationError, RunTimedOut, train_and_read_steps
 
     try:
-        steps = train_and_read_steps(str(path), args.device, args.warmup + args.steps,
+        steps = train_and_read_steps(str(path), args.device, warmup + args.steps,
                                      args.timeout if limit is None else limit)
     except RunTimedOut:
         return {"outcome": "timed out"}
     except CalibrationError as error:
         return {"outcome": f"failed: {error}"}
     path.with_suffix(".jsonl").write_text("".join(json.dumps(step) + "\n" for step in steps), encoding="utf-8")
-    timed = steps[args.warmup:] or steps
+    timed = steps[warmup:] or steps
     return {
         "outcome": "measured",
         "step_seconds": statistics.median(step["step_seconds"] for step in timed),
@@ -203,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="the benchmark's tiny model (a CPU run of the path)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--candidates", type=int, default=7, help="the pick and this many minus one more")
+    parser.add_argument(
+        "--ranks", type=int, nargs="+", default=None, metavar="RANK",
+        help="measure these ranks of tune's ranking instead of --candidates spread down it (a job split in parts)",
+    )
     parser.add_argument("--warmup", type=int, default=2, help="steps before the timed ones (default 2)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per candidate (default 3)")
     parser.add_argument(
@@ -233,9 +257,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.environ.get('GIT_COMMIT', '(set GIT_COMMIT)')}; {tuned['cost_model']}", flush=True)
     print(TABLE_HEADER, flush=True)
     rows = []
-    for index, candidate in enumerate(spread(tuned["candidates"], args.candidates)):
+    for index, candidate in enumerate(chosen_candidates(tuned["candidates"], args)):
         path = out / f"rank_{candidate['rank']}.sched"
         path.write_text(candidate["schedule"], encoding="utf-8")
+        warmup = warmup_steps(candidate["schedule"], args)
         rows.append({
             "rank": candidate["rank"],
             "file": str(path),
@@ -244,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
             "predicted_tokens_per_second": candidate["tokens_per_second"],
             "predicted_reserved_gib": candidate["reserved_gib"],
             "host_bound_share": candidate["host_bound_share"],
-            "measured": measure(path, args, run_time_limit(candidate["step_seconds"], args, first=index == 0)),
+            "warmup_steps": warmup,
+            "measured": measure(path, warmup, args,
+                                run_time_limit(candidate["step_seconds"], warmup, args, first=index == 0)),
         })
         # after every candidate: a job cut short still leaves what it measured, in results.json and printed
         (out / "results.json").write_text(json.dumps({"length": tuned["length"], "rows": rows}, indent=2) + "\n")

@@ -40,7 +40,14 @@ import torch
 from torch import nn
 
 from schedlang.runtime.linear import accumulate_weight_gradients_into_grad
-from schedlang.vocabulary import Action
+from schedlang.vocabulary import Action, CudaGraphs
+
+
+def steps_before_steady(graphs: CudaGraphs) -> int:
+    """Steps a measurement must run before its timed ones under ``graphs``: the first step compiles kernels
+    (and, with per-layer graphs, captures them before running); under step graphs the second step also captures
+    the walk before replaying it (:class:`StepGraphPhase`), so only the third is a steady step."""
+    return 2 if graphs is CudaGraphs.STEP else 1
 
 
 class StepGraphPhase(str, Enum):

@@ -11,6 +11,8 @@ import pytest
 
 from benchmarks.tune_validation import summary, table
 
+REPOSITORY = Path(__file__).resolve().parents[2]
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tune_validation.py"
 
 
@@ -86,8 +88,9 @@ def test_a_candidates_time_limit_grows_with_its_predicted_steps():
     from benchmarks.tune_validation import run_time_limit
 
     args = argparse.Namespace(timeout=60.0, first_timeout=240.0, warmup=1, steps=1)
-    assert run_time_limit(16.8, args) == pytest.approx(60 + 2 * 2 * 16.8)
-    assert run_time_limit(0.8, args) == pytest.approx(63.2)
+    assert run_time_limit(16.8, 1, args) == pytest.approx(60 + 2 * 2 * 16.8)
+    assert run_time_limit(0.8, 1, args) == pytest.approx(63.2)
+    assert run_time_limit(16.8, 2, args) == pytest.approx(60 + 2 * 3 * 16.8)  # step graphs' capture step
 
 
 def test_the_first_run_which_compiles_the_kernels_gets_its_own_allowance():
@@ -96,8 +99,23 @@ def test_the_first_run_which_compiles_the_kernels_gets_its_own_allowance():
     from benchmarks.tune_validation import run_time_limit
 
     args = argparse.Namespace(timeout=40.0, first_timeout=240.0, warmup=2, steps=2)
-    assert run_time_limit(0.79, args, first=True) == pytest.approx(240 + 2 * 4 * 0.79)
-    assert run_time_limit(0.79, args) == pytest.approx(40 + 2 * 4 * 0.79)
+    assert run_time_limit(0.79, 2, args, first=True) == pytest.approx(240 + 2 * 4 * 0.79)
+    assert run_time_limit(0.79, 2, args) == pytest.approx(40 + 2 * 4 * 0.79)
+
+
+def test_a_step_graphs_candidate_warms_up_through_its_capture_step():
+    """Under step graphs the second step captures the walk (and then replays it): a measurement asking one
+    warm-up step would time that capture (256K, 2026-12-06: 1.22-1.66x the replayed step), so it warms up two."""
+    import argparse
+
+    from benchmarks.tune_validation import warmup_steps
+
+    eager = (REPOSITORY / "benchmarks/schedules/gla_1b_one_device.sched").read_text(encoding="utf-8")
+    graphs = eager.replace("cuda_graphs    = false", "cuda_graphs    = step", 1)
+    assert graphs != eager
+    for asked, eager_warmup, graphs_warmup in ((1, 1, 2), (2, 2, 2), (3, 3, 3)):
+        args = argparse.Namespace(warmup=asked)
+        assert (warmup_steps(eager, args), warmup_steps(graphs, args)) == (eager_warmup, graphs_warmup)
 
 
 def test_calibrate_measures_the_factors_on_this_machine_and_tunes_with_them(tmp_path):
@@ -128,3 +146,14 @@ def test_calibrate_measures_the_factors_on_this_machine_and_tunes_with_them(tmp_
     assert "out/calibrated.toml" in completed.stdout
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [row["measured"]["outcome"] for row in results["rows"]] == ["measured"]
+
+
+def test_ranks_choose_the_candidates_to_train_and_a_rank_tune_never_gave_is_refused():
+    import argparse
+
+    from benchmarks.tune_validation import chosen_candidates
+
+    ranking = [{"rank": rank, "changes": {"sequence.chunks": rank}} for rank in range(1, 11)]
+    assert [c["rank"] for c in chosen_candidates(ranking, argparse.Namespace(ranks=[9, 3, 3], candidates=7))] == [3, 9]
+    with pytest.raises(SystemExit, match="no rank 12"):
+        chosen_candidates(ranking, argparse.Namespace(ranks=[3, 12], candidates=7))
