@@ -168,11 +168,14 @@ class ProfileCostModel:
                 f"hardware profile {profile.name} has no measurement of {names}, which the schedule's model "
                 f"needs; measure them with `schedlang profile`"
             )
-        self.tasks = {}
-        self.host_bound_tasks: set[tuple[int, int, ActionKind]] = set()
+        self.tasks: dict[tuple[int, int], dict[ActionKind, float]] = {}
+        self.host_bound_tasks: frozenset[tuple[int, int, ActionKind]] = frozenset()
+        bound = set()
         for stage in range(program.n_stages):
             for chunk in range(program.n_chunks):
-                self.tasks[stage, chunk] = self._stage_chunk(stage, chunk)
+                self.tasks[stage, chunk], bound_kinds = self._stage_chunk(stage, chunk)
+                bound.update((stage, chunk, kind) for kind in bound_kinds)
+        self.host_bound_tasks = frozenset(bound)
 
     def _stage_parts(self, stage: int) -> list[tuple[ProfiledPart, int]]:
         """(part, count) of every block a chunk on ``stage`` runs."""
@@ -300,7 +303,9 @@ class ProfileCostModel:
         passes = GRADIENT_ACCUMULATION_PASSES * parameters * self.sizes.element_bytes
         return passes / self.profile.memory_bandwidth_bytes_per_s
 
-    def _stage_chunk(self, stage: int, chunk: int) -> dict[ActionKind, float]:
+    def _stage_chunk(self, stage: int, chunk: int) -> tuple[dict[ActionKind, float], frozenset[ActionKind]]:
+        """Seconds of each task kind of ``chunk`` on ``stage``, and the kinds whose seconds are the host's eager
+        launches rather than the device's work."""
         program, profile = self.program, self.profile
         tokens = program.sequence.chunk_length(chunk)
         prefix = program.sequence.boundaries[chunk]
@@ -365,16 +370,16 @@ class ProfileCostModel:
         if not self.split_backward:
             launches[ActionKind.BACKWARD] += launches[ActionKind.WEIGHT]
         device = {ActionKind.FORWARD: device_forward, ActionKind.BACKWARD: device_backward, ActionKind.WEIGHT: device_weight}
-        seconds = {}
+        seconds, bound = {}, set()
         for kind, device_seconds in device.items():
             if self.graphs:
                 total = device_seconds + launches[kind] * overhead.graph_layer_seconds
             else:
                 total = max(device_seconds, host[kind])
                 if host[kind] > device_seconds:
-                    self.host_bound_tasks.add((stage, chunk, kind))
+                    bound.add(kind)
             seconds[kind] = total + overhead.task_seconds
-        return seconds
+        return seconds, frozenset(bound)
 
     def host_bound(self, task: TaskId) -> bool:
         """Whether ``task``'s time is its eager launches' host time (the profile's host factor, which differs

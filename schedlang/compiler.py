@@ -34,7 +34,7 @@ from schedlang import ast
 from schedlang.frontend import read_source
 from schedlang.limits import check_program_limits, check_syntax_limits
 from schedlang.lowering.codegen import render_train_script
-from schedlang.lowering.cost import CostModelKind, Hardware, make_cost_model
+from schedlang.lowering.cost import CostModel, CostModelKind, Hardware, make_cost_model
 from schedlang.lowering.hardware_profile import HardwareProfile
 from schedlang.lowering.legality import IllegalScheduleError, LegalityReport, check_orders
 from schedlang.lowering.memory_peak import StageMemory, predict_memory
@@ -98,11 +98,13 @@ def compile_schedule(
     through: Pass = Pass.CODEGEN,
     cost: CostSettings | None = None,
     script_name: str = "train.py",
+    cost_model: CostModel | None = None,
 ) -> Compilation:
     """Run the passes in order up to ``through``; see the module docstring.
 
     ``schedule`` is a file path, schedule text, or a program already checked (which starts at the order
-    pass). The cost pass runs only when ``cost`` is given. Raises ``ScheduleError``, ``OSError`` (an
+    pass). The cost pass runs only when ``cost`` is given; it simulates with ``cost_model`` where the caller
+    already built ``cost``'s model of this program (``tune`` keeps one per set of durations), else builds it. Raises ``ScheduleError``, ``OSError`` (an
     unreadable file) or ``IllegalScheduleError`` (orders that break Eq. 8 or deadlock).
     """
     syntax = None
@@ -133,7 +135,8 @@ def compile_schedule(
         return result
     result = replace(result, memory=predict_memory(program, result.orders))
     if cost is not None and through >= Pass.COST:
-        cost_model = make_cost_model(cost.kind, program, cost.hardware)
+        if cost_model is None:
+            cost_model = make_cost_model(cost.kind, program, cost.hardware)
         result = replace(result, timeline=simulate(program, result.orders, cost_model))
     if through < Pass.CODEGEN:
         return result

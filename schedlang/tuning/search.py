@@ -440,7 +440,8 @@ class _Search:
         if program is None:
             return
         try:
-            compilation = compile_schedule(program, through=Pass.COST, cost=self.settings.cost)
+            cost_model = self.cost_model(program)
+            compilation = compile_schedule(program, through=Pass.COST, cost=self.settings.cost, cost_model=cost_model)
         except IllegalScheduleError:
             return
         self.stats.compiled += 1
@@ -452,7 +453,7 @@ class _Search:
         tokens = layout.microbatches * layout.microbatch_size * layout.data * layout.length
         self.keep(Candidate(
             layout, knobs, describe(changes), compilation.timeline.makespan, tokens, memory, program,
-            tuple(changes.items()), host_bound_share(program, self.cost_model(program)),
+            tuple(changes.items()), host_bound_share(program, cost_model),
         ))
 
     def keep(self, candidate: Candidate) -> None:
