@@ -5,11 +5,11 @@
     python benchmarks/mamba2_kernels.py --layer               # also the whole mamba2 layer's forward+backward
 
 Our operator, ``chunk_mamba2(x, dt, A, B, C, D)``, is timed whole: the map onto simple GLA's operands
-(``q = C``, ``k = B`` repeated over each group's heads, ``v = dt x``, ``g = dt A``; kernels/mamba2/README.md),
+(``q = C``, ``k = B``, read by group in the chunk kernels, ``v = dt x``, ``g = dt A``; kernels/mamba2/README.md),
 the chunk kernels and the ``D`` skip. fla's Mamba-2 layer needs ``mamba_ssm``'s kernels, so its peer is fla's
-``chunk_simple_gla`` on the already mapped operands (scale 1), the same recurrence without the map; our
-``chunk_simple_gla`` on those operands is printed too ("kernels"), so the map's own cost shows. Each figure is
-the median of ``--iterations`` calls after ``--warmup`` (CUDA events, benchmarks/common.py ``median_ms``) of the
+``chunk_simple_gla`` on the already mapped operands (scale 1, B and C repeated per head), the same recurrence
+without the map; our ``chunk_simple_gla`` on those operands is printed too ("kernels"), so the map's own cost
+shows. Each figure is the median of ``--iterations`` calls after ``--warmup`` (CUDA events, benchmarks/common.py ``median_ms``) of the
 forward+backward (torch.autograd.grad of the output for a random output gradient). ``--layer`` times schedlang's
 mamba2 mixer (``d_model = H P / 2``, fla's ``expand = 2``) the same way, and fla's ``Mamba2`` layer beside it
 when fla imports (without ``mamba_ssm`` fla runs its PyTorch path, which the line says). ``--check`` prints our

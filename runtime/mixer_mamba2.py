@@ -136,7 +136,9 @@ class Mamba2Mixer(nn.Module):
         B = B.reshape(batch, length, options.n_groups, options.state_size)
         C = C.reshape(batch, length, options.n_groups, options.state_size)
         A = -torch.exp(_at_least_float32(self.A_log))
-        operands = ssd_operands(x, self.time_step(raw_step), A, B, C, kernel_backend(x.device))
+        # one process reads B and C by group; the sequence-parallel scans take them per head
+        operands = ssd_operands(x, self.time_step(raw_step), A, B, C, kernel_backend(x.device),
+                                grouped=self.sequence_context is None)
         if self.sequence_context is None:
             mixed, final_state = recurrent_by_document(
                 documents,
@@ -152,9 +154,10 @@ class Mamba2Mixer(nn.Module):
         return self.out_proj(gated), self.packed_state.pack(final_state, (final_history,))
 
     def _chunk_simple_gla(self, state, q, k, v, g):
-        from schedlang.kernels import chunk_simple_gla
+        """Simple GLA over the SSD's operands, q and k by group."""
+        from schedlang.kernels.simple_gla.chunk import grouped_chunk_simple_gla
 
-        return chunk_simple_gla(
+        return grouped_chunk_simple_gla(
             q, k, v, g, scale=1.0, initial_state=state, output_final_state=True, backend=kernel_backend(q.device)
         )
 

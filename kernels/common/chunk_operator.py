@@ -9,7 +9,10 @@ the gate, the PyTorch forward, the backend choice and the public call through
 
 Shapes (the user layout): q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K] with a gate per key, [B, T, H]
 with a scalar gate; states [B, H, N + 1, K, V] (entry n enters chunk n, entry N is the final state); the
-cumulative log decay [B, H, N + 1, K] or [B, H, N + 1].
+cumulative log decay [B, H, N + 1, K] or [B, H, N + 1]. A grouped call (``grouped_queries``) takes q and k
+[B, T, G, K], G dividing H ([Note: grouped head order] in schedlang.kernels.common.heads): an operator whose
+Triton kernels read q and k by group (``triton_reads_groups``) hands them over as they are on its Triton path;
+every other path repeats them per head first, and autograd sums their gradients back.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from schedlang.kernels.common.arguments import Backend, CHUNK_SIZE, check_recurr
 from schedlang.kernels.common.chunking import ChunkStates
 from schedlang.kernels.common.function import ChunkRecurrenceFunction, Implementation, torch_implementation
 from schedlang.kernels.common.gate_layout import GateLayout
+from schedlang.kernels.common.heads import repeat_each_head
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class ChunkOperator:
     intra_chunk_output: Callable[..., torch.Tensor]  # (q, k, v, g, scale, chunk_size) -> [B, T, H, V]
     intra_chunk_gradients: Callable[..., tuple[torch.Tensor, ...]]  # -> dq, dk, dv, dg
     triton_module: str  # a module with TRITON_IMPLEMENTATION, imported on first use
+    triton_reads_groups: bool = False  # its Triton implementation takes q, k [B, T, G, K] with G dividing H
 
     def local_chunk_states(
         self, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int = CHUNK_SIZE
@@ -143,10 +148,17 @@ class ChunkOperator:
         output_final_state: bool = False,
         backend: str = "auto",
         save_states: bool = False,
+        grouped_queries: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The public operator: checked arguments through ChunkRecurrenceFunction (see ``chunk_gla``)."""
-        shape = check_recurrence_arguments(q, k, v, g, initial_state, gate_per_key=self.gate.gate_per_key)
+        """The public operator: checked arguments through ChunkRecurrenceFunction (see ``chunk_gla``). With
+        ``grouped_queries`` q and k may have G heads, G dividing v's H (the module docstring says which path
+        reads them by group)."""
+        shape = check_recurrence_arguments(
+            q, k, v, g, initial_state, gate_per_key=self.gate.gate_per_key, grouped_queries=grouped_queries
+        )
         implementation = self.implementation_for(backend, q)
+        if grouped_queries and (implementation is self.torch_implementation or not self.triton_reads_groups):
+            q, k = repeat_each_head(q, shape.heads), repeat_each_head(k, shape.heads)
         if scale is None:
             scale = shape.key_dim**-0.5
         output, final_state = ChunkRecurrenceFunction.apply(

@@ -2,9 +2,9 @@
 
 The SSD recurrence ``h_t = exp(dt_t A) h_{t-1} + dt_t B_t^T x_t``, ``y_t = C_t h_t + D x_t`` is simple GLA's
 ``S_t = exp(g_t) S_{t-1} + k_t^T v_t``, ``o_t = scale q_t S_t`` with ``q = C``, ``k = B`` (each group shared by
-its consecutive heads), ``v = dt x``, ``g = dt A`` and ``scale = 1`` (kernels/mamba2/README.md). The state is
-simple GLA's ``[B, H, K, V]`` = ``[B, H, N, P]``, so chunks and sequence ranks hand it on as they hand on a
-simple-GLA state, through the same scans.
+its consecutive heads, read by group by simple GLA's grouped entry point), ``v = dt x``, ``g = dt A`` and
+``scale = 1`` (kernels/mamba2/README.md). The state is simple GLA's ``[B, H, K, V]`` = ``[B, H, N, P]``, so
+chunks and sequence ranks hand it on as they hand on a simple-GLA state, through the same scans.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import torch
 from schedlang.kernels.common import check_floating_tensor
 from schedlang.kernels.common.heads import repeat_each_head
 from schedlang.kernels.mamba2.pointwise import ssd_skip, ssd_values_and_gates
-from schedlang.kernels.simple_gla import chunk_simple_gla
+from schedlang.kernels.simple_gla.chunk import grouped_chunk_simple_gla
 
 
 @dataclass(frozen=True)
 class SsdOperands:
-    """Simple GLA's operands for an SSD: ``q`` and ``k`` ``[B, T, H, N]``, ``v`` ``[B, T, H, P]``, the log
-    decay ``g`` ``[B, T, H]`` in float32 (float64 for float64 inputs); ``scale`` is 1."""
+    """Simple GLA's operands for an SSD: ``q`` and ``k`` ``[B, T, H, N]`` (``[B, T, G, N]`` when grouped), ``v``
+    ``[B, T, H, P]``, the log decay ``g`` ``[B, T, H]`` in float32 (float64 for float64 inputs); ``scale`` is 1."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -50,13 +50,18 @@ def _check_ssd_arguments(x, dt, A, B, C, D) -> None:
 
 
 def ssd_operands(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                 backend: str = "auto") -> SsdOperands:
+                 backend: str = "auto", grouped: bool = False) -> SsdOperands:
     """The SSD as simple GLA's operands (shapes as :func:`chunk_mamba2`'s). ``v = dt x`` and ``g = dt A`` come
-    from one fused launch each way (:func:`ssd_values_and_gates`); q and k are C and B in x's dtype, each group
-    repeated for its heads. Differentiable: gradients reach x, dt, A, B and C."""
+    from one fused launch each way (:func:`ssd_values_and_gates`); q and k are C and B in x's dtype: by group
+    with ``grouped`` (for :func:`~schedlang.kernels.simple_gla.chunk.grouped_chunk_simple_gla`), else each
+    group repeated for its heads (for :func:`~schedlang.kernels.simple_gla.chunk_simple_gla`). Differentiable:
+    gradients reach x, dt, A, B and C."""
     heads = x.shape[2]
     v, g = ssd_values_and_gates(x, dt, A, backend)
-    return SsdOperands(q=repeat_each_head(C.to(x.dtype), heads), k=repeat_each_head(B.to(x.dtype), heads), v=v, g=g)
+    q, k = C.to(x.dtype), B.to(x.dtype)
+    if not grouped:
+        q, k = repeat_each_head(q, heads), repeat_each_head(k, heads)
+    return SsdOperands(q=q, k=k, v=v, g=g)
 
 
 def chunk_mamba2(
@@ -78,14 +83,15 @@ def chunk_mamba2(
             [Note: grouped head order] in schedlang.kernels.common.heads). D: [H] or None (no skip).
         initial_state: [B, H, N, P] (float32; float64 for float64 inputs) or None for zeros.
         output_final_state: also return the state after the last token.
-        backend: "auto", "triton" or "torch", as for :func:`schedlang.kernels.chunk_simple_gla`.
+        backend: "auto", "triton" or "torch", as for :func:`schedlang.kernels.chunk_simple_gla`. The Triton
+            kernels read B and C by group; the PyTorch path repeats them per head.
     Returns:
         y: [B, T, H, P] in x's dtype; final_state: [B, H, N, P] float32 (float64 for float64 inputs), or None.
     Gradients flow to x, dt, A, B, C, D and initial_state, and from the final state.
     """
     _check_ssd_arguments(x, dt, A, B, C, D)
-    operands = ssd_operands(x, dt, A, B, C, backend)
-    output, final_state = chunk_simple_gla(
+    operands = ssd_operands(x, dt, A, B, C, backend, grouped=True)
+    output, final_state = grouped_chunk_simple_gla(
         operands.q, operands.k, operands.v, operands.g, scale=1.0, initial_state=initial_state,
         output_final_state=output_final_state, backend=backend,
     )

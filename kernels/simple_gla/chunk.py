@@ -41,3 +41,22 @@ def chunk_simple_gla(
     Gradients flow to q, k, v, g and initial_state, and from the final state.
     """
     return SIMPLE_GLA(q, k, v, g, scale, initial_state, output_final_state, backend, save_states)
+
+
+def grouped_chunk_simple_gla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    backend: str = "auto",
+    save_states: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`chunk_simple_gla` with q and k shared by groups of heads: q, k [B, T, G, K], G dividing v's H
+    heads, head ``h`` reading group ``h // (H / G)`` ([Note: grouped head order] in
+    schedlang.kernels.common.heads). The Triton kernels read each group in place and sum the group's per-head
+    dq and dk once; the PyTorch path repeats q and k per head. Everything else, gradients to the G-head q and
+    k included, is as :func:`chunk_simple_gla`'s."""
+    return SIMPLE_GLA(q, k, v, g, scale, initial_state, output_final_state, backend, save_states, grouped_queries=True)

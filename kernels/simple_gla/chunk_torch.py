@@ -73,7 +73,8 @@ def intra_chunk_gradients(
 
 
 SIMPLE_GLA = ChunkOperator(
-    SCALAR_GATE, intra_chunk_output, intra_chunk_gradients, triton_module="schedlang.kernels.simple_gla.chunk_triton"
+    SCALAR_GATE, intra_chunk_output, intra_chunk_gradients, triton_module="schedlang.kernels.simple_gla.chunk_triton",
+    triton_reads_groups=True,
 )
 """The operator: the glue shared with the other gate shape, around the two intra-chunk pieces above."""
 

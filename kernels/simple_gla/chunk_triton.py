@@ -6,6 +6,9 @@ of the entering state). Backward: the gates with the state and state-gradient up
 recomputed states and the reverse scan of the state gradients in one launch, a dv kernel and a dq/dk/dg kernel. With a scalar
 gate the decay matrix exp(gc_i - gc_j), j <= i, never exceeds 1, so no sub-chunk split is needed.
 Transposed products are formed from operands loaded transposed, never from a transposed accumulator.
+q and k may be grouped: ``[B, T, G, K]`` with G dividing v's H heads, head ``h`` reading group ``h // (H / G)``
+([Note: grouped head order] in kernels/common/heads.py); every kernel loads them at the group's rows
+(``_group_rows``), and the backward sums the per-head dq and dk over each group once (``_sum_over_groups``).
 Float32 inputs take the launch table's ``products`` precision (plain tf32: a 10-bit mantissa per operand; dg,
 a sum of ``q dq - k dk`` terms that cancel, and the per-head sums of Mamba-2's dA feel it most); 16-bit inputs
 multiply as 16-bit.
@@ -18,6 +21,7 @@ import triton
 import triton.language as tl
 
 from schedlang.kernels.common.arguments import CHUNK_SIZE
+from schedlang.kernels.common.heads import sum_each_head_group
 from schedlang.kernels.common.launch_tables import register_launch_table
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, products_precision, states_dtype
 from schedlang.kernels.common.triton_gradients import chunk_score_gradients, chunk_state_products
@@ -48,14 +52,23 @@ LAUNCH = register_launch_table("simple_gla", __name__, {
 
 
 @triton.jit
+def _group_rows(i_b, i_h, T, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr):
+    """The offset of head i_h's rows (batch i_b) in a q or k of shape [B, T, G, K]: its group's, i_h // (H / G)
+    ([Note: grouped head order]); the row stride is G * K."""
+    return i_b * T * G * K + (i_h // (H // G)) * K
+
+
+@triton.jit
 def _store_chunk_update(
     x, y, b_factor, updates, i_n, i_bh, i_k, i_v, T, NT,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PRECISION: tl.constexpr,
+    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    # updates[chunk i_n, block (i_k, i_v)] = (x * b_factor[:, None])^T y, x loaded transposed from memory
+    # updates[chunk i_n, block (i_k, i_v)] = (x * b_factor[:, None])^T y, x (q or k: G heads) loaded transposed
+    # from memory, y (v or do) of H heads
     i_b, i_h = i_bh // H, i_bh % H
-    p_xt = tl.make_block_ptr(x + i_b * T * H * K + i_h * K, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
+    x_rows = _group_rows(i_b, i_h, T, H, G, K)
+    p_xt = tl.make_block_ptr(x + x_rows, (K, T), (1, G * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
     p_y = tl.make_block_ptr(y + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
     b_xt = tl.load(p_xt, boundary_check=(0, 1), padding_option="zero")
     b_y = tl.load(p_y, boundary_check=(0, 1), padding_option="zero")
@@ -69,8 +82,8 @@ def _store_chunk_update(
 @triton.jit
 def simple_gla_kernel_gates_and_updates(
     g, k, v, q, do, gate_cumsum, chunk_gate, updates, grad_updates, scale, T, NT,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PRECISION: tl.constexpr,
+    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, PRECISION: tl.constexpr,
     UPDATES: tl.constexpr, GRADIENTS: tl.constexpr,
 ):
     # The chunk-local cumsum of the scalar gate (written once, by the programs of block (0, 0)), then, with
@@ -87,27 +100,28 @@ def simple_gla_kernel_gates_and_updates(
         tl.store(gate_cumsum + (i_b * T + o_t) * H + i_h, b_gc, mask=o_t < T)
         tl.store(chunk_gate + i_bh * NT + i_n, b_gl)
     if UPDATES:
-        _store_chunk_update(k, v, tl.exp(b_gl - b_gc), updates, i_n, i_bh, i_k, i_v, T, NT, H, K, V, BT, BK, BV,
+        _store_chunk_update(k, v, tl.exp(b_gl - b_gc), updates, i_n, i_bh, i_k, i_v, T, NT, H, G, K, V, BT, BK, BV,
                             PRECISION)
     if GRADIENTS:
-        _store_chunk_update(q, do, tl.exp(b_gc) * scale, grad_updates, i_n, i_bh, i_k, i_v, T, NT, H, K, V, BT, BK, BV,
-                            PRECISION)
+        _store_chunk_update(q, do, tl.exp(b_gc) * scale, grad_updates, i_n, i_bh, i_k, i_v, T, NT, H, G, K, V, BT,
+                            BK, BV, PRECISION)
 
 
 @triton.jit
 def simple_gla_fwd_kernel_output(
     q, k, v, gate_cumsum, states, output, scale, T, NT,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PRECISION: tl.constexpr,
+    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, PRECISION: tl.constexpr,
 ):
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
+    key_rows = _group_rows(i_b, i_h, T, H, G, K)
     state_base = states + (i_bh * NT + i_n).to(tl.int64) * K * V
     b_inter = tl.zeros([BT, BV], dtype=tl.float32)
     b_scores = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        p_q = tl.make_block_ptr(q + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-        p_kt = tl.make_block_ptr(k + i_b * T * H * K + i_h * K, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
+        p_q = tl.make_block_ptr(q + key_rows, (T, K), (G * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+        p_kt = tl.make_block_ptr(k + key_rows, (K, T), (1, G * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
         p_h = tl.make_block_ptr(state_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
         b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
         b_kt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero")
@@ -129,12 +143,13 @@ def simple_gla_fwd_kernel_output(
 @triton.jit
 def simple_gla_bwd_kernel_dv(
     q, k, do, gate_cumsum, chunk_gate, state_grads, dv, scale, T, NT,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PRECISION: tl.constexpr,
+    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, PRECISION: tl.constexpr,
 ):
     # dv_j = sum_{i>=j} scale (q_i . k_j) exp(gc_i - gc_j) do_i + k_j exp(gl - gc_j) dS_leaving
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
+    key_rows = _group_rows(i_b, i_h, T, H, G, K)
     grad_base = state_grads + (i_bh * NT + i_n).to(tl.int64) * K * V
     o_i = tl.arange(0, BT)
     o_t = i_n * BT + o_i
@@ -147,8 +162,8 @@ def simple_gla_bwd_kernel_dv(
     b_scores_t = tl.zeros([BT, BT], dtype=tl.float32)
     b_dv = tl.zeros([BT, BV], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        p_k = tl.make_block_ptr(k + i_b * T * H * K + i_h * K, (T, K), (H * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
-        p_qt = tl.make_block_ptr(q + i_b * T * H * K + i_h * K, (K, T), (1, H * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
+        p_k = tl.make_block_ptr(k + key_rows, (T, K), (G * K, 1), (i_n * BT, i_k * BK), (BT, BK), (1, 0))
+        p_qt = tl.make_block_ptr(q + key_rows, (K, T), (1, G * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
         p_dh = tl.make_block_ptr(grad_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
         b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
         b_qt = tl.load(p_qt, boundary_check=(0, 1), padding_option="zero")
@@ -168,10 +183,11 @@ def simple_gla_bwd_kernel_dv(
 @triton.jit
 def simple_gla_bwd_kernel_dqkg(
     q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq, dk, dg, scale, T, NT,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PRECISION: tl.constexpr,
+    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, PRECISION: tl.constexpr,
 ):
     # One program per chunk with the whole key dimension (BK >= K), so dg's sum over keys stays in the program.
+    # q and k are read at the head's group (G heads); dq and dk are this head's terms, stored per head (H heads).
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     chunk_offset = (i_bh * NT + i_n).to(tl.int64) * K * V
@@ -190,9 +206,9 @@ def simple_gla_bwd_kernel_dqkg(
     causal = o_i[:, None] >= o_i[None, :]
     b_decay = tl.exp(tl.where(causal, b_gc[:, None] - b_gc[None, :], float("-inf")))
     b_decay_t = tl.exp(tl.where(o_i[:, None] <= o_i[None, :], b_gc[None, :] - b_gc[:, None], float("-inf")))
-    base = i_b * T * H * K + i_h * K
-    p_q = tl.make_block_ptr(q + base, (T, K), (H * K, 1), (i_n * BT, 0), (BT, BK), (1, 0))
-    p_k = tl.make_block_ptr(k + base, (T, K), (H * K, 1), (i_n * BT, 0), (BT, BK), (1, 0))
+    key_rows = _group_rows(i_b, i_h, T, H, G, K)
+    p_q = tl.make_block_ptr(q + key_rows, (T, K), (G * K, 1), (i_n * BT, 0), (BT, BK), (1, 0))
+    p_k = tl.make_block_ptr(k + key_rows, (T, K), (G * K, 1), (i_n * BT, 0), (BT, BK), (1, 0))
     b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
     b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
     b_dq = b_dq * (tl.exp(b_gc) * scale)[:, None] + tl.dot((b_ds * b_decay * scale).to(b_k.dtype), b_k,
@@ -204,8 +220,9 @@ def simple_gla_bwd_kernel_dqkg(
     b_boundary_total = tl.sum(b_boundary, axis=0) * tl.exp(b_gl) + tl.sum(b_kf * b_dk_state)
     b_terms = tl.sum(b_qf * b_dq - b_kf * b_dk, axis=1)
     b_dg = tl.sum(b_terms, axis=0) - tl.cumsum(b_terms, axis=0) + b_terms + b_boundary_total
-    p_dq = tl.make_block_ptr(dq + base, (T, K), (H * K, 1), (i_n * BT, 0), (BT, BK), (1, 0))
-    p_dk = tl.make_block_ptr(dk + base, (T, K), (H * K, 1), (i_n * BT, 0), (BT, BK), (1, 0))
+    head_rows = i_b * T * H * K + i_h * K
+    p_dq = tl.make_block_ptr(dq + head_rows, (T, K), (H * K, 1), (i_n * BT, 0), (BT, BK), (1, 0))
+    p_dk = tl.make_block_ptr(dk + head_rows, (T, K), (H * K, 1), (i_n * BT, 0), (BT, BK), (1, 0))
     tl.store(p_dq, b_dq.to(p_dq.dtype.element_ty), boundary_check=(0, 1))
     tl.store(p_dk, b_dk.to(p_dk.dtype.element_ty), boundary_check=(0, 1))
     tl.store(dg + (i_b * T + o_t) * H + i_h, b_dg.to(dg.dtype.element_ty), mask=o_t < T)
@@ -217,9 +234,9 @@ def gates_and_updates(g, k, v, q=None, do=None, scale: float = 1.0, state_update
     """((gate cumsum [B, T, H], chunk totals [B, H, NT]), the per-chunk state updates [B, H, NT, K, V] (None
     without state_updates) and, given q and do, the state-gradient updates, else None), from one launch;
     updates in the states' dtype (bfloat16 for 16-bit inputs halves the traffic of the passes; the scans add
-    in float32)."""
-    batch, length, heads, key_dim = k.shape
-    value_dim = v.shape[-1]
+    in float32). k and q may be grouped ([B, T, G, K], G dividing v's H heads)."""
+    batch, length, heads, value_dim = v.shape
+    groups, key_dim = k.shape[2], k.shape[3]
     n_chunks = cdiv(length, CHUNK)
     gate_cumsum = new_output(g.shape, torch.float32, g.device)
     chunk_gate = new_output((batch, heads, n_chunks), torch.float32, g.device)
@@ -234,7 +251,7 @@ def gates_and_updates(g, k, v, q=None, do=None, scale: float = 1.0, state_update
     simple_gla_kernel_gates_and_updates[grid](
         g, k, v, q if gradients else k, do if gradients else v, gate_cumsum, chunk_gate, written,
         grad_updates if gradients else written, scale, length, n_chunks,
-        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v, UPDATES=state_updates,
+        H=heads, G=groups, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v, UPDATES=state_updates,
         GRADIENTS=gradients, PRECISION=products_precision(LAUNCH, k.dtype), **launch_options(launch),
     )
     return (gate_cumsum, chunk_gate), updates, grad_updates
@@ -251,8 +268,8 @@ def prepare_forward(q, k, v, g) -> PreparedChunks:
 
 def finish_forward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, save_states=False):
     q, k, v, g = [tensor.contiguous() for tensor in (q, k, v, g)]
-    batch, length, heads, key_dim = q.shape
-    value_dim = v.shape[-1]
+    batch, length, heads, value_dim = v.shape
+    groups, key_dim = q.shape[2], q.shape[3]
     n_chunks = cdiv(length, CHUNK)
     gate_cumsum, chunk_gate = prepared.gates
     states, final_state = chunk_state_scan(prepared.updates, chunk_gate, initial_state, states_dtype(k.dtype), reverse=False)
@@ -261,7 +278,7 @@ def finish_forward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, s
     block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])
     simple_gla_fwd_kernel_output[(cdiv(value_dim, block_v), n_chunks, batch * heads)](
         q, k, v, gate_cumsum, states, output, scale, length, n_chunks,
-        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
+        H=heads, G=groups, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
         PRECISION=products_precision(LAUNCH, q.dtype), **launch_options(launch),
     )
     return output, final_state, (states if save_states else None)
@@ -276,8 +293,8 @@ def prepare_backward(q, k, v, g, do, scale, saved_states=None) -> PreparedChunks
 
 def finish_backward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None):
     q, k, v, g, do = [tensor.contiguous() for tensor in (q, k, v, g, do)]
-    batch, length, heads, key_dim = q.shape
-    value_dim = v.shape[-1]
+    batch, length, heads, value_dim = v.shape
+    groups, key_dim = q.shape[2], q.shape[3]
     n_chunks = cdiv(length, CHUNK)
     gate_cumsum, chunk_gate = prepared.gates
     states, state_grads, initial_grad = recurrence_gradients(
@@ -288,19 +305,28 @@ def finish_backward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, 
     dv = new_output(v.shape, v.dtype, v.device)
     simple_gla_bwd_kernel_dv[(cdiv(value_dim, block_v), n_chunks, batch * heads)](
         q, k, do, gate_cumsum, chunk_gate, state_grads, dv, scale, length, n_chunks,
-        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
+        H=heads, G=groups, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
         PRECISION=products_precision(LAUNCH, q.dtype), **launch_options(launch),
     )
-    dq = new_output(q.shape, q.dtype, q.device)
-    dk = new_output(k.shape, k.dtype, k.device)
+    dq_dk = new_output((2, batch, length, heads, key_dim), q.dtype, q.device)  # per head, summed below
     dg = new_output(g.shape, torch.float32, g.device)
     simple_gla_bwd_kernel_dqkg[(n_chunks, batch * heads)](
-        q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq, dk, dg, scale, length, n_chunks,
-        H=heads, K=key_dim, V=value_dim, BT=CHUNK, BK=block_size(key_dim, 256),
+        q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq_dk[0], dq_dk[1], dg, scale, length, n_chunks,
+        H=heads, G=groups, K=key_dim, V=value_dim, BT=CHUNK, BK=block_size(key_dim, 256),
         BV=block_size(value_dim, LAUNCH["dqkg"]["block_v"]), PRECISION=products_precision(LAUNCH, q.dtype),
         **launch_options(LAUNCH["dqkg"]),
     )
+    dq, dk = _sum_over_groups(dq_dk, groups)
     return dq, dk, dv, dg, initial_grad
+
+
+def _sum_over_groups(dq_dk: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dq, dk) [B, T, G, K] from the per-head terms ``dq_dk`` [2, B, T, H, K] (dq then dk): each group's sum
+    over the heads it serves, both in one reduction (none when G = H)."""
+    _, batch, length, heads, key_dim = dq_dk.shape
+    summed = sum_each_head_group(dq_dk.view(2 * batch, length, heads, key_dim), heads // groups)
+    summed = summed.view(2, batch, length, groups, key_dim)
+    return summed[0], summed[1]
 
 
 TRITON_IMPLEMENTATION = triton_implementation(prepare_forward, finish_forward, prepare_backward, finish_backward)

@@ -98,6 +98,34 @@ def test_triton_path_matches_the_recurrence_in_float32(shape):
     assert_close(actual, reference(inputs, gradients), 2e-5)
 
 
+GROUPED_SHAPES = [  # batch, length, heads, head_dim, groups, state_size: four heads read from G = 1, 2 and 4 groups
+    (2, 100, 4, 8, 2, 16),  # two heads a group, the last chunk padded (100 is no multiple of 64)
+    (1, 64, 4, 8, 1, 8),
+    (1, 150, 4, 16, 4, 8),
+]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's case: CPU tensors, TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("shape", GROUPED_SHAPES, ids=shape_id)
+def test_triton_path_reads_b_and_c_by_group(monkeypatch, shape, dtype):
+    """The Triton path hands simple GLA's kernels B and C by group, never repeated per head, and matches the
+    float64 loop in the output, the final state and every gradient. The kernels compute in float32 for float64
+    inputs too, hence one float32 bound for both."""
+    from schedlang.kernels.common import chunk_operator
+    from schedlang.kernels.mamba2 import chunk as mamba2_chunk
+
+    def refuse(*_):
+        raise AssertionError("B or C repeated per head on the Triton path")
+
+    monkeypatch.setattr(chunk_operator, "repeat_each_head", refuse)
+    monkeypatch.setattr(mamba2_chunk, "repeat_each_head", refuse)
+    inputs, gradients = make_ssd_inputs(*shape, dtype)
+    actual = run_with_grads(chunk_mamba2, inputs, gradients, backend="triton")
+    assert actual["dB"].shape == inputs["B"].shape and actual["dC"].shape == inputs["C"].shape
+    assert_close(actual, reference(inputs, gradients), 2e-5)
+
+
 def test_torch_path_in_float32_stays_within_float32_error():
     inputs, gradients = make_ssd_inputs(2, 300, 4, 16, 2, 16, torch.float32)
     actual = run_with_grads(chunk_mamba2, inputs, gradients, backend="torch")

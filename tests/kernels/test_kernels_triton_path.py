@@ -63,6 +63,40 @@ def test_triton_path_with_keys_and_values_of_different_widths(operator_name, sha
     assert_close(actual, expected, tolerance)
 
 
+GROUPED_SHAPES = (
+    [(2, 1000, 8, 2, 64), (1, 2048, 16, 1, 128), (1, 300, 4, 4, 64)] if ON_GPU
+    else [(2, 100, 4, 2, 16), (1, 63, 4, 1, 32), (1, 130, 4, 4, 16)]
+)
+"""(batch, length, heads, q/k groups, width): q and k read by G groups of heads, G = H included."""
+
+
+@pytest.mark.parametrize("shape", GROUPED_SHAPES, ids=lambda shape: "B{}-T{}-H{}-G{}-D{}".format(*shape))
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("dtype_name", sorted(DTYPES))
+def test_grouped_queries_match_the_recurrence_on_repeated_heads(shape, backend, dtype_name):
+    """grouped_chunk_simple_gla with q, k [B, T, G, K] against the float64 recurrence on q and k repeated per
+    head: outputs, final state and every gradient, dq and dk summed over each group's heads."""
+    from schedlang.kernels.common.heads import repeat_each_head
+    from schedlang.kernels.simple_gla import naive_recurrent_simple_gla
+    from schedlang.kernels.simple_gla.chunk import grouped_chunk_simple_gla
+
+    batch, length, heads, groups, dim = shape
+    dtype, tolerance = DTYPES[dtype_name]
+    inputs = make_inputs(OPERATORS["simple_gla"], batch, length, heads, dim, "strong", True, dtype, DEVICE)
+    narrow = {name: getattr(inputs, name)[:, :, :groups].contiguous() for name in ("q", "k")}
+    inputs = dataclasses.replace(inputs, **narrow)
+
+    def repeated(q, k, v, g, **kwargs):
+        return naive_recurrent_simple_gla(repeat_each_head(q, heads), repeat_each_head(k, heads), v, g, **kwargs)
+
+    as64 = dataclasses.replace(
+        inputs, **{name: getattr(inputs, name).double() for name in ("q", "k", "v", "g", "initial_state")}
+    )
+    actual = run_with_grads(grouped_chunk_simple_gla, inputs, backend=backend)
+    assert actual["dq"].shape == inputs.q.shape and actual["dk"].shape == inputs.k.shape
+    assert_close(actual, run_with_grads(repeated, as64), tolerance)
+
+
 @pytest.mark.parametrize("operator_name", sorted(OPERATORS))
 def test_triton_path_chained_over_pieces_matches_the_reference(operator_name):
     operator = OPERATORS[operator_name]
