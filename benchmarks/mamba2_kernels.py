@@ -72,6 +72,23 @@ def ssd_step(inputs: dict[str, torch.Tensor], backend: str = "triton"):
     return step
 
 
+def per_head_ssd_step(inputs: dict[str, torch.Tensor], backend: str = "triton"):
+    """The operator with B and C repeated per head before the chunk kernels (``ssd_operands`` without
+    ``grouped``, then ``chunk_simple_gla`` and the skip): what the grouped read replaced, for a same-job ratio."""
+    from schedlang.kernels.mamba2 import ssd_skip
+
+    leaves = [inputs[name] for name in SSD_ARGUMENTS]
+    output_grad = torch.randn_like(inputs["x"])
+
+    def step():
+        operands = ssd_operands(*leaves[:5], backend=backend)
+        output, _ = chunk_simple_gla(operands.q, operands.k, operands.v, operands.g, scale=1.0, backend=backend)
+        output = ssd_skip(output.to(leaves[0].dtype), leaves[0], leaves[5], backend)
+        return torch.autograd.grad(output, leaves, output_grad)
+
+    return step
+
+
 def simple_gla_step(function, operands: tuple[torch.Tensor, ...], **kwargs):
     """One forward+backward of a simple-GLA operator on the mapped operands, scale 1."""
     output_grad = torch.randn_like(operands[2])
@@ -187,6 +204,8 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="relative errors against the float32 recurrence")
     parser.add_argument("--layer", action="store_true", help="also time the whole mamba2 layer (and fla's)")
     parser.add_argument("--no-peer", action="store_true", help="do not time flash-linear-attention")
+    parser.add_argument("--per-head", action="store_true",
+                        help="also time the operator with B and C repeated per head (the grouped read's baseline)")
     parser.add_argument("--profile", action="store_true",
                         help="also list our operator's fwd+bwd GPU time by kernel (torch.profiler), largest first")
     args = parser.parse_args()
@@ -204,6 +223,10 @@ def main() -> None:
                 kernels = median_ms(simple_gla_step(chunk_simple_gla, operands, backend="triton"),
                                     args.warmup, args.iterations)
                 line = f"{label}: mamba2 {ours:8.3f} ms   kernels {kernels:8.3f} ms"
+                if args.per_head:
+                    repeated = median_ms(per_head_ssd_step(inputs), args.warmup, args.iterations)
+                    again = median_ms(ssd_step(inputs), args.warmup, args.iterations)
+                    line += f"   per-head B, C {repeated:8.3f} ms   grouped again {again:8.3f} ms"
                 if fla is not None:
                     theirs = median_ms(simple_gla_step(fla, operands), args.warmup, args.iterations)
                     line += f"   fla chunk_simple_gla {theirs:8.3f} ms   mamba2/fla {ours / theirs:5.2f}x"

@@ -46,3 +46,15 @@ def test_the_layer_it_times_is_the_mamba2_mixer_and_runs():
     hidden = torch.randn(1, 32, 16)
     output = layer(hidden, None)[0]
     assert output.shape == hidden.shape and bool(torch.isfinite(output).all())
+
+
+def test_the_per_head_baseline_computes_what_the_grouped_operator_does():
+    """``--per-head`` times B and C repeated per head: the same gradients as the operator, or its ratio means
+    nothing."""
+    inputs = benchmark.make_ssd_inputs(70, 4, 8, 6, 2, torch.float32, device="cpu")
+    torch.manual_seed(1)
+    grouped = benchmark.ssd_step(inputs, backend="torch")()
+    torch.manual_seed(1)
+    per_head = benchmark.per_head_ssd_step(inputs, backend="torch")()
+    for ours, baseline in zip(grouped, per_head, strict=True):
+        assert ((ours - baseline).norm() / baseline.norm()).item() < 1e-5
