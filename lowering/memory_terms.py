@@ -151,6 +151,7 @@ class Sizes:
     gdn: GdnGeometry  # the heads and widths of the gdn layers
     mamba2: Mamba2Geometry  # the state size, groups and convolution of the mamba2 layers
     mamba3: Mamba3Geometry  # the state size, groups and angles of the mamba3 layers
+    sequence_ranks: int = 1  # the mesh's sequence-parallel group
 
     @property
     def width(self) -> int:
@@ -187,6 +188,7 @@ def program_sizes(program: ScheduleProgram) -> Sizes:
             projected=mamba3.projected_width(model.heads, model.head_dim),
             outproj_norm=mamba3.is_outproj_norm,
         ),
+        sequence_ranks=program.mesh.sequence,
     )
 
 
@@ -231,7 +233,7 @@ def operator_bytes_per_token(kind: LayerKind, sizes: Sizes, device: Device) -> f
     if kind is LayerKind.GDN:
         return gdn_operator_bytes_per_token(sizes, device)
     if kind is LayerKind.MAMBA2:
-        return mamba2_operator_bytes_per_token(sizes)
+        return mamba2_operator_bytes_per_token(sizes, device)
     if kind is LayerKind.MAMBA3:
         return mamba3_operator_bytes_per_token(sizes)
     return 0.0
@@ -251,7 +253,7 @@ def mamba2_bytes_per_token(sizes: Sizes, device: Device) -> float:
     kept = 3 * convolved * e + 2 * heads * f
     kept += (width + convolved + heads) * f if e == f else width * f
     kept += 4 * width * f + mamba2.groups * RSTD_BYTES + width * e
-    return kept + mamba2_operator_bytes_per_token(sizes)
+    return kept + mamba2_operator_bytes_per_token(sizes, device)
 
 
 def mamba3_bytes_per_token(sizes: Sizes) -> float:
@@ -284,12 +286,14 @@ def mamba3_operator_bytes_per_token(sizes: Sizes) -> float:
     return 2 * sizes.heads * sizes.mamba3.state_size * sizes.element_bytes + sizes.heads * sizes.compute_bytes
 
 
-def mamba2_operator_bytes_per_token(sizes: Sizes) -> float:
-    """What a mamba2 layer's chunked operator (simple GLA's) saves per token it runs over: C and B repeated
-    for their heads (``2 H N e``; with ``G = H`` they are views of the convolution's output, counted there),
-    ``v = dt x`` (``W e``) and the log decay (``H f``)."""
+def mamba2_operator_bytes_per_token(sizes: Sizes, device: Device) -> float:
+    """What a mamba2 layer's chunked operator (simple GLA's) saves per token it runs over: ``v = dt x``
+    (``W e``), the log decay (``H f``), and C and B. The Triton kernels of one sequence rank read C and B by
+    group, views of the convolution's output counted there; the PyTorch path (CPU) and the sequence-parallel
+    scans take them repeated for their heads (``2 H N e``; none where ``G = H``)."""
     mamba2, e, f = sizes.mamba2, sizes.element_bytes, sizes.compute_bytes
-    repeated = 2 * sizes.heads * mamba2.state_size * e if mamba2.groups < sizes.heads else 0
+    per_head = device is Device.CPU or sizes.sequence_ranks > 1
+    repeated = 2 * sizes.heads * mamba2.state_size * e if per_head and mamba2.groups < sizes.heads else 0
     return repeated + sizes.width * e + sizes.heads * f
 
 

@@ -218,3 +218,23 @@ def test_the_model_tiles_by_the_kernels_chunk():
     from schedlang.kernels.common import CHUNK_SIZE
 
     assert RUNTIME_KERNEL_CHUNK == CHUNK_SIZE
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's case: CPU tensors, TRITON_INTERPRET=1")
+def test_mamba2_on_the_triton_kernels_keeps_b_and_c_by_group(monkeypatch):
+    """The Triton kernels (here Triton's interpreter, tests/conftest.py) read C and B by group: the operator
+    keeps no per-head copies of them, which the model counts on CUDA and not on the PyTorch path."""
+    from schedlang.lowering.memory_terms import mamba2_operator_bytes_per_token, program_sizes
+    from schedlang.runtime.mixer_base import KERNEL_BACKEND_VARIABLE
+
+    monkeypatch.setenv(KERNEL_BACKEND_VARIABLE, "triton")
+    program = load_program_text(schedule_text("mamba2", "fp32", "none"))
+    sizes = program_sizes(program)
+    copies = CHUNK * (mamba2_operator_bytes_per_token(sizes, Device.CPU)
+                      - mamba2_operator_bytes_per_token(sizes, Device.CUDA))
+    assert copies == CHUNK * 2 * sizes.heads * sizes.mamba2.state_size * 4  # one mamba2 layer a stage, float32
+    for stage in range(program.n_stages):
+        measured = kept_bytes(program, stage, Recompute.NONE)
+        predicted = predicted_bytes(program, stage, Recompute.NONE) - copies
+        assert predicted == pytest.approx(measured, rel=TOLERANCE), (stage, measured, predicted)
+        assert predicted + copies != pytest.approx(measured, rel=TOLERANCE)  # the per-head count misses it
