@@ -155,9 +155,9 @@ class Mamba2Mixer(nn.Module):
 
     def _chunk_simple_gla(self, state, q, k, v, g):
         """Simple GLA over the SSD's operands, q and k by group."""
-        from schedlang.kernels.simple_gla.chunk import grouped_chunk_simple_gla
+        from schedlang.kernels.simple_gla import chunk_simple_gla
 
-        return grouped_chunk_simple_gla(
+        return chunk_simple_gla(
             q, k, v, g, scale=1.0, initial_state=state, output_final_state=True, backend=kernel_backend(q.device)
         )
 

@@ -2,7 +2,7 @@
 
 The SSD recurrence ``h_t = exp(dt_t A) h_{t-1} + dt_t B_t^T x_t``, ``y_t = C_t h_t + D x_t`` is simple GLA's
 ``S_t = exp(g_t) S_{t-1} + k_t^T v_t``, ``o_t = scale q_t S_t`` with ``q = C``, ``k = B`` (each group shared by
-its consecutive heads, read by group by simple GLA's grouped entry point), ``v = dt x``, ``g = dt A`` and
+its consecutive heads, which simple GLA's kernels read by group), ``v = dt x``, ``g = dt A`` and
 ``scale = 1`` (kernels/mamba2/README.md). The state is simple GLA's ``[B, H, K, V]`` = ``[B, H, N, P]``, so
 chunks and sequence ranks hand it on as they hand on a simple-GLA state, through the same scans.
 """
@@ -16,7 +16,7 @@ import torch
 from schedlang.kernels.common import check_floating_tensor
 from schedlang.kernels.common.heads import repeat_each_head
 from schedlang.kernels.mamba2.pointwise import ssd_skip, ssd_values_and_gates
-from schedlang.kernels.simple_gla.chunk import grouped_chunk_simple_gla
+from schedlang.kernels.simple_gla import chunk_simple_gla
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,8 @@ def ssd_operands(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Te
                  backend: str = "auto", grouped: bool = False) -> SsdOperands:
     """The SSD as simple GLA's operands (shapes as :func:`chunk_mamba2`'s). ``v = dt x`` and ``g = dt A`` come
     from one fused launch each way (:func:`ssd_values_and_gates`); q and k are C and B in x's dtype: by group
-    with ``grouped`` (for :func:`~schedlang.kernels.simple_gla.chunk.grouped_chunk_simple_gla`), else each
-    group repeated for its heads (for :func:`~schedlang.kernels.simple_gla.chunk_simple_gla`). Differentiable:
-    gradients reach x, dt, A, B and C."""
+    with ``grouped``, else each group repeated for its heads (what the sequence-parallel scans take).
+    Differentiable: gradients reach x, dt, A, B and C."""
     heads = x.shape[2]
     v, g = ssd_values_and_gates(x, dt, A, backend)
     q, k = C.to(x.dtype), B.to(x.dtype)
@@ -91,7 +90,7 @@ def chunk_mamba2(
     """
     _check_ssd_arguments(x, dt, A, B, C, D)
     operands = ssd_operands(x, dt, A, B, C, backend, grouped=True)
-    output, final_state = grouped_chunk_simple_gla(
+    output, final_state = chunk_simple_gla(
         operands.q, operands.k, operands.v, operands.g, scale=1.0, initial_state=initial_state,
         output_final_state=output_final_state, backend=backend,
     )

@@ -27,7 +27,10 @@ def chunk_simple_gla(
     """Chunked simple GLA (one scalar gate per head and token): S_t = exp(g_t) S_{t-1} + k_t^T v_t, o_t = scale * q_t S_t.
 
     Args:
-        q, k: [B, T, H, K]. v: [B, T, H, V]. g: [B, T, H], log of the forget gate (<= 0).
+        q, k: [B, T, H, K], or [B, T, G, K] shared by groups of heads, G dividing v's H: head ``h`` reads group
+            ``h // (H / G)`` ([Note: grouped head order] in schedlang.kernels.common.heads). The Triton kernels
+            read each group in place and sum its heads' dq and dk once; the PyTorch path repeats q and k per head.
+        v: [B, T, H, V]. g: [B, T, H], log of the forget gate (<= 0).
         scale: defaults to K ** -0.5.
         initial_state: [B, H, K, V] (float32) or None for zeros.
         output_final_state: also return the state after the last token.
@@ -40,23 +43,7 @@ def chunk_simple_gla(
         o: [B, T, H, V] in v's dtype; final_state: [B, H, K, V] float32, or None.
     Gradients flow to q, k, v, g and initial_state, and from the final state.
     """
-    return SIMPLE_GLA(q, k, v, g, scale, initial_state, output_final_state, backend, save_states)
+    grouped = q.dim() == v.dim() == 4 and q.shape[2] != v.shape[2]
+    return SIMPLE_GLA(q, k, v, g, scale, initial_state, output_final_state, backend, save_states,
+                      grouped_queries=grouped)
 
-
-def grouped_chunk_simple_gla(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    backend: str = "auto",
-    save_states: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`chunk_simple_gla` with q and k shared by groups of heads: q, k [B, T, G, K], G dividing v's H
-    heads, head ``h`` reading group ``h // (H / G)`` ([Note: grouped head order] in
-    schedlang.kernels.common.heads). The Triton kernels read each group in place and sum the group's per-head
-    dq and dk once; the PyTorch path repeats q and k per head. Everything else, gradients to the G-head q and
-    k included, is as :func:`chunk_simple_gla`'s."""
-    return SIMPLE_GLA(q, k, v, g, scale, initial_state, output_final_state, backend, save_states, grouped_queries=True)

@@ -74,11 +74,11 @@ GROUPED_SHAPES = (
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("dtype_name", sorted(DTYPES))
 def test_grouped_queries_match_the_recurrence_on_repeated_heads(shape, backend, dtype_name):
-    """grouped_chunk_simple_gla with q, k [B, T, G, K] against the float64 recurrence on q and k repeated per
+    """chunk_simple_gla with q, k [B, T, G, K] against the float64 recurrence on q and k repeated per
     head: outputs, final state and every gradient, dq and dk summed over each group's heads."""
     from schedlang.kernels.common.heads import repeat_each_head
     from schedlang.kernels.simple_gla import naive_recurrent_simple_gla
-    from schedlang.kernels.simple_gla.chunk import grouped_chunk_simple_gla
+    from schedlang.kernels.simple_gla import chunk_simple_gla
 
     batch, length, heads, groups, dim = shape
     dtype, tolerance = DTYPES[dtype_name]
@@ -92,7 +92,7 @@ def test_grouped_queries_match_the_recurrence_on_repeated_heads(shape, backend, 
     as64 = dataclasses.replace(
         inputs, **{name: getattr(inputs, name).double() for name in ("q", "k", "v", "g", "initial_state")}
     )
-    actual = run_with_grads(grouped_chunk_simple_gla, inputs, backend=backend)
+    actual = run_with_grads(chunk_simple_gla, inputs, backend=backend)
     assert actual["dq"].shape == inputs.q.shape and actual["dk"].shape == inputs.k.shape
     assert_close(actual, run_with_grads(repeated, as64), tolerance)
 
