@@ -199,3 +199,20 @@ def median_ms(step, warmup: int, iterations: int, device: torch.device = torch.d
             step()
             times.append((time.perf_counter() - began) * 1e3)
     return statistics.median(times)
+
+
+def capture_graph(step) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor]]:
+    """``step`` warmed up on a side stream, captured in a CUDA graph and replayed once: (graph, the tensors the
+    captured step returned, which every replay rewrites)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph, captured

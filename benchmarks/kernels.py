@@ -28,13 +28,19 @@ import json
 import sys
 import time
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 import triton
 
-from schedlang.kernels import chunk_gla, chunk_simple_gla
-from schedlang.kernels.common.launch_tables import launch_overrides
-from schedlang.kernels.gdn import chunk_gated_delta_rule
+if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import capture_graph  # noqa: E402
+from schedlang.kernels import chunk_gla, chunk_simple_gla  # noqa: E402
+from schedlang.kernels.common.launch_tables import launch_overrides  # noqa: E402
+from schedlang.kernels.gdn import chunk_gated_delta_rule  # noqa: E402
 
 CHUNK = 64
 OURS = {"gla": chunk_gla, "simple_gla": chunk_simple_gla, "gdn": chunk_gated_delta_rule}
@@ -145,23 +151,6 @@ def time_operator(function, inputs, with_state: bool) -> dict[str, float]:
         "fwd_ms": triton.testing.do_bench(forward, warmup=50, rep=200, return_mode="median"),
         "fwdbwd_ms": triton.testing.do_bench(gradient_step(function, inputs, with_state), warmup=50, rep=200, return_mode="median"),
     }
-
-
-def capture_graph(step) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor]]:
-    """``step`` warmed up on a side stream, captured in a CUDA graph and replayed once: (graph, the tensors the
-    captured step returned, which every replay rewrites)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph, captured
 
 
 def time_graph_replay(function, inputs, with_state: bool) -> tuple[float, float]:

@@ -3,14 +3,18 @@
     python benchmarks/mamba2_kernels.py                       # B=1 T=16K, H 16 and 32, head dim 64 and 128, N=128, bf16
     python benchmarks/mamba2_kernels.py --lengths 4096 --heads 16 --head-dims 64 --check
     python benchmarks/mamba2_kernels.py --layer               # also the whole mamba2 layer's forward+backward
+    python benchmarks/mamba2_kernels.py --graphs --per-head   # also replayed from CUDA graphs; B, C per head
 
 Our operator, ``chunk_mamba2(x, dt, A, B, C, D)``, is timed whole: the map onto simple GLA's operands
 (``q = C``, ``k = B``, read by group in the chunk kernels, ``v = dt x``, ``g = dt A``; kernels/mamba2/README.md),
 the chunk kernels and the ``D`` skip. fla's Mamba-2 layer needs ``mamba_ssm``'s kernels, so its peer is fla's
 ``chunk_simple_gla`` on the already mapped operands (scale 1, B and C repeated per head), the same recurrence
 without the map; our ``chunk_simple_gla`` on those operands is printed too ("kernels"), so the map's own cost
-shows. Each figure is the median of ``--iterations`` calls after ``--warmup`` (CUDA events, benchmarks/common.py ``median_ms``) of the
-forward+backward (torch.autograd.grad of the output for a random output gradient). ``--layer`` times schedlang's
+shows. Each figure is the median of ``--iterations`` calls after ``--warmup`` (CUDA events, benchmarks/common.py
+``median_ms``) of the forward+backward (torch.autograd.grad of the output for a random output gradient), the
+host's launches included; ``--graphs`` also times each replayed from a CUDA graph, the GPU's time alone (what a
+step under ``cuda_graphs = step`` pays), and ``--per-head`` the operator with B and C copied per head, the
+grouped read's baseline, in the same job. ``--layer`` times schedlang's
 mamba2 mixer (``d_model = H P / 2``, fla's ``expand = 2``) the same way, and fla's ``Mamba2`` layer beside it
 when fla imports (without ``mamba_ssm`` fla runs its PyTorch path, which the line says). ``--check`` prints our
 relative errors against the float32 token-by-token recurrence (slow: use a short length).
@@ -28,7 +32,7 @@ import torch.nn.functional as F
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import kernel_seconds_of_step, median_ms  # noqa: E402
+from benchmarks.common import capture_graph, kernel_seconds_of_step, median_ms  # noqa: E402
 from schedlang.kernels import chunk_simple_gla  # noqa: E402
 from schedlang.kernels.mamba2 import chunk_mamba2, naive_recurrent_mamba2, ssd_operands  # noqa: E402
 
@@ -87,6 +91,17 @@ def per_head_ssd_step(inputs: dict[str, torch.Tensor], backend: str = "triton"):
         return torch.autograd.grad(output, leaves, output_grad)
 
     return step
+
+
+def replayed_ms(step, args) -> tuple[float, float]:
+    """``step`` captured once in a CUDA graph: (median replay milliseconds, the largest relative difference of the
+    replayed gradients from an eager call's). Without the host's launches: the GPU's own time, what a step
+    replayed from graphs (``cuda_graphs = step``) pays."""
+    eager = step()
+    graph, captured = capture_graph(step)
+    difference = max(((replayed.float() - reference.float()).norm() / reference.float().norm()).item()
+                     for replayed, reference in zip(captured, eager))
+    return median_ms(graph.replay, args.warmup, args.iterations), difference
 
 
 def simple_gla_step(function, operands: tuple[torch.Tensor, ...], **kwargs):
@@ -182,6 +197,18 @@ def time_layers(length: int, heads: int, head_dim: int, state_size: int, groups:
     print(f"{line}   fla {theirs:8.3f} ms ({path})   ours/fla {mine / theirs:5.2f}x", flush=True)
 
 
+def replayed_line(label: str, inputs, operands, fla, args) -> str:
+    """The operator, our kernels and fla's (when given) each replayed from a CUDA graph (:func:`replayed_ms`)."""
+    ours, ours_difference = replayed_ms(ssd_step(inputs), args)
+    kernels, _ = replayed_ms(simple_gla_step(chunk_simple_gla, operands, backend="triton"), args)
+    line = (f"{label} replayed from a CUDA graph: mamba2 {ours:8.3f} ms (replay against eager {ours_difference:.1e})"
+            f"   kernels {kernels:8.3f} ms")
+    if fla is not None:
+        theirs, _ = replayed_ms(simple_gla_step(fla, operands), args)
+        line += f"   fla chunk_simple_gla {theirs:8.3f} ms   mamba2/fla {ours / theirs:5.2f}x"
+    return line
+
+
 def print_kernel_table(label: str, step, median: float) -> None:
     """Our operator's forward+backward by kernel (one profiled step), and the share of the median step the kernels
     leave idle (launch gaps: the host's time)."""
@@ -204,6 +231,8 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="relative errors against the float32 recurrence")
     parser.add_argument("--layer", action="store_true", help="also time the whole mamba2 layer (and fla's)")
     parser.add_argument("--no-peer", action="store_true", help="do not time flash-linear-attention")
+    parser.add_argument("--graphs", action="store_true",
+                        help="also time each forward+backward replayed from a CUDA graph (no host launches)")
     parser.add_argument("--per-head", action="store_true",
                         help="also time the operator with B and C repeated per head (the grouped read's baseline)")
     parser.add_argument("--profile", action="store_true",
@@ -231,6 +260,8 @@ def main() -> None:
                     theirs = median_ms(simple_gla_step(fla, operands), args.warmup, args.iterations)
                     line += f"   fla chunk_simple_gla {theirs:8.3f} ms   mamba2/fla {ours / theirs:5.2f}x"
                 print(line, flush=True)
+                if args.graphs:
+                    print(replayed_line(label, inputs, operands, fla, args), flush=True)
                 if args.profile:
                     print_kernel_table(label, ssd_step(inputs), ours)
                 if args.check:

@@ -38,7 +38,8 @@ from schedlang.kernels.common.launch_tables import LAUNCH_TABLES, launch_overrid
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.kernels import capture_graph, gradient_step, import_launch_tables, make_inputs  # noqa: E402
+from benchmarks.common import capture_graph  # noqa: E402
+from benchmarks.kernels import gradient_step, import_launch_tables, make_inputs  # noqa: E402
 
 import_launch_tables()
 

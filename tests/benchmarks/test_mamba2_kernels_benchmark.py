@@ -58,3 +58,14 @@ def test_the_per_head_baseline_computes_what_the_grouped_operator_does():
     per_head = benchmark.per_head_ssd_step(inputs, backend="torch")()
     for ours, baseline in zip(grouped, per_head, strict=True):
         assert ((ours - baseline).norm() / baseline.norm()).item() < 1e-5
+
+
+def test_graphs_and_per_head_are_flags_of_the_benchmark():
+    """The flags the docs' next GPU command uses parse (the timings themselves need a GPU)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(benchmark.__file__)
+    completed = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, check=True)
+    assert "--graphs" in completed.stdout and "--per-head" in completed.stdout
