@@ -13,8 +13,8 @@ without the map; our ``chunk_simple_gla`` on those operands is printed too ("ker
 shows. Each figure is the median of ``--iterations`` calls after ``--warmup`` (CUDA events, benchmarks/common.py
 ``median_ms``) of the forward+backward (torch.autograd.grad of the output for a random output gradient), the
 host's launches included; ``--graphs`` also times each replayed from a CUDA graph, the GPU's time alone (what a
-step under ``cuda_graphs = step`` pays), and ``--per-head`` the operator with B and C copied per head, the
-grouped read's baseline, in the same job. ``--layer`` times schedlang's
+step under ``cuda_graphs = step`` pays), and ``--per-head`` the operator as it was composed before (B and C
+copied per head, three autograd nodes), in the same job. ``--layer`` times schedlang's
 mamba2 mixer (``d_model = H P / 2``, fla's ``expand = 2``) the same way, and fla's ``Mamba2`` layer beside it
 when fla imports (without ``mamba_ssm`` fla runs its PyTorch path, which the line says). ``--check`` prints our
 relative errors against the float32 token-by-token recurrence (slow: use a short length).
@@ -77,8 +77,9 @@ def ssd_step(inputs: dict[str, torch.Tensor], backend: str = "triton"):
 
 
 def per_head_ssd_step(inputs: dict[str, torch.Tensor], backend: str = "triton"):
-    """The operator with B and C repeated per head before the chunk kernels (``ssd_operands`` without
-    ``grouped``, then ``chunk_simple_gla`` and the skip): what the grouped read replaced, for a same-job ratio."""
+    """The operator composed as it was before it became one autograd node: B and C repeated per head
+    (``ssd_operands`` without ``grouped``), ``chunk_simple_gla``, the skip, each its own node, dx added by
+    autograd; the baseline of the grouped read and the one-pass backward, for a same-job ratio."""
     from schedlang.kernels.mamba2 import ssd_skip
 
     leaves = [inputs[name] for name in SSD_ARGUMENTS]
@@ -234,7 +235,7 @@ def main() -> None:
     parser.add_argument("--graphs", action="store_true",
                         help="also time each forward+backward replayed from a CUDA graph (no host launches)")
     parser.add_argument("--per-head", action="store_true",
-                        help="also time the operator with B and C repeated per head (the grouped read's baseline)")
+                        help="also time the operator composed as before: B and C per head, three autograd nodes")
     parser.add_argument("--profile", action="store_true",
                         help="also list our operator's fwd+bwd GPU time by kernel (torch.profiler), largest first")
     args = parser.parse_args()

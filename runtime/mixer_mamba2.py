@@ -118,7 +118,7 @@ class Mamba2Mixer(nn.Module):
         """``documents``: the chunk's packed documents; the SSD state and the convolution's history both start
         afresh at each document start ([Note: packed documents], [Note: short convolutions over packed
         documents])."""
-        from schedlang.kernels.mamba2 import ssd_operands, ssd_skip
+        from schedlang.kernels.mamba2 import chunk_mamba2, ssd_operands, ssd_skip
 
         batch, length, _ = hidden.shape
         options = self.options
@@ -136,20 +136,23 @@ class Mamba2Mixer(nn.Module):
         B = B.reshape(batch, length, options.n_groups, options.state_size)
         C = C.reshape(batch, length, options.n_groups, options.state_size)
         A = -torch.exp(_at_least_float32(self.A_log))
-        # one process reads B and C by group; the sequence-parallel scans take them per head
-        operands = ssd_operands(x, self.time_step(raw_step), A, B, C, kernel_backend(x.device),
-                                grouped=self.sequence_context is None)
-        if self.sequence_context is None:
-            mixed, final_state = recurrent_by_document(
-                documents,
-                recurrent_state,
-                self._chunk_simple_gla,
-                operands.q, operands.k, operands.v, operands.g,
-                log_gate=3,
-            )
+        backend = kernel_backend(x.device)
+        if self.sequence_context is None and (documents is None or not documents.resets_state):
+            # the whole SSD as one operator: B and C read by group, both pointwise ends' backward in one pass
+            mixed, final_state = chunk_mamba2(x, self.time_step(raw_step), A, B, C, self.D, recurrent_state,
+                                              output_final_state=True, backend=backend)
         else:
-            mixed, final_state = self._sequence_parallel(operands, recurrent_state)
-        mixed = ssd_skip(mixed, x, self.D, kernel_backend(x.device))
+            # one process reads B and C by group; the sequence-parallel scans take them per head
+            operands = ssd_operands(x, self.time_step(raw_step), A, B, C, backend,
+                                    grouped=self.sequence_context is None)
+            if self.sequence_context is None:
+                mixed, final_state = recurrent_by_document(
+                    documents, recurrent_state, self._chunk_simple_gla,
+                    operands.q, operands.k, operands.v, operands.g, log_gate=3,
+                )
+            else:
+                mixed, final_state = self._sequence_parallel(operands, recurrent_state)
+            mixed = ssd_skip(mixed, x, self.D, backend)
         gated = self.norm(mixed.reshape(batch, length, self.inner_width), gate)
         return self.out_proj(gated), self.packed_state.pack(final_state, (final_history,))
 

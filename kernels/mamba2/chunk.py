@@ -14,9 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from schedlang.kernels.common import check_floating_tensor
-from schedlang.kernels.common.heads import repeat_each_head
-from schedlang.kernels.mamba2.pointwise import ssd_skip, ssd_values_and_gates
+from schedlang.kernels.common.arguments import check_recurrence_arguments
+from schedlang.kernels.common.heads import repeat_each_head, sum_each_head_group
+from schedlang.kernels.mamba2.pointwise import pointwise_implementation, ssd_values_and_gates, unit_last_stride
 from schedlang.kernels.simple_gla import chunk_simple_gla
+from schedlang.kernels.simple_gla.chunk_torch import SIMPLE_GLA
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,46 @@ def ssd_operands(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Te
     return SsdOperands(q=q, k=k, v=v, g=g)
 
 
+class SsdFunction(torch.autograd.Function):
+    """The whole SSD with its ``D`` skip as one autograd node: the operand map, simple GLA's chunk phases
+    (``chunk`` an Implementation of kernels/common/function.py) and the skip forward; backward, the chunk
+    phases from ``dy`` (the skip passes it on unchanged), then both pointwise ends in one pass
+    (``map_and_skip_backward``: ``dx = dt dv + D dy`` rounded once, so no separate skip gradient is added to
+    it). Saves x, dt, A, D, B and C as given, v and g."""
+
+    @staticmethod
+    def forward(ctx, x, dt, A, B, C, D, initial_state, chunk, pointwise):
+        x, dt, A, D = unit_last_stride(x), dt.contiguous(), A.contiguous(), D.contiguous()
+        heads = x.shape[2]
+        v, g = pointwise.map_forward(x, dt, A)
+        q, k = C.to(x.dtype), B.to(x.dtype)
+        if chunk is SIMPLE_GLA.torch_implementation:  # the Triton kernels read each head's group in place
+            q, k = repeat_each_head(q, heads), repeat_each_head(k, heads)
+        output, final_state, _ = chunk.forward(q, k, v, g, 1.0, initial_state)
+        ctx.save_for_backward(x, dt, A, D, q, k, v, g, initial_state)
+        ctx.chunk, ctx.pointwise, ctx.groups = chunk, pointwise, B.shape[2]
+        ctx.dtypes = (dt.dtype, A.dtype, B.dtype, C.dtype, D.dtype)
+        return pointwise.skip_forward(output.contiguous(), x, D), final_state
+
+    @staticmethod
+    def backward(ctx, output_grad, final_state_grad):
+        x, dt, A, D, q, k, v, g, initial_state = ctx.saved_tensors
+        output_grad = torch.zeros_like(x) if output_grad is None else output_grad.contiguous()
+        dq, dk, dv, dg, d_initial = ctx.chunk.backward(
+            q, k, v, g, 1.0, initial_state, output_grad, final_state_grad
+        )
+        dx, ddt, dA, dD = ctx.pointwise.map_and_skip_backward(
+            x, dt, A, D, dv.contiguous(), dg.contiguous(), output_grad
+        )
+        heads_per_group = x.shape[2] // ctx.groups
+        if dq.shape[2] != ctx.groups:  # repeated per head on the PyTorch path
+            dq, dk = sum_each_head_group(dq, heads_per_group), sum_each_head_group(dk, heads_per_group)
+        dt_dtype, A_dtype, B_dtype, C_dtype, D_dtype = ctx.dtypes
+        d_initial = None if initial_state is None else d_initial.to(initial_state.dtype)
+        return (dx, ddt.to(dt_dtype), dA.to(A_dtype), dk.to(B_dtype), dq.to(C_dtype), dD.to(D_dtype), d_initial,
+                None, None)
+
+
 def chunk_mamba2(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -89,11 +131,17 @@ def chunk_mamba2(
     Gradients flow to x, dt, A, B, C, D and initial_state, and from the final state.
     """
     _check_ssd_arguments(x, dt, A, B, C, D)
+    if D is not None:
+        q = C.to(x.dtype)
+        check_recurrence_arguments(q, q, x, dt, initial_state, gate_per_key=False, grouped_queries=True)
+        output, final_state = SsdFunction.apply(
+            x, dt, A, B, C, D, initial_state, SIMPLE_GLA.implementation_for(backend, q),
+            pointwise_implementation(backend, x),
+        )
+        return output, (final_state if output_final_state else None)
     operands = ssd_operands(x, dt, A, B, C, backend, grouped=True)
     output, final_state = chunk_simple_gla(
         operands.q, operands.k, operands.v, operands.g, scale=1.0, initial_state=initial_state,
         output_final_state=output_final_state, backend=backend,
     )
-    if D is not None:
-        output = ssd_skip(output, x, D, backend)
     return output.to(x.dtype), final_state

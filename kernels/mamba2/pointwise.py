@@ -41,11 +41,23 @@ def _torch_skip_backward(x, D, dy):
     return (dy * D.to(compute)[:, None]).to(x.dtype), (dy * x.to(compute)).sum(dim=(0, 1, 3))
 
 
+def _torch_map_and_skip_backward(x, dt, A, D, dv, dg, dy):
+    compute = compute_dtype_for(x.dtype)
+    step, dv, dy, x_wide = dt.to(compute), dv.to(compute), dy.to(compute), x.to(compute)
+    dx = (dv * step[..., None] + dy * D.to(compute)[:, None]).to(x.dtype)
+    ddt = (dv * x_wide).sum(dim=-1) + dg.to(compute) * A.to(compute)
+    return dx, ddt, (dg.to(compute) * step).sum(dim=(0, 1)), (dy * x_wide).sum(dim=(0, 1, 3))
+
+
 TORCH = SimpleNamespace(map_forward=_torch_map_forward, map_backward=_torch_map_backward,
-                        skip_forward=_torch_skip_forward, skip_backward=_torch_skip_backward)
+                        skip_forward=_torch_skip_forward, skip_backward=_torch_skip_backward,
+                        map_and_skip_backward=_torch_map_and_skip_backward)
 
 
-def _implementation(backend: str, x: torch.Tensor):
+def pointwise_implementation(backend: str, x: torch.Tensor):
+    """The pointwise kernels ``backend`` picks for ``x``: Triton's module, or :data:`TORCH` (also for float64),
+    each with ``map_forward``, ``map_backward``, ``skip_forward``, ``skip_backward`` and ``map_and_skip_backward``
+    (both ends' backward in one pass)."""
     if x.dtype == torch.float64 or resolve_backend(backend, x.device) is Backend.TORCH:
         return TORCH
     from schedlang.kernels.mamba2 import pointwise_triton
@@ -53,14 +65,15 @@ def _implementation(backend: str, x: torch.Tensor):
     return pointwise_triton
 
 
-def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
+def unit_last_stride(x: torch.Tensor) -> torch.Tensor:
+    """``x``, copied only where its last stride is not 1 (the kernels read x through its other strides)."""
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
 class SsdMapFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dt, A, implementation):
-        x, dt, A = _unit_last_stride(x), dt.contiguous(), A.contiguous()
+        x, dt, A = unit_last_stride(x), dt.contiguous(), A.contiguous()
         ctx.save_for_backward(x, dt, A)
         ctx.implementation = implementation
         return implementation.map_forward(x, dt, A)
@@ -77,7 +90,7 @@ class SsdMapFunction(torch.autograd.Function):
 class SsdSkipFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, o, x, D, implementation):
-        x, D = _unit_last_stride(x), D.contiguous()
+        x, D = unit_last_stride(x), D.contiguous()
         ctx.save_for_backward(x, D)
         ctx.implementation = implementation
         ctx.output_dtype = o.dtype
@@ -94,9 +107,9 @@ def ssd_values_and_gates(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
                          backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """``v = dt x`` [B, T, H, P] in x's dtype and ``g = dt A`` [B, T, H] in float32 (float64 for float64 x),
     from x [B, T, H, P] (any strides with a unit last one), dt [B, T, H] and A [H]. Differentiable in all three."""
-    return SsdMapFunction.apply(x, dt, A, _implementation(backend, x))
+    return SsdMapFunction.apply(x, dt, A, pointwise_implementation(backend, x))
 
 
 def ssd_skip(o: torch.Tensor, x: torch.Tensor, D: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """``o + D x`` [B, T, H, P] in x's dtype, from o and x [B, T, H, P] and D [H]. Differentiable in all three."""
-    return SsdSkipFunction.apply(o, x, D, _implementation(backend, x))
+    return SsdSkipFunction.apply(o, x, D, pointwise_implementation(backend, x))

@@ -1,6 +1,6 @@
 """Triton kernels for the SSD's pointwise ends: the operand map (``v = dt x``, ``g = dt A``) and the ``D`` skip.
 
-One launch each way per end. A program covers ``BT`` tokens of one (batch, head) and the whole head width
+One launch each way per end, and one for both ends' backward together (``map_and_skip_backward``). A program covers ``BT`` tokens of one (batch, head) and the whole head width
 ``P`` (``BP`` >= P), so the sums over P (``d dt``) stay in the program; the sums over tokens (``dA``, ``dD``)
 leave one partial per program, which the host adds (``partials.sum``). Every value is formed in float32 and
 rounded once to its output's dtype. Elementwise only: no ``tl.dot``, so bfloat16 runs in Triton's interpreter
@@ -99,6 +99,28 @@ def ssd_skip_bwd_kernel(
     tl.store(dD_partials + i_bh * NTB + i_t, tl.sum(tl.sum(b_dy * b_x, axis=1), axis=0))
 
 
+@triton.jit
+def ssd_map_and_skip_bwd_kernel(
+    x, dt, A, D, dv, dg, dy, dx, ddt, dA_partials, dD_partials, T, NTB, stride_b, stride_t, stride_h,
+    H: tl.constexpr, P: tl.constexpr, BT: tl.constexpr, BP: tl.constexpr,
+):
+    # Both ends' backward in one pass: dx = dv dt + dy D (rounded once); d dt = sum_P(dv x) + dg A; dA and dD
+    # one partial per program (sum of dg dt; sum of dy x)
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h, o_t, in_t, rows, mask = _tile(i_t, i_bh, T, H, P, BT, BP)
+    offsets = rows[:, None] * P + tl.arange(0, BP)[None, :]
+    b_dt = tl.load(dt + rows, mask=in_t, other=0.0).to(tl.float32)
+    b_dg = tl.load(dg + rows, mask=in_t, other=0.0).to(tl.float32)
+    b_dv = tl.load(dv + offsets, mask=mask, other=0.0).to(tl.float32)
+    b_dy = tl.load(dy + offsets, mask=mask, other=0.0).to(tl.float32)
+    b_x = _load_x(x, i_b, i_h, o_t, mask, stride_b, stride_t, stride_h, BP)
+    a, d = tl.load(A + i_h).to(tl.float32), tl.load(D + i_h).to(tl.float32)
+    tl.store(dx + offsets, (b_dv * b_dt[:, None] + b_dy * d).to(dx.dtype.element_ty), mask=mask)
+    tl.store(ddt + rows, tl.sum(b_dv * b_x, axis=1) + b_dg * a, mask=in_t)
+    tl.store(dA_partials + i_bh * NTB + i_t, tl.sum(b_dg * b_dt, axis=0))
+    tl.store(dD_partials + i_bh * NTB + i_t, tl.sum(tl.sum(b_dy * b_x, axis=1), axis=0))
+
+
 def _launch(kernel, x: torch.Tensor, *arguments, partials: bool = False):
     """Launch ``kernel`` over x's [B, T, H, P] tiles with ``arguments`` before T (and the partials' count)."""
     batch, length, heads, width = x.shape
@@ -145,3 +167,14 @@ def skip_backward(x, D, dy):
     partials = _partials(x)
     _launch(ssd_skip_bwd_kernel, x, x, D, dy, dx, partials, partials=True)
     return dx, partials.sum(dim=(0, 2))
+
+
+def map_and_skip_backward(x, dt, A, D, dv, dg, dy):
+    """:func:`map_backward` and :func:`skip_backward` in one launch, their two dx terms added before the one
+    rounding: (dx in x's dtype, d dt float32, dA float32 [H], dD float32 [H])."""
+    dx = new_output(x.shape, x.dtype, x.device)
+    ddt = new_output(dt.shape, torch.float32, x.device)
+    gate_partials, skip_partials = _partials(x), _partials(x)
+    _launch(ssd_map_and_skip_bwd_kernel, x, x, dt, A, D, dv, dg, dy, dx, ddt, gate_partials, skip_partials,
+            partials=True)
+    return dx, ddt, gate_partials.sum(dim=(0, 2)), skip_partials.sum(dim=(0, 2))

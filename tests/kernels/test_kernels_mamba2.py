@@ -257,3 +257,60 @@ def test_pointwise_triton_kernels_match_the_torch_path(dtype, sliced):
     for name in expected:
         assert actual[name].dtype == expected[name].dtype, name
     assert_close(actual, expected, tolerance)
+
+
+def both_ends_backward(inputs, backend, fused):
+    """(dx, d dt, dA, dD) of the two ends for random dv, dg, dy: the one-pass backward, or the two passes with
+    their dx terms added as autograd adds them."""
+    from schedlang.kernels.mamba2.pointwise import pointwise_implementation
+
+    generator = torch.Generator().manual_seed(2)
+    x, dt, A, D = (inputs[name] for name in ("x", "dt", "A", "D"))
+    dv = torch.randn(x.shape, generator=generator, dtype=torch.float64).to(x.dtype)
+    dg = torch.randn(dt.shape, generator=generator, dtype=torch.float64).float()
+    dy = torch.randn(x.shape, generator=generator, dtype=torch.float64).to(x.dtype)
+    ends = pointwise_implementation(backend, x)
+    if fused:
+        return ends.map_and_skip_backward(x, dt.float(), A.float(), D.float(), dv, dg, dy)
+    dx, ddt, dA = ends.map_backward(x, dt.float(), A.float(), dv, dg)
+    skip_dx, dD = ends.skip_backward(x, D.float(), dy)
+    return dx + skip_dx, ddt, dA, dD
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_both_ends_backward_in_one_pass_is_the_two_passes(backend, dtype):
+    """``map_and_skip_backward`` (what chunk_mamba2's one autograd node runs) against the map's and the skip's
+    backward run apart, dx summed: the same gradients, dx now rounded once instead of twice."""
+    if backend == "triton" and torch.cuda.is_available():
+        pytest.skip("the interpreter's case: CPU tensors, TRITON_INTERPRET=1")
+    inputs = pointwise_inputs(dtype)
+    fused = both_ends_backward(inputs, backend, fused=True)
+    apart = both_ends_backward(inputs, backend, fused=False)
+    tolerance = 1e-6 if dtype == torch.float32 else 1e-2
+    for name, one, two in zip(("dx", "ddt", "dA", "dD"), fused, apart, strict=True):
+        assert one.dtype == two.dtype, name
+        assert relative_error(one, two) < tolerance, name
+
+
+def test_one_autograd_node_has_the_gradients_of_the_composed_operator():
+    """chunk_mamba2 with a skip is one autograd node (SsdFunction); its gradients, final-state gradient included,
+    are those of the map, simple GLA and the skip composed as separate nodes, in float64."""
+    from schedlang.kernels.mamba2 import ssd_skip as skip
+
+    inputs, gradients = make_ssd_inputs(2, 70, 4, 8, 2, 6, torch.float64, True)
+    leaves = {name: tensor.detach().clone().requires_grad_(True) for name, tensor in inputs.items()}
+    fused, fused_state = chunk_mamba2(**leaves, output_final_state=True, backend="torch")
+    assert type(fused.grad_fn).__name__ == "SsdFunctionBackward"
+    composed_leaves = {name: tensor.detach().clone().requires_grad_(True) for name, tensor in inputs.items()}
+    no_skip = {**composed_leaves, "D": None}
+    output, composed_state = chunk_mamba2(**no_skip, output_final_state=True, backend="torch")
+    composed = skip(output, composed_leaves["x"], composed_leaves["D"], "torch")
+    assert relative_error(fused, composed) < 1e-12
+    names = list(leaves)
+    grads = []
+    for y, state, chosen in ((fused, fused_state, leaves), (composed, composed_state, composed_leaves)):
+        loss = (y * gradients["y"]).sum() + (state * gradients["final_state"]).sum()
+        grads.append(torch.autograd.grad(loss, [chosen[name] for name in names]))
+    for name, one, two in zip(names, *grads, strict=True):
+        assert relative_error(one, two) < 1e-12, name
