@@ -122,7 +122,7 @@ def operator_calls(dtype_name: str) -> Iterator[tuple[str, Callable[[], object]]
 
     from schedlang.kernels import chunk_gated_delta_rule, chunk_gla, chunk_simple_gla
     from schedlang.kernels.log_sigmoid_gate import log_sigmoid_gate
-    from schedlang.kernels.mamba2 import chunk_mamba2
+    from schedlang.kernels.mamba2 import chunk_mamba2, ssd_skip, ssd_values_and_gates
     from schedlang.kernels.simple_gla.chunk import implementation_for as simple_gla_implementation
     from schedlang.kernels.gla.chunk import implementation_for as gla_implementation
     from schedlang.kernels.swiglu import swiglu
@@ -178,7 +178,14 @@ def operator_calls(dtype_name: str) -> Iterator[tuple[str, Callable[[], object]]
         A, D = (-torch.rand(4) - 0.1).requires_grad_(True), torch.randn(4).requires_grad_(True)
         backward(*chunk_mamba2(x, dt, A, B, C, D, output_final_state=True, backend="triton"))
 
-    yield "chunk_mamba2 (map, skip, simple GLA) H4 P64 G2 N128", mamba2
+    def mamba2_ends_apart():  # the mixer's document and sequence-parallel path: each end its own node
+        x, o = leaf(batch, length, 4, 64), leaf(batch, length, 4, 64)
+        dt = F.softplus(torch.randn(batch, length, 4)).requires_grad_(True)
+        A, D = (-torch.rand(4) - 0.1).requires_grad_(True), torch.randn(4).requires_grad_(True)
+        backward(*ssd_values_and_gates(x, dt, A, backend="triton"), ssd_skip(o, x, D, backend="triton"))
+
+    yield "chunk_mamba2 (map, skip, simple GLA: one node) H4 P64 G2 N128", mamba2
+    yield "mamba2's pointwise ends apart H4 P64", mamba2_ends_apart
     yield "swiglu", lambda: backward(swiglu(leaf(3, 2 * 96), backend="triton"))
     yield "log_sigmoid_gate", lambda: backward(
         log_sigmoid_gate(leaf(3, 96, dtype=torch.float32), 16.0, backend="triton")

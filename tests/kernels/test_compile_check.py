@@ -59,5 +59,5 @@ def test_every_kernel_builds_for_hopper():
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert "kernel specialisations built for sm_90" in completed.stdout
     for kernel in ("gla_fwd_kernel_smooth_output", "simple_gla_bwd_kernel_dqkg", "gdn_state_pass_backward_kernel",
-                   "ssd_map_bwd_kernel", "swiglu_bwd_kernel"):
+                   "ssd_map_bwd_kernel", "ssd_skip_bwd_kernel", "ssd_map_and_skip_bwd_kernel", "swiglu_bwd_kernel"):
         assert kernel in completed.stdout
