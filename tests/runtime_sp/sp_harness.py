@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 
 import torch
@@ -23,6 +24,13 @@ def _entry(rank: int, world_size: int, init_file: str, worker, worker_args: tupl
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    # The worker passed on every rank (the barrier). A spawned process then exits through the interpreter's
+    # shutdown, where gloo's threads still aborted a rank once more with the same message after the barrier
+    # (full tier, 2026-12-06): leave without it, as a worker that raised does not (its traceback must reach
+    # the parent through spawn).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_on_ranks(world_size: int, worker, *worker_args) -> None:
