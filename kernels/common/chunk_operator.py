@@ -137,6 +137,11 @@ class ChunkOperator:
             return self.torch_implementation
         return importlib.import_module(self.triton_module).TRITON_IMPLEMENTATION
 
+    def reads_groups(self, implementation: Implementation) -> bool:
+        """Whether ``implementation`` takes q and k by group ([B, T, G, K]); otherwise the caller repeats them
+        per head."""
+        return self.triton_reads_groups and implementation is not self.torch_implementation
+
     def __call__(
         self,
         q: torch.Tensor,
@@ -157,7 +162,7 @@ class ChunkOperator:
             q, k, v, g, initial_state, gate_per_key=self.gate.gate_per_key, grouped_queries=grouped_queries
         )
         implementation = self.implementation_for(backend, q)
-        if grouped_queries and (implementation is self.torch_implementation or not self.triton_reads_groups):
+        if grouped_queries and not self.reads_groups(implementation):
             q, k = repeat_each_head(q, shape.heads), repeat_each_head(k, shape.heads)
         if scale is None:
             scale = shape.key_dim**-0.5

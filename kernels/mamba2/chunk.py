@@ -78,7 +78,7 @@ class SsdFunction(torch.autograd.Function):
         heads = x.shape[2]
         v, g = pointwise.map_forward(x, dt, A)
         q, k = C.to(x.dtype), B.to(x.dtype)
-        if chunk is SIMPLE_GLA.torch_implementation:  # the Triton kernels read each head's group in place
+        if not SIMPLE_GLA.reads_groups(chunk):
             q, k = repeat_each_head(q, heads), repeat_each_head(k, heads)
         output, final_state, _ = chunk.forward(q, k, v, g, 1.0, initial_state)
         ctx.save_for_backward(x, dt, A, D, q, k, v, g, initial_state)
