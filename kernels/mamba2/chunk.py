@@ -70,20 +70,20 @@ class SsdFunction(torch.autograd.Function):
     (``chunk`` an Implementation of kernels/common/function.py) and the skip forward; backward, the chunk
     phases from ``dy`` (the skip passes it on unchanged), then both pointwise ends in one pass
     (``map_and_skip_backward``: ``dx = dt dv + D dy`` rounded once, so no separate skip gradient is added to
-    it). Saves x, dt, A, D, B and C as given, v and g."""
+    it). B and C arrive in x's dtype (the caller's cast is autograd's); saves x, dt, A, D, B, C, v and g."""
 
     @staticmethod
     def forward(ctx, x, dt, A, B, C, D, initial_state, chunk, pointwise):
         x, dt, A, D = unit_last_stride(x), dt.contiguous(), A.contiguous(), D.contiguous()
         heads = x.shape[2]
         v, g = pointwise.map_forward(x, dt, A)
-        q, k = C.to(x.dtype), B.to(x.dtype)
+        q, k = C, B
         if not SIMPLE_GLA.reads_groups(chunk):
             q, k = repeat_each_head(q, heads), repeat_each_head(k, heads)
         output, final_state, _ = chunk.forward(q, k, v, g, 1.0, initial_state)
         ctx.save_for_backward(x, dt, A, D, q, k, v, g, initial_state)
         ctx.chunk, ctx.pointwise, ctx.groups = chunk, pointwise, B.shape[2]
-        ctx.dtypes = (dt.dtype, A.dtype, B.dtype, C.dtype, D.dtype)
+        ctx.dtypes = (dt.dtype, A.dtype, D.dtype)
         return pointwise.skip_forward(output.contiguous(), x, D), final_state
 
     @staticmethod
@@ -99,9 +99,9 @@ class SsdFunction(torch.autograd.Function):
         heads_per_group = x.shape[2] // ctx.groups
         if dq.shape[2] != ctx.groups:  # repeated per head on the PyTorch path
             dq, dk = sum_each_head_group(dq, heads_per_group), sum_each_head_group(dk, heads_per_group)
-        dt_dtype, A_dtype, B_dtype, C_dtype, D_dtype = ctx.dtypes
+        dt_dtype, A_dtype, D_dtype = ctx.dtypes
         d_initial = None if initial_state is None else d_initial.to(initial_state.dtype)
-        return (dx, ddt.to(dt_dtype), dA.to(A_dtype), dk.to(B_dtype), dq.to(C_dtype), dD.to(D_dtype), d_initial,
+        return (dx, ddt.to(dt_dtype), dA.to(A_dtype), dk, dq, dD.to(D_dtype), d_initial,
                 None, None)
 
 
@@ -132,10 +132,10 @@ def chunk_mamba2(
     """
     _check_ssd_arguments(x, dt, A, B, C, D)
     if D is not None:
-        q = C.to(x.dtype)
-        check_recurrence_arguments(q, q, x, dt, initial_state, gate_per_key=False, grouped_queries=True)
+        q, k = C.to(x.dtype), B.to(x.dtype)
+        check_recurrence_arguments(q, k, x, dt, initial_state, gate_per_key=False, grouped_queries=True)
         output, final_state = SsdFunction.apply(
-            x, dt, A, B, C, D, initial_state, SIMPLE_GLA.implementation_for(backend, q),
+            x, dt, A, k, q, D, initial_state, SIMPLE_GLA.implementation_for(backend, q),
             pointwise_implementation(backend, x),
         )
         return output, (final_state if output_final_state else None)
