@@ -56,10 +56,17 @@ class Implementation:
     local_final_state: Callable[[Any], torch.Tensor]
     local_initial_state_gradient: Callable[[Any], torch.Tensor]
     total_log_decay: Callable[[Any], torch.Tensor]
+    adds_skip: bool = False
+    """Whether finish_forward takes ``skip = (x, D)`` and adds ``D[h] x`` to the output in its own kernel."""
 
-    def forward(self, q, k, v, g, scale, initial_state, save_states=False):
+    def forward(self, q, k, v, g, scale, initial_state, save_states=False, skip=None):
+        """Both forward phases; ``skip = (x, D)`` (only where :attr:`adds_skip`) also adds ``D[h] x``."""
         prepared = self.prepare_forward(q, k, v, g)
-        return self.finish_forward(prepared, q, k, v, g, scale, initial_state, save_states)
+        if skip is None:
+            return self.finish_forward(prepared, q, k, v, g, scale, initial_state, save_states)
+        if not self.adds_skip:
+            raise ValueError(f"the {self.name} implementation does not add a skip in its forward")
+        return self.finish_forward(prepared, q, k, v, g, scale, initial_state, save_states, skip=skip)
 
     def backward(self, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None):
         prepared = self.prepare_backward(q, k, v, g, do, scale, saved_states)

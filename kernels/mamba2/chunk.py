@@ -67,7 +67,8 @@ def ssd_operands(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Te
 
 class SsdFunction(torch.autograd.Function):
     """The whole SSD with its ``D`` skip as one autograd node: the operand map, simple GLA's chunk phases
-    (``chunk`` an Implementation of kernels/common/function.py) and the skip forward; backward, the chunk
+    (``chunk`` an Implementation of kernels/common/function.py) and the skip forward (in the chunk output
+    kernel's epilogue where the implementation ``adds_skip``, so y is rounded once); backward, the chunk
     phases from ``dy`` (the skip passes it on unchanged), then both pointwise ends in one pass
     (``map_and_skip_backward``: ``dx = dt dv + D dy`` rounded once, so no separate skip gradient is added to
     it). B and C arrive in x's dtype (the caller's cast is autograd's); saves x, dt, A, D, B, C, v and g."""
@@ -80,11 +81,15 @@ class SsdFunction(torch.autograd.Function):
         q, k = C, B
         if not SIMPLE_GLA.reads_groups(chunk):
             q, k = repeat_each_head(q, heads), repeat_each_head(k, heads)
-        output, final_state, _ = chunk.forward(q, k, v, g, 1.0, initial_state)
+        if chunk.adds_skip:  # the skip in the chunk kernels' output epilogue: y rounded once
+            output, final_state, _ = chunk.forward(q, k, v, g, 1.0, initial_state, skip=(x, D))
+        else:
+            output, final_state, _ = chunk.forward(q, k, v, g, 1.0, initial_state)
+            output = pointwise.skip_forward(output.contiguous(), x, D)
         ctx.save_for_backward(x, dt, A, D, q, k, v, g, initial_state)
         ctx.chunk, ctx.pointwise, ctx.groups = chunk, pointwise, B.shape[2]
         ctx.dtypes = (dt.dtype, A.dtype, D.dtype)
-        return pointwise.skip_forward(output.contiguous(), x, D), final_state
+        return output, final_state
 
     @staticmethod
     def backward(ctx, output_grad, final_state_grad):

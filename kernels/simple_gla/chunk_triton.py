@@ -109,10 +109,12 @@ def simple_gla_kernel_gates_and_updates(
 
 @triton.jit
 def simple_gla_fwd_kernel_output(
-    q, k, v, gate_cumsum, states, output, scale, T, NT,
+    q, k, v, gate_cumsum, states, output, scale, T, NT, x, D, x_stride_b, x_stride_t, x_stride_h,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, PRECISION: tl.constexpr,
+    BV: tl.constexpr, PRECISION: tl.constexpr, SKIP: tl.constexpr,
 ):
+    # o = scale (q S_entering exp(gc) + (q k^T * decay) v), and with SKIP the skip D[h] x added before the one
+    # rounding (x [B, T, H, V] read through its strides, last stride 1)
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     key_rows = _group_rows(i_b, i_h, T, H, G, K)
@@ -136,8 +138,13 @@ def simple_gla_fwd_kernel_output(
     p_v = tl.make_block_ptr(v + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
     b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
     b_o = b_inter * tl.exp(b_gc)[:, None] + tl.dot((b_scores * b_decay).to(b_v.dtype), b_v, input_precision=PRECISION)
+    b_o = b_o * scale
+    if SKIP:
+        p_x = tl.make_block_ptr(x + i_b.to(tl.int64) * x_stride_b + i_h * x_stride_h, (T, V), (x_stride_t, 1),
+                                (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+        b_o += tl.load(D + i_h).to(tl.float32) * tl.load(p_x, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
     p_o = tl.make_block_ptr(output + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
-    tl.store(p_o, (b_o * scale).to(p_o.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(p_o, b_o.to(p_o.dtype.element_ty), boundary_check=(0, 1))
 
 
 @triton.jit
@@ -266,7 +273,9 @@ def prepare_forward(q, k, v, g) -> PreparedChunks:
     return prepare_chunks(gates_and_updates, _chunk_gate, g, k, v)
 
 
-def finish_forward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, save_states=False):
+def finish_forward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, save_states=False, skip=None):
+    """The forward's second phase ([Note: span phases]); ``skip = (x, D)`` (x [B, T, H, V] with last stride 1,
+    D [H]) adds ``D[h] x`` to the output in the output kernel, before its one rounding (Mamba-2's skip)."""
     q, k, v, g = [tensor.contiguous() for tensor in (q, k, v, g)]
     batch, length, heads, value_dim = v.shape
     groups, key_dim = q.shape[2], q.shape[3]
@@ -276,10 +285,14 @@ def finish_forward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, s
     output = new_output(v.shape, v.dtype, v.device)
     launch = LAUNCH["output"]
     block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])
+    x, D = skip if skip is not None else (v, v)
+    if skip is not None and (x.shape != v.shape or x.stride(-1) != 1 or tuple(D.shape) != (heads,)):
+        raise ValueError(f"skip: x must have v's shape {tuple(v.shape)} with last stride 1 and D shape [{heads}], "
+                         f"got x {tuple(x.shape)} (strides {x.stride()}) and D {tuple(D.shape)}")
     simple_gla_fwd_kernel_output[(cdiv(value_dim, block_v), n_chunks, batch * heads)](
-        q, k, v, gate_cumsum, states, output, scale, length, n_chunks,
+        q, k, v, gate_cumsum, states, output, scale, length, n_chunks, x, D, x.stride(0), x.stride(1), x.stride(2),
         H=heads, G=groups, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
-        PRECISION=products_precision(LAUNCH, q.dtype), **launch_options(launch),
+        PRECISION=products_precision(LAUNCH, q.dtype), SKIP=skip is not None, **launch_options(launch),
     )
     return output, final_state, (states if save_states else None)
 
@@ -329,4 +342,6 @@ def _sum_over_groups(dq_dk: torch.Tensor, groups: int) -> tuple[torch.Tensor, to
     return summed[0], summed[1]
 
 
-TRITON_IMPLEMENTATION = triton_implementation(prepare_forward, finish_forward, prepare_backward, finish_backward)
+TRITON_IMPLEMENTATION = triton_implementation(
+    prepare_forward, finish_forward, prepare_backward, finish_backward, adds_skip=True
+)

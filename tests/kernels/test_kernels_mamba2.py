@@ -314,3 +314,46 @@ def test_one_autograd_node_has_the_gradients_of_the_composed_operator():
         grads.append(torch.autograd.grad(loss, [chosen[name] for name in names]))
     for name, one, two in zip(names, *grads, strict=True):
         assert relative_error(one, two) < 1e-12, name
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's case: CPU tensors, TRITON_INTERPRET=1")
+@pytest.mark.parametrize("shape", [(1, 130, 4, 8, 2, 16), (2, 63, 2, 16, 1, 8)], ids=shape_id)
+def test_the_skip_is_added_in_the_output_kernel_reading_x_through_its_strides(monkeypatch, shape):
+    """On the Triton path the output kernel adds ``D x`` (no separate skip launch), reading x where it lies: here
+    a column slice of a wider tensor, as the mixer's convolution output is. Output, final state and every gradient
+    against the float64 loop."""
+    from schedlang.kernels.mamba2 import pointwise_triton
+
+    def refuse(*_):
+        raise AssertionError("the skip ran as a separate launch")
+
+    monkeypatch.setattr(pointwise_triton, "skip_forward", refuse)
+    inputs, gradients = make_ssd_inputs(*shape, torch.float32)
+    batch, length, heads, head_dim = inputs["x"].shape
+    wide = torch.randn(batch, length, heads, 3 * head_dim)
+    wide[..., head_dim:2 * head_dim] = inputs["x"]
+    leaves = {name: None if tensor is None else tensor.detach().clone().requires_grad_(True)
+              for name, tensor in inputs.items() if name != "x"}
+    wide.requires_grad_(True)
+    x = wide[..., head_dim:2 * head_dim]
+    assert not x.is_contiguous() and x.stride(-1) == 1
+    y, final_state = chunk_mamba2(x, **leaves, output_final_state=True, backend="triton")
+    loss = (y.double() * gradients["y"]).sum() + (final_state.double() * gradients["final_state"]).sum()
+    present = [name for name in LEAVES if name != "x" and leaves[name] is not None]
+    grads = torch.autograd.grad(loss, [wide] + [leaves[name] for name in present])
+    actual = {"y": y.detach(), "final_state": final_state.detach(), "dx": grads[0][..., head_dim:2 * head_dim]}
+    actual.update({f"d{name}": grad for name, grad in zip(present, grads[1:])})
+    assert grads[0][..., :head_dim].abs().max() == 0 and grads[0][..., 2 * head_dim:].abs().max() == 0
+    assert_close(actual, reference(inputs, gradients), 2e-5)
+
+
+def test_an_implementation_without_the_skip_refuses_one():
+    """Only an implementation that adds the skip in its own kernel takes one: the PyTorch path says so."""
+    from schedlang.kernels.simple_gla.chunk_torch import SIMPLE_GLA
+
+    inputs, _ = make_ssd_inputs(1, 16, 2, 4, 2, 4, torch.float64, False)
+    v, g = ssd_values_and_gates(inputs["x"], inputs["dt"], inputs["A"], backend="torch")
+    implementation = SIMPLE_GLA.implementation_for("torch", inputs["C"])
+    assert not implementation.adds_skip
+    with pytest.raises(ValueError, match="torch implementation does not add a skip"):
+        implementation.forward(inputs["C"], inputs["B"], v, g, 1.0, None, skip=(inputs["x"], inputs["D"]))
