@@ -285,7 +285,7 @@ def finish_forward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, s
     output = new_output(v.shape, v.dtype, v.device)
     launch = LAUNCH["output"]
     block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])
-    x, D = skip if skip is not None else (v, v)
+    x, D = skip if skip is not None else (v, v)  # without a skip the kernel never reads them
     if skip is not None and (x.shape != v.shape or x.stride(-1) != 1 or tuple(D.shape) != (heads,)):
         raise ValueError(f"skip: x must have v's shape {tuple(v.shape)} with last stride 1 and D shape [{heads}], "
                          f"got x {tuple(x.shape)} (strides {x.stride()}) and D {tuple(D.shape)}")

@@ -24,10 +24,9 @@ def _entry(rank: int, world_size: int, init_file: str, worker, worker_args: tupl
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    # The worker passed on every rank (the barrier). A spawned process then exits through the interpreter's
-    # shutdown, where gloo's threads still aborted a rank once more with the same message after the barrier
-    # (full tier, 2026-12-06): leave without it, as a worker that raised does not (its traceback must reach
-    # the parent through spawn).
+    # The worker passed on every rank (the barrier): leave without the interpreter's shutdown, where gloo's
+    # threads can abort a rank (docs/log.md, the gloo teardown abort). A worker that raised never gets here:
+    # its traceback reaches the parent through spawn.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
