@@ -122,7 +122,7 @@ def operator_calls(dtype_name: str) -> Iterator[tuple[str, Callable[[], object]]
 
     from schedlang.kernels import chunk_gated_delta_rule, chunk_gla, chunk_simple_gla
     from schedlang.kernels.log_sigmoid_gate import log_sigmoid_gate
-    from schedlang.kernels.mamba2 import chunk_mamba2, ssd_skip, ssd_values_and_gates
+    from schedlang.kernels.mamba2 import chunk_mamba2, pointwise_triton, ssd_skip, ssd_values_and_gates
     from schedlang.kernels.simple_gla.chunk import implementation_for as simple_gla_implementation
     from schedlang.kernels.gla.chunk import implementation_for as gla_implementation
     from schedlang.kernels.swiglu import swiglu
@@ -184,8 +184,15 @@ def operator_calls(dtype_name: str) -> Iterator[tuple[str, Callable[[], object]]
         A, D = (-torch.rand(4) - 0.1).requires_grad_(True), torch.randn(4).requires_grad_(True)
         backward(*ssd_values_and_gates(x, dt, A, backend="triton"), ssd_skip(o, x, D, backend="triton"))
 
+    def mamba2_ends_backward_in_one_pass():  # SsdFunction's backward for a chunk implementation without the ends
+        x, dv, dy = leaf(batch, length, 4, 64), leaf(batch, length, 4, 64), leaf(batch, length, 4, 64)
+        dt, dg = F.softplus(torch.randn(batch, length, 4)), torch.randn(batch, length, 4)
+        A, D = -torch.rand(4) - 0.1, torch.randn(4)
+        pointwise_triton.map_and_skip_backward(x, dt, A, D, dv, dg, dy)
+
     yield "chunk_mamba2 (map, skip, simple GLA: one node) H4 P64 G2 N128", mamba2
     yield "mamba2's pointwise ends apart H4 P64", mamba2_ends_apart
+    yield "mamba2's ends' backward in one pointwise pass H4 P64", mamba2_ends_backward_in_one_pass
     yield "swiglu", lambda: backward(swiglu(leaf(3, 2 * 96), backend="triton"))
     yield "log_sigmoid_gate", lambda: backward(
         log_sigmoid_gate(leaf(3, 96, dtype=torch.float32), 16.0, backend="triton")

@@ -56,21 +56,32 @@ class Implementation:
     local_final_state: Callable[[Any], torch.Tensor]
     local_initial_state_gradient: Callable[[Any], torch.Tensor]
     total_log_decay: Callable[[Any], torch.Tensor]
-    adds_skip: bool = False
-    """Whether finish_forward takes ``skip = (x, D)`` and adds ``D[h] x`` to the output in its own kernel."""
+    takes_ssd_ends: bool = False
+    """Whether its phases take Mamba-2's pointwise ends into their kernels: finish_forward ``skip = (x, D)``
+    (adds ``D[h] x`` to the output), finish_backward ``ssd_ends = (x, dt, D)`` (returns the ends' gradients in
+    dv's place; kernels/simple_gla/chunk_triton.py, ``SsdEndGradients``)."""
 
     def forward(self, q, k, v, g, scale, initial_state, save_states=False, skip=None):
-        """Both forward phases; ``skip = (x, D)`` (only where :attr:`adds_skip`) also adds ``D[h] x``."""
+        """Both forward phases; ``skip = (x, D)`` (only where :attr:`takes_ssd_ends`) also adds ``D[h] x``."""
         prepared = self.prepare_forward(q, k, v, g)
         if skip is None:
             return self.finish_forward(prepared, q, k, v, g, scale, initial_state, save_states)
-        if not self.adds_skip:
-            raise ValueError(f"the {self.name} implementation does not add a skip in its forward")
+        self._check_takes_ssd_ends()
         return self.finish_forward(prepared, q, k, v, g, scale, initial_state, save_states, skip=skip)
 
-    def backward(self, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None):
+    def backward(self, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None, ssd_ends=None):
+        """Both backward phases; ``ssd_ends = (x, dt, D)`` (only where :attr:`takes_ssd_ends`) returns Mamba-2's
+        ends' gradients in dv's place."""
         prepared = self.prepare_backward(q, k, v, g, do, scale, saved_states)
-        return self.finish_backward(prepared, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states)
+        if ssd_ends is None:
+            return self.finish_backward(prepared, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states)
+        self._check_takes_ssd_ends()
+        return self.finish_backward(prepared, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states,
+                                    ssd_ends=ssd_ends)
+
+    def _check_takes_ssd_ends(self):
+        if not self.takes_ssd_ends:
+            raise ValueError(f"the {self.name} implementation does not take Mamba-2's ends into its kernels")
 
 
 @dataclass(frozen=True)

@@ -312,12 +312,12 @@ def recurrence_gradients(prepared: PreparedChunks, initial_state, final_state_gr
 
 
 def triton_implementation(
-    prepare_forward, finish_forward, prepare_backward, finish_backward, adds_skip: bool = False
+    prepare_forward, finish_forward, prepare_backward, finish_backward, takes_ssd_ends: bool = False
 ) -> Implementation:
     """An operator's Triton Implementation from its four phase functions; the boundary terms it reads from its
     prepared chunks are the same for every operator (store-free scans and the summed chunk decays). With
-    ``adds_skip`` its finish_forward takes ``skip = (x, D)`` (:meth:`Implementation.forward`)."""
+    ``takes_ssd_ends`` its phases take Mamba-2's pointwise ends (:attr:`Implementation.takes_ssd_ends`)."""
     return Implementation(
         "triton", prepare_forward, finish_forward, prepare_backward, finish_backward,
-        local_final_state, local_initial_state_gradient, total_log_decay, adds_skip,
+        local_final_state, local_initial_state_gradient, total_log_decay, takes_ssd_ends,
     )

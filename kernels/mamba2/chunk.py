@@ -68,10 +68,10 @@ def ssd_operands(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Te
 class SsdFunction(torch.autograd.Function):
     """The whole SSD with its ``D`` skip as one autograd node: the operand map, simple GLA's chunk phases
     (``chunk`` an Implementation of kernels/common/function.py) and the skip forward (in the chunk output
-    kernel's epilogue where the implementation ``adds_skip``, so y is rounded once); backward, the chunk
-    phases from ``dy`` (the skip passes it on unchanged), then both pointwise ends in one pass
-    (``map_and_skip_backward``: ``dx = dt dv + D dy`` rounded once, so no separate skip gradient is added to
-    it). B and C arrive in x's dtype (the caller's cast is autograd's); saves x, dt, A, D, B, C, v and g."""
+    kernel's epilogue where the implementation ``takes_ssd_ends``, so y is rounded once); backward, the chunk
+    phases from ``dy`` (the skip passes it on unchanged) with ``dx = dt dv + D dy`` (rounded once) and the
+    x-sized sums of d dt and dD formed in the dv kernel where the implementation takes the ends, else both
+    pointwise ends in one pass after it (``map_and_skip_backward``). B and C arrive in x's dtype (the caller's cast is autograd's); saves x, dt, A, D, B, C, v and g."""
 
     @staticmethod
     def forward(ctx, x, dt, A, B, C, D, initial_state, chunk, pointwise):
@@ -81,7 +81,7 @@ class SsdFunction(torch.autograd.Function):
         q, k = C, B
         if not SIMPLE_GLA.reads_groups(chunk):
             q, k = repeat_each_head(q, heads), repeat_each_head(k, heads)
-        if chunk.adds_skip:  # the skip in the chunk kernels' output epilogue: y rounded once
+        if chunk.takes_ssd_ends:  # the skip in the chunk kernels' output epilogue: y rounded once
             output, final_state, _ = chunk.forward(q, k, v, g, 1.0, initial_state, skip=(x, D))
         else:
             output, final_state, _ = chunk.forward(q, k, v, g, 1.0, initial_state)
@@ -95,12 +95,20 @@ class SsdFunction(torch.autograd.Function):
     def backward(ctx, output_grad, final_state_grad):
         x, dt, A, D, q, k, v, g, initial_state = ctx.saved_tensors
         output_grad = torch.zeros_like(x) if output_grad is None else output_grad.contiguous()
-        dq, dk, dv, dg, d_initial = ctx.chunk.backward(
-            q, k, v, g, 1.0, initial_state, output_grad, final_state_grad
-        )
-        dx, ddt, dA, dD = ctx.pointwise.map_and_skip_backward(
-            x, dt, A, D, dv.contiguous(), dg.contiguous(), output_grad
-        )
+        if ctx.chunk.takes_ssd_ends:  # dx and the x-sized sums formed in the dv kernel
+            dq, dk, ends, dg, d_initial = ctx.chunk.backward(
+                q, k, v, g, 1.0, initial_state, output_grad, final_state_grad, ssd_ends=(x, dt, D)
+            )
+            step = dt.float()
+            dx, dD = ends.dx, ends.dD
+            ddt, dA = ends.ddt_from_values + dg * A.float(), (dg * step).sum(dim=(0, 1))
+        else:
+            dq, dk, dv, dg, d_initial = ctx.chunk.backward(
+                q, k, v, g, 1.0, initial_state, output_grad, final_state_grad
+            )
+            dx, ddt, dA, dD = ctx.pointwise.map_and_skip_backward(
+                x, dt, A, D, dv.contiguous(), dg.contiguous(), output_grad
+            )
         heads_per_group = x.shape[2] // ctx.groups
         if dq.shape[2] != ctx.groups:  # repeated per head on the PyTorch path
             dq, dk = sum_each_head_group(dq, heads_per_group), sum_each_head_group(dk, heads_per_group)

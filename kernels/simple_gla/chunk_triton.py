@@ -16,6 +16,8 @@ multiply as 16-bit.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -150,10 +152,14 @@ def simple_gla_fwd_kernel_output(
 @triton.jit
 def simple_gla_bwd_kernel_dv(
     q, k, do, gate_cumsum, chunk_gate, state_grads, dv, scale, T, NT,
+    x, dt, D, ddt_partials, dD_partials, x_stride_b, x_stride_t, x_stride_h,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, PRECISION: tl.constexpr,
+    BV: tl.constexpr, PRECISION: tl.constexpr, SSD_ENDS: tl.constexpr,
 ):
     # dv_j = sum_{i>=j} scale (q_i . k_j) exp(gc_i - gc_j) do_i + k_j exp(gl - gc_j) dS_leaving
+    # With SSD_ENDS (Mamba-2: v = dt x, y = o + D x, do = dy) it stores dx = dt dv + D dy in dv's place, rounded
+    # once, and this value block's partials of d dt (sum over its columns of x dv, [B, T, H, NV]) and of dD (sum
+    # of dy x over its tile, [B H, NT, NV]); NV = the programs along axis 0
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     key_rows = _group_rows(i_b, i_h, T, H, G, K)
@@ -184,7 +190,20 @@ def simple_gla_bwd_kernel_dv(
     b_dv = b_dv * tl.exp(b_gl - b_gc)[:, None] + tl.dot((b_scores_t * b_decay_t * scale).to(b_do.dtype), b_do,
                                                       input_precision=PRECISION)
     p_dv = tl.make_block_ptr(dv + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
-    tl.store(p_dv, b_dv.to(p_dv.dtype.element_ty), boundary_check=(0, 1))
+    if SSD_ENDS:
+        n_v = tl.num_programs(0)
+        p_x = tl.make_block_ptr(x + i_b.to(tl.int64) * x_stride_b + i_h * x_stride_h, (T, V), (x_stride_t, 1),
+                                (i_n * BT, i_v * BV), (BT, BV), (1, 0))
+        b_x = tl.load(p_x, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_dy = b_do.to(tl.float32)
+        b_dt = tl.load(dt + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.0).to(tl.float32)
+        b_dx = b_dv * b_dt[:, None] + b_dy * tl.load(D + i_h).to(tl.float32)
+        tl.store(p_dv, b_dx.to(p_dv.dtype.element_ty), boundary_check=(0, 1))
+        rows = ((i_b * T + o_t) * H + i_h).to(tl.int64)
+        tl.store(ddt_partials + rows * n_v + i_v, tl.sum(b_dv * b_x, axis=1), mask=o_t < T)
+        tl.store(dD_partials + (i_bh * NT + i_n) * n_v + i_v, tl.sum(tl.sum(b_dy * b_x, axis=1), axis=0))
+    else:
+        tl.store(p_dv, b_dv.to(p_dv.dtype.element_ty), boundary_check=(0, 1))
 
 
 @triton.jit
@@ -286,15 +305,21 @@ def finish_forward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, s
     launch = LAUNCH["output"]
     block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])
     x, D = skip if skip is not None else (v, v)  # without a skip the kernel never reads them
-    if skip is not None and (x.shape != v.shape or x.stride(-1) != 1 or tuple(D.shape) != (heads,)):
-        raise ValueError(f"skip: x must have v's shape {tuple(v.shape)} with last stride 1 and D shape [{heads}], "
-                         f"got x {tuple(x.shape)} (strides {x.stride()}) and D {tuple(D.shape)}")
+    if skip is not None:
+        _check_skip(x, D, v)
     simple_gla_fwd_kernel_output[(cdiv(value_dim, block_v), n_chunks, batch * heads)](
         q, k, v, gate_cumsum, states, output, scale, length, n_chunks, x, D, x.stride(0), x.stride(1), x.stride(2),
         H=heads, G=groups, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
         PRECISION=products_precision(LAUNCH, q.dtype), SKIP=skip is not None, **launch_options(launch),
     )
     return output, final_state, (states if save_states else None)
+
+
+def _check_skip(x, D, v):
+    heads = v.shape[2]
+    if x.shape != v.shape or x.stride(-1) != 1 or tuple(D.shape) != (heads,):
+        raise ValueError(f"Mamba-2's ends: x must have v's shape {tuple(v.shape)} with last stride 1 and D shape "
+                         f"[{heads}], got x {tuple(x.shape)} (strides {x.stride()}) and D {tuple(D.shape)}")
 
 
 def prepare_backward(q, k, v, g, do, scale, saved_states=None) -> PreparedChunks:
@@ -304,7 +329,11 @@ def prepare_backward(q, k, v, g, do, scale, saved_states=None) -> PreparedChunks
     return prepare_chunks(gates_and_updates, _chunk_gate, g, k, v, q, do, scale, saved_states)
 
 
-def finish_backward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None):
+def finish_backward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None,
+                    ssd_ends=None):
+    """The backward's second phase ([Note: span phases]): (dq, dk, dv, dg, d initial_state). With ``ssd_ends =
+    (x, dt, D)`` (Mamba-2's ends: ``v = dt x``, ``y = o + D x``, so ``do`` is dy) the dv kernel returns
+    :class:`SsdEndGradients` in dv's place: dx rounded once, and the parts of d dt and dD it can form."""
     q, k, v, g, do = [tensor.contiguous() for tensor in (q, k, v, g, do)]
     batch, length, heads, value_dim = v.shape
     groups, key_dim = q.shape[2], q.shape[3]
@@ -315,11 +344,21 @@ def finish_backward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, 
     )
     launch = LAUNCH["dv"]
     block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])
-    dv = new_output(v.shape, v.dtype, v.device)
-    simple_gla_bwd_kernel_dv[(cdiv(value_dim, block_v), n_chunks, batch * heads)](
+    n_value_blocks = cdiv(value_dim, block_v)
+    if ssd_ends is None:
+        dv = new_output(v.shape, v.dtype, v.device)
+        x, dt, D, ddt_partials, dD_partials = dv, g, g, g, g  # unread
+    else:
+        x, dt, D = ssd_ends
+        _check_skip(x, D, v)
+        dv = new_output(v.shape, x.dtype, v.device)  # dx
+        ddt_partials = new_output((*g.shape, n_value_blocks), torch.float32, v.device)
+        dD_partials = new_output((batch * heads, n_chunks, n_value_blocks), torch.float32, v.device)
+    simple_gla_bwd_kernel_dv[(n_value_blocks, n_chunks, batch * heads)](
         q, k, do, gate_cumsum, chunk_gate, state_grads, dv, scale, length, n_chunks,
+        x, dt, D, ddt_partials, dD_partials, x.stride(0), x.stride(1), x.stride(2),
         H=heads, G=groups, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
-        PRECISION=products_precision(LAUNCH, q.dtype), **launch_options(launch),
+        PRECISION=products_precision(LAUNCH, q.dtype), SSD_ENDS=ssd_ends is not None, **launch_options(launch),
     )
     dq_dk = new_output((2, batch, length, heads, key_dim), q.dtype, q.device)  # per head, summed below
     dg = new_output(g.shape, torch.float32, g.device)
@@ -330,7 +369,21 @@ def finish_backward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, 
         **launch_options(LAUNCH["dqkg"]),
     )
     dq, dk = _sum_over_groups(dq_dk, groups)
+    if ssd_ends is not None:
+        dv = SsdEndGradients(dx=dv, ddt_from_values=ddt_partials.sum(dim=-1),
+                             dD=dD_partials.sum(dim=(1, 2)).view(batch, heads).sum(dim=0))
     return dq, dk, dv, dg, initial_grad
+
+
+@dataclass(frozen=True)
+class SsdEndGradients:
+    """What simple GLA's dv kernel forms of Mamba-2's ends' gradients (``ssd_ends``): dx = dt dv + D dy in x's
+    dtype; ``sum_P x dv`` [B, T, H] float32, d dt less its ``dg A`` term (dg comes from a later kernel); dD [H]
+    float32."""
+
+    dx: torch.Tensor
+    ddt_from_values: torch.Tensor
+    dD: torch.Tensor
 
 
 def _sum_over_groups(dq_dk: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -343,5 +396,5 @@ def _sum_over_groups(dq_dk: torch.Tensor, groups: int) -> tuple[torch.Tensor, to
 
 
 TRITON_IMPLEMENTATION = triton_implementation(
-    prepare_forward, finish_forward, prepare_backward, finish_backward, adds_skip=True
+    prepare_forward, finish_forward, prepare_backward, finish_backward, takes_ssd_ends=True
 )

@@ -318,16 +318,18 @@ def test_one_autograd_node_has_the_gradients_of_the_composed_operator():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's case: CPU tensors, TRITON_INTERPRET=1")
 @pytest.mark.parametrize("shape", [(1, 130, 4, 8, 2, 16), (2, 63, 2, 16, 1, 8)], ids=shape_id)
-def test_the_skip_is_added_in_the_output_kernel_reading_x_through_its_strides(monkeypatch, shape):
-    """On the Triton path the output kernel adds ``D x`` (no separate skip launch), reading x where it lies: here
-    a column slice of a wider tensor, as the mixer's convolution output is. Output, final state and every gradient
-    against the float64 loop."""
+def test_the_ends_run_in_the_chunk_kernels_reading_x_through_its_strides(monkeypatch, shape):
+    """On the Triton path the output kernel adds ``D x`` and the dv kernel forms dx, d dt's and dD's x-sized sums
+    (no pointwise launch for the skip or for the ends' backward), reading x where it lies: here a column slice of a
+    wider tensor, as the mixer's convolution output is. Output, final state and every gradient against the
+    float64 loop."""
     from schedlang.kernels.mamba2 import pointwise_triton
 
     def refuse(*_):
-        raise AssertionError("the skip ran as a separate launch")
+        raise AssertionError("an end ran as a pointwise launch of its own")
 
     monkeypatch.setattr(pointwise_triton, "skip_forward", refuse)
+    monkeypatch.setattr(pointwise_triton, "map_and_skip_backward", refuse)
     inputs, gradients = make_ssd_inputs(*shape, torch.float32)
     batch, length, heads, head_dim = inputs["x"].shape
     wide = torch.randn(batch, length, heads, 3 * head_dim)
@@ -354,6 +356,19 @@ def test_an_implementation_without_the_skip_refuses_one():
     inputs, _ = make_ssd_inputs(1, 16, 2, 4, 2, 4, torch.float64, False)
     v, g = ssd_values_and_gates(inputs["x"], inputs["dt"], inputs["A"], backend="torch")
     implementation = SIMPLE_GLA.implementation_for("torch", inputs["C"])
-    assert not implementation.adds_skip
-    with pytest.raises(ValueError, match="torch implementation does not add a skip"):
+    assert not implementation.takes_ssd_ends
+    with pytest.raises(ValueError, match="torch implementation does not take"):
         implementation.forward(inputs["C"], inputs["B"], v, g, 1.0, None, skip=(inputs["x"], inputs["D"]))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's case: CPU tensors, TRITON_INTERPRET=1")
+def test_the_ends_gradients_from_several_value_blocks():
+    """With the head width cut into several dv tiles (block_v 16 over P = 48: three), d dt's and dD's partials of
+    every tile are summed: every gradient against the float64 loop."""
+    from schedlang.kernels.common.launch_tables import launch_overrides
+    from schedlang.kernels.simple_gla import chunk_triton  # noqa: F401 (registers its launch table)
+
+    inputs, gradients = make_ssd_inputs(1, 100, 2, 48, 1, 16, torch.float32)
+    with launch_overrides({"simple_gla": {"dv": dict(block_v=16), "output": dict(block_v=16)}}):
+        actual = run_with_grads(chunk_mamba2, inputs, gradients, backend="triton")
+    assert_close(actual, reference(inputs, gradients), 2e-5)
