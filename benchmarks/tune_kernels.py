@@ -58,8 +58,7 @@ CANDIDATES = {
         "scan": dict(block_k=[8, 16, 32], block_v=[16, 32, 64], prefetch=[0, 1], num_warps=[1, 2, 4], num_stages=[2, 3, 4]),
     },
     "simple_gla": {
-        "updates": TILE_AND_LAUNCH,
-        "updates_with_gradients": TILE_AND_LAUNCH,
+        "walk": dict(TILE_AND_LAUNCH, min_block=[16, 32, 64]),
         "output": TILE_AND_LAUNCH,
         "dv": TILE_AND_LAUNCH,
         "dqkg": dict(block_v=[16, 32, 64], num_warps=[4, 8], num_stages=[1, 2, 3]),

@@ -1,9 +1,9 @@
 """Triton chunked simple GLA (scalar gate per head and token): kernels, host functions, implementation.
 
-Forward: one kernel for the gate cumsum and the per-chunk state updates -> state scan
-(kernels/common/triton_scan.py) -> one output kernel (intra-chunk scores with the decay matrix, plus the read
-of the entering state). Backward: the gates with the state and state-gradient updates in one kernel, the
-recomputed states and the reverse scan of the state gradients in one launch, a dv kernel and a dq/dk/dg kernel. With a scalar
+Forward: the forward state walk, which also writes the gate cumsum (kernels/simple_gla/state_walks.py) -> one
+output kernel (intra-chunk scores with the decay matrix, plus the read of the entering state). Backward: the
+reverse walk of the state gradients, beside the forward walk that recomputes the states unless the forward
+saved them, in one launch -> a dv kernel and a dq/dk/dg kernel. With a scalar
 gate the decay matrix exp(gc_i - gc_j), j <= i, never exceeds 1, so no sub-chunk split is needed.
 Transposed products are formed from operands loaded transposed, never from a transposed accumulator.
 q and k may be grouped: ``[B, T, G, K]`` with G dividing v's H heads, head ``h`` reading group ``h // (H / G)``
@@ -27,20 +27,16 @@ from schedlang.kernels.common.heads import sum_each_head_group
 from schedlang.kernels.common.launch_tables import register_launch_table
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, products_precision, states_dtype
 from schedlang.kernels.common.triton_gradients import chunk_score_gradients, chunk_state_products
-from schedlang.kernels.common.triton_scan import (
-    PreparedChunks,
-    chunk_state_scan,
-    new_output,
-    prepare_chunks,
-    recurrence_gradients,
-    triton_implementation,
-)
+from schedlang.kernels.common.function import Implementation, KeptOperands
+from schedlang.kernels.common.triton_scan import new_output
+from schedlang.kernels.simple_gla.state_walks import state_walks
 
 CHUNK = CHUNK_SIZE
 LAUNCH = register_launch_table("simple_gla", __name__, {
     # tile edges (the largest; smaller dimensions get smaller tiles) and launch options per kernel ([Note: launch tables])
-    "updates": dict(block_k=64, block_v=128, num_warps=4, num_stages=3),
-    "updates_with_gradients": dict(block_k=128, block_v=64, num_warps=8, num_stages=3),
+    # the state walks' largest tiles, halved down to min_block while a launch has fewer programs than the GPU
+    # has multiprocessors (kernels/simple_gla/state_walks.py, walk_tiles)
+    "walk": dict(block_k=64, block_v=64, min_block=32, num_warps=4, num_stages=2),
     "output": dict(block_k=64, block_v=128, num_warps=8, num_stages=3),
     "dv": dict(block_k=64, block_v=128, num_warps=8, num_stages=3),
     "dqkg": dict(block_v=64, num_warps=8, num_stages=3),  # all keys (up to 256) in one tile
@@ -58,55 +54,6 @@ def _group_rows(i_b, i_h, T, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr):
     """The offset of head i_h's rows (batch i_b) in a q or k of shape [B, T, G, K]: its group's, i_h // (H / G)
     ([Note: grouped head order]); the row stride is G * K."""
     return i_b * T * G * K + (i_h // (H // G)) * K
-
-
-@triton.jit
-def _store_chunk_update(
-    x, y, b_factor, updates, i_n, i_bh, i_k, i_v, T, NT,
-    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, PRECISION: tl.constexpr,
-):
-    # updates[chunk i_n, block (i_k, i_v)] = (x * b_factor[:, None])^T y, x (q or k: G heads) loaded transposed
-    # from memory, y (v or do) of H heads
-    i_b, i_h = i_bh // H, i_bh % H
-    x_rows = _group_rows(i_b, i_h, T, H, G, K)
-    p_xt = tl.make_block_ptr(x + x_rows, (K, T), (1, G * K), (i_k * BK, i_n * BT), (BK, BT), (0, 1))
-    p_y = tl.make_block_ptr(y + i_b * T * H * V + i_h * V, (T, V), (H * V, 1), (i_n * BT, i_v * BV), (BT, BV), (1, 0))
-    b_xt = tl.load(p_xt, boundary_check=(0, 1), padding_option="zero")
-    b_y = tl.load(p_y, boundary_check=(0, 1), padding_option="zero")
-    b_xt = (b_xt * b_factor[None, :]).to(b_y.dtype)
-    p_update = tl.make_block_ptr(
-        updates + (i_bh * NT + i_n).to(tl.int64) * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0)
-    )
-    tl.store(p_update, tl.dot(b_xt, b_y, input_precision=PRECISION).to(p_update.dtype.element_ty), boundary_check=(0, 1))
-
-
-@triton.jit
-def simple_gla_kernel_gates_and_updates(
-    g, k, v, q, do, gate_cumsum, chunk_gate, updates, grad_updates, scale, T, NT,
-    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, PRECISION: tl.constexpr,
-    UPDATES: tl.constexpr, GRADIENTS: tl.constexpr,
-):
-    # The chunk-local cumsum of the scalar gate (written once, by the programs of block (0, 0)), then, with
-    # UPDATES, U_n = (k * exp(gl - gc))^T v and, with GRADIENTS, scale * (q * exp(gc))^T do for one (K, V) block.
-    i_k, i_v, i_nbh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_bh, i_n = i_nbh // NT, i_nbh % NT
-    i_b, i_h = i_bh // H, i_bh % H
-    o_t = i_n * BT + tl.arange(0, BT)
-    # [BT]; padded tokens read g = 0, so they carry the chunk's total
-    b_g = tl.load(g + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.0).to(tl.float32)
-    b_gc = tl.cumsum(b_g, axis=0)
-    b_gl = tl.sum(b_g, axis=0)
-    if (i_k == 0) & (i_v == 0):
-        tl.store(gate_cumsum + (i_b * T + o_t) * H + i_h, b_gc, mask=o_t < T)
-        tl.store(chunk_gate + i_bh * NT + i_n, b_gl)
-    if UPDATES:
-        _store_chunk_update(k, v, tl.exp(b_gl - b_gc), updates, i_n, i_bh, i_k, i_v, T, NT, H, G, K, V, BT, BK, BV,
-                            PRECISION)
-    if GRADIENTS:
-        _store_chunk_update(q, do, tl.exp(b_gc) * scale, grad_updates, i_n, i_bh, i_k, i_v, T, NT, H, G, K, V, BT,
-                            BK, BV, PRECISION)
 
 
 @triton.jit
@@ -256,51 +203,23 @@ def simple_gla_bwd_kernel_dqkg(
 
 
 
-def gates_and_updates(g, k, v, q=None, do=None, scale: float = 1.0, state_updates: bool = True):
-    """((gate cumsum [B, T, H], chunk totals [B, H, NT]), the per-chunk state updates [B, H, NT, K, V] (None
-    without state_updates) and, given q and do, the state-gradient updates, else None), from one launch;
-    updates in the states' dtype (bfloat16 for 16-bit inputs halves the traffic of the passes; the scans add
-    in float32). k and q may be grouped ([B, T, G, K], G dividing v's H heads)."""
-    batch, length, heads, value_dim = v.shape
-    groups, key_dim = k.shape[2], k.shape[3]
-    n_chunks = cdiv(length, CHUNK)
-    gate_cumsum = new_output(g.shape, torch.float32, g.device)
-    chunk_gate = new_output((batch, heads, n_chunks), torch.float32, g.device)
-    update_shape = (batch, heads, n_chunks, key_dim, value_dim)
-    updates = new_output(update_shape, states_dtype(k.dtype), k.device) if state_updates else None
-    gradients = q is not None
-    grad_updates = new_output(update_shape, states_dtype(k.dtype), k.device) if gradients else None
-    launch = LAUNCH["updates_with_gradients" if gradients else "updates"]
-    block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])
-    grid = (cdiv(key_dim, block_k), cdiv(value_dim, block_v), n_chunks * batch * heads)
-    written = updates if updates is not None else grad_updates
-    simple_gla_kernel_gates_and_updates[grid](
-        g, k, v, q if gradients else k, do if gradients else v, gate_cumsum, chunk_gate, written,
-        grad_updates if gradients else written, scale, length, n_chunks,
-        H=heads, G=groups, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v, UPDATES=state_updates,
-        GRADIENTS=gradients, PRECISION=products_precision(LAUNCH, k.dtype), **launch_options(launch),
-    )
-    return (gate_cumsum, chunk_gate), updates, grad_updates
+def _walks(g, dtype, **walks):
+    return state_walks(g, states_dtype(dtype), LAUNCH["walk"], products_precision(LAUNCH, dtype), **walks)
 
 
-def _chunk_gate(gates) -> torch.Tensor:
-    return gates[1]
+def prepare_forward(q, k, v, g) -> KeptOperands:
+    """Phase one keeps the operands: every state is formed where it is walked (kernels/simple_gla/state_walks.py)."""
+    return KeptOperands(None, k.contiguous(), v.contiguous(), g.contiguous())
 
 
-def prepare_forward(q, k, v, g) -> PreparedChunks:
-    k, v, g = [tensor.contiguous() for tensor in (k, v, g)]
-    return prepare_chunks(gates_and_updates, _chunk_gate, g, k, v)
-
-
-def finish_forward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, save_states=False, skip=None):
+def finish_forward(prepared: KeptOperands, q, k, v, g, scale, initial_state, save_states=False, skip=None):
     """The forward's second phase ([Note: span phases]); ``skip = (x, D)`` (x [B, T, H, V] with last stride 1,
     D [H]) adds ``D[h] x`` to the output in the output kernel, before its one rounding (Mamba-2's skip)."""
     q, k, v, g = [tensor.contiguous() for tensor in (q, k, v, g)]
     batch, length, heads, value_dim = v.shape
     groups, key_dim = q.shape[2], q.shape[3]
     n_chunks = cdiv(length, CHUNK)
-    gate_cumsum, chunk_gate = prepared.gates
-    states, final_state = chunk_state_scan(prepared.updates, chunk_gate, initial_state, states_dtype(k.dtype), reverse=False)
+    (states, final_state), _, (gate_cumsum, _) = _walks(g, k.dtype, forward=(k, v, initial_state))
     output = new_output(v.shape, v.dtype, v.device)
     launch = LAUNCH["output"]
     block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])
@@ -322,14 +241,13 @@ def _check_skip(x, D, v):
                          f"[{heads}], got x {tuple(x.shape)} (strides {x.stride()}) and D {tuple(D.shape)}")
 
 
-def prepare_backward(q, k, v, g, do, scale, saved_states=None) -> PreparedChunks:
-    q, k, v, g, do = [tensor.contiguous() for tensor in (q, k, v, g, do)]
+def prepare_backward(q, k, v, g, do, scale, saved_states=None) -> KeptOperands:
     if q.shape[-1] > 256:
         raise ValueError(f"the Triton simple-GLA backward supports K <= 256, got K = {q.shape[-1]}; use backend='torch'")
-    return prepare_chunks(gates_and_updates, _chunk_gate, g, k, v, q, do, scale, saved_states)
+    return KeptOperands(*[tensor.contiguous() for tensor in (q, k, v, g, do)], scale)
 
 
-def finish_backward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None,
+def finish_backward(prepared: KeptOperands, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None,
                     ssd_ends=None):
     """The backward's second phase ([Note: span phases]): (dq, dk, dv, dg, d initial_state). With ``ssd_ends =
     (x, dt, D)`` (Mamba-2's ends: ``v = dt x``, ``y = o + D x``, so ``do`` is dy) the dv kernel returns
@@ -338,10 +256,12 @@ def finish_backward(prepared: PreparedChunks, q, k, v, g, scale, initial_state, 
     batch, length, heads, value_dim = v.shape
     groups, key_dim = q.shape[2], q.shape[3]
     n_chunks = cdiv(length, CHUNK)
-    gate_cumsum, chunk_gate = prepared.gates
-    states, state_grads, initial_grad = recurrence_gradients(
-        prepared, initial_state, final_state_grad, saved_states, states_dtype(k.dtype)
+    # the reverse walk, beside the forward one that recomputes the states unless the forward saved them
+    forward = (k, v, initial_state) if saved_states is None else None
+    recomputed, (state_grads, initial_grad), (gate_cumsum, chunk_gate) = _walks(
+        g, k.dtype, forward=forward, reverse=(q, do, final_state_grad), scale=scale
     )
+    states = saved_states if saved_states is not None else recomputed[0]
     launch = LAUNCH["dv"]
     block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])
     n_value_blocks = cdiv(value_dim, block_v)
@@ -395,6 +315,22 @@ def _sum_over_groups(dq_dk: torch.Tensor, groups: int) -> tuple[torch.Tensor, to
     return summed[0], summed[1]
 
 
-TRITON_IMPLEMENTATION = triton_implementation(
-    prepare_forward, finish_forward, prepare_backward, finish_backward, takes_ssd_ends=True
+def local_final_state(prepared: KeptOperands) -> torch.Tensor:
+    (_, last), _, _ = _walks(prepared.g, prepared.k.dtype, forward=(prepared.k, prepared.v, None), store=False)
+    return last
+
+
+def local_initial_state_gradient(prepared: KeptOperands) -> torch.Tensor:
+    _, (_, last), _ = _walks(prepared.g, prepared.k.dtype, reverse=(prepared.q, prepared.do, None),
+                             scale=prepared.scale, store=False)
+    return last
+
+
+def total_log_decay(prepared: KeptOperands) -> torch.Tensor:
+    return prepared.g.float().sum(dim=1)
+
+
+TRITON_IMPLEMENTATION = Implementation(
+    "triton", prepare_forward, finish_forward, prepare_backward, finish_backward,
+    local_final_state, local_initial_state_gradient, total_log_decay, takes_ssd_ends=True,
 )

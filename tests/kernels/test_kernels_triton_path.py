@@ -215,7 +215,7 @@ def test_gla_launch_table_variants_stay_exact(monkeypatch, entry, overrides):
         assert_close(run_with_grads(operator.chunked, inputs, backend="triton"), reference(operator, inputs), tolerance)
 
 
-@pytest.mark.parametrize("operator_name", ["gla", "simple_gla"])
+@pytest.mark.parametrize("operator_name", ["gla"])
 @pytest.mark.parametrize("length", [40, 130, 1000 if ON_GPU else 300])
 @pytest.mark.parametrize(
     "scan",
@@ -236,23 +236,84 @@ def test_scan_variants_stay_exact(operator_name, length, scan):
         assert_close(run_with_grads(operator.chunked, inputs, backend="triton"), reference(operator, inputs), tolerance)
 
 
+@pytest.mark.parametrize("length", [40, 130, 1000 if ON_GPU else 300])
+@pytest.mark.parametrize(
+    "walk",
+    [dict(block_k=16, block_v=16, min_block=16), dict(block_k=32, block_v=16, min_block=16, num_stages=1),
+     dict(min_block=16)],
+    ids=["16x16", "32x16-one_stage", "halved_to_16"],
+)
+@pytest.mark.parametrize("key_value", [(32, 32), (32, 48)], ids=["K32-V32", "K32-V48"])
+def test_simple_gla_walk_tiles_stay_exact(length, walk, key_value):
+    """Simple GLA's state walks over several key and value tiles (a value width no tile divides included), over
+    fewer chunks than a tile's pipeline and many, with an initial state and a final-state gradient; the third
+    case lets walk_tiles halve the tiles to fill the GPU's multiprocessors."""
+    from schedlang.kernels.common.launch_tables import launch_overrides
+    from schedlang.kernels.simple_gla import chunk_triton  # noqa: F401 (registers simple GLA's launch table)
+
+    operator = OPERATORS["simple_gla"]
+    dtype, tolerance = DTYPES["float32"]
+    key_dim, value_dim = key_value
+    inputs = make_inputs(operator, 2, length, 2, key_dim, "weak", True, dtype, DEVICE, generator_seed=11,
+                         value_dim=value_dim)
+    with launch_overrides({"simple_gla": {"walk": walk}}):
+        assert_close(run_with_grads(operator.chunked, inputs, backend="triton"), reference(operator, inputs), tolerance)
+
+
+@pytest.mark.parametrize(
+    "sizes, expected",
+    [
+        ((128, 128, 256), (64, 64)),  # 2 x 2 x 256 programs: full tiles fill the GPU
+        ((128, 128, 32), (64, 32)),  # 2 x 2 x 32 = 128 < 132: the value edge halves first
+        ((128, 64, 16), (32, 32)),  # 2 x 1 x 16: value then key edge halve, down to min_block
+        ((16, 16, 1), (16, 16)),  # widths below min_block keep tiles of their own size
+    ],
+)
+def test_walk_tiles_halve_until_the_launch_fills_the_gpu(sizes, expected):
+    from schedlang.kernels.simple_gla.state_walks import walk_tiles
+
+    key_dim, value_dim, walks = sizes
+    launch = dict(block_k=64, block_v=64, min_block=32)
+    assert walk_tiles(key_dim, value_dim, walks, torch.device("cpu"), launch) == expected
+
+
+SAVED_STATES_RECOMPUTATION = {
+    "gla": ("schedlang.kernels.common.triton_scan", "chunk_state_scan_pair", lambda *args, **kwargs: True, False),
+    "simple_gla": ("schedlang.kernels.simple_gla.chunk_triton", "state_walks",
+                   lambda *args, **kwargs: kwargs.get("reverse") is not None and kwargs.get("forward") is not None,
+                   True),
+}
+"""operator -> (module, function, whether a call of it recomputes the forward's states in a backward, whether
+the backward with saved states calls it at all)."""
+
+
 @pytest.mark.parametrize("operator_name", ["gla", "simple_gla"])
 @pytest.mark.parametrize("decay", ["weak", "strong"])
 @pytest.mark.parametrize("length", [40, 1000 if ON_GPU else 200])
 def test_saved_states_skip_the_recomputation_and_change_no_result(monkeypatch, operator_name, decay, length):
-    """save_states: the backward takes the forward's chunk states (no state recomputation: the paired scan
-    never runs) and every gradient still matches the float64 recurrence, with a state in and out."""
-    from schedlang.kernels.common import triton_scan
+    """save_states: the backward takes the forward's chunk states (no state recomputation: gla's paired scan
+    and simple GLA's forward walk beside the reverse one never run) and every gradient still matches the
+    float64 recurrence, with a state in and out."""
+    import importlib
 
-    def paired_scan_must_not_run(*args, **kwargs):
-        raise AssertionError("the backward recomputed the states although the forward saved them")
+    module_name, function_name, recomputes, called = SAVED_STATES_RECOMPUTATION[operator_name]
+    module = importlib.import_module(module_name)
+    original = getattr(module, function_name)
+    calls = []
+
+    def must_not_recompute(*args, **kwargs):
+        if recomputes(*args, **kwargs):
+            raise AssertionError("the backward recomputed the states although the forward saved them")
+        calls.append(function_name)
+        return original(*args, **kwargs)
 
     operator = OPERATORS[operator_name]
     dtype, tolerance = DTYPES["float32"]
     inputs = make_inputs(operator, 2, length, 2, 32, decay, True, dtype, DEVICE, generator_seed=13)
     recomputed = run_with_grads(operator.chunked, inputs, backend="triton")
-    monkeypatch.setattr(triton_scan, "chunk_state_scan_pair", paired_scan_must_not_run)
+    monkeypatch.setattr(module, function_name, must_not_recompute)
     results = run_with_grads(operator.chunked, inputs, backend="triton", save_states=True)
+    assert bool(calls) == called
     assert_close(results, reference(operator, inputs), tolerance)
     # the same kernels on the same operands: the saved states are the ones the backward would recompute
     assert_close(results, recomputed, 1e-6)
