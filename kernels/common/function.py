@@ -85,9 +85,8 @@ class Implementation:
 
 
 @dataclass(frozen=True)
-class KeptOperands:
-    """A phase one that keeps its operands (the PyTorch path; simple GLA's Triton walks); the boundary terms
-    are computed from them."""
+class TorchPrepared:
+    """The PyTorch path's phase one keeps its operands; the boundary terms are computed from them."""
 
     q: torch.Tensor | None
     k: torch.Tensor
@@ -110,7 +109,7 @@ def torch_implementation(
     """
 
     def prepare_forward(q, k, v, g):
-        return KeptOperands(None, k, v, g)
+        return TorchPrepared(None, k, v, g)
 
     def finish_forward(prepared, q, k, v, g, scale, initial_state, save_states=False):
         with torch.no_grad():
@@ -118,7 +117,7 @@ def torch_implementation(
         return output, final_state, None
 
     def prepare_backward(q, k, v, g, do, scale, saved_states=None):
-        return KeptOperands(q, k, v, g, do, scale)
+        return TorchPrepared(q, k, v, g, do, scale)
 
     def finish_backward(prepared, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None):
         states = chunk_states(k, v, g, initial_state, CHUNK_SIZE)
@@ -126,15 +125,15 @@ def torch_implementation(
         dq, dk, dv, dg = intra_chunk_gradients(q, k, v, g, do, states, state_grads, scale, CHUNK_SIZE)
         return dq, dk, dv, dg, state_grads[:, :, 0]
 
-    def local_final_state(prepared: KeptOperands):
+    def local_final_state(prepared: TorchPrepared):
         with torch.no_grad():
             return chunk_states(prepared.k, prepared.v, prepared.g, None, CHUNK_SIZE)[:, :, -1]
 
-    def local_initial_state_gradient(prepared: KeptOperands):
+    def local_initial_state_gradient(prepared: TorchPrepared):
         with torch.no_grad():
             return chunk_state_gradients(prepared.q, prepared.g, prepared.do, prepared.scale, None, CHUNK_SIZE)[:, :, 0]
 
-    def total_log_decay(prepared: KeptOperands):
+    def total_log_decay(prepared: TorchPrepared):
         state_dtype = torch.float64 if prepared.g.dtype == torch.float64 else torch.float32
         return prepared.g.to(state_dtype).sum(dim=1)  # [B, H, K] or [B, H]
 

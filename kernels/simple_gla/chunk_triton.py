@@ -27,16 +27,16 @@ from schedlang.kernels.common.heads import sum_each_head_group
 from schedlang.kernels.common.launch_tables import register_launch_table
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, products_precision, states_dtype
 from schedlang.kernels.common.triton_gradients import chunk_score_gradients, chunk_state_products
-from schedlang.kernels.common.function import Implementation, KeptOperands
+from schedlang.kernels.common.function import Implementation
 from schedlang.kernels.common.triton_scan import new_output
-from schedlang.kernels.simple_gla.state_walks import state_walks
+from schedlang.kernels.simple_gla.state_walks import PreparedWalks, chunk_gates, state_walks
 
 CHUNK = CHUNK_SIZE
 LAUNCH = register_launch_table("simple_gla", __name__, {
     # tile edges (the largest; smaller dimensions get smaller tiles) and launch options per kernel ([Note: launch tables])
     # the state walks' largest tiles, halved down to min_block while a launch has fewer programs than the GPU
     # has multiprocessors (kernels/simple_gla/state_walks.py, walk_tiles)
-    "walk": dict(block_k=64, block_v=64, min_block=32, num_warps=4, num_stages=2),
+    "walk": dict(block_k=64, block_v=64, min_block=32, num_warps=4, num_stages=3),
     "output": dict(block_k=64, block_v=128, num_warps=8, num_stages=3),
     "dv": dict(block_k=64, block_v=128, num_warps=8, num_stages=3),
     "dqkg": dict(block_v=64, num_warps=8, num_stages=3),  # all keys (up to 256) in one tile
@@ -203,23 +203,25 @@ def simple_gla_bwd_kernel_dqkg(
 
 
 
-def _walks(g, dtype, **walks):
-    return state_walks(g, states_dtype(dtype), LAUNCH["walk"], products_precision(LAUNCH, dtype), **walks)
+def _walks(prepared: PreparedWalks, **walks):
+    dtype = prepared.k.dtype
+    return state_walks(prepared.gates, states_dtype(dtype), LAUNCH["walk"], products_precision(LAUNCH, dtype), **walks)
 
 
-def prepare_forward(q, k, v, g) -> KeptOperands:
-    """Phase one keeps the operands: every state is formed where it is walked (kernels/simple_gla/state_walks.py)."""
-    return KeptOperands(None, k.contiguous(), v.contiguous(), g.contiguous())
+def prepare_forward(q, k, v, g) -> PreparedWalks:
+    """Phase one forms the gates; every state is formed where it is walked (kernels/simple_gla/state_walks.py)."""
+    return PreparedWalks(chunk_gates(g.contiguous()), k.contiguous(), v.contiguous())
 
 
-def finish_forward(prepared: KeptOperands, q, k, v, g, scale, initial_state, save_states=False, skip=None):
+def finish_forward(prepared: PreparedWalks, q, k, v, g, scale, initial_state, save_states=False, skip=None):
     """The forward's second phase ([Note: span phases]); ``skip = (x, D)`` (x [B, T, H, V] with last stride 1,
     D [H]) adds ``D[h] x`` to the output in the output kernel, before its one rounding (Mamba-2's skip)."""
     q, k, v, g = [tensor.contiguous() for tensor in (q, k, v, g)]
     batch, length, heads, value_dim = v.shape
     groups, key_dim = q.shape[2], q.shape[3]
     n_chunks = cdiv(length, CHUNK)
-    (states, final_state), _, (gate_cumsum, _) = _walks(g, k.dtype, forward=(k, v, initial_state))
+    (states, final_state), _ = _walks(prepared, forward=(k, v, initial_state))
+    gate_cumsum, _ = prepared.gates
     output = new_output(v.shape, v.dtype, v.device)
     launch = LAUNCH["output"]
     block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])
@@ -241,13 +243,14 @@ def _check_skip(x, D, v):
                          f"[{heads}], got x {tuple(x.shape)} (strides {x.stride()}) and D {tuple(D.shape)}")
 
 
-def prepare_backward(q, k, v, g, do, scale, saved_states=None) -> KeptOperands:
+def prepare_backward(q, k, v, g, do, scale, saved_states=None) -> PreparedWalks:
     if q.shape[-1] > 256:
         raise ValueError(f"the Triton simple-GLA backward supports K <= 256, got K = {q.shape[-1]}; use backend='torch'")
-    return KeptOperands(*[tensor.contiguous() for tensor in (q, k, v, g, do)], scale)
+    q, k, v, do = [tensor.contiguous() for tensor in (q, k, v, do)]
+    return PreparedWalks(chunk_gates(g.contiguous()), k, v, q, do, scale)
 
 
-def finish_backward(prepared: KeptOperands, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None,
+def finish_backward(prepared: PreparedWalks, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None,
                     ssd_ends=None):
     """The backward's second phase ([Note: span phases]): (dq, dk, dv, dg, d initial_state). With ``ssd_ends =
     (x, dt, D)`` (Mamba-2's ends: ``v = dt x``, ``y = o + D x``, so ``do`` is dy) the dv kernel returns
@@ -258,9 +261,9 @@ def finish_backward(prepared: KeptOperands, q, k, v, g, scale, initial_state, do
     n_chunks = cdiv(length, CHUNK)
     # the reverse walk, beside the forward one that recomputes the states unless the forward saved them
     forward = (k, v, initial_state) if saved_states is None else None
-    recomputed, (state_grads, initial_grad), (gate_cumsum, chunk_gate) = _walks(
-        g, k.dtype, forward=forward, reverse=(q, do, final_state_grad), scale=scale
-    )
+    recomputed, (state_grads, initial_grad) = _walks(prepared, forward=forward, reverse=(q, do, final_state_grad),
+                                                     scale=scale)
+    gate_cumsum, chunk_gate = prepared.gates
     states = saved_states if saved_states is not None else recomputed[0]
     launch = LAUNCH["dv"]
     block_k, block_v = block_size(key_dim, launch["block_k"]), block_size(value_dim, launch["block_v"])
@@ -315,19 +318,18 @@ def _sum_over_groups(dq_dk: torch.Tensor, groups: int) -> tuple[torch.Tensor, to
     return summed[0], summed[1]
 
 
-def local_final_state(prepared: KeptOperands) -> torch.Tensor:
-    (_, last), _, _ = _walks(prepared.g, prepared.k.dtype, forward=(prepared.k, prepared.v, None), store=False)
+def local_final_state(prepared: PreparedWalks) -> torch.Tensor:
+    (_, last), _ = _walks(prepared, forward=(prepared.k, prepared.v, None), store=False)
     return last
 
 
-def local_initial_state_gradient(prepared: KeptOperands) -> torch.Tensor:
-    _, (_, last), _ = _walks(prepared.g, prepared.k.dtype, reverse=(prepared.q, prepared.do, None),
-                             scale=prepared.scale, store=False)
+def local_initial_state_gradient(prepared: PreparedWalks) -> torch.Tensor:
+    _, (_, last) = _walks(prepared, reverse=(prepared.q, prepared.do, None), scale=prepared.scale, store=False)
     return last
 
 
-def total_log_decay(prepared: KeptOperands) -> torch.Tensor:
-    return prepared.g.float().sum(dim=1)
+def total_log_decay(prepared: PreparedWalks) -> torch.Tensor:
+    return prepared.gates[1].sum(dim=2)
 
 
 TRITON_IMPLEMENTATION = Implementation(

@@ -24,6 +24,7 @@ accumulator.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -34,31 +35,32 @@ from schedlang.kernels.common.sizes import block_size, cdiv, launch_options
 from schedlang.kernels.common.triton_scan import INTERPRETED, new_output
 
 @triton.jit
-def _chunk_gates(g, i_b, i_h, i_n, T, H: tl.constexpr, BT: tl.constexpr):
-    """(token offsets, gate cumsum [BT] float32, chunk total) of chunk i_n; padded tokens read g = 0, so
-    they carry the chunk's total."""
+def simple_gla_chunk_gates_kernel(g, gate_cumsum, chunk_gate, T, NT, H: tl.constexpr, BT: tl.constexpr):
+    # one chunk of one head: the cumsum of its scalar log gates and their total; padded tokens read g = 0
+    i_nbh = tl.program_id(0)
+    i_bh, i_n = i_nbh // NT, i_nbh % NT
+    i_b, i_h = i_bh // H, i_bh % H
     o_t = i_n * BT + tl.arange(0, BT)
     b_g = tl.load(g + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.0).to(tl.float32)
-    return o_t, tl.cumsum(b_g, axis=0), tl.sum(b_g, axis=0)
+    tl.store(gate_cumsum + (i_b * T + o_t) * H + i_h, tl.cumsum(b_g, axis=0), mask=o_t < T)
+    tl.store(chunk_gate + i_bh * NT + i_n, tl.sum(b_g, axis=0))
 
 
 @triton.jit
 def _walk_step(
-    x, y, g, gate_cumsum, chunk_gate, states, b_state, scale, step, i_k, i_v, i_bh, T, NT,
+    x, y, gate_cumsum, chunk_gate, states, b_state, scale, step, i_k, i_v, i_bh, T, NT,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, PRECISION: tl.constexpr, REVERSE: tl.constexpr, STORE: tl.constexpr,
-    WRITE_GATES: tl.constexpr,
 ):
     i_b, i_h = i_bh // H, i_bh % H
     if REVERSE:
         i_n = NT - 1 - step
     else:
         i_n = step
-    o_t, b_gc, b_gl = _chunk_gates(g, i_b, i_h, i_n, T, H, BT)
-    if WRITE_GATES:
-        if (i_k == 0) & (i_v == 0):
-            tl.store(gate_cumsum + (i_b * T + o_t) * H + i_h, b_gc, mask=o_t < T)
-            tl.store(chunk_gate + i_bh * NT + i_n, b_gl)
+    # padded tokens read a cumsum of 0: their keys or queries are zero, and exp(0) and exp(gl) stay finite
+    o_t = i_n * BT + tl.arange(0, BT)
+    b_gc = tl.load(gate_cumsum + (i_b * T + o_t) * H + i_h, mask=o_t < T, other=0.0)
+    b_gl = tl.load(chunk_gate + i_bh * NT + i_n)
     if STORE:
         p_state = tl.make_block_ptr(states + (i_bh * NT + i_n).to(tl.int64) * K * V, (K, V), (V, 1),
                                     (i_k * BK, i_v * BV), (BK, BV), (1, 0))
@@ -78,10 +80,10 @@ def _walk_step(
 
 @triton.jit
 def _walk(
-    x, y, g, gate_cumsum, chunk_gate, states, boundary, last, scale, i_k, i_v, i_bh, T, NT,
+    x, y, gate_cumsum, chunk_gate, states, boundary, last, scale, i_k, i_v, i_bh, T, NT,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, PRECISION: tl.constexpr, REVERSE: tl.constexpr, STORE: tl.constexpr,
-    HAS_BOUNDARY: tl.constexpr, WRITE_GATES: tl.constexpr, INTERPRETED: tl.constexpr,
+    HAS_BOUNDARY: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     # Triton 3.6's interpreter cannot take a run-time loop bound in range() under numpy >= 2.4, so interpreted
     # runs loop with while ([Note: scan prefetch] in kernels/common/triton_scan.py)
@@ -92,13 +94,13 @@ def _walk(
     if INTERPRETED:
         step = 0
         while step < NT:
-            b_state = _walk_step(x, y, g, gate_cumsum, chunk_gate, states, b_state, scale, step, i_k, i_v, i_bh, T,
-                                 NT, H, G, K, V, BT, BK, BV, PRECISION, REVERSE, STORE, WRITE_GATES)
+            b_state = _walk_step(x, y, gate_cumsum, chunk_gate, states, b_state, scale, step, i_k, i_v, i_bh, T, NT,
+                                 H, G, K, V, BT, BK, BV, PRECISION, REVERSE, STORE)
             step += 1
     else:
         for step in range(NT):
-            b_state = _walk_step(x, y, g, gate_cumsum, chunk_gate, states, b_state, scale, step, i_k, i_v, i_bh, T,
-                                 NT, H, G, K, V, BT, BK, BV, PRECISION, REVERSE, STORE, WRITE_GATES)
+            b_state = _walk_step(x, y, gate_cumsum, chunk_gate, states, b_state, scale, step, i_k, i_v, i_bh, T, NT,
+                                 H, G, K, V, BT, BK, BV, PRECISION, REVERSE, STORE)
     p_last = tl.make_block_ptr(last + i_bh * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
     tl.store(p_last, b_state, boundary_check=(0, 1))
 
@@ -106,26 +108,24 @@ def _walk(
 @triton.jit
 def simple_gla_state_walks_kernel(
     k, v, initial_state, states, final_state, q, do, final_state_grad, state_grads, initial_grad,
-    g, gate_cumsum, chunk_gate, scale, T, NT, BH,
+    gate_cumsum, chunk_gate, scale, T, NT, BH,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, PRECISION: tl.constexpr, FORWARD: tl.constexpr, REVERSE: tl.constexpr,
-    STORE: tl.constexpr, HAS_INITIAL: tl.constexpr, HAS_FINAL_GRAD: tl.constexpr, GATES_BY: tl.constexpr,
-    INTERPRETED: tl.constexpr,
+    STORE: tl.constexpr, HAS_INITIAL: tl.constexpr, HAS_FINAL_GRAD: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     # with FORWARD, programs z < BH walk forward and the others (REVERSE) in reverse; without it every program
-    # walks in reverse. GATES_BY: which walk writes the gates (0 neither, 1 the forward, 2 the reverse)
+    # walks in reverse
     i_k, i_v, i_z = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if FORWARD:
         if i_z < BH:
-            _walk(k, v, g, gate_cumsum, chunk_gate, states, initial_state, final_state, scale, i_k, i_v, i_z, T, NT,
-                  H, G, K, V, BT, BK, BV, PRECISION, False, STORE, HAS_INITIAL, GATES_BY == 1, INTERPRETED)
+            _walk(k, v, gate_cumsum, chunk_gate, states, initial_state, final_state, scale, i_k, i_v, i_z, T, NT,
+                  H, G, K, V, BT, BK, BV, PRECISION, False, STORE, HAS_INITIAL, INTERPRETED)
         elif REVERSE:
-            _walk(q, do, g, gate_cumsum, chunk_gate, state_grads, final_state_grad, initial_grad, scale, i_k, i_v,
-                  i_z - BH, T, NT, H, G, K, V, BT, BK, BV, PRECISION, True, STORE, HAS_FINAL_GRAD, GATES_BY == 2,
-                  INTERPRETED)
+            _walk(q, do, gate_cumsum, chunk_gate, state_grads, final_state_grad, initial_grad, scale, i_k, i_v,
+                  i_z - BH, T, NT, H, G, K, V, BT, BK, BV, PRECISION, True, STORE, HAS_FINAL_GRAD, INTERPRETED)
     else:
-        _walk(q, do, g, gate_cumsum, chunk_gate, state_grads, final_state_grad, initial_grad, scale, i_k, i_v, i_z,
-              T, NT, H, G, K, V, BT, BK, BV, PRECISION, True, STORE, HAS_FINAL_GRAD, GATES_BY == 2, INTERPRETED)
+        _walk(q, do, gate_cumsum, chunk_gate, state_grads, final_state_grad, initial_grad, scale, i_k, i_v, i_z,
+              T, NT, H, G, K, V, BT, BK, BV, PRECISION, True, STORE, HAS_FINAL_GRAD, INTERPRETED)
 
 
 @functools.cache
@@ -150,8 +150,34 @@ def walk_tiles(key_dim: int, value_dim: int, walkers: int, device: torch.device,
     return block_k, block_v
 
 
+def chunk_gates(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate cumsum within each 64-token chunk [B, T, H], chunk totals [B, H, NT]), float32, of the scalar log
+    gates g [B, T, H] (contiguous), in one launch."""
+    batch, length, heads = g.shape
+    n_chunks = cdiv(length, CHUNK_SIZE)
+    gate_cumsum = new_output(g.shape, torch.float32, g.device)
+    chunk_gate = new_output((batch, heads, n_chunks), torch.float32, g.device)
+    simple_gla_chunk_gates_kernel[(n_chunks * batch * heads,)](
+        g, gate_cumsum, chunk_gate, length, n_chunks, H=heads, BT=CHUNK_SIZE, num_warps=1,
+    )
+    return gate_cumsum, chunk_gate
+
+
+@dataclass(frozen=True)
+class PreparedWalks:
+    """Phase one of simple GLA's Triton forward or backward ([Note: span phases]): the gates ``chunk_gates``
+    formed, and the operands the walks will read (q, do and scale in a backward)."""
+
+    gates: tuple[torch.Tensor, torch.Tensor]
+    k: torch.Tensor
+    v: torch.Tensor
+    q: torch.Tensor | None = None
+    do: torch.Tensor | None = None
+    scale: float = 1.0
+
+
 def state_walks(
-    g: torch.Tensor,
+    gates: tuple[torch.Tensor, torch.Tensor],
     states_dtype: torch.dtype,
     launch,
     precision: str,
@@ -159,32 +185,26 @@ def state_walks(
     reverse: tuple | None = None,
     scale: float = 1.0,
     store: bool = True,
-    gates: tuple[torch.Tensor, torch.Tensor] | None = None,
 ):
     """One launch of the forward walk, the reverse walk or both, with the launch-table entry ``launch``
     (``block_k``, ``block_v``, ``min_block``, ``num_warps``, ``num_stages``) and the products' ``precision``.
 
-    ``forward = (k, v, initial_state or None)``, ``reverse = (q, do, final_state_grad or None)``; q and k
-    ``[B, T, G, K]``, v and do ``[B, T, H, V]``, g ``[B, T, H]``, all contiguous. Returns (forward's (states
-    [B, H, NT, K, V] in states_dtype or None without ``store``, the final state [B, H, K, V] float32) or None,
-    reverse's (state gradients, the initial state's gradient) likewise or None, gates) where gates = (gate
-    cumsum [B, T, H], chunk totals [B, H, NT]) float32, written by this launch unless ``gates`` (already
-    written) are given, and None without ``store`` (a boundary-only walk writes none)."""
+    ``gates`` = ``chunk_gates(g)``; ``forward = (k, v, initial_state or None)``, ``reverse = (q, do,
+    final_state_grad or None)``; q and k ``[B, T, G, K]``, v and do ``[B, T, H, V]``, all contiguous. Returns
+    (forward's (states [B, H, NT, K, V] in states_dtype, or None without ``store``; the final state [B, H, K, V]
+    float32) or None, reverse's (state gradients, the initial state's gradient) likewise or None)."""
     y = (forward or reverse)[1]
     batch, length, heads, value_dim = y.shape
     groups, key_dim = (forward or reverse)[0].shape[2:]
     n_chunks = cdiv(length, CHUNK_SIZE)
     device = y.device
     state_shape, last_shape = (batch, heads, n_chunks, key_dim, value_dim), (batch, heads, key_dim, value_dim)
-    write_gates = store and gates is None
-    if write_gates:
-        gates = (new_output(g.shape, torch.float32, device), new_output((batch, heads, n_chunks), torch.float32, device))
-    gate_cumsum, chunk_gate = gates if gates is not None else (g, g)  # unread without store
 
     def outputs(walk):
         if walk is None:
             return y, y, None  # unread
-        return (new_output(state_shape, states_dtype, device) if store else y), new_output(last_shape, torch.float32, device), walk[2]
+        states = new_output(state_shape, states_dtype, device) if store else y
+        return states, new_output(last_shape, torch.float32, device), walk[2]
 
     states, final_state, initial_state = outputs(forward)
     state_grads, initial_grad, final_state_grad = outputs(reverse)
@@ -195,13 +215,12 @@ def state_walks(
     simple_gla_state_walks_kernel[(cdiv(key_dim, block_k), cdiv(value_dim, block_v), walkers)](
         k, v, initial_state if initial_state is not None else y, states, final_state,
         q, do, final_state_grad if final_state_grad is not None else y, state_grads, initial_grad,
-        g, gate_cumsum, chunk_gate, scale, length, n_chunks, batch * heads,
+        gates[0], gates[1], scale, length, n_chunks, batch * heads,
         H=heads, G=groups, K=key_dim, V=value_dim, BT=CHUNK_SIZE, BK=block_k, BV=block_v,
         PRECISION=precision, FORWARD=forward is not None, REVERSE=reverse is not None, STORE=store,
-        HAS_INITIAL=initial_state is not None, HAS_FINAL_GRAD=final_state_grad is not None,
-        GATES_BY=0 if not write_gates else (1 if forward is not None else 2), INTERPRETED=INTERPRETED,
+        HAS_INITIAL=initial_state is not None, HAS_FINAL_GRAD=final_state_grad is not None, INTERPRETED=INTERPRETED,
         **launch_options(launch),
     )
     forward_result = ((states if store else None), final_state) if forward else None
     reverse_result = ((state_grads if store else None), initial_grad) if reverse else None
-    return forward_result, reverse_result, (gates if store else None)
+    return forward_result, reverse_result
