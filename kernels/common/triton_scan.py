@@ -1,4 +1,5 @@
-"""Triton pieces shared by the chunked operators: the state scan.
+"""Triton pieces shared by the chunked operators: the state scan (GLA's path; simple GLA
+walks its states instead, kernels/simple_gla/state_walks.py).
 
 The state pass is split the way ZeCO splits it across devices, here across thread blocks: every chunk's
 contribution U_n is a matrix product that runs in parallel over chunks (the operator's own kernel, which

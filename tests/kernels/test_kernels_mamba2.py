@@ -175,10 +175,13 @@ def test_bad_arguments_are_named(change, message):
 
 GPU_DTYPES = {"float32": (torch.float32, 5e-3), "bfloat16": (torch.bfloat16, 3e-2)}
 """Inputs' dtype and bound on the device: float32 runs the dots in tf32 (simple GLA's own GPU bound, 5e-3)."""
-GPU_HEAD_REDUCTION_TOLERANCE = 3e-2
-"""dA on the GPU: each head's sum over B * T * P * N products of tf32-rounded operands (10-bit mantissas) whose
-terms cancel. Measured on the H200 (2026-12-03): 2.8e-3 at B1 T4096 H4 N128, 1.8e-2 at B2 T1000 H8 G2 N64 in
-float32; 1.9e-3 in bfloat16. Every other tensor stays within 3.7e-3 in both."""
+GPU_HEAD_REDUCTION_TOLERANCE = {"float32": 1.5e-1, "bfloat16": 3e-2}
+"""dA on the GPU: each head's sum over B * T * P * N products whose terms cancel. Float32 inputs are rounded to
+tf32 (10-bit mantissas) inside the products, so their dA is the least exact of any dtype's: over eight draws of
+B1 T4096 H4 N128 on an H100 (2026-12-06, docs/log.md) it ranged from 9.1e-4 to 6.4e-2,
+the same to two digits with the state walks and with the state scan they replaced; 1.8e-2 at B2 T1000 H8 G2
+N64 on the H200 (2026-12-03). bfloat16 operands multiply exactly: 1.9e-3. Every other tensor stays within
+3.7e-3 in both dtypes (2.2e-3 over the eight draws)."""
 
 
 @pytest.mark.gpu
@@ -194,7 +197,7 @@ def test_triton_path_on_the_gpu_matches_the_recurrence(shape, dtype_name):
     gradients = {name: t.cuda() for name, t in gradients.items()}
     expected = reference(on_gpu, gradients)  # the float64 loop on the GPU: minutes on the CPU at 4K tokens
     actual = run_with_grads(chunk_mamba2, on_gpu, gradients, backend="triton")
-    assert_close(actual, expected, tolerance, GPU_HEAD_REDUCTION_TOLERANCE)
+    assert_close(actual, expected, tolerance, GPU_HEAD_REDUCTION_TOLERANCE[dtype_name])
 
 
 def pointwise_inputs(dtype, batch=2, length=70, heads=3, head_dim=24, sliced=True):
