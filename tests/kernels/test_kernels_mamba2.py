@@ -111,7 +111,9 @@ GROUPED_SHAPES = [  # batch, length, heads, head_dim, groups, state_size: four h
 def test_triton_path_reads_b_and_c_by_group(monkeypatch, shape, dtype):
     """The Triton path hands simple GLA's kernels B and C by group, never repeated per head, and matches the
     float64 loop in the output, the final state and every gradient. The kernels compute in float32 for float64
-    inputs too, hence one float32 bound for both."""
+    inputs too, hence one float32 bound for both: 5e-5, as simple GLA's interpreter bound (the final state of
+    B1 T64 H4 N8 reached 2.1e-5 on one unseeded draw, 1.1e-5 at most over 60 seeded ones, the same with the
+    state walks and the scan before them; 2026-12-06, docs/log.md)."""
     from schedlang.kernels.common import chunk_operator
     from schedlang.kernels.mamba2 import chunk as mamba2_chunk
 
@@ -123,7 +125,7 @@ def test_triton_path_reads_b_and_c_by_group(monkeypatch, shape, dtype):
     inputs, gradients = make_ssd_inputs(*shape, dtype)
     actual = run_with_grads(chunk_mamba2, inputs, gradients, backend="triton")
     assert actual["dB"].shape == inputs["B"].shape and actual["dC"].shape == inputs["C"].shape
-    assert_close(actual, reference(inputs, gradients), 2e-5)
+    assert_close(actual, reference(inputs, gradients), 5e-5)
 
 
 def test_torch_path_in_float32_stays_within_float32_error():
