@@ -12,10 +12,10 @@ pass that writes every update then a scan that reads it, a walk moves two state-
 memory per direction. The chain between steps is one multiply-add; the loads and the product of the next step
 do not depend on it, so Triton's pipeliner runs them ahead (``num_stages``).
 
-A launch runs the forward walk, the reverse walk, or both side by side (programs ``z < B H`` forward, the
-others reverse: the backward without saved states). The programs of tile (0, 0) of the first walk in a launch
-also write the gate cumsum [B, T, H] and the chunk totals [B, H, NT] the chunk kernels read. A walk without
-``states`` stores nothing per chunk: the span's last value alone, what a sequence-parallel rank sends before
+The gate cumsum [B, T, H] and the chunk totals [B, H, NT] come first, from one small launch (``chunk_gates``),
+so a step's gates are two loads with nothing to reduce. A launch runs the forward walk, the reverse walk, or
+both side by side (programs ``z < B H`` forward, the others reverse: the backward without saved states). A walk
+without ``store`` keeps no chunk state: the span's last value alone, what a sequence-parallel rank sends before
 it knows its incoming state ([Note: span phases] in kernels/common/function.py). q and k may be grouped
 ([B, T, G, K], [Note: grouped head order]); transposed operands are loaded transposed, never formed from an
 accumulator.
@@ -33,6 +33,7 @@ import triton.language as tl
 from schedlang.kernels.common.arguments import CHUNK_SIZE
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options
 from schedlang.kernels.common.triton_scan import INTERPRETED, new_output
+
 
 @triton.jit
 def simple_gla_chunk_gates_kernel(g, gate_cumsum, chunk_gate, T, NT, H: tl.constexpr, BT: tl.constexpr):
