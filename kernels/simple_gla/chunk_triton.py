@@ -1,10 +1,9 @@
 """Triton chunked simple GLA (scalar gate per head and token): kernels, host functions, implementation.
 
-Forward: the forward state walk, which also writes the gate cumsum (kernels/simple_gla/state_walks.py) -> one
-output kernel (intra-chunk scores with the decay matrix, plus the read of the entering state). Backward: the
-reverse walk of the state gradients, beside the forward walk that recomputes the states unless the forward
-saved them, in one launch -> a dv kernel and a dq/dk/dg kernel. With a scalar
-gate the decay matrix exp(gc_i - gc_j), j <= i, never exceeds 1, so no sub-chunk split is needed.
+Forward: the gate cumsum (one small launch) -> the forward state walk (kernels/simple_gla/state_walks.py) ->
+one output kernel (intra-chunk scores with the decay matrix, plus the read of the entering state). Backward:
+the gates, the reverse walk of the state gradients beside the forward walk that recomputes the states unless
+the forward saved them, in one launch -> a dv kernel and a dq/dk/dg kernel. With a scalar gate the decay matrix exp(gc_i - gc_j), j <= i, never exceeds 1, so no sub-chunk split is needed.
 Transposed products are formed from operands loaded transposed, never from a transposed accumulator.
 q and k may be grouped: ``[B, T, G, K]`` with G dividing v's H heads, head ``h`` reading group ``h // (H / G)``
 ([Note: grouped head order] in kernels/common/heads.py); every kernel loads them at the group's rows
@@ -23,11 +22,11 @@ import triton
 import triton.language as tl
 
 from schedlang.kernels.common.arguments import CHUNK_SIZE
+from schedlang.kernels.common.function import Implementation
 from schedlang.kernels.common.heads import sum_each_head_group
 from schedlang.kernels.common.launch_tables import register_launch_table
 from schedlang.kernels.common.sizes import block_size, cdiv, launch_options, products_precision, states_dtype
 from schedlang.kernels.common.triton_gradients import chunk_score_gradients, chunk_state_products
-from schedlang.kernels.common.function import Implementation
 from schedlang.kernels.common.triton_scan import new_output
 from schedlang.kernels.simple_gla.state_walks import PreparedWalks, chunk_gates, state_walks
 
