@@ -3,7 +3,8 @@
 Forward: the gate cumsum (one small launch) -> the forward state walk (kernels/simple_gla/state_walks.py) ->
 one output kernel (intra-chunk scores with the decay matrix, plus the read of the entering state). Backward:
 the gates, the reverse walk of the state gradients beside the forward walk that recomputes the states unless
-the forward saved them, in one launch -> a dv kernel and a dq/dk/dg kernel. With a scalar gate the decay matrix exp(gc_i - gc_j), j <= i, never exceeds 1, so no sub-chunk split is needed.
+the forward saved them, in one launch -> a dv kernel and a dq/dk/dg kernel. With a scalar gate the decay matrix
+exp(gc_i - gc_j), j <= i, never exceeds 1, so no sub-chunk split is needed.
 Transposed products are formed from operands loaded transposed, never from a transposed accumulator.
 q and k may be grouped: ``[B, T, G, K]`` with G dividing v's H heads, head ``h`` reading group ``h // (H / G)``
 ([Note: grouped head order] in kernels/common/heads.py); every kernel loads them at the group's rows
