@@ -312,13 +312,10 @@ def recurrence_gradients(prepared: PreparedChunks, initial_state, final_state_gr
     return states, state_grads, initial_grad
 
 
-def triton_implementation(
-    prepare_forward, finish_forward, prepare_backward, finish_backward, takes_ssd_ends: bool = False
-) -> Implementation:
+def triton_implementation(prepare_forward, finish_forward, prepare_backward, finish_backward) -> Implementation:
     """An operator's Triton Implementation from its four phase functions; the boundary terms it reads from its
-    prepared chunks are the same for every operator (store-free scans and the summed chunk decays). With
-    ``takes_ssd_ends`` its phases take Mamba-2's pointwise ends (:attr:`Implementation.takes_ssd_ends`)."""
+    prepared chunks are the same for every operator (store-free scans and the summed chunk decays)."""
     return Implementation(
         "triton", prepare_forward, finish_forward, prepare_backward, finish_backward,
-        local_final_state, local_initial_state_gradient, total_log_decay, takes_ssd_ends,
+        local_final_state, local_initial_state_gradient, total_log_decay,
     )

@@ -71,7 +71,8 @@ class SsdFunction(torch.autograd.Function):
     kernel's epilogue where the implementation ``takes_ssd_ends``, so y is rounded once); backward, the chunk
     phases from ``dy`` (the skip passes it on unchanged) with ``dx = dt dv + D dy`` (rounded once) and the
     x-sized sums of d dt and dD formed in the dv kernel where the implementation takes the ends, else both
-    pointwise ends in one pass after it (``map_and_skip_backward``). B and C arrive in x's dtype (the caller's cast is autograd's); saves x, dt, A, D, B, C, v and g."""
+    pointwise ends in one pass after it (``map_and_skip_backward``). B and C arrive in x's dtype (the caller's
+    cast is autograd's); saves x, dt, A, D, B, C, v and g."""
 
     @staticmethod
     def forward(ctx, x, dt, A, B, C, D, initial_state, chunk, pointwise):
@@ -99,9 +100,8 @@ class SsdFunction(torch.autograd.Function):
             dq, dk, ends, dg, d_initial = ctx.chunk.backward(
                 q, k, v, g, 1.0, initial_state, output_grad, final_state_grad, ssd_ends=(x, dt, D)
             )
-            step = dt.float()
             dx, dD = ends.dx, ends.dD
-            ddt, dA = ends.ddt_from_values + dg * A.float(), (dg * step).sum(dim=(0, 1))
+            ddt, dA = ends.ddt_from_values + dg * A.float(), (dg * dt.float()).sum(dim=(0, 1))
         else:
             dq, dk, dv, dg, d_initial = ctx.chunk.backward(
                 q, k, v, g, 1.0, initial_state, output_grad, final_state_grad

@@ -216,7 +216,7 @@ def prepare_forward(q, k, v, g) -> PreparedWalks:
 def finish_forward(prepared: PreparedWalks, q, k, v, g, scale, initial_state, save_states=False, skip=None):
     """The forward's second phase ([Note: span phases]); ``skip = (x, D)`` (x [B, T, H, V] with last stride 1,
     D [H]) adds ``D[h] x`` to the output in the output kernel, before its one rounding (Mamba-2's skip)."""
-    q, k, v, g = [tensor.contiguous() for tensor in (q, k, v, g)]
+    q, k, v = q.contiguous(), prepared.k, prepared.v  # phase one made k and v contiguous
     batch, length, heads, value_dim = v.shape
     groups, key_dim = q.shape[2], q.shape[3]
     n_chunks = cdiv(length, CHUNK)
@@ -255,7 +255,7 @@ def finish_backward(prepared: PreparedWalks, q, k, v, g, scale, initial_state, d
     """The backward's second phase ([Note: span phases]): (dq, dk, dv, dg, d initial_state). With ``ssd_ends =
     (x, dt, D)`` (Mamba-2's ends: ``v = dt x``, ``y = o + D x``, so ``do`` is dy) the dv kernel returns
     :class:`SsdEndGradients` in dv's place: dx rounded once, and the parts of d dt and dD it can form."""
-    q, k, v, g, do = [tensor.contiguous() for tensor in (q, k, v, g, do)]
+    q, k, v, do = prepared.q, prepared.k, prepared.v, prepared.do  # made contiguous by phase one
     batch, length, heads, value_dim = v.shape
     groups, key_dim = q.shape[2], q.shape[3]
     n_chunks = cdiv(length, CHUNK)
