@@ -16,7 +16,8 @@ import math
 from typing import Mapping
 
 from schedlang.runtime.hf_mamba_backbone import (
-    SILU_NAMES, backbone_problems, backbone_renames, backbone_sources, read_boolean,
+    SILU_NAMES, backbone_problems, backbone_renames, backbone_sources, read_boolean, read_head_layout,
+    read_positive,
 )
 
 from schedlang.vocabulary import ModelConfig
@@ -88,50 +89,28 @@ def read_mamba2_config(values: Mapping[str, object]):
     problem = _fixed_field_problem(values)
     if problem is not None:
         raise problem
-    d_model = read_integer(values, "hidden_size", 2048)
-    head_dim = read_integer(values, "head_dim", 64)
-    expand = read_number(values, "expand", 2)
-    inner = expand * d_model
-    if not math.isclose(inner, round(inner)) or round(inner) % head_dim:
-        raise UnsupportedFlaConfig(
-            "expand", f"expand * hidden_size = {inner:g} is not a whole multiple of head_dim = {head_dim}"
-        )
-    heads = round(inner) // head_dim
-    if values.get("num_heads") not in (None, 0, heads):
-        raise UnsupportedFlaConfig(
-            "num_heads",
-            f"config field 'num_heads' = {values['num_heads']!r}, but expand * hidden_size / head_dim = {heads}",
-        )
-    groups = read_integer(values, "n_groups", 1)
-    if heads % groups:
-        raise UnsupportedFlaConfig("n_groups", f"config field 'n_groups' = {groups} does not divide the {heads} heads")
-    norm_eps = read_number(values, "norm_eps", 1e-5)
-    if norm_eps <= 0:
-        raise UnsupportedFlaConfig("norm_eps", f"config field 'norm_eps' must be positive, found {norm_eps!r}")
+    layout = read_head_layout(values)
     dt_min, dt_max = read_number(values, "dt_min", 0.001), read_number(values, "dt_max", 0.1)
     if not 0 < dt_min <= dt_max:
         raise UnsupportedFlaConfig("dt_min", f"dt_min = {dt_min:g} and dt_max = {dt_max:g} need 0 < dt_min <= dt_max")
-    floor = read_number(values, "dt_init_floor", 1e-4)
-    if floor <= 0:
-        raise UnsupportedFlaConfig("dt_init_floor", f"config field 'dt_init_floor' must be positive, found {floor!r}")
     options = Mamba2Options(
         state_size=read_integer(values, "state_size", 128),
-        n_groups=groups,
+        n_groups=layout.groups,
         conv_kernel=read_integer(values, "conv_kernel", 4),
         use_conv_bias=read_boolean(values, "use_conv_bias", True),
         use_bias=read_boolean(values, "use_bias", False),
         dt_min=dt_min,
         dt_max=dt_max,
-        dt_init_floor=floor,
+        dt_init_floor=read_positive(values, "dt_init_floor", 1e-4),
         dt_limit=_dt_limit(values),
     )
     return FlaModel(
         vocab=read_integer(values, "vocab_size", 32000),
-        d_model=d_model,
+        d_model=layout.d_model,
         layers=(LayerKind.MAMBA2,) * read_integer(values, "num_hidden_layers", 48),
-        heads=heads,
-        head_dim=head_dim,
-        norm_eps=norm_eps,
+        heads=layout.heads,
+        head_dim=layout.head_dim,
+        norm_eps=read_positive(values, "norm_eps", 1e-5),
         options=ModelOptions(mamba2=options, tie_embeddings=read_boolean(values, "tie_word_embeddings", False)),
         mlp_ratio=0.0,
     )

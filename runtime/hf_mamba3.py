@@ -13,27 +13,17 @@ from the config's fields of the same names. Its tensors live under ``backbone.``
 
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 from schedlang.runtime.hf_mamba_backbone import (
-    SILU_NAMES, backbone_problems, backbone_renames, backbone_sources, read_boolean,
+    SILU_NAMES, backbone_problems, backbone_renames, backbone_sources, read_boolean, read_head_layout,
+    read_positive,
 )
 
 from schedlang.vocabulary import LayerKind, Mamba3Options, ModelConfig, ModelOptions
 
 MAMBA3_MODEL_TYPE = "mamba3"
 MAMBA3_ARCHITECTURE = "Mamba3ForCausalLM"
-
-
-
-def _positive(values: Mapping[str, object], field: str, default: float) -> float:
-    from schedlang.runtime.hf_format import UnsupportedFlaConfig, read_number
-
-    value = read_number(values, field, default)
-    if value <= 0:
-        raise UnsupportedFlaConfig(field, f"config field '{field}' must be positive, found {value!r}")
-    return value
 
 
 def read_mamba3_config(values: Mapping[str, object]):
@@ -56,38 +46,22 @@ def read_mamba3_config(values: Mapping[str, object]):
             "hidden_act", f"config field 'hidden_act' = {act!r} selects another activation, which schedlang does "
             "not build"
         )
-    d_model = read_integer(values, "hidden_size", 2048)
-    head_dim = read_integer(values, "head_dim", 64)
-    expand = read_number(values, "expand", 2)
-    inner = expand * d_model
-    if not math.isclose(inner, round(inner)) or round(inner) % head_dim:
-        raise UnsupportedFlaConfig(
-            "expand", f"expand * hidden_size = {inner:g} is not a whole multiple of head_dim = {head_dim}"
-        )
-    heads = round(inner) // head_dim
-    if values.get("num_heads") not in (None, 0, heads):
-        raise UnsupportedFlaConfig(
-            "num_heads",
-            f"config field 'num_heads' = {values['num_heads']!r}, but expand * hidden_size / head_dim = {heads}",
-        )
-    groups = read_integer(values, "n_groups", 1)
-    if heads % groups:
-        raise UnsupportedFlaConfig("n_groups", f"config field 'n_groups' = {groups} does not divide the {heads} heads")
+    layout = read_head_layout(values)
     fraction = read_number(values, "rope_fraction", 0.5)
     if fraction not in (0.5, 1.0):
         raise UnsupportedFlaConfig("rope_fraction", f"config field 'rope_fraction' must be 0.5 or 1.0, found {fraction!r}")
-    dt_min, dt_max = _positive(values, "dt_min", 0.001), _positive(values, "dt_max", 0.1)
+    dt_min, dt_max = read_positive(values, "dt_min", 0.001), read_positive(values, "dt_max", 0.1)
     if dt_min > dt_max:
         raise UnsupportedFlaConfig("dt_min", f"dt_min = {dt_min:g} and dt_max = {dt_max:g} need dt_min <= dt_max")
     options = Mamba3Options(
         state_size=read_integer(values, "state_size", 128),
-        n_groups=groups,
+        n_groups=layout.groups,
         use_bias=read_boolean(values, "use_bias", False),
         dt_min=dt_min,
         dt_max=dt_max,
-        dt_init_floor=_positive(values, "dt_init_floor", 1e-4),
+        dt_init_floor=read_positive(values, "dt_init_floor", 1e-4),
         rope_fraction=float(fraction),
-        A_floor=_positive(values, "A_floor", 1e-4),
+        A_floor=read_positive(values, "A_floor", 1e-4),
         is_outproj_norm=read_boolean(values, "is_outproj_norm", False),
         is_mimo=False,
         mimo_rank=read_integer(values, "mimo_rank", 4),
@@ -96,11 +70,11 @@ def read_mamba3_config(values: Mapping[str, object]):
         raise UnsupportedFlaConfig("rope_fraction", "state_size * rope_fraction makes no rotary angle")
     return FlaModel(
         vocab=read_integer(values, "vocab_size", 32000),
-        d_model=d_model,
+        d_model=layout.d_model,
         layers=(LayerKind.MAMBA3,) * read_integer(values, "num_hidden_layers", 48),
-        heads=heads,
-        head_dim=head_dim,
-        norm_eps=_positive(values, "norm_eps", 1e-5),
+        heads=layout.heads,
+        head_dim=layout.head_dim,
+        norm_eps=read_positive(values, "norm_eps", 1e-5),
         options=ModelOptions(mamba3=options, tie_embeddings=read_boolean(values, "tie_word_embeddings", False)),
         mlp_ratio=0.0,
     )

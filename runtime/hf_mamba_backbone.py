@@ -4,13 +4,17 @@ Contract. Both keep their tensors under ``backbone.`` (``embeddings``, ``layers.
 with the mixer's parameter names unchanged, ``norm_f``) and ``lm_head``: :func:`backbone_renames` builds the
 name map from the mixer's own tensor names, :func:`backbone_sources` reads it (``KeyError`` for a schedlang
 parameter fla's model has no counterpart of). :func:`backbone_problems` says why a model is not such a backbone
-(another layer kind, an MLP, a width fla's integer ``expand`` cannot give). :func:`read_boolean` reads a boolean config field or raises
-``UnsupportedFlaConfig`` naming it. ``SILU_NAMES`` are the activation names both configs accept.
+(another layer kind, an MLP, a width fla's integer ``expand`` cannot give). :func:`read_boolean` and
+:func:`read_positive` read a config field or raise ``UnsupportedFlaConfig`` naming it; :func:`read_head_layout`
+reads the width, heads and groups both configs describe alike. ``SILU_NAMES`` are the activation names both
+configs accept.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass
 from typing import Mapping
 
 from schedlang.vocabulary import LayerKind, ModelConfig
@@ -26,6 +30,49 @@ def read_boolean(values: Mapping[str, object], field: str, default: bool) -> boo
     if not isinstance(value, bool):
         raise UnsupportedFlaConfig(field, f"config field '{field}' must be true or false, found {value!r}")
     return value
+
+
+def read_positive(values: Mapping[str, object], field: str, default: float) -> float:
+    from schedlang.runtime.hf_format import UnsupportedFlaConfig, read_number
+
+    value = read_number(values, field, default)
+    if value <= 0:
+        raise UnsupportedFlaConfig(field, f"config field '{field}' must be positive, found {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    """A Mamba mixer's width and heads: ``heads * head_dim = expand * d_model``, B and C in ``groups``."""
+
+    d_model: int
+    head_dim: int
+    heads: int
+    groups: int
+
+
+def read_head_layout(values: Mapping[str, object]) -> HeadLayout:
+    """``hidden_size``, ``head_dim``, ``expand``, ``num_heads`` and ``n_groups`` (fla 0.6.0's defaults) as a
+    :class:`HeadLayout`; raises ``UnsupportedFlaConfig`` naming the field whose value does not divide or agree."""
+    from schedlang.runtime.hf_format import UnsupportedFlaConfig, read_integer, read_number
+
+    d_model = read_integer(values, "hidden_size", 2048)
+    head_dim = read_integer(values, "head_dim", 64)
+    inner = read_number(values, "expand", 2) * d_model
+    if not math.isclose(inner, round(inner)) or round(inner) % head_dim:
+        raise UnsupportedFlaConfig(
+            "expand", f"expand * hidden_size = {inner:g} is not a whole multiple of head_dim = {head_dim}"
+        )
+    heads = round(inner) // head_dim
+    if values.get("num_heads") not in (None, 0, heads):
+        raise UnsupportedFlaConfig(
+            "num_heads",
+            f"config field 'num_heads' = {values['num_heads']!r}, but expand * hidden_size / head_dim = {heads}",
+        )
+    groups = read_integer(values, "n_groups", 1)
+    if heads % groups:
+        raise UnsupportedFlaConfig("n_groups", f"config field 'n_groups' = {groups} does not divide the {heads} heads")
+    return HeadLayout(d_model=d_model, head_dim=head_dim, heads=heads, groups=groups)
 
 
 def backbone_renames(mixer_tensors: tuple[str, ...]) -> tuple[tuple[re.Pattern, str], ...]:
