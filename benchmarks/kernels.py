@@ -38,6 +38,7 @@ if __package__ in (None, ""):  # run as a file: the benchmarks package lives in 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import capture_graph  # noqa: E402
+from benchmarks.installed import import_installed  # noqa: E402
 from schedlang.kernels import chunk_gla, chunk_simple_gla  # noqa: E402
 from schedlang.kernels.common.launch_tables import launch_overrides  # noqa: E402
 from schedlang.kernels.gdn import chunk_gated_delta_rule  # noqa: E402
@@ -65,6 +66,7 @@ def import_launch_tables() -> None:
 
 def load_peer():
     try:
+        import_installed("fla")  # benchmarks/installed.py: the checkout's own `kernels` off sys.path
         import fla.ops.common.chunk_o as fla_chunk_o
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
         from fla.ops.gla import chunk_gla as fla_gla

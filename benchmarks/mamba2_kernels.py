@@ -33,6 +33,7 @@ if __package__ in (None, ""):  # run as a file: the benchmarks package lives in 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import capture_graph, kernel_seconds_of_step, median_ms  # noqa: E402
+from benchmarks.installed import import_installed  # noqa: E402
 from schedlang.kernels import chunk_simple_gla  # noqa: E402
 from schedlang.kernels.mamba2 import chunk_mamba2, naive_recurrent_mamba2, ssd_operands  # noqa: E402
 
@@ -139,6 +140,7 @@ def relative_errors(
 
 def load_fla_simple_gla():
     try:
+        import_installed("fla")  # benchmarks/installed.py: the checkout's own `kernels` off sys.path
         import fla.ops.common.chunk_o as fla_chunk_o
         from fla.ops.simple_gla import chunk_simple_gla as fla_simple_gla
     except ImportError as error:
@@ -181,6 +183,7 @@ def time_layers(length: int, heads: int, head_dim: int, state_size: int, groups:
     mine = median_ms(layer_step(ours, hidden, lambda h: ours(h, None)[0]), args.warmup, args.iterations)
     line = f"{label}: ours {mine:8.3f} ms"
     try:
+        import_installed("fla")  # benchmarks/installed.py: the checkout's own `kernels` off sys.path
         from fla.layers.mamba2 import Mamba2, is_fast_path_available
     except ImportError:
         print(line + "   (fla not available)", flush=True)

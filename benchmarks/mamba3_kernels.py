@@ -28,6 +28,7 @@ if __package__ in (None, ""):  # run as a file: the benchmarks package lives in 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import median_ms  # noqa: E402
+from benchmarks.installed import import_installed  # noqa: E402
 from schedlang.kernels import chunk_simple_gla  # noqa: E402
 from schedlang.kernels.mamba3 import (  # noqa: E402
     chunk_mamba3,
@@ -130,6 +131,7 @@ def time_layers(length: int, heads: int, head_dim: int, state_size: int, args) -
                      args.iterations)
     line = f"{label}: ours {mine:8.3f} ms"
     try:
+        import_installed("fla")  # benchmarks/installed.py: the checkout's own `kernels` off sys.path
         from fla.layers.mamba3 import Mamba3, is_fast_path_available
     except ImportError as error:
         print(line + f"   (fla not available: {error})", flush=True)

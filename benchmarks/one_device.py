@@ -82,6 +82,7 @@ from benchmarks.common import (  # noqa: E402
     reset_peak,
     synchronize,
 )
+from benchmarks.installed import CHECKOUT  # noqa: E402
 from benchmarks.one_device_systems import (  # noqa: E402
     FLA_SYSTEM,
     build_system,
@@ -252,10 +253,12 @@ def run_attempt(args, name: str, length: int, warmup: int, steps: int, timeout: 
 
 def fla_skip_reason(device: str) -> str | None:
     """Why the fla system cannot run here (None: it can). ``import fla`` is tried in a subprocess, so that the
-    driver never holds a CUDA context."""
+    driver never holds a CUDA context, from the installed packages (benchmarks/installed.py)."""
     if device != "cuda":
         return "fla's kernels need a GPU"
-    completed = subprocess.run([sys.executable, "-c", "import fla"], capture_output=True, text=True, timeout=300)
+    probe = "from benchmarks.installed import import_installed; import_installed('fla')"
+    completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                               cwd=CHECKOUT)
     if completed.returncode != 0:
         return "not installed (import fla: " + (completed.stderr.strip().splitlines() or ["failed"])[-1] + ")"
     return None

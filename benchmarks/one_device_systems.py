@@ -9,6 +9,7 @@ import socket
 import torch
 
 from benchmarks.common import model_state_bytes, single_rank_environment
+from benchmarks.installed import import_installed
 from benchmarks.pipeline_schedule import (
     ONE_DEVICE_SCHEDULE,
     TORCH_CHECKPOINTED_SYSTEM,
@@ -80,6 +81,7 @@ class FlaSystem:
     (``schedlang.runtime.hf_format.fla_peer_config`` says what differs), schedlang's AdamW and tokens."""
 
     def __init__(self, configs: RuntimeConfigs, device: torch.device, length: int) -> None:
+        import_installed("fla")  # benchmarks/installed.py: the checkout's own `kernels` off sys.path
         from fla.models import GLAConfig, GLAForCausalLM
         from schedlang.runtime.data import TokenSource
         from schedlang.runtime.hf_format import fla_peer_config

@@ -16,11 +16,24 @@ query and key rotated half against half by the angles ``p * rope_theta ** (-2 i 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
+
+from benchmarks.installed import import_installed
+
+
+def import_fla(name: str):
+    """fla's module ``name``, imported from the installed packages (benchmarks/installed.py: a checkout's own
+    ``kernels`` would shadow the package transformers imports). The test is skipped only where
+    flash-linear-attention is not installed; any other ImportError fails it, as a broken import should."""
+    if importlib.util.find_spec("fla") is None:
+        pytest.skip("flash-linear-attention is not installed")
+    return import_installed(name)
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from fla_reference import fla_config, perturb, write_hf_directory
+from fla_reference import fla_config, import_fla, perturb, write_hf_directory
 from schedlang.cli import main
 from schedlang.runtime.hf_format import read_fla_config, to_fla_tensors
 from schedlang.runtime.hf_weights import read_checkpoint_model
@@ -92,7 +92,7 @@ def test_two_rank_checkpoint_exports_and_loads_back_with_the_same_logits(exporte
 def test_fla_loads_the_export_with_every_tensor(exported):
     from safetensors.torch import load_file
 
-    pytest.importorskip("fla.models")
+    import_fla("fla.models")
     transformers = pytest.importorskip("transformers")
     tmp_path, _ = exported
     exported_tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
@@ -198,7 +198,7 @@ def test_a_gated_deltanet_checkpoint_exports_and_loads_back_with_the_same_logits
 def test_fla_loads_the_gated_deltanet_export_with_every_tensor(tmp_path, changes):
     from safetensors.torch import load_file
 
-    pytest.importorskip("fla.models")
+    import_fla("fla.models")
     transformers = pytest.importorskip("transformers")
     _exported_gated_deltanet(tmp_path, **changes)
     exported_tensors = load_file(str(tmp_path / "out" / "model.safetensors"))

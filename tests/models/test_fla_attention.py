@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from fla_reference import perturb
+from fla_reference import import_fla, perturb
 from schedlang.cli import main
 from schedlang.runtime.hf_format import fla_sources, read_fla_config
 from schedlang.runtime.kv_buffers import AttentionChunk, ChunkPosition, SequenceKV
@@ -56,7 +56,7 @@ class TablesOfFlaWithTheFormula(nn.Module):
 
 
 def _fla_attention(dtype, device):
-    layers = pytest.importorskip("fla.layers.attn")
+    layers = import_fla("fla.layers.attn")
     attention = layers.Attention(
         hidden_size=HIDDEN, num_heads=HEADS, num_kv_heads=KV_HEADS, qkv_bias=True, rope_theta=THETA, layer_idx=0
     )
@@ -126,7 +126,7 @@ HYBRID_GDN = dict(
 
 def _saved_fla_hybrid(directory, architecture, sizes):
     pytest.importorskip("transformers")
-    fla_models = pytest.importorskip("fla.models")
+    fla_models = import_fla("fla.models")
     config = getattr(fla_models, f"{architecture}Config")(fuse_cross_entropy=False, **sizes)
     model = getattr(fla_models, f"{architecture}ForCausalLM")(config).float()
     perturb(model, 0)

@@ -18,7 +18,7 @@ import runpy
 import pytest
 import torch
 
-from fla_reference import perturb
+from fla_reference import import_fla, perturb
 from schedlang.cli import main
 from schedlang.runtime.model import build_stage_model
 
@@ -36,7 +36,7 @@ def _fla_model(directory, architecture="GLA", **sizes):
     """A randomly initialised (then perturbed) fla ``{architecture}ForCausalLM`` in float32, saved with
     save_pretrained."""
     pytest.importorskip("transformers")
-    fla_models = pytest.importorskip("fla.models")
+    fla_models = import_fla("fla.models")
     config = getattr(fla_models, f"{architecture}Config")(fuse_cross_entropy=False, **sizes)
     model = getattr(fla_models, f"{architecture}ForCausalLM")(config).float()
     perturb(model, 0)

@@ -12,6 +12,7 @@ import torch
 
 from fla_mamba2_reference import mamba2_logits
 from fla_reference import (
+    import_fla,
     model_logits,
     perturb,
     perturbed_fla_tensors,
@@ -143,7 +144,7 @@ def _fla_model(directory):
     """fla's Mamba2ForCausalLM from ``directory``, its mixers on their PyTorch path (``torch_forward``); the
     Triton SiLU and block RMSNorms, which autotune and so need a GPU driver, replaced by torch's same
     functions (fla's gated norm inside the mixer runs in Triton's interpreter)."""
-    pytest.importorskip("fla.models")
+    import_fla("fla.models")
     transformers = pytest.importorskip("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
     for layer in model.backbone.layers:
@@ -200,7 +201,7 @@ def test_on_cuda_bf16_logits_are_as_close_to_float64_as_flas_own(tmp_path):
     """bf16 on the GPU, a model of 1K tokens with fla's default head and state sizes: our logits' relative error
     against the float64 re-statement is at most 1.5x fla's own ``Mamba2ForCausalLM`` in bf16 on the same
     weights and tokens (its bf16 tolerance, measured rather than assumed), and under 2e-2."""
-    pytest.importorskip("fla.models")
+    import_fla("fla.models")
     transformers = pytest.importorskip("transformers")
     config = mamba2_config(vocab_size=512, hidden_size=256, num_heads=8, head_dim=64, state_size=64,
                            num_hidden_layers=2, n_groups=2)

@@ -12,6 +12,7 @@ import torch
 
 from fla_mamba3_reference import mamba3_logits
 from fla_reference import (
+    import_fla,
     model_logits,
     perturb,
     perturbed_fla_tensors,
@@ -116,7 +117,7 @@ def test_the_weights_give_the_logits_of_the_float64_restatement(tmp_path, pipeli
 
 def _fla_model(directory):
     """fla's Mamba3ForCausalLM from ``directory`` (its tensors loaded by name and shape)."""
-    pytest.importorskip("fla.models")
+    import_fla("fla.models")
     transformers = pytest.importorskip("transformers")
     return transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
 

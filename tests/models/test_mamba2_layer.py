@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fla_mamba2_reference import mamba2_layer
+from fla_reference import import_fla
 from schedlang.vocabulary import ModelConfig
 from schedlang.runtime.mixer_mamba2 import Mamba2Mixer
 from schedlang.vocabulary import Mamba2Options, ModelOptions
@@ -134,7 +135,7 @@ def test_fla_torch_forward_gives_the_same_outputs_and_states_in_float32():
     """fla 0.6.0's own layer (its PyTorch prefill path) on our weights, one B/C group: fla's path repeats the
     groups as ``h % n_groups`` where its kernels use ``h // (heads / n_groups)``, so more groups would differ
     by fla's own inconsistency (docs/models.md)."""
-    layers = pytest.importorskip("fla.layers.mamba2")
+    layers = import_fla("fla.layers.mamba2")
     options = OPTIONS[0]
     mixer = make_mixer(options, torch.float32)
     fla = layers.Mamba2(num_heads=HEADS, head_dim=HEAD_DIM, hidden_size=D_MODEL, state_size=options.state_size,
