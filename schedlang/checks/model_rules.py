@@ -119,30 +119,32 @@ def rotary_needs_an_even_head_width(checker: Checker) -> None:
     checker.reject("model.rope_theta")
 
 
-def short_convolutions_fit_each_sequence_rank(checker: Checker) -> None:
-    """Under sequence parallelism a rank's first short-convolution outputs read the previous rank's last
-    ``short_conv_size - 1`` inputs, so every rank's slice of a chunk (whole kernel chunks) must hold as many:
-    ``kernel_chunk >= short_conv_size - 1``."""
-    size, layers = checker.get("model.short_conv_size"), checker.get("model.layers")
+def _convolution_history_fits_each_sequence_rank(checker: Checker, key: str, kind: LayerKind, what: str) -> None:
+    """Under sequence parallelism a rank's first convolution outputs read the previous rank's last ``size - 1``
+    inputs (``size`` the kernel width ``key`` gives the ``kind`` layers), so every rank's slice of a chunk (whole
+    kernel chunks) must hold as many: ``kernel_chunk >= size - 1``."""
+    size, layers = checker.get(key), checker.get("model.layers")
     kernel_chunk = checker.get("sequence.kernel_chunk")
-    has_gdn = isinstance(layers, tuple) and LayerKind.GDN in layers
-    if size is None or not isinstance(kernel_chunk, int) or not has_gdn:
+    if not isinstance(size, int) or not isinstance(kernel_chunk, int):
+        return
+    if not (isinstance(layers, tuple) and kind in layers):
         return
     mesh = build_mesh(checker)
     if mesh is None or mesh.sequence == 1 or kernel_chunk >= size - 1:
         return
+    name = key.removeprefix("model.")
     checker.error(
-        f"with mesh.sequence = {mesh.sequence} each rank's slice of a chunk must hold short_conv_size - 1 = "
-        f"{size - 1} tokens for the next rank's short convolutions, but kernel_chunk = {kernel_chunk}",
-        _span(checker, "model.short_conv_size"),
+        f"with mesh.sequence = {mesh.sequence} each rank's slice of a chunk must hold {name} - 1 = "
+        f"{size - 1} tokens for the next rank's {what}, but kernel_chunk = {kernel_chunk}",
+        _span(checker, key),
         hint=f"use kernel_chunk >= {size - 1}",
     )
-    checker.reject("model.short_conv_size")
+    checker.reject(key)
 
 
-def _has_mamba2(checker: Checker) -> bool:
-    layers = checker.get("model.layers")
-    return isinstance(layers, tuple) and LayerKind.MAMBA2 in layers
+def short_convolutions_fit_each_sequence_rank(checker: Checker) -> None:
+    """gdn's short convolutions: under sequence parallelism ``kernel_chunk >= short_conv_size - 1``."""
+    _convolution_history_fits_each_sequence_rank(checker, "model.short_conv_size", LayerKind.GDN, "short convolutions")
 
 
 def _has_grouped_b_and_c(checker: Checker) -> bool:
@@ -219,20 +221,8 @@ def time_step_range_is_ordered(checker: Checker) -> None:
 
 
 def mamba2_convolutions_fit_each_sequence_rank(checker: Checker) -> None:
-    """As for gdn's short convolutions: under sequence parallelism ``kernel_chunk >= conv_kernel - 1``."""
-    size, kernel_chunk = checker.get("model.conv_kernel"), checker.get("sequence.kernel_chunk")
-    if not isinstance(size, int) or not isinstance(kernel_chunk, int) or not _has_mamba2(checker):
-        return
-    mesh = build_mesh(checker)
-    if mesh is None or mesh.sequence == 1 or kernel_chunk >= size - 1:
-        return
-    checker.error(
-        f"with mesh.sequence = {mesh.sequence} each rank's slice of a chunk must hold conv_kernel - 1 = "
-        f"{size - 1} tokens for the next rank's convolution, but kernel_chunk = {kernel_chunk}",
-        _span(checker, "model.conv_kernel"),
-        hint=f"use kernel_chunk >= {size - 1}",
-    )
-    checker.reject("model.conv_kernel")
+    """mamba2's convolution: under sequence parallelism ``kernel_chunk >= conv_kernel - 1``."""
+    _convolution_history_fits_each_sequence_rank(checker, "model.conv_kernel", LayerKind.MAMBA2, "convolution")
 
 
 def weights_fit_the_model(checker: Checker) -> None:
