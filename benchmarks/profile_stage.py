@@ -1,13 +1,18 @@
 """Where one pipeline stage's forward+backward spends its GPU time, and what chunking adds (torch.profiler).
 
 Builds a stage of benchmarks/pipeline.py's model (stage 0: embedding + the first half of the layers; stage 1:
-the second half + final norm, LM head and loss), runs one microbatch of a full sequence as the runtime's
+the second half + final norm, LM head and loss), or of any schedule's (``--schedule``: a one-stage file's stage 0
+is the whole model), runs one microbatch of a full sequence as the runtime's
 executor does (each chunk's forward keeps its graph and hands its states on; the backwards run chunk by chunk
 in reverse, each taking the next chunk's state gradients), after a warm-up, and prints the CUDA kernels by
 total time for each chunk count, with the difference from the first count: the GPU work that chunking adds.
 
     python benchmarks/profile_stage.py [--stage 1] [--length 32768] [--chunks 1 8] [--top 25] [--python-profile]
-        [--in-place-weight-gradients]
+        [--in-place-weight-gradients] [--schedule FILE] [--tiny] [--device cpu]
+    python benchmarks/profile_stage.py --schedule benchmarks/schedules/mamba2_1b_one_device.sched --length 65536 --chunks 1 16
+
+--tiny writes benchmarks/pipeline_schedule.py's tiny model keys; with --device cpu the table is CPU operators by
+self time (what a test runs: the GPU's kernel table is the point of the script).
 
 --in-place-weight-gradients runs the linear layers as CUDA-graph stages do ([Note: in-place weight gradients]:
 the weight-gradient GEMM adds into ``.grad``), so the table shows what chunking adds to those stages.
@@ -63,26 +68,42 @@ def run_once(model, inputs, targets, n_chunks: int, upstream) -> None:
         state_grads = [None if leaf is None else leaf.grad for leaf in leaves]
 
 
-def kernel_totals(step) -> tuple[dict[str, float], int]:
-    """Milliseconds per CUDA kernel name over one call of ``step``, and how many kernels ran."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def kernel_totals(step, device: torch.device) -> tuple[dict[str, float], int]:
+    """Milliseconds per CUDA kernel name over one call of ``step``, and how many kernels ran; on a CPU device,
+    per operator by self time, and how many operators ran."""
+    on_cuda = device.type == "cuda"
+    activity = torch.profiler.ProfilerActivity.CUDA if on_cuda else torch.profiler.ProfilerActivity.CPU
+    with torch.profiler.profile(activities=[activity]) as profiler:
         step()
-        torch.cuda.synchronize()
+        synchronize(device)
     totals: dict[str, float] = {}
     launches = 0
     for event in profiler.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name] = totals.get(event.name, 0.0) + event.device_time_total / 1e3
-            launches += 1
+        if on_cuda and event.device_type == torch.autograd.DeviceType.CUDA:
+            milliseconds = event.device_time_total / 1e3
+        elif not on_cuda and event.device_type == torch.autograd.DeviceType.CPU:
+            milliseconds = event.self_cpu_time_total / 1e3
+        else:
+            continue
+        totals[event.name] = totals.get(event.name, 0.0) + milliseconds
+        launches += 1
     return totals, launches
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     from schedlang.runtime.linear import accumulate_weight_gradients_into_grad
     from schedlang.runtime.model import build_stage_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stage", type=int, choices=(0, 1), default=0)
+    parser.add_argument("--schedule", type=Path, default=PIPELINE_SCHEDULE, help="the schedule whose model to build")
+    parser.add_argument("--tiny", action="store_true", help="the tiny model's keys (a CPU run)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--stage", type=int, default=0)
     parser.add_argument("--length", type=int, default=32768)
     parser.add_argument("--chunks", type=int, nargs="+", default=[1])
     parser.add_argument("--top", type=int, default=25)
@@ -92,25 +113,31 @@ def main() -> int:
     parser.add_argument(
         "--in-place-weight-gradients", action="store_true", help="linear layers add weight gradients into .grad"
     )
-    args = parser.parse_args()
-    schedule = BenchmarkSchedule(PIPELINE_SCHEDULE, split_mlp=args.split_mlp, first_stage_layers=args.first_stage_layers)
-    configs = system_configs(schedule, TORCH_SYSTEM, args.length, 1, "bf16")
+    args = parser.parse_args(argv)
+    schedule = BenchmarkSchedule(
+        args.schedule, tiny=args.tiny, split_mlp=args.split_mlp, first_stage_layers=args.first_stage_layers
+    )
+    dtype_name, dtype = ("bf16", torch.bfloat16) if args.device == "cuda" else ("fp32", torch.float32)
+    configs = system_configs(schedule, TORCH_SYSTEM, args.length, 1, dtype_name)
     config = configs.model
-    device = torch.device("cuda")
-    first, last = args.stage == 0, args.stage == 1
+    device = torch.device(args.device)
+    stages = len(configs.pipeline.stage_layers)
+    if not 0 <= args.stage < stages:
+        parser.error(f"--stage {args.stage}: {args.schedule} has {stages} stage(s), 0 to {stages - 1}")
+    first, last = args.stage == 0, args.stage == stages - 1
     layers = configs.pipeline.stage_layers[args.stage]
-    model = build_stage_model(config, layers, first, last, 0, device, torch.bfloat16)
+    model = build_stage_model(config, layers, first, last, 0, device, dtype)
     tokens = torch.randint(0, config.vocab, (1, args.length + 1), device=device)
     if first:
         inputs = tokens[:, :-1]
     else:
-        inputs = torch.randn(1, args.length, config.d_model, device=device, dtype=torch.bfloat16)
+        inputs = torch.randn(1, args.length, config.d_model, device=device, dtype=dtype)
     targets = tokens[:, 1:]
     if args.in_place_weight_gradients:
         for parameter in model.parameters():
             parameter.grad = torch.zeros_like(parameter)
         accumulate_weight_gradients_into_grad(model)
-    upstream = torch.randn(1, args.length, config.d_model, device=device, dtype=torch.bfloat16)
+    upstream = torch.randn(1, args.length, config.d_model, device=device, dtype=dtype)
     parameters = sum(p.numel() for name, p in model.named_parameters() if "embedding" not in name)
     flops = 6 * parameters * args.length
     columns = {}
@@ -118,15 +145,16 @@ def main() -> int:
         def step():
             run_once(model, inputs, targets, n_chunks, upstream)
         step()
-        torch.cuda.synchronize()
+        synchronize(device)
         started = time.perf_counter()
         step()
-        torch.cuda.synchronize()
+        synchronize(device)
         wall = time.perf_counter() - started
-        columns[n_chunks], launches = kernel_totals(step)
+        columns[n_chunks], launches = kernel_totals(step, device)
         gpu_ms = sum(columns[n_chunks].values())
+        work = "GPU kernels" if device.type == "cuda" else "CPU operators' self time"
         print(f"stage {args.stage}, {args.length} tokens in {n_chunks} chunk(s): wall {wall * 1e3:.1f} ms, "
-              f"GPU kernels {gpu_ms:.1f} ms in {launches} launches, {flops / wall / 1e12:.0f} TFLOP/s of "
+              f"{work} {gpu_ms:.1f} ms in {launches} launches, {flops / wall / 1e12:.3g} TFLOP/s of "
               "6*params*tokens")
     base = args.chunks[0]
     names = sorted(set().union(*columns.values()), key=lambda name: -max(column.get(name, 0.0) for column in columns.values()))
@@ -154,7 +182,7 @@ def main() -> int:
         profiler.enable()
         run_once(model, inputs, targets, args.chunks[-1], upstream)
         profiler.disable()
-        torch.cuda.synchronize()
+        synchronize(device)
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.top)
         print(text.getvalue())
