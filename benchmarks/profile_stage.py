@@ -8,11 +8,11 @@ in reverse, each taking the next chunk's state gradients), after a warm-up, and 
 total time for each chunk count, with the difference from the first count: the GPU work that chunking adds.
 
     python benchmarks/profile_stage.py [--stage 1] [--length 32768] [--chunks 1 8] [--top 25] [--python-profile]
-        [--in-place-weight-gradients] [--schedule FILE] [--tiny] [--device cpu]
+        [--in-place-weight-gradients] [--schedule FILE] [--device cpu]
     python benchmarks/profile_stage.py --schedule benchmarks/schedules/mamba2_1b_one_device.sched --length 65536 --chunks 1 16
 
---tiny writes benchmarks/pipeline_schedule.py's tiny model keys; with --device cpu the table is CPU operators by
-self time (what a test runs: the GPU's kernel table is the point of the script).
+With --device cpu the table is CPU operators by self time (what a test runs: the GPU's kernel table is the point
+of the script).
 
 --in-place-weight-gradients runs the linear layers as CUDA-graph stages do ([Note: in-place weight gradients]:
 the weight-gradient GEMM adds into ``.grad``), so the table shows what chunking adds to those stages.
@@ -36,7 +36,7 @@ import torch
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import time_by_family  # noqa: E402
+from benchmarks.common import synchronize, time_by_family  # noqa: E402
 from benchmarks.pipeline_schedule import (  # noqa: E402
     PIPELINE_SCHEDULE,
     TORCH_SYSTEM,
@@ -68,11 +68,6 @@ def run_once(model, inputs, targets, n_chunks: int, upstream) -> None:
         state_grads = [None if leaf is None else leaf.grad for leaf in leaves]
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def kernel_totals(step, device: torch.device) -> tuple[dict[str, float], int]:
     """Milliseconds per CUDA kernel name over one call of ``step``, and how many kernels ran; on a CPU device,
     per operator by self time, and how many operators ran."""
@@ -101,7 +96,6 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schedule", type=Path, default=PIPELINE_SCHEDULE, help="the schedule whose model to build")
-    parser.add_argument("--tiny", action="store_true", help="the tiny model's keys (a CPU run)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--stage", type=int, default=0)
     parser.add_argument("--length", type=int, default=32768)
@@ -114,9 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         "--in-place-weight-gradients", action="store_true", help="linear layers add weight gradients into .grad"
     )
     args = parser.parse_args(argv)
-    schedule = BenchmarkSchedule(
-        args.schedule, tiny=args.tiny, split_mlp=args.split_mlp, first_stage_layers=args.first_stage_layers
-    )
+    schedule = BenchmarkSchedule(args.schedule, split_mlp=args.split_mlp, first_stage_layers=args.first_stage_layers)
     dtype_name, dtype = ("bf16", torch.bfloat16) if args.device == "cuda" else ("fp32", torch.float32)
     configs = system_configs(schedule, TORCH_SYSTEM, args.length, 1, dtype_name)
     config = configs.model
@@ -151,10 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         synchronize(device)
         wall = time.perf_counter() - started
         columns[n_chunks], launches = kernel_totals(step, device)
-        gpu_ms = sum(columns[n_chunks].values())
+        work_ms = sum(columns[n_chunks].values())
         work = "GPU kernels" if device.type == "cuda" else "CPU operators' self time"
         print(f"stage {args.stage}, {args.length} tokens in {n_chunks} chunk(s): wall {wall * 1e3:.1f} ms, "
-              f"{work} {gpu_ms:.1f} ms in {launches} launches, {flops / wall / 1e12:.3g} TFLOP/s of "
+              f"{work} {work_ms:.1f} ms in {launches} launches, {flops / wall / 1e12:.3g} TFLOP/s of "
               "6*params*tokens")
     base = args.chunks[0]
     names = sorted(set().union(*columns.values()), key=lambda name: -max(column.get(name, 0.0) for column in columns.values()))
