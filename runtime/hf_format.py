@@ -131,6 +131,13 @@ def read_number(values: Mapping[str, object], field: str, default: float) -> flo
     return float(value)
 
 
+def read_positive(values: Mapping[str, object], field: str, default: float) -> float:
+    value = read_number(values, field, default)
+    if value <= 0:
+        raise UnsupportedFlaConfig(field, f"config field '{field}' must be positive, found {value!r}")
+    return value
+
+
 def _per_head(total: float, heads: int, field: str) -> int:
     width = round(total)
     if not math.isclose(total, width) or width < heads or width % heads:
@@ -149,9 +156,7 @@ def read_common_fields(values: Mapping[str, object]) -> tuple[float | None, int 
     intermediate_size = values.get("intermediate_size")
     if intermediate_size is not None:
         intermediate_size = read_integer(values, "intermediate_size")
-    norm_eps = read_number(values, "norm_eps", 1e-6)
-    if norm_eps <= 0:
-        raise UnsupportedFlaConfig("norm_eps", f"config field 'norm_eps' must be positive, found {norm_eps!r}")
+    norm_eps = read_positive(values, "norm_eps", 1e-6)
     tie = values.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):
         raise UnsupportedFlaConfig("tie_word_embeddings", f"tie_word_embeddings must be true or false, found {tie!r}")

@@ -17,7 +17,6 @@ from typing import Mapping
 
 from schedlang.runtime.hf_mamba_backbone import (
     SILU_NAMES, backbone_problems, backbone_renames, backbone_sources, read_boolean, read_head_layout,
-    read_positive,
 )
 
 from schedlang.vocabulary import ModelConfig
@@ -84,7 +83,9 @@ def read_mamba2_config(values: Mapping[str, object]):
     Raises :class:`schedlang.runtime.hf_format.UnsupportedFlaConfig` naming the first field schedlang does not
     build.
     """
-    from schedlang.runtime.hf_format import FlaModel, UnsupportedFlaConfig, read_integer, read_number
+    from schedlang.runtime.hf_format import (
+        FlaModel, UnsupportedFlaConfig, read_integer, read_number, read_positive,
+    )
 
     problem = _fixed_field_problem(values)
     if problem is not None:

@@ -17,7 +17,6 @@ from typing import Mapping
 
 from schedlang.runtime.hf_mamba_backbone import (
     SILU_NAMES, backbone_problems, backbone_renames, backbone_sources, read_boolean, read_head_layout,
-    read_positive,
 )
 
 from schedlang.vocabulary import LayerKind, Mamba3Options, ModelConfig, ModelOptions
@@ -34,7 +33,9 @@ def read_mamba3_config(values: Mapping[str, object]):
     build: ``is_mimo`` true (Mamba-3's multi-input multi-output variant), a ``hidden_act`` other than SiLU,
     a ``rope_fraction`` other than 0.5 or 1.0, sizes that do not divide.
     """
-    from schedlang.runtime.hf_format import FlaModel, UnsupportedFlaConfig, read_integer, read_number
+    from schedlang.runtime.hf_format import (
+        FlaModel, UnsupportedFlaConfig, read_integer, read_number, read_positive,
+    )
 
     if read_boolean(values, "is_mimo", False):
         raise UnsupportedFlaConfig(

@@ -4,8 +4,8 @@ Contract. Both keep their tensors under ``backbone.`` (``embeddings``, ``layers.
 with the mixer's parameter names unchanged, ``norm_f``) and ``lm_head``: :func:`backbone_renames` builds the
 name map from the mixer's own tensor names, :func:`backbone_sources` reads it (``KeyError`` for a schedlang
 parameter fla's model has no counterpart of). :func:`backbone_problems` says why a model is not such a backbone
-(another layer kind, an MLP, a width fla's integer ``expand`` cannot give). :func:`read_boolean` and
-:func:`read_positive` read a config field or raise ``UnsupportedFlaConfig`` naming it; :func:`read_head_layout`
+(another layer kind, an MLP, a width fla's integer ``expand`` cannot give). :func:`read_boolean` reads a
+boolean config field or raises ``UnsupportedFlaConfig`` naming it; :func:`read_head_layout`
 reads the width, heads and groups both configs describe alike. ``SILU_NAMES`` are the activation names both
 configs accept.
 """
@@ -29,15 +29,6 @@ def read_boolean(values: Mapping[str, object], field: str, default: bool) -> boo
     value = values.get(field, default)
     if not isinstance(value, bool):
         raise UnsupportedFlaConfig(field, f"config field '{field}' must be true or false, found {value!r}")
-    return value
-
-
-def read_positive(values: Mapping[str, object], field: str, default: float) -> float:
-    from schedlang.runtime.hf_format import UnsupportedFlaConfig, read_number
-
-    value = read_number(values, field, default)
-    if value <= 0:
-        raise UnsupportedFlaConfig(field, f"config field '{field}' must be positive, found {value!r}")
     return value
 
 
