@@ -125,6 +125,8 @@ def operator_calls(dtype_name: str) -> Iterator[tuple[str, Callable[[], object]]
     from schedlang.kernels.mamba2 import chunk_mamba2, pointwise_triton, ssd_skip, ssd_values_and_gates
     from schedlang.kernels.simple_gla.chunk import implementation_for as simple_gla_implementation
     from schedlang.kernels.gla.chunk import implementation_for as gla_implementation
+    from schedlang.kernels.gated_rms_norm import gated_rms_norm
+    from schedlang.kernels.short_convolution import short_convolution
     from schedlang.kernels.swiglu import swiglu
 
     dtype = getattr(torch, dtype_name)
@@ -194,6 +196,15 @@ def operator_calls(dtype_name: str) -> Iterator[tuple[str, Callable[[], object]]
     yield "mamba2's pointwise ends apart H4 P64", mamba2_ends_apart
     yield "mamba2's ends' backward in one pointwise pass H4 P64", mamba2_ends_backward_in_one_pass
     yield "swiglu", lambda: backward(swiglu(leaf(3, 2 * 96), backend="triton"))
+    yield "short_convolution W4, bias and history", lambda: backward(short_convolution(
+        leaf(batch, length, 96), leaf(96, 4, dtype=torch.float32), leaf(96, dtype=torch.float32),
+        leaf(batch, 3, 96), backend="triton"))
+    yield "short_convolution W4, zeros before", lambda: backward(
+        short_convolution(leaf(batch, length, 96), leaf(96, 4, dtype=torch.float32), backend="triton"))
+    yield "gated_rms_norm G1 D2048", lambda: backward(gated_rms_norm(
+        leaf(3, 2048), leaf(3, 2048), leaf(2048, dtype=torch.float32), 1, 1e-5, backend="triton"))
+    yield "gated_rms_norm G4 D512", lambda: backward(gated_rms_norm(
+        leaf(3, 512), leaf(3, 512), leaf(512, dtype=torch.float32), 4, 1e-5, backend="triton"))
     yield "log_sigmoid_gate", lambda: backward(
         log_sigmoid_gate(leaf(3, 96, dtype=torch.float32), 16.0, backend="triton")
     )

@@ -44,6 +44,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from schedlang.kernels.short_convolution import short_convolution, short_convolution_history
+from schedlang.runtime.mixer_base import kernel_backend
 from schedlang.runtime.packing import ChunkDocuments
 
 
@@ -78,19 +80,24 @@ class ShortConvolution(nn.Module):
         zeros). Returns the output ``[B, L, C]`` and the last ``size - 1`` inputs, history included, for
         the next chunk (the chunk may be shorter than the history). With ``documents`` each output reads only
         its own document's inputs ([Note: short convolutions over packed documents])."""
+        if documents is not None and documents.masks_keys:
+            return self._convolve_documents(inputs, history, documents)
+        history = None if history is None else history.to(inputs.dtype)
+        backend = kernel_backend(inputs.device)
+        output = short_convolution(inputs, self.weight[:, 0], self.bias, history, backend=backend)
+        return output, short_convolution_history(inputs, history, self.size)
+
+    def _convolve_documents(self, inputs, history, documents):
+        """Each output from its ``size`` taps under the chunk's document mask (batched PyTorch)."""
         batch, _, channels = inputs.shape
         if history is None:
             history = inputs.new_zeros(batch, self.size - 1, channels)
         padded = torch.cat((history.to(inputs.dtype), inputs), dim=1)
         weight = self.weight.to(inputs.dtype)
-        bias = None if self.bias is None else self.bias.to(inputs.dtype)
-        if documents is not None and documents.masks_keys:
-            taps = document_taps(documents, self.size, inputs.device).to(inputs.dtype)
-            windows = padded.unfold(1, self.size, 1)  # [B, L, C, size]
-            mixed = (windows * taps[:, :, None, :] * weight[:, 0]).sum(dim=-1)
-            mixed = mixed if bias is None else mixed + bias
-        else:
-            mixed = F.conv1d(padded.transpose(1, 2), weight, bias, groups=channels).transpose(1, 2)
+        taps = document_taps(documents, self.size, inputs.device).to(inputs.dtype)
+        windows = padded.unfold(1, self.size, 1)  # [B, L, C, size]
+        mixed = (windows * taps[:, :, None, :] * weight[:, 0]).sum(dim=-1)
+        mixed = mixed if self.bias is None else mixed + self.bias.to(inputs.dtype)
         return F.silu(mixed), padded[:, padded.shape[1] - (self.size - 1) :]
 
 
