@@ -205,6 +205,8 @@ def operator_calls(dtype_name: str) -> Iterator[tuple[str, Callable[[], object]]
         leaf(3, 2048), leaf(3, 2048), leaf(2048, dtype=torch.float32), 1, 1e-5, backend="triton"))
     yield "gated_rms_norm G4 D512", lambda: backward(gated_rms_norm(
         leaf(3, 512), leaf(3, 512), leaf(512, dtype=torch.float32), 4, 1e-5, backend="triton"))
+    yield "gated_rms_norm norm first, one weight for every head", lambda: backward(gated_rms_norm(
+        leaf(3, 4, 128), leaf(3, 4, 128), leaf(128, dtype=torch.float32), 1, 1e-5, True, backend="triton"))
     yield "log_sigmoid_gate", lambda: backward(
         log_sigmoid_gate(leaf(3, 96, dtype=torch.float32), 16.0, backend="triton")
     )

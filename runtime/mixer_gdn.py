@@ -127,7 +127,7 @@ class GatedDeltaMixer(HeadMixer):
             mixed, final_state = self._sequence_parallel(q, k, v, gate, beta, recurrent_state)
         if self.packed_state is not None:
             final_state = self.packed_state.pack(final_state, final_histories)
-        gated = self.output_norm(mixed.to(hidden.dtype)) * F.silu(self.output_gate_proj(hidden).view(shape))
+        gated = self.output_norm.gated(mixed.to(hidden.dtype), self.output_gate_proj(hidden).view(shape))
         return self.o_proj(gated.reshape(batch, length, -1)), final_state
 
     def _convolve(self, q, k, v, histories):

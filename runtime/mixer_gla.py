@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from schedlang.runtime.linear import Linear
@@ -90,7 +89,7 @@ class GatedLinearMixer(HeadMixer):
             mixed, final_state = self._sequence_parallel(q, k, v, gate, initial_state)
         mixed = mixed.to(hidden.dtype)
         if self.output_gate_proj is not None:
-            mixed = self.output_norm(mixed) * F.silu(self.output_gate_proj(hidden).view(self.head_shape(hidden)))
+            mixed = self.output_norm.gated(mixed, self.output_gate_proj(hidden).view(self.head_shape(hidden)))
         return self.o_proj(mixed.reshape(batch, length, -1)), final_state
 
     def _sequence_parallel(self, q, k, v, gate, initial_state):

@@ -37,7 +37,8 @@ class GatedGroupRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(width))
 
     def forward(self, values: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return gated_rms_norm(values, gate, self.weight, self.groups, self.eps, backend=kernel_backend(values.device))
+        backend = kernel_backend(values.device)
+        return gated_rms_norm(values, gate, self.weight, self.groups, self.eps, backend=backend)
 
 
 class Mamba2Mixer(nn.Module):

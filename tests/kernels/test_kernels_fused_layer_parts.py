@@ -96,19 +96,22 @@ def test_chunks_continued_through_the_history_equal_the_whole_sequence():
 
 
 @pytest.mark.parametrize("dtype_name", sorted(DTYPES))
+@pytest.mark.parametrize("shared_weight", [False, True], ids=["weight_per_channel", "weight_per_group_channel"])
+@pytest.mark.parametrize("norm_before_gate", [False, True], ids=["gate_first", "norm_first"])
 @pytest.mark.parametrize("groups", [1, 4])
 @pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "gate_column_slice"])
 @pytest.mark.parametrize("shape", NORM_SHAPES, ids=lambda shape: "x".join(map(str, shape)))
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_gated_rms_norm_matches_the_formula(backend, shape, strided, groups, dtype_name):
+def test_gated_rms_norm_matches_the_formula(backend, shape, strided, groups, norm_before_gate, shared_weight,
+                                            dtype_name):
     dtype, tolerance = DTYPES[dtype_name]
     values, gate = _leaf(shape, dtype), _leaf(shape, dtype, strided, scale=2.0)
-    weight = _leaf(shape[-1:], torch.float32)
-    output = gated_rms_norm(values, gate, weight, groups, 1e-5, backend=backend)
+    weight = _leaf((shape[-1] // groups if shared_weight else shape[-1],), torch.float32)
+    output = gated_rms_norm(values, gate, weight, groups, 1e-5, norm_before_gate, backend=backend)
     output_grad = torch.randn(output.shape, dtype=torch.float64)
     output.backward(output_grad.to(DEVICE, dtype))
     references = [_double(leaf) for leaf in (values, gate, weight)]
-    expected = naive_gated_rms_norm(*references, groups=groups, eps=1e-5)
+    expected = naive_gated_rms_norm(*references, groups=groups, eps=1e-5, norm_before_gate=norm_before_gate)
     expected.backward(output_grad.to(DEVICE))
     assert output.dtype == dtype and output.shape == shape
     errors = _errors(output, expected, (values, gate, weight), references)
@@ -130,4 +133,4 @@ def test_bad_arguments_are_refused_before_any_kernel():
     with pytest.raises(ValueError, match="one shape"):
         gated_rms_norm(inputs, inputs[..., :4], torch.ones(8))
     with pytest.raises(ValueError, match="weight must have shape"):
-        gated_rms_norm(inputs, inputs, torch.ones(4))
+        gated_rms_norm(inputs, inputs, torch.ones(4), groups=4)
