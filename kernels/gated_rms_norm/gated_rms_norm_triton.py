@@ -35,21 +35,22 @@ def _gated_row(values, gate, row, o_d, mask, values_stride, gate_stride, NORM_BE
 
 
 @triton.jit
-def _group_weight(weight, i_g, GROUP: tl.constexpr, BD: tl.constexpr, SHARED_WEIGHT: tl.constexpr):
+def _program_group(weight, GROUP: tl.constexpr, BD: tl.constexpr, SHARED_WEIGHT: tl.constexpr):
+    """(this program's first row block index, its group's channels ``o_d`` and their mask, the weight there)."""
+    i_g = tl.program_id(1)
+    o_d = i_g * GROUP + tl.arange(0, BD)
+    d_mask = tl.arange(0, BD) < GROUP
     o_w = tl.arange(0, BD)
     if not SHARED_WEIGHT:
         o_w += i_g * GROUP
-    return tl.load(weight + o_w, mask=tl.arange(0, BD) < GROUP, other=0.0).to(tl.float32)
+    return tl.program_id(0), o_d, d_mask, tl.load(weight + o_w, mask=d_mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
 def gated_rms_norm_fwd_kernel(values, gate, weight, output, R, D, values_stride, gate_stride, eps,
                               GROUP: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr,
                               NORM_BEFORE_GATE: tl.constexpr, SHARED_WEIGHT: tl.constexpr):
-    i_r, i_g = tl.program_id(0), tl.program_id(1)
-    o_d = i_g * GROUP + tl.arange(0, BD)
-    d_mask = tl.arange(0, BD) < GROUP
-    w = _group_weight(weight, i_g, GROUP, BD, SHARED_WEIGHT)
+    i_r, o_d, d_mask, w = _program_group(weight, GROUP, BD, SHARED_WEIGHT)
     for r in range(ROWS):
         row = (i_r * ROWS + r).to(tl.int64)
         mask = d_mask & (row < R)
@@ -66,10 +67,7 @@ def gated_rms_norm_bwd_kernel(values, gate, weight, output_grad, d_values, d_gat
                               R, D, values_stride, gate_stride, dy_stride, eps,
                               GROUP: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr,
                               NORM_BEFORE_GATE: tl.constexpr, SHARED_WEIGHT: tl.constexpr):
-    i_r, i_g = tl.program_id(0), tl.program_id(1)
-    o_d = i_g * GROUP + tl.arange(0, BD)
-    d_mask = tl.arange(0, BD) < GROUP
-    w = _group_weight(weight, i_g, GROUP, BD, SHARED_WEIGHT)
+    i_r, o_d, d_mask, w = _program_group(weight, GROUP, BD, SHARED_WEIGHT)
     d_w = tl.zeros([BD], dtype=tl.float32)
     for r in range(ROWS):
         row = (i_r * ROWS + r).to(tl.int64)
