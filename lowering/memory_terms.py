@@ -19,14 +19,15 @@ backward (its ``W`` task when the backward is split):
   (``2 w f``) and the ``rstd`` (:attr:`Device.CPU`, what the calibration runs on);
 * every token mixer: its norm, the normed input that its projections share (``d e``) and the output
   projection's input (``W e``, ``W_a e`` for attn); then per kind
-  gla ``3 W e`` (q, k, v) ``+ W e`` (gate logits) ``+ W f`` (the log-gate), simple_gla ``3 W e + H e + H f``,
+  gla ``3 W e`` (q, k, v) ``+ W e`` (gate logits) ``+ W f`` (the log-gate) ``+ 2 W e`` with ``output_gate =
+  swish`` (the fused per-head norm and gate keeps its values and gate), simple_gla ``3 W e + H e + H f``,
   attn ``W_a e`` (q; k and v live in the sequence-wide K/V buffers, a term of their own) ``+ H_a f`` (the
   log-sum-exp), gdn (``H_v`` value heads of ``D``, ``W_v = H_v D``; ``H`` q/k heads of ``D_k``, ``W_q = H
   D_k``, repeated to ``W_k = H_v D_k`` for the operator; all ``W`` and ``H`` without grouped value heads or
-  ``expand_k``) ``(2 W_q + 3 W_v) e + (2 H + 3 H_v) e`` (the raw q and k, the output gate, its SiLU and the
-  output norm's result; the q and k norms, the gate and write-strength inputs and the write strength) ``+``
-  the per-head output norm over ``W_v`` with ``H_v`` rows, ``+ 2 (2 W_q + W_v) e`` with short convolutions
-  (each one's input and output, and ``taps - 1`` history rows of its input per chunk), plus what the chunked
+  ``expand_k``) ``(2 W_q + 3 W_v) e + (2 H + 3 H_v) e`` (the raw q and k, the output norm's values and gate
+  (the fused norm and gate keeps only its inputs); the q and k norms, the gate and write-strength inputs and
+  the write strength), ``+ (2 W_q + W_v) e`` with short convolutions (each one's input; the fused convolution
+  recomputes its output in the backward; and ``taps - 1`` history rows per chunk), plus what the chunked
   operator keeps: on the CPU (batched PyTorch) ``f (9 W_k + 3 W_v + 6 C H_v + 5 H_v + H_v D_k D / C + H_v /
   C)`` (the WY form's chunked operands, the ``C x C`` decay and triangular matrices per kernel chunk of ``C =
   64`` tokens, and the states entering each kernel chunk; how many operands are key-wide and how many
@@ -69,6 +70,7 @@ from schedlang.vocabulary import (
     MlpKind,
     ModelConfig,
     OptimizerKind,
+    OutputGate,
     recompute_on,
 )
 from schedlang.vocabulary.model_settings import flash_attention_takes
@@ -152,6 +154,7 @@ class Sizes:
     mamba2: Mamba2Geometry  # the state size, groups and convolution of the mamba2 layers
     mamba3: Mamba3Geometry  # the state size, groups and angles of the mamba3 layers
     sequence_ranks: int = 1  # the mesh's sequence-parallel group
+    gla_output_gate: bool = False  # gla layers normalise per head and gate by silu(g_proj(x)) (output_gate = swish)
 
     @property
     def width(self) -> int:
@@ -189,6 +192,7 @@ def program_sizes(program: ScheduleProgram) -> Sizes:
             outproj_norm=mamba3.is_outproj_norm,
         ),
         sequence_ranks=program.mesh.sequence,
+        gla_output_gate=model.options.gla.output_gate is OutputGate.SWISH,
     )
 
 
@@ -208,8 +212,8 @@ def mixer_bytes_per_token(kind: LayerKind, sizes: Sizes, device: Device) -> floa
         attention = sizes.attention
         return normed_input + 2 * attention.query_width * e + attention.heads * f
     shared = normed_input + width * e + operator_bytes_per_token(kind, sizes, device)
-    if kind is LayerKind.GLA:
-        return shared + width * e  # the gate logits
+    if kind is LayerKind.GLA:  # the gate logits; with an output gate the fused norm's values and gate
+        return shared + width * e + (2 * width * e if sizes.gla_output_gate else 0)
     if kind is LayerKind.SIMPLE_GLA:
         return shared + heads * e
     if kind is LayerKind.GDN:
@@ -241,18 +245,16 @@ def operator_bytes_per_token(kind: LayerKind, sizes: Sizes, device: Device) -> f
 
 def mamba2_bytes_per_token(sizes: Sizes, device: Device) -> float:
     """A mamba2 layer's saved bytes per token after its normed input ([Note: activation bytes]), ``C_w = W + 2 G
-    N`` the convolution's channels: its input, its output and the SiLU's output, which x, B and C view and the
-    ``D`` skip keep (``3 C_w e``; the input's history rows: stage_chunk_constant_bytes; the fused ``v = dt x``
-    and skip keep x itself, no wider copy), the time step twice (``2 H f``), the gated group
-    norm's gate (in a 32-bit model a view that keeps the whole input projection, ``(W + C_w + H) f``; else its
-    ``W f`` copy), its values, the gate's SiLU, the gated values and the normed ones (``4 W f``) and ``G`` fp32
-    ``rstd`` per token, the output projection's input (``W e``), and the operator's part."""
+    N`` the convolution's channels: the input projection's output (``(W + C_w + H) e``), which the convolution
+    (its x, B, C columns) and the gated norm (its gate z) keep as views, each recomputing the rest in its
+    backward (kernels/short_convolution, kernels/gated_rms_norm; the history rows: stage_chunk_constant_bytes);
+    the convolution's output, which x, B, C and the ``D`` skip view (``C_w e``; the fused ``v = dt x`` and skip
+    keep x itself, no wider copy); the time step twice (``2 H f``); the norm's values (``W e``); the output
+    projection's input (``W e``); and the operator's part."""
     mamba2, e, f = sizes.mamba2, sizes.element_bytes, sizes.compute_bytes
     width, heads = sizes.width, sizes.heads
     convolved = mamba2.convolved_width(width)
-    kept = 3 * convolved * e + 2 * heads * f
-    kept += (width + convolved + heads) * f if e == f else width * f
-    kept += 4 * width * f + mamba2.groups * RSTD_BYTES + width * e
+    kept = (width + convolved + heads) * e + convolved * e + 2 * heads * f + 2 * width * e
     return kept + mamba2_operator_bytes_per_token(sizes, device)
 
 
@@ -304,12 +306,12 @@ def gdn_bytes_per_token(sizes: Sizes, device: Device) -> float:
     gdn, e = sizes.gdn, sizes.element_bytes
     heads, query_heads = gdn.value_heads, gdn.query_key_heads
     value_width, query_width = heads * sizes.head_dim, query_heads * gdn.key_dim
-    # the raw q and k, the output projection's input, the output gate, its SiLU and the output norm's result;
-    # the q and k norms, the gate and write-strength inputs and the write strength
-    kept = (2 * query_width + 4 * value_width) * e + (2 * query_heads + 3 * heads) * e
-    kept += heads * norm_bytes_per_row(sizes.head_dim, sizes, device)
-    if gdn.conv_taps:  # each short convolution's input (its history rows: stage_chunk_constant_bytes) and output
-        kept += 2 * gdn.convolved_width * e
+    # the raw q and k, the output projection's input, the output norm's values and its gate (the fused norm
+    # recomputes the rest, kernels/gated_rms_norm); the q and k norms, the gate and write-strength inputs and the
+    # write strength
+    kept = (2 * query_width + 3 * value_width) * e + (2 * query_heads + 3 * heads) * e
+    if gdn.conv_taps:  # each short convolution's input (its history rows: stage_chunk_constant_bytes)
+        kept += gdn.convolved_width * e
     return kept + gdn_operator_bytes_per_token(sizes, device)
 
 
@@ -407,8 +409,8 @@ def stage_operator_bytes_per_token(
 def stage_chunk_constant_bytes(program: ScheduleProgram, stage: int, recompute: Recompute, device: Device) -> float:
     """Saved bytes of a chunk that are not per token: on the last stage :func:`head_chunk_bytes`; per GDN layer: on the CPU its ``C x C`` causal mask (the
     Triton operator on CUDA keeps none), and with short convolutions the ``taps - 1`` history rows each
-    convolution's saved input has before the chunk's own; per mamba2 layer those history rows of its one
-    convolution. (Attention in parts saves no mask of the chunk's
+    convolution keeps beside its input (from a chunk's incoming state: none for a sequence's first chunk, which
+    starts from zeros); per mamba2 layer those history rows of its one convolution. (Attention in parts saves no mask of the chunk's
     queries against the prefix: [Note: attention in parts] in schedlang.runtime.attention_parts.)"""
     sizes = program_sizes(program)
     head = head_chunk_bytes(sizes) if stage == program.n_stages - 1 and recompute is not Recompute.FULL else 0.0

@@ -149,6 +149,16 @@ def test_saved_bytes_without_recompute(kind, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_saved_bytes_of_gla_with_its_output_gate(dtype):
+    """``output_gate = swish``: the fused per-head norm and gate keeps its values and the gate, nothing more."""
+    program = load_program_text(schedule_text("gla", dtype, "none", "output_gate = swish"))
+    for stage in range(program.n_stages):
+        measured = kept_bytes(program, stage, Recompute.NONE)
+        predicted = predicted_bytes(program, stage, Recompute.NONE)
+        assert predicted == pytest.approx(measured, rel=TOLERANCE / 5), (dtype, stage, measured, predicted)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_saved_bytes_of_attention_with_heads_of_its_own(dtype):
     """attn layers wider than the model's heads, with grouped key/value heads and q/k/v biases."""
     keys = "attn_heads = 8  attn_head_dim = 32  attn_kv_heads = 2  qkv_bias = true"
