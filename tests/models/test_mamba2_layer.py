@@ -143,9 +143,11 @@ def test_fla_torch_forward_gives_the_same_outputs_and_states_in_float32():
                         norm_eps=1e-5, chunk_size=16, backend="triton")
     fla.load_state_dict(tensors_of(mixer), strict=True)
     fla.act = torch.nn.SiLU()  # fla's Triton SiLU autotunes, which needs a GPU driver; the same function
+    # fla's gated norm is Triton: interpreted without a GPU, compiled (and given CUDA tensors) with one
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     hidden = torch.randn(2, 45, D_MODEL)
     ours, state = mixer(hidden, None)
     with torch.no_grad():
-        expected, _, ssm_state = fla.torch_forward(hidden)
-    assert relative(ours, expected) < 1e-5
-    assert relative(state_of(mixer, state)[1], ssm_state) < 1e-5
+        expected, _, ssm_state = fla.to(device).torch_forward(hidden.to(device))
+    assert relative(ours, expected.cpu()) < 1e-5
+    assert relative(state_of(mixer, state)[1], ssm_state.cpu()) < 1e-5
