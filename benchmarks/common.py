@@ -128,7 +128,7 @@ KERNEL_FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("attention (flash / memory-efficient)", ("flash", "fmha", "attention", "attn")),  # before CUTLASS: fmha_cutlass*
     ("matrix products (cuBLAS / CUTLASS)", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "splitk")),
     ("recurrent operators (Triton)", ("gla_", "gdn_", "chunk_state_scan", "ssd_", "mamba")),
-    ("pointwise operators (Triton)", ("swiglu", "log_sigmoid_gate")),
+    ("pointwise operators (Triton)", ("swiglu", "log_sigmoid_gate", "short_convolution")),
     ("norms", ("norm", "moments")),
     ("loss and softmax", ("softmax", "cross_entropy", "nll_loss", "logsumexp")),
     ("copies, casts, fills", ("copy", "memcpy", "memset", "fill", "cat", "index", "gather", "scatter", "embedding")),

@@ -17,6 +17,8 @@ from benchmarks.common import kernel_family, time_by_family
     ("chunk_state_scan_pair_kernel", "recurrent operators (Triton)"),
     ("ssd_map_bwd_kernel", "recurrent operators (Triton)"),
     ("swiglu_bwd_kernel", "pointwise operators (Triton)"),
+    ("short_convolution_bwd_kernel", "pointwise operators (Triton)"),
+    ("gated_rms_norm_fwd_kernel", "norms"),
     ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>", "norms"),
     ("void at::native::cunn_SoftMaxForward<4, float, float>", "loss and softmax"),
     ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>", "copies, casts, fills"),
