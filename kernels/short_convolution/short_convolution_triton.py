@@ -58,7 +58,7 @@ def short_convolution_fwd_kernel(
     inputs, history, weight, bias, output, L, C, inputs_b_stride, inputs_t_stride,
     W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_HISTORY: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
-    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     t = i_t * BT + tl.arange(0, BT)
     o_c = i_c * BC + tl.arange(0, BC)
     c_mask = o_c < C
@@ -78,7 +78,7 @@ def short_convolution_bwd_kernel(
     L, C, inputs_b_stride, inputs_t_stride, dy_b_stride, dy_t_stride,
     W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_HISTORY: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
-    i_s, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_s, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)  # offsets past 2**31
     s = i_s * BT + tl.arange(0, BT)  # padded positions: history rows, then the chunk's tokens
     o_c = i_c * BC + tl.arange(0, BC)
     c_mask = o_c < C
