@@ -91,9 +91,9 @@ def test_norm_keeps_its_input_and_rstd_on_cuda_and_two_fp32_rows_on_the_cpu():
         (LayerKind.GLA, 388 + 4 * 128 + 64 * 4),  # q, k, v, gate logits; the fp32 log-gate
         (LayerKind.SIMPLE_GLA, 388 + 3 * 128 + 2 * 2 + 2 * 4),  # q, k, v; one gate per head
         (LayerKind.ATTN, 388 + 128 + 2 * 4),  # q; the log-sum-exp
-        # raw q, k, gate, SiLU, norm output; five per-head tensors; the output norm over 2 rows of 32;
-        # the Triton operator's q, k, v and its fp32 C x C inverse, gate cumsum, gate, beta, chunk decay per head
-        (LayerKind.GDN, 388 + 5 * 128 + 5 * 2 * 2 + 2 * (32 * 2 + 4) + 3 * 128 + 4 * 2 * (64 + 3 + 1 / 64)),
+        # raw q, k, the fused output norm's values and gate; five per-head tensors; the Triton operator's q, k,
+        # v and its fp32 C x C inverse, gate cumsum, gate, beta, chunk decay per head
+        (LayerKind.GDN, 388 + 4 * 128 + 5 * 2 * 2 + 3 * 128 + 4 * 2 * (64 + 3 + 1 / 64)),
         (LayerKind.MLP, 0),
     ],
 )
@@ -102,8 +102,8 @@ def test_mixer_bytes_per_token(kind, expected):
 
 
 def test_gdn_keeps_the_batched_pytorch_operands_on_the_cpu():
-    # the CPU's composite norms (2 w f + 4), and the chunked fp32 operands: 12 W + 6 C H + 5 H + H D^2 / C + H / C
-    expected = (2 * 64 * 4 + 4) + 128 + 128 + 5 * 128 + 5 * 2 * 2 + 2 * (2 * 32 * 4 + 4) + 4 * (
+    # the CPU's composite input norm (2 w f + 4), and the chunked fp32 operands: 12 W + 6 C H + 5 H + H D^2 / C + H / C
+    expected = (2 * 64 * 4 + 4) + 128 + 128 + 4 * 128 + 5 * 2 * 2 + 4 * (
         12 * 64 + 6 * 64 * 2 + 10 + 2 * 32 * 32 / 64 + 2 / 64
     )
     assert mixer_bytes_per_token(LayerKind.GDN, program_sizes(program_of()), Device.CPU) == pytest.approx(expected)
