@@ -8,7 +8,8 @@ Per row and per group of ``D / G`` channels, with ``r = (mean u^2 + eps)^-1/2`` 
     norm first:            u = values,             y = n w silu(gate)
         dn = dy w silu(gate), dv = r (dn - n mean(dn n)),  dz = dy n w silu'(gate)
 ``w`` is ``[D]``, or ``[D / G]`` shared by every group (one head's norm weight for all heads); ``dw`` sums
-``dy n`` (times ``silu(gate)`` norm first) over rows, and over groups for a shared weight. Both paths compute in float32 (float64 for float64 inputs) and round once; the Triton path
+``dy n`` (times ``silu(gate)`` norm first) over rows, and over groups for a shared weight. Both paths compute
+in float32 (float64 for float64 inputs) and round once; the Triton path
 (kernels/gated_rms_norm/gated_rms_norm_triton.py) reads values and gate through their row strides, so the gate
 is read in place from the layer's fused input projection, and recomputes ``u`` and ``r`` in the backward: the
 Function saves only its inputs.
