@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from schedlang.kernels.common.heads import repeat_each_head
+from schedlang.kernels.gated_rms_norm import gated_rms_norm
 from schedlang.runtime.linear import Linear
 from schedlang.vocabulary import AttentionExchange, ModelConfig
 
@@ -71,8 +72,6 @@ class RMSNorm(nn.Module):
     def gated(self, hidden: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """``self(hidden) * silu(gate)`` (fla's ``FusedRMSNormGated``) in one launch each way on CUDA, computed in
         float32 and rounded once to hidden's dtype (:func:`schedlang.kernels.gated_rms_norm.gated_rms_norm`)."""
-        from schedlang.kernels.gated_rms_norm import gated_rms_norm
-
         return gated_rms_norm(hidden, gate, self.weight, 1, self.eps, norm_before_gate=True,
                               backend=kernel_backend(hidden.device))
 

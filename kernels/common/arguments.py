@@ -67,6 +67,12 @@ def resolve_backend(backend: str | Backend, device: torch.device, matmul_dtype: 
     return Backend.TORCH
 
 
+def runs_float32_kernels(backend: str | Backend, tensor: torch.Tensor) -> bool:
+    """Whether an operator whose Triton kernels compute in float32 runs them for ``tensor``: ``backend``
+    resolves to Triton and ``tensor`` is not float64 (float64 takes the PyTorch path, which keeps its precision)."""
+    return tensor.dtype != torch.float64 and resolve_backend(backend, tensor.device) is Backend.TRITON
+
+
 def compute_dtype_for(dtype: torch.dtype) -> torch.dtype:
     """What the PyTorch paths compute and keep states in: float32, or float64 when the inputs are float64 (the
     reference tests)."""

@@ -23,7 +23,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from schedlang.kernels.common import Backend, check_floating_tensor, compute_dtype_for, resolve_backend
+from schedlang.kernels.common import check_floating_tensor, compute_dtype_for
+from schedlang.kernels.common.arguments import runs_float32_kernels
 from schedlang.kernels.common.pointwise import as_rows
 
 
@@ -120,8 +121,7 @@ def gated_rms_norm(values: torch.Tensor, gate: torch.Tensor, weight: torch.Tenso
     if tuple(weight.shape) not in ((width,), (width // groups,)):
         raise ValueError(f"weight must have shape [D] = [{width}] or [D / groups] = [{width // groups}], "
                          f"got {tuple(weight.shape)}")
-    chosen = resolve_backend(backend, values.device)
-    if chosen is Backend.TORCH or values.dtype == torch.float64:
+    if not runs_float32_kernels(backend, values):
         implementation = TORCH_IMPLEMENTATION
     else:
         from schedlang.kernels.gated_rms_norm.gated_rms_norm_triton import TRITON_IMPLEMENTATION as implementation

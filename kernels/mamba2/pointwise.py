@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import torch
 
-from schedlang.kernels.common.arguments import Backend, compute_dtype_for, resolve_backend
+from schedlang.kernels.common.arguments import compute_dtype_for, runs_float32_kernels
 
 
 def _torch_map_forward(x, dt, A):
@@ -58,7 +58,7 @@ def pointwise_implementation(backend: str, x: torch.Tensor):
     """The pointwise kernels ``backend`` picks for ``x``: Triton's module, or :data:`TORCH` (also for float64),
     each with ``map_forward``, ``map_backward``, ``skip_forward``, ``skip_backward`` and ``map_and_skip_backward``
     (both ends' backward in one pass)."""
-    if x.dtype == torch.float64 or resolve_backend(backend, x.device) is Backend.TORCH:
+    if not runs_float32_kernels(backend, x):
         return TORCH
     from schedlang.kernels.mamba2 import pointwise_triton
 

@@ -20,7 +20,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from schedlang.kernels.common import Backend, check_floating_tensor, compute_dtype_for, resolve_backend
+from schedlang.kernels.common import check_floating_tensor, compute_dtype_for
+from schedlang.kernels.common.arguments import runs_float32_kernels
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,7 @@ def short_convolution(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         [B, L, C] in inputs' dtype, contiguous. Autograd gives gradients for inputs, weight, bias and history.
     """
     _check_arguments(inputs, weight, bias, history)
-    chosen = resolve_backend(backend, inputs.device)
-    if chosen is Backend.TORCH or inputs.dtype == torch.float64:
+    if not runs_float32_kernels(backend, inputs):
         implementation = TORCH_IMPLEMENTATION
     else:
         from schedlang.kernels.short_convolution.short_convolution_triton import TRITON_IMPLEMENTATION as implementation
