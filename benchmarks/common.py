@@ -201,6 +201,22 @@ def median_ms(step, warmup: int, iterations: int, device: torch.device = torch.d
     return statistics.median(times)
 
 
+def host_ms(step, warmup: int, iterations: int, device: torch.device = torch.device("cuda")) -> float:
+    """Median milliseconds the host spends inside ``step()`` (its Python, dispatch and kernel launches), each call
+    started on an idle GPU and not waited for: beside :func:`median_ms` it says whether a step is host-bound
+    (host time near the step's) or GPU-bound."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(iterations):
+        synchronize(device)
+        began = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - began) * 1e3)
+    synchronize(device)
+    return statistics.median(times)
+
+
 def capture_graph(step) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor]]:
     """``step`` warmed up on a side stream, captured in a CUDA graph and replayed once: (graph, the tensors the
     captured step returned, which every replay rewrites)."""

@@ -13,7 +13,8 @@ without the map; our ``chunk_simple_gla`` on those operands is printed too ("ker
 shows. Each figure is the median of ``--iterations`` calls after ``--warmup`` (CUDA events, benchmarks/common.py
 ``median_ms``) of the forward+backward (torch.autograd.grad of the output for a random output gradient), the
 host's launches included; ``--graphs`` also times each replayed from a CUDA graph, the GPU's time alone (what a
-step under ``cuda_graphs = step`` pays), and ``--per-head`` the operator as it was composed before (B and C
+step under ``cuda_graphs = step`` pays), ``--host`` the host's own time in each eager step (near the eager
+figure, the step is bound by its launches), and ``--per-head`` the operator as it was composed before (B and C
 copied per head, three autograd nodes), in the same job. ``--layer`` times schedlang's
 mamba2 mixer (``d_model = H P / 2``, fla's ``expand = 2``) the same way, and fla's ``Mamba2`` layer beside it
 when fla imports (without ``mamba_ssm`` fla runs its PyTorch path, which the line says). ``--check`` prints our
@@ -32,7 +33,7 @@ import torch.nn.functional as F
 if __package__ in (None, ""):  # run as a file: the benchmarks package lives in the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import capture_graph, kernel_seconds_of_step, median_ms  # noqa: E402
+from benchmarks.common import capture_graph, host_ms, kernel_seconds_of_step, median_ms  # noqa: E402
 from benchmarks.installed import import_installed  # noqa: E402
 from schedlang.kernels import chunk_simple_gla  # noqa: E402
 from schedlang.kernels.mamba2 import chunk_mamba2, naive_recurrent_mamba2, ssd_operands  # noqa: E402
@@ -213,6 +214,18 @@ def replayed_line(label: str, inputs, operands, fla, args) -> str:
     return line
 
 
+def host_line(label: str, inputs, operands, fla, args) -> str:
+    """The host's own milliseconds in each eager step (:func:`benchmarks.common.host_ms`): near the eager median, a
+    step is bound by its launches, not by the GPU."""
+    ours = host_ms(ssd_step(inputs), args.warmup, args.iterations)
+    kernels = host_ms(simple_gla_step(chunk_simple_gla, operands, backend="triton"), args.warmup, args.iterations)
+    line = f"{label} host time: mamba2 {ours:8.3f} ms   kernels {kernels:8.3f} ms"
+    if fla is not None:
+        theirs = host_ms(simple_gla_step(fla, operands), args.warmup, args.iterations)
+        line += f"   fla chunk_simple_gla {theirs:8.3f} ms"
+    return line
+
+
 def print_kernel_table(label: str, step, median: float) -> None:
     """Our operator's forward+backward by kernel (one profiled step), and the share of the median step the kernels
     leave idle (launch gaps: the host's time)."""
@@ -241,6 +254,8 @@ def main() -> None:
                         help="also time the operator composed as before: B and C per head, three autograd nodes")
     parser.add_argument("--profile", action="store_true",
                         help="also list our operator's fwd+bwd GPU time by kernel (torch.profiler), largest first")
+    parser.add_argument("--host", action="store_true",
+                        help="also the host's milliseconds inside each eager step (ours, our kernels, fla's)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/mamba2_kernels.py times CUDA kernels; no CUDA device is available")
@@ -264,6 +279,8 @@ def main() -> None:
                     theirs = median_ms(simple_gla_step(fla, operands), args.warmup, args.iterations)
                     line += f"   fla chunk_simple_gla {theirs:8.3f} ms   mamba2/fla {ours / theirs:5.2f}x"
                 print(line, flush=True)
+                if args.host:
+                    print(host_line(label, inputs, operands, fla, args), flush=True)
                 if args.graphs:
                     print(replayed_line(label, inputs, operands, fla, args), flush=True)
                 if args.profile:

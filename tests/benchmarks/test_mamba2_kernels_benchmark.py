@@ -69,3 +69,18 @@ def test_graphs_and_per_head_are_flags_of_the_benchmark():
     script = Path(benchmark.__file__)
     completed = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, check=True)
     assert "--graphs" in completed.stdout and "--per-head" in completed.stdout
+
+
+def test_host_time_counts_the_steps_own_work_and_not_its_warmup():
+    import time
+
+    from benchmarks.common import host_ms
+
+    calls = []
+
+    def step():
+        calls.append(None)
+        time.sleep(0.004 if len(calls) > 2 else 0.05)  # the two warm-up calls are slow; the timed ones 4 ms
+
+    median = host_ms(step, warmup=2, iterations=5, device=torch.device("cpu"))
+    assert len(calls) == 7 and 4.0 <= median < 40.0
