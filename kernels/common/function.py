@@ -58,7 +58,7 @@ class Implementation:
     total_log_decay: Callable[[Any], torch.Tensor]
     takes_ssd_ends: bool = False
     """Whether its phases take Mamba-2's pointwise ends into their kernels: finish_forward ``skip = (x, D)``
-    (adds ``D[h] x`` to the output), finish_backward ``ssd_ends = (x, dt, D)`` (returns the ends' gradients in
+    (adds ``D[h] x`` to the output), finish_backward ``ssd_ends = (x, dt, A, D)`` (returns the ends' gradients in
     dv's place; kernels/simple_gla/chunk_triton.py, ``SsdEndGradients``)."""
 
     def forward(self, q, k, v, g, scale, initial_state, save_states=False, skip=None):
@@ -70,7 +70,7 @@ class Implementation:
         return self.finish_forward(prepared, q, k, v, g, scale, initial_state, save_states, skip=skip)
 
     def backward(self, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None, ssd_ends=None):
-        """Both backward phases; ``ssd_ends = (x, dt, D)`` (only where :attr:`takes_ssd_ends`) returns Mamba-2's
+        """Both backward phases; ``ssd_ends = (x, dt, A, D)`` (only where :attr:`takes_ssd_ends`) returns Mamba-2's
         ends' gradients in dv's place."""
         prepared = self.prepare_backward(q, k, v, g, do, scale, saved_states)
         if ssd_ends is None:

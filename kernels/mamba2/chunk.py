@@ -69,9 +69,9 @@ class SsdFunction(torch.autograd.Function):
     """The whole SSD with its ``D`` skip as one autograd node: the operand map, simple GLA's chunk phases
     (``chunk`` an Implementation of kernels/common/function.py) and the skip forward (in the chunk output
     kernel's epilogue where the implementation ``takes_ssd_ends``, so y is rounded once); backward, the chunk
-    phases from ``dy`` (the skip passes it on unchanged) with ``dx = dt dv + D dy`` (rounded once) and the
-    x-sized sums of d dt and dD formed in the dv kernel where the implementation takes the ends, else both
-    pointwise ends in one pass after it (``map_and_skip_backward``). B and C arrive in x's dtype (the caller's
+    phases from ``dy`` (the skip passes it on unchanged) with ``dx = dt dv + D dy`` (rounded once), d dt, dA and
+    dD formed in the backward kernels where the implementation takes the ends, else both pointwise ends in one
+    pass after it (``map_and_skip_backward``). B and C arrive in x's dtype (the caller's
     cast is autograd's); saves x, dt, A, D, B, C, v and g."""
 
     @staticmethod
@@ -96,12 +96,11 @@ class SsdFunction(torch.autograd.Function):
     def backward(ctx, output_grad, final_state_grad):
         x, dt, A, D, q, k, v, g, initial_state = ctx.saved_tensors
         output_grad = torch.zeros_like(x) if output_grad is None else output_grad.contiguous()
-        if ctx.chunk.takes_ssd_ends:  # dx and the x-sized sums formed in the dv kernel
-            dq, dk, ends, dg, d_initial = ctx.chunk.backward(
-                q, k, v, g, 1.0, initial_state, output_grad, final_state_grad, ssd_ends=(x, dt, D)
+        if ctx.chunk.takes_ssd_ends:  # every end's gradient formed in the backward kernels
+            dq, dk, ends, _, d_initial = ctx.chunk.backward(
+                q, k, v, g, 1.0, initial_state, output_grad, final_state_grad, ssd_ends=(x, dt, A, D)
             )
-            dx, dD = ends.dx, ends.dD
-            ddt, dA = ends.ddt_from_values + dg * A.float(), (dg * dt.float()).sum(dim=(0, 1))
+            dx, ddt, dA, dD = ends.dx, ends.ddt, ends.dA, ends.dD
         else:
             dq, dk, dv, dg, d_initial = ctx.chunk.backward(
                 q, k, v, g, 1.0, initial_state, output_grad, final_state_grad

@@ -99,14 +99,14 @@ def simple_gla_fwd_kernel_output(
 @triton.jit
 def simple_gla_bwd_kernel_dv(
     q, k, do, gate_cumsum, chunk_gate, state_grads, dv, scale, T, NT,
-    x, dt, D, ddt_partials, dD_partials, x_stride_b, x_stride_t, x_stride_h,
+    x, dt, D, ddt_partials, end_partials, x_stride_b, x_stride_t, x_stride_h,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, PRECISION: tl.constexpr, SSD_ENDS: tl.constexpr,
 ):
     # dv_j = sum_{i>=j} scale (q_i . k_j) exp(gc_i - gc_j) do_i + k_j exp(gl - gc_j) dS_leaving
     # With SSD_ENDS (Mamba-2: v = dt x, y = o + D x, do = dy) it stores dx = dt dv + D dy in dv's place, rounded
     # once, and this value block's partials of d dt (sum over its columns of x dv, [B, T, H, NV]) and of dD (sum
-    # of dy x over its tile, [B H, NT, NV]); NV = the programs along axis 0
+    # of dy x over its tile: column i_v of end_partials [B H, NT, NV + 1]); NV = the programs along axis 0
     i_v, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     key_rows = _group_rows(i_b, i_h, T, H, G, K)
@@ -148,7 +148,7 @@ def simple_gla_bwd_kernel_dv(
         tl.store(p_dv, b_dx.to(p_dv.dtype.element_ty), boundary_check=(0, 1))
         rows = ((i_b * T + o_t) * H + i_h).to(tl.int64)
         tl.store(ddt_partials + rows * n_v + i_v, tl.sum(b_dv * b_x, axis=1), mask=o_t < T)
-        tl.store(dD_partials + (i_bh * NT + i_n) * n_v + i_v, tl.sum(tl.sum(b_dy * b_x, axis=1), axis=0))
+        tl.store(end_partials + (i_bh * NT + i_n) * (n_v + 1) + i_v, tl.sum(tl.sum(b_dy * b_x, axis=1), axis=0))
     else:
         tl.store(p_dv, b_dv.to(p_dv.dtype.element_ty), boundary_check=(0, 1))
 
@@ -156,11 +156,15 @@ def simple_gla_bwd_kernel_dv(
 @triton.jit
 def simple_gla_bwd_kernel_dqkg(
     q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq, dk, dg, scale, T, NT,
+    dt, A, ddt_partials, end_partials,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, PRECISION: tl.constexpr,
+    BV: tl.constexpr, PRECISION: tl.constexpr, SSD_ENDS: tl.constexpr, NV: tl.constexpr, NV_PAD: tl.constexpr,
 ):
     # One program per chunk with the whole key dimension (BK >= K), so dg's sum over keys stays in the program.
     # q and k are read at the head's group (G heads); dq and dk are this head's terms, stored per head (H heads).
+    # With SSD_ENDS (Mamba-2: g = dt A) dg never leaves the program: it stores d dt = (the dv kernel's NV partials
+    # of sum_P x dv) + dg A in dg's place, and this chunk's sum of dg dt (its part of dA) in column NV of
+    # end_partials [B H, NT, NV + 1] (NV_PAD: NV rounded up to a power of two).
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     chunk_offset = (i_bh * NT + i_n).to(tl.int64) * K * V
@@ -198,7 +202,17 @@ def simple_gla_bwd_kernel_dqkg(
     p_dk = tl.make_block_ptr(dk + head_rows, (T, K), (H * K, 1), (i_n * BT, 0), (BT, BK), (1, 0))
     tl.store(p_dq, b_dq.to(p_dq.dtype.element_ty), boundary_check=(0, 1))
     tl.store(p_dk, b_dk.to(p_dk.dtype.element_ty), boundary_check=(0, 1))
-    tl.store(dg + (i_b * T + o_t) * H + i_h, b_dg.to(dg.dtype.element_ty), mask=o_t < T)
+    token_rows = (i_b * T + o_t) * H + i_h
+    if SSD_ENDS:
+        b_dt = tl.load(dt + token_rows, mask=o_t < T, other=0.0).to(tl.float32)
+        o_nv = tl.arange(0, NV_PAD)
+        b_partials = tl.load(ddt_partials + token_rows.to(tl.int64)[:, None] * NV + o_nv[None, :],
+                             mask=(o_t < T)[:, None] & (o_nv < NV)[None, :], other=0.0)
+        b_ddt = tl.sum(b_partials, axis=1) + b_dg * tl.load(A + i_h).to(tl.float32)
+        tl.store(dg + token_rows, b_ddt.to(dg.dtype.element_ty), mask=o_t < T)
+        tl.store(end_partials + (i_bh * NT + i_n) * (NV + 1) + NV, tl.sum(tl.where(o_t < T, b_dg * b_dt, 0.0), axis=0))
+    else:
+        tl.store(dg + token_rows, b_dg.to(dg.dtype.element_ty), mask=o_t < T)
 
 
 
@@ -253,8 +267,8 @@ def prepare_backward(q, k, v, g, do, scale, saved_states=None) -> PreparedWalks:
 def finish_backward(prepared: PreparedWalks, q, k, v, g, scale, initial_state, do, final_state_grad, saved_states=None,
                     ssd_ends=None):
     """The backward's second phase ([Note: span phases]): (dq, dk, dv, dg, d initial_state). With ``ssd_ends =
-    (x, dt, D)`` (Mamba-2's ends: ``v = dt x``, ``y = o + D x``, so ``do`` is dy) the dv kernel returns
-    :class:`SsdEndGradients` in dv's place: dx rounded once, and the parts of d dt and dD it can form."""
+    (x, dt, A, D)`` (Mamba-2's ends: ``v = dt x``, ``g = dt A``, ``y = o + D x``, so ``do`` is dy) it returns
+    :class:`SsdEndGradients` in dv's place and None in dg's (dg is folded into d dt and dA in the kernels)."""
     q, k, v, do = prepared.q, prepared.k, prepared.v, prepared.do  # made contiguous by phase one
     batch, length, heads, value_dim = v.shape
     groups, key_dim = q.shape[2], q.shape[3]
@@ -270,42 +284,47 @@ def finish_backward(prepared: PreparedWalks, q, k, v, g, scale, initial_state, d
     n_value_blocks = cdiv(value_dim, block_v)
     if ssd_ends is None:
         dv = new_output(v.shape, v.dtype, v.device)
-        x, dt, D, ddt_partials, dD_partials = dv, g, g, g, g  # unread
+        x, dt, A, D, ddt_partials, end_partials = dv, g, g, g, g, g  # unread
     else:
-        x, dt, D = ssd_ends
+        x, dt, A, D = ssd_ends
         _check_skip(x, D, v)
         dv = new_output(v.shape, x.dtype, v.device)  # dx
         ddt_partials = new_output((*g.shape, n_value_blocks), torch.float32, v.device)
-        dD_partials = new_output((batch * heads, n_chunks, n_value_blocks), torch.float32, v.device)
+        end_partials = new_output((batch * heads, n_chunks, n_value_blocks + 1), torch.float32, v.device)
     simple_gla_bwd_kernel_dv[(n_value_blocks, n_chunks, batch * heads)](
         q, k, do, gate_cumsum, chunk_gate, state_grads, dv, scale, length, n_chunks,
-        x, dt, D, ddt_partials, dD_partials, x.stride(0), x.stride(1), x.stride(2),
+        x, dt, D, ddt_partials, end_partials, x.stride(0), x.stride(1), x.stride(2),
         H=heads, G=groups, K=key_dim, V=value_dim, BT=CHUNK, BK=block_k, BV=block_v,
         PRECISION=products_precision(LAUNCH, q.dtype), SSD_ENDS=ssd_ends is not None, **launch_options(launch),
     )
     dq_dk = new_output((2, batch, length, heads, key_dim), q.dtype, q.device)  # per head, summed below
-    dg = new_output(g.shape, torch.float32, g.device)
+    dg = new_output(g.shape, torch.float32, g.device)  # d dt in its place with ssd_ends
     simple_gla_bwd_kernel_dqkg[(n_chunks, batch * heads)](
         q, k, v, do, gate_cumsum, chunk_gate, states, state_grads, dq_dk[0], dq_dk[1], dg, scale, length, n_chunks,
+        dt, A, ddt_partials, end_partials,
         H=heads, G=groups, K=key_dim, V=value_dim, BT=CHUNK, BK=block_size(key_dim, 256),
         BV=block_size(value_dim, LAUNCH["dqkg"]["block_v"]), PRECISION=products_precision(LAUNCH, q.dtype),
+        SSD_ENDS=ssd_ends is not None, NV=n_value_blocks, NV_PAD=triton.next_power_of_2(n_value_blocks),
         **launch_options(LAUNCH["dqkg"]),
     )
     dq, dk = _sum_over_groups(dq_dk, groups)
     if ssd_ends is not None:
-        dv = SsdEndGradients(dx=dv, ddt_from_values=ddt_partials.sum(dim=-1),
-                             dD=dD_partials.sum(dim=(1, 2)).view(batch, heads).sum(dim=0))
+        # per head: the dD partials (columns 0 .. NV - 1) and dA's (column NV), summed over batch and chunks at once
+        sums = end_partials.view(batch, heads, n_chunks, n_value_blocks + 1).sum(dim=(0, 2))
+        dD = sums[:, 0] if n_value_blocks == 1 else sums[:, :n_value_blocks].sum(dim=1)
+        return dq, dk, SsdEndGradients(dx=dv, ddt=dg, dA=sums[:, n_value_blocks], dD=dD), None, initial_grad
     return dq, dk, dv, dg, initial_grad
 
 
 @dataclass(frozen=True)
 class SsdEndGradients:
-    """What simple GLA's dv kernel forms of Mamba-2's ends' gradients (``ssd_ends``): dx = dt dv + D dy in x's
-    dtype; ``sum_P x dv`` [B, T, H] float32, d dt less its ``dg A`` term (dg comes from a later kernel); dD [H]
-    float32."""
+    """Mamba-2's ends' gradients as simple GLA's backward kernels form them (``ssd_ends``): dx = dt dv + D dy in
+    x's dtype (the dv kernel); d dt = sum_P x dv + dg A [B, T, H] float32 (the dqkg kernel, in dg's place); dA
+    and dD [H] float32 (per-chunk partials from both kernels, summed in one reduction)."""
 
     dx: torch.Tensor
-    ddt_from_values: torch.Tensor
+    ddt: torch.Tensor
+    dA: torch.Tensor
     dD: torch.Tensor
 
 
