@@ -61,9 +61,11 @@ HEAD_REDUCTION_TOLERANCE = 1e-4
 """dA is one number per head summed over B * T * P * N float32 products: its rounding grows with that count."""
 
 
-def assert_close(actual, expected, tolerance, head_reduction_tolerance=HEAD_REDUCTION_TOLERANCE):
+def assert_close(actual, expected, tolerance, head_reduction_tolerance=HEAD_REDUCTION_TOLERANCE, head_sums=("dA",)):
+    """Relative errors within ``tolerance``, the per-head sums named in ``head_sums`` within the larger of it and
+    ``head_reduction_tolerance``."""
     errors = {name: relative_error(actual[name], expected[name]) for name in expected}
-    limits = {name: max(tolerance, head_reduction_tolerance) if name == "dA" else tolerance for name in errors}
+    limits = {name: max(tolerance, head_reduction_tolerance) if name in head_sums else tolerance for name in errors}
     bad = {name: error for name, error in errors.items() if not error <= limits[name]}
     assert not bad, f"relative errors above {tolerance}: {bad} (all: {errors})"
 
@@ -261,7 +263,9 @@ def test_pointwise_triton_kernels_match_the_torch_path(dtype, sliced):
     tolerance = 1e-6 if dtype == torch.float32 else 1e-2
     for name in expected:
         assert actual[name].dtype == expected[name].dtype, name
-    assert_close(actual, expected, tolerance)
+    # dD, like dA, is one float32 sum per head (over B T P terms here) whose order differs between the two paths:
+    # 1.07e-6 was seen once in float32
+    assert_close(actual, expected, tolerance, head_sums=("dA", "dD"))
 
 
 def both_ends_backward(inputs, backend, fused):
