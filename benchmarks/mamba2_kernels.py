@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -202,28 +203,40 @@ def time_layers(length: int, heads: int, head_dim: int, state_size: int, groups:
     print(f"{line}   fla {theirs:8.3f} ms ({path})   ours/fla {mine / theirs:5.2f}x", flush=True)
 
 
-def replayed_line(label: str, inputs, operands, fla, args) -> str:
-    """The operator, our kernels and fla's (when given) each replayed from a CUDA graph (:func:`replayed_ms`)."""
-    ours, ours_difference = replayed_ms(ssd_step(inputs), args)
-    kernels, _ = replayed_ms(simple_gla_step(chunk_simple_gla, operands, backend="triton"), args)
-    line = (f"{label} replayed from a CUDA graph: mamba2 {ours:8.3f} ms (replay against eager {ours_difference:.1e})"
-            f"   kernels {kernels:8.3f} ms")
+PEER = "fla chunk_simple_gla"
+
+
+def compared_steps(inputs, operands, fla, backend: str = "triton") -> dict[str, Callable[[], tuple]]:
+    """The steps each line compares, by name: our operator ("mamba2"), our ``chunk_simple_gla`` on the mapped
+    operands ("kernels") and, when ``fla`` is given, fla's on the same operands (:data:`PEER`)."""
+    steps = {"mamba2": ssd_step(inputs, backend),
+             "kernels": simple_gla_step(chunk_simple_gla, operands, backend=backend)}
     if fla is not None:
-        theirs, _ = replayed_ms(simple_gla_step(fla, operands), args)
-        line += f"   fla chunk_simple_gla {theirs:8.3f} ms   mamba2/fla {ours / theirs:5.2f}x"
+        steps[PEER] = simple_gla_step(fla, operands)
+    return steps
+
+
+def timed_line(prefix: str, milliseconds: dict[str, float]) -> str:
+    """``prefix`` then each step's milliseconds, and mamba2/fla when the peer was timed."""
+    line = prefix + "   ".join(f"{name} {value:8.3f} ms" for name, value in milliseconds.items())
+    if PEER in milliseconds:
+        line += f"   mamba2/fla {milliseconds['mamba2'] / milliseconds[PEER]:5.2f}x"
     return line
 
 
-def host_line(label: str, inputs, operands, fla, args) -> str:
+def replayed_line(label: str, steps: dict[str, Callable[[], tuple]], args) -> str:
+    """Each step replayed from a CUDA graph (:func:`replayed_ms`), and how far our replayed gradients are from an
+    eager call's."""
+    replayed = {name: replayed_ms(step, args) for name, step in steps.items()}
+    line = timed_line(f"{label} replayed from a CUDA graph: ", {name: ms for name, (ms, _) in replayed.items()})
+    return f"{line}   mamba2 replay against eager {replayed['mamba2'][1]:.1e}"
+
+
+def host_line(label: str, steps: dict[str, Callable[[], tuple]], args) -> str:
     """The host's own milliseconds in each eager step (:func:`benchmarks.common.host_ms`): near the eager median, a
     step is bound by its launches, not by the GPU."""
-    ours = host_ms(ssd_step(inputs), args.warmup, args.iterations)
-    kernels = host_ms(simple_gla_step(chunk_simple_gla, operands, backend="triton"), args.warmup, args.iterations)
-    line = f"{label} host time: mamba2 {ours:8.3f} ms   kernels {kernels:8.3f} ms"
-    if fla is not None:
-        theirs = host_ms(simple_gla_step(fla, operands), args.warmup, args.iterations)
-        line += f"   fla chunk_simple_gla {theirs:8.3f} ms"
-    return line
+    return timed_line(f"{label} host time: ",
+                      {name: host_ms(step, args.warmup, args.iterations) for name, step in steps.items()})
 
 
 def print_kernel_table(label: str, step, median: float) -> None:
@@ -267,31 +280,25 @@ def main() -> None:
                 inputs = make_ssd_inputs(length, heads, head_dim, args.state_size, args.groups, torch.bfloat16)
                 operands = mapped_operands(inputs)
                 label = f"T={length} H={heads} P={head_dim} N={args.state_size} G={args.groups} bf16 fwd+bwd"
-                ours = median_ms(ssd_step(inputs), args.warmup, args.iterations)
-                kernels = median_ms(simple_gla_step(chunk_simple_gla, operands, backend="triton"),
-                                    args.warmup, args.iterations)
-                line = f"{label}: mamba2 {ours:8.3f} ms   kernels {kernels:8.3f} ms"
+                steps = compared_steps(inputs, operands, fla)
+                eager = {name: median_ms(step, args.warmup, args.iterations) for name, step in steps.items()}
                 if args.per_head:
-                    repeated = median_ms(per_head_ssd_step(inputs), args.warmup, args.iterations)
-                    again = median_ms(ssd_step(inputs), args.warmup, args.iterations)
-                    line += f"   per-head B, C {repeated:8.3f} ms   grouped again {again:8.3f} ms"
-                if fla is not None:
-                    theirs = median_ms(simple_gla_step(fla, operands), args.warmup, args.iterations)
-                    line += f"   fla chunk_simple_gla {theirs:8.3f} ms   mamba2/fla {ours / theirs:5.2f}x"
-                print(line, flush=True)
+                    eager["per-head B, C"] = median_ms(per_head_ssd_step(inputs), args.warmup, args.iterations)
+                    eager["grouped again"] = median_ms(steps["mamba2"], args.warmup, args.iterations)
+                print(timed_line(f"{label}: ", eager), flush=True)
                 if args.host:
-                    print(host_line(label, inputs, operands, fla, args), flush=True)
+                    print(host_line(label, steps, args), flush=True)
                 if args.graphs:
-                    print(replayed_line(label, inputs, operands, fla, args), flush=True)
+                    print(replayed_line(label, steps, args), flush=True)
                 if args.profile:
-                    print_kernel_table(label, ssd_step(inputs), ours)
+                    print_kernel_table(label, steps["mamba2"], eager["mamba2"])
                 if args.check:
                     errors = relative_errors(inputs)
                     listed = " ".join(f"{name} {error:.1e}" for name, error in errors.items())
                     print(f"{label} relative errors: {listed}", flush=True)
                 if args.layer:
                     time_layers(length, heads, head_dim, args.state_size, args.groups, args)
-                del inputs, operands
+                del inputs, operands, steps
                 torch.cuda.empty_cache()
 
 

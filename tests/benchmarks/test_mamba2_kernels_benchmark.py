@@ -84,3 +84,22 @@ def test_host_time_counts_the_steps_own_work_and_not_its_warmup():
 
     median = host_ms(step, warmup=2, iterations=5, device=torch.device("cpu"))
     assert len(calls) == 7 and 4.0 <= median < 40.0
+
+
+def test_each_line_compares_the_same_steps_and_names_the_ratio():
+    """The eager, host and replayed lines share :func:`compared_steps`: ours, our kernels and the peer when given,
+    each a forward+backward of its own operands; the ratio is ours over the peer's, and absent without it."""
+    from functools import partial
+
+    inputs = benchmark.make_ssd_inputs(40, 2, 8, 4, 1, torch.float32, device="cpu")
+    operands = benchmark.mapped_operands(inputs)
+    peer = partial(chunk_simple_gla, backend="torch")
+    steps = benchmark.compared_steps(inputs, operands, peer, backend="torch")
+    assert list(steps) == ["mamba2", "kernels", benchmark.PEER]
+    assert len(steps["mamba2"]()) == len(benchmark.SSD_ARGUMENTS)
+    assert all(len(steps[name]()) == len(operands) for name in ("kernels", benchmark.PEER))
+    assert list(benchmark.compared_steps(inputs, operands, None, backend="torch")) == ["mamba2", "kernels"]
+
+    line = benchmark.timed_line("T: ", {"mamba2": 3.0, "kernels": 2.0, benchmark.PEER: 2.0})
+    assert line.startswith("T: mamba2    3.000 ms") and line.endswith("mamba2/fla  1.50x")
+    assert "mamba2/fla" not in benchmark.timed_line("T: ", {"mamba2": 3.0, "kernels": 2.0})
