@@ -16,13 +16,11 @@ import math
 from typing import Mapping
 
 from schedlang.runtime.hf_mamba_backbone import (
-    SILU_NAMES, backbone_problems, backbone_renames, backbone_sources, read_boolean, read_head_layout,
+    SILU_NAMES, backbone_config, backbone_problems, backbone_renames, backbone_sources, read_backbone,
+    read_boolean, read_head_layout,
 )
-
-from schedlang.vocabulary import ModelConfig
 from schedlang.runtime.mixer_mamba2 import A_INIT_RANGE
-from schedlang.vocabulary import Mamba2Options, ModelOptions
-from schedlang.vocabulary import LayerKind
+from schedlang.vocabulary import LayerKind, Mamba2Options, ModelConfig
 
 MAMBA2_MODEL_TYPE = "mamba2"
 MAMBA2_ARCHITECTURE = "Mamba2ForCausalLM"
@@ -84,7 +82,7 @@ def read_mamba2_config(values: Mapping[str, object]):
     build.
     """
     from schedlang.runtime.hf_format import (
-        FlaModel, UnsupportedFlaConfig, read_integer, read_number, read_positive,
+        UnsupportedFlaConfig, read_integer, read_number, read_positive,
     )
 
     problem = _fixed_field_problem(values)
@@ -105,16 +103,7 @@ def read_mamba2_config(values: Mapping[str, object]):
         dt_init_floor=read_positive(values, "dt_init_floor", 1e-4),
         dt_limit=_dt_limit(values),
     )
-    return FlaModel(
-        vocab=read_integer(values, "vocab_size", 32000),
-        d_model=layout.d_model,
-        layers=(LayerKind.MAMBA2,) * read_integer(values, "num_hidden_layers", 48),
-        heads=layout.heads,
-        head_dim=layout.head_dim,
-        norm_eps=read_positive(values, "norm_eps", 1e-5),
-        options=ModelOptions(mamba2=options, tie_embeddings=read_boolean(values, "tie_word_embeddings", False)),
-        mlp_ratio=0.0,
-    )
+    return read_backbone(values, layout, LayerKind.MAMBA2, mamba2=options)
 
 
 def mamba2_config_problems(model: ModelConfig) -> list[str]:
@@ -126,15 +115,7 @@ def mamba2_config(model: ModelConfig) -> dict[str, object]:
     """fla's ``Mamba2Config`` of ``model`` (which :func:`mamba2_config_problems` accepts)."""
     mamba2 = model.options.mamba2
     limit = (0.0, math.inf) if mamba2.dt_limit is None else mamba2.dt_limit
-    return {
-        "architectures": [MAMBA2_ARCHITECTURE],
-        "model_type": MAMBA2_MODEL_TYPE,
-        "vocab_size": model.vocab,
-        "hidden_size": model.d_model,
-        "num_hidden_layers": len(model.layers),
-        "head_dim": model.head_dim,
-        "num_heads": model.heads,
-        "expand": model.heads * model.head_dim // model.d_model,
+    return backbone_config(model, MAMBA2_ARCHITECTURE, MAMBA2_MODEL_TYPE, {
         "state_size": mamba2.state_size,
         "n_groups": mamba2.n_groups,
         "conv_kernel": mamba2.conv_kernel,
@@ -149,12 +130,7 @@ def mamba2_config(model: ModelConfig) -> dict[str, object]:
         "dt_max": mamba2.dt_max,
         "dt_init_floor": mamba2.dt_init_floor,
         "dt_limit": [limit[0], math.inf if limit[1] is None else limit[1]],
-        "norm_eps": model.norm_eps,
-        "tie_word_embeddings": model.options.tie_embeddings,
-        "residual_in_fp32": True,
-        "fuse_norm": True,
-        "fuse_cross_entropy": True,
-    }
+    })
 
 
 _RENAMES = backbone_renames(

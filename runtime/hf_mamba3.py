@@ -16,10 +16,11 @@ from __future__ import annotations
 from typing import Mapping
 
 from schedlang.runtime.hf_mamba_backbone import (
-    SILU_NAMES, backbone_problems, backbone_renames, backbone_sources, read_boolean, read_head_layout,
+    SILU_NAMES, backbone_config, backbone_problems, backbone_renames, backbone_sources, read_backbone,
+    read_boolean, read_head_layout,
 )
 
-from schedlang.vocabulary import LayerKind, Mamba3Options, ModelConfig, ModelOptions
+from schedlang.vocabulary import LayerKind, Mamba3Options, ModelConfig
 
 MAMBA3_MODEL_TYPE = "mamba3"
 MAMBA3_ARCHITECTURE = "Mamba3ForCausalLM"
@@ -34,7 +35,7 @@ def read_mamba3_config(values: Mapping[str, object]):
     a ``rope_fraction`` other than 0.5 or 1.0, sizes that do not divide.
     """
     from schedlang.runtime.hf_format import (
-        FlaModel, UnsupportedFlaConfig, read_integer, read_number, read_positive,
+        UnsupportedFlaConfig, read_integer, read_number, read_positive,
     )
 
     if read_boolean(values, "is_mimo", False):
@@ -69,16 +70,7 @@ def read_mamba3_config(values: Mapping[str, object]):
     )
     if options.angle_count() < 1:
         raise UnsupportedFlaConfig("rope_fraction", "state_size * rope_fraction makes no rotary angle")
-    return FlaModel(
-        vocab=read_integer(values, "vocab_size", 32000),
-        d_model=layout.d_model,
-        layers=(LayerKind.MAMBA3,) * read_integer(values, "num_hidden_layers", 48),
-        heads=layout.heads,
-        head_dim=layout.head_dim,
-        norm_eps=read_positive(values, "norm_eps", 1e-5),
-        options=ModelOptions(mamba3=options, tie_embeddings=read_boolean(values, "tie_word_embeddings", False)),
-        mlp_ratio=0.0,
-    )
+    return read_backbone(values, layout, LayerKind.MAMBA3, mamba3=options)
 
 
 def mamba3_config_problems(model: ModelConfig) -> list[str]:
@@ -89,15 +81,7 @@ def mamba3_config_problems(model: ModelConfig) -> list[str]:
 def mamba3_config(model: ModelConfig) -> dict[str, object]:
     """fla's ``Mamba3Config`` of ``model`` (which :func:`mamba3_config_problems` accepts)."""
     mamba3 = model.options.mamba3
-    return {
-        "architectures": [MAMBA3_ARCHITECTURE],
-        "model_type": MAMBA3_MODEL_TYPE,
-        "vocab_size": model.vocab,
-        "hidden_size": model.d_model,
-        "num_hidden_layers": len(model.layers),
-        "head_dim": model.head_dim,
-        "num_heads": model.heads,
-        "expand": model.heads * model.head_dim // model.d_model,
+    return backbone_config(model, MAMBA3_ARCHITECTURE, MAMBA3_MODEL_TYPE, {
         "state_size": mamba3.state_size,
         "n_groups": mamba3.n_groups,
         "use_bias": mamba3.use_bias,
@@ -110,12 +94,7 @@ def mamba3_config(model: ModelConfig) -> dict[str, object]:
         "dt_min": mamba3.dt_min,
         "dt_max": mamba3.dt_max,
         "dt_init_floor": mamba3.dt_init_floor,
-        "norm_eps": model.norm_eps,
-        "tie_word_embeddings": model.options.tie_embeddings,
-        "residual_in_fp32": True,
-        "fuse_norm": True,
-        "fuse_cross_entropy": True,
-    }
+    })
 
 
 _RENAMES = backbone_renames(

@@ -6,8 +6,8 @@ name map from the mixer's own tensor names, :func:`backbone_sources` reads it (`
 parameter fla's model has no counterpart of). :func:`backbone_problems` says why a model is not such a backbone
 (another layer kind, an MLP, a width fla's integer ``expand`` cannot give). :func:`read_boolean` reads a
 boolean config field or raises ``UnsupportedFlaConfig`` naming it; :func:`read_head_layout`
-reads the width, heads and groups both configs describe alike. ``SILU_NAMES`` are the activation names both
-configs accept.
+reads the width, heads and groups both configs describe alike; :func:`read_backbone` and :func:`backbone_config`
+read and write the fields around the mixer's own. ``SILU_NAMES`` are the activation names both configs accept.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from schedlang.vocabulary import LayerKind, ModelConfig
+from schedlang.vocabulary import LayerKind, ModelConfig, ModelOptions
 
 SILU_NAMES = ("silu", "swish")
 _LAYER = r"layers\.(\d+)\."
@@ -99,3 +99,43 @@ def backbone_problems(model: ModelConfig, kind: LayerKind, architecture: str) ->
     if (model.heads * model.head_dim) % model.d_model:
         problems.append("heads * head_dim must be a whole multiple of d_model (fla's integer expand)")
     return problems
+
+
+def read_backbone(values: Mapping[str, object], layout: HeadLayout, kind: LayerKind, **mixer_options):
+    """The :class:`schedlang.runtime.hf_format.FlaModel` of a Mamba backbone's ``config.json``: ``layout``'s sizes,
+    ``num_hidden_layers`` blocks of ``kind`` without an MLP, and ``ModelOptions(**mixer_options)`` (``mamba2=`` or
+    ``mamba3=``) with the config's ``tie_word_embeddings``; fla 0.6.0's defaults where a field is absent."""
+    from schedlang.runtime.hf_format import FlaModel, read_integer, read_positive
+
+    return FlaModel(
+        vocab=read_integer(values, "vocab_size", 32000),
+        d_model=layout.d_model,
+        layers=(kind,) * read_integer(values, "num_hidden_layers", 48),
+        heads=layout.heads,
+        head_dim=layout.head_dim,
+        norm_eps=read_positive(values, "norm_eps", 1e-5),
+        options=ModelOptions(**mixer_options, tie_embeddings=read_boolean(values, "tie_word_embeddings", False)),
+        mlp_ratio=0.0,
+    )
+
+
+def backbone_config(model: ModelConfig, architecture: str, model_type: str,
+                    mixer_fields: Mapping[str, object]) -> dict[str, object]:
+    """fla's ``config.json`` fields of a Mamba backbone ``model``: its sizes, then ``mixer_fields`` (the mixer's
+    own), then the norm, the tied embedding and the fused-kernel flags fla's models read."""
+    return {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "vocab_size": model.vocab,
+        "hidden_size": model.d_model,
+        "num_hidden_layers": len(model.layers),
+        "head_dim": model.head_dim,
+        "num_heads": model.heads,
+        "expand": model.heads * model.head_dim // model.d_model,
+        **mixer_fields,
+        "norm_eps": model.norm_eps,
+        "tie_word_embeddings": model.options.tie_embeddings,
+        "residual_in_fp32": True,
+        "fuse_norm": True,
+        "fuse_cross_entropy": True,
+    }
