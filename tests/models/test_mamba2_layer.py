@@ -9,10 +9,12 @@ import torch
 
 from fla_mamba2_reference import mamba2_layer
 from fla_reference import import_fla
+from mixer_documents import (
+    assert_an_ignored_start_changes_what_follows, assert_documents_run_as_their_pieces, relative,
+)
 from schedlang.vocabulary import ModelConfig
 from schedlang.runtime.mixer_mamba2 import Mamba2Mixer
 from schedlang.vocabulary import Mamba2Options, ModelOptions
-from schedlang.runtime.packing import ChunkDocuments
 
 D_MODEL, HEADS, HEAD_DIM = 24, 4, 8
 
@@ -49,12 +51,6 @@ def state_of(mixer: Mamba2Mixer, packed: torch.Tensor) -> tuple[torch.Tensor, to
     """Our packed state as fla's (conv_state [B, conv_dim, W - 1], ssm_state [B, H, P, N])."""
     recurrent, (history,) = mixer.packed_state.unpack(packed)
     return history.transpose(1, 2), recurrent.transpose(-1, -2)
-
-
-def relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    if expected.numel() == 0:  # a one-tap convolution keeps no history
-        return 0.0 if actual.shape == expected.shape else float("inf")
-    return ((actual.double() - expected.double()).norm() / expected.double().norm()).item()
 
 
 OPTIONS = [
@@ -104,31 +100,12 @@ def test_chunks_in_float64_match_the_restatement_with_every_gradient(options):
 def test_packed_documents_restart_the_state_and_the_convolution_history():
     """One chunk holding a continued document and two new ones equals the three run alone: the first from the
     incoming state (history included), the others from zeros; the final state is the last document's."""
-    options = OPTIONS[0]
-    mixer = make_mixer(options)
-    hidden = torch.randn(2, 50, D_MODEL, dtype=torch.float64)
-    _, incoming = mixer(torch.randn(2, 9, D_MODEL, dtype=torch.float64), None)
-    # rows: a document continued from before position 100 then starting at 110 and 111; one starting at 100
-    documents = ChunkDocuments(start=100, end=150, first_starts=(90, 100), inner_starts=((110, 111), (130,)))
-    output, final = mixer(hidden, incoming, documents)
-    for row, pieces in enumerate(documents.pieces(row) for row in range(2)):
-        for first, end in pieces:
-            piece = hidden[row : row + 1, first - 100 : end - 100]
-            state = incoming[row : row + 1] if first == 100 and documents.continues(row) else None
-            alone, alone_final = mixer(piece, state)
-            assert relative(output[row : row + 1, first - 100 : end - 100], alone) < 1e-10, (row, first)
-        assert relative(final[row : row + 1], alone_final) < 1e-10, row
+    assert_documents_run_as_their_pieces(make_mixer(OPTIONS[0]), D_MODEL)
 
 
 def test_without_the_documents_the_history_would_leak_across_a_start():
     """The negative control of the test above: a document start ignored changes the outputs after it."""
-    mixer = make_mixer(OPTIONS[0])
-    hidden = torch.randn(1, 30, D_MODEL, dtype=torch.float64)
-    documents = ChunkDocuments(start=0, end=30, first_starts=(0,), inner_starts=((12,),))
-    with_starts, _ = mixer(hidden, None, documents)
-    without, _ = mixer(hidden, None)
-    assert relative(with_starts[:, :12], without[:, :12]) < 1e-12
-    assert relative(with_starts[:, 12:], without[:, 12:]) > 1e-3
+    assert_an_ignored_start_changes_what_follows(make_mixer(OPTIONS[0]), D_MODEL)
 
 
 def test_fla_torch_forward_gives_the_same_outputs_and_states_in_float32():

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from fla_mamba3_reference import mamba3_layer
+from mixer_documents import (
+    assert_an_ignored_start_changes_what_follows, assert_documents_run_as_their_pieces, relative,
+)
 from schedlang.runtime.mixer_mamba3 import Mamba3Mixer
-from schedlang.runtime.packing import ChunkDocuments
 from schedlang.vocabulary import Mamba3Options, ModelConfig, ModelOptions
 
 D_MODEL, HEADS, HEAD_DIM = 24, 4, 8
@@ -44,10 +46,6 @@ def state_of(mixer: Mamba3Mixer, packed: torch.Tensor):
     batch = packed.shape[0]
     return (angle.reshape(batch, HEADS, -1), ssm.transpose(-1, -2), key.reshape(batch, HEADS, -1),
             value.reshape(batch, HEADS, -1))
-
-
-def relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((actual.double() - expected.double()).norm() / expected.double().norm()).item()
 
 
 OPTIONS = [
@@ -93,29 +91,12 @@ def test_packed_documents_restart_the_state_the_carried_term_and_the_angles():
     """One chunk holding a continued document and new ones equals the pieces run alone: the first from the
     incoming state (angles, last key and input included), the others from zeros; the final state is the last
     piece's."""
-    mixer = make_mixer(OPTIONS[1])
-    hidden = torch.randn(2, 50, D_MODEL, dtype=torch.float64)
-    _, incoming = mixer(torch.randn(2, 9, D_MODEL, dtype=torch.float64), None)
-    documents = ChunkDocuments(start=100, end=150, first_starts=(90, 100), inner_starts=((110, 111), (130,)))
-    output, final = mixer(hidden, incoming, documents)
-    for row in range(2):
-        for first, end in documents.pieces(row):
-            piece = hidden[row : row + 1, first - 100 : end - 100]
-            state = incoming[row : row + 1] if first == 100 and documents.continues(row) else None
-            alone, alone_final = mixer(piece, state)
-            assert relative(output[row : row + 1, first - 100 : end - 100], alone) < 1e-10, (row, first)
-        assert relative(final[row : row + 1], alone_final) < 1e-10, row
+    assert_documents_run_as_their_pieces(make_mixer(OPTIONS[1]), D_MODEL)
 
 
 def test_without_the_documents_the_carried_term_would_leak_across_a_start():
     """The negative control: a document start ignored changes the outputs after it."""
-    mixer = make_mixer(OPTIONS[0])
-    hidden = torch.randn(1, 30, D_MODEL, dtype=torch.float64)
-    documents = ChunkDocuments(start=0, end=30, first_starts=(0,), inner_starts=((12,),))
-    with_starts, _ = mixer(hidden, None, documents)
-    without, _ = mixer(hidden, None)
-    assert relative(with_starts[:, :12], without[:, :12]) < 1e-12
-    assert relative(with_starts[:, 12:], without[:, 12:]) > 1e-3
+    assert_an_ignored_start_changes_what_follows(make_mixer(OPTIONS[0]), D_MODEL)
 
 
 def test_float32_stays_within_float32_error_of_the_float64_restatement():
