@@ -90,15 +90,18 @@ def read_bounded_text(path: str | os.PathLike, limit: int, what: str = "file") -
     return read_bounded(path, limit, what).decode("utf-8")
 
 
+def _temporary_beside(target: Path) -> tuple[int, str]:
+    """(descriptor, path) of a new empty file in ``target``'s directory, mode 0600, named after ``target``."""
+    return tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+
+
 @contextlib.contextmanager
-def replacing(path: str | os.PathLike, mode: int | None = None):
-    """A temporary path in ``path``'s directory for a writer that needs a file name; renamed over ``path`` when
-    the block ends without an exception, removed otherwise (as :func:`write_replacing`)."""
-    target = Path(path)
-    descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(descriptor)
+def _renamed_over(temporary: str, target: Path, mode: int | None):
+    """Around the writing of ``temporary``: when the block ends, ``temporary`` gets ``mode`` less the umask (by
+    default 0666 less the umask, what a plain ``open`` gives) and is renamed over ``target``; on an exception it is
+    removed instead."""
     try:
-        yield Path(temporary)
+        yield
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(temporary, (0o666 if mode is None else mode) & ~umask)
@@ -109,30 +112,32 @@ def replacing(path: str | os.PathLike, mode: int | None = None):
         except OSError:
             pass
         raise
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike, mode: int | None = None):
+    """A temporary path in ``path``'s directory for a writer that needs a file name; renamed over ``path`` when
+    the block ends without an exception, removed otherwise (as :func:`write_replacing`)."""
+    target = Path(path)
+    descriptor, temporary = _temporary_beside(target)
+    os.close(descriptor)
+    with _renamed_over(temporary, target, mode):
+        yield Path(temporary)
 
 
 def write_replacing(path: str | os.PathLike, content: bytes | str, mode: int | None = None) -> None:
     """Write ``content`` to a temporary file in ``path``'s directory and rename it over ``path``.
 
     A symbolic link at ``path`` is replaced by the new file, its target left untouched. The new file gets
-    ``mode`` less the umask; by default the mode a plain ``open`` would give it (0666 less the umask).
+    ``mode`` less the umask; by default the mode a plain ``open`` would give it (0666 less the umask). The content
+    goes through the descriptor the temporary file was created with, never reopened by name.
     """
     target = Path(path)
     data = content.encode("utf-8") if isinstance(content, str) else content
-    descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
+    descriptor, temporary = _temporary_beside(target)
+    with _renamed_over(temporary, target, mode):
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, (0o666 if mode is None else mode) & ~umask)
-        os.replace(temporary, target)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
 
 
 def open_for_append(path: str | os.PathLike):

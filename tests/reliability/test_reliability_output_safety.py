@@ -119,6 +119,33 @@ def test_writing_replaces_a_link_and_appending_refuses_one(tmp_path):
     assert not [entry for entry in tmp_path.iterdir() if entry.name.endswith(".tmp")]
 
 
+def test_a_failed_write_leaves_the_old_file_and_no_temporary_and_a_mode_is_kept(tmp_path):
+    """Both replacing writers: an exception inside the write keeps what ``path`` held and removes the temporary
+    file; a finished write gets the asked mode less the umask."""
+    import os
+
+    from schedlang.vocabulary.files import replacing, write_replacing
+
+    target = tmp_path / "out.py"
+    target.write_text("old\n", encoding="utf-8")
+    with pytest.raises(RuntimeError, match="writer failed"):
+        with replacing(target) as temporary:
+            temporary.write_text("half", encoding="utf-8")
+            raise RuntimeError("writer failed")
+    with pytest.raises(TypeError):
+        write_replacing(target, 3.5)  # neither bytes nor text: fails inside the write
+    assert target.read_text() == "old\n"
+    assert not [entry for entry in tmp_path.iterdir() if entry.name.endswith(".tmp")]
+    umask = os.umask(0)
+    os.umask(umask)
+    write_replacing(target, "new\n", mode=0o640)
+    with replacing(tmp_path / "other.py", mode=0o600) as temporary:
+        temporary.write_text("x", encoding="utf-8")
+    assert target.read_text() == "new\n"
+    assert (target.stat().st_mode & 0o777, (tmp_path / "other.py").stat().st_mode & 0o777) == (
+        0o640 & ~umask, 0o600 & ~umask)
+
+
 def test_bounded_reads_refuse_devices_fifos_and_long_files(tmp_path):
     from schedlang.vocabulary.files import UnsafeFileError, read_bounded
 
