@@ -200,7 +200,7 @@ def test_a_host_bound_step_no_factor_reaches_is_refused():
 
     program = compile_schedule(ScheduleText(SCHEDULE, "tiny.sched"), through=Pass.CHECK).program
     variant = compile_schedule(ScheduleText(host_bound_text(program), "v.sched"), through=Pass.CHECK).program
-    with pytest.raises(CalibrationError, match="for host factors 0.5x-4x"):
+    with pytest.raises(CalibrationError, match="for host factors 0.25x-4x"):
         fitted_host_factor(variant, resolve_hardware("h200"), 1e3)
 
 
