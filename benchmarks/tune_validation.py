@@ -153,20 +153,26 @@ def run_time_limit(predicted_step_seconds: float, warmup: int, args: argparse.Na
 
 def measure(path: Path, warmup: int, args: argparse.Namespace, limit: float | None = None) -> dict:
     """Train one candidate for ``warmup`` + ``--steps`` steps (for at most ``limit`` seconds, default
-    ``--timeout``); its median step time over the steps after the warm-up, or how it ended."""
+    ``--timeout``); its median step time over the steps after the warm-up, or how it ended. A run stopped at its
+    limit after at least one step past the warm-up is measured on the steps it finished (``steps`` says how many
+    of how many); one stopped sooner says how many steps it finished and how long each took."""
     from schedlang.profile_calibration import CalibrationError, RunTimedOut, train_and_read_steps
 
+    asked = warmup + args.steps
     try:
-        steps = train_and_read_steps(str(path), args.device, warmup + args.steps,
-                                     args.timeout if limit is None else limit)
-    except RunTimedOut:
-        return {"outcome": "timed out"}
+        steps = train_and_read_steps(str(path), args.device, asked, args.timeout if limit is None else limit)
+    except RunTimedOut as stopped:
+        steps = stopped.steps
+        if len(steps) <= warmup:
+            seconds = ", ".join(f"{step['step_seconds']:.3g}" for step in steps)
+            return {"outcome": f"timed out after {len(steps)} of {asked} steps" + (f" ({seconds} s)" if steps else "")}
     except CalibrationError as error:
         return {"outcome": f"failed: {error}"}
     path.with_suffix(".jsonl").write_text("".join(json.dumps(step) + "\n" for step in steps), encoding="utf-8")
     timed = steps[warmup:] or steps
     return {
         "outcome": "measured",
+        "steps": f"{len(steps)} of {asked}",
         "step_seconds": statistics.median(step["step_seconds"] for step in timed),
         "tokens_per_second": statistics.median(step["tokens_per_second"] for step in timed),
         "peak_memory_gib": max(step["peak_memory_bytes"] for step in timed) / 2**30,

@@ -40,7 +40,11 @@ class CalibrationError(Exception):
 
 
 class RunTimedOut(CalibrationError):
-    """The run outlasted its time limit."""
+    """The run outlasted its time limit; ``steps`` holds the metrics records of the steps it finished first."""
+
+    def __init__(self, message: str, steps: list[dict] | None = None):
+        super().__init__(message)
+        self.steps = steps or []
 
 
 def require_one_process(program, path: str) -> None:
@@ -57,7 +61,7 @@ def require_one_process(program, path: str) -> None:
 def train_and_read_steps(path: str, device: str, steps: int, timeout: float) -> list[dict]:
     """``schedlang run PATH --device DEVICE --steps STEPS --metrics ...`` in a process of its own: the metrics
     record of every step, or :class:`CalibrationError` saying that the run timed out or failed (its last
-    lines), :class:`RunTimedOut` past ``timeout``."""
+    lines), :class:`RunTimedOut` past ``timeout`` (with the records of the steps finished by then)."""
     with tempfile.TemporaryDirectory(prefix="schedlang-steps-") as directory:
         metrics = Path(directory) / "steps.jsonl"
         command = [
@@ -68,11 +72,25 @@ def train_and_read_steps(path: str, device: str, steps: int, timeout: float) -> 
         try:
             completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
-            raise RunTimedOut(f"the run of {path} took over {timeout:g} s") from None
+            raise RunTimedOut(f"the run of {path} took over {timeout:g} s", read_steps(metrics)) from None
         if completed.returncode != 0:
             tail = " | ".join((completed.stderr or completed.stdout).strip().splitlines()[-3:])
             raise CalibrationError(f"the run of {path} failed ({completed.returncode}): {tail}")
-        return [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return read_steps(metrics)
+
+
+def read_steps(metrics: Path) -> list[dict]:
+    """The complete records of a ``--metrics`` file (none when it was never written; a line cut off by a killed
+    run is left out)."""
+    if not metrics.exists():
+        return []
+    records = []
+    for line in metrics.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return records
 
 
 def measure_step_seconds(path: str, device: str, warmup: int, steps: int, timeout: float) -> float:

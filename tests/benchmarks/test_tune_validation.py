@@ -157,3 +157,38 @@ def test_ranks_choose_the_candidates_to_train_and_a_rank_tune_never_gave_is_refu
     assert [c["rank"] for c in chosen_candidates(ranking, argparse.Namespace(ranks=[9, 3, 3], candidates=7))] == [3, 9]
     with pytest.raises(SystemExit, match="no rank 12"):
         chosen_candidates(ranking, argparse.Namespace(ranks=[3, 12], candidates=7))
+
+
+def test_a_run_stopped_at_its_limit_keeps_the_steps_it_finished(monkeypatch, tmp_path):
+    import argparse
+
+    from benchmarks import tune_validation
+    from schedlang import profile_calibration
+
+    finished = [{"step_seconds": s, "tokens_per_second": 100 / s, "peak_memory_bytes": 2**30} for s in (9.0, 2.0, 3.0)]
+
+    def stopped_after(count):
+        def train(path, device, steps, timeout):
+            raise profile_calibration.RunTimedOut("over", finished[:count])
+        return train
+
+    args = argparse.Namespace(device="cpu", steps=2, timeout=1.0)
+    monkeypatch.setattr(profile_calibration, "train_and_read_steps", stopped_after(3))
+    measured = tune_validation.measure(tmp_path / "c.sched", 1, args)
+    assert measured["outcome"] == "measured" and measured["steps"] == "3 of 3"
+    assert measured["step_seconds"] == 2.5  # the warm-up step left out
+    monkeypatch.setattr(profile_calibration, "train_and_read_steps", stopped_after(2))
+    assert tune_validation.measure(tmp_path / "c.sched", 1, args)["step_seconds"] == 2.0
+    monkeypatch.setattr(profile_calibration, "train_and_read_steps", stopped_after(1))
+    assert tune_validation.measure(tmp_path / "c.sched", 1, args) == {"outcome": "timed out after 1 of 3 steps (9 s)"}
+    monkeypatch.setattr(profile_calibration, "train_and_read_steps", stopped_after(0))
+    assert tune_validation.measure(tmp_path / "c.sched", 1, args) == {"outcome": "timed out after 0 of 3 steps"}
+
+
+def test_a_killed_runs_metrics_are_read_up_to_the_cut(tmp_path):
+    from schedlang.profile_calibration import read_steps
+
+    metrics = tmp_path / "steps.jsonl"
+    assert read_steps(metrics) == []
+    metrics.write_text('{"step": 1}\n{"step": 2}\n{"st')
+    assert read_steps(metrics) == [{"step": 1}, {"step": 2}]
