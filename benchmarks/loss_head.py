@@ -4,7 +4,9 @@
 and ``F.cross_entropy`` (which keeps the float32 log-softmax for the backward). ``fused`` is
 ``StageModel.loss``, the path training takes: the head and the loss block by block of tokens ([Note: fused
 head and loss] in schedlang.runtime.linear_cross_entropy), once per ``--block-tokens`` value (``default``:
-the runtime's choice for the vocabulary). The model is benchmarks/pipeline.py's (the 1B GLA's ``d_model``
+the runtime's choice for the vocabulary) and per ``--loss-backends`` value (each block's loss and logits
+gradient in PyTorch's kernels or in one Triton kernel; ``auto``: the runtime's choice,
+``schedlang.runtime.mixer_base.loss_kernel_backend``). The model is benchmarks/pipeline.py's (the 1B GLA's ``d_model``
 and ``vocab`` from benchmarks/schedules/gla_1b_pp2.sched); the head is built alone, as
 ``schedlang.runtime.profiling`` builds its ``head`` part, and fed random hidden states and targets.
 
@@ -15,7 +17,7 @@ what the forward leaves for the backward (CUDA only), and the relative differenc
 hidden states' gradient from the plain path's.
 
     python3 benchmarks/loss_head.py [--tokens 65536] [--dtype bf16] [--block-tokens default 2048 8192]
-        [--warmup 2] [--iterations 5] [--tiny] [--device cuda]
+        [--loss-backends auto torch triton] [--warmup 2] [--iterations 5] [--tiny] [--device cuda]
 
 ``--tiny`` runs the benchmarks' tiny model over a few hundred tokens (on the CPU unless ``--device`` says
 otherwise): the whole path, no meaningful numbers.
@@ -24,7 +26,10 @@ otherwise): the whole path, no meaningful numbers.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +47,7 @@ TINY_TOKENS = 300
 
 @dataclass(frozen=True)
 class PathResult:
-    path: str
+    path: str  # "plain", or "fused (BACKEND)"
     block_tokens: int | None  # None: the plain path
     step_ms: float
     forward_ms: float
@@ -90,6 +95,7 @@ def relative_difference(value: torch.Tensor, reference: torch.Tensor) -> float:
 
 def run(args: argparse.Namespace) -> list[PathResult]:
     from schedlang.runtime.linear_cross_entropy import loss_block_tokens
+    from schedlang.runtime.mixer_base import LOSS_BACKEND_VARIABLE, loss_kernel_backend
     from schedlang.runtime.model import build_stage_model
     from schedlang.runtime.profiling import part_config
 
@@ -104,11 +110,33 @@ def run(args: argparse.Namespace) -> list[PathResult]:
     targets = torch.randint(0, config.vocab, (1, args.tokens), generator=generator).to(device)
     results = [measure_path(model, "reference_loss", hidden, targets, device, args.warmup, args.iterations)]
     results[0] = PathResult(**{**results[0].__dict__, "path": "plain"})
-    for block in args.block_tokens:
-        model.loss_block_tokens = loss_block_tokens(config.vocab) if block == "default" else int(block)
-        result = measure_path(model, "loss", hidden, targets, device, args.warmup, args.iterations)
-        results.append(PathResult(**{**result.__dict__, "path": "fused", "block_tokens": model.loss_block_tokens}))
+    for backend in args.loss_backends:
+        for block in args.block_tokens:
+            model.loss_block_tokens = loss_block_tokens(config.vocab) if block == "default" else int(block)
+            with backend_forced(LOSS_BACKEND_VARIABLE, None if backend == "auto" else backend):
+                used = loss_kernel_backend(device)  # on the CPU always PyTorch's
+                result = measure_path(model, "loss", hidden, targets, device, args.warmup, args.iterations)
+            results.append(PathResult(**{
+                **result.__dict__, "path": f"fused ({used})", "block_tokens": model.loss_block_tokens,
+            }))
     return results
+
+
+@contextmanager
+def backend_forced(variable: str, backend: str | None) -> Iterator[None]:
+    """``variable`` (``SCHEDLANG_LOSS_BACKEND``) set to ``backend`` (None: unset) inside the block, as before after."""
+    before = os.environ.get(variable)
+    if backend is None:
+        os.environ.pop(variable, None)
+    else:
+        os.environ[variable] = backend
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = before
 
 
 def gib_cell(n_bytes: int, device: torch.device) -> str:
@@ -138,6 +166,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument(
         "--block-tokens", nargs="+", default=["default"], help="the fused path's blocks: numbers or 'default'"
+    )
+    parser.add_argument(
+        "--loss-backends", nargs="+", default=["auto"], choices=["auto", "torch", "triton"],
+        help="the fused path's loss kernels (default auto: the runtime's choice, loss_kernel_backend)",
     )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iterations", type=int, default=5)

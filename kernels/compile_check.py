@@ -127,6 +127,7 @@ def operator_calls(dtype_name: str) -> Iterator[tuple[str, Callable[[], object]]
     from schedlang.kernels.gla.chunk import implementation_for as gla_implementation
     from schedlang.kernels.gated_rms_norm import gated_rms_norm
     from schedlang.kernels.short_convolution import short_convolution
+    from schedlang.kernels.cross_entropy import cross_entropy_rows
     from schedlang.kernels.swiglu import swiglu
 
     dtype = getattr(torch, dtype_name)
@@ -207,6 +208,10 @@ def operator_calls(dtype_name: str) -> Iterator[tuple[str, Callable[[], object]]
         leaf(3, 512), leaf(3, 512), leaf(512, dtype=torch.float32), 4, 1e-5, backend="triton"))
     yield "gated_rms_norm norm first, one weight for every head", lambda: backward(gated_rms_norm(
         leaf(3, 4, 128), leaf(3, 4, 128), leaf(128, dtype=torch.float32), 1, 1e-5, True, backend="triton"))
+    yield "cross_entropy_rows V32000, the gradient over the logits", lambda: cross_entropy_rows(
+        torch.zeros(3, 32000, dtype=dtype), torch.tensor([0, -100, 31999]), -100, True, backend="triton")
+    yield "cross_entropy_rows V1000, the loss alone", lambda: cross_entropy_rows(
+        torch.zeros(3, 1000, dtype=dtype), torch.tensor([0, -100, 999]), -100, False, backend="triton")
     yield "log_sigmoid_gate", lambda: backward(
         log_sigmoid_gate(leaf(3, 96, dtype=torch.float32), 16.0, backend="triton")
     )

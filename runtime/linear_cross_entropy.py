@@ -8,6 +8,9 @@ the block's logits ``h_b W^T`` in the model's dtype (one GEMM, accumulated as ``
 log-sum-exp in float32, the block's loss, and, because a summed scalar loss gets a scalar gradient ``g``, the
 block's gradients at once: ``dlogits_b = softmax_b - onehot_b`` (zero on ignored rows) in float32, cast to the
 model's dtype as the ``.float()`` backward would, then ``dh_b = dlogits_b W`` and ``dW += dlogits_b^T h_b``.
+The loss and ``dlogits_b`` are :func:`schedlang.kernels.cross_entropy.cross_entropy_rows`: on the GPU one Triton
+kernel that reads the block's logits twice and writes ``dlogits_b`` over them, where PyTorch's kernels made a
+float32 copy and five more passes over it.
 The backward only scales: ``g dh`` and ``g dW``. Extra memory is O(``block_tokens`` x V) while the forward
 runs; what is kept for the backward is ``dh`` (as large as ``h``) and ``dW`` (as large as ``W``), where the
 plain path keeps the ``[T, V]`` float32 log-softmax: less for every chunk of more than ``D / 2`` tokens.
@@ -38,6 +41,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from schedlang.kernels.cross_entropy import cross_entropy_rows
 from schedlang.runtime.packing import IGNORED_TARGET
 
 LOSS_BLOCK_ELEMENTS = 1 << 27
@@ -53,26 +57,6 @@ def loss_block_tokens(vocab: int) -> int:
     return tokens
 
 
-def _block_loss_and_logits_grad(
-    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, with_grad: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One block's summed cross-entropy and, with ``with_grad``, its gradient w.r.t. the logits (``softmax -
-    onehot``, zero rows where the target is ``ignore_index``), both in float32 (float64 for float64 logits).
-    ``logits`` may be overwritten."""
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # [B, V]; itself if float32 already
-    valid = targets != ignore_index  # [B]
-    safe_targets = torch.where(valid, targets, torch.zeros_like(targets)).unsqueeze(1)  # [B, 1]
-    target_logits = logits.gather(1, safe_targets).squeeze(1)  # [B]
-    log_normalisers = torch.logsumexp(logits, dim=1)  # [B]
-    loss = ((log_normalisers - target_logits) * valid).sum()
-    if not with_grad:
-        return loss, None
-    probabilities = logits.sub_(log_normalisers.unsqueeze(1)).exp_()
-    probabilities.scatter_add_(1, safe_targets, torch.full_like(target_logits, -1.0).unsqueeze(1))
-    probabilities.mul_(valid.unsqueeze(1))
-    return loss, probabilities
-
-
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -86,6 +70,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         weight_grad_needed: bool,
         accumulate_into_grad: bool,
         add_into_existing_grad: bool,
+        backend: str,
     ) -> torch.Tensor:
         rows = hidden.reshape(-1, hidden.shape[-1])  # [T, D]
         target_rows = targets.reshape(-1)  # [T]
@@ -101,13 +86,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for start in range(0, n_rows, block_tokens):
             end = min(start + block_tokens, n_rows)
             block = rows[start:end]  # [B, D]
-            block_loss, logits_grad = _block_loss_and_logits_grad(
-                F.linear(block, weight), target_rows[start:end], ignore_index, with_grad
+            block_loss, logits_grad = cross_entropy_rows(  # the logits' storage becomes their gradient's
+                F.linear(block, weight), target_rows[start:end], ignore_index, with_grad, backend
             )
             loss += block_loss
             if logits_grad is None:
                 continue
-            logits_grad = logits_grad.to(weight.dtype)  # [B, V]
             if hidden_grad is not None:
                 torch.mm(logits_grad, weight, out=hidden_grad[start:end])
             if weight_grad is not None:
@@ -146,7 +130,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             )
         elif weight_grad is not None:
             weight_grad = weight_grad * loss_grad
-        return hidden_grad, weight_grad, None, None, None, None, None, None, None
+        return hidden_grad, weight_grad, None, None, None, None, None, None, None, None
 
 
 def linear_cross_entropy(
@@ -158,6 +142,7 @@ def linear_cross_entropy(
     block_tokens: int | None = None,
     accumulate_into_grad: bool = False,
     add_into_existing_grad: bool = False,
+    backend: str = "torch",
 ) -> torch.Tensor:
     """``F.cross_entropy(F.linear(hidden, weight).float(), targets, ignore_index=..., reduction="sum")``
     without the whole logits: [Note: fused head and loss].
@@ -171,6 +156,8 @@ def linear_cross_entropy(
             and gives autograd none ([Note: in-place weight gradients] in :mod:`schedlang.runtime.linear`).
         add_into_existing_grad: the backward adds the weight gradient into ``weight.grad`` if it exists then
             (a leaf's), and gives autograd none; else autograd gets it ([Note: fused head and loss]).
+        backend: each block's loss and logits gradient (:func:`schedlang.kernels.cross_entropy.cross_entropy_rows`):
+            "torch", "triton" (one kernel over the block's logits) or "auto".
 
     Returns the sum of the per-token losses (0-dim), in float32 (float64 for a float64 weight). Gradients are formed in the forward only when
     grad mode is on and ``hidden`` or ``weight`` requires them.
@@ -194,4 +181,5 @@ def linear_cross_entropy(
         weight_grad_needed,
         accumulate_into_grad and weight_grad_needed,
         add_into_existing_grad and weight_grad_needed and weight.is_leaf,
+        backend,
     )

@@ -27,7 +27,9 @@ from schedlang.runtime.kv_buffers import AttentionChunk, ChunkPosition
 from schedlang.runtime.linear import Linear, active_weight_gradient_recorder, recording_weight_gradients
 from schedlang.runtime.linear_cross_entropy import linear_cross_entropy
 from schedlang.runtime.mixer_attention import CausalAttentionMixer
-from schedlang.runtime.mixer_base import INIT_STD, RMSNorm, SequenceParallelContext, _init_normal, kernel_backend
+from schedlang.runtime.mixer_base import (
+    INIT_STD, RMSNorm, SequenceParallelContext, _init_normal, kernel_backend, loss_kernel_backend,
+)
 from schedlang.runtime.mixer_gdn import GatedDeltaMixer
 from schedlang.runtime.mixer_mamba2 import Mamba2Mixer
 from schedlang.runtime.mixer_mamba3 import Mamba3Mixer
@@ -254,6 +256,7 @@ class StageModel(nn.Module):
             block_tokens=self.loss_block_tokens,
             accumulate_into_grad=accumulate,
             add_into_existing_grad=True,
+            backend=loss_kernel_backend(hidden.device),
         )
 
     def reference_loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

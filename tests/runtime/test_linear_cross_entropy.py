@@ -1,8 +1,6 @@
 """runtime.linear_cross_entropy: the fused LM head + summed cross-entropy against a float64 reference, and the
 last stage's loss that uses it (tied and untied head, in-place weight gradients, what the backward keeps)."""
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -40,21 +38,26 @@ def _float64_reference(hidden, weight, targets, scale):
     return loss.detach(), hidden.grad, weight.grad
 
 
-def _fused(hidden, weight, targets, scale, block_tokens):
+def _fused(hidden, weight, targets, scale, block_tokens, backend="torch"):
     hidden = hidden.clone().requires_grad_(True)
     weight = weight.clone().requires_grad_(True)
-    loss = linear_cross_entropy(hidden, weight, targets, block_tokens=block_tokens)
+    loss = linear_cross_entropy(hidden, weight, targets, block_tokens=block_tokens, backend=backend)
     (loss * scale).backward()
     return loss.detach(), hidden.grad, weight.grad
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("block_tokens", [1, 7, 16, 74, 200], ids=lambda b: f"block{b}")
 @pytest.mark.parametrize("seed", [0, 1])
-def test_loss_and_gradients_match_a_float64_reference(dtype, block_tokens, seed):
+def test_loss_and_gradients_match_a_float64_reference(dtype, block_tokens, seed, backend):
+    if backend == "triton" and dtype == torch.bfloat16 and not torch.cuda.is_available():
+        pytest.skip("Triton's interpreter is kept off bfloat16 (kernels.common.resolve_backend)")
     hidden, weight, targets, scale = _inputs(37, 24, 61, dtype, seed)  # 74 rows: no block size but 1 divides it
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    hidden, weight, targets = hidden.to(device), weight.to(device), targets.to(device)
     reference = _float64_reference(hidden, weight, targets, scale)
-    fused = _fused(hidden, weight, targets, scale, block_tokens)
+    fused = _fused(hidden, weight, targets, scale, block_tokens, backend)
     assert fused[0].dtype == torch.float32 and fused[1].dtype == dtype and fused[2].dtype == dtype
     for value, expected, tolerance, name in zip(fused, reference, TOLERANCES[dtype], ("loss", "dh", "dW")):
         assert _relative_error(value, expected) < tolerance, name
@@ -198,7 +201,8 @@ def test_mismatched_targets_are_refused():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_the_fused_loss_is_captured_and_replayed_in_a_cuda_graph():
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_the_fused_loss_is_captured_and_replayed_in_a_cuda_graph(backend):
     device = torch.device("cuda")
     hidden, weight, targets, _ = _inputs(300, 64, 1000, torch.bfloat16, 6)
     hidden, weight, targets = hidden.to(device), weight.to(device).requires_grad_(True), targets.to(device)
@@ -207,17 +211,17 @@ def test_the_fused_loss_is_captured_and_replayed_in_a_cuda_graph():
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        linear_cross_entropy(static_hidden, weight, targets, block_tokens=128).backward()
+        linear_cross_entropy(static_hidden, weight, targets, block_tokens=128, backend=backend).backward()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     weight.grad = None
     static_hidden.grad = None
     with torch.cuda.graph(graph):
-        static_loss = linear_cross_entropy(static_hidden, weight, targets, block_tokens=128)
+        static_loss = linear_cross_entropy(static_hidden, weight, targets, block_tokens=128, backend=backend)
         static_loss.backward()
     graph.replay()
     torch.cuda.synchronize()
-    expected = linear_cross_entropy(hidden, weight.detach(), targets, block_tokens=128)
+    expected = linear_cross_entropy(hidden, weight.detach(), targets, block_tokens=128, backend=backend)
     torch.testing.assert_close(static_loss, expected)
     assert static_hidden.grad is not None and torch.isfinite(static_hidden.grad).all()
 
@@ -244,3 +248,20 @@ def test_eager_chunks_allocate_the_head_gradient_once_then_add_into_it(tied):
         assert fused.head_weight.grad.data_ptr() == storage
         for (name, expected), actual in zip(plain.named_parameters(), fused.parameters()):
             assert _relative_error(actual.grad, expected.grad) < 1e-6, name
+
+
+def test_the_loss_kernels_are_pytorchs_unless_triton_is_asked_for_on_a_gpu(monkeypatch):
+    from schedlang.runtime.mixer_base import KERNEL_BACKEND_VARIABLE, LOSS_BACKEND_VARIABLE, loss_kernel_backend
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.delenv(LOSS_BACKEND_VARIABLE, raising=False)
+    monkeypatch.delenv(KERNEL_BACKEND_VARIABLE, raising=False)
+    assert loss_kernel_backend(cuda) == "torch"
+    monkeypatch.setenv(LOSS_BACKEND_VARIABLE, "triton")
+    assert loss_kernel_backend(cuda) == "triton" and loss_kernel_backend(cpu) == "torch"
+    monkeypatch.setenv(KERNEL_BACKEND_VARIABLE, "torch")  # every kernel PyTorch's
+    assert loss_kernel_backend(cuda) == "torch"
+    monkeypatch.delenv(KERNEL_BACKEND_VARIABLE)
+    monkeypatch.setenv(LOSS_BACKEND_VARIABLE, "tirton")
+    with pytest.raises(ValueError, match="SCHEDLANG_LOSS_BACKEND='tirton'"):
+        loss_kernel_backend(cuda)
