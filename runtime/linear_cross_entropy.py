@@ -8,9 +8,9 @@ the block's logits ``h_b W^T`` in the model's dtype (one GEMM, accumulated as ``
 log-sum-exp in float32, the block's loss, and, because a summed scalar loss gets a scalar gradient ``g``, the
 block's gradients at once: ``dlogits_b = softmax_b - onehot_b`` (zero on ignored rows) in float32, cast to the
 model's dtype as the ``.float()`` backward would, then ``dh_b = dlogits_b W`` and ``dW += dlogits_b^T h_b``.
-The loss and ``dlogits_b`` are :func:`schedlang.kernels.cross_entropy.cross_entropy_rows`: on the GPU one Triton
-kernel that reads the block's logits twice and writes ``dlogits_b`` over them, where PyTorch's kernels made a
-float32 copy and five more passes over it.
+The loss and ``dlogits_b`` are :func:`schedlang.kernels.cross_entropy.cross_entropy_rows`: with ``backend =
+"triton"`` one kernel that reads the block's logits twice and writes ``dlogits_b`` over them, where PyTorch's
+path makes a float32 copy and five more passes over it.
 The backward only scales: ``g dh`` and ``g dW``. Extra memory is O(``block_tokens`` x V) while the forward
 runs; what is kept for the backward is ``dh`` (as large as ``h``) and ``dW`` (as large as ``W``), where the
 plain path keeps the ``[T, V]`` float32 log-softmax: less for every chunk of more than ``D / 2`` tokens.
@@ -86,7 +86,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for start in range(0, n_rows, block_tokens):
             end = min(start + block_tokens, n_rows)
             block = rows[start:end]  # [B, D]
-            block_loss, logits_grad = cross_entropy_rows(  # the logits' storage becomes their gradient's
+            block_loss, logits_grad = cross_entropy_rows(  # Triton's writes the gradient over the logits
                 F.linear(block, weight), target_rows[start:end], ignore_index, with_grad, backend
             )
             loss += block_loss
