@@ -250,12 +250,14 @@ def test_eager_chunks_allocate_the_head_gradient_once_then_add_into_it(tied):
             assert _relative_error(actual.grad, expected.grad) < 1e-6, name
 
 
-def test_the_loss_kernels_are_pytorchs_unless_triton_is_asked_for_on_a_gpu(monkeypatch):
+def test_the_loss_kernels_are_tritons_on_a_gpu_unless_pytorchs_are_asked_for(monkeypatch):
     from schedlang.runtime.mixer_base import KERNEL_BACKEND_VARIABLE, LOSS_BACKEND_VARIABLE, loss_kernel_backend
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     monkeypatch.delenv(LOSS_BACKEND_VARIABLE, raising=False)
     monkeypatch.delenv(KERNEL_BACKEND_VARIABLE, raising=False)
+    assert loss_kernel_backend(cuda) == "triton" and loss_kernel_backend(cpu) == "torch"
+    monkeypatch.setenv(LOSS_BACKEND_VARIABLE, "torch")
     assert loss_kernel_backend(cuda) == "torch"
     monkeypatch.setenv(LOSS_BACKEND_VARIABLE, "triton")
     assert loss_kernel_backend(cuda) == "triton" and loss_kernel_backend(cpu) == "torch"
