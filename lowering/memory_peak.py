@@ -37,7 +37,8 @@ flattened copy of the stage's gradients. The allocated peak is the largest of th
 :data:`RESERVED_PER_ALLOCATED` turns it into the reserved peak.
 
 Host. With ``pipeline.offload`` every chunk's saved activations have a pinned host copy from the start of its
-``F`` to the end of its ``B`` (``ActivationOffload.release`` runs there, also when ``W`` is split off; a chunk
+``F`` to the end of its ``B``, except a chunk whose ``F`` is directly followed by its own ``B``, which keeps them
+on the device (``offload_copies`` in schedlang.vocabulary.actions) (``ActivationOffload.release`` runs there, also when ``W`` is split off; a chunk
 prefetched back to the device keeps its host copy until then), so a stage's pinned host memory is the largest
 sum of the activation bytes of the chunks between those two ends over the walk: ``StageMemory.pinned_host``,
 0 without offload. It is the host's peak, which need not fall at the device's; how the ranks of a node add
@@ -67,7 +68,7 @@ from schedlang.lowering.memory_terms import (
 from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.program import ScheduleProgram
 from schedlang.vocabulary import CudaGraphs
-from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.actions import ActionKind, OffloadCopy, TaskId, offload_copies
 from schedlang.vocabulary.edges import EDGE_RULES, EdgeRules
 
 RESERVED_PER_ALLOCATED = 1.05
@@ -203,6 +204,7 @@ def _stage_memory(
         if best is None or candidate.allocated > best.allocated:
             best = candidate
 
+    copies = offload_copies(tuple(task.action for task in order)) if pipeline.offload else {}
     edges_by_kind_and_chunk: dict[tuple[ActionKind, int], _TaskEdges] = {}  # the rules' shifts keep the microbatch
     for task in order:
         unit = (task.microbatch, task.chunk)
@@ -213,7 +215,7 @@ def _stage_memory(
             if task.chunk == 0:
                 key_value += key_values
             in_flight[unit] = chunk_bytes[task.chunk]
-            if pipeline.offload:
+            if pipeline.offload and copies[unit] is not OffloadCopy.KEPT:
                 on_host[unit] = chunk_bytes[task.chunk]
                 pinned_host = max(pinned_host, sum(on_host.values()))
             moment(task, edges.received_gradients, 0.0)

@@ -16,8 +16,11 @@ program and a :class:`~schedlang.lowering.hardware_profile.HardwareProfile` (for
   the recomputed forward parts ([Note: recompute costs] in schedlang.lowering.cost) and the addition of the
   stage's gradients into ``.grad`` at the profile's memory bandwidth (as the flops model). ``W`` is the weight
   curves and the linear weights' ``.grad`` additions.
-* With ``pipeline.offload`` a chunk's saved activations (the memory model's bytes) go to the host during ``F``
-  and come back for ``B`` at the offload bandwidth; a copy longer than its task shows as the excess.
+* With ``pipeline.offload`` a unit's saved activations (the memory model's bytes) travel as the executor moves
+  them (``offload_copies`` in schedlang.vocabulary.actions), at the offload bandwidth: a unit whose ``F`` is
+  directly followed by its ``B`` keeps them on the device and copies nothing; another goes to the host during
+  ``F`` and, prefetched, comes back during the backward before its own, a copy longer than its task showing as the
+  excess; the first backward of a stage's list, when its unit was copied out, waits for the whole copy back.
 * A message between stages, and each hop of a sequence-parallel scan, travels on the link its two ranks share:
   ``p2p`` within a node, ``inter_node`` across (ranks are laid out pipeline x sequence x data, row-major, as
   schedlang.runtime.mesh builds them, and fill nodes of ``gpus_per_node`` in rank order). Collectives use the
@@ -50,9 +53,10 @@ from schedlang.lowering.hardware_profile import (
     ProfiledPart,
     model_parts,
 )
+from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.parameters import stage_parameters
 from schedlang.lowering.program import ScheduleProgram
-from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.actions import ActionKind, OffloadCopy, TaskId, offload_copies
 from schedlang.vocabulary.edges import Payload
 from schedlang.vocabulary import (
     AttentionExchange,
@@ -168,13 +172,25 @@ class ProfileCostModel:
                 f"hardware profile {profile.name} has no measurement of {names}, which the schedule's model "
                 f"needs; measure them with `schedlang profile`"
             )
+        default_copy = OffloadCopy.PREFETCHED if program.pipeline.offload else OffloadCopy.KEPT
+        # with offload, the units whose activations travel otherwise than most: (stage, microbatch, chunk) -> how
+        self.unit_copies: dict[tuple[int, int, int], OffloadCopy] = {}
+        if program.pipeline.offload:
+            for stage, order in enumerate(stage_orders(program)):
+                for (microbatch, chunk), copy in offload_copies(tuple(task.action for task in order)).items():
+                    if copy is not default_copy:
+                        self.unit_copies[stage, microbatch, chunk] = copy
         self.tasks: dict[tuple[int, int], dict[ActionKind, float]] = {}
+        self.other_copies: dict[tuple[int, int, OffloadCopy], dict[ActionKind, float]] = {}
         self.host_bound_tasks: frozenset[tuple[int, int, ActionKind]] = frozenset()
         bound = set()
         for stage in range(program.n_stages):
             for chunk in range(program.n_chunks):
-                self.tasks[stage, chunk], bound_kinds = self._stage_chunk(stage, chunk)
+                self.tasks[stage, chunk], bound_kinds = self._stage_chunk(stage, chunk, default_copy)
                 bound.update((stage, chunk, kind) for kind in bound_kinds)
+        for (stage, _, chunk), copy in self.unit_copies.items():
+            if (stage, chunk, copy) not in self.other_copies:
+                self.other_copies[stage, chunk, copy], _ = self._stage_chunk(stage, chunk, copy)
         self.host_bound_tasks = frozenset(bound)
 
     def _stage_parts(self, stage: int) -> list[tuple[ProfiledPart, int]]:
@@ -303,9 +319,12 @@ class ProfileCostModel:
         passes = GRADIENT_ACCUMULATION_PASSES * parameters * self.sizes.element_bytes
         return passes / self.profile.memory_bandwidth_bytes_per_s
 
-    def _stage_chunk(self, stage: int, chunk: int) -> tuple[dict[ActionKind, float], frozenset[ActionKind]]:
-        """Seconds of each task kind of ``chunk`` on ``stage``, and the kinds whose seconds are the host's eager
-        launches rather than the device's work."""
+    def _stage_chunk(
+        self, stage: int, chunk: int, copy: OffloadCopy
+    ) -> tuple[dict[ActionKind, float], frozenset[ActionKind]]:
+        """Seconds of each task kind of ``chunk`` on ``stage`` when its saved activations travel as ``copy`` says
+        (``KEPT`` without offload), and the kinds whose seconds are the host's eager launches rather than the
+        device's work."""
         program, profile = self.program, self.profile
         tokens = program.sequence.chunk_length(chunk)
         prefix = program.sequence.boundaries[chunk]
@@ -346,12 +365,12 @@ class ProfileCostModel:
         device_weight = weight + accumulate_linear
         if not self.split_backward:
             device_backward += device_weight
-        if program.pipeline.offload:
+        if copy is not OffloadCopy.KEPT:
             from schedlang.lowering.memory_terms import chunk_activation_bytes
 
-            copy = chunk_activation_bytes(program, stage, chunk) / profile.offload.bandwidth_bytes_per_s
-            device_forward += max(0.0, copy - device_forward)
-            device_backward += max(0.0, copy - device_backward)
+            seconds = chunk_activation_bytes(program, stage, chunk) / profile.offload.bandwidth_bytes_per_s
+            device_forward += max(0.0, seconds - device_forward)
+            device_backward += seconds if copy is OffloadCopy.EXPOSED else max(0.0, seconds - device_backward)
         # graph replay: launch gaps per layer launched (a forward 1x, a backward 2x, W 1x, as the graphs replay)
         launches = {ActionKind.FORWARD: blocks, ActionKind.BACKWARD: 2 * blocks, ActionKind.WEIGHT: blocks}
         # eager: the measured host time of a layer's forward and of its whole backward, which W takes a third of
@@ -387,6 +406,9 @@ class ProfileCostModel:
         return (task.stage, task.chunk, task.kind) in self.host_bound_tasks
 
     def task_duration(self, task: TaskId) -> float:
+        copy = self.unit_copies.get((task.stage, task.microbatch, task.chunk))
+        if copy is not None:
+            return self.other_copies[task.stage, task.chunk, copy][task.kind]
         return self.tasks[task.stage, task.chunk][task.kind]
 
     def message_bytes(self, kind: Payload, source: TaskId, destination: TaskId) -> int:

@@ -111,7 +111,15 @@ from schedlang.runtime.p2p import StageMessenger
 from schedlang.runtime.packing import ChunkDocuments, DocumentLayout, loss_targets
 from schedlang.runtime.state_store import ChunkRecord, StateStore
 from schedlang.runtime.step_graphs import StepGraphs
-from schedlang.vocabulary import Action, ActionKind, Recompute, deferred_weight_units
+from schedlang.vocabulary import (
+    Action,
+    ActionKind,
+    OffloadCopy,
+    Recompute,
+    deferred_weight_units,
+    next_backwards,
+    offload_copies,
+)
 from schedlang.vocabulary.actions import TaskId
 from schedlang.vocabulary.edges import EDGE_RULES, MESSAGE_PAYLOADS, Payload
 
@@ -201,8 +209,10 @@ class StageExecutor:
         self.messages = {action: self.message(action) for action in actions if action.kind in _COMMUNICATION}
         self.offload = ActivationOffload(self.model_device, self._stays_resident) if shape.offload else None
         self.parameter_storages = frozenset(storage_key(parameter) for parameter in model.parameters())
-        backwards = [(action.microbatch, action.chunk) for action in actions if action.kind is ActionKind.BACKWARD]
-        self.next_backward = dict(zip(backwards, backwards[1:]))  # the look-ahead of the offload's prefetch
+        self.next_backward = next_backwards(actions)  # the look-ahead of the offload's prefetch
+        # units whose backward directly follows their forward keep what it saves on the device
+        copies = offload_copies(actions)
+        self.kept_on_device = frozenset(unit for unit, copy in copies.items() if copy is OffloadCopy.KEPT)
         if graphs is not None and graphs.splitting:  # [Note: splitting slots]: every chunk's W replays a graph
             self.deferred_weights = frozenset(
                 (action.microbatch, action.chunk) for action in actions if action.kind is ActionKind.WEIGHT
@@ -477,7 +487,8 @@ class StageExecutor:
                 outputs, _, _, final_states, _ = self._run_model(inputs, initial_states, microbatch, chunk)
             record = ChunkRecord(inputs, None, initial_states, None, [], input_buffer)
         else:
-            saving = nullcontext() if self.offload is None else self.offload.saving((microbatch, chunk))
+            offloading = self.offload is not None and (microbatch, chunk) not in self.kept_on_device
+            saving = self.offload.saving((microbatch, chunk)) if offloading else nullcontext()
             with torch.enable_grad(), self._captured(Action(ActionKind.FORWARD, microbatch, chunk)), saving:
                 outputs, input_leaf, state_leaves, final_states, slot = self._run_model(
                     inputs, initial_states, microbatch, chunk

@@ -12,6 +12,14 @@ its action list: the host-to-device copies are queued on the side stream ahead o
 them, and the unpack hook makes the compute stream wait for them. :meth:`ActivationOffload.release` drops
 the chunk after its backward.
 
+Which chunks move is the action list's (``offload_copies`` in schedlang.vocabulary.actions, which the cost and
+memory models read too): a chunk whose forward is directly followed by its own backward (the last forward
+before the first backward, in every order) keeps what it saves on the device. Copied out and straight back,
+those tensors would only delay that backward, which would wait for the whole copy back: on one H100 the 3:1
+hybrid at 64K in two offloaded chunks ran 2.80 s a step against 2.18 s predicted with both copies hidden
+(docs/benchmarks.md, "1M and the hybrid against one H100"). Every other chunk's copy back is prefetched by the
+backward before its own, except the first backward of a list when its chunk was copied out.
+
 What stays on the device: tensors whose storage the ``resident`` predicate names (the executor's:
 parameters, and the sequence-wide K/V buffers, [Note: sequence-wide K/V] in
 :mod:`schedlang.runtime.kv_buffers`, which stay on the device anyway) and tensors on another device. A tensor

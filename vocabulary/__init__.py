@@ -16,7 +16,14 @@ so the front end (``schedlang``), the lowering (``schedlang.lowering``), the run
 * :mod:`~schedlang.vocabulary.capabilities`: the one list of what the runtime can run.
 """
 
-from schedlang.vocabulary.actions import Action, ActionKind, deferred_weight_units
+from schedlang.vocabulary.actions import (
+    Action,
+    ActionKind,
+    OffloadCopy,
+    deferred_weight_units,
+    next_backwards,
+    offload_copies,
+)
 from schedlang.vocabulary.capabilities import (
     CAPABILITIES,
     Capability,
@@ -103,6 +110,9 @@ __all__ = [
     "MlpKind",
     "ModelConfig",
     "ModelOptions",
+    "next_backwards",
+    "offload_copies",
+    "OffloadCopy",
     "OptimizerConfig",
     "OptimizerKind",
     "OrderKind",

@@ -152,3 +152,42 @@ def deferred_weight_units(actions: tuple[Action, ...]) -> frozenset[tuple[int, i
                 deferred.add((action.microbatch, action.chunk))
     has_weight = {(action.microbatch, action.chunk) for action in compute if action.kind is ActionKind.WEIGHT}
     return frozenset(deferred & has_weight)
+
+
+class OffloadCopy(str, Enum):
+    """How one unit's saved activations travel under ``pipeline { offload = true }`` ([Note: activation offload]
+    in schedlang.runtime.offload): what the executor does and what the cost and memory models price."""
+
+    KEPT = "kept"  # its forward is directly followed by its own backward: nothing moves, they stay on the device
+    PREFETCHED = "prefetched"  # out during its forward, back while the backward before its own runs
+    EXPOSED = "exposed"  # out during its forward, back at the start of its backward, which waits for them
+
+
+def next_backwards(actions: tuple[Action, ...]) -> dict[tuple[int, int], tuple[int, int]]:
+    """Unit -> the unit of the next ``B`` in ``actions``: each backward prefetches the next one's offloaded
+    activations, so that their copy back overlaps its own work."""
+    backwards = [(action.microbatch, action.chunk) for action in actions if action.kind is ActionKind.BACKWARD]
+    return dict(zip(backwards, backwards[1:]))
+
+
+def offload_copies(actions: tuple[Action, ...]) -> dict[tuple[int, int], OffloadCopy]:
+    """Each unit ``(microbatch, chunk)`` that runs a forward in ``actions``: how its saved activations travel.
+
+    A unit whose next compute action after ``F`` is its own ``B`` keeps them on the device: a copy out and straight
+    back would only delay that backward. Otherwise they go to the host during ``F``, and come back ahead of ``B``
+    when an earlier backward prefetches them (:func:`next_backwards`), else (the first backward of the list) at
+    the start of ``B``.
+    """
+    compute = [action for action in actions if action.kind.is_compute]
+    prefetched = set(next_backwards(actions).values())
+    copies = {}
+    for position, action in enumerate(compute):
+        if action.kind is not ActionKind.FORWARD:
+            continue
+        unit = (action.microbatch, action.chunk)
+        following = compute[position + 1] if position + 1 < len(compute) else None
+        if following == Action(ActionKind.BACKWARD, *unit):
+            copies[unit] = OffloadCopy.KEPT
+        else:
+            copies[unit] = OffloadCopy.PREFETCHED if unit in prefetched else OffloadCopy.EXPOSED
+    return copies

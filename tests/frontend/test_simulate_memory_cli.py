@@ -245,12 +245,12 @@ def test_simulate_refuses_offload_past_the_hosts_memory_naming_node_stage_and_te
     printed = capsys.readouterr()
     lines = printed.out.splitlines()
     assert lines[-2].split()[:3] == ["pinned", "host,", "GiB"] and float(lines[-2].split()[-1]) > 128
-    assert lines[-1].startswith("pinned host memory per node, GiB: node 0: 162.99")
+    assert lines[-1].startswith("pinned host memory per node, GiB: node 0: 142.619")
     error = printed.err.splitlines()
     assert error[0] == (
-        f"schedlang simulate: error: {path}: does not fit the host: needs 162.99 GiB of pinned host memory on node 0, "
+        f"schedlang simulate: error: {path}: does not fit the host: needs 142.62 GiB of pinned host memory on node 0, "
         "over the 96.00 GiB pinned copies may take there (75% of 128.00 GiB host memory), whose largest term is "
-        "offloaded activations of stage 0 (162.99 GiB per rank, pipeline.offload)"
+        "offloaded activations of stage 0 (142.62 GiB per rank, pipeline.offload)"
     )
     assert error[1].startswith("  hint: recompute = full")
     assert run_simulate([path, "--hardware", "h200", "--host-memory", "1TB"]) == 0
@@ -261,7 +261,7 @@ def test_json_gives_each_stages_pinned_host_memory_and_the_nodes_misfits(tmp_pat
     path = offloading_256k(tmp_path)
     assert run_simulate([path, "--hardware", "h200", "--json"]) == 1
     result = json.loads(capsys.readouterr().out)
-    assert result["memory"][0]["pinned_host"] == pytest.approx(162.99, abs=0.01)
+    assert result["memory"][0]["pinned_host"] == pytest.approx(142.62, abs=0.01)
     host = result["host_memory"]
     assert host["memory_gib"] == 128 and host["pinned_fraction"] == 0.75 and host["gpus_per_node"] == 8
     assert host["nodes_pinned_gib"] == [result["memory"][0]["pinned_host"]]

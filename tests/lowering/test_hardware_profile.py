@@ -21,6 +21,7 @@ from schedlang.lowering.hardware_profile import (
     resolve_hardware,
     shipped_profiles,
 )
+from schedlang.lowering.memory_terms import chunk_activation_bytes
 from schedlang.lowering.profile_cost import MissingMeasurementError, ProfileCostModel, scan_seconds
 from schedlang.vocabulary.actions import ActionKind, TaskId
 from schedlang.vocabulary.edges import Payload
@@ -179,6 +180,31 @@ def test_offload_shows_only_a_copy_longer_than_its_task():
     fast_host = profile_text().replace("bandwidth = 1e9\n\n[topology]", "bandwidth = 1e15\n\n[topology]")
     fast = ProfileCostModel(program_of(pipeline="offload = true"), parse_hardware_profile(fast_host))
     assert fast.task_duration(forward) == pytest.approx(plain.task_duration(forward))
+
+
+def test_offloaded_units_are_priced_as_the_executor_moves_them():
+    """Stage 0 of 1f1b over two stages runs F0.0 F0.1 F1.0 B0.1 F1.1 B0.0 B1.1 B1.0: B0.1 is its first backward,
+    after another unit's forward, so it waits for its whole copy back; stage 1 runs F0.1 B0.1 back to back, so
+    that unit copies nothing (``offload_copies``)."""
+    # at 1e11 B/s each copy is shorter than its task
+    fast_host = profile_text().replace("bandwidth = 1e9\n\n[topology]", "bandwidth = 1e11\n\n[topology]")
+    profile = parse_hardware_profile(fast_host)
+    plain = ProfileCostModel(program_of(), profile)
+    offloaded = ProfileCostModel(program_of(pipeline="offload = true"), profile)
+    copy_seconds = chunk_activation_bytes(offloaded.program, 0, 1) / 1e11
+    assert 0.01 < copy_seconds / plain.task_duration(TaskId(ActionKind.FORWARD, 0, 0, 1)) < 1
+    exposed = TaskId(ActionKind.BACKWARD, 0, 0, 1)
+    assert offloaded.task_duration(exposed) == pytest.approx(plain.task_duration(exposed) + copy_seconds)
+    for kind in ActionKind.FORWARD, ActionKind.BACKWARD:
+        for task in TaskId(kind, 0, 1, 1), TaskId(kind, 1, 0, 1), TaskId(kind, 1, 1, 1):  # prefetched or kept
+            assert offloaded.task_duration(task) == pytest.approx(plain.task_duration(task))
+    slow_host = profile_text().replace("bandwidth = 1e9\n\n[topology]", "bandwidth = 1e3\n\n[topology]")
+    slow = ProfileCostModel(program_of(pipeline="offload = true"), parse_hardware_profile(slow_host))
+    kept_forward, kept_backward = TaskId(ActionKind.FORWARD, 1, 0, 1), TaskId(ActionKind.BACKWARD, 1, 0, 1)
+    assert slow.task_duration(kept_forward) == pytest.approx(plain.task_duration(kept_forward))
+    assert slow.task_duration(kept_backward) == pytest.approx(plain.task_duration(kept_backward))
+    travelling = TaskId(ActionKind.FORWARD, 1, 0, 0)
+    assert slow.task_duration(travelling) > 100 * plain.task_duration(travelling)
 
 
 def test_width_scales_by_flops_from_the_nearest_measurement():

@@ -47,11 +47,12 @@ pipeline {{ microbatches = {microbatches}  order = 1f1b  {pipeline} }}
 
 def test_the_256k_offload_candidate_pins_more_than_the_h200_machine_has():
     """The candidate tune ranked on the H200 (8 chunks, recompute = mlp, offload): every chunk of the one
-    microbatch waits on the host at once, 163 GiB, over the machine's 128 GiB and so over the h200 profile's
-    pinned share; on a 1 TB host it fits."""
+    microbatch but the last (its backward runs right after its forward, so it stays on the device) waits on the
+    host at once, 143 GiB, over the machine's 128 GiB and so over the h200 profile's pinned share; on a 1 TB
+    host it fits."""
     program = one_device_at(262144, 8, offload=True, recompute="mlp")
     (stage,) = predict_memory(program)
-    chunks = sum(chunk_activation_bytes(program, 0, chunk) for chunk in range(8))
+    chunks = sum(chunk_activation_bytes(program, 0, chunk) for chunk in range(7))
     assert stage.pinned_host == pytest.approx(chunks)
     assert stage.pinned_host > 128 * GIB
     h200 = resolve_hardware("h200")
@@ -62,7 +63,7 @@ def test_the_256k_offload_candidate_pins_more_than_the_h200_machine_has():
     assert misfit.term == OFFLOADED_ACTIVATIONS and misfit.needed == stage.pinned_host
     assert misfit.limit == 0.75 * 128 * GIB
     described = misfit.describe()
-    assert "needs 162.99 GiB of pinned host memory on node 0, over the 96.00 GiB" in described
+    assert "needs 142.62 GiB of pinned host memory on node 0, over the 96.00 GiB" in described
     assert "offloaded activations of stage 0" in described
     assert MemoryBudget.of(140 * GIB, 10**12, h200).fits(program, (stage,))
 

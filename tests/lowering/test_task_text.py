@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schedlang.vocabulary.actions import Action, ActionKind, TaskId
+from schedlang.vocabulary.actions import Action, ActionKind, OffloadCopy, TaskId, next_backwards, offload_copies
 
 COMPUTE = [kind for kind in ActionKind if kind.is_compute]
 
@@ -42,3 +42,31 @@ def test_what_is_not_an_action(text):
 def test_a_message_is_no_task():
     with pytest.raises(ValueError, match="is a message, not a task"):
         Action(ActionKind.SEND_ACTIVATION, 0, 1).on(0)
+
+
+def actions_of(text: str) -> tuple[Action, ...]:
+    return tuple(Action.parse(word) for word in text.split())
+
+
+@pytest.mark.parametrize(
+    "order, expected",
+    [
+        # one stage, one microbatch: the last forward runs its backward next, the rest are prefetched in turn
+        ("F0.0 F0.1 F0.2 B0.2 B0.1 B0.0", {(0, 0): "prefetched", (0, 1): "prefetched", (0, 2): "kept"}),
+        # the first stage of 1f1b over two stages: its first backward follows another unit's forward
+        ("F0.0 F0.1 F1.0 B0.1 F1.1 B0.0 B1.1 B1.0",
+         {(0, 0): "prefetched", (0, 1): "exposed", (1, 0): "prefetched", (1, 1): "prefetched"}),
+        # messages and W between are no compute action that matters: W0.1 sits between F and B of no unit
+        ("RECV_F0.0 F0.0 SEND_F0.0 F0.1 RECV_B0.1 B0.1 W0.1 F1.0 B0.0 W0.0 F1.1 B1.1 B1.0",
+         {(0, 0): "prefetched", (0, 1): "kept", (1, 0): "prefetched", (1, 1): "kept"}),
+        # a W between a forward and its own backward makes that unit travel
+        ("F0.0 F0.1 W9.9 B0.1 B0.0", {(0, 0): "prefetched", (0, 1): "exposed"}),
+    ],
+)
+def test_offload_copies_keep_a_forward_followed_by_its_backward_and_name_the_unprefetched_one(order, expected):
+    actions = actions_of(order)
+    copies = offload_copies(actions)
+    assert {unit: copy.value for unit, copy in copies.items()} == expected
+    backwards = [(action.microbatch, action.chunk) for action in actions if action.kind is ActionKind.BACKWARD]
+    assert next_backwards(actions) == dict(zip(backwards, backwards[1:]))
+    assert all(isinstance(copy, OffloadCopy) for copy in copies.values())

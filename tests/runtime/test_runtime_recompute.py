@@ -30,7 +30,7 @@ from schedlang.lowering.memory_peak import predict_memory
 from schedlang.lowering.memory_terms import Device
 from schedlang.runtime.offload import ActivationOffload, PinnedBudget, storage_key
 from schedlang.runtime.trainer import launch
-from schedlang.vocabulary import ActionKind, LayerKind, ModelConfig, Recompute
+from schedlang.vocabulary import ActionKind, LayerKind, ModelConfig, OffloadCopy, Recompute, offload_copies
 
 STEPS = 2
 TOLERANCE = 1e-5
@@ -178,13 +178,24 @@ def test_offload_hooks_pack_and_unpack_and_change_nothing(one_rank_group, tmp_pa
     plain = one_rank_trainer(tmp_path, "plain", layers=layers)
     offloaded = one_rank_trainer(tmp_path, "offloaded", layers=layers, offload=True)
     assert plain.executor.offload is None
+    offload = offloaded.executor.offload
+    saved_units = []
+    saving = offload.saving
+    offload.saving = lambda key: saved_units.append(key) or saving(key)
     reference_loss, reference_gradients = first_step(plain)
     loss, gradients = first_step(offloaded)
-    counts = offloaded.executor.offload.counts
-    backwards = sum(action.kind is ActionKind.BACKWARD for action in offloaded.executor.actions)
+    counts = offload.counts
+    actions = offloaded.executor.actions
+    backwards = [(action.microbatch, action.chunk) for action in actions if action.kind is ActionKind.BACKWARD]
+    # one stage, 1f1b: each microbatch's last chunk runs its backward right after its forward and keeps what it
+    # saves on the device; every other chunk goes to the host and is prefetched back
+    last_chunks = {(microbatch, max(chunk for _, chunk in backwards)) for microbatch, _ in backwards}
+    kept = {unit for unit, copy in offload_copies(actions).items() if copy is OffloadCopy.KEPT}
+    assert kept == last_chunks and len(kept) == 2
+    assert sorted(saved_units) == sorted(set(backwards) - kept)
     assert counts.packed > counts.copied > 0  # parameters, K/V buffers and repeats are not copied
     assert counts.unpacked >= counts.copied
-    assert counts.prefetched_chunks == backwards
+    assert counts.prefetched_chunks == len(backwards) - len(kept)
     assert offloaded.executor.offload.chunks == {}  # every chunk released by its backward
     assert loss == reference_loss
     assert all(torch.equal(gradients[key], reference_gradients[key]) for key in reference_gradients)
