@@ -170,13 +170,17 @@ def measure(path: Path, warmup: int, args: argparse.Namespace, limit: float | No
         return {"outcome": f"failed: {error}"}
     path.with_suffix(".jsonl").write_text("".join(json.dumps(step) + "\n" for step in steps), encoding="utf-8")
     timed = steps[warmup:] or steps
-    return {
+    measured = {
         "outcome": "measured",
         "steps": f"{len(steps)} of {asked}",
         "step_seconds": statistics.median(step["step_seconds"] for step in timed),
         "tokens_per_second": statistics.median(step["tokens_per_second"] for step in timed),
         "peak_memory_gib": max(step["peak_memory_bytes"] for step in timed) / 2**30,
     }
+    pinned = [step["pinned_host_bytes"] for step in timed if "pinned_host_bytes" in step]
+    if pinned:  # offloading on CUDA: the host allocator's rounded blocks, beside the memory model's pinned_host
+        measured["pinned_host_gib"] = max(pinned) / 2**30
+    return measured
 
 
 TABLE_HEADER = (

@@ -35,6 +35,9 @@ class StepMetrics:
     loss_scale: float | None = None  # the step's fp16 loss scale; None without loss scaling
     skipped: bool | None = None  # whether inf or nan gradients skipped the step; None without loss scaling
     learning_rate: float | None = None  # the rate the step's optimizer update used; None when not known
+    # with pipeline.offload on CUDA: the most pinned host memory the allocator has held so far, its blocks rounded
+    # up as it rounds them (torch.cuda.host_memory_stats); None otherwise
+    pinned_host_bytes: int | None = None
 
 
 def format_bytes(n_bytes: int) -> str:
@@ -54,9 +57,10 @@ def progress_line(metrics: StepMetrics, total_steps: int) -> str:
     scale = "" if metrics.loss_scale is None else f"  scale {metrics.loss_scale:g}"
     if metrics.skipped:
         scale += " (skipped: inf/nan gradients)"
+    pinned = "" if metrics.pinned_host_bytes is None else f"  pinned {format_bytes(metrics.pinned_host_bytes)}"
     return (
         f"[{bar}] step {metrics.step}/{total_steps}  loss {metrics.loss:.4f}{validation}{rate}  "
-        f"{metrics.tokens_per_second:,.0f} tok/s  peak mem {format_bytes(metrics.peak_memory_bytes)}{scale}"
+        f"{metrics.tokens_per_second:,.0f} tok/s  peak mem {format_bytes(metrics.peak_memory_bytes)}{pinned}{scale}"
     )
 
 

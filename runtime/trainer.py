@@ -108,6 +108,16 @@ def peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def peak_pinned_host_bytes(device: torch.device) -> int | None:
+    """The most pinned host memory PyTorch's host allocator has held (its blocks as rounded up for CUDA, which
+    can be more than the tensors in them: what offload's copies really pin), or None off CUDA or where this
+    torch does not say."""
+    if device.type != "cuda":
+        return None
+    peak = torch.cuda.host_memory_stats().get("allocated_bytes.peak")
+    return None if peak is None else int(peak)
+
+
 @dataclass
 class Trainer:
     model_config: ModelConfig
@@ -351,8 +361,9 @@ class Trainer:
                 rate = config.optimizer.lr * learning_rate_factor(
                     config.lr_schedule, done - 1, config.steps, config.optimizer.lr
                 )
+                pinned = peak_pinned_host_bytes(self.mesh.device) if self.executor.offload is not None else None
                 metrics = StepMetrics(
-                    done, losses[-1], tokens_per_step / elapsed, elapsed, peak, validation, scale, skipped, rate
+                    done, losses[-1], tokens_per_step / elapsed, elapsed, peak, validation, scale, skipped, rate, pinned
                 )
                 show = done % config.log_every == 0 or done == steps or validation is not None
                 reporter.report(metrics, show=show)

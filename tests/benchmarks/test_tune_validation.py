@@ -192,3 +192,19 @@ def test_a_killed_runs_metrics_are_read_up_to_the_cut(tmp_path):
     assert read_steps(metrics) == []
     metrics.write_text('{"step": 1}\n{"step": 2}\n{"st')
     assert read_steps(metrics) == [{"step": 1}, {"step": 2}]
+
+
+def test_an_offloading_runs_pinned_host_memory_is_kept_beside_its_time(monkeypatch, tmp_path):
+    import argparse
+
+    from benchmarks import tune_validation
+    from schedlang import profile_calibration
+
+    steps = [{"step_seconds": 2.0, "tokens_per_second": 50.0, "peak_memory_bytes": 2**30, "pinned_host_bytes": pinned}
+             for pinned in (3 * 2**30, 5 * 2**30, 4 * 2**30)]
+    monkeypatch.setattr(profile_calibration, "train_and_read_steps", lambda path, device, count, timeout: steps)
+    args = argparse.Namespace(device="cpu", steps=2, timeout=1.0)
+    assert tune_validation.measure(tmp_path / "c.sched", 1, args)["pinned_host_gib"] == 5.0
+    for step in steps:
+        del step["pinned_host_bytes"]
+    assert "pinned_host_gib" not in tune_validation.measure(tmp_path / "c.sched", 1, args)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from schedlang.runtime.host_memory import available_memory_bytes, meminfo_bytes, physical_memory_bytes
 from schedlang.runtime.offload import PinnedBudget, PinnedMemoryExhaustedError
@@ -50,3 +51,17 @@ def test_a_budget_refuses_what_would_pass_it_and_counts_nothing_then():
     budget.give_back(600)
     budget.take(1000, (0, 2))
     assert (budget.pinned, budget.most) == (1000, 1000)
+
+
+def test_the_pinned_host_peak_is_the_host_allocators_and_shows_in_the_step_line(monkeypatch):
+    from schedlang.runtime.progress import StepMetrics, progress_line
+    from schedlang.runtime.trainer import peak_pinned_host_bytes
+
+    assert peak_pinned_host_bytes(torch.device("cpu")) is None
+    monkeypatch.setattr(torch.cuda, "host_memory_stats", lambda: {"allocated_bytes.peak": 3 * 2**30})
+    assert peak_pinned_host_bytes(torch.device("cuda")) == 3 * 2**30
+    monkeypatch.setattr(torch.cuda, "host_memory_stats", lambda: {})  # a torch that does not say
+    assert peak_pinned_host_bytes(torch.device("cuda")) is None
+    line = progress_line(StepMetrics(3, 2.5, 1000.0, 0.1, 1 << 20, pinned_host_bytes=3 * 2**30), 10)
+    assert line.endswith("peak mem 1.0 MiB  pinned 3.0 GiB")
+    assert "pinned" not in progress_line(StepMetrics(3, 2.5, 1000.0, 0.1, 1 << 20), 10)
