@@ -37,9 +37,11 @@ What the search skips, and why nothing it skips is faster than its pick (docs/pi
    one stage never makes it fit worse). Offload saves device memory and never shortens a task: it is tried only
    where some stage cannot fit without it.
 
-The durations come from the cost model itself (``task_duration`` of microbatch 0, times the microbatches), so
-these hold for any model whose durations do not depend on the microbatch and do not shrink with recomputation
-or offload; tests/frontend/test_tune.py holds the pruned search's pick to an exhaustive search's.
+The durations come from the cost model itself (``task_duration``; the bounds take each chunk's task at its
+shortest over the microbatches, times the microbatches, and rule 5 compares every microbatch's, since offload
+moves one microbatch's chunk otherwise than another's: ``offload_copies``), so these hold for any model whose
+durations do not shrink with recomputation or offload; tests/frontend/test_tune.py holds the pruned search's
+pick to an exhaustive search's.
 """
 
 from __future__ import annotations
@@ -219,23 +221,34 @@ class _Search:
         return self.cost_models[key]
 
     def stage_durations(self, probe: ScheduleProgram) -> list[tuple[float, ...]]:
-        """Per stage, the durations of its F, B (and W) tasks of each chunk of microbatch 0, then the messages
-        each chunk's forward and backward send to the next and the previous stage."""
+        """Per stage, the durations of its F, B (and W) tasks of each chunk, each the shortest over the
+        microbatches (they differ only where offload moves one microbatch's chunk otherwise than another's:
+        ``offload_copies``), so that the bound stays a lower bound."""
+        return self._durations(probe)[0]
+
+    def unit_durations(self, probe: ScheduleProgram) -> list[tuple[float, ...]]:
+        """Per stage, the durations of the F, B (and W) tasks of each chunk of every microbatch whose durations
+        may differ (all of them with offload, else microbatch 0): what rule 5 compares."""
+        return self._durations(probe)[1]
+
+    def _durations(self, probe: ScheduleProgram) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]]:
         model = self.cost_model(probe)
         if id(model) not in self.durations:
             kinds = (ActionKind.FORWARD, ActionKind.BACKWARD)
             if probe.pipeline.split_backward:
                 kinds += (ActionKind.WEIGHT,)
             divisor = model.time_divisor
-            per_stage = []
+            microbatches = range(probe.n_microbatches if probe.pipeline.offload else 1)
+            shortest, every = [], []
             for stage in range(probe.n_stages):
-                durations = [
-                    model.task_duration(TaskId(kind, stage, 0, chunk)) / divisor
-                    for chunk in range(probe.n_chunks)
-                    for kind in kinds
+                units = [
+                    [model.task_duration(TaskId(kind, stage, microbatch, chunk)) / divisor
+                     for chunk in range(probe.n_chunks) for kind in kinds]
+                    for microbatch in microbatches
                 ]
-                per_stage.append(tuple(durations))
-            self.durations[id(model)] = per_stage
+                shortest.append(tuple(min(column) for column in zip(*units)))
+                every.append(tuple(duration for durations in units for duration in durations))
+            self.durations[id(model)] = (shortest, every)
         return self.durations[id(model)]
 
     def message_seconds(self, probe: ScheduleProgram, kind: Payload, stage: int, chunk: int) -> float:
@@ -413,7 +426,7 @@ class _Search:
         for mode in modes:
             variants[mode] = self.variant(probe, graphs, offload, mode)
             memory[mode] = predict_memory(variants[mode], orders)
-            durations[mode] = self.stage_durations(variants[mode])
+            durations[mode] = self.unit_durations(variants[mode])
             self.stats.memory_probes += 1
         choices = []
         for stage in range(layout.pipeline):

@@ -14,7 +14,7 @@ from schedlang.cli import main
 from schedlang.commands.simulate_fit import GIB
 from schedlang.compiler import CostSettings, Pass, ScheduleText, compile_schedule, revise
 from schedlang.frontend import load_program, load_program_text
-from schedlang.lowering.cost import CostModelKind, Hardware
+from schedlang.lowering.cost import CostModelKind, Hardware, make_cost_model
 from schedlang.lowering.hardware_profile import DEFAULT_PINNED_FRACTION
 from schedlang.lowering.memory_budget import OUTSIDE_THE_ALLOCATOR
 from schedlang.lowering.memory_peak import Component, predict_memory
@@ -22,6 +22,7 @@ from schedlang.tuning.search import TuneSettings, fits_at, search
 from schedlang.tuning.space import Knobs, layouts, schedule_changes
 from schedlang.tuning.writing import relocated_text, tuned_text
 from schedlang.vocabulary import CudaGraphs, Recompute
+from schedlang.vocabulary.actions import ActionKind, TaskId
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE_PATHS = sorted(EXAMPLES.glob("*.sched"))
@@ -441,3 +442,29 @@ def test_a_bad_host_memory_is_shown_at_its_column():
     assert lines[0].endswith("error: --host-memory: a memory size must be positive")
     assert lines[1] == "schedlang tune f.sched --host-memory 0GB"
     assert lines[2].index("^") == lines[1].index("0GB")
+
+
+def test_pruned_search_finds_the_fastest_of_an_exhaustive_search_when_a_profile_prices_offload_per_microbatch():
+    """With a hardware profile and a host link as slow as the tasks, offload's copies are priced per microbatch (a
+    chunk whose backward follows its forward copies nothing, the first backward of a stage waits for its copy:
+    ``offload_copies``), so one chunk's tasks differ between microbatches; the bounds (each task at its shortest)
+    and rule 5 (every microbatch's durations) still find the exhaustive search's fastest."""
+    import dataclasses
+
+    from schedlang.lowering.hardware_profile import Offload, resolve_hardware
+
+    profile = resolve_hardware("h200")
+    slow = CostSettings(CostModelKind.FLOPS, dataclasses.replace(profile, offload=Offload(1e9)))
+    program = small_program("gpipe")
+    settings = TuneSettings(slow, memory_between_modes(program), max_chunks=4, device="cpu", top=3, dominated=True)
+    everything = search(program, TuneSettings(**{**settings.__dict__, "prune": False, "top": 10**6})).candidates
+
+    def by_microbatch(candidate) -> list[list[float]]:
+        model = make_cost_model(CostModelKind.FLOPS, candidate.program, slow.hardware)
+        return [[model.task_duration(TaskId(kind, stage, microbatch, chunk))
+                 for stage in range(2) for chunk in range(candidate.program.n_chunks)
+                 for kind in (ActionKind.FORWARD, ActionKind.BACKWARD)] for microbatch in range(2)]
+
+    offloading = [candidate for candidate in everything if candidate.knobs.offload]
+    assert any(first != second for first, second in map(by_microbatch, offloading))
+    compare_with_exhaustive(program, settings)
