@@ -37,11 +37,11 @@ flattened copy of the stage's gradients. The allocated peak is the largest of th
 :data:`RESERVED_PER_ALLOCATED` turns it into the reserved peak.
 
 Host. With ``pipeline.offload`` every chunk's saved activations have a pinned host copy from the start of its
-``F`` to the end of its ``B``, except a chunk whose ``F`` is directly followed by its own ``B``, which keeps them
-on the device (``offload_copies`` in schedlang.vocabulary.actions) (``ActivationOffload.release`` runs there, also when ``W`` is split off; a chunk
-prefetched back to the device keeps its host copy until then), so a stage's pinned host memory is the largest
-sum of the activation bytes of the chunks between those two ends over the walk: ``StageMemory.pinned_host``,
-0 without offload. It is the host's peak, which need not fall at the device's; how the ranks of a node add
+``F`` to the end of its ``B`` (``ActivationOffload.release`` runs there, also when ``W`` is split off; a chunk
+prefetched back to the device keeps its host copy until then). A chunk whose ``F`` is directly followed by its
+own ``B`` has none: it keeps them on the device (``offload_copies`` in schedlang.vocabulary.actions). So a
+stage's pinned host memory is the largest sum of the activation bytes of the chunks between those two ends over
+the walk: ``StageMemory.pinned_host``, 0 without offload. It is the host's peak, which need not fall at the device's; how the ranks of a node add
 up, and what must fit, is schedlang.lowering.memory_budget's business.
 
 Which task sends, receives, hands on or takes what, and which task's end frees a chunk's activations, is read
