@@ -89,9 +89,38 @@ def spread(candidates: list[dict], count: int) -> list[dict]:
     return [distinct[index] for index in sorted(chosen)]
 
 
+TWIN_MATTERS = 0.005
+"""How far apart (relative) tune must predict a candidate and its twin for ``--twins`` to measure the pair."""
+
+
+def twin(candidate: dict, key: str, ranking: list[dict]) -> dict | None:
+    """The best-ranked candidate whose changes are ``candidate``'s without ``key``: the same schedule but for it."""
+    wanted = {name: value for name, value in candidate["changes"].items() if name != key}
+    return next((other for other in ranking if other["changes"] == wanted), None)
+
+
+def twin_pairs(ranking: list[dict], key: str, count: int) -> list[dict]:
+    """The pick, then ``count - 1`` candidates that change ``key`` (chosen by :func:`spread` among those whose
+    twin tune predicts at least :data:`TWIN_MATTERS` apart, so the key changes the step), each followed by its
+    twin; a candidate already chosen is not trained twice."""
+    matters = [candidate for candidate in ranking if key in candidate["changes"]
+               and (other := twin(candidate, key, ranking)) is not None
+               and abs(candidate["step_seconds"] / other["step_seconds"] - 1) >= TWIN_MATTERS]
+    chosen, ranks = [ranking[0]], {ranking[0]["rank"]}
+    for candidate in spread(matters, count - 1) if count > 1 else []:
+        for member in (candidate, twin(candidate, key, ranking)):
+            if member["rank"] not in ranks:
+                ranks.add(member["rank"])
+                chosen.append(member)
+    return chosen
+
+
 def chosen_candidates(ranking: list[dict], args: argparse.Namespace) -> list[dict]:
-    """The candidates to train: ``--ranks`` where given (each must be in the ranking), else :func:`spread`."""
+    """The candidates to train: ``--ranks`` where given (each must be in the ranking), else ``--twins``'s pairs
+    (:func:`twin_pairs`) where given, else :func:`spread`."""
     if args.ranks is None:
+        if getattr(args, "twins", None):
+            return twin_pairs(ranking, args.twins, args.candidates)
         return spread(ranking, args.candidates)
     by_rank = {candidate["rank"]: candidate for candidate in ranking}
     missing = sorted(set(args.ranks) - set(by_rank))
@@ -222,7 +251,10 @@ def summary(rows: list[dict]) -> str:
         share = pick["tokens_per_second"] / best
         within = "within" if share >= 1 - PICK_TOLERANCE else "outside"
         verdict = f"the pick ran {share:.3f} of the best measured tokens/s ({within} {PICK_TOLERANCE:.0%})"
-    return f"{verdict}; largest step-time error {max(errors):.1%} over {len(measured)} measured candidates"
+    pinned = [f"rank {row['rank']} {row.get('predicted_pinned_host_gib', 0.0):.1f} / "
+              f"{row['measured']['pinned_host_gib']:.1f} GiB" for row in measured if "pinned_host_gib" in row["measured"]]
+    pinned_text = f"; pinned host, predicted / the allocator's peak: {', '.join(pinned)}" if pinned else ""
+    return f"{verdict}; largest step-time error {max(errors):.1%} over {len(measured)} measured candidates{pinned_text}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,6 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ranks", type=int, nargs="+", default=None, metavar="RANK",
         help="measure these ranks of tune's ranking instead of --candidates spread down it (a job split in parts)",
+    )
+    parser.add_argument(
+        "--twins", metavar="KEY", default=None,
+        help="measure the pick and --candidates minus one candidates that change KEY (e.g. pipeline.offload) "
+        "where tune predicts it matters, each beside its twin without the change",
     )
     parser.add_argument("--warmup", type=int, default=2, help="steps before the timed ones (default 2)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per candidate (default 3)")
@@ -278,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             "predicted_step_seconds": candidate["step_seconds"],
             "predicted_tokens_per_second": candidate["tokens_per_second"],
             "predicted_reserved_gib": candidate["reserved_gib"],
+            "predicted_pinned_host_gib": max(candidate.get("pinned_host_gib") or [0.0]),
             "host_bound_share": candidate["host_bound_share"],
             "warmup_steps": warmup,
             "measured": measure(path, warmup, args,

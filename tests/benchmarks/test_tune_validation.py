@@ -208,3 +208,36 @@ def test_an_offloading_runs_pinned_host_memory_is_kept_beside_its_time(monkeypat
     for step in steps:
         del step["pinned_host_bytes"]
     assert "pinned_host_gib" not in tune_validation.measure(tmp_path / "c.sched", 1, args)
+
+
+def test_twins_pair_each_candidate_that_changes_the_key_with_the_same_schedule_without_it():
+    import argparse
+
+    from benchmarks.tune_validation import chosen_candidates
+
+    def candidate(rank, seconds, **changes):
+        return {"rank": rank, "step_seconds": seconds, "changes": {k.replace("_", "."): v for k, v in changes.items()}}
+
+    ranking = [
+        candidate(1, 1.0, sequence_chunks="2"),
+        candidate(2, 1.01, sequence_chunks="4"),
+        candidate(3, 1.02, pipeline_offload="true"),  # one chunk: offload changes nothing tune predicts
+        candidate(4, 1.0201),
+        candidate(5, 1.1, sequence_chunks="2", pipeline_offload="true"),
+        candidate(6, 1.2, sequence_chunks="4", pipeline_offload="true"),
+        candidate(7, 1.3, sequence_chunks="8", pipeline_offload="true"),  # no twin in the ranking
+    ]
+    args = argparse.Namespace(ranks=None, twins="pipeline.offload", candidates=3)
+    assert [c["rank"] for c in chosen_candidates(ranking, args)] == [1, 5, 6, 2]
+    args.candidates = 2
+    assert [c["rank"] for c in chosen_candidates(ranking, args)] == [1, 5]  # its twin is the pick, trained once
+    args.candidates = 1
+    assert [c["rank"] for c in chosen_candidates(ranking, args)] == [1]
+
+
+def test_summary_holds_each_offloading_rows_pinned_host_beside_the_model():
+    rows = [row(1, 1.0, 1.0), row(2, 1.1, 1.1)]
+    rows[1]["predicted_pinned_host_gib"] = 24.7
+    rows[1]["measured"]["pinned_host_gib"] = 32.0
+    assert summary(rows).endswith("; pinned host, predicted / the allocator's peak: rank 2 24.7 / 32.0 GiB")
+    assert "pinned" not in summary(rows[:1])
