@@ -444,11 +444,11 @@ def test_a_bad_host_memory_is_shown_at_its_column():
     assert lines[2].index("^") == lines[1].index("0GB")
 
 
-def test_pruned_search_finds_the_fastest_of_an_exhaustive_search_when_a_profile_prices_offload_per_microbatch():
-    """With a hardware profile and a host link as slow as the tasks, offload's copies are priced per microbatch (a
-    chunk whose backward follows its forward copies nothing, the first backward of a stage waits for its copy:
-    ``offload_copies``), so one chunk's tasks differ between microbatches; the bounds (each task at its shortest)
-    and rule 5 (every microbatch's durations) still find the exhaustive search's fastest."""
+def slow_host_link_search():
+    """The small program tuned with a hardware profile whose host link is as slow as the tasks: offload's copies
+    are priced per microbatch (a chunk whose backward follows its forward copies nothing, the first backward of a
+    stage waits for its copy: ``offload_copies``). Returns the settings, the exhaustive candidates and a function
+    giving a candidate's task durations per microbatch, each a list over stages, chunks and F, B (and W)."""
     import dataclasses
 
     from schedlang.lowering.hardware_profile import Offload, resolve_hardware
@@ -461,10 +461,40 @@ def test_pruned_search_finds_the_fastest_of_an_exhaustive_search_when_a_profile_
 
     def by_microbatch(candidate) -> list[list[float]]:
         model = make_cost_model(CostModelKind.FLOPS, candidate.program, slow.hardware)
+        kinds = (ActionKind.FORWARD, ActionKind.BACKWARD)
+        kinds += (ActionKind.WEIGHT,) if candidate.program.pipeline.split_backward else ()
         return [[model.task_duration(TaskId(kind, stage, microbatch, chunk))
-                 for stage in range(2) for chunk in range(candidate.program.n_chunks)
-                 for kind in (ActionKind.FORWARD, ActionKind.BACKWARD)] for microbatch in range(2)]
+                 for stage in range(candidate.program.n_stages) for chunk in range(candidate.program.n_chunks)
+                 for kind in kinds] for microbatch in range(candidate.program.n_microbatches)]
 
+    return program, settings, everything, by_microbatch
+
+
+def test_pruned_search_finds_the_fastest_of_an_exhaustive_search_when_a_profile_prices_offload_per_microbatch():
+    """With offload priced per microbatch one chunk's tasks differ between microbatches; the bounds (each task at
+    its shortest) and rule 5 (every microbatch's durations) still find the exhaustive search's fastest."""
+    program, settings, everything, by_microbatch = slow_host_link_search()
     offloading = [candidate for candidate in everything if candidate.knobs.offload]
-    assert any(first != second for first, second in map(by_microbatch, offloading))
+    assert any(len(set(map(tuple, by_microbatch(candidate)))) > 1 for candidate in offloading)
     compare_with_exhaustive(program, settings)
+
+
+def test_rule_five_weighs_every_microbatchs_tasks_and_the_bounds_each_tasks_shortest():
+    """Where offload makes a chunk's tasks differ between microbatches, rule 5 compares recompute modes on every
+    microbatch's durations (microbatch 0's alone could drop a mode faster on another) and the bounds take each
+    task at its shortest over the microbatches (any other would not be a lower bound)."""
+    from schedlang.tuning.search import _Search
+
+    program, settings, everything, by_microbatch = slow_host_link_search()
+    candidate = next(candidate for candidate in everything
+                     if candidate.knobs.offload and len(set(map(tuple, by_microbatch(candidate)))) > 1)
+    state = _Search(program, settings, None)
+    divisor = state.cost_model(candidate.program).time_divisor
+    per_microbatch = by_microbatch(candidate)
+    n_stages = candidate.program.n_stages
+    tasks = len(per_microbatch[0]) // n_stages
+    stages = [[[duration / divisor for duration in durations[stage * tasks:(stage + 1) * tasks]]
+               for durations in per_microbatch] for stage in range(n_stages)]
+    assert state.unit_durations(candidate.program) == [tuple(sum(stage, [])) for stage in stages]
+    assert state.stage_durations(candidate.program) == [tuple(map(min, zip(*stage))) for stage in stages]
+    assert any(len(set(map(tuple, stage))) > 1 for stage in stages)
