@@ -36,7 +36,9 @@ schedule over it). Pinned memory cannot be swapped out, so a run past it thrashe
 the offload therefore reads ``MemAvailable`` once when it is built (:class:`PinnedBudget`: an equal share for
 each of the node's ``LOCAL_WORLD_SIZE`` ranks, which cannot see each other's copies) and raises
 :class:`PinnedMemoryExhaustedError` before a copy would take its copies past it; the trainer reports it as one
-line. On the CPU there is no budget unless one is given.
+line. On the CPU there is no budget unless one is given. The copies live in :class:`PinnedSlabs`, 1 GiB blocks of
+pinned memory that chunks fill and give back whole, so what is pinned is the copies' bytes rounded up to whole
+slabs per chunk in flight, not each copy rounded up to a power of two by PyTorch's host allocator.
 """
 
 from __future__ import annotations
@@ -97,6 +99,66 @@ class PinnedBudget:
         self.pinned -= n_bytes
 
 
+PINNED_SLAB_BYTES = 2**30
+"""Each slab of :class:`PinnedSlabs`: a power of two, so PyTorch's host allocator pins exactly its bytes."""
+
+SLAB_ALIGNMENT = 512
+"""Where a copy may start inside a slab: every dtype's element size divides it."""
+
+
+@dataclass
+class _Slab:
+    memory: torch.Tensor  # one-dimensional uint8
+    used: int = 0
+
+
+class PinnedSlabs:
+    """Host memory for offload's copies, in slabs of ``slab_bytes`` that the chunks fill and give back whole.
+
+    PyTorch's host allocator rounds every pinned block up to a power of two, so one block per copy pins up to
+    twice the copies' bytes (on one H100 the 1B hybrid at 64K in two chunks split by alpha 0.5: 48.9 GiB for the
+    22.8 GiB the memory model counts, docs/benchmarks.md). Here a copy is a view into a slab of the chunk that
+    has room (the first that has), a new slab taken when none has: from the slabs given back by released chunks
+    (the side stream that wrote and read them orders a reuse after their last copy back), else from the allocator.
+    A copy larger than a slab gets a block of its own, dropped when its chunk is released. ``pin``: pinned host
+    memory (False: pageable, for the CPU tests).
+    """
+
+    def __init__(self, slab_bytes: int = PINNED_SLAB_BYTES, pin: bool = True) -> None:
+        self.slab_bytes, self.pin = slab_bytes, pin
+        self.free: list[torch.Tensor] = []
+        self.held: dict[Hashable, list[_Slab]] = {}
+
+    def tensor(self, key: Hashable, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised contiguous host tensor of ``shape`` and ``dtype`` in chunk ``key``'s slabs."""
+        n_bytes = shape.numel() * dtype.itemsize
+        slabs = self.held.setdefault(key, [])
+        if n_bytes > self.slab_bytes:
+            slab = _Slab(self._allocate(n_bytes))
+            slabs.append(slab)
+        else:
+            slab = next((slab for slab in slabs if self.slab_bytes - slab.used >= n_bytes), None)
+            if slab is None:
+                slab = _Slab(self.free.pop() if self.free else self._allocate(self.slab_bytes))
+                slabs.append(slab)
+        start = slab.used
+        slab.used = -(-(start + n_bytes) // SLAB_ALIGNMENT) * SLAB_ALIGNMENT
+        return slab.memory[start:start + n_bytes].view(dtype).view(shape)
+
+    def give_back(self, key: Hashable) -> None:
+        """Chunk ``key``'s slabs are free for the next chunks (its copies are no longer read)."""
+        self.free.extend(slab.memory for slab in self.held.pop(key, []) if slab.memory.numel() == self.slab_bytes)
+
+    @property
+    def pinned_bytes(self) -> int:
+        """What the slabs pin now, held by chunks or free."""
+        held = sum(slab.memory.numel() for slabs in self.held.values() for slab in slabs)
+        return held + len(self.free) * self.slab_bytes
+
+    def _allocate(self, n_bytes: int) -> torch.Tensor:
+        return torch.empty(n_bytes, dtype=torch.uint8, pin_memory=self.pin)
+
+
 def storage_key(tensor: torch.Tensor) -> int:
     """The address of ``tensor``'s storage: the same for every view of it."""
     return tensor.untyped_storage().data_ptr()
@@ -152,6 +214,7 @@ class ActivationOffload:
         self.resident = resident
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.budget = budget if budget is not None or self.stream is None else PinnedBudget.of_this_host()
+        self.slabs = PinnedSlabs() if self.stream is not None else None
         self.chunks: dict[Hashable, OffloadedChunk] = {}
         self.counts = OffloadCounts()
 
@@ -190,6 +253,9 @@ class ActivationOffload:
         chunk = self.chunks.pop(key, None)
         if chunk is not None and self.budget is not None:
             self.budget.give_back(chunk.host_bytes)
+        if chunk is not None and self.slabs is not None:
+            chunk.host = []
+            self.slabs.give_back(key)
 
     def _pack(self, chunk: OffloadedChunk, tensor: torch.Tensor) -> torch.Tensor | _HostSaved:
         self.counts.packed += 1
@@ -209,14 +275,14 @@ class ActivationOffload:
             index = len(chunk.host)
             owner = tensor if tensor._base is None else tensor._base
             chunk.index_of[identity] = (index, weakref.ref(owner))
-            chunk.host.append(self._copy_to_host(tensor))
+            chunk.host.append(self._copy_to_host(tensor, chunk.key))
             self.counts.copied += 1
         return _HostSaved(chunk, index)
 
-    def _copy_to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _copy_to_host(self, tensor: torch.Tensor, key: Hashable) -> torch.Tensor:
         if self.stream is None:
             return tensor.detach()
-        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host = self.slabs.tensor(key, tensor.shape, tensor.dtype)
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
             host.copy_(tensor, non_blocking=True)

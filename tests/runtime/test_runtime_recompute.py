@@ -28,7 +28,7 @@ from schedlang.compiler import Pass, ScheduleText
 from schedlang.compiler import compile_schedule as schedlang_compile
 from schedlang.lowering.memory_peak import predict_memory
 from schedlang.lowering.memory_terms import Device
-from schedlang.runtime.offload import ActivationOffload, PinnedBudget, storage_key
+from schedlang.runtime.offload import ActivationOffload, PinnedBudget, PinnedSlabs, storage_key
 from schedlang.runtime.trainer import launch
 from schedlang.vocabulary import ActionKind, LayerKind, ModelConfig, OffloadCopy, Recompute, offload_copies
 
@@ -233,20 +233,57 @@ class CopyingOffload(ActivationOffload):
     """CPU stand-in for the copies CUDA makes: each saved tensor's "host copy" is a clone, so a result that
     read the original instead of its copy, or the wrong copy, would show."""
 
-    def _copy_to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _copy_to_host(self, tensor: torch.Tensor, key) -> torch.Tensor:
         return tensor.detach().clone()
 
 
+class SlabCopyingOffload(ActivationOffload):
+    """CPU stand-in whose copies are views into :class:`PinnedSlabs` (pageable), as on CUDA: slabs of 64 KiB, so
+    a chunk's copies fill several, some copies take blocks of their own, and a later step reuses the slabs."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.slabs = PinnedSlabs(slab_bytes=64 * 1024, pin=False)
+
+    def _copy_to_host(self, tensor: torch.Tensor, key) -> torch.Tensor:
+        host = self.slabs.tensor(key, tensor.shape, tensor.dtype)
+        return host.copy_(tensor)
+
+
+@pytest.mark.parametrize("copies", [CopyingOffload, SlabCopyingOffload], ids=["clones", "slabs"])
 @pytest.mark.parametrize("recompute", ["none", "mlp", "mixer"])
-def test_offload_through_real_copies_changes_nothing(one_rank_group, tmp_path, recompute):
+def test_offload_through_real_copies_changes_nothing(one_rank_group, tmp_path, recompute, copies):
     plain = one_rank_trainer(tmp_path, "plain", layers=HYBRID_LAYERS, recompute=recompute)
     copying = one_rank_trainer(tmp_path, "copying", layers=HYBRID_LAYERS, recompute=recompute, offload=True)
-    copying.executor.offload = CopyingOffload(torch.device("cpu"), copying.executor._stays_resident)
-    reference_loss, reference_gradients = first_step(plain)
-    loss, gradients = first_step(copying)
-    assert copying.executor.offload.counts.copied > 0
-    assert loss == reference_loss
-    assert all(torch.equal(gradients[key], reference_gradients[key]) for key in reference_gradients)
+    copying.executor.offload = copies(torch.device("cpu"), copying.executor._stays_resident)
+    for _ in range(2):  # the second step's copies land in the slabs the first step's chunks gave back
+        reference_loss, reference_gradients = first_step(plain)
+        loss, gradients = first_step(copying)
+        assert copying.executor.offload.counts.copied > 0
+        assert loss == reference_loss
+        assert all(torch.equal(gradients[key], reference_gradients[key]) for key in reference_gradients)
+
+
+def test_pinned_slabs_place_copies_apart_and_reuse_a_released_chunks_slabs():
+    slabs = PinnedSlabs(slab_bytes=4096, pin=False)
+    first = slabs.tensor("a", torch.Size([300]), torch.float32)  # 1,200 bytes, then 1,536 with the alignment
+    second = slabs.tensor("a", torch.Size([10, 10]), torch.bfloat16)
+    third = slabs.tensor("a", torch.Size([700]), torch.float32)  # 2,800 bytes: no room left, a second slab
+    other = slabs.tensor("b", torch.Size([8]), torch.float64)  # another chunk: a slab of its own
+    big = slabs.tensor("a", torch.Size([2000]), torch.float32)  # larger than a slab: a block of its own
+    for index, tensor in enumerate((first, second, third, other, big)):
+        tensor.fill_(index)
+    for index, tensor in enumerate((first, second, third, other, big)):
+        assert torch.all(tensor == index) and tensor.is_contiguous()
+    assert second.dtype == torch.bfloat16 and second.shape == (10, 10)
+    assert second.data_ptr() - first.data_ptr() == 1536 and third.data_ptr() != first.data_ptr() + 3072
+    assert slabs.pinned_bytes == 3 * 4096 + 8000
+    slab_starts = {first.data_ptr(), third.data_ptr()}
+    slabs.give_back("a")
+    assert slabs.pinned_bytes == 3 * 4096  # the two slabs are kept for reuse, the large block dropped
+    reused = {slabs.tensor("c", torch.Size([1024]), torch.float32).data_ptr() for _ in range(2)}
+    assert reused == slab_starts
+    assert slabs.pinned_bytes == 3 * 4096
 
 
 def saved_bytes_of_one_chunk(trainer) -> int:
