@@ -36,9 +36,10 @@ schedule over it). Pinned memory cannot be swapped out, so a run past it thrashe
 the offload therefore reads ``MemAvailable`` once when it is built (:class:`PinnedBudget`: an equal share for
 each of the node's ``LOCAL_WORLD_SIZE`` ranks, which cannot see each other's copies) and raises
 :class:`PinnedMemoryExhaustedError` before a copy would take its copies past it; the trainer reports it as one
-line. On the CPU there is no budget unless one is given. The copies live in :class:`PinnedSlabs`, 1 GiB blocks of
-pinned memory that chunks fill and give back whole, so what is pinned is the copies' bytes rounded up to whole
-slabs per chunk in flight, not each copy rounded up to a power of two by PyTorch's host allocator.
+line. On the CPU there is no budget unless one is given. On CUDA the copies are laid in :class:`PinnedSlabs`,
+blocks of pinned memory that chunks fill and give back whole, so that a copy is not rounded up to a power of two
+by PyTorch's host allocator; the budget and the memory model count the copies' own bytes, which the slabs
+exceed by a slab or two per chunk in flight.
 """
 
 from __future__ import annotations
@@ -99,8 +100,10 @@ class PinnedBudget:
         self.pinned -= n_bytes
 
 
-PINNED_SLAB_BYTES = 2**30
-"""Each slab of :class:`PinnedSlabs`: a power of two, so PyTorch's host allocator pins exactly its bytes."""
+FIRST_SLAB_BYTES = 2**23
+"""A chunk's first slab (8 MiB); each next one is twice the last, up to :data:`LARGEST_SLAB_BYTES`."""
+
+LARGEST_SLAB_BYTES = 2**30
 
 SLAB_ALIGNMENT = 512
 """Where a copy may start inside a slab: every dtype's element size divides it."""
@@ -112,51 +115,55 @@ class _Slab:
     used: int = 0
 
 
+def _power_of_two_at_least(n_bytes: int) -> int:
+    return 1 << max(n_bytes - 1, 0).bit_length()
+
+
 class PinnedSlabs:
-    """Host memory for offload's copies, in slabs of ``slab_bytes`` that the chunks fill and give back whole.
+    """Host memory for offload's copies, in slabs that the chunks fill and give back whole.
 
     PyTorch's host allocator rounds every pinned block up to a power of two, so one block per copy pins up to
     twice the copies' bytes (on one H100 the 1B hybrid at 64K in two chunks split by alpha 0.5: 48.9 GiB for the
-    22.8 GiB the memory model counts, docs/benchmarks.md). Here a copy is a view into a slab of the chunk that
-    has room (the first that has), a new slab taken when none has: from the slabs given back by released chunks
-    (the side stream that wrote and read them orders a reuse after their last copy back), else from the allocator.
-    A copy larger than a slab gets a block of its own, dropped when its chunk is released. ``pin``: pinned host
-    memory (False: pageable, for the CPU tests).
+    22.8 GiB the memory model counts, docs/benchmarks.md). Here every slab's size is a power of two, and a copy
+    is a view into the first slab of its chunk that has room. When none has, the chunk takes a new slab twice
+    the size of its last (the first :data:`FIRST_SLAB_BYTES`, at most :data:`LARGEST_SLAB_BYTES`, or the power of
+    two that holds the copy when that is more): a small chunk pins little, a large one at most its bytes plus
+    about two of the largest slabs. Slabs given back by released chunks are taken again by size (the side
+    stream that wrote and read them orders a reuse after their last copy back), so later steps pin nothing new.
+    ``first``, ``largest``: the slab sizes, powers of two; ``pin``: pinned host memory (False: pageable, for the
+    CPU tests).
     """
 
-    def __init__(self, slab_bytes: int = PINNED_SLAB_BYTES, pin: bool = True) -> None:
-        self.slab_bytes, self.pin = slab_bytes, pin
-        self.free: list[torch.Tensor] = []
+    def __init__(self, first: int = FIRST_SLAB_BYTES, largest: int = LARGEST_SLAB_BYTES, pin: bool = True) -> None:
+        self.first, self.largest, self.pin = first, largest, pin
+        self.free: dict[int, list[torch.Tensor]] = {}  # slab size -> slabs given back
         self.held: dict[Hashable, list[_Slab]] = {}
 
     def tensor(self, key: Hashable, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised contiguous host tensor of ``shape`` and ``dtype`` in chunk ``key``'s slabs."""
         n_bytes = shape.numel() * dtype.itemsize
         slabs = self.held.setdefault(key, [])
-        if n_bytes > self.slab_bytes:
-            slab = _Slab(self._allocate(n_bytes))
+        slab = next((slab for slab in slabs if slab.memory.numel() - slab.used >= n_bytes), None)
+        if slab is None:
+            size = min(2 * slabs[-1].memory.numel(), self.largest) if slabs else self.first
+            size = max(size, _power_of_two_at_least(n_bytes))
+            reusable = self.free.get(size)
+            slab = _Slab(reusable.pop() if reusable else torch.empty(size, dtype=torch.uint8, pin_memory=self.pin))
             slabs.append(slab)
-        else:
-            slab = next((slab for slab in slabs if self.slab_bytes - slab.used >= n_bytes), None)
-            if slab is None:
-                slab = _Slab(self.free.pop() if self.free else self._allocate(self.slab_bytes))
-                slabs.append(slab)
         start = slab.used
         slab.used = -(-(start + n_bytes) // SLAB_ALIGNMENT) * SLAB_ALIGNMENT
         return slab.memory[start:start + n_bytes].view(dtype).view(shape)
 
     def give_back(self, key: Hashable) -> None:
         """Chunk ``key``'s slabs are free for the next chunks (its copies are no longer read)."""
-        self.free.extend(slab.memory for slab in self.held.pop(key, []) if slab.memory.numel() == self.slab_bytes)
+        for slab in self.held.pop(key, []):
+            self.free.setdefault(slab.memory.numel(), []).append(slab.memory)
 
     @property
     def pinned_bytes(self) -> int:
         """What the slabs pin now, held by chunks or free."""
         held = sum(slab.memory.numel() for slabs in self.held.values() for slab in slabs)
-        return held + len(self.free) * self.slab_bytes
-
-    def _allocate(self, n_bytes: int) -> torch.Tensor:
-        return torch.empty(n_bytes, dtype=torch.uint8, pin_memory=self.pin)
+        return held + sum(size * len(slabs) for size, slabs in self.free.items())
 
 
 def storage_key(tensor: torch.Tensor) -> int:

@@ -238,12 +238,13 @@ class CopyingOffload(ActivationOffload):
 
 
 class SlabCopyingOffload(ActivationOffload):
-    """CPU stand-in whose copies are views into :class:`PinnedSlabs` (pageable), as on CUDA: slabs of 64 KiB, so
-    a chunk's copies fill several, some copies take blocks of their own, and a later step reuses the slabs."""
+    """CPU stand-in whose copies are views into :class:`PinnedSlabs` (pageable), as on CUDA: slabs from 4 KiB to
+    64 KiB, so a chunk's copies fill several, some copies take larger slabs of their own, and a later step reuses
+    the slabs."""
 
     def __init__(self, *args) -> None:
         super().__init__(*args)
-        self.slabs = PinnedSlabs(slab_bytes=64 * 1024, pin=False)
+        self.slabs = PinnedSlabs(first=4096, largest=64 * 1024, pin=False)
 
     def _copy_to_host(self, tensor: torch.Tensor, key) -> torch.Tensor:
         host = self.slabs.tensor(key, tensor.shape, tensor.dtype)
@@ -264,26 +265,29 @@ def test_offload_through_real_copies_changes_nothing(one_rank_group, tmp_path, r
         assert all(torch.equal(gradients[key], reference_gradients[key]) for key in reference_gradients)
 
 
-def test_pinned_slabs_place_copies_apart_and_reuse_a_released_chunks_slabs():
-    slabs = PinnedSlabs(slab_bytes=4096, pin=False)
-    first = slabs.tensor("a", torch.Size([300]), torch.float32)  # 1,200 bytes, then 1,536 with the alignment
-    second = slabs.tensor("a", torch.Size([10, 10]), torch.bfloat16)
-    third = slabs.tensor("a", torch.Size([700]), torch.float32)  # 2,800 bytes: no room left, a second slab
-    other = slabs.tensor("b", torch.Size([8]), torch.float64)  # another chunk: a slab of its own
-    big = slabs.tensor("a", torch.Size([2000]), torch.float32)  # larger than a slab: a block of its own
-    for index, tensor in enumerate((first, second, third, other, big)):
+def test_pinned_slabs_grow_place_copies_apart_and_reuse_a_released_chunks_slabs():
+    slabs = PinnedSlabs(first=2048, largest=8192, pin=False)
+    first = slabs.tensor("a", torch.Size([300]), torch.float32)  # 1,200 bytes, 1,536 with the alignment
+    second = slabs.tensor("a", torch.Size([10, 10]), torch.bfloat16)  # 200 bytes: still in the first slab
+    third = slabs.tensor("a", torch.Size([700]), torch.float32)  # 2,800 bytes: a second slab, twice the first
+    fourth = slabs.tensor("a", torch.Size([100]), torch.float32)  # 400 bytes: the first slab is full, the second's room
+    other = slabs.tensor("b", torch.Size([8]), torch.float64)  # another chunk: a first slab of its own
+    big = slabs.tensor("a", torch.Size([5000]), torch.float32)  # 20,000 bytes: a slab of 32 KiB, past the largest
+    tensors = (first, second, third, fourth, other, big)
+    for index, tensor in enumerate(tensors):
         tensor.fill_(index)
-    for index, tensor in enumerate((first, second, third, other, big)):
+    for index, tensor in enumerate(tensors):
         assert torch.all(tensor == index) and tensor.is_contiguous()
     assert second.dtype == torch.bfloat16 and second.shape == (10, 10)
-    assert second.data_ptr() - first.data_ptr() == 1536 and third.data_ptr() != first.data_ptr() + 3072
-    assert slabs.pinned_bytes == 3 * 4096 + 8000
-    slab_starts = {first.data_ptr(), third.data_ptr()}
+    assert second.data_ptr() - first.data_ptr() == 1536 and fourth.data_ptr() - third.data_ptr() == 3072
+    assert slabs.pinned_bytes == 2048 + 4096 + 2048 + 32768
+    starts = {first.data_ptr(), third.data_ptr(), big.data_ptr()}
     slabs.give_back("a")
-    assert slabs.pinned_bytes == 3 * 4096  # the two slabs are kept for reuse, the large block dropped
-    reused = {slabs.tensor("c", torch.Size([1024]), torch.float32).data_ptr() for _ in range(2)}
-    assert reused == slab_starts
-    assert slabs.pinned_bytes == 3 * 4096
+    assert slabs.pinned_bytes == 2048 + 4096 + 2048 + 32768  # kept for the next chunks
+    again = [slabs.tensor("c", torch.Size([size]), torch.float32) for size in (500, 1000, 5000)]
+    assert {tensor.data_ptr() for tensor in again} == starts  # the same slabs, nothing new pinned
+    assert slabs.pinned_bytes == 2048 + 4096 + 2048 + 32768
+
 
 
 def saved_bytes_of_one_chunk(trainer) -> int:
