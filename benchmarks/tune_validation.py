@@ -17,6 +17,10 @@ One H200, the 1B GLA at 64K tokens (about 6 minutes: the tune, then 7 runs of 5 
     python benchmarks/tune_validation.py --out results/tune-64k --length 65536
 The same with the shipped profile's step and host factors measured again on this machine first (about 80 s more):
     python benchmarks/tune_validation.py --out results/tune-64k --length 65536 --calibrate h200
+Each candidate that offloads where tune predicts it matters beside its twin without offload (the pick and 3 of
+them, 7 runs at most), on a profile calibrated before:
+    python benchmarks/tune_validation.py --out results/offload-64k --twins pipeline.offload --candidates 4 \\
+        -- --hardware results/tune-64k/calibrated.toml
 A tiny CPU run of the whole path:
     python benchmarks/tune_validation.py --tiny --device cpu --length 256 --candidates 2 --warmup 0 --steps 1 \\
         --out /tmp/tune-validation
