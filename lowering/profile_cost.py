@@ -17,10 +17,11 @@ program and a :class:`~schedlang.lowering.hardware_profile.HardwareProfile` (for
   stage's gradients into ``.grad`` at the profile's memory bandwidth (as the flops model). ``W`` is the weight
   curves and the linear weights' ``.grad`` additions.
 * With ``pipeline.offload`` a unit's saved activations (the memory model's bytes) travel as the executor moves
-  them (``offload_copies`` in schedlang.vocabulary.actions), at the offload bandwidth: a unit whose ``F`` is
-  directly followed by its ``B`` keeps them on the device and copies nothing; another goes to the host during
-  ``F`` and, prefetched, comes back during the backward before its own, a copy longer than its task showing as the
-  excess; the first backward of a stage's list, when its unit was copied out, waits for the whole copy back.
+  them (``offload_copies`` in schedlang.vocabulary.actions), at the offload bandwidth, on one copy stream per
+  stage beside the tasks: a unit whose ``F`` is directly followed by its ``B`` keeps them on the device and copies
+  nothing; another goes to the host from the start of its ``F`` and comes back when the backward before its own
+  prefetches it (the first backward of a stage's list: at its own start). A backward whose copy back has not
+  ended waits for it, and the wait is part of its time (:meth:`ProfileCostModel._copy_waits`).
 * A message between stages, and each hop of a sequence-parallel scan, travels on the link its two ranks share:
   ``p2p`` within a node, ``inter_node`` across (ranks are laid out pipeline x sequence x data, row-major, as
   schedlang.runtime.mesh builds them, and fill nodes of ``gpus_per_node`` in rank order). Collectives use the
@@ -56,7 +57,7 @@ from schedlang.lowering.hardware_profile import (
 from schedlang.lowering.orders import stage_orders
 from schedlang.lowering.parameters import stage_parameters
 from schedlang.lowering.program import ScheduleProgram
-from schedlang.vocabulary.actions import ActionKind, OffloadCopy, TaskId, offload_copies
+from schedlang.vocabulary.actions import ActionKind, OffloadCopy, TaskId, next_backwards, offload_copies
 from schedlang.vocabulary.edges import Payload
 from schedlang.vocabulary import (
     AttentionExchange,
@@ -172,26 +173,20 @@ class ProfileCostModel:
                 f"hardware profile {profile.name} has no measurement of {names}, which the schedule's model "
                 f"needs; measure them with `schedlang profile`"
             )
-        default_copy = OffloadCopy.PREFETCHED if program.pipeline.offload else OffloadCopy.KEPT
-        # with offload, the units whose activations travel otherwise than most: (stage, microbatch, chunk) -> how
-        self.unit_copies: dict[tuple[int, int, int], OffloadCopy] = {}
-        if program.pipeline.offload:
-            for stage, order in enumerate(stage_orders(program)):
-                for (microbatch, chunk), copy in offload_copies(tuple(task.action for task in order)).items():
-                    if copy is not default_copy:
-                        self.unit_copies[stage, microbatch, chunk] = copy
         self.tasks: dict[tuple[int, int], dict[ActionKind, float]] = {}
-        self.other_copies: dict[tuple[int, int, OffloadCopy], dict[ActionKind, float]] = {}
         self.host_bound_tasks: frozenset[tuple[int, int, ActionKind]] = frozenset()
         bound = set()
         for stage in range(program.n_stages):
             for chunk in range(program.n_chunks):
-                self.tasks[stage, chunk], bound_kinds = self._stage_chunk(stage, chunk, default_copy)
+                self.tasks[stage, chunk], bound_kinds = self._stage_chunk(stage, chunk)
                 bound.update((stage, chunk, kind) for kind in bound_kinds)
-        for (stage, _, chunk), copy in self.unit_copies.items():
-            if (stage, chunk, copy) not in self.other_copies:
-                self.other_copies[stage, chunk, copy], _ = self._stage_chunk(stage, chunk, copy)
         self.host_bound_tasks = frozenset(bound)
+        # with offload: (stage, microbatch, chunk) -> how long that unit's backward waits for its copy back
+        self.copy_waits: dict[tuple[int, int, int], float] = {}
+        if program.pipeline.offload:
+            for stage, order in enumerate(stage_orders(program)):
+                for (microbatch, chunk), wait in self._copy_waits(stage, order).items():
+                    self.copy_waits[stage, microbatch, chunk] = wait
 
     def _stage_parts(self, stage: int) -> list[tuple[ProfiledPart, int]]:
         """(part, count) of every block a chunk on ``stage`` runs."""
@@ -319,12 +314,51 @@ class ProfileCostModel:
         passes = GRADIENT_ACCUMULATION_PASSES * parameters * self.sizes.element_bytes
         return passes / self.profile.memory_bandwidth_bytes_per_s
 
-    def _stage_chunk(
-        self, stage: int, chunk: int, copy: OffloadCopy
-    ) -> tuple[dict[ActionKind, float], frozenset[ActionKind]]:
-        """Seconds of each task kind of ``chunk`` on ``stage`` when its saved activations travel as ``copy`` says
-        (``KEPT`` without offload), and the kinds whose seconds are the host's eager launches rather than the
-        device's work."""
+    def _copy_waits(self, stage: int, order: Sequence[TaskId]) -> dict[tuple[int, int], float]:
+        """Each offloading unit's wait for its copy back at the start of its backward on ``stage``: the stage's
+        tasks walked in ``order``, back to back, beside one copy stream that runs each copy in the order the
+        executor queues it (out at the start of its ``F``, ending no sooner than that ``F``; back when an earlier
+        backward prefetches it, else at the start of its own), each at the offload bandwidth. A stage that idles
+        between tasks gives the copies more time, so the waits are at most those of the real step."""
+        from schedlang.lowering.memory_terms import chunk_activation_bytes
+
+        actions = tuple(task.action for task in order)
+        copies = offload_copies(actions)
+        following = next_backwards(actions)
+        bandwidth = self.profile.offload.bandwidth_bytes_per_s
+        copy_seconds = [chunk_activation_bytes(self.program, stage, chunk) / bandwidth
+                        for chunk in range(self.program.n_chunks)]
+        compute, stream = 0.0, 0.0  # when the stage's next task may start, and when the copy stream is free
+        back: dict[tuple[int, int], float] = {}  # unit -> when its copy back ends
+        waits: dict[tuple[int, int], float] = {}
+
+        def fetch(unit: tuple[int, int]) -> None:
+            nonlocal stream
+            if copies.get(unit, OffloadCopy.KEPT) is not OffloadCopy.KEPT and unit not in back:
+                stream = max(stream, compute) + copy_seconds[unit[1]]
+                back[unit] = stream
+
+        for task in order:
+            if not task.kind.is_compute:
+                continue
+            unit = (task.microbatch, task.chunk)
+            seconds = self.tasks[stage, task.chunk][task.kind]
+            if task.kind is ActionKind.FORWARD and copies[unit] is not OffloadCopy.KEPT:
+                stream = max(max(stream, compute) + copy_seconds[task.chunk], compute + seconds)
+            if task.kind is ActionKind.BACKWARD:
+                fetch(unit)
+                if unit in back:
+                    waits[unit] = max(0.0, back[unit] - compute)
+                    compute += waits[unit]
+                if unit in following:
+                    fetch(following[unit])
+            compute += seconds
+        return waits
+
+    def _stage_chunk(self, stage: int, chunk: int) -> tuple[dict[ActionKind, float], frozenset[ActionKind]]:
+        """Seconds of each task kind of ``chunk`` on ``stage`` (before any wait for an offloaded copy:
+        :meth:`_copy_waits`), and the kinds whose seconds are the host's eager launches rather than the device's
+        work."""
         program, profile = self.program, self.profile
         tokens = program.sequence.chunk_length(chunk)
         prefix = program.sequence.boundaries[chunk]
@@ -365,12 +399,6 @@ class ProfileCostModel:
         device_weight = weight + accumulate_linear
         if not self.split_backward:
             device_backward += device_weight
-        if copy is not OffloadCopy.KEPT:
-            from schedlang.lowering.memory_terms import chunk_activation_bytes
-
-            seconds = chunk_activation_bytes(program, stage, chunk) / profile.offload.bandwidth_bytes_per_s
-            device_forward += max(0.0, seconds - device_forward)
-            device_backward += seconds if copy is OffloadCopy.EXPOSED else max(0.0, seconds - device_backward)
         # graph replay: launch gaps per layer launched (a forward 1x, a backward 2x, W 1x, as the graphs replay)
         launches = {ActionKind.FORWARD: blocks, ActionKind.BACKWARD: 2 * blocks, ActionKind.WEIGHT: blocks}
         # eager: the measured host time of a layer's forward and of its whole backward, which W takes a third of
@@ -406,10 +434,10 @@ class ProfileCostModel:
         return (task.stage, task.chunk, task.kind) in self.host_bound_tasks
 
     def task_duration(self, task: TaskId) -> float:
-        copy = self.unit_copies.get((task.stage, task.microbatch, task.chunk))
-        if copy is not None:
-            return self.other_copies[task.stage, task.chunk, copy][task.kind]
-        return self.tasks[task.stage, task.chunk][task.kind]
+        seconds = self.tasks[task.stage, task.chunk][task.kind]
+        if task.kind is ActionKind.BACKWARD:
+            seconds += self.copy_waits.get((task.stage, task.microbatch, task.chunk), 0.0)
+        return seconds
 
     def message_bytes(self, kind: Payload, source: TaskId, destination: TaskId) -> int:
         return self.sizes.message_bytes(kind, source, destination)

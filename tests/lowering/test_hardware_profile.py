@@ -170,16 +170,29 @@ def test_eager_tasks_take_their_host_time_and_graph_tasks_add_their_gaps():
     assert graphs.task_duration(TaskId(ActionKind.FORWARD, 0, 0, 0)) == pytest.approx(5 * 128e-6 + 5 * 1e-6)
 
 
-def test_offload_shows_only_a_copy_longer_than_its_task():
+def test_with_a_slow_host_link_a_stage_ends_when_its_copy_stream_does():
+    """Stage 0 of 1f1b over two stages runs F0.0 F0.1 F1.0 B0.1 F1.1 B0.0 B1.1 B1.0 and copies every unit out
+    (none is followed by its own backward). With a host link far slower than the tasks the forwards still take
+    their own time (their copies run beside the next tasks), and the stage's last backward ends one task after
+    the copy stream has taken every unit out and back, one copy at a time."""
     slow_host = profile_text().replace("bandwidth = 1e9\n\n[topology]", "bandwidth = 1e3\n\n[topology]")
     profile = parse_hardware_profile(slow_host)
     plain = ProfileCostModel(program_of(), profile)
     offloaded = ProfileCostModel(program_of(pipeline="offload = true"), profile)
-    forward = TaskId(ActionKind.FORWARD, 0, 0, 0)
-    assert offloaded.task_duration(forward) > 100 * plain.task_duration(forward)
+    units = [(microbatch, chunk) for microbatch in range(2) for chunk in range(2)]
+    for microbatch, chunk in units:
+        forward = TaskId(ActionKind.FORWARD, 0, microbatch, chunk)
+        assert offloaded.task_duration(forward) == plain.task_duration(forward)
+    stage_0 = sum(offloaded.task_duration(TaskId(kind, 0, *unit)) for unit in units
+                  for kind in (ActionKind.FORWARD, ActionKind.BACKWARD))
+    copies = 2 * sum(chunk_activation_bytes(offloaded.program, 0, chunk) / 1e3 for _, chunk in units)
+    last = TaskId(ActionKind.BACKWARD, 0, 1, 0)
+    assert stage_0 == pytest.approx(copies + plain.task_duration(last))
     fast_host = profile_text().replace("bandwidth = 1e9\n\n[topology]", "bandwidth = 1e15\n\n[topology]")
     fast = ProfileCostModel(program_of(pipeline="offload = true"), parse_hardware_profile(fast_host))
-    assert fast.task_duration(forward) == pytest.approx(plain.task_duration(forward))
+    for unit in units:
+        backward = TaskId(ActionKind.BACKWARD, 0, *unit)
+        assert fast.task_duration(backward) == pytest.approx(plain.task_duration(backward), rel=1e-5)
 
 
 def test_offloaded_units_are_priced_as_the_executor_moves_them():
@@ -198,12 +211,14 @@ def test_offloaded_units_are_priced_as_the_executor_moves_them():
     for kind in ActionKind.FORWARD, ActionKind.BACKWARD:
         for task in TaskId(kind, 0, 1, 1), TaskId(kind, 1, 0, 1), TaskId(kind, 1, 1, 1):  # prefetched or kept
             assert offloaded.task_duration(task) == pytest.approx(plain.task_duration(task))
+    forward = TaskId(ActionKind.FORWARD, 0, 0, 1)  # its copy out overlaps the tasks after it
+    assert offloaded.task_duration(forward) == pytest.approx(plain.task_duration(forward))
     slow_host = profile_text().replace("bandwidth = 1e9\n\n[topology]", "bandwidth = 1e3\n\n[topology]")
     slow = ProfileCostModel(program_of(pipeline="offload = true"), parse_hardware_profile(slow_host))
     kept_forward, kept_backward = TaskId(ActionKind.FORWARD, 1, 0, 1), TaskId(ActionKind.BACKWARD, 1, 0, 1)
     assert slow.task_duration(kept_forward) == pytest.approx(plain.task_duration(kept_forward))
     assert slow.task_duration(kept_backward) == pytest.approx(plain.task_duration(kept_backward))
-    travelling = TaskId(ActionKind.FORWARD, 1, 0, 0)
+    travelling = TaskId(ActionKind.BACKWARD, 1, 0, 0)  # out during F0.0, back behind B0.1: B0.0 waits
     assert slow.task_duration(travelling) > 100 * plain.task_duration(travelling)
 
 
