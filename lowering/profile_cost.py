@@ -331,10 +331,11 @@ class ProfileCostModel:
         compute, stream = 0.0, 0.0  # when the stage's next task may start, and when the copy stream is free
         back: dict[tuple[int, int], float] = {}  # unit -> when its copy back ends
         waits: dict[tuple[int, int], float] = {}
+        copied_out: set[tuple[int, int]] = set()  # a prefetch of a unit whose F has not run does nothing
 
         def fetch(unit: tuple[int, int]) -> None:
             nonlocal stream
-            if copies.get(unit, OffloadCopy.KEPT) is not OffloadCopy.KEPT and unit not in back:
+            if unit in copied_out and unit not in back:
                 stream = max(stream, compute) + copy_seconds[unit[1]]
                 back[unit] = stream
 
@@ -345,6 +346,7 @@ class ProfileCostModel:
             seconds = self.tasks[stage, task.chunk][task.kind]
             if task.kind is ActionKind.FORWARD and copies[unit] is not OffloadCopy.KEPT:
                 stream = max(max(stream, compute) + copy_seconds[task.chunk], compute + seconds)
+                copied_out.add(unit)
             if task.kind is ActionKind.BACKWARD:
                 fetch(unit)
                 if unit in back:

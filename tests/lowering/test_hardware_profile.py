@@ -613,3 +613,21 @@ def test_an_unmeasured_recurrent_mixer_is_priced_from_a_measured_one_by_flops(ki
         for own, measured in zip(ours, gla):
             assert own == pytest.approx(expected * measured, rel=1e-12)
     assert f"not measured, priced: {kind} from gla's curves by FLOPs" in profile.describe(model_parts(program.model))
+
+
+def test_a_prefetch_before_the_units_forward_does_nothing_and_its_backward_fetches_it():
+    """B0.0's next backward is B2.0, whose forward runs after it: the executor's prefetch finds nothing to fetch
+    (``ActivationOffload.prefetch``), so B2.0 starts its copy back itself and waits for all of it."""
+    text = SCHEDULE.format(length=256, mesh="", sequence="", pipeline="").replace(
+        "mesh { pipeline = 2  }", "mesh { pipeline = 1 }"
+    ).replace("chunks = 2", "chunks = 1").replace(
+        "pipeline { microbatches = 2  }",
+        "pipeline { microbatches = 4  offload = true  order = explicit\n"
+        "  stage 0: F0.0 F1.0 B0.0 F2.0 F3.0 B2.0 B3.0 B1.0\n}",
+    )
+    program = compile_schedule(ScheduleText(text), through=Pass.CHECK).program
+    slow_host = profile_text().replace("bandwidth = 1e9\n\n[topology]", "bandwidth = 1e3\n\n[topology]")
+    model = ProfileCostModel(program, parse_hardware_profile(slow_host))
+    copy_seconds = chunk_activation_bytes(program, 0, 0) / 1e3
+    fetched_by_itself = TaskId(ActionKind.BACKWARD, 0, 2, 0)
+    assert model.task_duration(fetched_by_itself) > copy_seconds
