@@ -94,7 +94,21 @@ def spread(candidates: list[dict], count: int) -> list[dict]:
 
 
 TWIN_MATTERS = 0.005
-"""How far apart (relative) tune must predict a candidate and its twin for ``--twins`` to measure the pair."""
+"""How far apart (relative) tune must predict a candidate and its twin, in step time or in a stage's device or
+pinned host memory, for ``--twins`` to measure the pair."""
+
+
+def predicted_apart(candidate: dict, other: dict) -> bool:
+    """Whether tune predicts ``candidate`` and ``other`` at least :data:`TWIN_MATTERS` apart in step time, a
+    stage's reserved device memory or its pinned host memory (offload that copies nothing is none of these)."""
+    def apart(first: float, second: float) -> bool:
+        return abs(first - second) >= TWIN_MATTERS * max(abs(first), abs(second), 1e-12)
+
+    return apart(candidate["step_seconds"], other["step_seconds"]) or any(
+        apart(first, second)
+        for key in ("reserved_gib", "pinned_host_gib")
+        for first, second in zip(candidate.get(key) or [], other.get(key) or [])
+    )
 
 
 def twin(candidate: dict, key: str, ranking: list[dict]) -> dict | None:
@@ -104,12 +118,11 @@ def twin(candidate: dict, key: str, ranking: list[dict]) -> dict | None:
 
 
 def twin_pairs(ranking: list[dict], key: str, count: int) -> list[dict]:
-    """The pick, then ``count - 1`` candidates that change ``key`` (chosen by :func:`spread` among those whose
-    twin tune predicts at least :data:`TWIN_MATTERS` apart, so the key changes the step), each followed by its
+    """The pick, then ``count - 1`` candidates that change ``key`` (chosen by :func:`spread` among those tune
+    predicts apart from their twin: :func:`predicted_apart`, so the key changes what runs), each followed by its
     twin; a candidate already chosen is not trained twice."""
     matters = [candidate for candidate in ranking if key in candidate["changes"]
-               and (other := twin(candidate, key, ranking)) is not None
-               and abs(candidate["step_seconds"] / other["step_seconds"] - 1) >= TWIN_MATTERS]
+               and (other := twin(candidate, key, ranking)) is not None and predicted_apart(candidate, other)]
     chosen, ranks = [ranking[0]], {ranking[0]["rank"]}
     for candidate in spread(matters, count - 1) if count > 1 else []:
         for member in (candidate, twin(candidate, key, ranking)):

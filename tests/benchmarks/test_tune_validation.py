@@ -215,17 +215,18 @@ def test_twins_pair_each_candidate_that_changes_the_key_with_the_same_schedule_w
 
     from benchmarks.tune_validation import chosen_candidates
 
-    def candidate(rank, seconds, **changes):
-        return {"rank": rank, "step_seconds": seconds, "changes": {k.replace("_", "."): v for k, v in changes.items()}}
+    def candidate(rank, seconds, pinned=0.0, **changes):
+        return {"rank": rank, "step_seconds": seconds, "reserved_gib": [50.0], "pinned_host_gib": [pinned],
+                "changes": {k.replace("_", "."): v for k, v in changes.items()}}
 
     ranking = [
         candidate(1, 1.0, sequence_chunks="2"),
         candidate(2, 1.01, sequence_chunks="4"),
-        candidate(3, 1.02, pipeline_offload="true"),  # one chunk: offload changes nothing tune predicts
+        candidate(3, 1.02, pipeline_offload="true"),  # one chunk: offload copies nothing, changes nothing
         candidate(4, 1.0201),
-        candidate(5, 1.1, sequence_chunks="2", pipeline_offload="true"),
-        candidate(6, 1.2, sequence_chunks="4", pipeline_offload="true"),
-        candidate(7, 1.3, sequence_chunks="8", pipeline_offload="true"),  # no twin in the ranking
+        candidate(5, 1.0, 20.0, sequence_chunks="2", pipeline_offload="true"),  # copies hidden: the pinned differs
+        candidate(6, 1.2, 30.0, sequence_chunks="4", pipeline_offload="true"),
+        candidate(7, 1.3, 40.0, sequence_chunks="8", pipeline_offload="true"),  # no twin in the ranking
     ]
     args = argparse.Namespace(ranks=None, twins="pipeline.offload", candidates=3)
     assert [c["rank"] for c in chosen_candidates(ranking, args)] == [1, 5, 6, 2]
