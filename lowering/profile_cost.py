@@ -331,13 +331,11 @@ class ProfileCostModel:
         compute, stream = 0.0, 0.0  # when the stage's next task may start, and when the copy stream is free
         back: dict[tuple[int, int], float] = {}  # unit -> when its copy back ends
         waits: dict[tuple[int, int], float] = {}
-        copied_out: set[tuple[int, int]] = set()  # a prefetch of a unit whose F has not run does nothing
 
         def fetch(unit: tuple[int, int]) -> None:
             nonlocal stream
-            if unit in copied_out and unit not in back:
-                stream = max(stream, compute) + copy_seconds[unit[1]]
-                back[unit] = stream
+            stream = max(stream, compute) + copy_seconds[unit[1]]
+            back[unit] = stream
 
         for task in order:
             if not task.kind.is_compute:
@@ -346,13 +344,13 @@ class ProfileCostModel:
             seconds = self.tasks[stage, task.chunk][task.kind]
             if task.kind is ActionKind.FORWARD and copies[unit] is not OffloadCopy.KEPT:
                 stream = max(max(stream, compute) + copy_seconds[task.chunk], compute + seconds)
-                copied_out.add(unit)
             if task.kind is ActionKind.BACKWARD:
-                fetch(unit)
+                if copies[unit] is OffloadCopy.EXPOSED:
+                    fetch(unit)
                 if unit in back:
                     waits[unit] = max(0.0, back[unit] - compute)
                     compute += waits[unit]
-                if unit in following:
+                if copies.get(following.get(unit)) is OffloadCopy.PREFETCHED:
                     fetch(following[unit])
             compute += seconds
         return waits

@@ -175,11 +175,15 @@ def offload_copies(actions: tuple[Action, ...]) -> dict[tuple[int, int], Offload
 
     A unit whose next compute action after ``F`` is its own ``B`` keeps them on the device: a copy out and straight
     back would only delay that backward. Otherwise they go to the host during ``F``, and come back ahead of ``B``
-    when an earlier backward prefetches them (:func:`next_backwards`), else (the first backward of the list) at
-    the start of ``B``.
+    when the backward before it (:func:`next_backwards`) prefetches them, which it can only after ``F`` has run;
+    else (the first backward of the list, or one whose ``F`` came after that backward) at the start of ``B``.
     """
     compute = [action for action in actions if action.kind.is_compute]
-    prefetched = set(next_backwards(actions).values())
+    position = {(action.kind, action.microbatch, action.chunk): index for index, action in enumerate(compute)}
+    prefetched = {
+        unit for before, unit in next_backwards(actions).items()
+        if position[(ActionKind.FORWARD, *unit)] < position[(ActionKind.BACKWARD, *before)]
+    }
     copies = {}
     for position, action in enumerate(compute):
         if action.kind is not ActionKind.FORWARD:

@@ -61,6 +61,9 @@ def actions_of(text: str) -> tuple[Action, ...]:
          {(0, 0): "prefetched", (0, 1): "kept", (1, 0): "prefetched", (1, 1): "kept"}),
         # a W between a forward and its own backward makes that unit travel
         ("F0.0 F0.1 W9.9 B0.1 B0.0", {(0, 0): "prefetched", (0, 1): "exposed"}),
+        # B0.0 would prefetch B2.0's unit, but F2.0 has not run yet: B2.0 fetches it itself
+        ("F0.0 F1.0 B0.0 F2.0 F3.0 B2.0 B3.0 B1.0",
+         {(0, 0): "exposed", (1, 0): "prefetched", (2, 0): "exposed", (3, 0): "prefetched"}),
     ],
 )
 def test_offload_copies_keep_a_forward_followed_by_its_backward_and_name_the_unprefetched_one(order, expected):
