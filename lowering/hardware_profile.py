@@ -110,6 +110,28 @@ class Curve:
 
 
 @dataclass(frozen=True)
+class PartHost:
+    """The host's seconds to launch one part's work eagerly, from a return to the next without waiting for the
+    device (``schedlang profile`` times them at its shortest chunk, where the device keeps up): ``forward`` and
+    the whole ``backward`` (weight gradients included), and the same two with the part's saved tensors offloaded
+    (``pipeline.offload``: a pack hook and a copy per saved tensor in the forward, a device buffer and a copy back
+    per tensor before the backward). An offload figure of 0 was not measured: offload then adds nothing."""
+
+    forward: float
+    backward: float
+    offload_forward: float = 0.0
+    offload_backward: float = 0.0
+
+    @property
+    def offload_measured(self) -> bool:
+        return self.offload_forward > 0 or self.offload_backward > 0
+
+
+HOST_KEYS = ("host_forward", "host_backward", "host_offload_forward", "host_offload_backward")
+"""A ``[[layer]]``'s optional host times (:class:`PartHost`, in that order); the first two come together."""
+
+
+@dataclass(frozen=True)
 class LayerMeasurement:
     """One part measured at one model width (and for ``attn``, one prefix length): forward, backward without the
     weight gradients, and the weight gradients (``W``) of its linear layers, each against chunk tokens, for one
@@ -125,13 +147,15 @@ class LayerMeasurement:
     forward: Curve
     backward: Curve
     weight: Curve
+    host: PartHost | None = None  # None: not measured per part; the [overhead] figures stand for it
 
 
 @dataclass(frozen=True)
 class Overhead:
     """Per-task costs outside the kernels: ``eager_layer_seconds`` is host time to launch one layer's forward
     eagerly and ``eager_backward_layer_seconds`` its whole backward, weight gradients included (a profile
-    without it reads three times the forward's); an eager task takes the longer of its host and device time;
+    without it reads three times the forward's), for a part whose ``[[layer]]`` rows state no host times of their
+    own (:class:`PartHost`); an eager task takes the longer of its host and device time;
     ``graph_layer_seconds`` is the launch gaps of one layer's forward replayed from a CUDA graph (added);
     ``task_seconds`` is fixed per task (the executor's bookkeeping)."""
 
@@ -263,6 +287,20 @@ class HardwareProfile:
 
     def link(self, link_class: LinkClass) -> Link:
         return self.links[link_class]
+
+    def part_host(self, part: ProfiledPart) -> PartHost:
+        """The host times of one block of ``part`` (of its stand-in where it was never measured): the median over
+        its rows that state them (widths and attention prefixes change the kernels' sizes, not their launches),
+        else the ``[overhead]`` figures with no offload cost."""
+        rows = [layer.host for layer in self.measurements(self.stand_in(part) or part) if layer.host is not None]
+        if not rows:
+            return PartHost(self.overhead.eager_layer_seconds, self.overhead.eager_backward_layer_seconds)
+
+        def median(values: list[float]) -> float:
+            return sorted(values)[len(values) // 2]
+
+        return PartHost(*(median([getattr(row, name) for row in rows]) for name in
+                          ("forward", "backward", "offload_forward", "offload_backward")))
 
     def host_memory(self) -> HostMemory:
         """The node's host memory: the profile's ``[host]``, else the defaults (:class:`HostMemory`)."""
@@ -425,7 +463,21 @@ def parse_layer(reader: ProfileReader, data: dict, index: int) -> LayerMeasureme
         weight=reader.curve(data, tokens, "weight", table, index)
         if "weight" in data
         else Curve(tokens, (0.0,) * len(tokens)),
+        host=parse_part_host(reader, data, index),
     )
+
+
+def parse_part_host(reader: ProfileReader, data: dict, index: int) -> PartHost | None:
+    """A ``[[layer]]``'s host times (:data:`HOST_KEYS`), or None where it states none."""
+    stated = [key for key in HOST_KEYS if key in data]
+    if not stated:
+        return None
+    for key in HOST_KEYS[:2]:
+        if key not in data:
+            reader.fail(f"'layer[{index}]' states {stated[0]} without {key}: give both or neither", "layer",
+                        stated[0], index)
+    values = [reader.number(data, key, "layer", index, positive=False) if key in data else 0.0 for key in HOST_KEYS]
+    return PartHost(*values)
 
 
 def parse_hardware_profile(text: str, path: str = "<memory>") -> HardwareProfile:
@@ -666,4 +718,8 @@ def format_hardware_profile(profile: HardwareProfile, header: str = "") -> str:
             f"backward = {format_list(layer.backward.seconds)}",
             f"weight = {format_list(layer.weight.seconds)}",
         ]
+        if layer.host is not None:
+            values = (layer.host.forward, layer.host.backward, layer.host.offload_forward, layer.host.offload_backward)
+            lines += [f"{key} = {format_number(value)}" for key, value in zip(HOST_KEYS, values)
+                      if value or key in HOST_KEYS[:2]]
     return "\n".join(lines) + "\n"

@@ -150,6 +150,10 @@ def allgather_time(ranks: Sequence[int], bytes_per_rank: float, profile: Hardwar
     return math.ceil(math.log2(count)) * link.latency_s + (count - 1) * bytes_per_rank / link.bandwidth_bytes_per_s
 
 
+TaskSeconds = tuple[dict[ActionKind, float], frozenset[ActionKind]]
+"""Each task kind's seconds, and the kinds whose seconds are the host's."""
+
+
 class ProfileCostModel:
     """Seconds from a hardware profile; see the module docstring."""
 
@@ -173,17 +177,26 @@ class ProfileCostModel:
                 f"hardware profile {profile.name} has no measurement of {names}, which the schedule's model "
                 f"needs; measure them with `schedlang profile`"
             )
+        # (stage, chunk) -> each task kind's seconds and the kinds bound by the host: as a unit that keeps its
+        # saved tensors runs, and as one that copies them out (the offload hooks' host time added)
         self.tasks: dict[tuple[int, int], dict[ActionKind, float]] = {}
-        self.host_bound_tasks: frozenset[tuple[int, int, ActionKind]] = frozenset()
-        bound = set()
+        self.offloaded_tasks: dict[tuple[int, int], dict[ActionKind, float]] = {}
+        self._bound: dict[tuple[int, int], frozenset[ActionKind]] = {}
+        self._offloaded_bound: dict[tuple[int, int], frozenset[ActionKind]] = {}
         for stage in range(program.n_stages):
             for chunk in range(program.n_chunks):
-                self.tasks[stage, chunk], bound_kinds = self._stage_chunk(stage, chunk)
-                bound.update((stage, chunk, kind) for kind in bound_kinds)
-        self.host_bound_tasks = frozenset(bound)
-        # with offload: (stage, microbatch, chunk) -> how long that unit's backward waits for its copy back
+                (self.tasks[stage, chunk], self._bound[stage, chunk]), offloaded = self._stage_chunk(stage, chunk)
+                self.offloaded_tasks[stage, chunk], self._offloaded_bound[stage, chunk] = offloaded
+        # with offload: (stage, microbatch, chunk) of each unit that copies its saved tensors out, and how long
+        # its backward waits for them to come back
+        self.copied_units: frozenset[tuple[int, int, int]] = frozenset()
         self.copy_waits: dict[tuple[int, int, int], float] = {}
         if program.pipeline.offload:
+            copied = set()
+            for stage, order in enumerate(stage_orders(program)):
+                copies = offload_copies(tuple(task.action for task in order))
+                copied.update((stage, *unit) for unit, copy in copies.items() if copy is not OffloadCopy.KEPT)
+            self.copied_units = frozenset(copied)
             for stage, order in enumerate(stage_orders(program)):
                 for (microbatch, chunk), wait in self._copy_waits(stage, order).items():
                     self.copy_waits[stage, microbatch, chunk] = wait
@@ -341,7 +354,7 @@ class ProfileCostModel:
             if not task.kind.is_compute:
                 continue
             unit = (task.microbatch, task.chunk)
-            seconds = self.tasks[stage, task.chunk][task.kind]
+            seconds = self._seconds(stage, task.microbatch, task.chunk, task.kind)
             if task.kind is ActionKind.FORWARD and copies[unit] is not OffloadCopy.KEPT:
                 stream = max(max(stream, compute) + copy_seconds[task.chunk], compute + seconds)
             if task.kind is ActionKind.BACKWARD:
@@ -355,10 +368,10 @@ class ProfileCostModel:
             compute += seconds
         return waits
 
-    def _stage_chunk(self, stage: int, chunk: int) -> tuple[dict[ActionKind, float], frozenset[ActionKind]]:
+    def _stage_chunk(self, stage: int, chunk: int) -> tuple[TaskSeconds, TaskSeconds]:
         """Seconds of each task kind of ``chunk`` on ``stage`` (before any wait for an offloaded copy:
-        :meth:`_copy_waits`), and the kinds whose seconds are the host's eager launches rather than the device's
-        work."""
+        :meth:`_copy_waits`) and the kinds whose seconds are the host's eager launches rather than the device's
+        work: for a unit that keeps its saved tensors, then for one that copies them out."""
         program, profile = self.program, self.profile
         tokens = program.sequence.chunk_length(chunk)
         prefix = program.sequence.boundaries[chunk]
@@ -369,6 +382,10 @@ class ProfileCostModel:
         mixers = mlps = rest = 0.0
         backward = weight = 0.0
         blocks = 0
+        # the host's eager launches, split as the forward is (what a backward reruns), and what offload adds
+        host_forward = {"mixers": 0.0, "mlps": 0.0, "rest": 0.0}
+        offload_forward, offload_backward = dict(host_forward), dict(host_forward)
+        host_backward = 0.0
         for part, count in self._stage_parts(stage):
             if part is ProfiledPart.ATTN:  # each sequence of the microbatch meets its own prefix
                 forward_s, backward_s, weight_s = (
@@ -376,19 +393,30 @@ class ProfileCostModel:
                 )
             else:  # the microbatch's sequences are rows of the same GEMMs
                 forward_s, backward_s, weight_s = self.part_seconds(part, rows, attention_prefix)
+            launch = self.profile.part_host(part)
+            offload_forward_s = max(launch.offload_forward - launch.forward, 0.0) if launch.offload_measured else 0.0
+            offload_backward_s = max(launch.offload_backward - launch.backward, 0.0) if launch.offload_measured else 0.0
             if part is ProfiledPart.MLP:
                 mlps += count * forward_s
+                category = "mlps"
             elif part in (ProfiledPart.EMBEDDING, ProfiledPart.HEAD):
                 rest += count * forward_s
+                category = "rest"
             else:
                 mixers += count * forward_s
+                category = "mixers"
+            host_forward[category] += count * launch.forward
+            offload_forward[category] += count * offload_forward_s
+            offload_backward[category] += count * offload_backward_s
             backward += count * backward_s
             weight += count * weight_s
+            host_backward += count * launch.backward
             blocks += count
         exchange_forward, exchange_backward = self._exchange_seconds(stage, tokens)
         parts = ChunkForwardSeconds(mixers=mixers, mlps=mlps, rest=rest, sequence_parallel=exchange_forward)
         overhead = profile.overhead
-        recomputed = parts.recomputed(recompute_on(program.pipeline.recompute, stage))
+        recompute = recompute_on(program.pipeline.recompute, stage)
+        recomputed = parts.recomputed(recompute)
         count = stage_parameters(program, stage)
         # eager, W adds the linear weights' gradients and B the rest; CUDA-graph stages add the linear ones
         # inside their GEMMs ([Note: in-place weight gradients] in schedlang.runtime.linear)
@@ -401,22 +429,35 @@ class ProfileCostModel:
             device_backward += device_weight
         # graph replay: launch gaps per layer launched (a forward 1x, a backward 2x, W 1x, as the graphs replay)
         launches = {ActionKind.FORWARD: blocks, ActionKind.BACKWARD: 2 * blocks, ActionKind.WEIGHT: blocks}
-        # eager: the measured host time of a layer's forward and of its whole backward, which W takes a third of
-        # when the backward is split (its share of the launches)
-        host_factor = profile.calibration.host_factor
-        host_forward = blocks * overhead.eager_layer_seconds * host_factor
-        host_backward = blocks * overhead.eager_backward_layer_seconds * host_factor
-        host = {
-            ActionKind.FORWARD: host_forward,
-            ActionKind.BACKWARD: host_backward * (2 / 3 if self.split_backward else 1.0),
-            ActionKind.WEIGHT: host_backward / 3,
-        }
-        if recompute_on(program.pipeline.recompute, stage) is Recompute.FULL:
+        if recompute is Recompute.FULL:
             launches[ActionKind.BACKWARD] += blocks
-            host[ActionKind.BACKWARD] += host_forward
         if not self.split_backward:
             launches[ActionKind.BACKWARD] += launches[ActionKind.WEIGHT]
+        # eager: each part's measured host time of its forward and of its whole backward, which W takes a third
+        # of when the backward is split (its share of the launches); a backward also launches what it reruns
+        host_factor = profile.calibration.host_factor
+        host_parts = ChunkForwardSeconds(**host_forward, sequence_parallel=0.0)
+        host = {
+            ActionKind.FORWARD: host_factor * host_parts.total,
+            ActionKind.BACKWARD: host_factor * (
+                host_backward * (2 / 3 if self.split_backward else 1.0) + host_parts.recomputed(recompute)
+            ),
+            ActionKind.WEIGHT: host_factor * host_backward / 3,
+        }
+        # an offloading unit's hooks and copies, for the parts it does not rerun (those save their inputs alone)
+        offloaded_host = dict(host)
+        for kind, extra in ((ActionKind.FORWARD, offload_forward), (ActionKind.BACKWARD, offload_backward)):
+            saved = ChunkForwardSeconds(**extra, sequence_parallel=0.0)
+            offloaded_host[kind] += host_factor * (saved.total - saved.recomputed(recompute))
         device = {ActionKind.FORWARD: device_forward, ActionKind.BACKWARD: device_backward, ActionKind.WEIGHT: device_weight}
+        return (self._launched(device, host, launches), self._launched(device, offloaded_host, launches))
+
+    def _launched(
+        self, device: dict[ActionKind, float], host: dict[ActionKind, float], launches: dict[ActionKind, int]
+    ) -> TaskSeconds:
+        """Each task kind's seconds given its ``device`` time and its eager ``host`` time (or, under CUDA graphs,
+        its ``launches``), with the kinds whose time is the host's."""
+        overhead = self.profile.overhead
         seconds, bound = {}, set()
         for kind, device_seconds in device.items():
             if self.graphs:
@@ -428,13 +469,19 @@ class ProfileCostModel:
             seconds[kind] = total + overhead.task_seconds
         return seconds, frozenset(bound)
 
+    def _seconds(self, stage: int, microbatch: int, chunk: int, kind: ActionKind) -> float:
+        """A task's seconds before any wait for a copy back: its unit's offloaded figure if the unit copies."""
+        copied = (stage, microbatch, chunk) in self.copied_units
+        return (self.offloaded_tasks if copied else self.tasks)[stage, chunk][kind]
+
     def host_bound(self, task: TaskId) -> bool:
         """Whether ``task``'s time is its eager launches' host time (the profile's host factor, which differs
         between machines: docs/benchmarks.md, "The host-bound rows"), not its device time."""
-        return (task.stage, task.chunk, task.kind) in self.host_bound_tasks
+        copied = (task.stage, task.microbatch, task.chunk) in self.copied_units
+        return task.kind in (self._offloaded_bound if copied else self._bound)[task.stage, task.chunk]
 
     def task_duration(self, task: TaskId) -> float:
-        seconds = self.tasks[task.stage, task.chunk][task.kind]
+        seconds = self._seconds(task.stage, task.microbatch, task.chunk, task.kind)
         if task.kind is ActionKind.BACKWARD:
             seconds += self.copy_waits.get((task.stage, task.microbatch, task.chunk), 0.0)
         return seconds

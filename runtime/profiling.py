@@ -23,7 +23,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +47,9 @@ class PartTiming:
     weight_s: float
     host_forward_s: float
     host_backward_s: float  # the whole backward's, weight gradients included
+    # the same two with the saved tensors offloaded (0: not measured); see offloaded_host_seconds
+    host_offload_forward_s: float = 0.0
+    host_offload_backward_s: float = 0.0
 
 
 def synchronize(device: torch.device) -> None:
@@ -101,9 +104,10 @@ def part_config(config: ModelConfig, part: str) -> tuple[ModelConfig, tuple[int,
 
 def measure_part(
     config: ModelConfig, part: str, tokens: int, device: torch.device, dtype: torch.dtype, prefix: int = 0,
-    repeats: int = 3, seed: int = 0,
+    repeats: int = 3, seed: int = 0, offload_host: bool = False,
 ) -> PartTiming:
-    """Time ``part`` of ``config`` over one sequence of ``tokens`` rows; see the module docstring."""
+    """Time ``part`` of ``config`` over one sequence of ``tokens`` rows; see the module docstring. With
+    ``offload_host``, also the host times with the part's saved tensors offloaded (:func:`offloaded_host_seconds`)."""
     part_model_config, indices, is_first, is_last = part_config(config, part)
     model = build_stage_model(part_model_config, indices, is_first, is_last, seed, device, dtype)
     generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -149,21 +153,56 @@ def measure_part(
         synchronize(device)
         for parameter in model.parameters():
             parameter.grad = None
-    for parameter in model.parameters():
-        parameter.requires_grad_(False)
-    # the embedding's input is token ids: its whole backward is its weight gradient
-    input_only_s = 0.0 if is_first else kernel_seconds(run_forward_backward, device, repeats) - forward_s
     host = []
     for _ in range(repeats):
         start = time.perf_counter()
         forward(make_inputs())
         host.append(time.perf_counter() - start)
         synchronize(device)
+    # the sequence-wide K/V buffers stay on the device under offload, as the executor keeps them
+    buffers = [tensor for layer in position.kv.open.values() for tensor in (layer.keys, layer.values)] if position else []
+    offloaded = (offloaded_host_seconds(model, forward, make_inputs, device, repeats, buffers) if offload_host
+                 else (0.0, 0.0))
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    # the embedding's input is token ids: its whole backward is its weight gradient
+    input_only_s = 0.0 if is_first else kernel_seconds(run_forward_backward, device, repeats) - forward_s
     weight_s = max(whole_s - input_only_s, 0.0)
     return PartTiming(
         part, tokens, prefix, forward_s, max(whole_s - weight_s, 0.0), weight_s, statistics.median(host),
-        statistics.median(host_backward),
+        statistics.median(host_backward), *offloaded,
     )
+
+
+def offloaded_host_seconds(
+    model: torch.nn.Module, forward: Callable[[torch.Tensor], torch.Tensor], make_inputs: Callable[[], torch.Tensor],
+    device: torch.device, repeats: int, resident: Sequence[torch.Tensor] = (),
+) -> tuple[float, float]:
+    """Median host seconds of the part's forward with what it saves offloaded as ``pipeline.offload`` does
+    (:class:`~schedlang.runtime.offload.ActivationOffload`: a pack hook and a copy to pinned memory per saved
+    tensor, parameters and the ``resident`` tensors left on the device), and of the prefetch, backward and release after it; after one
+    warm-up round, which pins the slabs the later rounds reuse."""
+    from schedlang.runtime.offload import ActivationOffload, storage_key
+
+    kept = {storage_key(tensor) for tensor in (*model.parameters(), *resident)}
+    offload = ActivationOffload(device, lambda tensor: storage_key(tensor) in kept)
+    forward_host, backward_host = [], []
+    for key in range(repeats + 1):
+        synchronize(device)
+        start = time.perf_counter()
+        with offload.saving(key):
+            output = forward(make_inputs())
+        forward_host.append(time.perf_counter() - start)
+        synchronize(device)
+        start = time.perf_counter()
+        offload.prefetch(key)
+        output.backward(torch.ones_like(output) if output.dim() else None)
+        offload.release(key)
+        backward_host.append(time.perf_counter() - start)
+        synchronize(device)
+        for parameter in model.parameters():
+            parameter.grad = None
+    return statistics.median(forward_host[1:]), statistics.median(backward_host[1:])
 
 
 def measure_memory_bandwidth(device: torch.device, n_bytes: int) -> float:

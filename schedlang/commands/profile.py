@@ -259,7 +259,7 @@ def measure_again(args: argparse.Namespace, program, profile, header: str, start
     device = torch_device(args)
     timings, skipped = time_parts(args, program, device, list(args.measure), started)
     layers = list(profile.layers)
-    for row in layer_measurements(program, timings):
+    for row in layer_measurements(program, timings, device):
         same = [index for index, layer in enumerate(layers) if geometry(layer) == geometry(row)]
         if same:
             layers[same[0]] = merged_rows(layers[same[0]], row)
@@ -292,7 +292,7 @@ def merged_rows(earlier, fresh):
 
     return dataclasses.replace(
         earlier, forward=merge(earlier.forward, fresh.forward), backward=merge(earlier.backward, fresh.backward),
-        weight=merge(earlier.weight, fresh.weight),
+        weight=merge(earlier.weight, fresh.weight), host=fresh.host or earlier.host,
     )
 
 
@@ -329,7 +329,9 @@ def time_parts(args: argparse.Namespace, program, device, parts: list[str], star
             skipped.append((part, tokens, prefix))
             bar.step(f"{part} {tokens} skipped (budget)")
             continue
-        timings.append(measure_part(config, part, tokens, device, dtype, prefix, args.repeats))
+        # the host times with offload at the shortest length alone, where the device keeps up with the host
+        timings.append(measure_part(config, part, tokens, device, dtype, prefix, args.repeats,
+                                    offload_host=tokens == min(lengths)))
         bar.step(f"{part} {tokens}" + (f" after {prefix}" if prefix else ""))
     bar.close()
     missing = [part for part in parts if not any(timing.part == part for timing in timings)]
@@ -376,7 +378,7 @@ def build_profile(args, program, device, timings, memory_bandwidth, offload_band
     )
 
     defaults = resolve_hardware(DEFAULTS_PROFILE)
-    layers = layer_measurements(program, timings)
+    layers = layer_measurements(program, timings, device)
     shortest = min(timing.tokens for timing in timings)
     hosted = [timing for timing in timings if timing.tokens == shortest and timing.part != "embedding"]
     host = [timing.host_forward_s for timing in hosted]
@@ -419,9 +421,10 @@ def build_profile(args, program, device, timings, memory_bandwidth, offload_band
     return profile, header
 
 
-def layer_measurements(program, timings) -> tuple:
-    """One :class:`LayerMeasurement` per (part, attention prefix) timed, in the profile's part order."""
-    from schedlang.lowering.hardware_profile import Curve, LayerMeasurement, ProfiledPart
+def layer_measurements(program, timings, device) -> tuple:
+    """One :class:`LayerMeasurement` per (part, attention prefix) timed, in the profile's part order, with the host
+    times of its shortest length on CUDA (on the CPU the host runs the kernels: no launch time of its own)."""
+    from schedlang.lowering.hardware_profile import Curve, LayerMeasurement, PartHost, ProfiledPart
     from schedlang.runtime.model import swiglu_width
 
     model = program.model
@@ -447,6 +450,8 @@ def layer_measurements(program, timings) -> tuple:
             forward=Curve(tokens, tuple(timing.forward_s for timing in rows)),
             backward=Curve(tokens, tuple(timing.backward_s for timing in rows)),
             weight=Curve(tokens, tuple(timing.weight_s for timing in rows)),
+            host=PartHost(rows[0].host_forward_s, rows[0].host_backward_s, rows[0].host_offload_forward_s,
+                          rows[0].host_offload_backward_s) if device.type == "cuda" else None,
         ))
     return tuple(layers)
 

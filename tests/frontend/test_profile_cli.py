@@ -108,6 +108,9 @@ def test_profile_on_the_gpu_writes_kernel_times(tmp_path):
     assert "NVIDIA" in profile.device or "GPU" in profile.device
     for layer in profile.layers:
         assert all(seconds > 0 for seconds in layer.forward.seconds), layer.part
+        # each part's own host times, and with its saved tensors offloaded (the embedding saves token ids alone)
+        assert layer.host is not None and layer.host.forward > 0 and layer.host.backward > 0, layer.part
+        assert layer.host.offload_measured, layer.part
     assert profile.overhead.eager_layer_seconds > 0
     assert profile.memory_bandwidth_bytes_per_s > 1e11
 
@@ -298,3 +301,18 @@ def test_profile_times_the_mamba_layers_and_simulate_reads_them(tmp_path, kind, 
         assert "not measured, priced: mamba3 from gla's curves by FLOPs" in line
     else:
         assert "priced" not in line
+
+
+def test_a_part_is_timed_with_its_saved_tensors_offloaded():
+    """On the CPU the offload hooks run their bookkeeping without copies: the path runs end to end and its
+    host times are recorded beside the plain ones (``schedlang profile`` keeps them on CUDA alone)."""
+    import torch
+
+    from schedlang.compiler import Pass, ScheduleText, compile_schedule
+    from schedlang.runtime.profiling import measure_part
+
+    config = compile_schedule(ScheduleText(SCHEDULE), through=Pass.CHECK).program.model
+    timing = measure_part(config, "gla", 64, torch.device("cpu"), torch.float32, repeats=1, offload_host=True)
+    assert timing.host_offload_forward_s > 0 and timing.host_offload_backward_s > 0
+    plain = measure_part(config, "gla", 64, torch.device("cpu"), torch.float32, repeats=1)
+    assert plain.host_offload_forward_s == plain.host_offload_backward_s == 0.0
