@@ -414,7 +414,6 @@ class ProfileCostModel:
             blocks += count
         exchange_forward, exchange_backward = self._exchange_seconds(stage, tokens)
         parts = ChunkForwardSeconds(mixers=mixers, mlps=mlps, rest=rest, sequence_parallel=exchange_forward)
-        overhead = profile.overhead
         recompute = recompute_on(program.pipeline.recompute, stage)
         recomputed = parts.recomputed(recompute)
         count = stage_parameters(program, stage)
