@@ -11,7 +11,8 @@ program and a :class:`~schedlang.lowering.hardware_profile.HardwareProfile` (for
   width and by the profile's calibration ``step_factor`` (what a whole step adds to its parts timed alone:
   :class:`~schedlang.lowering.hardware_profile.Calibration`); plus the sequence-parallel
   exchange of its layers; plus the launch overhead: eager, the task takes the longer of its device time and its
-  host time (the parts' measured host times times the calibration's ``host_factor``); replayed from CUDA graphs, it adds the graph's launch gaps. Every task adds ``task_seconds``.
+  host time (each part's measured host time, or the profile's ``[overhead]`` figure where its rows state none,
+  times the calibration's ``host_factor``; a backward adds the host time of the parts it reruns); replayed from CUDA graphs, it adds the graph's launch gaps. Every task adds ``task_seconds``.
 * ``B`` is the backward curves (plus the weight curves when the backward is not split), the reverse exchange,
   the recomputed forward parts ([Note: recompute costs] in schedlang.lowering.cost) and the addition of the
   stage's gradients into ``.grad`` at the profile's memory bandwidth (as the flops model). ``W`` is the weight
@@ -21,7 +22,9 @@ program and a :class:`~schedlang.lowering.hardware_profile.HardwareProfile` (for
   stage beside the tasks: a unit whose ``F`` is directly followed by its ``B`` keeps them on the device and copies
   nothing; another goes to the host from the start of its ``F`` and comes back when the backward before its own
   prefetches it (the first backward of a stage's list: at its own start). A backward whose copy back has not
-  ended waits for it, and the wait is part of its time (:meth:`ProfileCostModel._copy_waits`).
+  ended waits for it, and the wait is part of its time (:meth:`ProfileCostModel._copy_waits`). Eagerly, a
+  copying unit's ``F`` and ``B`` also launch what the offload hooks add on the host (each part's measured
+  ``host_offload_*`` over its plain host time, for the parts the backward does not rerun).
 * A message between stages, and each hop of a sequence-parallel scan, travels on the link its two ranks share:
   ``p2p`` within a node, ``inter_node`` across (ranks are laid out pipeline x sequence x data, row-major, as
   schedlang.runtime.mesh builds them, and fill nodes of ``gpus_per_node`` in rank order). Collectives use the

@@ -38,6 +38,8 @@ class StepMetrics:
     # with pipeline.offload on CUDA: the most pinned host memory the allocator has held so far, its blocks rounded
     # up as it rounds them (torch.cuda.host_memory_stats); None otherwise
     pinned_host_bytes: int | None = None
+    # on CUDA: the caching allocator's retries so far (runtime.trainer.allocator_retries); None otherwise
+    allocator_retries: int | None = None
 
 
 def format_bytes(n_bytes: int) -> str:

@@ -118,6 +118,15 @@ def peak_pinned_host_bytes(device: torch.device) -> int | None:
     return None if peak is None else int(peak)
 
 
+def allocator_retries(device: torch.device) -> int | None:
+    """How often so far the CUDA caching allocator found no free block, released its cache and tried again (a
+    device-wide synchronisation each time: what makes one step of a nearly full device slower than its
+    neighbours), or None off CUDA."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+
+
 @dataclass
 class Trainer:
     model_config: ModelConfig
@@ -363,7 +372,8 @@ class Trainer:
                 )
                 pinned = peak_pinned_host_bytes(self.mesh.device) if self.executor.offload is not None else None
                 metrics = StepMetrics(
-                    done, losses[-1], tokens_per_step / elapsed, elapsed, peak, validation, scale, skipped, rate, pinned
+                    done, losses[-1], tokens_per_step / elapsed, elapsed, peak, validation, scale, skipped, rate, pinned,
+                    allocator_retries(self.mesh.device),
                 )
                 show = done % config.log_every == 0 or done == steps or validation is not None
                 reporter.report(metrics, show=show)

@@ -65,3 +65,15 @@ def test_the_pinned_host_peak_is_the_host_allocators_and_shows_in_the_step_line(
     line = progress_line(StepMetrics(3, 2.5, 1000.0, 0.1, 1 << 20, pinned_host_bytes=3 * 2**30), 10)
     assert line.endswith("peak mem 1.0 MiB  pinned 3.0 GiB")
     assert "pinned" not in progress_line(StepMetrics(3, 2.5, 1000.0, 0.1, 1 << 20), 10)
+
+
+def test_the_allocators_retries_are_read_from_its_stats_on_cuda_alone(monkeypatch):
+    """A step of a nearly full device that released the allocator's cache and retried is the slow one of its
+    neighbours: --metrics carries the running count, which the CPU has none of."""
+    from schedlang.runtime.trainer import allocator_retries
+
+    assert allocator_retries(torch.device("cpu")) is None
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {"num_alloc_retries": 7})
+    assert allocator_retries(torch.device("cuda")) == 7
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {})  # nothing allocated yet
+    assert allocator_retries(torch.device("cuda")) == 0
