@@ -132,9 +132,35 @@ def twin_pairs(ranking: list[dict], key: str, count: int) -> list[dict]:
     return chosen
 
 
+def named_changes(text: str) -> dict[str, str]:
+    """``--changes``'s ``key=value/key=value`` as tune's JSON writes a candidate's changes (values as text)."""
+    changes = {}
+    for item in filter(None, text.split("/")):
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip() or not value.strip():
+            raise SystemExit(f"--changes {text!r}: each change is block.key=value, got {item!r}")
+        changes[key.strip()] = value.strip()
+    return changes
+
+
+def candidates_named(ranking: list[dict], names: list[str]) -> list[dict]:
+    """For each of ``--changes``'s names, the best-ranked candidate whose changes are exactly those."""
+    chosen = []
+    for name in names:
+        wanted = named_changes(name)
+        found = next((candidate for candidate in ranking if candidate["changes"] == wanted), None)
+        if found is None:
+            raise SystemExit(f"--changes {name}: no candidate of tune's {len(ranking)} has exactly these changes")
+        if found not in chosen:
+            chosen.append(found)
+    return chosen
+
+
 def chosen_candidates(ranking: list[dict], args: argparse.Namespace) -> list[dict]:
-    """The candidates to train: ``--ranks`` where given (each must be in the ranking), else ``--twins``'s pairs
-    (:func:`twin_pairs`) where given, else :func:`spread`."""
+    """The candidates to train: ``--ranks`` where given (each must be in the ranking), else those ``--changes``
+    names, else ``--twins``'s pairs (:func:`twin_pairs`) where given, else :func:`spread`."""
+    if getattr(args, "changes", None) and args.ranks is None:
+        return candidates_named(ranking, args.changes)
     if args.ranks is None:
         if getattr(args, "twins", None):
             return twin_pairs(ranking, args.twins, args.candidates)
@@ -285,6 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ranks", type=int, nargs="+", default=None, metavar="RANK",
         help="measure these ranks of tune's ranking instead of --candidates spread down it (a job split in parts)",
+    )
+    parser.add_argument(
+        "--changes", nargs="+", default=None, metavar="KEY=VALUE/...",
+        help="measure the candidates with exactly these changes from the file (block.key=value joined by /, as "
+        "results.json names them: sequence.chunks=32/pipeline.recompute=mlp), whatever their rank",
     )
     parser.add_argument(
         "--twins", metavar="KEY", default=None,

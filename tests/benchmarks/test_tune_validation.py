@@ -159,6 +159,27 @@ def test_ranks_choose_the_candidates_to_train_and_a_rank_tune_never_gave_is_refu
         chosen_candidates(ranking, argparse.Namespace(ranks=[3, 12], candidates=7))
 
 
+def test_changes_name_candidates_whatever_their_rank_and_an_unknown_set_is_refused():
+    """A profile that prices the host anew moves candidates up and down tune's ranking; --changes finds the same
+    schedules by what they change."""
+    import argparse
+
+    from benchmarks.tune_validation import chosen_candidates
+
+    ranking = [
+        {"rank": 1, "changes": {"sequence.chunks": "2"}},
+        {"rank": 2, "changes": {"sequence.chunks": "32", "pipeline.recompute": "mlp", "pipeline.offload": "true"}},
+        {"rank": 3, "changes": {"sequence.chunks": "32", "pipeline.recompute": "mlp"}},
+    ]
+    names = ["pipeline.recompute=mlp/sequence.chunks=32", "sequence.chunks = 2", "sequence.chunks=2"]
+    chosen = chosen_candidates(ranking, argparse.Namespace(ranks=None, changes=names, candidates=7))
+    assert [candidate["rank"] for candidate in chosen] == [3, 1]
+    with pytest.raises(SystemExit, match="no candidate of tune's 3 has exactly these changes"):
+        chosen_candidates(ranking, argparse.Namespace(ranks=None, changes=["sequence.chunks=32"], candidates=7))
+    with pytest.raises(SystemExit, match="each change is block.key=value"):
+        chosen_candidates(ranking, argparse.Namespace(ranks=None, changes=["sequence.chunks"], candidates=7))
+
+
 def test_a_run_stopped_at_its_limit_keeps_the_steps_it_finished(monkeypatch, tmp_path):
     import argparse
 
