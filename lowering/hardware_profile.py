@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
+import statistics
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -295,11 +296,7 @@ class HardwareProfile:
         rows = [layer.host for layer in self.measurements(self.stand_in(part) or part) if layer.host is not None]
         if not rows:
             return PartHost(self.overhead.eager_layer_seconds, self.overhead.eager_backward_layer_seconds)
-
-        def median(values: list[float]) -> float:
-            return sorted(values)[len(values) // 2]
-
-        return PartHost(*(median([getattr(row, name) for row in rows]) for name in
+        return PartHost(*(statistics.median_high([getattr(row, name) for row in rows]) for name in
                           ("forward", "backward", "offload_forward", "offload_backward")))
 
     def host_memory(self) -> HostMemory:

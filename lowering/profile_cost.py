@@ -195,13 +195,14 @@ class ProfileCostModel:
         self.copied_units: frozenset[tuple[int, int, int]] = frozenset()
         self.copy_waits: dict[tuple[int, int, int], float] = {}
         if program.pipeline.offload:
-            copied = set()
-            for stage, order in enumerate(stage_orders(program)):
-                copies = offload_copies(tuple(task.action for task in order))
-                copied.update((stage, *unit) for unit, copy in copies.items() if copy is not OffloadCopy.KEPT)
-            self.copied_units = frozenset(copied)
-            for stage, order in enumerate(stage_orders(program)):
-                for (microbatch, chunk), wait in self._copy_waits(stage, order).items():
+            orders = stage_orders(program)
+            copies = [offload_copies(tuple(task.action for task in order)) for order in orders]
+            self.copied_units = frozenset(
+                (stage, *unit) for stage, labels in enumerate(copies)
+                for unit, copy in labels.items() if copy is not OffloadCopy.KEPT
+            )
+            for stage, order in enumerate(orders):
+                for (microbatch, chunk), wait in self._copy_waits(stage, order, copies[stage]).items():
                     self.copy_waits[stage, microbatch, chunk] = wait
 
     def _stage_parts(self, stage: int) -> list[tuple[ProfiledPart, int]]:
@@ -330,7 +331,9 @@ class ProfileCostModel:
         passes = GRADIENT_ACCUMULATION_PASSES * parameters * self.sizes.element_bytes
         return passes / self.profile.memory_bandwidth_bytes_per_s
 
-    def _copy_waits(self, stage: int, order: Sequence[TaskId]) -> dict[tuple[int, int], float]:
+    def _copy_waits(
+        self, stage: int, order: Sequence[TaskId], copies: dict[tuple[int, int], OffloadCopy]
+    ) -> dict[tuple[int, int], float]:
         """Each offloading unit's wait for its copy back at the start of its backward on ``stage``: the stage's
         tasks walked in ``order``, back to back, beside one copy stream that runs each copy in the order the
         executor queues it (out at the start of its ``F``, ending no sooner than that ``F``; back when an earlier
@@ -338,9 +341,7 @@ class ProfileCostModel:
         between tasks gives the copies more time, so the waits are at most those of the real step."""
         from schedlang.lowering.memory_terms import chunk_activation_bytes
 
-        actions = tuple(task.action for task in order)
-        copies = offload_copies(actions)
-        following = next_backwards(actions)
+        following = next_backwards(tuple(task.action for task in order))
         bandwidth = self.profile.offload.bandwidth_bytes_per_s
         copy_seconds = [chunk_activation_bytes(self.program, stage, chunk) / bandwidth
                         for chunk in range(self.program.n_chunks)]
@@ -397,8 +398,8 @@ class ProfileCostModel:
             else:  # the microbatch's sequences are rows of the same GEMMs
                 forward_s, backward_s, weight_s = self.part_seconds(part, rows, attention_prefix)
             launch = self.profile.part_host(part)
-            offload_forward_s = max(launch.offload_forward - launch.forward, 0.0) if launch.offload_measured else 0.0
-            offload_backward_s = max(launch.offload_backward - launch.backward, 0.0) if launch.offload_measured else 0.0
+            offload_forward_s = max(launch.offload_forward - launch.forward, 0.0)  # 0 where not measured
+            offload_backward_s = max(launch.offload_backward - launch.backward, 0.0)
             if part is ProfiledPart.MLP:
                 mlps += count * forward_s
                 category = "mlps"

@@ -329,9 +329,10 @@ def time_parts(args: argparse.Namespace, program, device, parts: list[str], star
             skipped.append((part, tokens, prefix))
             bar.step(f"{part} {tokens} skipped (budget)")
             continue
-        # the host times with offload at the shortest length alone, where the device keeps up with the host
+        # the host times with offload on CUDA (the profile keeps host times there alone), at the shortest length,
+        # where the device keeps up with the host
         timings.append(measure_part(config, part, tokens, device, dtype, prefix, args.repeats,
-                                    offload_host=tokens == min(lengths)))
+                                    offload_host=device.type == "cuda" and tokens == min(lengths)))
         bar.step(f"{part} {tokens}" + (f" after {prefix}" if prefix else ""))
     bar.close()
     missing = [part for part in parts if not any(timing.part == part for timing in timings)]
