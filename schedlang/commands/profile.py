@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -471,7 +472,7 @@ def median_or_zero(seconds: list[float], device) -> float:
     """The median host time; 0 on the CPU, whose host runs the kernels itself (no launch time of its own)."""
     if not seconds or device.type != "cuda":
         return 0.0
-    return sorted(seconds)[len(seconds) // 2]
+    return statistics.median_high(seconds)
 
 
 def torch_device_name(device) -> str:
