@@ -14,6 +14,7 @@ The records here hold what was measured; how a task's time is read from them is
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import re
 import statistics
@@ -116,19 +117,29 @@ class PartHost:
     device (``schedlang profile`` times them at its shortest chunk, where the device keeps up): ``forward`` and
     the whole ``backward`` (weight gradients included), and the same two with the part's saved tensors offloaded
     (``pipeline.offload``: a pack hook and a copy per saved tensor in the forward, a device buffer and a copy back
-    per tensor before the backward). An offload figure of 0 was not measured: offload then adds nothing."""
+    per tensor before the backward). An offload figure of 0 was not measured: offload then adds nothing.
+    ``recompute_forward`` and ``recompute_backward`` are the two again with the part run as ``pipeline.recompute``
+    reruns it (the runtime's checkpoint: its hooks, and the backward rerunning the forward); 0: not measured, and
+    a rerun then costs the backward the part's ``forward`` alone."""
 
     forward: float
     backward: float
     offload_forward: float = 0.0
     offload_backward: float = 0.0
+    recompute_forward: float = 0.0
+    recompute_backward: float = 0.0
 
     @property
     def offload_measured(self) -> bool:
         return self.offload_forward > 0 or self.offload_backward > 0
 
+    @property
+    def recompute_measured(self) -> bool:
+        return self.recompute_forward > 0 and self.recompute_backward > 0
 
-HOST_KEYS = ("host_forward", "host_backward", "host_offload_forward", "host_offload_backward")
+
+HOST_KEYS = ("host_forward", "host_backward", "host_offload_forward", "host_offload_backward", "host_recompute_forward",
+             "host_recompute_backward")
 """A ``[[layer]]``'s optional host times (:class:`PartHost`, in that order); the first two come together."""
 
 
@@ -296,8 +307,8 @@ class HardwareProfile:
         rows = [layer.host for layer in self.measurements(self.stand_in(part) or part) if layer.host is not None]
         if not rows:
             return PartHost(self.overhead.eager_layer_seconds, self.overhead.eager_backward_layer_seconds)
-        return PartHost(*(statistics.median_high([getattr(row, name) for row in rows]) for name in
-                          ("forward", "backward", "offload_forward", "offload_backward")))
+        return PartHost(*(statistics.median_high([getattr(row, field.name) for row in rows])
+                          for field in dataclasses.fields(PartHost)))
 
     def host_memory(self) -> HostMemory:
         """The node's host memory: the profile's ``[host]``, else the defaults (:class:`HostMemory`)."""
@@ -716,7 +727,7 @@ def format_hardware_profile(profile: HardwareProfile, header: str = "") -> str:
             f"weight = {format_list(layer.weight.seconds)}",
         ]
         if layer.host is not None:
-            values = (layer.host.forward, layer.host.backward, layer.host.offload_forward, layer.host.offload_backward)
+            values = dataclasses.astuple(layer.host)
             lines += [f"{key} = {format_number(value)}" for key, value in zip(HOST_KEYS, values)
                       if value or key in HOST_KEYS[:2]]
     return "\n".join(lines) + "\n"

@@ -72,6 +72,14 @@ from schedlang.vocabulary import (
 )
 
 
+RERUN_CATEGORIES = {
+    Recompute.FULL: ("mixers", "mlps", "rest"), Recompute.MIXER: ("mixers",), Recompute.MLP: ("mlps",),
+}
+"""The forward's parts (as :meth:`_stage_chunk` sums them) that a backward under each recompute mode reruns:
+``full`` reruns the chunk's whole forward, ``mixer`` and ``mlp`` that part of every block under the runtime's
+checkpoint ([Note: recompute modes] in schedlang.runtime.executor), whose own host cost a profile may state."""
+
+
 class MissingMeasurementError(ValueError):
     """The program has a part its profile never measured."""
 
@@ -390,6 +398,10 @@ class ProfileCostModel:
         host_forward = {"mixers": 0.0, "mlps": 0.0, "rest": 0.0}
         offload_forward, offload_backward = dict(host_forward), dict(host_forward)
         host_backward = 0.0
+        recompute = recompute_on(program.pipeline.recompute, stage)
+        # what rerunning adds to a backward's host time: a part's measured cost under the checkpoint where the
+        # profile has it, else its forward's launches again
+        host_rerun = 0.0
         for part, count in self._stage_parts(stage):
             if part is ProfiledPart.ATTN:  # each sequence of the microbatch meets its own prefix
                 forward_s, backward_s, weight_s = (
@@ -409,7 +421,14 @@ class ProfileCostModel:
             else:
                 mixers += count * forward_s
                 category = "mixers"
-            host_forward[category] += count * launch.forward
+            rerun = category in RERUN_CATEGORIES.get(recompute, ())
+            if rerun and recompute is not Recompute.FULL and launch.recompute_measured:  # under the checkpoint
+                host_forward[category] += count * launch.recompute_forward
+                host_rerun += count * max(launch.recompute_backward - launch.backward, 0.0)
+            else:
+                host_forward[category] += count * launch.forward
+                if rerun:
+                    host_rerun += count * launch.forward
             offload_forward[category] += count * offload_forward_s
             offload_backward[category] += count * offload_backward_s
             backward += count * backward_s
@@ -418,7 +437,6 @@ class ProfileCostModel:
             blocks += count
         exchange_forward, exchange_backward = self._exchange_seconds(stage, tokens)
         parts = ChunkForwardSeconds(mixers=mixers, mlps=mlps, rest=rest, sequence_parallel=exchange_forward)
-        recompute = recompute_on(program.pipeline.recompute, stage)
         recomputed = parts.recomputed(recompute)
         count = stage_parameters(program, stage)
         # eager, W adds the linear weights' gradients and B the rest; CUDA-graph stages add the linear ones
@@ -442,9 +460,7 @@ class ProfileCostModel:
         host_parts = ChunkForwardSeconds(**host_forward, sequence_parallel=0.0)
         host = {
             ActionKind.FORWARD: host_factor * host_parts.total,
-            ActionKind.BACKWARD: host_factor * (
-                host_backward * (2 / 3 if self.split_backward else 1.0) + host_parts.recomputed(recompute)
-            ),
+            ActionKind.BACKWARD: host_factor * (host_backward * (2 / 3 if self.split_backward else 1.0) + host_rerun),
             ActionKind.WEIGHT: host_factor * host_backward / 3,
         }
         # an offloading unit's hooks and copies, for the parts it does not rerun (those save their inputs alone)

@@ -50,6 +50,9 @@ class PartTiming:
     # the same two with the saved tensors offloaded (0: not measured); see offloaded_host_seconds
     host_offload_forward_s: float = 0.0
     host_offload_backward_s: float = 0.0
+    # the same two with the part run as recompute reruns it (0: not measured); see recomputed_host_seconds
+    host_recompute_forward_s: float = 0.0
+    host_recompute_backward_s: float = 0.0
 
 
 def synchronize(device: torch.device) -> None:
@@ -104,10 +107,11 @@ def part_config(config: ModelConfig, part: str) -> tuple[ModelConfig, tuple[int,
 
 def measure_part(
     config: ModelConfig, part: str, tokens: int, device: torch.device, dtype: torch.dtype, prefix: int = 0,
-    repeats: int = 3, seed: int = 0, offload_host: bool = False,
+    repeats: int = 3, seed: int = 0, offload_host: bool = False, recompute_host: bool = False,
 ) -> PartTiming:
     """Time ``part`` of ``config`` over one sequence of ``tokens`` rows; see the module docstring. With
-    ``offload_host``, also the host times with the part's saved tensors offloaded (:func:`offloaded_host_seconds`)."""
+    ``offload_host``, also the host times with the part's saved tensors offloaded (:func:`offloaded_host_seconds`);
+    with ``recompute_host``, those of a block's part run under ``recompute`` (:func:`recomputed_host_seconds`)."""
     part_model_config, indices, is_first, is_last = part_config(config, part)
     model = build_stage_model(part_model_config, indices, is_first, is_last, seed, device, dtype)
     generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -163,6 +167,8 @@ def measure_part(
     buffers = [tensor for layer in position.kv.open.values() for tensor in (layer.keys, layer.values)] if position else []
     offloaded = (offloaded_host_seconds(model, forward, make_inputs, device, repeats, buffers) if offload_host
                  else (0.0, 0.0))
+    recomputed = (recomputed_host_seconds(model, forward, make_inputs, device, repeats)
+                  if recompute_host and part not in ("embedding", "head") else (0.0, 0.0))
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     # the embedding's input is token ids: its whole backward is its weight gradient
@@ -170,8 +176,51 @@ def measure_part(
     weight_s = max(whole_s - input_only_s, 0.0)
     return PartTiming(
         part, tokens, prefix, forward_s, max(whole_s - weight_s, 0.0), weight_s, statistics.median(host),
-        statistics.median(host_backward), *offloaded,
+        statistics.median(host_backward), *offloaded, *recomputed,
     )
+
+
+def host_seconds(
+    model: torch.nn.Module, forward: Callable[[torch.Tensor], torch.Tensor], make_inputs: Callable[[], torch.Tensor],
+    device: torch.device, repeats: int,
+) -> tuple[float, float]:
+    """Median host seconds of the part's forward and of its whole backward after it, each from a synchronized
+    device, after one warm-up round."""
+    forward_host, backward_host = [], []
+    for _ in range(repeats + 1):
+        synchronize(device)
+        start = time.perf_counter()
+        output = forward(make_inputs())
+        forward_host.append(time.perf_counter() - start)
+        synchronize(device)
+        start = time.perf_counter()
+        output.backward(torch.ones_like(output) if output.dim() else None)
+        backward_host.append(time.perf_counter() - start)
+        synchronize(device)
+        for parameter in model.parameters():
+            parameter.grad = None
+    return statistics.median(forward_host[1:]), statistics.median(backward_host[1:])
+
+
+def recomputed_host_seconds(
+    model: torch.nn.Module, forward: Callable[[torch.Tensor], torch.Tensor], make_inputs: Callable[[], torch.Tensor],
+    device: torch.device, repeats: int,
+) -> tuple[float, float]:
+    """:func:`host_seconds` with each block's part run as ``pipeline.recompute`` runs it (``mixer`` for a token
+    mixer, ``mlp`` for an MLP: the runtime's checkpoint keeps the part's inputs, and the backward reruns it),
+    the blocks' modes restored afterwards."""
+    from schedlang.runtime.model import Block
+    from schedlang.vocabulary import Recompute
+
+    blocks = [module for module in model.modules() if isinstance(module, Block)]
+    modes = [block.recompute for block in blocks]
+    for block in blocks:
+        block.recompute = Recompute.MIXER if block.mixer is not None else Recompute.MLP
+    try:
+        return host_seconds(model, forward, make_inputs, device, repeats)
+    finally:
+        for block, mode in zip(blocks, modes):
+            block.recompute = mode
 
 
 def offloaded_host_seconds(

@@ -330,10 +330,11 @@ def time_parts(args: argparse.Namespace, program, device, parts: list[str], star
             skipped.append((part, tokens, prefix))
             bar.step(f"{part} {tokens} skipped (budget)")
             continue
-        # the host times with offload on CUDA (the profile keeps host times there alone), at the shortest length,
-        # where the device keeps up with the host
+        # the host times with offload and under recompute on CUDA (the profile keeps host times there alone), at
+        # the shortest length, where the device keeps up with the host
+        host_point = device.type == "cuda" and tokens == min(lengths)
         timings.append(measure_part(config, part, tokens, device, dtype, prefix, args.repeats,
-                                    offload_host=device.type == "cuda" and tokens == min(lengths)))
+                                    offload_host=host_point, recompute_host=host_point))
         bar.step(f"{part} {tokens}" + (f" after {prefix}" if prefix else ""))
     bar.close()
     missing = [part for part in parts if not any(timing.part == part for timing in timings)]
@@ -453,7 +454,8 @@ def layer_measurements(program, timings, device) -> tuple:
             backward=Curve(tokens, tuple(timing.backward_s for timing in rows)),
             weight=Curve(tokens, tuple(timing.weight_s for timing in rows)),
             host=PartHost(rows[0].host_forward_s, rows[0].host_backward_s, rows[0].host_offload_forward_s,
-                          rows[0].host_offload_backward_s) if device.type == "cuda" else None,
+                          rows[0].host_offload_backward_s, rows[0].host_recompute_forward_s,
+                          rows[0].host_recompute_backward_s) if device.type == "cuda" else None,
         ))
     return tuple(layers)
 

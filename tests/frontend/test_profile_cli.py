@@ -111,6 +111,8 @@ def test_profile_on_the_gpu_writes_kernel_times(tmp_path):
         # each part's own host times, and with its saved tensors offloaded (the embedding saves token ids alone)
         assert layer.host is not None and layer.host.forward > 0 and layer.host.backward > 0, layer.part
         assert layer.host.offload_measured, layer.part
+        # and run as recompute reruns it, for a block's part (the embedding and the head are never rerun so)
+        assert layer.host.recompute_measured == (layer.part.value not in ("embedding", "head")), layer.part
     assert profile.overhead.eager_layer_seconds > 0
     assert profile.memory_bandwidth_bytes_per_s > 1e11
 
@@ -316,3 +318,36 @@ def test_a_part_is_timed_with_its_saved_tensors_offloaded():
     assert timing.host_offload_forward_s > 0 and timing.host_offload_backward_s > 0
     plain = measure_part(config, "gla", 64, torch.device("cpu"), torch.float32, repeats=1)
     assert plain.host_offload_forward_s == plain.host_offload_backward_s == 0.0
+
+
+@pytest.mark.parametrize("part", ["gla", "mlp"])
+def test_a_part_is_timed_as_recompute_reruns_it(part, monkeypatch):
+    """recompute_host: the part runs under the runtime's checkpoint, so its backward runs its forward again: two
+    more calls of the part (warm-up and one repeat), each under its recompute mode, beside the plain timing's."""
+    import torch
+
+    from schedlang.compiler import Pass, ScheduleText, compile_schedule
+    from schedlang.runtime import model as runtime_model
+    from schedlang.runtime.profiling import measure_part
+    from schedlang.vocabulary import Recompute
+
+    config = compile_schedule(ScheduleText(SCHEDULE), through=Pass.CHECK).program.model
+    method = "_mix" if part == "gla" else "_feed_forward"
+    original = getattr(runtime_model.Block, method)
+    calls = []
+
+    def counted(self, *inputs):
+        calls.append(self.recompute)
+        return original(self, *inputs)
+
+    monkeypatch.setattr(runtime_model.Block, method, counted)
+    plain = measure_part(config, part, 64, torch.device("cpu"), torch.float32, repeats=1)
+    plain_calls = len(calls)
+    calls.clear()
+    timing = measure_part(config, part, 64, torch.device("cpu"), torch.float32, repeats=1, recompute_host=True)
+    assert plain.host_recompute_forward_s == plain.host_recompute_backward_s == 0.0
+    assert timing.host_recompute_forward_s > 0 and timing.host_recompute_backward_s > 0
+    rerun = Recompute.MIXER if part == "gla" else Recompute.MLP
+    # warm-up and repeats: each forward under the checkpoint once, then again in its backward
+    assert calls.count(rerun) == 2 * 2 and len(calls) == plain_calls + 2 * 2
+    assert all(mode is Recompute.NONE for mode in calls if mode is not rerun)

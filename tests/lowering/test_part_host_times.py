@@ -23,6 +23,7 @@ from tests.lowering.test_hardware_profile import profile_text, program_of
 OVERHEAD_FORWARD = 1e-3  # the [overhead] figures: three times the forward for the whole backward
 GLA_HOST = "host_forward = 4e-3\nhost_backward = 9e-3\n"
 GLA_OFFLOAD = "host_offload_forward = 6e-3\nhost_offload_backward = 10e-3\n"
+GLA_RECOMPUTE = "host_recompute_forward = 5e-3\nhost_recompute_backward = 16e-3\n"
 
 
 def profile_with(gla_keys: str):
@@ -47,6 +48,10 @@ def test_a_layer_states_its_host_times_and_they_round_trip():
     assert again.layers == profile.layers
     without_offload = profile_with(GLA_HOST)
     assert parse_hardware_profile(format_hardware_profile(without_offload)).layers == without_offload.layers
+    rerun = profile_with(GLA_HOST + GLA_RECOMPUTE)
+    assert rerun.part_host(ProfiledPart.GLA) == PartHost(4e-3, 9e-3, 0.0, 0.0, 5e-3, 16e-3)
+    assert rerun.part_host(ProfiledPart.GLA).recompute_measured and not rerun.part_host(ProfiledPart.GLA).offload_measured
+    assert parse_hardware_profile(format_hardware_profile(rerun)).layers == rerun.layers
 
 
 def test_an_offload_host_time_without_the_plain_ones_is_a_positioned_error():
@@ -79,6 +84,25 @@ def test_a_backward_launches_what_it_reruns():
     mlp = seconds(ProfileCostModel(program_of(pipeline="recompute = mlp"), profile), ActionKind.BACKWARD)
     assert mixer - plain == pytest.approx(2 * 4e-3)
     assert mlp - plain == pytest.approx(2 * OVERHEAD_FORWARD)
+
+
+def test_a_part_rerun_under_the_checkpoint_costs_what_was_measured_so():
+    """Where a row states its host times under recompute, a unit that reruns that part pays them: its forward
+    the part's checkpointed forward (5 ms, not 4), its backward what the rerun adds to the plain one (16 - 9 ms,
+    where the rerun forward alone was 4). Units that do not rerun the part, or rerun the whole chunk (``full``:
+    not the checkpoint), price it as before."""
+    profile = profile_with(GLA_HOST + GLA_RECOMPUTE)
+    without = profile_with(GLA_HOST)
+    for pipeline in ("", "recompute = mlp", "recompute = full"):
+        for kind in ActionKind.FORWARD, ActionKind.BACKWARD:
+            program = program_of(pipeline=pipeline)
+            assert seconds(ProfileCostModel(program, profile), kind) == pytest.approx(
+                seconds(ProfileCostModel(program, without), kind)), (pipeline, kind)
+    mixer = program_of(pipeline="recompute = mixer")
+    assert seconds(ProfileCostModel(mixer, profile), ActionKind.FORWARD) - seconds(
+        ProfileCostModel(mixer, without), ActionKind.FORWARD) == pytest.approx(2 * 1e-3)
+    assert seconds(ProfileCostModel(mixer, profile), ActionKind.BACKWARD) - seconds(
+        ProfileCostModel(mixer, without), ActionKind.BACKWARD) == pytest.approx(2 * (7e-3 - 4e-3))
 
 
 def test_offload_hooks_add_host_time_to_the_units_that_copy():
