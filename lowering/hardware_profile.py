@@ -140,7 +140,8 @@ class PartHost:
 
 HOST_KEYS = ("host_forward", "host_backward", "host_offload_forward", "host_offload_backward", "host_recompute_forward",
              "host_recompute_backward")
-"""A ``[[layer]]``'s optional host times (:class:`PartHost`, in that order); the first two come together."""
+"""A ``[[layer]]``'s optional host times (:class:`PartHost`, in that order); the first two come together, and
+so do the last two."""
 
 
 @dataclass(frozen=True)
@@ -484,6 +485,10 @@ def parse_part_host(reader: ProfileReader, data: dict, index: int) -> PartHost |
         if key not in data:
             reader.fail(f"'layer[{index}]' states {stated[0]} without {key}: give both or neither", "layer",
                         stated[0], index)
+    recompute_keys = HOST_KEYS[4:]
+    if (recompute_keys[0] in data) != (recompute_keys[1] in data):
+        given, missing = recompute_keys if recompute_keys[0] in data else recompute_keys[::-1]
+        reader.fail(f"'layer[{index}]' states {given} without {missing}: give both or neither", "layer", given, index)
     values = [reader.number(data, key, "layer", index, positive=False) if key in data else 0.0 for key in HOST_KEYS]
     return PartHost(*values)
 

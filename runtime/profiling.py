@@ -147,22 +147,7 @@ def measure_part(
 
     forward_s = kernel_seconds(run_forward, device, repeats)
     whole_s = kernel_seconds(run_forward_backward, device, repeats) - forward_s
-    host_backward = []
-    for _ in range(repeats):
-        output = forward(make_inputs())
-        synchronize(device)
-        start = time.perf_counter()
-        output.backward(torch.ones_like(output) if output.dim() else None)
-        host_backward.append(time.perf_counter() - start)
-        synchronize(device)
-        for parameter in model.parameters():
-            parameter.grad = None
-    host = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        forward(make_inputs())
-        host.append(time.perf_counter() - start)
-        synchronize(device)
+    host = host_seconds(model, forward, make_inputs, device, repeats)
     # the sequence-wide K/V buffers stay on the device under offload, as the executor keeps them
     buffers = [tensor for layer in position.kv.open.values() for tensor in (layer.keys, layer.values)] if position else []
     offloaded = (offloaded_host_seconds(model, forward, make_inputs, device, repeats, buffers) if offload_host
@@ -175,8 +160,7 @@ def measure_part(
     input_only_s = 0.0 if is_first else kernel_seconds(run_forward_backward, device, repeats) - forward_s
     weight_s = max(whole_s - input_only_s, 0.0)
     return PartTiming(
-        part, tokens, prefix, forward_s, max(whole_s - weight_s, 0.0), weight_s, statistics.median(host),
-        statistics.median(host_backward), *offloaded, *recomputed,
+        part, tokens, prefix, forward_s, max(whole_s - weight_s, 0.0), weight_s, *host, *offloaded, *recomputed,
     )
 
 

@@ -60,6 +60,8 @@ def test_an_offload_host_time_without_the_plain_ones_is_a_positioned_error():
     rendered = raised.value.render()
     assert "states host_offload_forward without host_forward: give both or neither" in rendered
     assert rendered.startswith("hosted.toml:")
+    with pytest.raises(HardwareProfileError, match="states host_recompute_backward without host_recompute_forward"):
+        profile_with(GLA_HOST + "host_recompute_backward = 1e-3\n")
     with pytest.raises(HardwareProfileError, match="'layer.host_backward' must not be negative"):
         profile_with("host_forward = 1e-3\nhost_backward = -1\n")
 
