@@ -411,13 +411,20 @@ class ChunkForwardSeconds:
 
     def recomputed(self, mode: Recompute) -> float:
         """The seconds a backward under ``mode`` spends rerunning this forward's parts."""
-        if mode is Recompute.FULL:
-            return self.total
-        if mode is Recompute.MIXER:
-            return self.mixers + self.sequence_parallel
-        if mode is Recompute.MLP:
-            return self.mlps
-        return 0.0
+        return sum(getattr(self, part) for part in rerun_parts(mode))
+
+
+def rerun_parts(mode: Recompute) -> tuple[str, ...]:
+    """The :class:`ChunkForwardSeconds` fields a backward under ``mode`` reruns: ``full`` the chunk's whole
+    forward, ``mixer`` the token mixers with their sequence-parallel exchanges, ``mlp`` the MLPs."""
+    return _RERUN_PARTS.get(mode, ())
+
+
+_RERUN_PARTS = {
+    Recompute.FULL: ("mixers", "mlps", "rest", "sequence_parallel"),
+    Recompute.MIXER: ("mixers", "sequence_parallel"),
+    Recompute.MLP: ("mlps",),
+}
 
 
 class FlopsCostModel:

@@ -48,6 +48,7 @@ from schedlang.lowering.cost import (
     mixer_flops_per_token,
     mlp_flops_per_token,
     model_attention_pair_flops,
+    rerun_parts,
 )
 from schedlang.lowering.hardware_profile import (
     HardwareProfile,
@@ -70,14 +71,6 @@ from schedlang.vocabulary import (
     SequenceParallelMethod,
     recompute_on,
 )
-
-
-RERUN_CATEGORIES = {
-    Recompute.FULL: ("mixers", "mlps", "rest"), Recompute.MIXER: ("mixers",), Recompute.MLP: ("mlps",),
-}
-"""The forward's parts (as :meth:`_stage_chunk` sums them) that a backward under each recompute mode reruns:
-``full`` reruns the chunk's whole forward, ``mixer`` and ``mlp`` that part of every block under the runtime's
-checkpoint ([Note: recompute modes] in schedlang.runtime.executor), whose own host cost a profile may state."""
 
 
 class MissingMeasurementError(ValueError):
@@ -421,7 +414,7 @@ class ProfileCostModel:
             else:
                 mixers += count * forward_s
                 category = "mixers"
-            rerun = category in RERUN_CATEGORIES.get(recompute, ())
+            rerun = category in rerun_parts(recompute)
             if rerun and recompute is not Recompute.FULL and launch.recompute_measured:  # under the checkpoint
                 host_forward[category] += count * launch.recompute_forward
                 host_rerun += count * max(launch.recompute_backward - launch.backward, 0.0)

@@ -18,12 +18,14 @@ into one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from typing import ContextManager
 from dataclasses import dataclass
 
 import torch
@@ -140,8 +142,7 @@ def measure_part(
         forward(make_inputs())  # with grad, as a training step runs it (saving for the backward); then freed
 
     def run_forward_backward() -> None:
-        output = forward(make_inputs())
-        output.backward(torch.ones_like(output) if output.dim() else None)
+        run_backward(forward(make_inputs()))
         for parameter in model.parameters():
             parameter.grad = None
 
@@ -167,23 +168,31 @@ def measure_part(
 def host_seconds(
     model: torch.nn.Module, forward: Callable[[torch.Tensor], torch.Tensor], make_inputs: Callable[[], torch.Tensor],
     device: torch.device, repeats: int,
+    saving: Callable[[int], ContextManager[object]] = lambda round_: contextlib.nullcontext(),
+    backward: Callable[[int, torch.Tensor], None] = lambda round_, output: run_backward(output),
 ) -> tuple[float, float]:
-    """Median host seconds of the part's forward and of its whole backward after it, each from a synchronized
-    device, after one warm-up round."""
+    """Median host seconds of the part's forward (under ``saving(round)``) and of its whole backward after it
+    (``backward(round, output)``), each from a synchronized device, after one warm-up round."""
     forward_host, backward_host = [], []
-    for _ in range(repeats + 1):
+    for round_ in range(repeats + 1):
         synchronize(device)
         start = time.perf_counter()
-        output = forward(make_inputs())
+        with saving(round_):
+            output = forward(make_inputs())
         forward_host.append(time.perf_counter() - start)
         synchronize(device)
         start = time.perf_counter()
-        output.backward(torch.ones_like(output) if output.dim() else None)
+        backward(round_, output)
         backward_host.append(time.perf_counter() - start)
         synchronize(device)
         for parameter in model.parameters():
             parameter.grad = None
     return statistics.median(forward_host[1:]), statistics.median(backward_host[1:])
+
+
+def run_backward(output: torch.Tensor) -> None:
+    """Backward from ``output`` with unit upstream gradients (none for a scalar loss)."""
+    output.backward(torch.ones_like(output) if output.dim() else None)
 
 
 def recomputed_host_seconds(
@@ -219,23 +228,13 @@ def offloaded_host_seconds(
 
     kept = {storage_key(tensor) for tensor in (*model.parameters(), *resident)}
     offload = ActivationOffload(device, lambda tensor: storage_key(tensor) in kept)
-    forward_host, backward_host = [], []
-    for key in range(repeats + 1):
-        synchronize(device)
-        start = time.perf_counter()
-        with offload.saving(key):
-            output = forward(make_inputs())
-        forward_host.append(time.perf_counter() - start)
-        synchronize(device)
-        start = time.perf_counter()
+
+    def backward(key: int, output: torch.Tensor) -> None:
         offload.prefetch(key)
-        output.backward(torch.ones_like(output) if output.dim() else None)
+        run_backward(output)
         offload.release(key)
-        backward_host.append(time.perf_counter() - start)
-        synchronize(device)
-        for parameter in model.parameters():
-            parameter.grad = None
-    return statistics.median(forward_host[1:]), statistics.median(backward_host[1:])
+
+    return host_seconds(model, forward, make_inputs, device, repeats, saving=offload.saving, backward=backward)
 
 
 def measure_memory_bandwidth(device: torch.device, n_bytes: int) -> float:

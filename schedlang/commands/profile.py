@@ -21,6 +21,7 @@ instead of being timed again, so a calibration alone takes the run's minute.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import statistics
 import sys
@@ -427,7 +428,7 @@ def build_profile(args, program, device, timings, memory_bandwidth, offload_band
 def layer_measurements(program, timings, device) -> tuple:
     """One :class:`LayerMeasurement` per (part, attention prefix) timed, in the profile's part order, with the host
     times of its shortest length on CUDA (on the CPU the host runs the kernels: no launch time of its own)."""
-    from schedlang.lowering.hardware_profile import Curve, LayerMeasurement, PartHost, ProfiledPart
+    from schedlang.lowering.hardware_profile import Curve, LayerMeasurement, ProfiledPart
     from schedlang.runtime.model import swiglu_width
 
     model = program.model
@@ -453,11 +454,17 @@ def layer_measurements(program, timings, device) -> tuple:
             forward=Curve(tokens, tuple(timing.forward_s for timing in rows)),
             backward=Curve(tokens, tuple(timing.backward_s for timing in rows)),
             weight=Curve(tokens, tuple(timing.weight_s for timing in rows)),
-            host=PartHost(rows[0].host_forward_s, rows[0].host_backward_s, rows[0].host_offload_forward_s,
-                          rows[0].host_offload_backward_s, rows[0].host_recompute_forward_s,
-                          rows[0].host_recompute_backward_s) if device.type == "cuda" else None,
+            host=part_host(rows[0]) if device.type == "cuda" else None,
         ))
     return tuple(layers)
+
+
+def part_host(timing):
+    """A timing's host seconds as the profile states them: each :class:`PartHost` field ``NAME`` is the
+    timing's ``host_NAME_s``."""
+    from schedlang.lowering.hardware_profile import PartHost
+
+    return PartHost(*(getattr(timing, f"host_{field.name}_s") for field in dataclasses.fields(PartHost)))
 
 
 def host_memory_line(host_bytes: int | None, gpus: int, links_measured: bool) -> list[str]:

@@ -351,3 +351,16 @@ def test_a_part_is_timed_as_recompute_reruns_it(part, monkeypatch):
     # warm-up and repeats: each forward under the checkpoint once, then again in its backward
     assert calls.count(rerun) == 2 * 2 and len(calls) == plain_calls + 2 * 2
     assert all(mode is Recompute.NONE for mode in calls if mode is not rerun)
+
+
+def test_a_parts_host_row_reads_each_host_time_of_its_timing():
+    """``part_host``: each host figure goes to its own field (distinct values, so a swapped pair fails)."""
+    from schedlang.commands.profile import part_host
+    from schedlang.lowering.hardware_profile import PartHost
+    from schedlang.runtime.profiling import PartTiming
+
+    timing = PartTiming("gla", 512, 0, 1.0, 2.0, 3.0, 11e-4, 12e-4, 13e-4, 14e-4, 15e-4, 16e-4)
+    assert part_host(timing) == PartHost(
+        forward=11e-4, backward=12e-4, offload_forward=13e-4, offload_backward=14e-4,
+        recompute_forward=15e-4, recompute_backward=16e-4,
+    )
