@@ -70,6 +70,12 @@ class Misfit:
 
     def describe(self) -> str:
         """What is needed where, and the term that binds: the words ``simulate`` and ``tune`` print."""
+        if self.place is MemoryPlace.DEVICE and self.limit <= OUTSIDE_THE_ALLOCATOR:
+            return (
+                f"needs {self.needed / GIB:.2f} GiB on stage {self.stage.stage}, and the device's "
+                f"{self.limit / GIB:.2f} GiB do not hold even the {OUTSIDE_THE_ALLOCATOR / GIB:g} GiB a process "
+                "uses outside the allocator (the CUDA context and its kernel images)"
+            )
         if self.place is MemoryPlace.DEVICE:
             return (
                 f"needs {self.needed / GIB:.2f} GiB on stage {self.stage.stage} (with {OUTSIDE_THE_ALLOCATOR / GIB:g} "

@@ -137,6 +137,20 @@ def test_device_misfits_name_the_stage_and_its_largest_term_worst_first():
     assert not budget.stage_fits(budget.device_bytes)
 
 
+def test_a_device_smaller_than_the_memory_outside_the_allocator_is_named_as_such():
+    """A device that cannot hold even the CUDA context: the message says so, not a stage's small largest term."""
+    program = load_program_text(small(), "host.sched")
+    memory = predict_memory(program)
+    for device_bytes in (1024, OUTSIDE_THE_ALLOCATOR):
+        misfits = MemoryBudget(device_bytes).misfits(program, memory)
+        assert misfits and all(misfit.place is MemoryPlace.DEVICE for misfit in misfits)
+        text = misfits[0].describe()
+        assert "do not hold even the 1.5 GiB a process uses outside the allocator" in text
+        assert "largest term" not in text and f"on stage {misfits[0].stage.stage}" in text
+    roomy = MemoryBudget(OUTSIDE_THE_ALLOCATOR + min(stage.reserved for stage in memory) / 2)
+    assert all("largest term" in misfit.describe() for misfit in roomy.misfits(program, memory))
+
+
 def test_the_host_memory_flag_names_the_defaults_it_falls_back_to():
     from schedlang.commands.simulate_fit import HOST_MEMORY_HELP, parse_size
 
