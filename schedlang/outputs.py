@@ -102,6 +102,7 @@ class OutputKind(str, Enum):
     CHROME = "Chrome trace"
     PNG = "PNG chart"
     CSV = "pipeline CSV"
+    IMPORTED = "schedule file"  # `schedlang import`'s
 
 
 SIGNATURE_BYTES = 4096
@@ -127,6 +128,7 @@ OUTPUT_SIGNATURES = {
     OutputKind.PNG: lambda head: head.startswith(b"\x89PNG") and b"Software\x00schedlang" in head,
     OutputKind.CSV: lambda head: bool(head.strip())
     and all(_CSV_CELL.fullmatch(cell) for cell in head.split(b"\n", 1)[0].split(b",")),
+    OutputKind.IMPORTED: lambda head: head.startswith(b"# Imported by `schedlang import` from "),
 }
 
 # (command, option attribute) -> the kind written there; viz's kind follows its --format
@@ -135,10 +137,11 @@ OUTPUT_KINDS = {
     ("run", "metrics"): OutputKind.METRICS,
     ("run", "keep_script"): OutputKind.SCRIPT,
     ("export", "output"): OutputKind.CSV,
+    ("import", "output"): OutputKind.IMPORTED,
     ("viz", "output"): None,
 }
 VIZ_OUTPUT_KINDS = {"dot": OutputKind.DOT, "chrome": OutputKind.CHROME, "png": OutputKind.PNG}
-FORCE_COMMANDS = ("compile", "run", "viz", "export")
+FORCE_COMMANDS = ("compile", "run", "viz", "export", "import")
 
 
 def add_force_argument(parser: argparse.ArgumentParser, command: str) -> None:
@@ -168,7 +171,7 @@ def output_problem(path: str, kind: OutputKind, force: bool) -> str | None:
     try:
         info = os.lstat(path)
     except FileNotFoundError:
-        return None
+        return missing_folder(path)
     except OSError as error:
         return f"{path} cannot be examined: {error.strerror or error}"
     if stat.S_ISLNK(info.st_mode):
@@ -188,6 +191,34 @@ def output_problem(path: str, kind: OutputKind, force: bool) -> str | None:
             f"{path} exists and is not a {kind.value} schedlang wrote; "
             "give another path, or --force to replace it"
         )
+    return None
+
+
+def missing_folder(path: str) -> str | None:
+    """Why no file can be made at ``path``: its folder does not exist, or is not a folder. None when it can."""
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(folder):
+        return None
+    what = "is not a folder" if os.path.lexists(folder) else "does not exist"
+    return f"{path} cannot be written: its folder {folder} {what}"
+
+
+def whole_file_problem(path: str, force: bool) -> str | None:
+    """Why a command that writes a file of its own making (``tune -o``, ``profile -o``) may not write ``path``:
+    a missing folder or a special file always; without ``force``, anything already there, a link included (the
+    file is then written in place of the link, never through it). None when it may."""
+    if path == STANDARD_OUTPUT:
+        return None
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return missing_folder(path)
+    except OSError as error:
+        return f"{path} cannot be examined: {error.strerror or error}"
+    if not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
+        return f"{path} is {file_kind(info.st_mode)}, not a regular file"
+    if not force:
+        return f"{path} already exists; give --force to replace it, or another -o"
     return None
 
 

@@ -107,10 +107,11 @@ class ProgressBar:
 
 
 def refuse_existing_output(args: argparse.Namespace) -> None:
-    if Path(args.output).exists() and not args.force:
-        raise SystemExit(
-            f"schedlang profile: error: {args.output} already exists; give --force to replace it"
-        )
+    from schedlang.outputs import whole_file_problem
+
+    problem = whole_file_problem(args.output, args.force)
+    if problem:
+        raise SystemExit(f"schedlang profile: error: {problem}")
 
 
 CALIBRATION_WARMUP = 2
@@ -156,8 +157,9 @@ def run(args: argparse.Namespace) -> int:
     except CalibrationError as error:
         raise SystemExit(f"schedlang profile: error: {error}") from None
     from schedlang.lowering.hardware_profile import format_hardware_profile
+    from schedlang.outputs import write_output_file
 
-    Path(args.output).write_text(format_hardware_profile(profile, header), encoding="utf-8")
+    write_output_file(args.output, format_hardware_profile(profile, header))
     for line in header.splitlines()[1:]:
         print(line)
     print(f"wrote {args.output} ({time.perf_counter() - started:.0f} s)")

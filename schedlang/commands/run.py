@@ -110,8 +110,7 @@ def _start_metrics(requested: str | None, resumes: bool, directory: Path) -> Pat
         path = directory / "metrics.jsonl"
         write_output_file(path, "")
         return path
-    path = Path(requested)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(requested)  # its folder exists: schedlang.outputs has refused a missing one
     if not (resumes and path.is_file()):  # a resumed run appends to its metrics
         write_output_file(path, "")
     return path

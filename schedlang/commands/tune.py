@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from schedlang.commands.common import add_cost_model_arguments, check_hardware_arguments, cost_settings_from_arguments
 from schedlang.commands.simulate_fit import (
@@ -38,7 +37,7 @@ from schedlang.commands.simulate_fit import (
     longest_true,
     read_memory_budget,
 )
-from schedlang.outputs import strict_json
+from schedlang.outputs import strict_json, whole_file_problem, write_output_file
 
 HELP = "search chunks, recompute, warm-up, split backward, stages, microbatches and mesh for the fastest that fit"
 
@@ -99,8 +98,9 @@ def check_arguments(args: argparse.Namespace):
             raise _fail(f"{flag} must be positive, got {value}")
     if args.output == "-" and args.json:
         raise _fail("-o - prints the schedule on standard output, where --json prints its object; choose one")
-    if args.output not in (None, "-") and Path(args.output).exists() and not args.force:
-        raise _fail(f"{args.output} already exists; give --force to replace it, or another -o")
+    problem = whole_file_problem(args.output, args.force) if args.output is not None else None
+    if problem:
+        raise _fail(problem)
     return read_memory_budget(args, f"schedlang tune {args.file}")
 
 
@@ -231,7 +231,7 @@ def write_best(args, program, best) -> str:
     if args.output == STANDARD_OUTPUT:
         sys.stdout.write(text)
     else:
-        Path(args.output).write_text(relocated_text(text, program.source_file, args.output), encoding="utf-8")
+        write_output_file(args.output, relocated_text(text, program.source_file, args.output))
     return args.output
 
 

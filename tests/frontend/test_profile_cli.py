@@ -69,6 +69,15 @@ def test_profile_keeps_an_existing_output_without_force(profiled):
     assert output.read_text() == before
 
 
+def test_profile_refuses_an_output_in_a_missing_folder_before_measuring(profiled, capsys):
+    _, schedule, output = profiled
+    missing = output.parent / "missing" / "profile.toml"
+    with pytest.raises(SystemExit, match="its folder .*missing does not exist"):
+        main(["profile", str(schedule), "--device", "cpu", "-o", str(missing)])
+    printed = capsys.readouterr()
+    assert "#" not in printed.out + printed.err  # no progress bar: nothing was measured
+
+
 def test_profile_refuses_cuda_without_a_device(tmp_path):
     import torch
 

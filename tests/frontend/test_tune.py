@@ -215,6 +215,20 @@ def test_output_is_never_written_over_without_force_nor_over_the_input(tmp_path)
     assert output.read_text().startswith("# The default example")
 
 
+def test_output_into_a_missing_folder_or_over_a_link_is_refused_before_the_search(tmp_path):
+    """A missing folder is named before minutes of search; a link is replaced with --force, never written
+    through (its target, here one that does not exist yet, is not created)."""
+    source = str(EXAMPLES / "gla_stateflow.sched")
+    with pytest.raises(SystemExit, match="its folder .*missing does not exist"):
+        run_tune(source, "-o", str(tmp_path / "missing" / "tuned.sched"))
+    link, target = tmp_path / "tuned.sched", tmp_path / "target.sched"
+    link.symlink_to(target)
+    with pytest.raises(SystemExit, match="already exists; give --force"):
+        run_tune(source, "-o", str(link))
+    assert run_tune(source, "--device", "cpu", "--max-chunks", "2", "-o", str(link), "--force") == 0
+    assert not link.is_symlink() and not target.exists() and main(["check", str(link)]) == 0
+
+
 def test_tuned_text_rewrites_in_place_adds_lines_and_blocks():
     text = SMALL.replace("{order}", "1f1b").replace("{chunks}", "2")
     tuned = tuned_text(text, "small.sched", {

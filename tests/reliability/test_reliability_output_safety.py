@@ -37,6 +37,17 @@ def test_run_refuses_a_device_as_metrics_even_with_force(schedule, device):
     assert f"{device} is a character device, not a regular file" in completed.stderr
 
 
+@pytest.mark.parametrize("command", ["compile", "run", "export"])
+def test_an_output_in_a_missing_folder_is_named_before_anything_runs(schedule, tmp_path, command):
+    output = tmp_path / "missing" / "out.file"
+    arguments = {"compile": ["-o"], "run": ["--device", "cpu", "--metrics"], "export": ["--format", "torch-csv", "-o"]}
+    completed = run_cli(command, schedule, *arguments[command], output, timeout=60)
+    assert completed.returncode == 1
+    assert f"{output} cannot be written: its folder {output.parent} does not exist" in completed.stderr
+    assert "Traceback" not in completed.stderr and "training" not in completed.stdout
+    assert not output.parent.exists()
+
+
 def test_a_fifo_output_is_refused_without_blocking(schedule):
     fifo = schedule.parent / "out.dot"
     os.mkfifo(fifo)
@@ -70,6 +81,20 @@ def test_an_existing_foreign_file_is_kept_unless_force(schedule, arguments, name
     assert precious.read_text(encoding="utf-8") != "mine\n"
     again = run_cli(*arguments, name, cwd=schedule.parent, timeout=60)  # schedlang's own output is replaced
     assert again.returncode == 0, again.stderr
+
+
+def test_import_keeps_a_schedule_the_user_wrote_unless_force(schedule):
+    """`schedlang import -o` onto the user's own schedule is refused; its own earlier import is replaced."""
+    assert run_cli("export", schedule, "--format", "torch-csv", "-o", "order.csv", cwd=schedule.parent).returncode == 0
+    mine = schedule.read_text(encoding="utf-8")
+    refused = run_cli("import", "order.csv", "-o", schedule.name, cwd=schedule.parent, timeout=60)
+    assert refused.returncode == 1
+    assert f"{schedule.name} exists and is not a schedule file schedlang wrote" in refused.stderr
+    assert schedule.read_text(encoding="utf-8") == mine
+    for _ in range(2):  # a new file, then its own import replaced
+        assert run_cli("import", "order.csv", "-o", "imported.sched", cwd=schedule.parent).returncode == 0
+    assert run_cli("import", "order.csv", "-o", schedule.name, "--force", cwd=schedule.parent).returncode == 0
+    assert schedule.read_text(encoding="utf-8").startswith("# Imported by `schedlang import` from order.csv")
 
 
 def test_viz_png_replaces_its_own_chart_only(schedule):
