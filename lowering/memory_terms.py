@@ -65,7 +65,6 @@ from schedlang.lowering.program import Recompute, ScheduleProgram
 from schedlang.vocabulary import (
     AttentionExchange,
     AttentionGeometry,
-    DType,
     LayerKind,
     MlpKind,
     ModelConfig,
@@ -205,8 +204,8 @@ def norm_bytes_per_row(width: int, sizes: Sizes, device: Device) -> float:
 
 def mixer_bytes_per_token(kind: LayerKind, sizes: Sizes, device: Device) -> float:
     """A token mixer's saved bytes per token, its norm included ([Note: activation bytes])."""
-    d, heads, dim, width = sizes.d_model, sizes.heads, sizes.head_dim, sizes.width
-    e, f, chunk = sizes.element_bytes, sizes.compute_bytes, RUNTIME_KERNEL_CHUNK
+    d, heads, width = sizes.d_model, sizes.heads, sizes.width
+    e, f = sizes.element_bytes, sizes.compute_bytes
     normed_input = norm_bytes_per_row(d, sizes, device) + d * e
     if kind is LayerKind.ATTN:  # the output projection's input and q, then the log-sum-exp
         attention = sizes.attention

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schedlang.vocabulary.actions import TaskId
 from schedlang.vocabulary import (
     AttentionExchange,
     CudaGraphs,

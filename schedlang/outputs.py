@@ -168,12 +168,9 @@ def output_problem(path: str, kind: OutputKind, force: bool) -> str | None:
     or an existing file schedlang did not write. None when it may."""
     if path == STANDARD_OUTPUT:
         return None
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return missing_folder(path)
-    except OSError as error:
-        return f"{path} cannot be examined: {error.strerror or error}"
+    info, problem = examined_output(path)
+    if info is None:
+        return problem
     if stat.S_ISLNK(info.st_mode):
         try:
             target = os.stat(path)
@@ -194,6 +191,17 @@ def output_problem(path: str, kind: OutputKind, force: bool) -> str | None:
     return None
 
 
+def examined_output(path: str) -> tuple[os.stat_result | None, str | None]:
+    """What is at ``path`` now (``os.lstat``: a link itself), or None and why no file can be made there (None
+    too when one can: nothing is there and its folder exists)."""
+    try:
+        return os.lstat(path), None
+    except FileNotFoundError:
+        return None, missing_folder(path)
+    except OSError as error:
+        return None, f"{path} cannot be examined: {error.strerror or error}"
+
+
 def missing_folder(path: str) -> str | None:
     """Why no file can be made at ``path``: its folder does not exist, or is not a folder. None when it can."""
     folder = os.path.dirname(path) or "."
@@ -209,12 +217,9 @@ def whole_file_problem(path: str, force: bool) -> str | None:
     file is then written in place of the link, never through it). None when it may."""
     if path == STANDARD_OUTPUT:
         return None
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return missing_folder(path)
-    except OSError as error:
-        return f"{path} cannot be examined: {error.strerror or error}"
+    info, problem = examined_output(path)
+    if info is None:
+        return problem
     if not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
         return f"{path} is {file_kind(info.st_mode)}, not a regular file"
     if not force:
