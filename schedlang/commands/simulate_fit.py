@@ -477,6 +477,9 @@ def print_fit(result: FitResult, args: argparse.Namespace, budget: MemoryBudget)
     from schedlang.lowering.memory_budget import OUTSIDE_THE_ALLOCATOR
 
     device = f"{budget.device_bytes / GIB:.1f} GiB ({OUTSIDE_THE_ALLOCATOR / GIB:g} GiB of it outside PyTorch's allocator)"
+    if budget.device_bytes <= OUTSIDE_THE_ALLOCATOR:
+        device = (f"{budget.device_bytes / GIB:.1f} GiB (not even the {OUTSIDE_THE_ALLOCATOR / GIB:g} GiB a process "
+                  "uses outside PyTorch's allocator: nothing can fit)")
     offloads = any(candidate.program.pipeline.offload for candidate in result.tried)
     host = f" and {host_budget_text(budget)}" if offloads else ""
     print(f"{args.file}: fitting one device of {device}{host}, lengths in steps of {args.step} tokens")

@@ -139,6 +139,14 @@ def test_fit_reports_when_nothing_fits(capsys):
     assert "nothing fits: at 65536 tokens the smallest peak is" in capsys.readouterr().out
 
 
+def test_fit_on_a_device_smaller_than_the_memory_outside_the_allocator_says_so(capsys):
+    assert main(["simulate", STATEFLOW, "--fit", "--device-memory", "1GiB", "--step", "65536"]) == 1
+    out = capsys.readouterr().out
+    assert "1.0 GiB (not even the 1.5 GiB a process uses outside PyTorch's allocator: nothing can fit)" in out
+    assert main(["simulate", STATEFLOW, "--fit", "--device-memory", "1.6GiB", "--step", "65536"]) == 1
+    assert "1.6 GiB (1.5 GiB of it outside PyTorch's allocator)" in capsys.readouterr().out
+
+
 def test_fit_refuses_hand_placed_chunks_at_their_key(capsys):
     path = str(EXAMPLES / "simple_gla_gpipe.sched")
     assert main(["simulate", path, "--fit"]) == 1
