@@ -10,6 +10,8 @@ Rules, checked before any work is done:
   only when its first bytes are those of the output schedlang writes there (:data:`OUTPUT_KINDS`); a
   symbolic link is replaced (never written through) only with ``--force``; a FIFO, device, socket or
   directory is refused whatever the flags ([Note: file safety] in schedlang.vocabulary.files).
+- ``tune -o`` and ``profile -o`` replace nothing already there without ``--force`` (:func:`whole_file_problem`).
+- An output whose folder does not exist is refused; no folder is made (:func:`missing_folder`).
 - Files are written to a temporary file in the target's directory and renamed over it.
 - JSON output is strict JSON: a value that is not finite (an infinite makespan on a link of 1e-320 B/s)
   is written as ``null``, never as ``NaN`` or ``Infinity``; so are ``run``'s metrics.
