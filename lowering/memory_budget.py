@@ -37,6 +37,11 @@ OUTSIDE_THE_ALLOCATOR = 1.5 * GIB
 does not see it: the CUDA context with its kernel images (cuBLAS, Triton's compiled kernels) and NCCL's
 communicator buffers. An assumed allowance, like [Note: reserved memory] in schedlang.lowering.memory_peak."""
 
+def holds_no_process(device_bytes: float) -> bool:
+    """Whether a device is too small even for :data:`OUTSIDE_THE_ALLOCATOR`: then nothing can fit on it."""
+    return device_bytes <= OUTSIDE_THE_ALLOCATOR
+
+
 OFFLOADED_ACTIVATIONS = "offloaded activations"
 """The term that binds a node's host memory: the saved activations ``pipeline.offload`` keeps there."""
 
@@ -70,7 +75,7 @@ class Misfit:
 
     def describe(self) -> str:
         """What is needed where, and the term that binds: the words ``simulate`` and ``tune`` print."""
-        if self.place is MemoryPlace.DEVICE and self.limit <= OUTSIDE_THE_ALLOCATOR:
+        if self.place is MemoryPlace.DEVICE and holds_no_process(self.limit):
             return (
                 f"needs {self.needed / GIB:.2f} GiB on stage {self.stage.stage}, and the device's "
                 f"{self.limit / GIB:.2f} GiB do not hold even the {OUTSIDE_THE_ALLOCATOR / GIB:g} GiB a process "

@@ -25,7 +25,6 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import ContextManager
 from dataclasses import dataclass
 
 import torch
@@ -168,7 +167,7 @@ def measure_part(
 def host_seconds(
     model: torch.nn.Module, forward: Callable[[torch.Tensor], torch.Tensor], make_inputs: Callable[[], torch.Tensor],
     device: torch.device, repeats: int,
-    saving: Callable[[int], ContextManager[object]] = lambda round_: contextlib.nullcontext(),
+    saving: Callable[[int], contextlib.AbstractContextManager] = lambda round_: contextlib.nullcontext(),
     backward: Callable[[int, torch.Tensor], None] = lambda round_, output: run_backward(output),
 ) -> tuple[float, float]:
     """Median host seconds of the part's forward (under ``saving(round)``) and of its whole backward after it

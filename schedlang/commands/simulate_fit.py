@@ -474,10 +474,10 @@ def host_budget_text(budget: MemoryBudget) -> str:
 
 
 def print_fit(result: FitResult, args: argparse.Namespace, budget: MemoryBudget) -> None:
-    from schedlang.lowering.memory_budget import OUTSIDE_THE_ALLOCATOR
+    from schedlang.lowering.memory_budget import OUTSIDE_THE_ALLOCATOR, holds_no_process
 
     device = f"{budget.device_bytes / GIB:.1f} GiB ({OUTSIDE_THE_ALLOCATOR / GIB:g} GiB of it outside PyTorch's allocator)"
-    if budget.device_bytes <= OUTSIDE_THE_ALLOCATOR:
+    if holds_no_process(budget.device_bytes):
         device = (f"{budget.device_bytes / GIB:.1f} GiB (not even the {OUTSIDE_THE_ALLOCATOR / GIB:g} GiB a process "
                   "uses outside PyTorch's allocator: nothing can fit)")
     offloads = any(candidate.program.pipeline.offload for candidate in result.tried)
