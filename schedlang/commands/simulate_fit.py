@@ -155,23 +155,33 @@ def read_memory_budget(args: argparse.Namespace, command: str) -> MemoryBudget:
     return MemoryBudget.of(device_memory, host_memory, load_hardware_option(args, command.split()[1]))
 
 
-def check_fit_arguments(args: argparse.Namespace) -> MemoryBudget:
-    """The memory budget; refuses bad ``--fit`` options before any work, a bad size at its column."""
+def length_flags_problem(args: argparse.Namespace, command: str) -> str | None:
+    """What is wrong with ``--step``, ``--max-length``, ``--max-chunks`` and (where the command has it)
+    ``--length``: outside the bounds the checker puts on ``sequence.length`` and ``sequence.chunks``, or more
+    lengths than ``MAX_FIT_LENGTHS`` between them; None when they hold. One rule for simulate and tune."""
     from schedlang.checks.sequence import MAX_LENGTH
     from schedlang.limits import MAX_CHUNKS
 
-    budget = read_memory_budget(args, f"schedlang simulate {args.file}" + (" --fit" if args.fit else ""))
-    for flag, value, most in (
-        ("--step", args.step, MAX_LENGTH),
-        ("--max-length", args.max_length, MAX_LENGTH),
-        ("--max-chunks", args.max_chunks, MAX_CHUNKS),
-    ):
+    flags = [("--step", args.step, MAX_LENGTH), ("--max-length", args.max_length, MAX_LENGTH),
+             ("--max-chunks", args.max_chunks, MAX_CHUNKS)]
+    if getattr(args, "length", None) is not None:
+        flags.append(("--length", args.length, MAX_LENGTH))
+    for flag, value, most in flags:
         if not 1 <= value <= most:
-            raise SystemExit(f"schedlang simulate: error: {flag} must be in 1 .. {most} (sequence.length's and "
-                             f"sequence.chunks' own bounds), got {value}")
+            return (f"schedlang {command}: error: {flag} must be in 1 .. {most} (sequence.length's and "
+                    f"sequence.chunks' own bounds), got {value}")
     if args.max_length // args.step > MAX_FIT_LENGTHS:
-        raise SystemExit(f"schedlang simulate: error: --max-length {args.max_length} in steps of {args.step} gives "
-                         f"{args.max_length // args.step} lengths, more than {MAX_FIT_LENGTHS}: give a larger --step")
+        return (f"schedlang {command}: error: --max-length {args.max_length} in steps of {args.step} gives "
+                f"{args.max_length // args.step} lengths, more than {MAX_FIT_LENGTHS}: give a larger --step")
+    return None
+
+
+def check_fit_arguments(args: argparse.Namespace) -> MemoryBudget:
+    """The memory budget; refuses bad ``--fit`` options before any work, a bad size at its column."""
+    budget = read_memory_budget(args, f"schedlang simulate {args.file}" + (" --fit" if args.fit else ""))
+    problem = length_flags_problem(args, "simulate")
+    if problem:
+        raise SystemExit(problem)
     if args.fit_recompute and not args.fit:
         raise SystemExit("schedlang simulate: error: --fit-recompute chooses recompute modes for --fit; add --fit")
     if args.fit and (args.chunks or args.extra_warmup):

@@ -34,6 +34,7 @@ from schedlang.commands.simulate_fit import (
     GIB,
     add_host_memory_argument,
     host_budget_text,
+    length_flags_problem,
     longest_true,
     read_memory_budget,
 )
@@ -89,13 +90,12 @@ def check_arguments(args: argparse.Namespace):
     if args.cost_model not in (None, "flops"):
         raise _fail(f"--cost-model {args.cost_model} has no seconds to rank by; tune times with the flops model "
                     "(or --hardware PROFILE)")
-    for flag, value in (("--top", args.top), ("--max-chunks", args.max_chunks), ("--step", args.step),
-                        ("--max-length", args.max_length)):
-        if value < 1:
-            raise _fail(f"{flag} must be positive, got {value}")
-    for flag, value in (("--world", args.world), ("--length", args.length)):
+    for flag, value in (("--top", args.top), ("--world", args.world)):
         if value is not None and value < 1:
             raise _fail(f"{flag} must be positive, got {value}")
+    problem = length_flags_problem(args, "tune")
+    if problem:
+        raise SystemExit(problem)
     if args.output == "-" and args.json:
         raise _fail("-o - prints the schedule on standard output, where --json prints its object; choose one")
     problem = whole_file_problem(args.output, args.force) if args.output is not None else None

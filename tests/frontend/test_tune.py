@@ -272,8 +272,11 @@ def test_nothing_fits_names_the_binding_stage_and_term(capsys):
     [
         (["--top", "0"], "--top must be positive, got 0"),
         (["--world", "0"], "--world must be positive, got 0"),
-        (["--length", "-5"], "--length must be positive, got -5"),
-        (["--max-chunks", "0"], "--max-chunks must be positive, got 0"),
+        (["--length", "-5"], "--length must be in 1 .. 2147483648 .*, got -5"),
+        (["--length", str(2**31 + 1)], f"--length must be in 1 .. 2147483648 .*, got {2**31 + 1}"),
+        (["--fit", "--max-length", str(2**40)], f"--max-length must be in 1 .. 2147483648 .*, got {2**40}"),
+        (["--fit", "--step", "1"], "in steps of 1 gives .* lengths, more than 65536: give a larger --step"),
+        (["--max-chunks", "0"], "--max-chunks must be in 1 .. "),
         (["--cost-model", "unit"], "--cost-model unit has no seconds to rank by"),
         (["--throughput", "0"], "--throughput must be positive"),
         (["-o", "-", "--json"], "where --json prints its object; choose one"),
