@@ -106,32 +106,81 @@ def test_offload_on_one_h100_is_priced_by_its_copy_stream(chunks):
     assert seconds[False] == pytest.approx(measured_twin, rel=0.06)  # the head curve predates the Triton loss
 
 
-HOST_BOUND_MEASURED = {  # (schedule, chunks, alpha, offload) -> measured step seconds on two H100 machines
+SAME_MACHINE_MEASURED = {  # (schedule, length, chunks, alpha, recompute) -> measured step seconds
+    ("gla_1b_one_device_32k.sched", 32768, 16, None, "none"): 0.975,
+    ("gla_1b_one_device_32k.sched", 32768, 16, None, "mlp"): 0.991,
+    ("gla_1b_one_device_32k.sched", 32768, 64, None, "none"): 3.544,
+    ("gla_1b_one_device_32k.sched", 32768, 64, None, "mlp"): 4.928,
+    ("gdn_attn_1b_one_device.sched", 65536, 64, 1.0, "mlp"): 5.653,
+}
+"""Eager steps on the H100 whose calibration the shipped h100 profile carries, in the same call (docs/benchmarks.md,
+"The recompute host rows shipped"): medians of three steps after two. Most are bound by the host's launches (512
+to 2,048 tokens a chunk); the 16-chunk rows are near the balance of host and device."""
+
+OTHER_MACHINES_MEASURED = {  # (schedule, chunks, alpha, offload) -> measured step seconds, 64K, recompute = mlp
     ("gla_1b_one_device.sched", 32, None, False): (1.870, 2.076),
     ("gla_1b_one_device.sched", 32, None, True): (2.782, 3.072),
     ("gdn_attn_1b_one_device.sched", 64, 1.0, False): (4.639, 4.523),
     ("gdn_attn_1b_one_device.sched", 64, 1.0, True): (7.084,),
 }
-"""Eager steps at 64K tokens, ``recompute = mlp``, whose tasks the host's launches bound (1,024 and 2,048 tokens a
-chunk), from docs/benchmarks.md, "The host model per part against one H100": medians of three steps after two,
-measured on two lent H100 machines (2026-12-07, eleventh and thirteenth sessions; the offloading hybrid ran in the
-thirteenth alone). Priced with the [overhead] figures for every part, the offloading rows came out 1.23-1.72x
-slower than predicted."""
+"""The host-bound rows of docs/benchmarks.md, "The host model per part against one H100", measured on two other
+lent H100 machines (eleventh and thirteenth sessions of 2026-12-07). The host calibration's own step (the 32K GLA
+in 64 eager chunks) measured 2.491, 2.664, 3.257, 3.427, 3.542 and 3.973 s on six lent H100 machines, 25% below to
+19% above the one this profile was calibrated with, so another machine's host-bound rows are held to 20%."""
+
+SAME_MACHINE_TOLERANCE = 0.15
+OTHER_MACHINE_TOLERANCE = 0.20
 
 
-@pytest.mark.parametrize("row", sorted(HOST_BOUND_MEASURED, key=str), ids=str)
-def test_host_bound_steps_on_one_h100_priced_by_each_parts_host_times(row):
-    """With the shipped h100 profile (each part's own host times, plain and offloaded, and the launches a
-    backward reruns: ``ProfileCostModel._stage_chunk``), each host-bound step within 10% of every measurement."""
+def predicted_step_seconds(schedule: str, **changes) -> float:
     from benchmarks.pipeline_schedule import SCHEDULES_DIRECTORY
     from schedlang.compiler import revise
 
-    schedule, chunks, alpha, offload = row
     cost = CostSettings(CostModelKind.FLOPS, resolve_hardware("h100"))
     program = compile_schedule(str(SCHEDULES_DIRECTORY / schedule), through=Pass.CHECK).program
-    changes = dict(length=65536, chunks=chunks, offload=offload, recompute="mlp")
-    if alpha is not None:
-        changes["partition"] = f"balanced(alpha = {alpha})"
-    predicted = compile_schedule(revise(program, **changes), Pass.COST, cost).timeline.makespan
-    for measured in HOST_BOUND_MEASURED[row]:
-        assert predicted == pytest.approx(measured, rel=0.10)
+    if changes.get("partition") is None:
+        changes.pop("partition", None)
+    return compile_schedule(revise(program, **changes), Pass.COST, cost).timeline.makespan
+
+
+def partition(alpha: float | None) -> str | None:
+    return None if alpha is None else f"balanced(alpha = {alpha})"
+
+
+@pytest.mark.parametrize("row", sorted(SAME_MACHINE_MEASURED, key=str), ids=str)
+def test_steps_on_the_calibrating_h100_priced_by_each_parts_host_times(row):
+    """With the shipped h100 profile (each part's own host times, plain, offloaded and recomputed, and the
+    launches a backward reruns: ``ProfileCostModel._stage_chunk``), each step measured on the machine it was
+    calibrated on within 15%."""
+    schedule, length, chunks, alpha, recompute = row
+    predicted = predicted_step_seconds(schedule, length=length, chunks=chunks, recompute=recompute,
+                                       partition=partition(alpha))
+    assert predicted == pytest.approx(SAME_MACHINE_MEASURED[row], rel=SAME_MACHINE_TOLERANCE)
+
+
+@pytest.mark.xfail(strict=True, reason="measured 3.08 s twice against 2.18 predicted: 3.1x the 32K row in 16 chunks "
+                   "of the same 2,048 tokens, where the host model's launches double; not explained yet "
+                   "(docs/benchmarks.md, 'The recompute host rows shipped')")
+def test_the_64k_gla_in_32_chunks_recomputing_the_mlps_on_the_calibrating_h100():
+    predicted = predicted_step_seconds("gla_1b_one_device.sched", length=65536, chunks=32, recompute="mlp")
+    assert predicted == pytest.approx(3.082, rel=SAME_MACHINE_TOLERANCE)
+
+
+def test_recomputing_the_mlps_costs_the_host_what_was_measured():
+    """The 32K GLA in 64 eager chunks: ``recompute = mlp`` ran 1.39x the step without it on the calibrating machine
+    (4.928 / 3.544 s) and 1.36x on the fourteenth session's (3.443 / 2.534 s). Priced with the rerun forward alone
+    (no recompute rows) the model said 1.07x."""
+    plain = predicted_step_seconds("gla_1b_one_device_32k.sched", chunks=64, recompute="none")
+    recomputing = predicted_step_seconds("gla_1b_one_device_32k.sched", chunks=64, recompute="mlp")
+    for measured in (4.928 / 3.544, 3.443 / 2.534):
+        assert recomputing / plain == pytest.approx(measured, rel=0.10)
+
+
+@pytest.mark.parametrize("row", sorted(OTHER_MACHINES_MEASURED, key=str), ids=str)
+def test_host_bound_steps_on_other_h100_machines(row):
+    """The same profile against the host-bound rows of two other machines: each within 20%."""
+    schedule, chunks, alpha, offload = row
+    predicted = predicted_step_seconds(schedule, length=65536, chunks=chunks, offload=offload, recompute="mlp",
+                                       partition=partition(alpha))
+    for measured in OTHER_MACHINES_MEASURED[row]:
+        assert predicted == pytest.approx(measured, rel=OTHER_MACHINE_TOLERANCE)
