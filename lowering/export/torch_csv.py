@@ -40,8 +40,12 @@ from pathlib import Path
 
 from schedlang.lowering.graph import task_predecessors
 from schedlang.vocabulary.actions import ActionKind, TaskId
+from schedlang.vocabulary.files import UnsafeFileError, read_bounded
 
 StepGrid = tuple[tuple[TaskId | None, ...], ...]
+
+MAX_TORCH_CSV_BYTES = 16 << 20
+"""The largest schedule CSV `schedlang import` reads (torch's for 64 ranks of thousands of actions is well under 1 MiB)."""
 
 _TORCH_COMPUTE_ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
 _TORCH_KIND = {"F": ActionKind.FORWARD, "B": ActionKind.BACKWARD, "I": ActionKind.BACKWARD, "W": ActionKind.WEIGHT}
@@ -208,6 +212,11 @@ def parse_torch_csv(text: str, source_name: str = "<csv>", n_chunks: int = 1) ->
                 first_of_letter.setdefault(letter, location)
                 order.append(task)
         orders.append(tuple(order))
+    if not first_of_letter:
+        raise TorchCsvError(
+            f"{source_name}: error: no compute action (a cell like 0F0, 0B0, 0I0 or 0W0) in {len(orders)} rows: "
+            "not a torch schedule CSV"
+        )
     _check_backward_kinds(first_of_letter)
     return tuple(orders)
 
@@ -230,5 +239,22 @@ def _check_backward_kinds(first_of_letter: dict[str, str]) -> None:
 
 
 def load_torch_csv(path: str | Path, n_chunks: int = 1) -> tuple[tuple[TaskId, ...], ...]:
-    """Per-stage orders from a torch schedule CSV file, torch microbatches read as ``n_chunks`` chunks each."""
-    return parse_torch_csv(Path(path).read_text(), str(path), n_chunks)
+    """Per-stage orders from a torch schedule CSV file, torch microbatches read as ``n_chunks`` chunks each;
+    :class:`TorchCsvError` naming the file for one that is missing, unreadable, not a regular file, larger than
+    ``MAX_TORCH_CSV_BYTES`` or not UTF-8 (at its line)."""
+    try:
+        data = read_bounded(path, MAX_TORCH_CSV_BYTES, "schedule CSV")
+    except FileNotFoundError:
+        raise TorchCsvError(f"{path}: error: no such file") from None
+    except UnsafeFileError as error:
+        raise TorchCsvError(f"{path}: error: {error}") from None
+    except OSError as error:
+        raise TorchCsvError(f"{path}: error: cannot be read: {error.strerror or error}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise TorchCsvError(
+            f"{path}:{line}: error: byte 0x{data[error.start]:02x} is not valid UTF-8; a torch schedule CSV is text"
+        ) from None
+    return parse_torch_csv(text, str(Path(path)), n_chunks)

@@ -159,3 +159,31 @@ def test_reduce_grad_cells_are_dropped_and_sends_refused():
     assert parse_torch_csv("0F0,0B0,0REDUCE_GRAD") == ((TaskId.forward(0, 0, 0), TaskId.backward(0, 0, 0)),)
     with pytest.raises(TorchCsvError, match="communication"):
         parse_torch_csv("0F0,0SEND_F0")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "empty.csv: error: no compute action (a cell like 0F0, 0B0, 0I0 or 0W0) in 0 rows"),
+        (b"0REDUCE_GRAD\n", "empty.csv: error: no compute action (a cell like 0F0, 0B0, 0I0 or 0W0) in 1 rows"),
+        (b"0F0,0B0\n0F0,\xd2\x80\xff\n", "empty.csv:2: error: byte 0xff is not valid UTF-8"),
+    ],
+    ids=["empty", "only-dropped-actions", "binary"],
+)
+def test_a_file_that_is_no_torch_schedule_is_refused_in_one_line(tmp_path, capsys, content, message):
+    path = tmp_path / "empty.csv"
+    path.write_bytes(content)
+    assert main(["import", str(path), "-o", str(tmp_path / "out.sched")]) == 1
+    error = capsys.readouterr().err
+    assert message in error and "Traceback" not in error and len(error.strip().splitlines()) == 1
+    assert not (tmp_path / "out.sched").exists()
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory"])
+def test_a_missing_csv_or_a_folder_is_named(tmp_path, capsys, kind):
+    path = tmp_path / "in.csv"
+    if kind == "directory":
+        path.mkdir()
+    assert main(["import", str(path), "-o", str(tmp_path / "out.sched")]) == 1
+    error = capsys.readouterr().err
+    assert "no such file" in error if kind == "missing" else "is a directory, not a regular file" in error
