@@ -45,7 +45,8 @@ from schedlang.vocabulary.files import UnsafeFileError, read_bounded
 StepGrid = tuple[tuple[TaskId | None, ...], ...]
 
 MAX_TORCH_CSV_BYTES = 16 << 20
-"""The largest schedule CSV `schedlang import` reads (torch's for 64 ranks of thousands of actions is well under 1 MiB)."""
+"""The largest schedule CSV `schedlang import` reads (torch's for 64 ranks of thousands of actions is well under
+1 MiB)."""
 
 _TORCH_COMPUTE_ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
 _TORCH_KIND = {"F": ActionKind.FORWARD, "B": ActionKind.BACKWARD, "I": ActionKind.BACKWARD, "W": ActionKind.WEIGHT}

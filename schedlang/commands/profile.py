@@ -117,12 +117,33 @@ def refuse_existing_output(args: argparse.Namespace) -> None:
 CALIBRATION_WARMUP = 2
 
 
+def chunk_lengths_problem(lengths: list[int] | None) -> str | None:
+    """What is wrong with ``--lengths``: a length outside ``1 .. MAX_LENGTH``, the checker's bound on
+    ``sequence.length``; None when every one holds."""
+    from schedlang.checks.sequence import MAX_LENGTH
+
+    for tokens in lengths or ():
+        if not 1 <= tokens <= MAX_LENGTH:
+            return f"--lengths {tokens}: a chunk length must be in 1 .. {MAX_LENGTH} tokens"
+    return None
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation that failed: CUDA's ``OutOfMemoryError`` or the CPU allocator's."""
+    import torch
+
+    return isinstance(error, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(error)
+
+
 def run(args: argparse.Namespace) -> int:
     refuse_existing_output(args)
     if args.budget <= 0 or args.repeats < 1 or args.calibration_steps < 1:
         raise SystemExit(
             "schedlang profile: error: --budget must be positive, --repeats and --calibration-steps at least 1"
         )
+    lengths_problem = chunk_lengths_problem(args.lengths)
+    if lengths_problem:
+        raise SystemExit(f"schedlang profile: error: {lengths_problem}")
     if args.parts_from and not (args.calibrate or args.measure):
         raise SystemExit(
             "schedlang profile: error: --parts-from serves --calibrate or --measure; give one of them with it"
@@ -336,8 +357,18 @@ def time_parts(args: argparse.Namespace, program, device, parts: list[str], star
         # the host times with offload and under recompute on CUDA (the profile keeps host times there alone), at
         # the shortest length, where the device keeps up with the host
         host_point = device.type == "cuda" and tokens == min(lengths)
-        timings.append(measure_part(config, part, tokens, device, dtype, prefix, args.repeats,
-                                    offload_host=host_point, recompute_host=host_point))
+        try:
+            timings.append(measure_part(config, part, tokens, device, dtype, prefix, args.repeats,
+                                        offload_host=host_point, recompute_host=host_point))
+        except (RuntimeError, MemoryError) as error:
+            if not is_out_of_memory(error):
+                raise
+            bar.close()
+            raise SystemExit(
+                f"schedlang profile: error: {part} at {tokens} tokens"
+                + (f" after a prefix of {prefix}" if prefix else "")
+                + f" does not fit the {device.type} device's memory; give shorter --lengths"
+            ) from None
         bar.step(f"{part} {tokens}" + (f" after {prefix}" if prefix else ""))
     bar.close()
     missing = [part for part in parts if not any(timing.part == part for timing in timings)]

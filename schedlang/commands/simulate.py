@@ -340,9 +340,9 @@ def print_sweep(results: list[dict], args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     check_hardware_arguments(args, "simulate")
     if args.chunks is not None and min(args.chunks) < 1:
-        raise SystemExit(f"schedlang simulate: error: --chunks must be positive, got {args.chunks}")
+        raise SystemExit(f"schedlang simulate: error: --chunks must be positive, got {min(args.chunks)}")
     if args.extra_warmup is not None and min(args.extra_warmup) < 0:
-        raise SystemExit(f"schedlang simulate: error: --extra-warmup must be at least 0, got {args.extra_warmup}")
+        raise SystemExit(f"schedlang simulate: error: --extra-warmup must be at least 0, got {min(args.extra_warmup)}")
     from schedlang.compiler import Pass
     from schedlang.frontend import load_program
 

@@ -89,6 +89,44 @@ def test_profile_refuses_cuda_without_a_device(tmp_path):
         main(["profile", str(schedule), "--device", "cuda", "-o", str(tmp_path / "out.toml")])
 
 
+@pytest.mark.parametrize("length", ["0", "-512", str(2**31 + 1)])
+def test_a_chunk_length_outside_the_checkers_bounds_is_refused_before_measuring(profiled, tmp_path, capsys, length):
+    _, schedule, _ = profiled
+    with pytest.raises(SystemExit, match=f"--lengths {length}: a chunk length must be in 1 .. 2147483648 tokens"):
+        main(["profile", str(schedule), "--device", "cpu", "--lengths", "128", length, "-o", str(tmp_path / "p.toml")])
+    assert "#" not in capsys.readouterr().err
+    assert not (tmp_path / "p.toml").exists()
+
+
+@pytest.mark.parametrize("error", [RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't "
+                                                "allocate memory: you tried to allocate 799999999992 bytes"),
+                                   MemoryError()], ids=["cpu-allocator", "memory-error"])
+def test_a_part_that_does_not_fit_memory_is_named_with_its_length(profiled, tmp_path, monkeypatch, error):
+    from schedlang.runtime import profiling
+
+    def out_of_memory(*arguments, **options):
+        raise error
+
+    monkeypatch.setattr(profiling, "measure_part", out_of_memory)
+    _, schedule, _ = profiled
+    with pytest.raises(SystemExit, match="error: gla at 4096 tokens does not fit the cpu device's memory; give "
+                                         "shorter --lengths"):
+        main(["profile", str(schedule), "--device", "cpu", "--lengths", "4096", "-o", str(tmp_path / "p.toml")])
+    assert not (tmp_path / "p.toml").exists()
+
+
+def test_another_failure_of_a_part_is_not_called_memory(profiled, tmp_path, monkeypatch):
+    from schedlang.runtime import profiling
+
+    def broken(*arguments, **options):
+        raise RuntimeError("cannot reshape tensor")
+
+    monkeypatch.setattr(profiling, "measure_part", broken)
+    _, schedule, _ = profiled
+    with pytest.raises(RuntimeError, match="cannot reshape tensor"):
+        main(["profile", str(schedule), "--device", "cpu", "--lengths", "128", "-o", str(tmp_path / "p.toml")])
+
+
 def test_latency_and_bandwidth_fit_two_sizes():
     fit = fit_latency_bandwidth((1000, 1e-5 + 1000 / 1e9), (1_000_000, 1e-5 + 1_000_000 / 1e9))
     assert fit.latency_s == pytest.approx(1e-5)

@@ -83,3 +83,17 @@ def test_order_violations_are_capped_like_every_diagnostic_list(tmp_path):
     assert completed.stderr.rstrip().endswith("illegal: 12000 violations (2 stages, 1500 microbatches, 2 chunks, "
                                               "12000 tasks)")
     assert len(completed.stderr) < 100_000
+
+
+@pytest.mark.parametrize(
+    "arguments, said",
+    [
+        (("--chunks", "2", "0"), "--chunks must be positive, got 0\n"),
+        (("--extra-warmup", "1", "-1"), "--extra-warmup must be at least 0, got -1\n"),
+    ],
+    ids=["chunks", "extra-warmup"],
+)
+def test_simulate_names_the_bad_value_of_a_list_flag(schedule, arguments, said):
+    completed = run_cli("simulate", schedule, *arguments, timeout=60)
+    assert completed.returncode == 1
+    assert completed.stderr.endswith(said)
