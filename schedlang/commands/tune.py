@@ -38,6 +38,7 @@ from schedlang.commands.simulate_fit import (
     longest_true,
     read_memory_budget,
 )
+from schedlang.limits import MAX_RANKS
 from schedlang.outputs import strict_json, whole_file_problem, write_output_file
 
 HELP = "search chunks, recompute, warm-up, split backward, stages, microbatches and mesh for the fastest that fit"
@@ -93,6 +94,8 @@ def check_arguments(args: argparse.Namespace):
     for flag, value in (("--top", args.top), ("--world", args.world)):
         if value is not None and value < 1:
             raise _fail(f"{flag} must be positive, got {value}")
+    if args.world is not None and args.world > MAX_RANKS:
+        raise _fail(f"--world {args.world} is more than the limit of {MAX_RANKS} ranks a mesh may have")
     problem = length_flags_problem(args, "tune")
     if problem:
         raise SystemExit(problem)
@@ -194,7 +197,8 @@ def nothing_fits(args, result, budget) -> str:
 
     miss = result.nearest_miss
     if miss is None:
-        first = "" if result.first_refusal is None else "; the first:\n" + result.first_refusal.render()
+        first = ("" if result.first_refusal is None
+                 else "; the first, in its revised text:\n" + result.first_refusal.render())
         return f"schedlang tune: error: {args.file}: the checker refuses every candidate of the space{first}"
     host_miss = result.nearest_host_miss
     space = f"{budget.device_bytes / GIB:.1f} GiB"

@@ -272,6 +272,7 @@ def test_nothing_fits_names_the_binding_stage_and_term(capsys):
     [
         (["--top", "0"], "--top must be positive, got 0"),
         (["--world", "0"], "--world must be positive, got 0"),
+        (["--world", str(2**16 + 1)], f"--world {2**16 + 1} is more than the limit of 65536 ranks a mesh may have"),
         (["--length", "-5"], "--length must be in 1 .. 2147483648 .*, got -5"),
         (["--length", str(2**31 + 1)], f"--length must be in 1 .. 2147483648 .*, got {2**31 + 1}"),
         (["--fit", "--max-length", str(2**40)], f"--max-length must be in 1 .. 2147483648 .*, got {2**40}"),
@@ -301,7 +302,7 @@ def test_hardware_profile_times_the_candidates(capsys):
 def test_a_space_the_checker_refuses_whole_shows_the_first_refusal(capsys):
     assert run_tune(str(EXAMPLES / "simple_gla_gpipe.sched"), "--length", "8192") == 1
     error = capsys.readouterr().err.splitlines()
-    assert error[-4].endswith("the checker refuses every candidate of the space; the first:")
+    assert error[-4].endswith("the checker refuses every candidate of the space; the first, in its revised text:")
     assert error[-3].endswith(":20:34: error: the last chunk boundary must be the sequence length 8192, found 4096")
     assert error[-1] == " " * 33 + "^~~~"
 
