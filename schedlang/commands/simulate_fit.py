@@ -486,10 +486,11 @@ def host_budget_text(budget: MemoryBudget) -> str:
 def print_fit(result: FitResult, args: argparse.Namespace, budget: MemoryBudget) -> None:
     from schedlang.lowering.memory_budget import OUTSIDE_THE_ALLOCATOR, holds_no_process
 
-    device = f"{budget.device_bytes / GIB:.1f} GiB ({OUTSIDE_THE_ALLOCATOR / GIB:g} GiB of it outside PyTorch's allocator)"
-    if holds_no_process(budget.device_bytes):
-        device = (f"{budget.device_bytes / GIB:.1f} GiB (not even the {OUTSIDE_THE_ALLOCATOR / GIB:g} GiB a process "
-                  "uses outside PyTorch's allocator: nothing can fit)")
+    outside = f"{OUTSIDE_THE_ALLOCATOR / GIB:g} GiB"
+    device = f"{budget.device_bytes / GIB:.1f} GiB " + (
+        f"(not even the {outside} a process uses outside PyTorch's allocator: nothing can fit)"
+        if holds_no_process(budget.device_bytes) else f"({outside} of it outside PyTorch's allocator)"
+    )
     offloads = any(candidate.program.pipeline.offload for candidate in result.tried)
     host = f" and {host_budget_text(budget)}" if offloads else ""
     print(f"{args.file}: fitting one device of {device}{host}, lengths in steps of {args.step} tokens")

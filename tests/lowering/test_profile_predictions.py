@@ -138,13 +138,12 @@ def predicted_step_seconds(schedule: str, **changes) -> float:
 
     cost = CostSettings(CostModelKind.FLOPS, resolve_hardware("h100"))
     program = compile_schedule(str(SCHEDULES_DIRECTORY / schedule), through=Pass.CHECK).program
-    if changes.get("partition") is None:
-        changes.pop("partition", None)
     return compile_schedule(revise(program, **changes), Pass.COST, cost).timeline.makespan
 
 
-def partition(alpha: float | None) -> str | None:
-    return None if alpha is None else f"balanced(alpha = {alpha})"
+def partition(alpha: float | None) -> dict:
+    """The revision's ``partition`` key for a balanced cut at ``alpha``; none for the file's own."""
+    return {} if alpha is None else {"partition": f"balanced(alpha = {alpha})"}
 
 
 @pytest.mark.parametrize("row", sorted(SAME_MACHINE_MEASURED, key=str), ids=str)
@@ -154,7 +153,7 @@ def test_steps_on_the_calibrating_h100_priced_by_each_parts_host_times(row):
     calibrated on within 15%."""
     schedule, length, chunks, alpha, recompute = row
     predicted = predicted_step_seconds(schedule, length=length, chunks=chunks, recompute=recompute,
-                                       partition=partition(alpha))
+                                       **partition(alpha))
     assert predicted == pytest.approx(SAME_MACHINE_MEASURED[row], rel=SAME_MACHINE_TOLERANCE)
 
 
@@ -181,6 +180,6 @@ def test_host_bound_steps_on_other_h100_machines(row):
     """The same profile against the host-bound rows of two other machines: each within 20%."""
     schedule, chunks, alpha, offload = row
     predicted = predicted_step_seconds(schedule, length=65536, chunks=chunks, offload=offload, recompute="mlp",
-                                       partition=partition(alpha))
+                                       **partition(alpha))
     for measured in OTHER_MACHINES_MEASURED[row]:
         assert predicted == pytest.approx(measured, rel=OTHER_MACHINE_TOLERANCE)
